@@ -1,0 +1,47 @@
+#!/bin/sh
+# Installs the Debian packages DYAD needs to build, test and run its demo.
+# Idempotent: packages already installed are skipped, and apt is only invoked
+# when something is missing. Run as root (or with sudo available).
+set -eu
+
+PACKAGES="
+cmake
+make
+g++
+pkg-config
+libssl-dev
+libcli11-dev
+nlohmann-json3-dev
+libgtest-dev
+libgmock-dev
+iproute2
+procps
+"
+
+missing=""
+for p in $PACKAGES; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    exit 0
+fi
+
+echo "install-deps: installing:$missing"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO="sudo"
+    else
+        echo "install-deps: missing packages:$missing; run as root or install them" >&2
+        exit 1
+    fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+# A stale package index makes installs fail with 404s; refresh once, then retry.
+if ! $SUDO apt-get install -y --no-install-recommends $missing; then
+    $SUDO apt-get update
+    $SUDO apt-get install -y --no-install-recommends $missing
+fi

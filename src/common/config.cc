@@ -1,0 +1,126 @@
+#include "common/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace dyad {
+
+const std::vector<ConfigEntry>& ConfigTable() {
+  static const std::vector<ConfigEntry> table = {
+      {"DYAD_PATH_PRODUCER", ConfigKind::kString, "", "both",
+       "Producer-managed directory: files closed here are published. The service serves files "
+       "from its producer path (or its positional argument)."},
+      {"DYAD_PATH_CONSUMER", ConfigKind::kString, "", "client",
+       "Consumer-managed directory: opening a file here waits for its publication and fetches it."},
+      {"DYAD_KVS_NAMESPACE", ConfigKind::kString, "", "client",
+       "Metadata namespace; producers and consumers of one workflow must use the same one. "
+       "Unset means the primary namespace."},
+      {"DYAD_DTL_MODE", ConfigKind::kString, "FLUX_RPC", "both",
+       "Data transport: TCP (FLUX_RPC is an alias kept for upstream compatibility), UCX, OFI. "
+       "Same-node copies always use the local transport."},
+      {"DYAD_SHARED_STORAGE", ConfigKind::kBool, "false", "client",
+       "The managed directory is shared by all nodes (e.g. Lustre): synchronize only, never "
+       "transfer."},
+      {"DYAD_ASYNC_PUBLISH", ConfigKind::kBool, "false", "client",
+       "Return from produce before the metadata store confirms the publication."},
+      {"DYAD_FSYNC_WRITE", ConfigKind::kBool, "false", "client",
+       "fsync a produced file and its directory entry before publishing it."},
+      {"DYAD_KEY_DEPTH", ConfigKind::kUint, "3", "client",
+       "Levels of hash bins in metadata keys (gen_path_key)."},
+      {"DYAD_KEY_BINS", ConfigKind::kUint, "1024", "client", "Hash bins per key level."},
+      {"DYAD_SERVICE_MUX", ConfigKind::kUint, "1", "both",
+       "Services per node sharing node-local storage; node index = rank / mux."},
+      {"DYAD_PATH_RELATIVE", ConfigKind::kBool, "false", "client",
+       "Relative paths given to produce/consume are relative to the managed directory instead "
+       "of the working directory."},
+      {"DYAD_SYNC_DEBUG", ConfigKind::kBool, "false", "both", "Debug logging."},
+      {"DYAD_SYNC_CHECK", ConfigKind::kBool, "false", "client",
+       "Set DYAD_CHECK=ok in the environment after each successful produce/consume (testing aid)."},
+      {"DYAD_REINIT", ConfigKind::kBool, "false", "client",
+       "Re-initialize an already initialized context."},
+      {"DYAD_SERVICE_SOCKET", ConfigKind::kString, "/tmp/dyad-<uid>/service.sock", "both",
+       "Unix socket of the node's dyad-service."},
+      {"DYAD_CONSUME_TIMEOUT", ConfigKind::kSeconds, "0", "client",
+       "Longest a consume waits for publication plus transfer, in seconds; 0 waits without "
+       "limit (interruptible). Expiry returns DYAD_RC_TIMEOUT."},
+      {"DYAD_RPC_TIMEOUT", ConfigKind::kSeconds, "60", "both",
+       "Bound on any single request to a service that is not a wait for publication, and on a "
+       "transfer making no progress, in seconds."},
+      {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
+       "Rank of this node's service; when unset, taken from SLURM_NODEID, FLUX_TASK_RANK, "
+       "OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK, else 0."},
+      {"DYAD_SERVICE_LISTEN", ConfigKind::kString, "0.0.0.0:7590", "service",
+       "TCP address the service listens on for other services."},
+      {"DYAD_SERVICE_ADVERTISE", ConfigKind::kString, "", "service",
+       "Address other services use to reach this one (default: listen address, with this "
+       "host's name when it listens on 0.0.0.0)."},
+      {"DYAD_KVS", ConfigKind::kString, "embedded", "service",
+       "Metadata store: 'embedded' (rank 0 hosts it), 'embedded://HOST:PORT' (connect to the "
+       "root service there), 'memory' (single service, testing)."},
+      {"DYAD_SECRET_FILE", ConfigKind::kString, "", "service",
+       "File holding the cluster secret that services use to authenticate each other (mode 600)."},
+      {"DYAD_SECRET", ConfigKind::kString, "", "service",
+       "The cluster secret itself (prefer DYAD_SECRET_FILE)."},
+  };
+  return table;
+}
+
+const ConfigEntry* FindConfigEntry(const std::string& name) {
+  for (const auto& e : ConfigTable())
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+std::optional<std::string> GetEnv(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+bool ParseBool(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  return !(t == "0" || t == "false" || t == "no" || t == "off");
+}
+
+bool EnvBool(const char* name, bool def) {
+  auto v = GetEnv(name);
+  if (!v) return def;
+  return ParseBool(*v);
+}
+
+Result<uint64_t> EnvUint(const char* name, uint64_t def) {
+  auto v = GetEnv(name);
+  if (!v || v->empty()) return def;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v->c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || (*v)[0] == '-')
+    return Status(DYAD_RC_BADREQUEST,
+                  std::string(name) + "='" + *v + "' is not a non-negative integer");
+  return static_cast<uint64_t>(x);
+}
+
+Result<int64_t> EnvTimeoutMs(const char* name, int64_t def_ms) {
+  auto v = GetEnv(name);
+  if (!v) return def_ms;
+  if (v->empty() || *v == "inf" || *v == "none") return int64_t{-1};
+  char* end = nullptr;
+  const double s = std::strtod(v->c_str(), &end);
+  if (*end != '\0' || !std::isfinite(s) || s < 0)
+    return Status(DYAD_RC_BADREQUEST,
+                  std::string(name) + "='" + *v + "' is not a number of seconds");
+  if (s == 0) return int64_t{-1};
+  return static_cast<int64_t>(std::ceil(s * 1000.0));
+}
+
+std::string DefaultServiceSocket() {
+  if (auto v = GetEnv("DYAD_SERVICE_SOCKET"); v && !v->empty()) return *v;
+  return "/tmp/dyad-" + std::to_string(getuid()) + "/service.sock";
+}
+
+}  // namespace dyad

@@ -1,0 +1,46 @@
+// config.h: the one table of DYAD configuration.
+//
+// Every environment variable DYAD reads is declared once, in kConfigTable,
+// with its default and help text. The client (dyad_init_env), the service,
+// and `dyad info` all read this table, so documentation and behaviour cannot
+// drift apart. Booleans follow upstream (set means true) except that
+// 0/false/no/off (any case) mean false.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace dyad {
+
+enum class ConfigKind { kBool, kUint, kString, kSeconds };
+
+struct ConfigEntry {
+  const char* name;
+  ConfigKind kind;
+  const char* default_value;  // as text; "" means unset/NULL
+  const char* used_by;        // "client", "service", "both"
+  const char* help;
+};
+
+const std::vector<ConfigEntry>& ConfigTable();
+const ConfigEntry* FindConfigEntry(const std::string& name);
+
+// Raw value of an environment variable, if set.
+std::optional<std::string> GetEnv(const char* name);
+// Parses a boolean the DYAD way. An unset variable gives `def`.
+bool EnvBool(const char* name, bool def);
+// Parses an unsigned integer; malformed values give an error naming the variable.
+Result<uint64_t> EnvUint(const char* name, uint64_t def);
+// Parses seconds (fractional allowed); "0", "", "inf" or "none" mean no limit (-1 ms).
+Result<int64_t> EnvTimeoutMs(const char* name, int64_t def_ms);
+bool ParseBool(const std::string& text);
+
+// Default Unix socket of the local service: $DYAD_SERVICE_SOCKET, else
+// /tmp/dyad-<uid>/service.sock.
+std::string DefaultServiceSocket();
+
+}  // namespace dyad

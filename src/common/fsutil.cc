@@ -1,0 +1,211 @@
+#include "common/fsutil.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common/auth.h"
+
+namespace dyad {
+
+uint64_t MtimeNs(const struct stat& st) {
+  return static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
+         static_cast<uint64_t>(st.st_mtim.tv_nsec);
+}
+
+Result<std::string> ValidateUpath(const std::string& upath) {
+  if (upath.empty()) return Status(DYAD_RC_BADREQUEST, "empty path");
+  if (upath.size() > PATH_MAX) return Status(DYAD_RC_BADREQUEST, "path too long");
+  if (upath.find('\0') != std::string::npos)
+    return Status(DYAD_RC_BADREQUEST, "path contains a NUL byte");
+  if (upath[0] == '/')
+    return Status(DYAD_RC_PERM, "absolute path '" + upath + "' refused (must be relative)");
+  std::string out;
+  size_t pos = 0;
+  while (pos <= upath.size()) {
+    size_t slash = upath.find('/', pos);
+    if (slash == std::string::npos) slash = upath.size();
+    const std::string comp = upath.substr(pos, slash - pos);
+    pos = slash + 1;
+    if (comp.empty() || comp == ".") continue;
+    if (comp == "..") return Status(DYAD_RC_PERM, "path '" + upath + "' refused ('..' component)");
+    if (!out.empty()) out += '/';
+    out += comp;
+  }
+  if (out.empty()) return Status(DYAD_RC_BADREQUEST, "path '" + upath + "' names no file");
+  return out;
+}
+
+std::string NormalizeAbsolute(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  while (pos <= path.size()) {
+    size_t slash = path.find('/', pos);
+    if (slash == std::string::npos) slash = path.size();
+    std::string comp = path.substr(pos, slash - pos);
+    pos = slash + 1;
+    if (comp.empty() || comp == ".") continue;
+    if (comp == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.push_back(std::move(comp));
+  }
+  std::string out;
+  for (const auto& p : parts) out += "/" + p;
+  return out.empty() ? "/" : out;
+}
+
+std::string CanonicalPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) != nullptr) return buf;
+  std::string abs = path;
+  if (abs.empty() || abs[0] != '/') {
+    char cwd[PATH_MAX];
+    if (::getcwd(cwd, sizeof cwd) != nullptr) abs = std::string(cwd) + "/" + abs;
+  }
+  return NormalizeAbsolute(abs);
+}
+
+std::optional<std::string> RelativeTo(const std::string& root, const std::string& path) {
+  if (root.empty()) return std::nullopt;
+  std::string r = root;
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  if (path.size() < r.size() || path.compare(0, r.size(), r) != 0) return std::nullopt;
+  if (path.size() == r.size()) return std::string();
+  if (r == "/") return path.substr(1);
+  if (path[r.size()] != '/') return std::nullopt;
+  size_t start = r.size();
+  while (start < path.size() && path[start] == '/') ++start;
+  return path.substr(start);
+}
+
+Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, int flags,
+                             mode_t mode) {
+  Result<std::string> rel = ValidateUpath(upath);
+  if (!rel.ok()) return rel.status();
+  UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return StatusFromErrno(errno, "open managed directory '" + root + "'");
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  const long fd = ::syscall(SYS_openat2, dir.get(), rel->c_str(), &how, sizeof how);
+  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+  if (errno == EXDEV)
+    return Status(DYAD_RC_PERM, "path '" + upath + "' escapes the managed directory '" + root + "'");
+  if (errno != ENOSYS) return StatusFromErrno(errno, "open '" + root + "/" + *rel + "'");
+
+  // Kernels before 5.6: resolve and check the prefix instead.
+  const std::string full = root + "/" + *rel;
+  UniqueFd f(::open(full.c_str(), flags | O_CLOEXEC, mode));
+  if (!f.valid()) return StatusFromErrno(errno, "open '" + full + "'");
+  char real[PATH_MAX];
+  const std::string proc = "/proc/self/fd/" + std::to_string(f.get());
+  const ssize_t n = ::readlink(proc.c_str(), real, sizeof real - 1);
+  if (n <= 0) return StatusFromErrno(errno, "readlink " + proc);
+  real[n] = '\0';
+  if (!RelativeTo(CanonicalPath(root), real))
+    return Status(DYAD_RC_PERM, "path '" + upath + "' escapes the managed directory '" + root + "'");
+  return f;
+}
+
+Status MakeParentDirs(const std::string& root, const std::string& upath) {
+  const size_t slash = upath.rfind('/');
+  if (slash == std::string::npos) return Status::OK();
+  std::string dir = root;
+  size_t pos = 0;
+  while (pos < slash) {
+    size_t next = upath.find('/', pos);
+    if (next == std::string::npos || next > slash) next = slash;
+    dir += "/" + upath.substr(pos, next - pos);
+    pos = next + 1;
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      return StatusFromErrno(errno, "mkdir '" + dir + "'");
+  }
+  return Status::OK();
+}
+
+AtomicFile::~AtomicFile() { Abort(); }
+
+void AtomicFile::Abort() {
+  if (!committed_ && !temp_path_.empty()) {
+    ::unlink(temp_path_.c_str());
+    temp_path_.clear();
+  }
+  fd_.reset();
+}
+
+Status AtomicFile::Create(const std::string& root, const std::string& upath) {
+  Result<std::string> rel = ValidateUpath(upath);
+  if (!rel.ok()) return rel.status();
+  DYAD_RETURN_IF_ERROR(MakeParentDirs(root, *rel));
+  final_path_ = root + "/" + *rel;
+  const size_t slash = final_path_.rfind('/');
+  unsigned char rnd[8];
+  DYAD_RETURN_IF_ERROR(RandomBytes(rnd, sizeof rnd));
+  char suffix[20];
+  std::snprintf(suffix, sizeof suffix, "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
+                rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+  std::string base = final_path_.substr(slash + 1);
+  if (base.size() > 200) base.resize(200);
+  temp_path_ = final_path_.substr(0, slash + 1) + kPartPrefix + base + "." + suffix;
+  fd_.reset(::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!fd_.valid()) {
+    const int err = errno;
+    temp_path_.clear();
+    return StatusFromErrno(err, "create temporary for '" + final_path_ + "'");
+  }
+  return Status::OK();
+}
+
+Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data) {
+  if (!fd_.valid()) return Status(DYAD_RC_BADFIO, "commit without an open temporary");
+  if (version_ns != 0) {
+    timespec ts[2];
+    ts[0].tv_sec = 0;
+    ts[0].tv_nsec = UTIME_OMIT;
+    ts[1].tv_sec = static_cast<time_t>(version_ns / 1000000000ull);
+    ts[1].tv_nsec = static_cast<long>(version_ns % 1000000000ull);
+    if (::futimens(fd_.get(), ts) != 0) return StatusFromErrno(errno, "futimens " + temp_path_);
+  }
+  if (fsync_data && ::fsync(fd_.get()) != 0) return StatusFromErrno(errno, "fsync " + temp_path_);
+  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0)
+    return StatusFromErrno(errno, "rename into '" + final_path_ + "'");
+  committed_ = true;
+  fd_.reset();
+  return Status::OK();
+}
+
+size_t RemoveStaleTemporaries(const std::string& root) {
+  size_t removed = 0;
+  DIR* d = ::opendir(root.c_str());
+  if (d == nullptr) return 0;
+  std::vector<std::string> subdirs;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string full = root + "/" + name;
+    if (name.rfind(kPartPrefix, 0) == 0) {
+      if (::unlink(full.c_str()) == 0) ++removed;
+      continue;
+    }
+    struct stat st;
+    if (e->d_type == DT_DIR ||
+        (e->d_type == DT_UNKNOWN && ::lstat(full.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+      subdirs.push_back(full);
+  }
+  ::closedir(d);
+  for (const auto& s : subdirs) removed += RemoveStaleTemporaries(s);
+  return removed;
+}
+
+}  // namespace dyad

@@ -1,0 +1,83 @@
+#include "common/log.h"
+
+#include <fcntl.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+
+namespace dyad {
+namespace {
+
+std::atomic<LogLevel> g_level{LogLevel::kInfo};
+std::mutex g_mu;
+std::string g_prefix = "dyad";
+int g_info_fd = 2;
+int g_error_fd = 2;
+
+const char* LevelName(LogLevel l) {
+  switch (l) {
+    case LogLevel::kDebug: return "DEBUG";
+    case LogLevel::kInfo: return "INFO";
+    case LogLevel::kWarn: return "WARN";
+    case LogLevel::kError: return "ERROR";
+    default: return "";
+  }
+}
+
+bool SetFile(int* target, const int* other, const std::string& path) {
+  int fd = 2;
+  if (!path.empty()) {
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+  }
+  std::lock_guard<std::mutex> lk(g_mu);
+  const int old = *target;
+  *target = fd;
+  if (old != 2 && old != *other) ::close(old);
+  return true;
+}
+
+}  // namespace
+
+void LogSetLevel(LogLevel level) { g_level = level; }
+LogLevel LogGetLevel() { return g_level; }
+void LogSetPrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_prefix = prefix;
+}
+bool LogSetInfoFile(const std::string& path) { return SetFile(&g_info_fd, &g_error_fd, path); }
+bool LogSetErrorFile(const std::string& path) { return SetFile(&g_error_fd, &g_info_fd, path); }
+
+void LogMessage(LogLevel level, const char* fmt, ...) {
+  if (level < g_level.load(std::memory_order_relaxed)) return;
+  char body[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  tm t;
+  localtime_r(&tv.tv_sec, &t);
+  char ts[32];
+  strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &t);
+
+  std::lock_guard<std::mutex> lk(g_mu);
+  char line[2300];
+  const int n = snprintf(line, sizeof line, "%s.%03ld %s %s: %s\n", ts,
+                         static_cast<long>(tv.tv_usec / 1000), LevelName(level), g_prefix.c_str(),
+                         body);
+  const int fd = level >= LogLevel::kWarn ? g_error_fd : g_info_fd;
+  if (n > 0) {
+    ssize_t w = ::write(fd, line, static_cast<size_t>(std::min<int>(n, sizeof line - 1)));
+    (void)w;
+  }
+}
+
+}  // namespace dyad

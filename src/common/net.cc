@@ -1,0 +1,370 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace dyad {
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+std::string SocketAddress::ToString() const {
+  if (is_unix) return "unix:" + host;
+  return host + ":" + std::to_string(port);
+}
+
+Result<SocketAddress> ParseAddress(std::string_view text) {
+  SocketAddress a;
+  if (text.rfind("unix:", 0) == 0 || (!text.empty() && text[0] == '/')) {
+    a.is_unix = true;
+    a.host = std::string(text.rfind("unix:", 0) == 0 ? text.substr(5) : text);
+    if (a.host.empty() || a.host.size() >= sizeof(sockaddr_un::sun_path))
+      return Status(DYAD_RC_BADREQUEST, "bad unix socket path '" + std::string(text) + "'");
+    return a;
+  }
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size())
+    return Status(DYAD_RC_BADREQUEST,
+                  "bad address '" + std::string(text) + "' (expected HOST:PORT or unix:/path)");
+  a.host = std::string(text.substr(0, colon));
+  const std::string port(text.substr(colon + 1));
+  char* end = nullptr;
+  const unsigned long p = std::strtoul(port.c_str(), &end, 10);
+  if (*end != '\0' || p > 65535)
+    return Status(DYAD_RC_BADREQUEST, "bad port in address '" + std::string(text) + "'");
+  a.port = static_cast<uint16_t>(p);
+  return a;
+}
+
+namespace {
+
+Status ResolveInet(const SocketAddress& addr, sockaddr_in* out) {
+  std::memset(out, 0, sizeof *out);
+  out->sin_family = AF_INET;
+  out->sin_port = htons(addr.port);
+  if (addr.host == "*" || addr.host == "0.0.0.0") {
+    out->sin_addr.s_addr = htonl(INADDR_ANY);
+    return Status::OK();
+  }
+  if (inet_pton(AF_INET, addr.host.c_str(), &out->sin_addr) == 1) return Status::OK();
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(addr.host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr)
+    return Status(DYAD_RC_BADREQUEST, "cannot resolve host '" + addr.host + "': " + gai_strerror(rc));
+  out->sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return Status::OK();
+}
+
+void TuneTcp(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+}  // namespace
+
+Result<UniqueFd> Listen(const SocketAddress& addr, int backlog) {
+  if (addr.is_unix) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return StatusFromErrno(errno, "socket(AF_UNIX)");
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::strncpy(sa.sun_path, addr.host.c_str(), sizeof sa.sun_path - 1);
+    // A socket file left by a dead service would make bind fail; a live one
+    // answers connect, and we must not steal its address.
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0)
+      return Status(DYAD_RC_SYSFAIL, "another process is listening on " + addr.ToString());
+    ::unlink(addr.host.c_str());
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+      return StatusFromErrno(errno, "bind " + addr.ToString());
+    ::chmod(addr.host.c_str(), 0600);
+    if (::listen(fd.get(), backlog) != 0) return StatusFromErrno(errno, "listen " + addr.ToString());
+    return fd;
+  }
+  sockaddr_in sa;
+  DYAD_RETURN_IF_ERROR(ResolveInet(addr, &sa));
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return StatusFromErrno(errno, "socket(AF_INET)");
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+    return StatusFromErrno(errno, "bind " + addr.ToString());
+  if (::listen(fd.get(), backlog) != 0) return StatusFromErrno(errno, "listen " + addr.ToString());
+  return fd;
+}
+
+Result<SocketAddress> BoundAddress(int listen_fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (getsockname(listen_fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+    return StatusFromErrno(errno, "getsockname");
+  SocketAddress a;
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
+  a.host = buf;
+  a.port = ntohs(sa.sin_port);
+  return a;
+}
+
+Result<UniqueFd> Accept(int listen_fd, Deadline deadline) {
+  for (;;) {
+    pollfd p{listen_fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(errno, "poll(accept)");
+    }
+    if (n == 0) {
+      if (deadline.expired()) return Status(DYAD_RC_TIMEOUT, "accept timed out");
+      continue;
+    }
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+      return StatusFromErrno(errno, "accept");
+    }
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) == 0 && ss.ss_family == AF_INET)
+      TuneTcp(fd);
+    return UniqueFd(fd);
+  }
+}
+
+Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
+  UniqueFd fd;
+  int rc;
+  if (addr.is_unix) {
+    fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) return StatusFromErrno(errno, "socket(AF_UNIX)");
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::strncpy(sa.sun_path, addr.host.c_str(), sizeof sa.sun_path - 1);
+    rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  } else {
+    sockaddr_in sa;
+    DYAD_RETURN_IF_ERROR(ResolveInet(addr, &sa));
+    fd.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) return StatusFromErrno(errno, "socket(AF_INET)");
+    TuneTcp(fd.get());
+    rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  }
+  if (rc != 0 && errno != EINPROGRESS && errno != EAGAIN)
+    return StatusFromErrno(errno, "connect " + addr.ToString(), DYAD_RC_CONNLOST);
+  if (rc != 0) {
+    for (;;) {
+      pollfd p{fd.get(), POLLOUT, 0};
+      const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return StatusFromErrno(errno, "poll(connect)");
+      if (n == 0) {
+        if (deadline.expired())
+          return Status(DYAD_RC_TIMEOUT, "connect " + addr.ToString() + " timed out");
+        continue;
+      }
+      break;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) return StatusFromErrno(err, "connect " + addr.ToString(), DYAD_RC_CONNLOST);
+  }
+  // Channels use blocking calls bounded by poll; clear O_NONBLOCK.
+  const int flags = fcntl(fd.get(), F_GETFL);
+  fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+Channel::Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+
+Status Channel::WaitFor(short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd_.get(), events, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      broken_ = true;
+      return StatusFromErrno(errno, "poll");
+    }
+    if (n > 0) return Status::OK();
+    if (deadline.expired()) return Status(DYAD_RC_TIMEOUT, "timed out waiting for peer");
+  }
+}
+
+Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    const ssize_t n = ::send(fd_.get(), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      Status st = WaitFor(POLLOUT, deadline);
+      if (!st.ok()) {
+        broken_ = true;
+        return st;
+      }
+      continue;
+    }
+    broken_ = true;
+    return StatusFromErrno(errno, "send", DYAD_RC_CONNLOST);
+  }
+  return Status::OK();
+}
+
+Result<size_t> Channel::RecvSome(void* buf, size_t len, Deadline deadline) {
+  for (;;) {
+    const ssize_t n = ::recv(fd_.get(), buf, len, MSG_DONTWAIT);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) {
+      broken_ = true;
+      return Status(DYAD_RC_CONNLOST, "peer closed the connection");
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      Status st = WaitFor(POLLIN, deadline);
+      if (!st.ok()) {
+        broken_ = true;
+        return st;
+      }
+      continue;
+    }
+    broken_ = true;
+    return StatusFromErrno(errno, "recv", DYAD_RC_CONNLOST);
+  }
+}
+
+Status Channel::RecvAll(void* buf, size_t len, Deadline deadline) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    Result<size_t> n = RecvSome(p, len, deadline);
+    if (!n.ok()) return n.status();
+    p += *n;
+    len -= *n;
+  }
+  return Status::OK();
+}
+
+Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline deadline) {
+  if (payload.size() > kMaxFramePayload)
+    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(payload.size()) + " bytes)");
+  char hdr[kFrameHeaderSize];
+  const uint32_t magic = kFrameMagic;
+  const uint16_t version = kWireVersion;
+  const uint32_t len = static_cast<uint32_t>(payload.size());
+  std::memcpy(hdr, &magic, 4);
+  std::memcpy(hdr + 4, &version, 2);
+  std::memcpy(hdr + 6, &type, 2);
+  std::memcpy(hdr + 8, &len, 4);
+  if (payload.size() <= 4096) {
+    std::string one(hdr, kFrameHeaderSize);
+    one.append(payload);
+    return SendAll(one.data(), one.size(), deadline);
+  }
+  DYAD_RETURN_IF_ERROR(SendAll(hdr, sizeof hdr, deadline));
+  return SendAll(payload.data(), payload.size(), deadline);
+}
+
+Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+  char hdr[kFrameHeaderSize];
+  DYAD_RETURN_IF_ERROR(RecvAll(hdr, sizeof hdr, deadline));
+  uint32_t magic;
+  uint16_t version;
+  uint32_t len;
+  std::memcpy(&magic, hdr, 4);
+  std::memcpy(&version, hdr + 4, 2);
+  std::memcpy(type, hdr + 6, 2);
+  std::memcpy(&len, hdr + 8, 4);
+  if (magic != kFrameMagic || version != kWireVersion) {
+    broken_ = true;
+    return Status(DYAD_RC_BADUNPACK, "not a DYAD peer (bad frame magic or wire version)");
+  }
+  if (len > kMaxFramePayload) {
+    broken_ = true;
+    return Status(DYAD_RC_BADUNPACK, "frame length " + std::to_string(len) + " exceeds limit");
+  }
+  payload->resize(len);
+  if (len > 0) return RecvAll(payload->data(), len, deadline);
+  return Status::OK();
+}
+
+Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
+                              uint64_t* sent) {
+  off_t off = static_cast<off_t>(offset);
+  uint64_t done = 0;
+  // sendfile blocks on this (blocking) socket; SO_SNDTIMEO turns "no
+  // progress for idle_ms" into EAGAIN so a stalled peer cannot hang us.
+  timeval tv{};
+  tv.tv_sec = idle_ms / 1000;
+  tv.tv_usec = (idle_ms % 1000) * 1000;
+  setsockopt(fd_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  while (done < len) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(len - done, 1u << 30));
+    const ssize_t n = ::sendfile(fd_.get(), file_fd, &off, chunk);
+    if (n > 0) {
+      done += static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      broken_ = true;
+      if (sent) *sent = done;
+      return Status(DYAD_RC_BADFIO, "file shrank while being sent (" + std::to_string(done) +
+                                        " of " + std::to_string(len) + " bytes)");
+    }
+    if (errno == EINTR) continue;
+    broken_ = true;
+    if (sent) *sent = done;
+    if (errno == EAGAIN)
+      return Status(DYAD_RC_TIMEOUT, "peer made no progress for " + std::to_string(idle_ms) + " ms");
+    const dyad_rc_t code =
+        (errno == EPIPE || errno == ECONNRESET) ? DYAD_RC_CONNLOST : DYAD_RC_BADFIO;
+    return StatusFromErrno(errno, "sendfile", code);
+  }
+  if (sent) *sent = done;
+  return Status::OK();
+}
+
+bool Channel::PeerClosed() const {
+  pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+  return false;
+}
+
+Status WriteFully(int fd, const void* buf, size_t len) {
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    const ssize_t n = ::write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(errno, "write");
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+}  // namespace dyad

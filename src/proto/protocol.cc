@@ -1,0 +1,235 @@
+#include "proto/protocol.h"
+
+#include "common/net.h"
+#include "common/time.h"
+
+namespace dyad {
+
+const char* MsgTypeName(uint16_t type) {
+  switch (static_cast<MsgType>(type)) {
+    case MsgType::kReply: return "reply";
+    case MsgType::kChallenge: return "challenge";
+    case MsgType::kAuthenticate: return "authenticate";
+    case MsgType::kPublish: return "publish";
+    case MsgType::kLocate: return "locate";
+    case MsgType::kConsume: return "consume";
+    case MsgType::kStatus: return "status";
+    case MsgType::kList: return "list";
+    case MsgType::kPing: return "ping";
+    case MsgType::kRemove: return "remove";
+    case MsgType::kKvsPut: return "kvs.put";
+    case MsgType::kKvsGet: return "kvs.get";
+    case MsgType::kKvsWait: return "kvs.wait";
+    case MsgType::kKvsRemove: return "kvs.remove";
+    case MsgType::kKvsList: return "kvs.list";
+    case MsgType::kFetch: return "fetch";
+  }
+  return "unknown";
+}
+
+std::string MemberKey(uint32_t rank) { return "rank." + std::to_string(rank); }
+
+std::string FileRecord::Encode() const {
+  Encoder e;
+  e.U8(1).U32(owner_rank).U64(owner_incarnation).U64(size).U64(version).U64(published_ns).Str(upath);
+  return e.Take();
+}
+
+bool FileRecord::Decode(const std::string& bytes, FileRecord* out) {
+  Decoder d(bytes);
+  if (d.U8() != 1) return false;
+  FileRecord r;
+  r.owner_rank = d.U32();
+  r.owner_incarnation = d.U64();
+  r.size = d.U64();
+  r.version = d.U64();
+  r.published_ns = d.U64();
+  r.upath = d.Str();
+  if (!d.done()) return false;
+  *out = std::move(r);
+  return true;
+}
+
+std::string ServiceRecord::Encode() const {
+  Encoder e;
+  e.U8(1).U32(rank).U32(node_idx).U64(incarnation).Str(address).Str(prod_path).Str(hostname).U64(
+      started_ns);
+  return e.Take();
+}
+
+bool ServiceRecord::Decode(const std::string& bytes, ServiceRecord* out) {
+  Decoder d(bytes);
+  if (d.U8() != 1) return false;
+  ServiceRecord r;
+  r.rank = d.U32();
+  r.node_idx = d.U32();
+  r.incarnation = d.U64();
+  r.address = d.Str();
+  r.prod_path = d.Str();
+  r.hostname = d.Str();
+  r.started_ns = d.U64();
+  if (!d.done()) return false;
+  *out = std::move(r);
+  return true;
+}
+
+std::string EncodeReply(const Status& st, const std::string& body) {
+  Encoder e;
+  e.I32(st.code()).Str(st.message());
+  std::string out = e.Take();
+  out += body;
+  return out;
+}
+
+bool DecodeReply(const std::string& payload, Status* st, std::string* body) {
+  Decoder d(payload);
+  const int32_t code = d.I32();
+  std::string msg = d.Str();
+  if (d.failed()) return false;
+  *st = Status(static_cast<dyad_rc_t>(code), std::move(msg));
+  const size_t header = 4 + 4 + st->message().size();
+  body->assign(payload, header, std::string::npos);
+  return true;
+}
+
+void PublishRequest::EncodeTo(Encoder& e) const {
+  e.Str(ns).Str(key).Str(upath).Str(prod_path).U64(size).U64(version).Bool(async);
+}
+bool PublishRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  upath = d.Str();
+  prod_path = d.Str();
+  size = d.U64();
+  version = d.U64();
+  async = d.Bool();
+  return !d.failed();
+}
+
+void LocateRequest::EncodeTo(Encoder& e) const { e.Str(ns).Str(key).Bool(wait).I64(timeout_ms); }
+bool LocateRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  wait = d.Bool();
+  timeout_ms = d.I64();
+  return !d.failed();
+}
+
+void ConsumeRequest::EncodeTo(Encoder& e) const {
+  e.Str(ns).Str(key).Str(upath).Str(cons_path).I64(timeout_ms).Bool(shared_storage).Bool(have_record);
+  e.Str(have_record ? record.Encode() : std::string());
+  e.Str(dtl_mode);
+}
+bool ConsumeRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  upath = d.Str();
+  cons_path = d.Str();
+  timeout_ms = d.I64();
+  shared_storage = d.Bool();
+  have_record = d.Bool();
+  const std::string rec = d.Str();
+  dtl_mode = d.Str();
+  if (d.failed()) return false;
+  if (have_record && !FileRecord::Decode(rec, &record)) return false;
+  return true;
+}
+
+void ConsumeReply::EncodeTo(Encoder& e) const {
+  e.Str(record.Encode()).Bool(transferred).Bool(joined).Bool(local).U64(bytes).U64(transfer_ns);
+}
+bool ConsumeReply::DecodeFrom(Decoder& d) {
+  const std::string rec = d.Str();
+  transferred = d.Bool();
+  joined = d.Bool();
+  local = d.Bool();
+  bytes = d.U64();
+  transfer_ns = d.U64();
+  return !d.failed() && FileRecord::Decode(rec, &record);
+}
+
+void ListRequest::EncodeTo(Encoder& e) const { e.Str(ns).Str(path_prefix).U32(limit); }
+bool ListRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  path_prefix = d.Str();
+  limit = d.U32();
+  return !d.failed();
+}
+
+void RemoveRequest::EncodeTo(Encoder& e) const { e.Str(ns).Str(key); }
+bool RemoveRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  return !d.failed();
+}
+
+void StatusReply::EncodeTo(Encoder& e) const {
+  e.U32(static_cast<uint32_t>(counters.size()));
+  for (const auto& [k, v] : counters) e.Str(k).U64(v);
+  e.U32(static_cast<uint32_t>(info.size()));
+  for (const auto& [k, v] : info) e.Str(k).Str(v);
+}
+bool StatusReply::DecodeFrom(Decoder& d) {
+  uint32_t n = d.U32();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    std::string k = d.Str();
+    counters[k] = d.U64();
+  }
+  n = d.U32();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    std::string k = d.Str();
+    info[k] = d.Str();
+  }
+  return !d.failed();
+}
+
+void KvsRequest::EncodeTo(Encoder& e) const {
+  e.Str(ns).Str(key).Str(value).I64(timeout_ms).U32(limit);
+}
+bool KvsRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  value = d.Str();
+  timeout_ms = d.I64();
+  limit = d.U32();
+  return !d.failed();
+}
+
+void FetchRequest::EncodeTo(Encoder& e) const {
+  e.Str(upath).Str(transport).Str(transport_args).U64(expect_version);
+}
+bool FetchRequest::DecodeFrom(Decoder& d) {
+  upath = d.Str();
+  transport = d.Str();
+  transport_args = d.Str();
+  expect_version = d.U64();
+  return !d.failed();
+}
+
+void FetchReply::EncodeTo(Encoder& e) const { e.U64(size).U64(version).Str(transport_args); }
+bool FetchReply::DecodeFrom(Decoder& d) {
+  size = d.U64();
+  version = d.U64();
+  transport_args = d.Str();
+  return !d.failed();
+}
+
+Status CallRpc(Channel& ch, MsgType type, const std::string& request, std::string* body,
+               const Deadline& deadline) {
+  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(type), request, deadline));
+  uint16_t rtype = 0;
+  std::string payload;
+  DYAD_RETURN_IF_ERROR(ch.RecvFrame(&rtype, &payload, deadline));
+  if (rtype != static_cast<uint16_t>(MsgType::kReply)) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_BADRPC, std::string("expected a reply, got '") + MsgTypeName(rtype) + "'");
+  }
+  Status st;
+  if (!DecodeReply(payload, &st, body)) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_BADUNPACK, "malformed reply");
+  }
+  return st;
+}
+
+}  // namespace dyad

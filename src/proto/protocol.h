@@ -1,0 +1,206 @@
+// protocol.h: every message exchanged by DYAD processes.
+//
+// Three links use these messages, all framed by Channel (common/net.h):
+//   client  -> local service  (Unix socket; peer credentials checked)
+//   service -> root service   (TCP; embedded metadata store operations)
+//   service -> owner service  (TCP; file fetches)
+// Each request frame has a MsgType; the answer is one kReply frame whose
+// payload starts with a ReplyHeader (status code + message), followed by the
+// request-specific fields on success. A fetch reply is followed by the file
+// bytes in the format of the chosen transport. TCP links start with the
+// authentication handshake of common/auth.h.
+//
+// Encode*/Decode* functions are pure; Decode returns false on malformed input.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace dyad {
+
+enum class MsgType : uint16_t {
+  kReply = 1,
+  // Authentication handshake (TCP links).
+  kChallenge = 2,
+  kAuthenticate = 3,
+  // Client -> local service.
+  kPublish = 10,
+  kLocate = 11,
+  kConsume = 12,
+  kStatus = 13,
+  kList = 14,
+  kPing = 15,
+  kRemove = 16,
+  // Service -> root: embedded metadata store.
+  kKvsPut = 30,
+  kKvsGet = 31,
+  kKvsWait = 32,
+  kKvsRemove = 33,
+  kKvsList = 34,
+  // Service -> owner service.
+  kFetch = 50,
+};
+
+const char* MsgTypeName(uint16_t type);
+
+// The value stored in the metadata store for one published file.
+struct FileRecord {
+  uint32_t owner_rank = 0;
+  uint64_t owner_incarnation = 0;  // changes each time the owner service restarts
+  uint64_t size = 0;
+  uint64_t version = 0;       // modification time (ns) of the published file
+  uint64_t published_ns = 0;  // wall clock at publication
+  std::string upath;          // path relative to the managed directory
+
+  std::string Encode() const;
+  static bool Decode(const std::string& bytes, FileRecord* out);
+};
+
+// Where a service can be reached; stored in the metadata store under
+// namespace kMembersNamespace, key "rank.<N>".
+struct ServiceRecord {
+  uint32_t rank = 0;
+  uint32_t node_idx = 0;
+  uint64_t incarnation = 0;
+  std::string address;     // HOST:PORT other services connect to
+  std::string prod_path;   // producer-managed directory it serves ("" if none)
+  std::string hostname;
+  uint64_t started_ns = 0;
+
+  std::string Encode() const;
+  static bool Decode(const std::string& bytes, ServiceRecord* out);
+};
+
+inline const char* kMembersNamespace = "dyad.services";
+std::string MemberKey(uint32_t rank);
+
+struct ReplyHeader {
+  int32_t code = DYAD_RC_OK;
+  std::string message;
+};
+
+// Encodes a reply: header followed by `body` (already-encoded fields).
+std::string EncodeReply(const Status& st, const std::string& body = {});
+// Splits a reply into its status and the remaining body bytes.
+bool DecodeReply(const std::string& payload, Status* st, std::string* body);
+
+// --- client -> local service -------------------------------------------
+
+struct PublishRequest {
+  std::string ns;
+  std::string key;        // gen_path_key(upath)
+  std::string upath;
+  std::string prod_path;  // client's producer-managed directory (absolute, canonical)
+  uint64_t size = 0;
+  uint64_t version = 0;
+  bool async = false;     // DYAD_ASYNC_PUBLISH: reply before the store confirms
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+struct LocateRequest {
+  std::string ns;
+  std::string key;
+  bool wait = false;
+  int64_t timeout_ms = -1;  // < 0: no limit
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// Locate reply body: FileRecord::Encode() as one string field.
+
+struct ConsumeRequest {
+  std::string ns;
+  std::string key;
+  std::string upath;
+  std::string cons_path;  // client's consumer-managed directory (absolute, canonical)
+  int64_t timeout_ms = -1;
+  bool shared_storage = false;
+  bool have_record = false;  // consume_w_metadata: skip the lookup
+  FileRecord record;
+  std::string dtl_mode;      // requested transport ("" = service default)
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+struct ConsumeReply {
+  FileRecord record;
+  bool transferred = false;  // this request caused a transfer
+  bool joined = false;       // waited for a transfer another request started
+  bool local = false;        // no transfer needed (same directory / shared storage)
+  uint64_t bytes = 0;
+  uint64_t transfer_ns = 0;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+struct ListRequest {
+  std::string ns;
+  std::string path_prefix;
+  uint32_t limit = 0;  // 0: no limit
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// List reply body: u32 count, then count x (key, FileRecord::Encode()).
+
+struct RemoveRequest {
+  std::string ns;
+  std::string key;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+// Status reply body: u32 count, then count x (name, u64 value), then the
+// service's identity strings (u32 count, count x (name, value)).
+struct StatusReply {
+  std::map<std::string, uint64_t> counters;
+  std::map<std::string, std::string> info;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+// --- service -> root (embedded store) ------------------------------------
+
+struct KvsRequest {
+  std::string ns;
+  std::string key;         // key, or key prefix for kKvsList
+  std::string value;       // kKvsPut
+  int64_t timeout_ms = 0;  // kKvsWait: server-side bound of this wait
+  uint32_t limit = 0;      // kKvsList
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// Replies: kKvsGet/kKvsWait body: Bool found, Str value.
+//          kKvsList body: u32 count, count x (Str key, Str value).
+
+// --- service -> owner service ----------------------------------------------
+
+struct FetchRequest {
+  std::string upath;
+  std::string transport;       // "tcp", "local", ...
+  std::string transport_args;  // opaque, transport-specific
+  uint64_t expect_version = 0; // 0: any
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+struct FetchReply {
+  uint64_t size = 0;
+  uint64_t version = 0;
+  std::string transport_args;  // opaque, transport-specific (e.g. a local path)
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+// Sends `request` of `type` and waits for the reply; on success `body` holds
+// the reply body. Transport and decoding failures mark `ch` broken.
+class Channel;
+class Deadline;
+Status CallRpc(Channel& ch, MsgType type, const std::string& request, std::string* body,
+               const Deadline& deadline);
+
+}  // namespace dyad

@@ -1,0 +1,110 @@
+// transport.h: the data transport layer (DTL) interface.
+//
+// A fetch is a short conversation between the requesting service and the
+// owner service over an authenticated Channel (the "session"):
+//   requester: PrepareRequest() -> transport_args sent in the FetchRequest
+//   owner:     validates the path, opens the file, replies FetchReply
+//              (size, version, its own transport_args), then Push()
+//   requester: Pull() lands exactly `size` bytes into the sink fd.
+// The session carries control traffic; each transport decides how data
+// moves: "tcp" streams it on the session itself (sendfile on the sender,
+// bounded buffers on the receiver); "local" passes only the owner's path and
+// copies within the node; RMA transports (UCX put, libfabric read) exchange
+// registered-memory keys in transport_args and use the session only to
+// signal completion. Nothing transport-specific leaks into the service.
+//
+// Both ends must bound every wait (no progress for `idle_ms` is an error)
+// and never hold a whole file in memory. A Transport is shared by all
+// concurrent transfers of a service and must be thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "common/status.h"
+
+namespace dyad {
+
+struct TransportCaps {
+  bool zero_copy_send = false;      // sender avoids user-space copies
+  bool rma_put = false;             // one-sided put into the requester's memory
+  bool rma_get = false;             // one-sided get from the owner's memory
+  bool needs_registration = false;  // buffers must be registered (MemoryRegion)
+  bool same_node_only = false;      // only between services sharing a node
+};
+
+// An open, validated file on the owner side.
+struct FileSource {
+  int fd = -1;
+  uint64_t size = 0;
+  uint64_t version = 0;
+  std::string path;  // absolute path (for logs and the local transport)
+};
+
+struct TransferStats {
+  uint64_t bytes = 0;
+  uint64_t chunks = 0;
+};
+
+// Registered memory for RMA transports (optional capability).
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual void* addr() const = 0;
+  virtual size_t length() const = 0;
+  // Remote key the peer needs to access this region.
+  virtual std::string PackedKey() const = 0;
+};
+
+struct TransportOptions {
+  size_t chunk_size = 4u << 20;  // receive buffer / pipeline chunk
+  int64_t idle_ms = 60000;       // no progress for this long fails the transfer
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  virtual TransportCaps caps() const = 0;
+
+  // Requester: bytes to put in FetchRequest::transport_args.
+  virtual Result<std::string> PrepareRequest() { return std::string(); }
+
+  // Owner: after sending the FetchReply, move `src` to the requester.
+  // `request_args` are the requester's transport_args.
+  virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,
+                      TransferStats* stats) = 0;
+
+  // Owner: transport_args to put into the FetchReply (before Push).
+  virtual Result<std::string> ReplyArgs(const FileSource& src) {
+    (void)src;
+    return std::string();
+  }
+
+  // Requester: after receiving the FetchReply, land reply.size bytes in
+  // `sink_fd` (opened for writing at offset 0).
+  virtual Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+                      TransferStats* stats) = 0;
+
+  // RMA backends override; others report DYAD_RC_NOTSUP.
+  virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len) {
+    (void)addr;
+    (void)len;
+    return Status(DYAD_RC_NOTSUP, name() + " transport does not register memory");
+  }
+};
+
+// Creates a transport by name ("tcp", "local", and those compiled in).
+// DTL mode names are accepted too: FLUX_RPC and TCP -> tcp, UCX -> ucx,
+// OFI -> ofi. Unknown or not compiled-in names give DYAD_RC_BADDTLMODE with
+// a message listing the available ones.
+Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
+                                                   const TransportOptions& options);
+// Canonical transport name for a DTL mode string ("FLUX_RPC" -> "tcp").
+Result<std::string> TransportNameForMode(const std::string& dtl_mode);
+std::vector<std::string> TransportNames();
+
+}  // namespace dyad
