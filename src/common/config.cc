@@ -51,7 +51,7 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "Bound on any single request to a service that is not a wait for publication, and on a "
        "transfer making no progress, in seconds."},
       {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
-       "Rank of this node's service; when unset, taken from SLURM_NODEID, FLUX_TASK_RANK, "
+       "Rank of this node's service; when unset, taken from FLUX_TASK_RANK, SLURM_PROCID, "
        "OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK, else 0."},
       {"DYAD_SERVICE_LISTEN", ConfigKind::kString, "0.0.0.0:7590", "service",
        "TCP address the service listens on for other services."},

@@ -1,0 +1,36 @@
+# DYAD: the two commands (see README.md).
+#   make demo   install missing Debian packages, build, run the two-node demo
+#   make test   install missing Debian packages, build, run the whole test suite
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX ?= /usr/local
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+.PHONY: all deps configure build demo test install bench clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	@$(BUILD)/dyad demo
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure --timeout 900
+
+bench: build
+	@$(BUILD)/dyad-transfer
+	@$(BUILD)/dyad-small-files
+
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	@rm -rf $(BUILD)

@@ -1,0 +1,153 @@
+// dyad-service: the per-node DYAD daemon. See docs/service.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "common/auth.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "service/service.h"
+
+namespace {
+
+// Rank from the launcher when not given: one service per node is started
+// as one task per node, so the task rank is the node's rank.
+uint32_t RankFromEnvironment() {
+  for (const char* var : {"DYAD_SERVICE_RANK", "FLUX_TASK_RANK", "SLURM_PROCID",
+                          "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* v = std::getenv(var); v && *v) {
+      char* end = nullptr;
+      const unsigned long r = std::strtoul(v, &end, 10);
+      if (*end == '\0') return static_cast<uint32_t>(r);
+    }
+  }
+  return 0;
+}
+
+std::string EnvOr(const char* name, const std::string& def) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dyad::ServiceOptions opt;
+  opt.rank = RankFromEnvironment();
+  opt.prod_path = EnvOr("DYAD_PATH_PRODUCER", "");
+  opt.cons_path = EnvOr("DYAD_PATH_CONSUMER", "");
+  opt.listen = EnvOr("DYAD_SERVICE_LISTEN", "0.0.0.0:7590");
+  opt.advertise = EnvOr("DYAD_SERVICE_ADVERTISE", "");
+  opt.socket_path = dyad::DefaultServiceSocket();
+  opt.kvs_url = EnvOr("DYAD_KVS", "embedded");
+  opt.dtl_mode = EnvOr("DYAD_DTL_MODE", "FLUX_RPC");
+  opt.debug = dyad::EnvBool("DYAD_SYNC_DEBUG", false);
+  auto mux = dyad::EnvUint("DYAD_SERVICE_MUX", 1);
+  opt.service_mux = mux.ok() ? static_cast<uint32_t>(*mux) : 1;
+  double rpc_timeout_s = 60;
+  if (auto t = dyad::EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000); t.ok() && *t > 0)
+    rpc_timeout_s = static_cast<double>(*t) / 1000.0;
+  std::string info_log, error_log, secret_file;
+
+  CLI::App app{
+      "dyad-service: the per-node DYAD daemon. Serves the node's application processes over a "
+      "Unix socket (publish, locate, consume) and the other nodes' services over TCP (file "
+      "fetches, and on the root the embedded metadata store).\n"};
+  app.set_help_flag("-h,--help", "Show this help and exit");
+  app.add_option("PRODUCER_PATH", opt.prod_path,
+                 "Producer-managed directory this service serves (default $DYAD_PATH_PRODUCER)");
+  app.add_flag("-d,--debug", opt.debug, "Debug logging");
+  app.add_option("-m,--mode", opt.dtl_mode,
+                 "Transport for fetches: TCP (alias FLUX_RPC), UCX, OFI when compiled in")
+      ->capture_default_str();
+  app.add_option("-i,--info_log", info_log, "Write info and debug messages to this file");
+  app.add_option("-e,--error_log", error_log, "Write warnings and errors to this file");
+  app.add_option("-r,--rank", opt.rank,
+                 "Rank of this service (default: $DYAD_SERVICE_RANK or the launcher's task rank)")
+      ->capture_default_str();
+  app.add_option("-l,--listen", opt.listen, "TCP HOST:PORT for other services (port 0: any)")
+      ->capture_default_str();
+  app.add_option("-a,--advertise", opt.advertise,
+                 "HOST:PORT other services use to reach this one (default: derived from --listen)");
+  app.add_option("-s,--socket", opt.socket_path, "Unix socket for local clients")
+      ->capture_default_str();
+  app.add_option("-k,--kvs", opt.kvs_url,
+                 "Metadata store: embedded (rank 0 hosts it), embedded://HOST:PORT (the root's "
+                 "address), memory (this service only)")
+      ->capture_default_str();
+  app.add_flag("--root", opt.host_root, "Host the embedded metadata store here (any rank)");
+  app.add_option("--service-mux", opt.service_mux, "Services per node")->capture_default_str();
+  app.add_option("--secret-file", secret_file,
+                 "Cluster secret file (mode 600) for service-to-service authentication "
+                 "(default $DYAD_SECRET_FILE, or $DYAD_SECRET)");
+  app.add_option("--cons-path", opt.cons_path,
+                 "Consumer directory whose incomplete temporaries are removed at start "
+                 "(default $DYAD_PATH_CONSUMER)");
+  app.add_option("--chunk-size", opt.chunk_size, "Transfer buffer size in bytes")
+      ->capture_default_str();
+  app.add_option("--rpc-timeout", rpc_timeout_s,
+                 "Seconds bounding non-wait requests and transfers without progress")
+      ->capture_default_str();
+  app.add_option("--ready-file", opt.ready_file,
+                 "Write rank/listen/socket/pid here once serving (for scripts and tests)");
+  app.footer(
+      "Signals: SIGTERM/SIGINT stop the service cleanly.\n"
+      "Example (two nodes):\n"
+      "  node0$ dyad-service -r 0 --secret-file ~/.dyad/secret /local/dmd\n"
+      "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret /local/dmd");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  dyad::LogSetPrefix("dyad-service[rank " + std::to_string(opt.rank) + "]");
+  if (opt.debug) dyad::LogSetLevel(dyad::LogLevel::kDebug);
+  if (!info_log.empty() && !dyad::LogSetInfoFile(info_log)) {
+    std::fprintf(stderr, "dyad-service: cannot open info log '%s'\n", info_log.c_str());
+    return 1;
+  }
+  if (!error_log.empty() && !dyad::LogSetErrorFile(error_log)) {
+    std::fprintf(stderr, "dyad-service: cannot open error log '%s'\n", error_log.c_str());
+    return 1;
+  }
+  if (rpc_timeout_s <= 0) {
+    std::fprintf(stderr, "dyad-service: --rpc-timeout must be positive\n");
+    return 2;
+  }
+  opt.rpc_timeout_ms = static_cast<int64_t>(rpc_timeout_s * 1000);
+  auto secret = dyad::LoadClusterSecret(secret_file);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "dyad-service: %s\n", secret.status().ToString().c_str());
+    return 1;
+  }
+  opt.secret = *secret;
+
+  // Signals are taken synchronously by this thread; all others block them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  dyad::Service service(opt);
+  dyad::Status st = service.Start();
+  if (!st.ok()) {
+    DYAD_LOG_ERROR("cannot start: %s", st.ToString().c_str());
+    std::fprintf(stderr, "dyad-service: cannot start: %s\n", st.ToString().c_str());
+    service.Stop();
+    service.Wait();
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&set, &sig);
+  DYAD_LOG_INFO("received signal %d, stopping", sig);
+  service.Stop();
+  service.Wait();
+  return 0;
+}

@@ -1,0 +1,68 @@
+// metadata_cache.h: the node-local level of the hierarchical file locator.
+//
+// Records this service published or located, by (namespace, key). Bounded:
+// when it grows past its capacity the oldest half is dropped (a miss only
+// costs a lookup in the global store). Thread-safe.
+#pragma once
+
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "proto/protocol.h"
+
+namespace dyad {
+
+class MetadataCache {
+ public:
+  explicit MetadataCache(size_t capacity = 1u << 20) : capacity_(capacity) {}
+
+  std::optional<FileRecord> Get(const std::string& ns, const std::string& key) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(Join(ns, key));
+    if (it == map_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void Put(const std::string& ns, const std::string& key, const FileRecord& rec) {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::string k = Join(ns, key);
+    auto [it, inserted] = map_.insert_or_assign(k, rec);
+    if (inserted) order_.push_back(std::move(k));
+    if (map_.size() > capacity_) {
+      while (map_.size() > capacity_ / 2 && !order_.empty()) {
+        map_.erase(order_.front());
+        order_.pop_front();
+      }
+    }
+  }
+
+  void Erase(const std::string& ns, const std::string& key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    map_.erase(Join(ns, key));  // its slot in order_ is skipped lazily
+  }
+
+  size_t size() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return map_.size();
+  }
+
+ private:
+  static std::string Join(const std::string& ns, const std::string& key) {
+    std::string k;
+    k.reserve(ns.size() + 1 + key.size());
+    k += ns;
+    k += '\0';
+    k += key;
+    return k;
+  }
+  size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, FileRecord> map_;
+  std::deque<std::string> order_;
+};
+
+}  // namespace dyad
