@@ -236,7 +236,7 @@ void Service::Stop() {
   {
     std::lock_guard<std::mutex> lk(conns_mu_);
     for (auto& c : conns_)
-      if (!c->done) ::shutdown(c->fd, SHUT_RDWR);
+      if (!c->done && c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
   }
   std::thread([this] {
     if (tcp_acceptor_.joinable()) tcp_acceptor_.join();
@@ -289,10 +289,14 @@ void Service::SpawnConnection(UniqueFd fd, bool local) {
   raw->thread = std::thread([this, raw, f = fd.release(), local]() mutable {
     Channel ch{UniqueFd(f)};
     if (local)
-      ServeLocal(std::move(ch));
+      ServeLocal(ch);
     else
-      ServePeer(std::move(ch));
+      ServePeer(ch);
+    // Marked under the lock, before the descriptor closes, so Stop() never
+    // shuts down a descriptor number that was reused.
+    std::lock_guard<std::mutex> lk(conns_mu_);
     raw->done = true;
+    raw->fd = -1;
   });
 }
 
@@ -320,7 +324,7 @@ void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
   if (!s.ok()) DYAD_LOG_DEBUG("reply not delivered: %s", s.ToString().c_str());
 }
 
-void Service::ServeLocal(Channel ch) {
+void Service::ServeLocal(Channel& ch) {
   // Only processes of this user (or root) may use the service.
   ucred cred{};
   socklen_t len = sizeof cred;
@@ -359,7 +363,7 @@ void Service::ServeLocal(Channel ch) {
   }
 }
 
-void Service::ServePeer(Channel ch) {
+void Service::ServePeer(Channel& ch) {
   PeerIdentity peer;
   Status st = auth_.Accept(ch, PeerIdentity{opt_.rank, incarnation_},
                            Deadline::AfterMs(kHandshakeTimeoutMs), &peer);

@@ -79,8 +79,8 @@ class Service {
  private:
   // Connection plumbing.
   void AcceptLoop(int listen_fd, bool local);
-  void ServeLocal(Channel ch);
-  void ServePeer(Channel ch);
+  void ServeLocal(Channel& ch);
+  void ServePeer(Channel& ch);
   void SpawnConnection(UniqueFd fd, bool local);
   void ReapFinished();
 
