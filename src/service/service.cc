@@ -161,6 +161,7 @@ Status Service::Start() {
     return reg;
   }
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
+  if (!root_store_) membership_thread_ = std::thread([this] { MembershipLoop(); });
   unix_acceptor_ = std::thread([this] { AcceptLoop(unix_listener_.get(), true); });
 
   DYAD_LOG_INFO("serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
@@ -198,8 +199,9 @@ Status Service::RegisterMembership() {
   // The root may still be starting (services are launched in parallel).
   const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(opt_.rpc_timeout_ms, 30000));
   int64_t backoff = 100;
+  member_value_ = rec.Encode();
   for (;;) {
-    Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), rec.Encode());
+    Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
     if (st.ok()) return st;
     if (deadline.expired() || stopping_)
       return st.Annotate("register rank " + std::to_string(opt_.rank) + " in the metadata store");
@@ -242,6 +244,7 @@ void Service::Stop() {
     if (tcp_acceptor_.joinable()) tcp_acceptor_.join();
     if (unix_acceptor_.joinable()) unix_acceptor_.join();
     if (async_thread_.joinable()) async_thread_.join();
+    if (membership_thread_.joinable()) membership_thread_.join();
     std::list<std::unique_ptr<Conn>> conns;
     {
       std::lock_guard<std::mutex> lk(conns_mu_);
@@ -445,6 +448,24 @@ void Service::HandlePublish(Channel& ch, const std::string& payload) {
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
   if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
   Reply(ch, st);
+}
+
+void Service::MembershipLoop() {
+  constexpr int64_t kCheckEveryMs = 3000;
+  std::unique_lock<std::mutex> lk(async_mu_);
+  while (!stopping_) {
+    async_cv_.wait_for(lk, std::chrono::milliseconds(kCheckEveryMs));
+    if (stopping_) break;
+    lk.unlock();
+    Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
+    if (v.ok() && (!v->has_value() || **v != member_value_)) {
+      Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
+      if (st.ok())
+        DYAD_LOG_WARN("membership record was missing from the metadata store (root restarted?); "
+                      "registered again");
+    }
+    lk.lock();
+  }
 }
 
 void Service::AsyncPublishLoop() {

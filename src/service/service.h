@@ -106,6 +106,9 @@ class Service {
   Status RegisterMembership();
   Status WriteReadyFile();
   void AsyncPublishLoop();
+  // Re-registers this service when its membership record disappears (a
+  // restarted in-memory root) so peers can still resolve it.
+  void MembershipLoop();
 
   ServiceOptions opt_;
   std::string prod_real_;  // canonical producer path ("" = none)
@@ -148,6 +151,8 @@ class Service {
   std::condition_variable async_cv_;
   std::list<PendingPublish> async_queue_;
   std::thread async_thread_;
+  std::thread membership_thread_;
+  std::string member_value_;
 
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;

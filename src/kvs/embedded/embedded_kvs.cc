@@ -1,0 +1,402 @@
+#include "kvs/embedded/embedded_kvs.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "common/log.h"
+#include "common/wire.h"
+
+namespace dyad {
+namespace {
+
+// How long past its slice the reply to a wait may take before the root is
+// considered gone (it answers when the slice ends, so this is network slack).
+constexpr int64_t kReplyGraceMs = 2000;
+// Bound of one connection attempt inside a wait: connecting cannot poll the
+// cancel callback, so keep it short and let the back-off loop retry.
+constexpr int64_t kWaitDialMs = 1000;
+// Longest pause between two polls of a wait's cancel callback.
+constexpr int64_t kCancelPollMs = 250;
+
+// Failures that a fresh connection may cure: the root closed or reset the
+// link, refused the connection (restarting), or did not answer in time.
+bool IsConnectionFailure(const Status& st) {
+  return st.code() == DYAD_RC_CONNLOST || st.code() == DYAD_RC_TIMEOUT;
+}
+
+std::string EncodeRequest(const KvsRequest& req) {
+  Encoder e;
+  req.EncodeTo(e);
+  return e.Take();
+}
+
+std::string Describe(const std::string& ns, const std::string& key) {
+  return "key '" + key + "' in namespace '" + ns + "'";
+}
+
+Status CheckField(const char* what, const std::string& s) {
+  if (s.size() <= EmbeddedKvs::kMaxFieldBytes) return Status::OK();
+  return Status(DYAD_RC_BADREQUEST, std::string(what) + " of " + std::to_string(s.size()) +
+                                        " bytes exceeds the embedded store's limit of " +
+                                        std::to_string(EmbeddedKvs::kMaxFieldBytes) + " bytes");
+}
+
+Status CheckFields(const std::string& ns, const std::string& key, const std::string& value) {
+  DYAD_RETURN_IF_ERROR(CheckField("namespace", ns));
+  DYAD_RETURN_IF_ERROR(CheckField("key", key));
+  return CheckField("value", value);
+}
+
+// An idle pooled channel is usable only if nothing arrived on it: a hang-up
+// means the root closed it (e.g. restarted), and unexpected bytes mean the
+// link lost its request/reply framing.
+bool IdleChannelUsable(const Channel& ch) {
+  if (ch.broken()) return false;
+  pollfd p{ch.fd(), POLLIN | POLLRDHUP, 0};
+  const int n = ::poll(&p, 1, 0);
+  return n == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EmbeddedKvs>> EmbeddedKvs::Open(const std::string& address,
+                                                       const KvsOptions& options) {
+  Result<SocketAddress> addr = ParseAddress(address);
+  if (!addr.ok()) return addr.status().Annotate("embedded store");
+  if (!addr->is_unix && addr->port == 0) {
+    return Status(DYAD_RC_BADREQUEST, "embedded store address '" + address + "' has no port");
+  }
+  return std::unique_ptr<EmbeddedKvs>(new EmbeddedKvs(std::move(*addr), options));
+}
+
+EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
+    : address_(std::move(address)),
+      address_text_(address_.ToString()),
+      auth_(options.secret),
+      self_{options.self_rank, options.self_incarnation},
+      rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000) {}
+
+KvsCaps EmbeddedKvs::caps() const {
+  KvsCaps c;
+  c.persistent = false;
+  c.shared = true;
+  c.native_wait = false;
+  return c;
+}
+
+// --- connections -------------------------------------------------------------
+
+Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
+  Result<UniqueFd> fd = Connect(address_, deadline);
+  if (!fd.ok()) return fd.status();
+  auto ch = std::make_unique<Channel>(std::move(*fd));
+  PeerIdentity root;
+  Status st = auth_.Connect(*ch, self_, deadline, &root);
+  if (!st.ok()) return st.Annotate("authenticating to " + address_text_);
+  DYAD_LOG_DEBUG("connected to the embedded store at %s (root rank %u)", address_text_.c_str(),
+                 root.rank);
+  return Result<std::unique_ptr<Channel>>(std::move(ch));
+}
+
+Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* reused) {
+  *reused = false;
+  std::unique_ptr<Channel> ch;
+  std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock
+  {
+    std::lock_guard<std::mutex> lk(pool_mu_);
+    while (!idle_.empty() && !ch) {
+      std::unique_ptr<Channel> c = std::move(idle_.back());
+      idle_.pop_back();
+      if (IdleChannelUsable(*c)) {
+        ch = std::move(c);
+      } else {
+        stale.push_back(std::move(c));
+      }
+    }
+  }
+  if (ch) {
+    *reused = true;
+    return Result<std::unique_ptr<Channel>>(std::move(ch));
+  }
+  return Dial(deadline);
+}
+
+void EmbeddedKvs::Release(std::unique_ptr<Channel> ch) {
+  if (!ch || ch->broken() || stopping_.load()) return;
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ch));
+  // Otherwise `ch` closes here: enough idle links for the usual concurrency.
+}
+
+void EmbeddedKvs::DropIdle() {
+  std::vector<std::unique_ptr<Channel>> dropped;
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  dropped.swap(idle_);
+}
+
+void EmbeddedKvs::Shutdown() {
+  stopping_.store(true);
+  DropIdle();
+}
+
+void EmbeddedKvs::NoteOutage(const Status& st) {
+  if (!outage_.exchange(true)) {
+    DYAD_LOG_WARN("embedded store at %s unreachable (%s); retrying", address_text_.c_str(),
+                  st.ToString().c_str());
+  }
+}
+
+void EmbeddedKvs::NoteRecovered() {
+  if (outage_.load(std::memory_order_relaxed) && outage_.exchange(false)) {
+    DYAD_LOG_INFO("embedded store at %s reachable again", address_text_.c_str());
+  }
+}
+
+bool EmbeddedKvs::Cancelled(const CancelFn& cancel) const {
+  return stopping_.load() || (cancel && cancel());
+}
+
+bool EmbeddedKvs::SleepUnlessCancelled(int64_t ms, const Deadline& deadline,
+                                       const CancelFn& cancel) {
+  const Deadline until = deadline.Min(ms);
+  while (!until.expired()) {
+    if (Cancelled(cancel)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(until.RemainingMs(kCancelPollMs)));
+  }
+  return !Cancelled(cancel);
+}
+
+// --- requests ----------------------------------------------------------------
+
+Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body) {
+  const std::string request = EncodeRequest(req);
+  const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
+  const std::string context = std::string(MsgTypeName(static_cast<uint16_t>(type))) +
+                              " on the embedded store at " + address_text_;
+  Status last;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool reused = false;
+    Result<std::unique_ptr<Channel>> ch = Borrow(deadline, &reused);
+    if (!ch.ok()) {
+      last = ch.status();
+      if (!IsConnectionFailure(last) || attempt == 1 || deadline.expired()) break;
+      NoteOutage(last);
+      // The root may be restarting: give it a moment before the one retry.
+      std::this_thread::sleep_for(std::chrono::milliseconds(deadline.RemainingMs(kBackoffFirstMs)));
+      continue;
+    }
+    Status st = CallRpc(**ch, type, request, body, deadline);
+    if (!(*ch)->broken()) {
+      // The root answered (possibly with an error of the request itself).
+      Release(std::move(*ch));
+      NoteRecovered();
+      return st.ok() ? st : st.Annotate(context);
+    }
+    last = st;
+    // A link that broke suggests the root restarted, which kills every
+    // pooled link; the retry must not pick up another dead one.
+    DropIdle();
+    if (!IsConnectionFailure(st) || deadline.expired()) break;
+    if (!reused) NoteOutage(st);
+  }
+  if (IsConnectionFailure(last)) NoteOutage(last);
+  return last.Annotate(context);
+}
+
+Status EmbeddedKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, value));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  req.value = value;
+  std::string body;
+  return Call(MsgType::kKvsPut, req, &body);
+}
+
+Result<std::optional<std::string>> EmbeddedKvs::Get(const std::string& ns, const std::string& key) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  std::string body;
+  DYAD_RETURN_IF_ERROR(Call(MsgType::kKvsGet, req, &body));
+  Decoder d(body);
+  const bool found = d.Bool();
+  std::string value = d.Str(kMaxFramePayload);
+  if (!d.done()) {
+    return Status(DYAD_RC_BADUNPACK, "malformed kvs.get reply from " + address_text_);
+  }
+  if (!found) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(value));
+}
+
+Status EmbeddedKvs::Remove(const std::string& ns, const std::string& key) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  std::string body;
+  return Call(MsgType::kKvsRemove, req, &body);
+}
+
+Result<std::vector<KvsEntry>> EmbeddedKvs::List(const std::string& ns, const std::string& prefix,
+                                                uint32_t limit) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, prefix, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = prefix;
+  req.limit = limit;
+  std::string body;
+  DYAD_RETURN_IF_ERROR(Call(MsgType::kKvsList, req, &body));
+  Decoder d(body);
+  const uint32_t count = d.U32();
+  std::vector<KvsEntry> out;
+  // Every entry takes at least 8 bytes, which bounds a lying count.
+  out.reserve(std::min<size_t>(count, body.size() / 8));
+  for (uint32_t i = 0; i < count && !d.failed(); ++i) {
+    std::string k = d.Str(kMaxFramePayload);
+    std::string v = d.Str(kMaxFramePayload);
+    out.emplace_back(std::move(k), std::move(v));
+  }
+  if (!d.done()) {
+    return Status(DYAD_RC_BADUNPACK, "malformed kvs.list reply from " + address_text_);
+  }
+  return out;
+}
+
+Result<std::string> EmbeddedKvs::WaitSlice(Channel& ch, const std::string& request,
+                                           int64_t slice_ms, const CancelFn& cancel,
+                                           bool* cancelled) {
+  *cancelled = false;
+  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(MsgType::kKvsWait), request,
+                                    Deadline::AfterMs(rpc_timeout_ms_)));
+  // Wait for the reply to start arriving without consuming it, so the cancel
+  // callback can be polled; a timed-out RecvFrame would break the framing.
+  const Deadline reply_by = Deadline::AfterMs(slice_ms + kReplyGraceMs);
+  for (;;) {
+    if (Cancelled(cancel)) {
+      // The reply may still come; the link cannot be reused. Closing it also
+      // tells the root to stop waiting for us.
+      ch.MarkBroken();
+      *cancelled = true;
+      return Status(DYAD_RC_CANCELLED, "wait cancelled");
+    }
+    pollfd p{ch.fd(), POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(reply_by.RemainingMs(kCancelPollMs)));
+    if (n > 0) break;
+    if (n < 0 && errno != EINTR) {
+      ch.MarkBroken();
+      return StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST);
+    }
+    if (n == 0 && reply_by.expired()) {
+      ch.MarkBroken();
+      return Status(DYAD_RC_CONNLOST, "no answer to a " + std::to_string(slice_ms) +
+                                          " ms wait within " +
+                                          std::to_string(slice_ms + kReplyGraceMs) + " ms");
+    }
+  }
+  uint16_t type = 0;
+  std::string payload;
+  DYAD_RETURN_IF_ERROR(ch.RecvFrame(&type, &payload, Deadline::AfterMs(rpc_timeout_ms_)));
+  if (type != static_cast<uint16_t>(MsgType::kReply)) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_BADRPC, std::string("expected a reply, got '") + MsgTypeName(type) + "'");
+  }
+  Status st;
+  std::string body;
+  if (!DecodeReply(payload, &st, &body)) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_BADUNPACK, "malformed kvs.wait reply");
+  }
+  if (!st.ok()) return st;
+  Decoder d(body);
+  const bool found = d.Bool();
+  std::string value = d.Str(kMaxFramePayload);
+  if (!d.done() || !found) return Status(DYAD_RC_BADUNPACK, "malformed kvs.wait reply");
+  return value;
+}
+
+Result<std::string> EmbeddedKvs::Wait(const std::string& ns, const std::string& key,
+                                      Deadline deadline, const CancelFn& cancel) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  const int64_t budget_ms = deadline.RemainingMs();
+  const std::string context = "wait on the embedded store at " + address_text_;
+  const Status cancelled_status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
+  int64_t backoff_ms = kBackoffFirstMs;
+  Status last_failure;  // why the latest attempt could not reach the root
+
+  // On a connection failure: note it, pause, and report whether to go on.
+  auto back_off = [&](const Status& failure) {
+    last_failure = failure;
+    NoteOutage(failure);
+    const bool go_on = SleepUnlessCancelled(backoff_ms, deadline, cancel);
+    backoff_ms = std::min(backoff_ms * 2, kBackoffMaxMs);
+    return go_on;
+  };
+
+  for (bool first = true;; first = false) {
+    if (Cancelled(cancel)) return cancelled_status;
+    // The first round always asks once, so an existing key is returned even
+    // when the deadline has already passed.
+    if (!first && deadline.expired()) {
+      std::string msg =
+          Describe(ns, key) + " not published within " + std::to_string(budget_ms) + " ms";
+      if (!last_failure.ok()) {
+        msg += " (embedded store at " + address_text_ + " unreachable: " + last_failure.message() +
+               ")";
+      }
+      return Status(DYAD_RC_TIMEOUT, msg);
+    }
+    // +1: RemainingMs rounds down, and a slice ending just before the
+    // deadline would cost one more round trip.
+    const int64_t slice_ms =
+        deadline.expired() ? 0 : std::min(deadline.RemainingMs() + 1, kWaitSliceMs);
+    KvsRequest req;
+    req.ns = ns;
+    req.key = key;
+    req.timeout_ms = slice_ms;
+
+    bool reused = false;
+    const int64_t dial_ms = std::min(rpc_timeout_ms_, kWaitDialMs);
+    Result<std::unique_ptr<Channel>> ch = Borrow(Deadline::AfterMs(dial_ms), &reused);
+    if (!ch.ok()) {
+      if (!IsConnectionFailure(ch.status())) return ch.status().Annotate(context);
+      if (!back_off(ch.status())) return cancelled_status;
+      continue;
+    }
+
+    bool cancelled = false;
+    Result<std::string> r = WaitSlice(**ch, EncodeRequest(req), slice_ms, cancel, &cancelled);
+    if (cancelled) return cancelled_status;  // the broken channel closes here
+    if (!(*ch)->broken()) {
+      Release(std::move(*ch));
+      if (r.status().code() == DYAD_RC_CANCELLED) {
+        // The root is shutting down; another may take its place.
+        if (!back_off(r.status())) return cancelled_status;
+        continue;
+      }
+      NoteRecovered();
+      last_failure = Status::OK();
+      backoff_ms = kBackoffFirstMs;
+      if (r.ok()) return r;
+      if (r.status().code() == DYAD_RC_TIMEOUT) continue;  // slice over; deadline checked above
+      return r.status().Annotate(context);
+    }
+    DropIdle();
+    if (!IsConnectionFailure(r.status())) return r.status().Annotate(context);
+    if (reused) {
+      // A stale pooled link (the root restarted since it was used): the
+      // next round dials afresh, no need to pause.
+      last_failure = r.status();
+      continue;
+    }
+    if (!back_off(r.status())) return cancelled_status;
+  }
+}
+
+}  // namespace dyad

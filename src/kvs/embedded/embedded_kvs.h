@@ -1,0 +1,106 @@
+// embedded_kvs.h: client of the store hosted by the root dyad-service
+// (the "embedded" backend, URL "embedded://HOST:PORT").
+//
+// Every operation is one request/reply on an authenticated TCP Channel to
+// the root's EmbeddedKvsServer. Channels come from a small pool (at most
+// kMaxIdle kept idle) and are dialled lazily, so a service may start before
+// its root does. All operations are idempotent: a call that loses its
+// connection is retried once on a fresh one. A Wait is a loop of bounded
+// server-side waits (slices); across connection failures it keeps retrying
+// with back-off until the caller's deadline, so consumers that are waiting
+// survive a restart of the root. The root keeps its data in memory: after a
+// restart the store is empty until services publish again.
+//
+// Threading: all methods are thread-safe; each concurrent call uses its own
+// pooled channel.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/auth.h"
+#include "common/net.h"
+#include "kvs/kvs.h"
+#include "proto/protocol.h"
+
+namespace dyad {
+
+class EmbeddedKvs final : public Kvs {
+ public:
+  static constexpr size_t kMaxIdle = 8;
+  // Longest server-side wait one request asks for.
+  static constexpr int64_t kWaitSliceMs = 2000;
+  // Reconnect back-off during a wait: doubles from the first to the last.
+  static constexpr int64_t kBackoffFirstMs = 100;
+  static constexpr int64_t kBackoffMaxMs = 2000;
+  // Largest ns, key or value the root accepts (its request decoder's bound).
+  static constexpr size_t kMaxFieldBytes = 1u << 20;
+
+  // `address` is "HOST:PORT". Does not connect: the first call does.
+  static Result<std::unique_ptr<EmbeddedKvs>> Open(const std::string& address,
+                                                   const KvsOptions& options);
+  ~EmbeddedKvs() override = default;
+  EmbeddedKvs(const EmbeddedKvs&) = delete;
+  EmbeddedKvs& operator=(const EmbeddedKvs&) = delete;
+
+  std::string name() const override { return "embedded"; }
+  KvsCaps caps() const override;
+
+  Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
+  Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
+  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
+                           const CancelFn& cancel = nullptr) override;
+  Status Remove(const std::string& ns, const std::string& key) override;
+  Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
+                                     uint32_t limit = 0) override;
+
+  // Makes waits in progress (within 250 ms) and later ones return
+  // DYAD_RC_CANCELLED, and closes idle connections. For service shutdown.
+  void Shutdown();
+
+  // "HOST:PORT" of the root.
+  const std::string& address() const { return address_text_; }
+
+ private:
+  EmbeddedKvs(SocketAddress address, const KvsOptions& options);
+
+  // A pooled channel when one is idle and still connected, else a new one.
+  // `*reused` tells which, because a reused channel may be stale.
+  Result<std::unique_ptr<Channel>> Borrow(Deadline deadline, bool* reused);
+  Result<std::unique_ptr<Channel>> Dial(Deadline deadline);
+  void Release(std::unique_ptr<Channel> ch);
+  void DropIdle();
+
+  // One non-wait request with the retry policy; `body` gets the reply body.
+  Status Call(MsgType type, const KvsRequest& req, std::string* body);
+  // One server-side wait of at most `slice_ms` on `ch`, polling `cancel`
+  // while the reply is pending. Sets `*cancelled` (and breaks `ch`) when
+  // the caller cancelled.
+  Result<std::string> WaitSlice(Channel& ch, const std::string& request, int64_t slice_ms,
+                                const CancelFn& cancel, bool* cancelled);
+  // Sleeps up to `ms` (not past `deadline`) in short steps; false if
+  // cancelled meanwhile.
+  bool SleepUnlessCancelled(int64_t ms, const Deadline& deadline, const CancelFn& cancel);
+  bool Cancelled(const CancelFn& cancel) const;
+
+  void NoteOutage(const Status& st);
+  void NoteRecovered();
+
+  const SocketAddress address_;
+  const std::string address_text_;
+  const Authenticator auth_;
+  const PeerIdentity self_;
+  const int64_t rpc_timeout_ms_;
+
+  std::mutex pool_mu_;
+  std::vector<std::unique_ptr<Channel>> idle_;  // guarded by pool_mu_
+
+  std::atomic<bool> outage_{false};  // an outage was logged and not yet recovered
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace dyad

@@ -1,0 +1,66 @@
+// embedded_server.h: the root side of the "embedded" metadata store.
+//
+// The root dyad-service hosts the cluster's store in a MemoryKvs and serves
+// the kKvsPut/Get/Wait/Remove/List requests other services send over their
+// authenticated TCP links (proto/protocol.h). The service owns the sockets
+// and the per-connection threads; for each frame whose type Handles()
+// accepts it calls Handle(), which performs the request and sends exactly
+// one kReply frame. A malformed request gets an error reply, never a crash
+// or a silent drop, so one bad peer cannot desynchronise its own link.
+//
+// Server-side waits are bounded (at most kMaxWaitSliceMs per request; the
+// client loops over slices) and poll `cancel`, which the service wires to
+// "the requesting peer hung up or the service is stopping".
+//
+// Threading: Handle() is thread-safe and is called concurrently from many
+// connection threads, each with its own Channel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/net.h"
+#include "common/status.h"
+#include "kvs/kvs.h"
+#include "kvs/memory/memory_kvs.h"
+
+namespace dyad {
+
+class EmbeddedKvsServer {
+ public:
+  // Upper bound of one server-side wait; longer client waits are sliced.
+  static constexpr int64_t kMaxWaitSliceMs = 5000;
+  static constexpr int64_t kDefaultReplyTimeoutMs = 30000;
+
+  // Serves `store`, or a store of its own when null. Sharing the store lets
+  // the root service use it directly as its own Kvs.
+  explicit EmbeddedKvsServer(std::shared_ptr<MemoryKvs> store = nullptr,
+                             int64_t reply_timeout_ms = kDefaultReplyTimeoutMs);
+
+  EmbeddedKvsServer(const EmbeddedKvsServer&) = delete;
+  EmbeddedKvsServer& operator=(const EmbeddedKvsServer&) = delete;
+
+  // True for the message types Handle() serves (kKvsPut .. kKvsList).
+  static bool Handles(uint16_t type);
+
+  // Performs one request and sends its reply on `ch`. The returned Status
+  // is that of sending the reply: not OK means the link is unusable and the
+  // caller should close it. Errors of the request itself travel in the reply.
+  Status Handle(uint16_t type, const std::string& payload, Channel& ch, const CancelFn& cancel);
+
+  // Wakes all waits in progress with DYAD_RC_CANCELLED (service shutdown).
+  void Shutdown() { store_->Shutdown(); }
+
+  const std::shared_ptr<MemoryKvs>& store() const { return store_; }
+
+ private:
+  // Runs the request; on success fills `body` with the encoded reply fields.
+  Status Execute(uint16_t type, const std::string& payload, const CancelFn& cancel,
+                 std::string* body);
+
+  const std::shared_ptr<MemoryKvs> store_;
+  const int64_t reply_timeout_ms_;
+};
+
+}  // namespace dyad

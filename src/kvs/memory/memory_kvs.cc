@@ -1,0 +1,140 @@
+#include "kvs/memory/memory_kvs.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace dyad {
+namespace {
+
+std::string Describe(const std::string& ns, const std::string& key) {
+  return "key '" + key + "' in namespace '" + ns + "'";
+}
+
+}  // namespace
+
+KvsCaps MemoryKvs::caps() const {
+  KvsCaps c;
+  c.persistent = false;
+  c.shared = false;
+  c.native_wait = true;
+  return c;
+}
+
+const std::string* MemoryKvs::FindLocked(const std::string& ns, const std::string& key) const {
+  const auto nit = data_.find(ns);
+  if (nit == data_.end()) return nullptr;
+  const auto kit = nit->second.find(key);
+  if (kit == nit->second.end()) return nullptr;
+  return &kit->second;
+}
+
+Status MemoryKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Entries& entries = data_[ns];
+  auto [it, inserted] = entries.try_emplace(key, value);
+  if (inserted) {
+    ++entries_;
+  } else {
+    it->second = value;
+  }
+  // Notifying under the mutex is deliberate: a waiter cannot miss the
+  // notification because it re-checks the key under the same mutex before
+  // every sleep.
+  if (!slots_.empty()) {  // spares building a SlotKey when nobody waits
+    const auto slot = slots_.find(SlotKey(ns, key));
+    if (slot != slots_.end()) slot->second.cv.notify_all();
+  }
+  return Status::OK();
+}
+
+Result<std::optional<std::string>> MemoryKvs::Get(const std::string& ns, const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const std::string* v = FindLocked(ns, key);
+  if (v == nullptr) return std::optional<std::string>();
+  return std::optional<std::string>(*v);
+}
+
+Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& key,
+                                    Deadline deadline, const CancelFn& cancel) {
+  const int64_t budget_ms = deadline.RemainingMs();
+  std::unique_lock<std::mutex> lk(mu_);
+  if (const std::string* v = FindLocked(ns, key)) return *v;
+
+  auto slot = slots_.try_emplace(SlotKey(ns, key)).first;
+  ++slot->second.waiters;
+  // Unregisters on every return below; each return happens with `lk` held.
+  struct SlotGuard {
+    std::map<SlotKey, WaitSlot>& slots;
+    std::map<SlotKey, WaitSlot>::iterator it;
+    ~SlotGuard() {
+      if (--it->second.waiters == 0) slots.erase(it);
+    }
+  } guard{slots_, slot};
+
+  bool poll_cancel = static_cast<bool>(cancel);
+  for (;;) {
+    if (const std::string* v = FindLocked(ns, key)) return *v;
+    if (shutdown_) {
+      return Status(DYAD_RC_CANCELLED,
+                    "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
+    }
+    if (deadline.expired()) {
+      return Status(DYAD_RC_TIMEOUT, Describe(ns, key) + " not published within " +
+                                         std::to_string(budget_ms) + " ms");
+    }
+    if (poll_cancel) {
+      poll_cancel = false;
+      lk.unlock();
+      const bool stop = cancel();
+      lk.lock();
+      if (stop) return Status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
+      continue;  // the key may have appeared while unlocked: check before sleeping
+    }
+    const auto slice_end = SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs);
+    slot->second.cv.wait_until(lk, std::min(slice_end, deadline.time_point()));
+    poll_cancel = static_cast<bool>(cancel);
+  }
+}
+
+Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto nit = data_.find(ns);
+  if (nit == data_.end()) return Status::OK();
+  if (nit->second.erase(key) > 0) --entries_;
+  if (nit->second.empty()) data_.erase(nit);
+  return Status::OK();
+}
+
+Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::string& prefix,
+                                              uint32_t limit) {
+  std::vector<KvsEntry> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto nit = data_.find(ns);
+  if (nit == data_.end()) return out;
+  // Keys sharing a prefix are contiguous in an ordered map, starting at the
+  // first key not less than the prefix.
+  for (auto it = nit->second.lower_bound(prefix); it != nit->second.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (limit != 0 && out.size() >= limit) break;
+    out.emplace_back(it->first, it->second);
+  }
+  return out;
+}
+
+void MemoryKvs::Shutdown() {
+  std::lock_guard<std::mutex> lk(mu_);
+  shutdown_ = true;
+  for (auto& [k, slot] : slots_) slot.cv.notify_all();
+}
+
+bool MemoryKvs::shut_down() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return shutdown_;
+}
+
+uint64_t MemoryKvs::EntryCount() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return entries_;
+}
+
+}  // namespace dyad

@@ -1,0 +1,79 @@
+// memory_kvs.h: the in-process metadata store (the "memory" backend).
+//
+// Holds every namespace as an ordered map in this process. It serves tests
+// and single-service runs directly, and it is the storage engine of the
+// embedded root store (EmbeddedKvsServer), which the root dyad-service
+// exposes to the other services of the cluster.
+//
+// Threading: all methods are thread-safe. One mutex guards the data; a
+// waiter sleeps on a condition variable private to the (namespace, key) it
+// waits for, so a Put wakes exactly the waiters of its key. The key is
+// checked and the waiter registered under that same mutex, so a Put cannot
+// slip between the check and the sleep. `cancel` callbacks are always called
+// without the mutex held (they may block briefly or call back into us).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvs/kvs.h"
+
+namespace dyad {
+
+class MemoryKvs final : public Kvs {
+ public:
+  // Longest sleep between two polls of a wait's CancelFn.
+  static constexpr int64_t kCancelPollMs = 250;
+
+  MemoryKvs() = default;
+  ~MemoryKvs() override = default;
+  MemoryKvs(const MemoryKvs&) = delete;
+  MemoryKvs& operator=(const MemoryKvs&) = delete;
+
+  std::string name() const override { return "memory"; }
+  KvsCaps caps() const override;
+
+  Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
+  Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
+  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
+                           const CancelFn& cancel = nullptr) override;
+  Status Remove(const std::string& ns, const std::string& key) override;
+  Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
+                                     uint32_t limit = 0) override;
+
+  // Wakes every current waiter with DYAD_RC_CANCELLED and makes later waits
+  // on absent keys fail the same way at once (a key that exists is still
+  // returned). Put/Get/Remove/List keep working. Used when the service
+  // stops, so no thread stays parked in a wait. Irreversible.
+  void Shutdown();
+  bool shut_down() const;
+
+  // Number of stored entries over all namespaces (for statistics).
+  uint64_t EntryCount() const;
+
+ private:
+  using Entries = std::map<std::string, std::string>;
+  using SlotKey = std::pair<std::string, std::string>;  // namespace, key
+  struct WaitSlot {
+    std::condition_variable cv;
+    int waiters = 0;
+  };
+
+  const std::string* FindLocked(const std::string& ns, const std::string& key) const;
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entries> data_;  // guarded by mu_
+  // Present only while some thread waits for that key; guarded by mu_.
+  // std::map keeps slot addresses stable while other slots come and go.
+  std::map<SlotKey, WaitSlot> slots_;
+  uint64_t entries_ = 0;   // guarded by mu_
+  bool shutdown_ = false;  // guarded by mu_
+};
+
+}  // namespace dyad

@@ -1,0 +1,689 @@
+// The Kvs contract (kvs/kvs.h), checked once for every backend.
+//
+// KvsConformance runs against "memory" directly and against "embedded"
+// talking over TCP to a real root (TestRoot below: a listener, an accept
+// thread and one thread per connection that authenticates and feeds frames
+// to EmbeddedKvsServer, the way dyad-service does). EmbeddedKvsTest covers
+// what only a remote store has: authentication, malformed input, restarts
+// of the root. Every wait in here is bounded.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/auth.h"
+#include "common/net.h"
+#include "common/wire.h"
+#include "kvs/embedded/embedded_kvs.h"
+#include "kvs/embedded/embedded_server.h"
+#include "kvs/kvs.h"
+#include "kvs/memory/memory_kvs.h"
+#include "proto/protocol.h"
+
+namespace dyad {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr char kSecret[] = "conformance-secret";
+
+int64_t MsSince(SteadyClock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start).count();
+}
+
+void SleepMs(int64_t ms) { std::this_thread::sleep_for(milliseconds(ms)); }
+
+// A minimal root service: serves the embedded store on 127.0.0.1.
+class TestRoot {
+ public:
+  static std::unique_ptr<TestRoot> Start(const std::string& secret, uint16_t port,
+                                         std::string* error) {
+    SocketAddress addr;
+    addr.host = "127.0.0.1";
+    addr.port = port;
+    Result<UniqueFd> fd = Listen(addr);
+    if (!fd.ok()) {
+      *error = fd.status().ToString();
+      return nullptr;
+    }
+    Result<SocketAddress> bound = BoundAddress(fd->get());
+    if (!bound.ok()) {
+      *error = bound.status().ToString();
+      return nullptr;
+    }
+    std::unique_ptr<TestRoot> root(new TestRoot(secret, std::move(*fd), bound->port));
+    root->accept_thread_ = std::thread(&TestRoot::AcceptLoop, root.get());
+    return root;
+  }
+
+  ~TestRoot() { Stop(); }
+
+  uint16_t port() const { return port_; }
+  std::string url() const { return "embedded://127.0.0.1:" + std::to_string(port_); }
+  EmbeddedKvsServer& server() { return server_; }
+  int connections() const { return connections_.load(); }
+
+  // Stops accepting, cancels server-side waits, cuts every connection and
+  // joins all threads. Bounded: each thread polls `stop_` every 100 ms.
+  void Stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    stop_.store(true);
+    server_.Shutdown();
+    if (accept_thread_.joinable()) accept_thread_.join();
+    listen_fd_.reset();
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (int fd : live_fds_) ::shutdown(fd, SHUT_RDWR);
+      threads.swap(conn_threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  TestRoot(std::string secret, UniqueFd fd, uint16_t port)
+      : auth_(std::move(secret)), listen_fd_(std::move(fd)), port_(port) {}
+
+  void AcceptLoop() {
+    while (!stop_.load()) {
+      Result<UniqueFd> fd = Accept(listen_fd_.get(), Deadline::AfterMs(100));
+      if (!fd.ok()) {
+        if (fd.status().code() != DYAD_RC_TIMEOUT) SleepMs(10);
+        continue;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      live_fds_.insert(fd->get());
+      ++connections_;
+      conn_threads_.emplace_back(&TestRoot::Serve, this, std::move(*fd));
+    }
+  }
+
+  void Serve(UniqueFd fd) {
+    const int raw = fd.get();
+    {
+      Channel ch(std::move(fd));
+      PeerIdentity peer;
+      if (auth_.Accept(ch, PeerIdentity{0, 7}, Deadline::AfterMs(2000), &peer).ok()) {
+        const CancelFn cancel = [&] { return stop_.load() || ch.PeerClosed(); };
+        while (!stop_.load()) {
+          pollfd p{ch.fd(), POLLIN, 0};
+          const int n = ::poll(&p, 1, 100);
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0) break;
+          if (n == 0) continue;
+          uint16_t type = 0;
+          std::string payload;
+          if (!ch.RecvFrame(&type, &payload, Deadline::AfterMs(5000)).ok()) break;
+          if (!server_.Handle(type, payload, ch, cancel).ok() || ch.broken()) break;
+        }
+      }
+      // Unregister before the Channel closes the descriptor, so Stop() never
+      // shuts down a number the kernel has handed out again.
+      std::lock_guard<std::mutex> lk(mu_);
+      live_fds_.erase(raw);
+    }
+  }
+
+  const Authenticator auth_;
+  UniqueFd listen_fd_;
+  const uint16_t port_;
+  EmbeddedKvsServer server_;
+  std::atomic<bool> stop_{false};
+  bool stopped_ = false;
+  std::atomic<int> connections_{0};
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::vector<std::thread> conn_threads_;  // guarded by mu_
+  std::set<int> live_fds_;                 // guarded by mu_
+};
+
+KvsOptions ClientOptions(const std::string& secret = kSecret) {
+  KvsOptions o;
+  o.secret = secret;
+  o.self_rank = 3;
+  o.self_incarnation = 99;
+  o.rpc_timeout_ms = 5000;
+  return o;
+}
+
+// --- the conformance suite --------------------------------------------------
+
+class KvsConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string url = GetParam();
+    if (GetParam() == "embedded") {
+      std::string error;
+      root_ = TestRoot::Start(kSecret, 0, &error);
+      ASSERT_NE(root_, nullptr) << error;
+      url = root_->url();
+    }
+    Result<std::unique_ptr<Kvs>> kvs = OpenKvs(url, ClientOptions());
+    ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+    kvs_ = std::move(*kvs);
+  }
+
+  void TearDown() override {
+    kvs_.reset();
+    if (root_) root_->Stop();
+  }
+
+  std::optional<std::string> MustGet(const std::string& ns, const std::string& key) {
+    Result<std::optional<std::string>> r = kvs_->Get(ns, key);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : std::nullopt;
+  }
+
+  std::unique_ptr<TestRoot> root_;
+  std::unique_ptr<Kvs> kvs_;
+};
+
+TEST_P(KvsConformance, NameAndCaps) {
+  EXPECT_EQ(kvs_->name(), GetParam());
+  const KvsCaps caps = kvs_->caps();
+  EXPECT_FALSE(caps.persistent);
+  EXPECT_EQ(caps.shared, GetParam() == "embedded");
+  EXPECT_EQ(caps.native_wait, GetParam() == "memory");
+}
+
+TEST_P(KvsConformance, PutGetOverwrite) {
+  ASSERT_TRUE(kvs_->Put("ns", "a", "1").ok());
+  EXPECT_EQ(MustGet("ns", "a"), std::optional<std::string>("1"));
+  ASSERT_TRUE(kvs_->Put("ns", "a", "two").ok());
+  EXPECT_EQ(MustGet("ns", "a"), std::optional<std::string>("two"));
+  ASSERT_TRUE(kvs_->Put("ns", "empty", "").ok());
+  EXPECT_EQ(MustGet("ns", "empty"), std::optional<std::string>(""));
+}
+
+TEST_P(KvsConformance, GetMissingIsNullopt) {
+  EXPECT_EQ(MustGet("ns", "missing"), std::nullopt);
+  EXPECT_EQ(MustGet("never-used-namespace", "x"), std::nullopt);
+}
+
+TEST_P(KvsConformance, Remove) {
+  ASSERT_TRUE(kvs_->Put("ns", "k", "v").ok());
+  ASSERT_TRUE(kvs_->Remove("ns", "k").ok());
+  EXPECT_EQ(MustGet("ns", "k"), std::nullopt);
+  // Removing what is not there is not an error (remove is idempotent).
+  EXPECT_TRUE(kvs_->Remove("ns", "k").ok());
+  EXPECT_TRUE(kvs_->Remove("no-such-ns", "k").ok());
+  // A removed key can be put again.
+  ASSERT_TRUE(kvs_->Put("ns", "k", "again").ok());
+  EXPECT_EQ(MustGet("ns", "k"), std::optional<std::string>("again"));
+}
+
+TEST_P(KvsConformance, NamespacesAreDisjoint) {
+  ASSERT_TRUE(kvs_->Put("ns1", "k", "one").ok());
+  ASSERT_TRUE(kvs_->Put("ns2", "k", "two").ok());
+  EXPECT_EQ(MustGet("ns1", "k"), std::optional<std::string>("one"));
+  EXPECT_EQ(MustGet("ns2", "k"), std::optional<std::string>("two"));
+  ASSERT_TRUE(kvs_->Remove("ns1", "k").ok());
+  EXPECT_EQ(MustGet("ns1", "k"), std::nullopt);
+  EXPECT_EQ(MustGet("ns2", "k"), std::optional<std::string>("two"));
+  Result<std::vector<KvsEntry>> l = kvs_->List("ns1", "");
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->empty());
+  // A waiter in one namespace is not woken by a put in another.
+  Result<std::string> w = kvs_->Wait("ns1", "k", Deadline::AfterMs(50));
+  EXPECT_EQ(w.status().code(), DYAD_RC_TIMEOUT);
+}
+
+TEST_P(KvsConformance, ListByPrefixOrderedWithLimit) {
+  for (const char* k : {"b/2", "a/1", "b/10", "b/1", "c", "b", "ba"}) {
+    ASSERT_TRUE(kvs_->Put("ns", k, std::string("v:") + k).ok());
+  }
+  ASSERT_TRUE(kvs_->Put("other", "b/3", "x").ok());
+
+  Result<std::vector<KvsEntry>> all = kvs_->List("ns", "");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  std::vector<std::string> keys;
+  for (const KvsEntry& e : *all) keys.push_back(e.first);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a/1", "b", "b/1", "b/10", "b/2", "ba", "c"}));
+
+  Result<std::vector<KvsEntry>> b = kvs_->List("ns", "b/");
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->size(), 3u);
+  EXPECT_EQ((*b)[0], KvsEntry("b/1", "v:b/1"));
+  EXPECT_EQ((*b)[1], KvsEntry("b/10", "v:b/10"));
+  EXPECT_EQ((*b)[2], KvsEntry("b/2", "v:b/2"));
+
+  Result<std::vector<KvsEntry>> limited = kvs_->List("ns", "b", 2);
+  ASSERT_TRUE(limited.ok());
+  ASSERT_EQ(limited->size(), 2u);
+  EXPECT_EQ((*limited)[0].first, "b");
+  EXPECT_EQ((*limited)[1].first, "b/1");
+
+  Result<std::vector<KvsEntry>> none = kvs_->List("ns", "zzz");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  Result<std::vector<KvsEntry>> exact = kvs_->List("ns", "c", 0);
+  ASSERT_TRUE(exact.ok());
+  ASSERT_EQ(exact->size(), 1u);
+}
+
+TEST_P(KvsConformance, WaitOnExistingKeyReturnsAtOnce) {
+  ASSERT_TRUE(kvs_->Put("ns", "here", "value").ok());
+  const auto start = SteadyClock::now();
+  Result<std::string> r = kvs_->Wait("ns", "here", Deadline::AfterMs(5000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "value");
+  EXPECT_LT(MsSince(start), 200);
+  // Even with a deadline already in the past, an existing key is returned.
+  Result<std::string> late = kvs_->Wait("ns", "here", Deadline::AfterMs(0));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(*late, "value");
+}
+
+TEST_P(KvsConformance, WaitIsWokenByPut) {
+  auto waiter = std::async(std::launch::async,
+                           [&] { return kvs_->Wait("ns", "later", Deadline::AfterMs(5000)); });
+  SleepMs(100);
+  const auto put_at = SteadyClock::now();
+  ASSERT_TRUE(kvs_->Put("ns", "later", "arrived").ok());
+  ASSERT_EQ(waiter.wait_for(milliseconds(4000)), std::future_status::ready);
+  Result<std::string> r = waiter.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "arrived");
+  // Woken by the put, not by a poll or the deadline.
+  EXPECT_LT(MsSince(put_at), 500);
+}
+
+TEST_P(KvsConformance, WaitTimesOut) {
+  const auto start = SteadyClock::now();
+  Result<std::string> r = kvs_->Wait("ns", "never", Deadline::AfterMs(300));
+  const int64_t elapsed = MsSince(start);
+  ASSERT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("never"), std::string::npos) << r.status().message();
+  EXPECT_GE(elapsed, 290);
+  EXPECT_LT(elapsed, 1500);
+
+  // An already-expired deadline on a missing key fails at once.
+  const auto start2 = SteadyClock::now();
+  Result<std::string> r2 = kvs_->Wait("ns", "never", Deadline::AfterMs(0));
+  EXPECT_EQ(r2.status().code(), DYAD_RC_TIMEOUT);
+  EXPECT_LT(MsSince(start2), 500);
+}
+
+TEST_P(KvsConformance, WaitIsCancelled) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> polls{0};
+  const CancelFn cancel = [&] {
+    ++polls;
+    return stop.load();
+  };
+  auto waiter = std::async(std::launch::async, [&] {
+    return kvs_->Wait("ns", "cancelled", Deadline::AfterMs(8000), cancel);
+  });
+  SleepMs(100);
+  const auto cancel_at = SteadyClock::now();
+  stop.store(true);
+  ASSERT_EQ(waiter.wait_for(milliseconds(3000)), std::future_status::ready);
+  Result<std::string> r = waiter.get();
+  EXPECT_EQ(r.status().code(), DYAD_RC_CANCELLED) << r.status().ToString();
+  // Polled at least every 250 ms.
+  EXPECT_LT(MsSince(cancel_at), 600);
+  EXPECT_GE(polls.load(), 1);
+}
+
+TEST_P(KvsConformance, ManyWaitersOnOneKeyAllWake) {
+  constexpr int kWaiters = 16;
+  std::vector<std::future<Result<std::string>>> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(std::async(
+        std::launch::async, [&] { return kvs_->Wait("ns", "popular", Deadline::AfterMs(5000)); }));
+  }
+  SleepMs(150);
+  const auto put_at = SteadyClock::now();
+  ASSERT_TRUE(kvs_->Put("ns", "popular", "for everyone").ok());
+  for (auto& w : waiters) {
+    ASSERT_EQ(w.wait_for(milliseconds(4000)), std::future_status::ready);
+    Result<std::string> r = w.get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, "for everyone");
+  }
+  EXPECT_LT(MsSince(put_at), 1000);
+}
+
+TEST_P(KvsConformance, BinaryAndLargeValuesRoundTrip) {
+  std::string binary;
+  for (int i = 0; i < 512; ++i) binary.push_back(static_cast<char>(i % 256));
+  const std::string key_with_nul("k\0ey", 4);
+  ASSERT_TRUE(kvs_->Put("ns", key_with_nul, binary).ok());
+  EXPECT_EQ(MustGet("ns", key_with_nul), std::optional<std::string>(binary));
+  EXPECT_EQ(MustGet("ns", "k"), std::nullopt);  // the NUL is part of the key
+
+  std::string big(1u << 20, '\0');
+  std::mt19937 rng(12345);
+  for (char& c : big) c = static_cast<char>(rng());
+  ASSERT_TRUE(kvs_->Put("ns", "big", big).ok());
+  EXPECT_EQ(MustGet("ns", "big"), std::optional<std::string>(big));
+  Result<std::string> waited = kvs_->Wait("ns", "big", Deadline::AfterMs(2000));
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_TRUE(*waited == big);
+  Result<std::vector<KvsEntry>> listed = kvs_->List("ns", "big");
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_TRUE((*listed)[0].second == big);
+}
+
+TEST_P(KvsConformance, ConcurrentPutsFromEightThreads) {
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 100;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string key = "t" + std::to_string(t) + "/" + std::to_string(i);
+        if (!kvs_->Put("conc", key, key + "=v").ok()) ++failures;
+        if (!kvs_->Put("conc-shared", "same", std::to_string(t)).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  Result<std::vector<KvsEntry>> all = kvs_->List("conc", "");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), static_cast<size_t>(kThreads * kPerThread));
+  for (const KvsEntry& e : *all) EXPECT_EQ(e.second, e.first + "=v");
+  EXPECT_TRUE(std::is_sorted(all->begin(), all->end()));
+  std::optional<std::string> last = MustGet("conc-shared", "same");
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->size(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::Values("memory", "embedded"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// --- memory backend only -------------------------------------------------------
+
+TEST(MemoryKvsTest, ShutdownCancelsWaiters) {
+  MemoryKvs kvs;
+  ASSERT_TRUE(kvs.Put("ns", "present", "v").ok());
+  auto waiter =
+      std::async(std::launch::async, [&] { return kvs.Wait("ns", "absent", Deadline::Never()); });
+  SleepMs(50);
+  const auto start = SteadyClock::now();
+  kvs.Shutdown();
+  ASSERT_EQ(waiter.wait_for(milliseconds(2000)), std::future_status::ready);
+  EXPECT_EQ(waiter.get().status().code(), DYAD_RC_CANCELLED);
+  EXPECT_LT(MsSince(start), 100);  // woken, not polled
+  EXPECT_TRUE(kvs.shut_down());
+  // Later waits: an existing key is still returned, a missing one cancels.
+  Result<std::string> present = kvs.Wait("ns", "present", Deadline::Never());
+  ASSERT_TRUE(present.ok());
+  EXPECT_EQ(*present, "v");
+  EXPECT_EQ(kvs.Wait("ns", "absent", Deadline::Never()).status().code(), DYAD_RC_CANCELLED);
+  EXPECT_EQ(kvs.EntryCount(), 1u);
+}
+
+// --- registry ------------------------------------------------------------------
+
+TEST(KvsRegistryTest, OpensKnownBackendsAndExplainsOthers) {
+  const std::vector<std::string> names = KvsBackendNames();
+  EXPECT_NE(std::find(names.begin(), names.end(), "memory"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "embedded"), names.end());
+
+  Result<std::unique_ptr<Kvs>> mem = OpenKvs("memory", {});
+  ASSERT_TRUE(mem.ok());
+  EXPECT_EQ((*mem)->name(), "memory");
+
+  Result<std::unique_ptr<Kvs>> emb = OpenKvs("embedded://127.0.0.1:1", {});
+  ASSERT_TRUE(emb.ok()) << emb.status().ToString();  // connects lazily
+  EXPECT_EQ((*emb)->name(), "embedded");
+
+  Result<std::unique_ptr<Kvs>> plain = OpenKvs("embedded", {});
+  EXPECT_EQ(plain.status().code(), DYAD_RC_BADREQUEST);
+  EXPECT_NE(plain.status().message().find("embedded://HOST:PORT"), std::string::npos);
+  EXPECT_EQ(OpenKvs("embedded://", {}).status().code(), DYAD_RC_BADREQUEST);
+  EXPECT_EQ(OpenKvs("embedded://no-port", {}).status().code(), DYAD_RC_BADREQUEST);
+
+  Result<std::unique_ptr<Kvs>> redis = OpenKvs("redis://localhost:6379", {});
+  EXPECT_EQ(redis.status().code(), DYAD_RC_NOTSUP);
+  EXPECT_NE(redis.status().message().find("DYAD_ENABLE_REDIS"), std::string::npos);
+
+  Result<std::unique_ptr<Kvs>> bogus = OpenKvs("etcd://x", {});
+  EXPECT_EQ(bogus.status().code(), DYAD_RC_NOTSUP);
+  EXPECT_NE(bogus.status().message().find("memory"), std::string::npos);
+  EXPECT_NE(bogus.status().message().find("embedded://"), std::string::npos);
+}
+
+// --- embedded backend only -----------------------------------------------------
+
+class EmbeddedKvsTest : public ::testing::Test {
+ protected:
+  void StartRoot(uint16_t port = 0, const std::string& secret = kSecret) {
+    std::string error;
+    // A port just freed may take a moment to bind again; retry briefly.
+    for (int i = 0; i < 20 && !root_; ++i) {
+      root_ = TestRoot::Start(secret, port, &error);
+      if (!root_) SleepMs(50);
+    }
+    ASSERT_NE(root_, nullptr) << error;
+  }
+
+  std::unique_ptr<Kvs> OpenClient(const std::string& secret = kSecret) {
+    Result<std::unique_ptr<Kvs>> kvs = OpenKvs(root_->url(), ClientOptions(secret));
+    EXPECT_TRUE(kvs.ok()) << kvs.status().ToString();
+    return kvs.ok() ? std::move(*kvs) : nullptr;
+  }
+
+  // A raw authenticated link to the root, for hand-made frames.
+  std::unique_ptr<Channel> RawLink() {
+    SocketAddress addr;
+    addr.host = "127.0.0.1";
+    addr.port = root_->port();
+    Result<UniqueFd> fd = Connect(addr, Deadline::AfterMs(2000));
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    if (!fd.ok()) return nullptr;
+    auto ch = std::make_unique<Channel>(std::move(*fd));
+    Status st =
+        Authenticator(kSecret).Connect(*ch, PeerIdentity{5, 1}, Deadline::AfterMs(2000), nullptr);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return st.ok() ? std::move(ch) : nullptr;
+  }
+
+  void TearDown() override {
+    if (root_) root_->Stop();
+  }
+
+  std::unique_ptr<TestRoot> root_;
+};
+
+TEST_F(EmbeddedKvsTest, WrongSecretIsRefused) {
+  StartRoot();
+  std::unique_ptr<Kvs> kvs = OpenClient("not-the-secret");
+  ASSERT_NE(kvs, nullptr);
+  Status st = kvs->Put("ns", "k", "v");
+  EXPECT_EQ(st.code(), DYAD_RC_AUTH) << st.ToString();
+  // Not retried until the deadline: an authentication failure is final.
+  const auto start = SteadyClock::now();
+  Result<std::string> w = kvs->Wait("ns", "k", Deadline::AfterMs(3000));
+  EXPECT_EQ(w.status().code(), DYAD_RC_AUTH) << w.status().ToString();
+  EXPECT_LT(MsSince(start), 1000);
+  // Nothing was stored by the refused client.
+  std::unique_ptr<Kvs> good = OpenClient();
+  ASSERT_NE(good, nullptr);
+  Result<std::optional<std::string>> r = good->Get("ns", "k");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, std::nullopt);
+}
+
+TEST_F(EmbeddedKvsTest, MalformedPayloadGetsErrorReplyAndServerKeepsServing) {
+  StartRoot();
+  std::unique_ptr<Channel> ch = RawLink();
+  ASSERT_NE(ch, nullptr);
+  std::string body;
+
+  Status st = CallRpc(*ch, MsgType::kKvsPut, std::string("\x01\x02\x03", 3), &body,
+                      Deadline::AfterMs(2000));
+  EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK) << st.ToString();
+  EXPECT_FALSE(ch->broken());
+
+  // A valid request with trailing bytes is malformed too.
+  KvsRequest req;
+  req.ns = "ns";
+  req.key = "k";
+  req.value = "v";
+  Encoder e;
+  req.EncodeTo(e);
+  std::string trailing = e.data() + "x";
+  st = CallRpc(*ch, MsgType::kKvsPut, trailing, &body, Deadline::AfterMs(2000));
+  EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK) << st.ToString();
+
+  st = CallRpc(*ch, MsgType::kKvsGet, "", &body, Deadline::AfterMs(2000));
+  EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK) << st.ToString();
+
+  // A string length pointing past the end of the message.
+  Encoder liar;
+  liar.U32(1000000).Str("x");
+  st = CallRpc(*ch, MsgType::kKvsList, liar.data(), &body, Deadline::AfterMs(2000));
+  EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK) << st.ToString();
+
+  // The same link still works for a good request.
+  st = CallRpc(*ch, MsgType::kKvsPut, e.data(), &body, Deadline::AfterMs(2000));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  Result<std::optional<std::string>> r = kvs->Get("ns", "k");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, std::optional<std::string>("v"));
+
+  // Garbage that is not even a frame costs that link only.
+  std::unique_ptr<Channel> bad = RawLink();
+  ASSERT_NE(bad, nullptr);
+  const std::string junk(32, '\x7f');
+  ASSERT_TRUE(bad->SendAll(junk.data(), junk.size(), Deadline::AfterMs(1000)).ok());
+  uint16_t type = 0;
+  std::string payload;
+  EXPECT_FALSE(bad->RecvFrame(&type, &payload, Deadline::AfterMs(2000)).ok());
+  EXPECT_TRUE(kvs->Put("ns", "after-junk", "ok").ok());
+}
+
+TEST_F(EmbeddedKvsTest, ClientReconnectsAfterRootRestart) {
+  StartRoot();
+  const uint16_t port = root_->port();
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  ASSERT_TRUE(kvs->Put("ns", "before", "1").ok());  // leaves a pooled link
+
+  root_->Stop();
+  root_.reset();
+  // With the root down a call fails promptly with a connection error.
+  const auto start = SteadyClock::now();
+  Status down = kvs->Put("ns", "during", "x");
+  EXPECT_EQ(down.code(), DYAD_RC_CONNLOST) << down.ToString();
+  EXPECT_LT(MsSince(start), 1500);
+
+  StartRoot(port);
+  ASSERT_EQ(root_->port(), port);
+  Status st = kvs->Put("ns", "after", "2");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  Result<std::optional<std::string>> r = kvs->Get("ns", "after");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, std::optional<std::string>("2"));
+  // The store lives in the root's memory: a restarted root starts empty.
+  Result<std::optional<std::string>> old = kvs->Get("ns", "before");
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(*old, std::nullopt);
+}
+
+TEST_F(EmbeddedKvsTest, WaitSpansRootRestart) {
+  StartRoot();
+  const uint16_t port = root_->port();
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  auto waiter = std::async(std::launch::async,
+                           [&] { return kvs->Wait("ns", "survivor", Deadline::AfterMs(8000)); });
+  SleepMs(150);  // the wait is now parked on the first root
+  root_->Stop();
+  root_.reset();
+  SleepMs(300);  // the waiter sees the outage and backs off
+  ASSERT_EQ(waiter.wait_for(milliseconds(0)), std::future_status::timeout);
+
+  StartRoot(port);
+  ASSERT_TRUE(kvs->Put("ns", "survivor", "made it").ok());
+  ASSERT_EQ(waiter.wait_for(milliseconds(4000)), std::future_status::ready);
+  Result<std::string> r = waiter.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "made it");
+}
+
+TEST_F(EmbeddedKvsTest, WaitWhileRootIsDownTimesOutWithReason) {
+  StartRoot();
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  root_->Stop();
+  root_.reset();
+  const auto start = SteadyClock::now();
+  Result<std::string> r = kvs->Wait("ns", "k", Deadline::AfterMs(400));
+  const int64_t elapsed = MsSince(start);
+  EXPECT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("unreachable"), std::string::npos) << r.status().message();
+  EXPECT_GE(elapsed, 390);
+  EXPECT_LT(elapsed, 1500);
+}
+
+TEST_F(EmbeddedKvsTest, ShutdownCancelsWaits) {
+  StartRoot();
+  Result<std::unique_ptr<EmbeddedKvs>> kvs =
+      EmbeddedKvs::Open("127.0.0.1:" + std::to_string(root_->port()), ClientOptions());
+  ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+  EmbeddedKvs* client = kvs->get();
+  auto waiter = std::async(std::launch::async,
+                           [&] { return client->Wait("ns", "k", Deadline::AfterMs(8000)); });
+  SleepMs(100);
+  const auto start = SteadyClock::now();
+  client->Shutdown();
+  ASSERT_EQ(waiter.wait_for(milliseconds(2000)), std::future_status::ready);
+  EXPECT_EQ(waiter.get().status().code(), DYAD_RC_CANCELLED);
+  EXPECT_LT(MsSince(start), 600);
+  // Non-wait calls keep working (a stopping service may still clean up).
+  EXPECT_TRUE(client->Put("ns", "k", "v").ok());
+}
+
+TEST_F(EmbeddedKvsTest, OversizeValueIsRefusedByTheClient) {
+  StartRoot();
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  Status st = kvs->Put("ns", "huge", std::string(EmbeddedKvs::kMaxFieldBytes + 1, 'x'));
+  EXPECT_EQ(st.code(), DYAD_RC_BADREQUEST) << st.ToString();
+  EXPECT_TRUE(kvs->Put("ns", "fine", "x").ok());
+}
+
+TEST_F(EmbeddedKvsTest, IdleConnectionsAreBounded) {
+  StartRoot();
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  // 16 concurrent waits need 16 links; afterwards at most 8 stay pooled, so
+  // a second burst of sequential calls opens no new link.
+  std::vector<std::future<Result<std::string>>> waiters;
+  for (int i = 0; i < 16; ++i) {
+    waiters.push_back(std::async(
+        std::launch::async, [&] { return kvs->Wait("ns", "burst", Deadline::AfterMs(3000)); }));
+  }
+  SleepMs(150);
+  ASSERT_TRUE(kvs->Put("ns", "burst", "x").ok());
+  for (auto& w : waiters) ASSERT_TRUE(w.get().ok());
+  const int after_burst = root_->connections();
+  EXPECT_GE(after_burst, 16);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(kvs->Get("ns", "burst").ok());
+  EXPECT_EQ(root_->connections(), after_burst);
+}
+
+}  // namespace
+}  // namespace dyad
