@@ -458,7 +458,7 @@ void Service::MembershipLoop() {
     if (stopping_) break;
     lk.unlock();
     Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
-    if (v.ok() && (!v->has_value() || **v != member_value_)) {
+    if (v.ok() && !v->has_value()) {
       Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
       if (st.ok())
         DYAD_LOG_WARN("membership record was missing from the metadata store (root restarted?); "
