@@ -1,0 +1,82 @@
+// registry.cc: maps transport and DTL mode names to Transport instances.
+//
+// The list of transports is written out here rather than built by static
+// initializers, so linking the static library can never silently drop a
+// backend and the set is visible in one place. Everything here is a pure
+// function of its arguments and safe from any thread.
+#include <algorithm>
+#include <cctype>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transport/local/local_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
+
+namespace dyad {
+namespace {
+
+std::string Lower(const std::string& s) {
+  std::string out = s;
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+std::string AvailableList() {
+  std::string out;
+  for (const std::string& n : TransportNames()) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> TransportNames() { return {"tcp", "local"}; }
+
+Result<std::string> TransportNameForMode(const std::string& dtl_mode) {
+  const std::string mode = Lower(dtl_mode);
+  // FLUX_RPC is upstream's default mode; here the fetch session is the RPC,
+  // so it means the same as TCP.
+  if (mode.empty() || mode == "flux_rpc" || mode == "tcp") return std::string("tcp");
+  if (mode == "local") return std::string("local");
+  if (mode == "ucx") {
+    return Status(DYAD_RC_BADDTLMODE,
+                  "UCX transport not compiled in (build with DYAD_ENABLE_UCX=ON and libucx-dev)");
+  }
+  if (mode == "ofi") {
+    return Status(DYAD_RC_BADDTLMODE,
+                  "OFI transport not compiled in (build with DYAD_ENABLE_OFI=ON and "
+                  "libfabric-dev)");
+  }
+  if (mode == "margo") {
+    return Status(DYAD_RC_BADDTLMODE,
+                  "MARGO transport is not supported by this implementation; use OFI "
+                  "(libfabric), which Margo itself runs on");
+  }
+  return Status(DYAD_RC_BADDTLMODE, "unknown transport '" + dtl_mode + "' (available: " +
+                                        AvailableList() + "; DTL modes FLUX_RPC and TCP mean tcp)");
+}
+
+Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
+                                                   const TransportOptions& options) {
+  Result<std::string> canonical = TransportNameForMode(name);
+  if (!canonical.ok()) return canonical.status();
+  std::unique_ptr<Transport> t;
+  if (*canonical == "tcp") {
+    t = std::make_unique<TcpTransport>(options);
+  } else if (*canonical == "local") {
+    t = std::make_unique<LocalTransport>(options);
+  } else {
+    // TransportNameForMode and this switch disagree: a programming error,
+    // reported rather than crashed on.
+    return Status(DYAD_RC_BADDTLMODE, "transport '" + *canonical + "' has no constructor");
+  }
+  return Result<std::unique_ptr<Transport>>(std::move(t));
+}
+
+}  // namespace dyad

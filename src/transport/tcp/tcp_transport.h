@@ -1,0 +1,48 @@
+// tcp_transport.h: the "tcp" transport, which streams file bytes on the
+// fetch session itself (DTL modes TCP and FLUX_RPC).
+//
+// Right after the FetchReply frame the owner writes exactly `size` raw bytes
+// on the session with sendfile(2); the requester lands them in the sink with
+// splice(2) (socket -> pipe -> file, no user-space copy), or with recv into a
+// buffer of at most options.chunk_size bytes where splice is unavailable. No
+// framing is added: both ends know the size from the FetchReply, so a short
+// stream is always detected (the owner fails and shuts the session down; the
+// requester sees the peer close before `size` bytes). Any failure marks the
+// session broken, since the byte stream is then out of step with the framing.
+// options.idle_ms bounds the time without progress on either side (<= 0: no
+// bound). Push blocks SIGPIPE on its own thread while sending, so a vanished
+// peer is an error, never a signal, whatever the process's disposition.
+//
+// Threading: a TcpTransport holds only immutable options; one instance is
+// shared by every concurrent transfer of a service. Each call uses only its
+// own session, which the caller must not use from another thread meanwhile.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace dyad {
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TransportOptions& options);
+
+  std::string name() const override { return "tcp"; }
+  TransportCaps caps() const override;
+
+  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
+              TransferStats* stats) override;
+  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+              TransferStats* stats) override;
+
+  // Transfers of at most this many bytes are received with one small recv
+  // buffer instead of splice: setting up a pipe costs more than it saves.
+  static constexpr uint64_t kSpliceThreshold = 64u << 10;
+
+ private:
+  const TransportOptions options_;
+};
+
+}  // namespace dyad
