@@ -1,0 +1,497 @@
+#include "client/client.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/config.h"
+#include "common/fsutil.h"
+#include "common/key.h"
+#include "common/time.h"
+#include "common/wire.h"
+
+namespace dyad {
+namespace {
+
+Result<uint32_t> EnvUint32(const char* name, uint32_t def) {
+  Result<uint64_t> v = EnvUint(name, def);
+  if (!v.ok()) return v.status();
+  if (*v > UINT32_MAX)
+    return Status(DYAD_RC_BADREQUEST, std::string(name) + "=" + std::to_string(*v) +
+                                          " is out of range (at most " +
+                                          std::to_string(UINT32_MAX) + ")");
+  return static_cast<uint32_t>(*v);
+}
+
+std::string WorkingDirectory() {
+  char buf[PATH_MAX];
+  if (::getcwd(buf, sizeof buf) == nullptr) return "/";
+  return buf;
+}
+
+std::string MakeAbsolute(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return NormalizeAbsolute(path);
+  return NormalizeAbsolute(WorkingDirectory() + "/" + path);
+}
+
+// Realpath, or nullopt when the path does not exist (yet).
+std::optional<std::string> RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return std::nullopt;
+  return std::string(buf);
+}
+
+// True when one directory is the other or contains it.
+bool Overlap(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  return RelativeTo(a, b).has_value() || RelativeTo(b, a).has_value();
+}
+
+// mkdir -p, ignoring failures: the service reports a directory it cannot use.
+void MakeDirs(const std::string& abs) {
+  size_t pos = 1;
+  while (pos <= abs.size()) {
+    size_t slash = abs.find('/', pos);
+    if (slash == std::string::npos) slash = abs.size();
+    const std::string prefix = abs.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) return;
+    pos = slash + 1;
+  }
+}
+
+Status FsyncPath(const std::string& path, int flags) {
+  UniqueFd fd(::open(path.c_str(), flags | O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return StatusFromErrno(errno, "open '" + path + "' for fsync", DYAD_RC_BADFIO);
+  if (::fsync(fd.get()) != 0)
+    return StatusFromErrno(errno, "fsync '" + path + "'", DYAD_RC_BADFIO);
+  return Status::OK();
+}
+
+void MarkChecked() { ::setenv("DYAD_CHECK", "ok", 1); }
+
+// True for an absolute path that NormalizeAbsolute would return unchanged:
+// no empty, "." or ".." components and no trailing slash.
+bool IsNormalAbsolute(std::string_view p) {
+  if (p.empty() || p[0] != '/') return false;
+  if (p.size() == 1) return true;
+  if (p.back() == '/') return false;
+  size_t start = 1;
+  while (start <= p.size()) {
+    size_t end = p.find('/', start);
+    if (end == std::string_view::npos) end = p.size();
+    const std::string_view comp = p.substr(start, end - start);
+    if (comp.empty() || comp == "." || comp == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// `path` is strictly below directory `dir` (both normalized absolute).
+bool StrictlyUnder(std::string_view dir, std::string_view path) {
+  if (dir == "/") return path.size() > 1;
+  return path.size() > dir.size() + 1 && path.compare(0, dir.size(), dir) == 0 &&
+         path[dir.size()] == '/';
+}
+
+}  // namespace
+
+Result<std::string> NormalizeDtlMode(const std::string& name) {
+  std::string up = name;
+  std::transform(up.begin(), up.end(), up.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  static const char* const kModes[] = {"FLUX_RPC", "TCP", "UCX", "OFI", "LOCAL"};
+  for (const char* m : kModes)
+    if (up == m) return up;
+  return Status(DYAD_RC_BADDTLMODE, "unknown DTL mode '" + name +
+                                        "' (expected FLUX_RPC, TCP, UCX, OFI or LOCAL)");
+}
+
+Result<ClientConfig> ClientConfig::FromEnv() {
+  ClientConfig c;
+  c.debug = EnvBool("DYAD_SYNC_DEBUG", false);
+  c.check = EnvBool("DYAD_SYNC_CHECK", false);
+  c.shared_storage = EnvBool("DYAD_SHARED_STORAGE", false);
+  c.reinit = EnvBool("DYAD_REINIT", false);
+  c.async_publish = EnvBool("DYAD_ASYNC_PUBLISH", false);
+  c.fsync_write = EnvBool("DYAD_FSYNC_WRITE", false);
+  c.relative_to_managed_path = EnvBool("DYAD_PATH_RELATIVE", false);
+
+  Result<uint32_t> depth = EnvUint32("DYAD_KEY_DEPTH", kDefaultKeyDepth);
+  if (!depth.ok()) return depth.status();
+  c.key_depth = *depth;
+  Result<uint32_t> bins = EnvUint32("DYAD_KEY_BINS", kDefaultKeyBins);
+  if (!bins.ok()) return bins.status();
+  c.key_bins = *bins;
+  Result<uint32_t> mux = EnvUint32("DYAD_SERVICE_MUX", 1);
+  if (!mux.ok()) return mux.status();
+  c.service_mux = *mux;
+
+  c.kvs_namespace = GetEnv("DYAD_KVS_NAMESPACE").value_or("");
+  // An empty variable counts as unset (`DYAD_PATH_PRODUCER= prog` disables it).
+  c.prod_managed_path = GetEnv("DYAD_PATH_PRODUCER").value_or("");
+  c.cons_managed_path = GetEnv("DYAD_PATH_CONSUMER").value_or("");
+
+  if (std::optional<std::string> mode = GetEnv("DYAD_DTL_MODE"); mode && !mode->empty()) {
+    Result<std::string> m = NormalizeDtlMode(*mode);
+    if (!m.ok()) return m.status().Annotate("DYAD_DTL_MODE");
+    c.dtl_mode = *m;
+  }
+  c.service_socket = DefaultServiceSocket();
+
+  Result<int64_t> consume = EnvTimeoutMs("DYAD_CONSUME_TIMEOUT", -1);
+  if (!consume.ok()) return consume.status();
+  c.consume_timeout_ms = *consume;
+  Result<int64_t> rpc = EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000);
+  if (!rpc.ok()) return rpc.status();
+  c.rpc_timeout_ms = *rpc;
+  return c;
+}
+
+// --- ManagedPath ------------------------------------------------------------
+
+ManagedPath::ManagedPath(const std::string& path) {
+  if (path.empty()) return;
+  given_ = MakeAbsolute(path);
+  std::optional<std::string> real = RealPath(given_);
+  canonical_ = real.value_or(given_);
+  if (real) resolved_.store(new std::string(*real));
+}
+
+ManagedPath::~ManagedPath() { delete resolved_.load(); }
+
+std::string ManagedPath::CurrentCanonical() const {
+  if (given_.empty()) return {};
+  if (const std::string* r = resolved_.load(std::memory_order_acquire)) return *r;
+  // Created after we started (typical for consumer directories); resolve
+  // now, and remember only once it exists.
+  std::optional<std::string> real = RealPath(given_);
+  if (!real) return canonical_;
+  auto* mine = new std::string(*real);
+  const std::string* expected = nullptr;
+  if (!resolved_.compare_exchange_strong(expected, mine, std::memory_order_acq_rel)) delete mine;
+  return *real;
+}
+
+bool ManagedPath::Contains(std::string_view abs) const {
+  if (given_.empty()) return false;
+  return StrictlyUnder(given_, abs) || (canonical_ != given_ && StrictlyUnder(canonical_, abs));
+}
+
+std::optional<std::string> ManagedPath::Match(const std::string& abs) const {
+  if (given_.empty()) return std::nullopt;
+  if (std::optional<std::string> rel = RelativeTo(given_, abs)) return rel;
+  if (canonical_ != given_) return RelativeTo(canonical_, abs);
+  return std::nullopt;
+}
+
+// --- Client -----------------------------------------------------------------
+
+Client::Client(ClientConfig config, std::shared_ptr<ServicePool> pool)
+    : config_(std::move(config)),
+      prod_(config_.prod_managed_path),
+      cons_(config_.cons_managed_path),
+      pool_(std::move(pool)) {
+  config_.prod_managed_path = prod_.given();
+  config_.cons_managed_path = cons_.given();
+}
+
+Client::~Client() { delete service_prod_path_.load(); }
+
+Result<std::shared_ptr<Client>> Client::Create(ClientConfig config,
+                                               std::shared_ptr<ServicePool> pool) {
+  if (config.key_bins == 0) config.key_bins = 1;
+  if (config.service_mux == 0) config.service_mux = 1;
+  if (config.dtl_mode.empty()) config.dtl_mode = "FLUX_RPC";
+  Result<std::string> mode = NormalizeDtlMode(config.dtl_mode);
+  if (!mode.ok()) return mode.status();
+  config.dtl_mode = *mode;
+  if (config.service_socket.empty()) config.service_socket = DefaultServiceSocket();
+  if (pool == nullptr || pool->socket_path() != config.service_socket)
+    pool = std::make_shared<ServicePool>(config.service_socket);
+  config.service_socket = pool->socket_path();
+  return std::shared_ptr<Client>(new Client(std::move(config), std::move(pool)));
+}
+
+std::string Client::KeyOf(const std::string& upath) const {
+  return GenPathKey(upath, config_.key_depth, config_.key_bins);
+}
+
+Result<std::string> Client::Resolve(const std::string& fname, Side side) const {
+  const bool producer = side == Side::kProducer;
+  const ManagedPath& dir = producer ? prod_ : cons_;
+  if (dir.empty())
+    return Status(DYAD_RC_BADMANAGEDPATH,
+                  producer ? "no producer-managed directory is configured (DYAD_PATH_PRODUCER)"
+                           : "no consumer-managed directory is configured (DYAD_PATH_CONSUMER)");
+  if (fname.empty()) return Status(DYAD_RC_BADBUF, "empty file name");
+  std::string abs;
+  if (fname[0] == '/') {
+    abs = IsNormalAbsolute(fname) ? fname : NormalizeAbsolute(fname);
+  } else if (config_.relative_to_managed_path) {
+    Result<std::string> up = ValidateUpath(fname);
+    if (!up.ok()) return up.status();
+    return up;
+  } else {
+    abs = NormalizeAbsolute(WorkingDirectory() + "/" + fname);
+  }
+  std::optional<std::string> rel = dir.Match(abs);
+  if (!rel || rel->empty())
+    return Status(DYAD_RC_UNTRACKED, "'" + fname + "' is not under the " +
+                                         (producer ? "producer" : "consumer") +
+                                         "-managed directory '" + dir.given() + "'");
+  return ValidateUpath(*rel);
+}
+
+bool Client::IsManaged(std::string_view fname, Side side) const {
+  const ManagedPath& dir = side == Side::kProducer ? prod_ : cons_;
+  if (dir.empty() || fname.empty()) return false;
+  if (IsNormalAbsolute(fname)) return dir.Contains(fname);
+  return Resolve(std::string(fname), side).ok();
+}
+
+Status Client::Finish(Status st, const char* op, const std::string& fname) const {
+  // The library stays silent unless asked: errors travel as return codes
+  // and dyad_last_error().
+  if (!st.ok() && config_.debug && st.code() != DYAD_RC_UNTRACKED)
+    std::fprintf(stderr, "dyad[%d]: %s '%s': %s\n", static_cast<int>(::getpid()), op,
+                 fname.c_str(), st.ToString().c_str());
+  return st;
+}
+
+Deadline Client::WaitDeadline() const {
+  if (config_.consume_timeout_ms < 0 || config_.rpc_timeout_ms < 0) return Deadline::Never();
+  return Deadline::AfterMs(config_.consume_timeout_ms + config_.rpc_timeout_ms);
+}
+
+Status Client::Produce(const std::string& fname) {
+  Result<std::string> upath = Resolve(fname, Side::kProducer);
+  if (!upath.ok()) return Finish(upath.status(), "produce", fname);
+  const std::string path = prod_.given() + "/" + *upath;
+
+  struct stat st;
+  if (config_.fsync_write) {
+    // Data first, then the directory entry, so that a published file
+    // survives a node crash (https://lwn.net/Articles/457671/).
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid())
+      return Finish(StatusFromErrno(errno, "open '" + path + "'", DYAD_RC_BADFIO), "produce",
+                    fname);
+    if (::fstat(fd.get(), &st) != 0)
+      return Finish(StatusFromErrno(errno, "stat '" + path + "'", DYAD_RC_BADFIO), "produce",
+                    fname);
+    if (S_ISREG(st.st_mode)) {
+      if (::fsync(fd.get()) != 0)
+        return Finish(StatusFromErrno(errno, "fsync '" + path + "'", DYAD_RC_BADFIO), "produce",
+                      fname);
+      Status ds = FsyncPath(path.substr(0, path.rfind('/')), O_DIRECTORY);
+      if (!ds.ok()) return Finish(ds, "produce", fname);
+    }
+  } else if (::stat(path.c_str(), &st) != 0) {
+    return Finish(StatusFromErrno(errno, "stat '" + path + "'", DYAD_RC_BADFIO), "produce", fname);
+  }
+  if (!S_ISREG(st.st_mode))
+    return Finish(Status(DYAD_RC_BADFIO, "'" + path + "' is not a regular file"), "produce",
+                  fname);
+
+  PublishRequest req;
+  req.ns = config_.kvs_namespace;
+  req.key = KeyOf(*upath);
+  req.upath = *upath;
+  req.prod_path = prod_.CurrentCanonical();
+  req.size = static_cast<uint64_t>(st.st_size);
+  req.version = MtimeNs(st);
+  req.async = config_.async_publish;
+  Encoder e;
+  req.EncodeTo(e);
+  std::string body;
+  Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(),
+                          config_.rpc_timeout_ms, "publish '" + *upath + "'");
+  if (rs.ok() && config_.check) MarkChecked();
+  return Finish(rs, "produce", fname);
+}
+
+bool Client::ConsumerDirIsPrivate() {
+  const std::string cons = cons_.CurrentCanonical();
+  if (config_.shared_storage) return false;
+  if (has_producer_path() && Overlap(prod_.CurrentCanonical(), cons)) return false;
+  if (const std::string* known = service_prod_path_.load(std::memory_order_acquire))
+    return !Overlap(*known, cons);
+  // Another process on this node may produce into our consumer directory
+  // (through the local service); a file there may then still be open for
+  // writing. Ask the service once which directory it serves.
+  Result<StatusReply> status = ServiceStatus();
+  if (!status.ok()) return true;  // cannot tell: our own paths decided
+  auto it = status->info.find("producer_path");
+  auto* served = new std::string(it == status->info.end() ? std::string() : it->second);
+  const std::string* expected = nullptr;
+  if (!service_prod_path_.compare_exchange_strong(expected, served, std::memory_order_acq_rel)) {
+    delete served;
+    served = const_cast<std::string*>(expected);
+  }
+  return !Overlap(*served, cons);
+}
+
+Status Client::Consume(const std::string& fname, ConsumeInfo* info) {
+  const uint64_t start = MonoNs();
+  Result<std::string> upath = Resolve(fname, Side::kConsumer);
+  if (!upath.ok()) return Finish(upath.status(), "consume", fname);
+  if (info != nullptr) {
+    *info = ConsumeInfo{};
+    info->upath = *upath;
+  }
+  // Level 1 of the file locator: DYAD only renames complete files into a
+  // consumer directory, so a regular file present in a directory no
+  // producer writes to is complete, and no message is needed.
+  if (!config_.shared_storage) {
+    struct stat st;
+    const std::string path = cons_.given() + "/" + *upath;
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ConsumerDirIsPrivate()) {
+      if (info != nullptr) {
+        info->level1 = true;
+        info->elapsed_ns = MonoNs() - start;
+      }
+      if (config_.check) MarkChecked();
+      return Status::OK();
+    }
+  }
+  Status st = ConsumeRequestFor(*upath, nullptr, info);
+  if (info != nullptr) info->elapsed_ns = MonoNs() - start;
+  return Finish(st, "consume", fname);
+}
+
+Status Client::ConsumeWithRecord(const std::string& fname, const FileRecord& record,
+                                 ConsumeInfo* info) {
+  const uint64_t start = MonoNs();
+  Result<std::string> upath = Resolve(fname, Side::kConsumer);
+  if (!upath.ok()) return Finish(upath.status(), "consume", fname);
+  if (info != nullptr) {
+    *info = ConsumeInfo{};
+    info->upath = *upath;
+  }
+  // The published size and version identify the copy exactly (placement
+  // sets the mtime to the version), so a match is the published file.
+  struct stat st;
+  const std::string path = cons_.given() + "/" + *upath;
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size) == record.size && MtimeNs(st) == record.version) {
+    if (info != nullptr) {
+      info->level1 = true;
+      info->elapsed_ns = MonoNs() - start;
+    }
+    if (config_.check) MarkChecked();
+    return Status::OK();
+  }
+  Status s = ConsumeRequestFor(*upath, &record, info);
+  if (info != nullptr) info->elapsed_ns = MonoNs() - start;
+  return Finish(s, "consume", fname);
+}
+
+Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* record,
+                                 ConsumeInfo* info) {
+  // The service places files beneath the consumer directory and needs it to
+  // exist; consumers often start before anything created it.
+  std::string cons = cons_.CurrentCanonical();
+  if (::access(cons.c_str(), F_OK) != 0) {
+    MakeDirs(cons_.given());
+    cons = cons_.CurrentCanonical();
+  }
+  ConsumeRequest req;
+  req.ns = config_.kvs_namespace;
+  req.key = KeyOf(upath);
+  req.upath = upath;
+  req.cons_path = cons;
+  req.timeout_ms = config_.consume_timeout_ms < 0 ? -1 : config_.consume_timeout_ms;
+  req.shared_storage = config_.shared_storage;
+  req.dtl_mode = config_.dtl_mode;
+  if (record != nullptr) {
+    req.have_record = true;
+    req.record = *record;
+    if (req.record.upath.empty()) req.record.upath = upath;
+  }
+  Encoder e;
+  req.EncodeTo(e);
+  std::string body;
+  DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kConsume, e.data(), &body, WaitDeadline(),
+                                   config_.rpc_timeout_ms, "consume '" + upath + "'"));
+  ConsumeReply reply;
+  Decoder d(body);
+  if (!reply.DecodeFrom(d))
+    return Status(DYAD_RC_BADUNPACK, "consume '" + upath + "': malformed reply from dyad-service");
+  if (info != nullptr) info->reply = std::move(reply);
+  if (config_.check) MarkChecked();
+  return Status::OK();
+}
+
+Result<FileRecord> Client::GetMetadata(const std::string& fname, bool wait) {
+  Result<std::string> upath = Resolve(fname, Side::kConsumer);
+  if (!upath.ok()) return Finish(upath.status(), "get metadata", fname);
+  LocateRequest req;
+  req.ns = config_.kvs_namespace;
+  req.key = KeyOf(*upath);
+  req.wait = wait;
+  req.timeout_ms = wait ? (config_.consume_timeout_ms < 0 ? -1 : config_.consume_timeout_ms)
+                        : config_.rpc_timeout_ms;
+  Encoder e;
+  req.EncodeTo(e);
+  std::string body;
+  Status st = pool_->Call(MsgType::kLocate, e.data(), &body, wait ? WaitDeadline() : RpcDeadline(),
+                          config_.rpc_timeout_ms, "locate '" + *upath + "'");
+  if (!st.ok()) return Finish(st, "get metadata", fname);
+  Decoder d(body);
+  const std::string bytes = d.Str();
+  FileRecord rec;
+  if (d.failed() || !FileRecord::Decode(bytes, &rec))
+    return Finish(Status(DYAD_RC_BADMETADATA, "locate '" + *upath + "': malformed metadata"),
+                  "get metadata", fname);
+  return rec;
+}
+
+Result<StatusReply> Client::ServiceStatus() {
+  std::string body;
+  DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kStatus, std::string(), &body, RpcDeadline(),
+                                   config_.rpc_timeout_ms, "status"));
+  StatusReply reply;
+  Decoder d(body);
+  if (!reply.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "status: malformed reply");
+  return reply;
+}
+
+Result<std::vector<std::pair<std::string, FileRecord>>> Client::List(
+    const std::string& prefix, uint32_t limit, const std::optional<std::string>& ns) {
+  ListRequest req;
+  req.ns = ns.value_or(config_.kvs_namespace);
+  req.path_prefix = prefix;
+  req.limit = limit;
+  Encoder e;
+  req.EncodeTo(e);
+  std::string body;
+  DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kList, e.data(), &body, RpcDeadline(),
+                                   config_.rpc_timeout_ms, "list"));
+  Decoder d(body);
+  const uint32_t n = d.U32();
+  std::vector<std::pair<std::string, FileRecord>> out;
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    std::string key = d.Str();
+    const std::string value = d.Str();
+    FileRecord rec;
+    if (d.failed() || !FileRecord::Decode(value, &rec))
+      return Status(DYAD_RC_BADUNPACK, "list: malformed record for key '" + key + "'");
+    out.emplace_back(std::move(key), std::move(rec));
+  }
+  if (d.failed()) return Status(DYAD_RC_BADUNPACK, "list: malformed reply");
+  return out;
+}
+
+Status Client::Ping() {
+  std::string body;
+  return pool_->Call(MsgType::kPing, std::string(), &body, RpcDeadline(), config_.rpc_timeout_ms,
+                     "ping");
+}
+
+}  // namespace dyad

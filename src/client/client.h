@@ -1,0 +1,191 @@
+// client.h: dyad::Client, the one client core behind every DYAD front end
+// (the C API, the C++ streams, pydyad, the preload library, the `dyad`
+// command).
+//
+// A Client holds the settings of one process (ClientConfig), recognizes
+// paths under its producer- and consumer-managed directories, and talks to
+// the node's dyad-service over a pooled Unix-socket connection: Produce()
+// publishes a closed file, Consume() returns once a file is complete in the
+// consumer directory (the service waits for its publication, fetches it,
+// and renames it into place). The client never moves file data itself.
+//
+// Threading: a Client is immutable after Create() except for its connection
+// pool, which is thread-safe, and two values it learns once (published with
+// atomics); every method may be called from any thread at once. Changing a
+// setting means creating a new Client (it may share the old one's pool).
+// Fork-safe: no lock on a produce/consume path can be left held in a child
+// (see service_pool.h for the pool).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "client/service_pool.h"
+#include "common/status.h"
+#include "proto/protocol.h"
+
+namespace dyad {
+
+// Every setting of dyad_init, plus this implementation's additions. The
+// defaults are the documented ones (docs/configuration.md), identical for
+// every language binding.
+struct ClientConfig {
+  bool debug = false;           // DYAD_SYNC_DEBUG: log failures to stderr
+  bool check = false;           // DYAD_SYNC_CHECK: setenv DYAD_CHECK=ok after success
+  bool shared_storage = false;  // DYAD_SHARED_STORAGE
+  bool reinit = false;          // DYAD_REINIT (used by dyad_init only)
+  bool async_publish = false;   // DYAD_ASYNC_PUBLISH
+  bool fsync_write = false;     // DYAD_FSYNC_WRITE
+  uint32_t key_depth = 3;       // DYAD_KEY_DEPTH
+  uint32_t key_bins = 1024;     // DYAD_KEY_BINS (0 is treated as 1)
+  uint32_t service_mux = 1;     // DYAD_SERVICE_MUX (0 is treated as 1)
+  std::string kvs_namespace;    // DYAD_KVS_NAMESPACE ("" = primary namespace)
+  std::string prod_managed_path;  // DYAD_PATH_PRODUCER ("" = none)
+  std::string cons_managed_path;  // DYAD_PATH_CONSUMER ("" = none)
+  bool relative_to_managed_path = false;  // DYAD_PATH_RELATIVE
+  std::string dtl_mode = "FLUX_RPC";      // DYAD_DTL_MODE
+  std::string service_socket;   // DYAD_SERVICE_SOCKET ("" = DefaultServiceSocket())
+  int64_t consume_timeout_ms = -1;  // DYAD_CONSUME_TIMEOUT (< 0: no limit)
+  int64_t rpc_timeout_ms = 60000;   // DYAD_RPC_TIMEOUT (< 0: no limit)
+
+  // Reads every DYAD_* variable of the configuration table. Malformed
+  // numbers or an unknown DYAD_DTL_MODE give an error naming the variable.
+  static Result<ClientConfig> FromEnv();
+};
+
+// Checks a DTL mode name (FLUX_RPC, TCP, UCX, OFI, LOCAL; any case) and
+// returns its canonical upper-case spelling. Whether the transport is
+// compiled in is for the service to say.
+Result<std::string> NormalizeDtlMode(const std::string& name);
+
+// A managed directory, kept in two forms so that a path spelled either way
+// matches without a realpath() per call: as given (made absolute and
+// lexically normalized) and canonical (symlinks resolved when it existed).
+class ManagedPath {
+ public:
+  ManagedPath() = default;
+  // `path` may be relative (taken against the working directory now).
+  explicit ManagedPath(const std::string& path);
+  ~ManagedPath();
+  ManagedPath(const ManagedPath&) = delete;
+  ManagedPath& operator=(const ManagedPath&) = delete;
+
+  bool empty() const { return given_.empty(); }
+  const std::string& given() const { return given_; }
+  const std::string& canonical() const { return canonical_; }
+  // The canonical form now: realpath() is retried while the directory did
+  // not exist, and cached once it does. Used for requests, not for matching.
+  std::string CurrentCanonical() const;
+
+  // If the normalized absolute `abs` is this directory or below it, returns
+  // the part below ("" for the directory itself).
+  std::optional<std::string> Match(const std::string& abs) const;
+  // True when the normalized absolute `abs` is strictly below this directory.
+  bool Contains(std::string_view abs) const;
+
+ private:
+  std::string given_;
+  std::string canonical_;
+  // Set once (null until the directory exists). An atomic pointer rather
+  // than a mutex: this sits on every produce/consume, and a mutex held by
+  // another thread at fork() would stay locked forever in the child.
+  mutable std::atomic<const std::string*> resolved_{nullptr};
+};
+
+// Which side a path is resolved against.
+enum class Side { kProducer, kConsumer };
+
+// What a consume did, for tools and benchmarks.
+struct ConsumeInfo {
+  std::string upath;
+  bool level1 = false;  // satisfied by the local directory, no request sent
+  ConsumeReply reply;   // the service's answer (when a request was sent)
+  uint64_t elapsed_ns = 0;
+};
+
+class Client {
+ public:
+  // Validates and normalizes `config` (absolute managed paths, clamped bins
+  // and mux, canonical DTL mode). `pool` lets a re-configured client keep
+  // the previous one's connections; nullptr makes a new pool.
+  static Result<std::shared_ptr<Client>> Create(ClientConfig config,
+                                                std::shared_ptr<ServicePool> pool = nullptr);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ClientConfig& config() const { return config_; }
+  const std::shared_ptr<ServicePool>& pool() const { return pool_; }
+  const ManagedPath& producer_path() const { return prod_; }
+  const ManagedPath& consumer_path() const { return cons_; }
+  bool has_producer_path() const { return !prod_.empty(); }
+  bool has_consumer_path() const { return !cons_.empty(); }
+
+  // Maps `fname` to its path relative to a managed directory ("upath"):
+  // absolute names as they are, relative ones against the working directory,
+  // or against the managed directory when relative_to_managed_path is set.
+  // Names outside the directory give DYAD_RC_UNTRACKED; names escaping it
+  // with ".." (relative mode) DYAD_RC_PERM; no such directory configured
+  // DYAD_RC_BADMANAGEDPATH. Costs no system call for absolute names.
+  Result<std::string> Resolve(const std::string& fname, Side side) const;
+
+  // True exactly when Resolve(fname, side) would succeed. Allocation-free
+  // for normalized absolute names (the common case of an intercepted
+  // open()), so paths outside the managed directories cost a few string
+  // comparisons.
+  bool IsManaged(std::string_view fname, Side side) const;
+
+  // Publishes a file that is complete under the producer directory.
+  Status Produce(const std::string& fname);
+  // Returns once `fname` is complete under the consumer directory.
+  Status Consume(const std::string& fname, ConsumeInfo* info = nullptr);
+  // Metadata of a published file (kLocate). Without `wait`, an unpublished
+  // file gives DYAD_RC_NOTFOUND; with it, waits up to the consume timeout.
+  Result<FileRecord> GetMetadata(const std::string& fname, bool wait);
+  // Like Consume with the metadata already known: no request at all when
+  // the local copy matches the record's size and version.
+  Status ConsumeWithRecord(const std::string& fname, const FileRecord& record,
+                           ConsumeInfo* info = nullptr);
+
+  // Service identity and counters (kStatus).
+  Result<StatusReply> ServiceStatus();
+  // Published files whose path starts with `prefix` (kList); `ns` defaults
+  // to the configured namespace, `limit` 0 means all.
+  Result<std::vector<std::pair<std::string, FileRecord>>> List(
+      const std::string& prefix, uint32_t limit, const std::optional<std::string>& ns = {});
+  Status Ping();
+
+  // The metadata key of a path relative to a managed directory.
+  std::string KeyOf(const std::string& upath) const;
+
+ private:
+  Client(ClientConfig config, std::shared_ptr<ServicePool> pool);
+
+  Status ConsumeRequestFor(const std::string& upath, const FileRecord* record,
+                           ConsumeInfo* info);
+  // True when a file present in the consumer directory is known complete
+  // (the directory is private to consumers; see the .cc).
+  bool ConsumerDirIsPrivate();
+  Status Finish(Status st, const char* op, const std::string& fname) const;
+  Deadline WaitDeadline() const;
+  Deadline RpcDeadline() const { return Deadline::AfterMs(config_.rpc_timeout_ms); }
+
+  ClientConfig config_;
+  ManagedPath prod_;
+  ManagedPath cons_;
+  std::shared_ptr<ServicePool> pool_;
+
+  // The producer directory of the local service, learned once (kStatus) to
+  // decide whether level 1 may trust files present in the consumer
+  // directory; null until known. Atomic for the same fork reason as
+  // ManagedPath::resolved_.
+  std::atomic<const std::string*> service_prod_path_{nullptr};
+};
+
+}  // namespace dyad

@@ -1,0 +1,86 @@
+// ctx_internal.h: the private side of the C API (dyad/core/dyad_ctx.h,
+// dyad/client/dyad_client.h): the definition of struct dyad_ctx and helpers
+// shared by libdyad_ctx (c_api.cc) and libdyad_client (c_client.cc).
+//
+// There is exactly one context per process, a never-destroyed object that
+// every thread sees (upstream kept it thread-local). It holds a shared_ptr
+// to the current dyad::Client; an operation copies that pointer under the
+// context mutex and then runs without any lock, so dyad_finalize() or a
+// re-initialization while another thread is inside dyad_consume() cannot
+// pull the client from under it. The context mutex is a leaf lock (nothing
+// else is acquired while it is held) and is held across fork().
+#pragma once
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "client/client.h"
+#include "common/status.h"
+#include "dyad/common/dyad_dtl.h"
+#include "dyad/common/dyad_rc.h"
+#include "dyad/common/dyad_structures.h"
+
+struct dyad_ctx {
+  std::mutex mu;                         // guards `client` and `comm_mode`
+  std::shared_ptr<dyad::Client> client;  // null while not initialized
+  std::atomic<bool> initialized{false};  // mirrors client != nullptr, for lock-free gets
+  dyad_dtl_comm_mode_t comm_mode = DYAD_COMM_NONE;
+};
+
+namespace dyad {
+namespace capi {
+
+// --- defined in c_api.cc (libdyad_ctx) ---------------------------------------
+
+// The process's context object (never null, never destroyed).
+dyad_ctx* Context();
+
+// The client behind `ctx` for one operation, or DYAD_RC_NOCTX when `ctx` is
+// null, not this process's context, or not initialized.
+Result<std::shared_ptr<Client>> ClientOf(dyad_ctx_t* ctx);
+
+// Records `st` as the calling thread's last error (dyad_last_error) and
+// returns its code.
+dyad_rc_t Fail(const Status& st);
+inline dyad_rc_t Fail(dyad_rc_t code, const std::string& message) {
+  return Fail(Status(code, message));
+}
+
+// True when the client was initialized without any managed directory:
+// DYAD then does nothing at all, and every call succeeds.
+inline bool Inert(const Client& c) { return !c.has_producer_path() && !c.has_consumer_path(); }
+
+// Runs `body` and turns any exception into DYAD_RC_SYSFAIL: no exception may
+// cross the C API.
+template <typename F>
+dyad_rc_t Guard(const char* what, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    try {
+      return Fail(DYAD_RC_SYSFAIL, std::string(what) + ": out of memory");
+    } catch (...) {
+      return DYAD_RC_SYSFAIL;
+    }
+  } catch (const std::exception& e) {
+    try {
+      return Fail(DYAD_RC_SYSFAIL, std::string(what) + ": " + e.what());
+    } catch (...) {
+      return DYAD_RC_SYSFAIL;
+    }
+  } catch (...) {
+    return DYAD_RC_SYSFAIL;
+  }
+}
+
+// --- defined in c_client.cc (libdyad_client) ---------------------------------
+
+// dyad_consume with details of what happened (`dyad consume -v`).
+dyad_rc_t ConsumeWithInfo(dyad_ctx_t* ctx, const char* fname, ConsumeInfo* info);
+
+}  // namespace capi
+}  // namespace dyad

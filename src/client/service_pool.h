@@ -1,0 +1,97 @@
+// service_pool.h: the client's connections to the node's dyad-service.
+//
+// A ServicePool keeps up to kMaxIdle idle connections to one service socket
+// and runs request/reply calls over them. Any number of threads may call
+// Call() at once: each call borrows a connection for its whole duration (a
+// new one is made when none is idle), so a long consume never blocks a
+// publish from another thread. Broken connections are dropped, never
+// returned to the pool.
+//
+// Fork safety: a child process must never send on a connection it inherited,
+// since the parent's requests and the child's would interleave on one
+// socket. A pthread_atfork child handler empties every pool in the child
+// (closing only the child's copies of the descriptors; the parent's
+// connections are untouched), and Call() also compares getpid() with the
+// pool owner's pid, which covers children created without atfork handlers.
+//
+// Interruption: a waiting call polls in short slices and asks the process's
+// interrupt check (SetInterruptCheck) whether to give up, so a language
+// runtime that handles SIGINT itself (Python) can cancel a long consume. A
+// call that gives up closes its connection, which tells the service to
+// abandon the wait. With the default SIGINT disposition the process simply
+// dies, as without DYAD.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "proto/protocol.h"
+
+namespace dyad {
+
+// Returns true when the caller wants the current wait abandoned. Called from
+// the waiting thread at least every kInterruptSliceMs and after EINTR.
+using InterruptCheck = std::function<bool()>;
+
+// Installs the process-wide interrupt check (nullptr removes it).
+void SetInterruptCheck(InterruptCheck check);
+
+class ServicePool {
+ public:
+  static constexpr size_t kMaxIdle = 8;
+  static constexpr int64_t kInterruptSliceMs = 200;
+
+  // `socket` is a path ("/tmp/dyad-1000/service.sock"), "unix:/path", or a
+  // relative path (taken against the working directory now).
+  explicit ServicePool(std::string socket);
+  ~ServicePool();
+  ServicePool(const ServicePool&) = delete;
+  ServicePool& operator=(const ServicePool&) = delete;
+
+  const std::string& socket_path() const { return socket_path_; }
+
+  // Sends one request and waits for its reply. On success `body` holds the
+  // reply body. `connect_ms` bounds connecting (< 0: no limit); `deadline`
+  // bounds the whole call. An unreachable service gives DYAD_RC_NOSERVICE;
+  // a reply carrying an error gives that error. `what` names the operation
+  // in messages ("consume 'a/b'").
+  Status Call(MsgType type, const std::string& request, std::string* body, Deadline deadline,
+              int64_t connect_ms, const std::string& what);
+
+  // Number of idle pooled connections (for tests and diagnostics).
+  size_t idle_count();
+  // Closes every idle connection.
+  void Clear();
+
+  // atfork plumbing (see the file comment); not for general use.
+  static void AtForkPrepare();
+  static void AtForkParent();
+  static void AtForkChild();
+
+ private:
+  Result<std::unique_ptr<Channel>> Borrow(int64_t connect_ms, bool* reused);
+  void Return(std::unique_ptr<Channel> ch);
+  // One attempt on one connection.
+  Status CallOn(Channel& ch, MsgType type, const std::string& request, std::string* body,
+                Deadline deadline);
+  Status WaitReadable(Channel& ch, Deadline deadline);
+  Status NoService(const Status& cause) const;
+
+  std::string socket_path_;
+  Result<SocketAddress> address_;
+
+  std::mutex mu_;  // guards idle_ and pid_; a leaf lock
+  std::vector<std::unique_ptr<Channel>> idle_;
+  pid_t pid_;
+};
+
+}  // namespace dyad

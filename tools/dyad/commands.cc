@@ -1,0 +1,349 @@
+#include "commands.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "client/client.h"
+#include "client/ctx_internal.h"
+#include "common/config.h"
+#include "common/time.h"
+#include "dyad/client/dyad_client.h"
+#include "dyad/core/dyad_ctx.h"
+#include "kvs/kvs.h"
+#include "transport/transport.h"
+
+namespace dyad {
+namespace cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// "dyad produce: a/b: DYAD_RC_NOSERVICE: dyad-service is not reachable ..."
+void PrintError(const std::string& cmd, const std::string& what, const Status& st) {
+  std::string line = "dyad " + cmd + ": ";
+  if (!what.empty()) line += what + ": ";
+  line += dyad_rc_name(st.code());
+  if (!st.message().empty()) line += ": " + st.message();
+  std::cerr << line << "\n";
+}
+
+const char* KindName(ConfigKind k) {
+  switch (k) {
+    case ConfigKind::kBool: return "bool";
+    case ConfigKind::kUint: return "integer";
+    case ConfigKind::kString: return "string";
+    case ConfigKind::kSeconds: return "seconds";
+  }
+  return "?";
+}
+
+// Greedy word wrap of `text` to `width` columns, each line after `indent`.
+std::string Wrap(const std::string& text, size_t width, const std::string& indent) {
+  std::istringstream words(text);
+  std::string word, line, out;
+  while (words >> word) {
+    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
+      out += indent + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) out += indent + line + "\n";
+  return out;
+}
+
+size_t TerminalWidth() {
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
+    return std::min<size_t>(ws.ws_col, 100);
+  return 80;
+}
+
+std::string Join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// Local time with milliseconds, e.g. "2024-05-01 12:00:00.123".
+std::string FormatTimeNs(uint64_t ns) {
+  if (ns == 0) return "-";
+  const time_t secs = static_cast<time_t>(ns / 1000000000ull);
+  tm t{};
+  localtime_r(&secs, &t);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &t);
+  char ms[8];
+  std::snprintf(ms, sizeof ms, ".%03u", static_cast<unsigned>((ns / 1000000ull) % 1000));
+  return std::string(buf) + ms;
+}
+
+std::string FormatMs(uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
+  return buf;
+}
+
+// A client configured from the environment, for the query commands (they
+// need no managed directory).
+Result<std::shared_ptr<Client>> EnvClient() {
+  Result<ClientConfig> cfg = ClientConfig::FromEnv();
+  if (!cfg.ok()) return cfg.status();
+  return Client::Create(std::move(*cfg));
+}
+
+// Initializes the process context from the environment for produce or
+// consume and returns its client. Reports problems itself.
+std::shared_ptr<Client> InitFromEnv(const std::string& cmd, dyad_dtl_comm_mode_t mode) {
+  Result<ClientConfig> cfg = ClientConfig::FromEnv();
+  if (!cfg.ok()) {
+    PrintError(cmd, "", cfg.status());
+    return nullptr;
+  }
+  const bool producer = mode == DYAD_COMM_SEND;
+  if ((producer ? cfg->prod_managed_path : cfg->cons_managed_path).empty()) {
+    PrintError(cmd, "",
+               Status(DYAD_RC_BADMANAGEDPATH,
+                      std::string("no ") + (producer ? "producer" : "consumer") +
+                          "-managed directory: set " +
+                          (producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER")));
+    return nullptr;
+  }
+  const dyad_rc_t rc = dyad_init_env(mode, nullptr);
+  if (DYAD_IS_ERROR(rc)) {
+    PrintError(cmd, "", Status(rc, dyad_last_error()));
+    return nullptr;
+  }
+  Result<std::shared_ptr<Client>> client = capi::ClientOf(dyad_ctx_get());
+  if (!client.ok()) {
+    PrintError(cmd, "", client.status());
+    return nullptr;
+  }
+  return *client;
+}
+
+}  // namespace
+
+int CmdInfo(InfoFormat format) {
+  const std::vector<std::string> transports = TransportNames();
+  const std::vector<std::string> stores = KvsBackendNames();
+  const auto& table = ConfigTable();
+
+  if (format == InfoFormat::kJson) {
+    Json j;
+    j["version"] = DYAD_VERSION;
+    j["transports"] = transports;
+    j["kvs_backends"] = stores;
+    j["service_socket"] = DefaultServiceSocket();
+    Json cfg = Json::array();
+    for (const ConfigEntry& e : table) {
+      Json item;
+      item["name"] = e.name;
+      item["kind"] = KindName(e.kind);
+      item["default"] = e.default_value;
+      std::optional<std::string> cur = GetEnv(e.name);
+      item["current"] = cur ? Json(*cur) : Json(nullptr);
+      item["used_by"] = e.used_by;
+      item["help"] = e.help;
+      cfg.push_back(std::move(item));
+    }
+    j["config"] = std::move(cfg);
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+
+  if (format == InfoFormat::kMarkdown) {
+    // The table of docs/configuration.md, generated from the same source.
+    std::cout << "| variable | type | default | used by | meaning |\n"
+              << "| --- | --- | --- | --- | --- |\n";
+    for (const ConfigEntry& e : table) {
+      std::string def = *e.default_value ? std::string("`") + e.default_value + "`" : "(unset)";
+      std::cout << "| `" << e.name << "` | " << KindName(e.kind) << " | " << def << " | "
+                << e.used_by << " | " << e.help << " |\n";
+    }
+    return kExitOk;
+  }
+
+  const size_t width = TerminalWidth();
+  std::cout << "dyad " << DYAD_VERSION << "\n"
+            << "transports:      " << Join(transports, ", ") << "\n"
+            << "metadata stores: " << Join(stores, ", ") << "\n"
+            << "service socket:  " << DefaultServiceSocket() << "\n\n"
+            << "Configuration (environment variables; booleans are true when set, except "
+               "0/false/no/off):\n\n";
+  for (const ConfigEntry& e : table) {
+    std::optional<std::string> cur = GetEnv(e.name);
+    std::cout << e.name << "\n"
+              << "    current: " << (cur ? "'" + *cur + "'" : std::string("(unset)"))
+              << "   default: " << (*e.default_value ? e.default_value : "(unset)")
+              << "   type: " << KindName(e.kind) << "   used by: " << e.used_by << "\n"
+              << Wrap(e.help, width, "    ") << "\n";
+  }
+  return kExitOk;
+}
+
+int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
+  std::shared_ptr<Client> client = InitFromEnv("produce", DYAD_COMM_SEND);
+  if (client == nullptr) return kExitFailed;
+  bool failed = false;
+  for (const std::string& path : paths) {
+    // The C API ignores paths outside the managed directory (upstream);
+    // here a user named the file, so say why nothing happened.
+    Result<std::string> upath = client->Resolve(path, Side::kProducer);
+    if (!upath.ok()) {
+      PrintError("produce", path, upath.status());
+      failed = true;
+      continue;
+    }
+    const uint64_t t0 = MonoNs();
+    const dyad_rc_t rc = dyad_produce(dyad_ctx_get(), path.c_str());
+    const uint64_t dt = MonoNs() - t0;
+    if (DYAD_IS_ERROR(rc)) {
+      PrintError("produce", path, Status(rc, dyad_last_error()));
+      failed = true;
+      continue;
+    }
+    if (verbose) std::cout << path << ": published '" << *upath << "' in " << FormatMs(dt) << "\n";
+  }
+  dyad_finalize();
+  return failed ? kExitFailed : kExitOk;
+}
+
+int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose) {
+  if (timeout_s >= 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f", timeout_s);
+    ::setenv("DYAD_CONSUME_TIMEOUT", buf, 1);
+  }
+  std::shared_ptr<Client> client = InitFromEnv("consume", DYAD_COMM_RECV);
+  if (client == nullptr) return kExitFailed;
+  bool failed = false;
+  for (const std::string& path : paths) {
+    Result<std::string> upath = client->Resolve(path, Side::kConsumer);
+    if (!upath.ok()) {
+      PrintError("consume", path, upath.status());
+      failed = true;
+      continue;
+    }
+    ConsumeInfo info;
+    const dyad_rc_t rc = capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), &info);
+    if (DYAD_IS_ERROR(rc)) {
+      PrintError("consume", path, Status(rc, dyad_last_error()));
+      failed = true;
+      continue;
+    }
+    if (!verbose) continue;
+    std::string what;
+    if (info.level1) {
+      what = "already complete locally (no request)";
+    } else if (info.reply.transferred) {
+      what = "transferred " + std::to_string(info.reply.bytes) + " bytes from rank " +
+             std::to_string(info.reply.record.owner_rank);
+    } else if (info.reply.joined) {
+      what = "joined a transfer already in flight";
+    } else if (info.reply.local) {
+      what = "no transfer needed (same directory or shared storage)";
+    } else {
+      what = "present";
+    }
+    std::cout << path << ": " << what << " in " << FormatMs(info.elapsed_ns) << "\n";
+  }
+  dyad_finalize();
+  return failed ? kExitFailed : kExitOk;
+}
+
+int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,
+            bool json) {
+  Result<std::shared_ptr<Client>> client = EnvClient();
+  if (!client.ok()) {
+    PrintError("ls", "", client.status());
+    return kExitFailed;
+  }
+  std::optional<std::string> nsopt;
+  if (ns_given) nsopt = ns;
+  auto entries = (*client)->List(prefix, limit, nsopt);
+  if (!entries.ok()) {
+    PrintError("ls", "", entries.status());
+    return kExitFailed;
+  }
+  if (json) {
+    Json arr = Json::array();
+    for (const auto& [key, rec] : *entries) {
+      Json item;
+      item["path"] = rec.upath;
+      item["key"] = key;
+      item["owner_rank"] = rec.owner_rank;
+      item["owner_incarnation"] = rec.owner_incarnation;
+      item["size"] = rec.size;
+      item["version"] = rec.version;
+      item["version_time"] = FormatTimeNs(rec.version);
+      item["published_ns"] = rec.published_ns;
+      arr.push_back(std::move(item));
+    }
+    std::cout << arr.dump(2) << "\n";
+    return kExitOk;
+  }
+  size_t wpath = 4;
+  size_t wsize = 4;
+  for (const auto& [key, rec] : *entries) {
+    wpath = std::max(wpath, rec.upath.size());
+    wsize = std::max(wsize, std::to_string(rec.size).size());
+  }
+  char line[64];
+  std::printf("%-*s  %5s  %*s  %s\n", static_cast<int>(wpath), "PATH", "OWNER",
+              static_cast<int>(wsize), "SIZE", "VERSION");
+  for (const auto& [key, rec] : *entries) {
+    std::snprintf(line, sizeof line, "%u", rec.owner_rank);
+    std::printf("%-*s  %5s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(), line,
+                static_cast<int>(wsize), static_cast<unsigned long long>(rec.size),
+                FormatTimeNs(rec.version).c_str());
+  }
+  return kExitOk;
+}
+
+int CmdStatus(bool json) {
+  Result<std::shared_ptr<Client>> client = EnvClient();
+  if (!client.ok()) {
+    PrintError("status", "", client.status());
+    return kExitFailed;
+  }
+  Result<StatusReply> st = (*client)->ServiceStatus();
+  if (!st.ok()) {
+    PrintError("status", "", st.status());
+    return kExitFailed;
+  }
+  if (json) {
+    Json j;
+    j["socket"] = (*client)->pool()->socket_path();
+    j["info"] = st->info;
+    j["counters"] = st->counters;
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "dyad-service at " << (*client)->pool()->socket_path() << "\n";
+  size_t w = 0;
+  for (const auto& [k, v] : st->info) w = std::max(w, k.size());
+  for (const auto& [k, v] : st->info)
+    std::printf("  %-*s  %s\n", static_cast<int>(w), k.c_str(), v.empty() ? "-" : v.c_str());
+  std::cout << "\ncounters:\n";
+  w = 0;
+  for (const auto& [k, v] : st->counters) w = std::max(w, k.size());
+  for (const auto& [k, v] : st->counters)
+    std::printf("  %-*s  %12llu\n", static_cast<int>(w), k.c_str(),
+                static_cast<unsigned long long>(v));
+  return kExitOk;
+}
+
+}  // namespace cli
+}  // namespace dyad

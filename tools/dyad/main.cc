@@ -1,0 +1,136 @@
+// main.cc: the `dyad` command: inspect the configuration, publish and fetch
+// files by hand, list published files, show a service's counters, and run
+// the two-node demo. See `dyad --help` and `dyad SUBCOMMAND --help`.
+//
+// Exit codes: 0 success, 1 the operation failed, 2 usage error.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "demo.h"
+#include "dyad/dyad_config.hpp"
+
+namespace {
+
+using dyad::cli::kExitOk;
+using dyad::cli::kExitUsage;
+
+int RunDemoWith(const std::vector<std::string>& rest) {
+  std::vector<std::string> args;
+  args.push_back("demo");
+  args.insert(args.end(), rest.begin(), rest.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return dyad::RunDemo(static_cast<int>(args.size()), argv.data());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dyad " DYAD_VERSION
+      ": move files from the nodes that produce them to the nodes that read them.\n"
+      "Settings come from DYAD_* environment variables (see `dyad info`); each node runs a "
+      "dyad-service."};
+  app.name("dyad");
+  app.require_subcommand(0, 1);
+
+  std::string socket;
+  app.add_option("--socket", socket,
+                 "Unix socket of the local dyad-service (sets DYAD_SERVICE_SOCKET)")
+      ->type_name("PATH");
+
+  // info
+  auto* info = app.add_subcommand(
+      "info", "Show the version, compiled-in transports and metadata stores, and every "
+              "configuration variable with its default and current value");
+  bool info_json = false;
+  bool info_markdown = false;
+  info->add_flag("--json", info_json, "Print as JSON");
+  info->add_flag("--markdown", info_markdown,
+                 "Print the configuration table as Markdown (docs/configuration.md)");
+
+  // produce
+  auto* produce = app.add_subcommand(
+      "produce", "Publish files that are complete in the producer-managed directory "
+                 "(DYAD_PATH_PRODUCER), as dyad_produce() does");
+  std::vector<std::string> produce_paths;
+  bool produce_verbose = false;
+  produce->add_option("PATH", produce_paths, "Files to publish")->required();
+  produce->add_flag("-v,--verbose", produce_verbose, "Print each file published and the time it took");
+
+  // consume
+  auto* consume = app.add_subcommand(
+      "consume", "Wait until files are published and complete in the consumer-managed "
+                 "directory (DYAD_PATH_CONSUMER), fetching them if needed, as dyad_consume() does");
+  std::vector<std::string> consume_paths;
+  double consume_timeout = -1;
+  bool consume_verbose = false;
+  consume->add_option("PATH", consume_paths, "Files to consume")->required();
+  consume
+      ->add_option("-t,--timeout", consume_timeout,
+                   "Longest wait per file in seconds, 0 = no limit (overrides "
+                   "DYAD_CONSUME_TIMEOUT)")
+      ->type_name("SEC")
+      ->check(CLI::NonNegativeNumber);
+  consume->add_flag("-v,--verbose", consume_verbose,
+                    "Print per-file latency and whether the file was transferred");
+
+  // ls
+  auto* ls = app.add_subcommand("ls", "List published files: path, owner rank, size, version time");
+  std::string ls_prefix;
+  std::string ls_ns;
+  uint32_t ls_limit = 0;
+  bool ls_json = false;
+  ls->add_option("PREFIX", ls_prefix,
+                 "Only paths (relative to the managed directory) starting with this");
+  auto* ns_opt = ls->add_option("-n,--namespace", ls_ns,
+                                "Metadata namespace (default: DYAD_KVS_NAMESPACE)");
+  ls->add_option("--limit", ls_limit, "Show at most this many (0 = all)");
+  ls->add_flag("--json", ls_json, "Print as JSON");
+
+  // status
+  auto* status = app.add_subcommand(
+      "status", "Show the local dyad-service's identity and counters (docs/service.md)");
+  std::string status_socket;
+  bool status_json = false;
+  status->add_option("--socket", status_socket, "Unix socket of the service to ask")
+      ->type_name("PATH");
+  status->add_flag("--json", status_json, "Print as JSON");
+
+  // demo: everything after the word goes to RunDemo untouched, --help too.
+  auto* demo = app.add_subcommand(
+      "demo", "Run a two-node producer/consumer demonstration on this machine "
+              "(`dyad demo --help` for its options)");
+  demo->prefix_command();
+  demo->set_help_flag();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (!socket.empty()) ::setenv("DYAD_SERVICE_SOCKET", socket.c_str(), 1);
+  if (!status_socket.empty()) ::setenv("DYAD_SERVICE_SOCKET", status_socket.c_str(), 1);
+
+  if (*info) {
+    return dyad::cli::CmdInfo(info_json       ? dyad::cli::InfoFormat::kJson
+                              : info_markdown ? dyad::cli::InfoFormat::kMarkdown
+                                              : dyad::cli::InfoFormat::kText);
+  }
+  if (*produce) return dyad::cli::CmdProduce(produce_paths, produce_verbose);
+  if (*consume) return dyad::cli::CmdConsume(consume_paths, consume_timeout, consume_verbose);
+  if (*ls) return dyad::cli::CmdList(ls_prefix, ls_ns, ns_opt->count() > 0, ls_limit, ls_json);
+  if (*status) return dyad::cli::CmdStatus(status_json);
+  if (*demo) return RunDemoWith(demo->remaining());
+
+  std::cerr << app.help();
+  return kExitUsage;
+}
