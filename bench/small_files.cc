@@ -1,0 +1,315 @@
+// dyad-small-files: many small files between two emulated nodes.
+//
+// Three phases, each with fresh file names, over the same two nodes:
+//   publish    a producer on node A writes --count files of --size bytes and
+//              publishes each synchronously (dyad_produce): files/s of the
+//              publish calls alone, and of write+publish;
+//   after      a consumer on node B, started once the producer has finished,
+//              consumes every file: files/s from its first call to its last
+//              return, and p50/p99 of one dyad_consume call;
+//   streaming  the consumer starts first and waits; the producer then writes
+//              and publishes: end-to-end files/s (producer's first write to
+//              the consumer's last return) and p50/p99 latency from a
+//              publish returning on A to the consume of that file returning
+//              on B (the consumer takes files in order, so a consumer slower
+//              than the producer shows up as growing latency).
+// Every received file is verified after the timed loop. A figure printer,
+// never a pass/fail test.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/time.h"
+#include "emu/cluster.h"
+#include "emu/netns.h"
+#include "emu/worker.h"
+
+#ifndef DYAD_BUILD_BIN_DIR
+#define DYAD_BUILD_BIN_DIR ""
+#endif
+
+namespace dyad::bench {
+namespace {
+
+struct Args {
+  uint64_t count = 5000;
+  uint64_t size = 4096;
+  bool json = false;
+  bool loopback = false;
+  std::string mode;
+  std::string tmp;
+};
+
+void Usage() {
+  std::printf(
+      "usage: dyad-small-files [--count N] [--size BYTES] [--mode MODE] [--loopback] [--tmp DIR]\n"
+      "                        [--json]\n"
+      "Publish rate, consume rate and latency for many small files between two emulated\n"
+      "nodes (default 5000 files of 4096 bytes).\n");
+}
+
+bool ParseU64(const char* s, uint64_t* out) {
+  if (!s || !*s || *s == '-') return false;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (*end) return false;
+  *out = v;
+  return true;
+}
+
+std::vector<emu::ManifestEntry> Files(const std::string& dir, uint64_t count, uint64_t size) {
+  std::vector<emu::ManifestEntry> v;
+  v.reserve(count);
+  char name[96];
+  for (uint64_t i = 0; i < count; ++i) {
+    // 100 files per directory, as simulations tend to write them.
+    std::snprintf(name, sizeof name, "%s/d%03llu/f%06llu.dat", dir.c_str(),
+                  static_cast<unsigned long long>(i / 100), static_cast<unsigned long long>(i));
+    v.push_back({name, static_cast<int64_t>(size)});
+  }
+  return v;
+}
+
+struct Phase {
+  double files_per_s = 0;
+  double p50_ms = 0, p99_ms = 0;
+  double aux_files_per_s = 0;  // publish phase: write+publish rate
+  int failures = 0;
+};
+
+double Rate(uint64_t n, uint64_t first, uint64_t last) {
+  return last > first ? static_cast<double>(n) / (static_cast<double>(last - first) / 1e9) : 0;
+}
+
+class Runner {
+ public:
+  Runner(emu::EmuCluster& c, std::string dyad) : c_(c), dyad_(std::move(dyad)) {
+    work_ = c_.base_dir() + "/bench";
+    ::mkdir(work_.c_str(), 0755);
+  }
+
+  std::string Manifest(const std::vector<emu::ManifestEntry>& files) {
+    const std::string m = work_ + "/m" + std::to_string(seq_++);
+    (void)emu::WriteManifest(m, files);
+    return m;
+  }
+
+  Result<emu::Process> Start(int node, const std::string& role, const std::string& manifest,
+                             const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {dyad_,        "demo",
+                                     "--role",     role,
+                                     "--manifest", manifest,
+                                     "--result",   manifest + "." + role,
+                                     "--ready",    manifest + "." + role + ".ready"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return c_.SpawnOnNode(node, argv, {}, manifest + "." + role + ".out");
+  }
+
+  Result<std::vector<emu::FileResult>> Finish(emu::Process& p, const std::string& manifest,
+                                              const std::string& role) {
+    auto st = p.Wait(Deadline::AfterMs(1800000));
+    if (!st.ok()) return st.status();
+    auto r = emu::ReadResults(manifest + "." + role);
+    if (!r.ok()) return r.status();
+    if (!st->success())
+      std::fprintf(stderr, "%s worker: %s (see %s.%s.out)\n", role.c_str(), st->ToString().c_str(),
+                   manifest.c_str(), role.c_str());
+    return r;
+  }
+
+  bool WaitReady(emu::Process& p, const std::string& manifest, const std::string& role) {
+    const std::string ready = manifest + "." + role + ".ready";
+    const Deadline d = Deadline::AfterMs(10000);
+    struct stat st;
+    while (::stat(ready.c_str(), &st) != 0) {
+      if (p.Exited() || d.expired()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
+
+ private:
+  emu::EmuCluster& c_;
+  std::string dyad_;
+  std::string work_;
+  int seq_ = 0;
+};
+
+int Drive(const Args& a) {
+  emu::InstallSignalTeardown();
+  const std::string dyad = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
+  if (dyad.empty()) {
+    std::fprintf(stderr, "dyad-small-files: the dyad command was not found\n");
+    return 2;
+  }
+  emu::ClusterOptions o;
+  o.bin_dir = DYAD_BUILD_BIN_DIR;
+  o.mode = a.mode;
+  o.use_netns = !a.loopback;
+  o.tmp_parent = a.tmp;
+  auto started = emu::EmuCluster::Start(2, o);
+  if (!started.ok()) {
+    std::fprintf(stderr, "dyad-small-files: %s\n", started.status().ToString().c_str());
+    return 1;
+  }
+  emu::EmuCluster& c = **started;
+  Runner run(c, dyad);
+  if (!a.json) {
+    std::printf("dyad-small-files: %llu files of %s, link: %s\n",
+                static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
+                c.uses_netns() ? "veth pair between network namespaces" : "loopback");
+    std::fflush(stdout);
+  }
+
+  // Phase 1 and 2: publish everything, then consume everything.
+  Phase publish, after, streaming;
+  const auto files1 = Files("after", a.count, a.size);
+  const std::string m1 = run.Manifest(files1);
+  {
+    auto p = run.Start(0, "produce", m1, {});
+    if (!p.ok()) return 1;
+    auto r = run.Finish(*p, m1, "produce");
+    if (!r.ok() || r->empty()) {
+      std::fprintf(stderr, "producer: %s\n", r.ok() ? "no results" : r.status().ToString().c_str());
+      return 1;
+    }
+    uint64_t call_sum = 0;
+    for (const auto& x : *r) {
+      call_sum += x.call_ns;
+      if (x.rc != 0) ++publish.failures;
+    }
+    publish.files_per_s =
+        call_sum ? static_cast<double>(r->size()) / (static_cast<double>(call_sum) / 1e9) : 0;
+    publish.aux_files_per_s = Rate(r->size(), r->front().start_ns, r->back().end_ns);
+    std::vector<double> lat;
+    for (const auto& x : *r) lat.push_back(static_cast<double>(x.call_ns) / 1e6);
+    publish.p50_ms = emu::Percentile(lat, 50);
+    publish.p99_ms = emu::Percentile(lat, 99);
+  }
+  {
+    auto p = run.Start(1, "consume", m1, {"--no-metadata"});
+    if (!p.ok()) return 1;
+    auto r = run.Finish(*p, m1, "consume");
+    if (!r.ok() || r->empty()) return 1;
+    std::vector<double> lat;
+    uint64_t first = UINT64_MAX, last = 0;
+    for (const auto& x : *r) {
+      lat.push_back(static_cast<double>(x.call_ns) / 1e6);
+      first = std::min(first, x.start_ns);
+      last = std::max(last, x.end_ns);
+      if (x.rc != 0 || x.verified != 1) ++after.failures;
+    }
+    after.files_per_s = Rate(r->size(), first, last);
+    after.p50_ms = emu::Percentile(lat, 50);
+    after.p99_ms = emu::Percentile(lat, 99);
+  }
+
+  // Phase 3: consumer first, then the producer.
+  const auto files3 = Files("stream", a.count, a.size);
+  const std::string m3 = run.Manifest(files3);
+  {
+    auto cons = run.Start(1, "consume", m3, {"--no-metadata"});
+    if (!cons.ok() || !run.WaitReady(*cons, m3, "consume")) return 1;
+    auto prod = run.Start(0, "produce", m3, {});
+    if (!prod.ok()) return 1;
+    auto pr = run.Finish(*prod, m3, "produce");
+    auto cr = run.Finish(*cons, m3, "consume");
+    if (!pr.ok() || !cr.ok() || pr->empty() || cr->empty()) return 1;
+    std::map<std::string, uint64_t> published;
+    uint64_t first = UINT64_MAX, last = 0;
+    for (const auto& x : *pr) {
+      published[x.name] = x.end_ns;
+      first = std::min(first, x.start_ns);
+    }
+    std::vector<double> lat;
+    for (const auto& x : *cr) {
+      last = std::max(last, x.end_ns);
+      if (x.rc != 0 || x.verified != 1) ++streaming.failures;
+      auto it = published.find(x.name);
+      if (it != published.end() && x.end_ns >= it->second)
+        lat.push_back(static_cast<double>(x.end_ns - it->second) / 1e6);
+    }
+    streaming.files_per_s = Rate(cr->size(), first, last);
+    streaming.p50_ms = emu::Percentile(lat, 50);
+    streaming.p99_ms = emu::Percentile(lat, 99);
+  }
+
+  auto b = c.ServiceStatus(1);
+  const unsigned long long transfers = b.ok() ? b->counters["transfers.in"] : 0;
+  if (a.json) {
+    std::printf(
+        "{\"bench\": \"small_files\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\",\n"
+        " \"publish\": {\"files_per_s\": %.1f, \"write_and_publish_files_per_s\": %.1f, "
+        "\"p50_ms\": %.4f, "
+        "\"p99_ms\": %.4f, \"failures\": %d},\n"
+        " \"consume_after\": {\"files_per_s\": %.1f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
+        "\"failures\": %d},\n"
+        " \"streaming\": {\"files_per_s\": %.1f, \"latency_p50_ms\": %.4f, \"latency_p99_ms\": "
+        "%.4f, "
+        "\"failures\": %d},\n"
+        " \"transfers_in\": %llu}\n",
+        static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
+        c.uses_netns() ? "veth" : "loopback", publish.files_per_s, publish.aux_files_per_s,
+        publish.p50_ms, publish.p99_ms, publish.failures, after.files_per_s, after.p50_ms,
+        after.p99_ms, after.failures, streaming.files_per_s, streaming.p50_ms, streaming.p99_ms,
+        streaming.failures, transfers);
+  } else {
+    std::printf("\n%-44s %12s %10s %10s %8s\n", "phase", "files/s", "p50 ms", "p99 ms", "errors");
+    std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "publish (dyad_produce calls, synchronous)",
+                publish.files_per_s, publish.p50_ms, publish.p99_ms, publish.failures);
+    std::printf("%-44s %12.0f %10s %10s %8s\n", "  write + publish, producer wall clock",
+                publish.aux_files_per_s, "", "", "");
+    std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "consume after producer finished (per call)",
+                after.files_per_s, after.p50_ms, after.p99_ms, after.failures);
+    std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "streaming, consumer first (publish->consume)",
+                streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures);
+    std::printf("node B service: transfers.in %llu (expected %llu)\n", transfers,
+                static_cast<unsigned long long>(2 * a.count));
+  }
+  return publish.failures + after.failures + streaming.failures == 0 ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (s == "-h" || s == "--help") {
+      Usage();
+      return 0;
+    } else if (s == "--count") {
+      if (!ParseU64(next(), &a.count) || a.count == 0) return 2;
+    } else if (s == "--size") {
+      if (!ParseU64(next(), &a.size)) return 2;
+    } else if (s == "--json") {
+      a.json = true;
+    } else if (s == "--loopback") {
+      a.loopback = true;
+    } else if (s == "--mode") {
+      const char* v = next();
+      if (!v) return 2;
+      a.mode = v;
+    } else if (s == "--tmp") {
+      const char* v = next();
+      if (!v) return 2;
+      a.tmp = v;
+    } else {
+      std::fprintf(stderr, "dyad-small-files: unknown option '%s'\n", s.c_str());
+      return 2;
+    }
+  }
+  return Drive(a);
+}
+
+}  // namespace
+}  // namespace dyad::bench
+
+int main(int argc, char** argv) { return dyad::bench::Main(argc, argv); }

@@ -1,0 +1,209 @@
+// emu_test.cc: the building blocks of the emulated cluster that need no
+// service: child processes (bounded waits, process-group kills, spawn
+// errors), the deterministic file pattern, and the worker file formats.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/net.h"
+#include "common/time.h"
+#include "emu/cluster.h"
+#include "emu/pattern.h"
+#include "emu/process.h"
+#include "emu/worker.h"
+
+namespace dyad::emu {
+namespace {
+
+TEST(EmuProcessTest, ExitCodesAndCapturedOutput) {
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "echo out; echo err >&2; exit 3"};
+  auto r = RunCapture(o, 10000);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->timed_out);
+  EXPECT_TRUE(r->status.exited);
+  EXPECT_EQ(r->status.code, 3);
+  EXPECT_NE(r->output.find("out"), std::string::npos);
+  EXPECT_NE(r->output.find("err"), std::string::npos);
+}
+
+TEST(EmuProcessTest, EnvironmentIsAddedAndDyadVariablesDropped) {
+  ::setenv("DYAD_EMU_TEST_LEAK", "leaked", 1);
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "echo \"[$DYAD_EMU_TEST_LEAK][$EMU_ADDED]\""};
+  o.env = {{"EMU_ADDED", "yes"}};
+  auto r = RunCapture(o, 10000);
+  ::unsetenv("DYAD_EMU_TEST_LEAK");
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->output.find("[][yes]"), std::string::npos) << r->output;
+}
+
+TEST(EmuProcessTest, MissingProgramIsReportedAtSpawn) {
+  SpawnOptions o;
+  o.argv = {"/nonexistent/dyad-no-such-program"};
+  auto p = Process::Spawn(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("no-such-program"), std::string::npos);
+}
+
+TEST(EmuProcessTest, WaitIsBoundedAndStopKillsTheWholeGroup) {
+  const std::string marker = "/tmp/dyad-emu-test-" + std::to_string(::getpid());
+  SpawnOptions o;
+  // A grandchild that would outlive a kill of the leader alone; both
+  // ignore SIGTERM.
+  o.argv = {"sh", "-c", "trap '' TERM; sleep 300 & echo $! > " + marker + "; wait"};
+  auto p = Process::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const uint64_t t0 = MonoNs();
+  auto w = p->Wait(Deadline::AfterMs(200));
+  EXPECT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), DYAD_RC_TIMEOUT);
+  EXPECT_LT(MonoNs() - t0, 5'000'000'000ull);
+  // Wait until the grandchild's pid is written.
+  pid_t grandchild = 0;
+  const Deadline d = Deadline::AfterMs(5000);
+  while (grandchild == 0 && !d.expired()) {
+    FILE* f = std::fopen(marker.c_str(), "r");
+    if (f) {
+      int v = 0;
+      if (std::fscanf(f, "%d", &v) == 1) grandchild = v;
+      std::fclose(f);
+    }
+    if (grandchild == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_GT(grandchild, 0);
+  // The leader ignores SIGTERM, so Stop must escalate to SIGKILL.
+  ExitStatus st = p->Stop(300);
+  EXPECT_FALSE(st.exited);
+  EXPECT_EQ(st.signal, SIGKILL);
+  // The grandchild was in the same group: it is gone (or a zombie being
+  // reaped by init) shortly after.
+  const Deadline gone_by = Deadline::AfterMs(5000);
+  bool gone = false;
+  while (!gone && !gone_by.expired()) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", grandchild);
+    FILE* f = std::fopen(path, "r");
+    if (!f) {
+      gone = true;
+      break;
+    }
+    char state = 0;
+    int pid = 0;
+    char comm[256];
+    if (std::fscanf(f, "%d %255s %c", &pid, comm, &state) == 3 && state == 'Z') gone = true;
+    std::fclose(f);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(gone) << "grandchild " << grandchild << " survived";
+  ::unlink(marker.c_str());
+}
+
+TEST(EmuProcessTest, DestructorKillsARunningChild) {
+  pid_t pid = 0;
+  {
+    SpawnOptions o;
+    o.argv = {"sleep", "300"};
+    auto p = Process::Spawn(o);
+    ASSERT_TRUE(p.ok());
+    pid = p->pid();
+  }
+  EXPECT_TRUE(::kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+TEST(EmuPatternTest, AnyRangeMatchesTheWholeStream) {
+  const uint64_t seed = PatternSeed("données finales.bin");
+  EXPECT_NE(seed, PatternSeed("données finales.bim"));
+  std::vector<unsigned char> whole(10000);
+  FillPattern(seed, 0, whole.data(), whole.size());
+  for (uint64_t off : {0ull, 1ull, 7ull, 8ull, 13ull, 4095ull, 9990ull}) {
+    for (size_t len : {size_t{0}, size_t{1}, size_t{7}, size_t{9}, size_t{10}}) {
+      std::vector<unsigned char> part(len);
+      FillPattern(seed, off, part.data(), len);
+      EXPECT_EQ(0, std::memcmp(part.data(), whole.data() + off, len)) << off << "+" << len;
+    }
+  }
+}
+
+TEST(EmuPatternTest, VerifyFindsSizeAndContentErrors) {
+  char templ[] = "/tmp/dyad-emu-pattern-XXXXXX";
+  const int raw = ::mkstemp(templ);
+  ASSERT_GE(raw, 0);
+  UniqueFd fd(raw);
+  const std::string name = "a/b.dat";
+  const uint64_t seed = PatternSeed(name);
+  ASSERT_TRUE(WritePattern(fd.get(), seed, 3'000'000).ok());
+  EXPECT_TRUE(VerifyPatternFile(templ, seed, 3'000'000).ok());
+  EXPECT_FALSE(VerifyPatternFile(templ, seed, 3'000'001).ok());
+  EXPECT_FALSE(VerifyPatternFile(templ, PatternSeed("other"), -1).ok());
+  unsigned char orig;
+  ASSERT_EQ(::pread(fd.get(), &orig, 1, 2'500'000), 1);
+  const char flip = static_cast<char>(orig ^ 0xff);
+  ASSERT_EQ(::pwrite(fd.get(), &flip, 1, 2'500'000), 1);
+  Status st = VerifyPatternFile(templ, seed, 3'000'000);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("2500000"), std::string::npos) << st.ToString();
+  ::unlink(templ);
+}
+
+TEST(EmuWorkerTest, ManifestAndResultsRoundTripOddNames) {
+  char dir[] = "/tmp/dyad-emu-worker-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string m = std::string(dir) + "/m", r = std::string(dir) + "/r";
+  const std::vector<ManifestEntry> in = {
+      {"plain.dat", 0}, {"tab\there", 5}, {"new\nline %41 100%", -1}, {"ü 文件", 1ll << 33}};
+  ASSERT_TRUE(WriteManifest(m, in).ok());
+  auto out = ReadManifest(m);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ((*out)[i].name, in[i].name);
+    EXPECT_EQ((*out)[i].size, in[i].size);
+  }
+  FileResult fr;
+  fr.name = "tab\there";
+  fr.rc = DYAD_RC_TIMEOUT;
+  fr.size = 12;
+  fr.start_ns = 1;
+  fr.end_ns = 2;
+  fr.call_ns = 3;
+  fr.io_ns = 4;
+  fr.version = 5;
+  fr.verified = 0;
+  fr.message = "line1\nline2\t%";
+  const std::string line = FormatResult(fr);
+  {
+    UniqueFd fd(::open(r.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    ASSERT_TRUE(WriteFully(fd.get(), line.data(), line.size()).ok());
+    ASSERT_TRUE(WriteFully(fd.get(), line.data(), line.size()).ok());
+  }
+  auto res = ReadResults(r);
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  ASSERT_EQ(res->size(), 2u);
+  EXPECT_EQ((*res)[1].name, fr.name);
+  EXPECT_EQ((*res)[1].message, fr.message);
+  EXPECT_EQ((*res)[1].rc, DYAD_RC_TIMEOUT);
+  EXPECT_EQ((*res)[1].verified, 0);
+  EXPECT_EQ((*res)[1].version, 5u);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(EmuWorkerTest, Percentiles) {
+  EXPECT_EQ(Percentile({}, 50), 0);
+  EXPECT_EQ(Percentile({5}, 99), 5);
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);
+  EXPECT_EQ(Percentile(v, 50), 50);
+  EXPECT_EQ(Percentile(v, 99), 99);
+  EXPECT_EQ(Percentile(v, 100), 100);
+  EXPECT_EQ(Median({3, 1, 2}), 2);
+}
+
+}  // namespace
+}  // namespace dyad::emu

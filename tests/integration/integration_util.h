@@ -1,0 +1,251 @@
+// integration_util.h: the fixture every integration test builds on.
+//
+// TwoNodeTest starts an emulated two-node cluster (src/emu): node A (index 0)
+// and node B (index 1), each with its own dyad-service, directory and (as
+// root) network namespace. Producers and consumers are separate processes
+// run inside a node: the hidden worker roles of the `dyad` command
+// (`dyad demo --role produce|consume`), which use only the public C API and
+// report one result line per file. The cluster is torn down after each test,
+// also when an assertion fails; every wait is bounded.
+//
+// Threading: tests drive the fixture from the gtest main thread only.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/net.h"
+#include "common/time.h"
+#include "dyad/common/dyad_rc.h"
+#include "emu/cluster.h"
+#include "emu/pattern.h"
+#include "emu/worker.h"
+
+#ifndef DYAD_BUILD_BIN_DIR
+#define DYAD_BUILD_BIN_DIR ""
+#endif
+
+namespace dyad::it {
+
+using emu::EmuCluster;
+using emu::FileResult;
+using emu::ManifestEntry;
+using Env = std::map<std::string, std::string>;
+
+constexpr int kA = 0;
+constexpr int kB = 1;
+constexpr uint64_t kMiB = 1ull << 20;
+
+// Formats a Status for assertion messages.
+inline std::string Str(const Status& st) { return st.ToString(); }
+
+// Every file below `dir` (relative paths), recursively, including hidden ones.
+inline void ListTree(const std::string& dir, const std::string& rel,
+                     std::vector<std::string>* out) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string path = dir + "/" + name;
+    const std::string r = rel.empty() ? name : rel + "/" + name;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      ListTree(path, r, out);
+    } else {
+      out->push_back(r);
+    }
+  }
+  ::closedir(d);
+}
+
+// Names below `dir` that are DYAD temporaries (partially received files).
+inline std::vector<std::string> PartFiles(const std::string& dir) {
+  std::vector<std::string> all, parts;
+  ListTree(dir, "", &all);
+  for (const auto& f : all) {
+    const size_t slash = f.rfind('/');
+    const std::string base = slash == std::string::npos ? f : f.substr(slash + 1);
+    if (base.rfind(".dyad-part", 0) == 0) parts.push_back(f);
+  }
+  return parts;
+}
+
+inline bool Exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+class TwoNodeTest : public ::testing::Test {
+ protected:
+  // Tests that need another layout override this.
+  virtual emu::ClusterOptions Options() { return {}; }
+
+  void SetUp() override {
+    dyad_ = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
+    ASSERT_FALSE(dyad_.empty()) << "the dyad command was not found in " << DYAD_BUILD_BIN_DIR;
+    emu::ClusterOptions o = Options();
+    if (o.bin_dir.empty()) o.bin_dir = DYAD_BUILD_BIN_DIR;
+    auto c = EmuCluster::Start(2, o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    cluster_ = std::move(*c);
+    work_ = cluster_->base_dir() + "/work";
+    ASSERT_EQ(::mkdir(work_.c_str(), 0755), 0);
+    RecordProperty("network", cluster_->uses_netns() ? "namespaces" : "loopback");
+  }
+
+  void TearDown() override {
+    if (cluster_ && HasFailure()) {
+      for (int i = 0; i < cluster_->size(); ++i)
+        std::fprintf(stderr, "node %d service log:\n%s\n", i, cluster_->ServiceLogTail(i).c_str());
+    }
+    if (cluster_) cluster_->Teardown();
+  }
+
+  EmuCluster& cluster() { return *cluster_; }
+  const std::string& dmd(int node) { return cluster_->node(node).dmd; }
+  std::string PathOn(int node, const std::string& name) { return dmd(node) + "/" + name; }
+
+  // Writes `size` bytes of the name's pattern straight into a node's
+  // managed directory (what a producer would have written).
+  void WriteFileOn(int node, const std::string& name, uint64_t size) {
+    const std::string path = PathOn(node, name);
+    size_t pos = 0;
+    while ((pos = name.find('/', pos)) != std::string::npos) {
+      ::mkdir((dmd(node) + "/" + name.substr(0, pos)).c_str(), 0755);
+      ++pos;
+    }
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    ASSERT_TRUE(fd.valid()) << path << ": " << std::strerror(errno);
+    ASSERT_TRUE(emu::WritePattern(fd.get(), emu::PatternSeed(name), size).ok());
+  }
+
+  // Files for a worker's manifest, and where its results go.
+  struct WorkerFiles {
+    std::string manifest, result, ready, output;
+  };
+  WorkerFiles NewWorkerFiles(const std::vector<ManifestEntry>& entries) {
+    const std::string stem = work_ + "/w" + std::to_string(seq_++);
+    WorkerFiles f{stem + ".manifest", stem + ".result", stem + ".ready", stem + ".out"};
+    Status st = emu::WriteManifest(f.manifest, entries);
+    EXPECT_TRUE(st.ok()) << Str(st);
+    return f;
+  }
+
+  std::vector<std::string> WorkerArgv(const std::string& role, const WorkerFiles& f,
+                                      const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {dyad_,      "demo",     "--role", role,      "--manifest",
+                                     f.manifest, "--result", f.result, "--ready", f.ready};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return argv;
+  }
+
+  // Starts a worker on `node` without waiting for it.
+  emu::Process StartWorker(int node, const std::string& role, const WorkerFiles& f,
+                           const std::vector<std::string>& flags = {}, const Env& env = {}) {
+    auto p = cluster_->SpawnOnNode(node, WorkerArgv(role, f, flags), env, f.output);
+    EXPECT_TRUE(p.ok()) << Str(p.status());
+    return p.ok() ? std::move(*p) : emu::Process();
+  }
+
+  // Waits (bounded) until a started worker has initialized DYAD.
+  bool WaitWorkerReady(emu::Process& p, const WorkerFiles& f, int64_t timeout_ms = 10000) {
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    while (!Exists(f.ready)) {
+      if (p.Exited() || deadline.expired()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
+
+  // Waits for a worker and returns its per-file results (empty on failure,
+  // with the worker's output in the failure message).
+  std::vector<FileResult> FinishWorker(emu::Process& p, const WorkerFiles& f,
+                                       int64_t timeout_ms = 60000) {
+    auto st = p.Wait(Deadline::AfterMs(timeout_ms));
+    if (!st.ok()) {
+      p.Kill();
+      ADD_FAILURE() << "worker did not finish within " << timeout_ms << " ms\n" << Output(f);
+      return {};
+    }
+    auto results = emu::ReadResults(f.result);
+    if (!results.ok()) {
+      ADD_FAILURE() << "worker (" << st->ToString()
+                    << ") left no results: " << Str(results.status()) << "\n"
+                    << Output(f);
+      return {};
+    }
+    return *results;
+  }
+
+  std::string Output(const WorkerFiles& f) {
+    std::ifstream in(f.output);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return "--- worker output:\n" + ss.str();
+  }
+
+  // Runs a worker to completion.
+  std::vector<FileResult> RunWorker(int node, const std::string& role,
+                                    const std::vector<ManifestEntry>& entries,
+                                    const std::vector<std::string>& flags = {}, const Env& env = {},
+                                    int64_t timeout_ms = 60000) {
+    WorkerFiles f = NewWorkerFiles(entries);
+    emu::Process p = StartWorker(node, role, f, flags, env);
+    if (!p.valid()) return {};
+    return FinishWorker(p, f, timeout_ms);
+  }
+
+  // Produces on node A: writes (unless "--no-write" is among flags) and
+  // publishes; expects success.
+  void Produce(const std::vector<ManifestEntry>& entries,
+               const std::vector<std::string>& flags = {}, const Env& env = {}, int node = kA) {
+    auto r = RunWorker(node, "produce", entries, flags, env);
+    ASSERT_EQ(r.size(), entries.size());
+    for (const auto& x : r) ASSERT_EQ(x.rc, DYAD_RC_OK) << x.name << ": " << x.message;
+  }
+
+  std::vector<FileResult> Consume(const std::vector<ManifestEntry>& entries,
+                                  const std::vector<std::string>& flags = {}, const Env& env = {},
+                                  int node = kB, int64_t timeout_ms = 60000) {
+    return RunWorker(node, "consume", entries, flags, env, timeout_ms);
+  }
+
+  // Consumes and expects every file complete and verified.
+  void ConsumeOk(const std::vector<ManifestEntry>& entries,
+                 const std::vector<std::string>& flags = {}, const Env& env = {}, int node = kB) {
+    auto r = Consume(entries, flags, env, node);
+    ASSERT_EQ(r.size(), entries.size());
+    for (const auto& x : r) {
+      EXPECT_EQ(x.rc, DYAD_RC_OK) << x.name << ": " << x.message;
+      EXPECT_EQ(x.verified, 1) << x.name << ": " << x.message;
+    }
+  }
+
+  uint64_t Counter(int node, const std::string& name) {
+    auto v = cluster_->Counter(node, name);
+    EXPECT_TRUE(v.ok()) << Str(v.status());
+    return v.ok() ? *v : 0;
+  }
+
+  std::unique_ptr<EmuCluster> cluster_;
+  std::string dyad_;
+  std::string work_;
+  int seq_ = 0;
+};
+
+}  // namespace dyad::it
