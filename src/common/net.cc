@@ -289,6 +289,9 @@ Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline dead
 
 Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
   char hdr[kFrameHeaderSize];
+  // Waiting for the first byte may time out without harm (idle loops poll
+  // with short deadlines); a timeout once a frame has started breaks it.
+  DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
   DYAD_RETURN_IF_ERROR(RecvAll(hdr, sizeof hdr, deadline));
   uint32_t magic;
   uint16_t version;

@@ -495,9 +495,11 @@ void Service::AsyncPublishLoop() {
 }
 
 Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
-                                   Deadline deadline, const CancelFn& cancel) {
+                                   Deadline deadline, const CancelFn& cancel, bool* from_cache) {
+  if (from_cache) *from_cache = false;
   if (std::optional<FileRecord> hit = cache_.Get(ns, key)) {
     stats_.Add(ServiceStats::kCacheHits);
+    if (from_cache) *from_cache = true;
     return *hit;
   }
   stats_.Add(ServiceStats::kCacheMisses);
@@ -551,14 +553,36 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     rec = req.record;
     rec.upath = *upath;
   } else {
-    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel);
+    bool from_cache = false;
+    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache);
     if (!located.ok()) {
-      if (located.status().code() == DYAD_RC_TIMEOUT)
-        return Status(DYAD_RC_TIMEOUT, "'" + *upath + "' was not published within " +
-                                           std::to_string(req.timeout_ms) + " ms");
+      if (located.status().code() == DYAD_RC_TIMEOUT) {
+        // Keep the store's explanation when it says more than "not yet"
+        // (e.g. that the root was unreachable during the wait).
+        std::string msg = "'" + *upath + "' was not published within " +
+                          std::to_string(req.timeout_ms) + " ms";
+        if (located.status().message().find("unreachable") != std::string::npos)
+          msg += " (" + located.status().message() + ")";
+        return Status(DYAD_RC_TIMEOUT, msg);
+      }
       return located.status();
     }
     rec = *located;
+    // A cached record that our local copy already matches may be outdated
+    // (the producer rewrote and re-published the file): confirm it with the
+    // store before declaring the copy current. Other cache hits need no
+    // check, since a fetch always returns the owner's current file.
+    if (from_cache && !req.shared_storage &&
+        IsCompleteCopy(req.cons_path + "/" + rec.upath, rec.size, rec.version)) {
+      Result<std::optional<std::string>> fresh = kvs_->Get(req.ns, req.key);
+      FileRecord newer;
+      if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
+          (newer.version != rec.version || newer.size != rec.size ||
+           newer.owner_rank != rec.owner_rank)) {
+        cache_.Put(req.ns, req.key, newer);
+        rec = newer;
+      }
+    }
   }
 
   ConsumeReply reply;

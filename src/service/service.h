@@ -98,7 +98,7 @@ class Service {
 
   // Cache, then global store (waiting when asked).
   Result<FileRecord> Locate(const std::string& ns, const std::string& key, bool wait,
-                            Deadline deadline, const CancelFn& cancel);
+                            Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr);
   Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline,
                                const CancelFn& cancel);
 
