@@ -6,6 +6,8 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
+MAKEFLAGS += --no-print-directory
+
 .PHONY: all deps configure build demo test install bench clean
 
 all: build

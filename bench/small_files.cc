@@ -40,6 +40,7 @@ namespace dyad::bench {
 namespace {
 
 struct Args {
+  uint64_t consumers = 4;  // parallel consumer processes in the "parallel" phase
   uint64_t count = 5000;
   uint64_t size = 4096;
   bool json = false;
@@ -50,8 +51,8 @@ struct Args {
 
 void Usage() {
   std::printf(
-      "usage: dyad-small-files [--count N] [--size BYTES] [--mode MODE] [--loopback] [--tmp DIR]\n"
-      "                        [--json]\n"
+      "usage: dyad-small-files [--count N] [--size BYTES] [--consumers N] [--mode MODE]\n"
+      "                        [--loopback] [--tmp DIR] [--json]\n"
       "Publish rate, consume rate and latency for many small files between two emulated\n"
       "nodes (default 5000 files of 4096 bytes).\n");
 }
@@ -170,7 +171,7 @@ int Drive(const Args& a) {
   }
 
   // Phase 1 and 2: publish everything, then consume everything.
-  Phase publish, after, streaming;
+  Phase publish, after, parallel, streaming;
   const auto files1 = Files("after", a.count, a.size);
   const std::string m1 = run.Manifest(files1);
   {
@@ -210,6 +211,45 @@ int Drive(const Args& a) {
     after.files_per_s = Rate(r->size(), first, last);
     after.p50_ms = emu::Percentile(lat, 50);
     after.p99_ms = emu::Percentile(lat, 99);
+  }
+
+  // Phase 2b: the same after-the-fact consumption by several consumer
+  // processes at once (like data-loader workers), each taking every N-th file.
+  {
+    const auto files2 = Files("par", a.count, a.size);
+    const std::string m2 = run.Manifest(files2);
+    auto p = run.Start(0, "produce", m2, {});
+    if (!p.ok()) return 1;
+    auto pr = run.Finish(*p, m2, "produce");
+    if (!pr.ok() || pr->empty()) return 1;
+    std::vector<std::string> parts;
+    std::vector<emu::Process> workers;
+    for (uint64_t w = 0; w < a.consumers; ++w) {
+      std::vector<emu::ManifestEntry> share;
+      for (size_t i = w; i < files2.size(); i += a.consumers) share.push_back(files2[i]);
+      parts.push_back(run.Manifest(share));
+    }
+    for (const auto& m : parts) {
+      auto w = run.Start(1, "consume", m, {"--no-metadata"});
+      if (!w.ok()) return 1;
+      workers.push_back(std::move(*w));
+    }
+    std::vector<double> lat;
+    uint64_t first = UINT64_MAX, last = 0, n = 0;
+    for (size_t w = 0; w < workers.size(); ++w) {
+      auto r = run.Finish(workers[w], parts[w], "consume");
+      if (!r.ok() || r->empty()) return 1;
+      for (const auto& x : *r) {
+        ++n;
+        lat.push_back(static_cast<double>(x.call_ns) / 1e6);
+        first = std::min(first, x.start_ns);
+        last = std::max(last, x.end_ns);
+        if (x.rc != 0 || x.verified != 1) ++parallel.failures;
+      }
+    }
+    parallel.files_per_s = Rate(n, first, last);
+    parallel.p50_ms = emu::Percentile(lat, 50);
+    parallel.p99_ms = emu::Percentile(lat, 99);
   }
 
   // Phase 3: consumer first, then the producer.
@@ -252,6 +292,8 @@ int Drive(const Args& a) {
         "\"p99_ms\": %.4f, \"failures\": %d},\n"
         " \"consume_after\": {\"files_per_s\": %.1f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
         "\"failures\": %d},\n"
+        " \"consume_parallel\": {\"consumers\": %llu, \"files_per_s\": %.1f, \"p50_ms\": %.4f, "
+        "\"p99_ms\": %.4f, \"failures\": %d},\n"
         " \"streaming\": {\"files_per_s\": %.1f, \"latency_p50_ms\": %.4f, \"latency_p99_ms\": "
         "%.4f, "
         "\"failures\": %d},\n"
@@ -259,7 +301,9 @@ int Drive(const Args& a) {
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", publish.files_per_s, publish.aux_files_per_s,
         publish.p50_ms, publish.p99_ms, publish.failures, after.files_per_s, after.p50_ms,
-        after.p99_ms, after.failures, streaming.files_per_s, streaming.p50_ms, streaming.p99_ms,
+        after.p99_ms, after.failures, static_cast<unsigned long long>(a.consumers),
+        parallel.files_per_s, parallel.p50_ms, parallel.p99_ms, parallel.failures,
+        streaming.files_per_s, streaming.p50_ms, streaming.p99_ms,
         streaming.failures, transfers);
   } else {
     std::printf("\n%-44s %12s %10s %10s %8s\n", "phase", "files/s", "p50 ms", "p99 ms", "errors");
@@ -269,12 +313,16 @@ int Drive(const Args& a) {
                 publish.aux_files_per_s, "", "", "");
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "consume after producer finished (per call)",
                 after.files_per_s, after.p50_ms, after.p99_ms, after.failures);
+    const std::string par_label =
+        "consume after, " + std::to_string(a.consumers) + " consumers in parallel";
+    std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", par_label.c_str(), parallel.files_per_s,
+                parallel.p50_ms, parallel.p99_ms, parallel.failures);
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "streaming, consumer first (publish->consume)",
                 streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures);
     std::printf("node B service: transfers.in %llu (expected %llu)\n", transfers,
-                static_cast<unsigned long long>(2 * a.count));
+                static_cast<unsigned long long>(3 * a.count));
   }
-  return publish.failures + after.failures + streaming.failures == 0 ? 0 : 1;
+  return publish.failures + after.failures + parallel.failures + streaming.failures == 0 ? 0 : 1;
 }
 
 int Main(int argc, char** argv) {
@@ -289,6 +337,8 @@ int Main(int argc, char** argv) {
       if (!ParseU64(next(), &a.count) || a.count == 0) return 2;
     } else if (s == "--size") {
       if (!ParseU64(next(), &a.size)) return 2;
+    } else if (s == "--consumers") {
+      if (!ParseU64(next(), &a.consumers) || a.consumers == 0 || a.consumers > 64) return 2;
     } else if (s == "--json") {
       a.json = true;
     } else if (s == "--loopback") {

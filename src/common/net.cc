@@ -11,9 +11,11 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace dyad {
@@ -196,6 +198,32 @@ Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
 
 Channel::Channel(UniqueFd fd) : fd_(std::move(fd)) {}
 
+int SpinBudgetUs() {
+  static const int budget = [] {
+    const char* v = std::getenv("DYAD_SPIN_US");
+    if (v == nullptr || *v == '\0') return kDefaultSpinUs;
+    char* end = nullptr;
+    const long us = std::strtol(v, &end, 10);
+    if (*end != '\0' || us < 0) return kDefaultSpinUs;
+    return static_cast<int>(std::min<long>(us, 100000));
+  }();
+  return budget;
+}
+
+bool Channel::SpinFor(short events) {
+  const int budget = SpinBudgetUs();
+  if (budget <= 0) return false;
+  const uint64_t until = MonoNs() + static_cast<uint64_t>(budget) * 1000;
+  do {
+    pollfd p{fd_.get(), events, 0};
+    if (::poll(&p, 1, 0) > 0) return true;
+    // Yield rather than burn: on an oversubscribed node the peer we are
+    // waiting for may need this very core.
+    sched_yield();
+  } while (MonoNs() < until);
+  return false;
+}
+
 Status Channel::WaitFor(short events, Deadline deadline) {
   for (;;) {
     pollfd p{fd_.get(), events, 0};
@@ -211,6 +239,7 @@ Status Channel::WaitFor(short events, Deadline deadline) {
 }
 
 Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
+  expecting_ = true;
   const char* p = static_cast<const char*>(buf);
   while (len > 0) {
     const ssize_t n = ::send(fd_.get(), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -289,9 +318,16 @@ Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline dead
 
 Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
   char hdr[kFrameHeaderSize];
-  // Waiting for the first byte may time out without harm (idle loops poll
-  // with short deadlines); a timeout once a frame has started breaks it.
-  DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
+  // Right after sending, the answer usually comes within microseconds:
+  // spinning briefly then saves the wake-up of a sleeping thread, which
+  // dominates a round trip on virtualized and power-saving hosts.
+  const bool expecting = expecting_;
+  expecting_ = false;
+  if (!(expecting && SpinFor(POLLIN))) {
+    // Waiting for the first byte may time out without harm (idle loops poll
+    // with short deadlines); a timeout once a frame has started breaks it.
+    DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
+  }
   DYAD_RETURN_IF_ERROR(RecvAll(hdr, sizeof hdr, deadline));
   uint32_t magic;
   uint16_t version;
@@ -315,6 +351,7 @@ Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadlin
 
 Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
                               uint64_t* sent) {
+  expecting_ = true;
   off_t off = static_cast<off_t>(offset);
   uint64_t done = 0;
   // sendfile blocks on this (blocking) socket; SO_SNDTIMEO turns "no

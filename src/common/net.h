@@ -70,6 +70,11 @@ constexpr uint16_t kWireVersion = 1;
 constexpr size_t kFrameHeaderSize = 12;
 constexpr uint32_t kMaxFramePayload = 16u << 20;
 
+// Microseconds a Channel spins (polling and yielding) for an expected
+// frame before sleeping: $DYAD_SPIN_US, default kDefaultSpinUs, 0 disables.
+constexpr int kDefaultSpinUs = 50;
+int SpinBudgetUs();
+
 class Channel {
  public:
   explicit Channel(UniqueFd fd);
@@ -95,6 +100,10 @@ class Channel {
   Status SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
                        uint64_t* sent = nullptr);
 
+  // Polls for `events` for up to SpinBudgetUs() without sleeping; true if
+  // they arrived. For waits whose answer is known to be imminent.
+  bool SpinFor(short events);
+
   // True if the peer hung up (checked without blocking).
   bool PeerClosed() const;
 
@@ -102,6 +111,7 @@ class Channel {
   Status WaitFor(short events, Deadline deadline);
   UniqueFd fd_;
   bool broken_ = false;
+  bool expecting_ = false;  // a frame was just sent; the answer is imminent
 };
 
 // Writes all of `len` bytes to a file descriptor (retries short writes/EINTR).

@@ -129,6 +129,10 @@ class StreamReceiver {
   // Waits until the socket has data or a hang-up to report; "no progress for
   // idle_ms" becomes DYAD_RC_TIMEOUT.
   Status WaitReadable() {
+    // The first bytes follow the fetch reply immediately: spin for them
+    // rather than pay a sleeping thread's wake-up (small files are all
+    // first bytes).
+    if (got_ == 0 && ch_.SpinFor(POLLIN)) return Status::OK();
     const Deadline deadline =
         options_.idle_ms > 0 ? Deadline::AfterMs(options_.idle_ms) : Deadline::Never();
     for (;;) {
