@@ -72,6 +72,16 @@ const std::vector<ConfigEntry>& ConfigTable() {
   return table;
 }
 
+const char* ConfigKindName(ConfigKind kind) {
+  switch (kind) {
+    case ConfigKind::kBool: return "bool";
+    case ConfigKind::kUint: return "integer";
+    case ConfigKind::kString: return "string";
+    case ConfigKind::kSeconds: return "seconds";
+  }
+  return "?";
+}
+
 const ConfigEntry* FindConfigEntry(const std::string& name) {
   for (const auto& e : ConfigTable())
     if (name == e.name) return &e;

@@ -27,6 +27,8 @@ struct ConfigEntry {
 };
 
 const std::vector<ConfigEntry>& ConfigTable();
+// "bool", "integer", "string", "seconds": the type column of the docs.
+const char* ConfigKindName(ConfigKind kind);
 const ConfigEntry* FindConfigEntry(const std::string& name);
 
 // Raw value of an environment variable, if set.

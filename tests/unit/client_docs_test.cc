@@ -13,19 +13,9 @@
 namespace dyad {
 namespace {
 
-const char* KindName(ConfigKind k) {
-  switch (k) {
-    case ConfigKind::kBool: return "bool";
-    case ConfigKind::kUint: return "integer";
-    case ConfigKind::kString: return "string";
-    case ConfigKind::kSeconds: return "seconds";
-  }
-  return "?";
-}
-
 std::string Row(const ConfigEntry& e) {
   std::string def = *e.default_value ? std::string("`") + e.default_value + "`" : "(unset)";
-  return std::string("| `") + e.name + "` | " + KindName(e.kind) + " | " + def + " | " +
+  return std::string("| `") + e.name + "` | " + ConfigKindName(e.kind) + " | " + def + " | " +
          e.used_by + " | " + e.help + " |";
 }
 

@@ -38,16 +38,6 @@ void PrintError(const std::string& cmd, const std::string& what, const Status& s
   std::cerr << line << "\n";
 }
 
-const char* KindName(ConfigKind k) {
-  switch (k) {
-    case ConfigKind::kBool: return "bool";
-    case ConfigKind::kUint: return "integer";
-    case ConfigKind::kString: return "string";
-    case ConfigKind::kSeconds: return "seconds";
-  }
-  return "?";
-}
-
 // Greedy word wrap of `text` to `width` columns, each line after `indent`.
 std::string Wrap(const std::string& text, size_t width, const std::string& indent) {
   std::istringstream words(text);
@@ -150,7 +140,7 @@ int CmdInfo(InfoFormat format) {
     for (const ConfigEntry& e : table) {
       Json item;
       item["name"] = e.name;
-      item["kind"] = KindName(e.kind);
+      item["kind"] = ConfigKindName(e.kind);
       item["default"] = e.default_value;
       std::optional<std::string> cur = GetEnv(e.name);
       item["current"] = cur ? Json(*cur) : Json(nullptr);
@@ -169,7 +159,7 @@ int CmdInfo(InfoFormat format) {
               << "| --- | --- | --- | --- | --- |\n";
     for (const ConfigEntry& e : table) {
       std::string def = *e.default_value ? std::string("`") + e.default_value + "`" : "(unset)";
-      std::cout << "| `" << e.name << "` | " << KindName(e.kind) << " | " << def << " | "
+      std::cout << "| `" << e.name << "` | " << ConfigKindName(e.kind) << " | " << def << " | "
                 << e.used_by << " | " << e.help << " |\n";
     }
     return kExitOk;
@@ -187,7 +177,7 @@ int CmdInfo(InfoFormat format) {
     std::cout << e.name << "\n"
               << "    current: " << (cur ? "'" + *cur + "'" : std::string("(unset)"))
               << "   default: " << (*e.default_value ? e.default_value : "(unset)")
-              << "   type: " << KindName(e.kind) << "   used by: " << e.used_by << "\n"
+              << "   type: " << ConfigKindName(e.kind) << "   used by: " << e.used_by << "\n"
               << Wrap(e.help, width, "    ") << "\n";
   }
   return kExitOk;
