@@ -4,6 +4,7 @@
 # when something is missing. Run as root (or with sudo available).
 set -eu
 
+# build and core tests
 PACKAGES="
 cmake
 make
@@ -16,6 +17,27 @@ libgtest-dev
 libgmock-dev
 iproute2
 procps
+coreutils
+tar
+strace
+"
+# optional backends (each is compiled in when found): UCX, libfabric, Redis
+PACKAGES="$PACKAGES
+libucx-dev
+libfabric-dev
+libhiredis-dev
+redis-server
+"
+# pydyad and its data-loader integration (Debian's /usr/bin/python3), plots
+PACKAGES="$PACKAGES
+python3
+python3-dev
+pybind11-dev
+python3-pytest
+python3-numpy
+python3-h5py
+python3-torch
+python3-matplotlib
 "
 
 missing=""
