@@ -1,0 +1,212 @@
+"""The Dyad class: Python access to the process's DYAD context.
+
+Upstream pydyad wraps the C library with ctypes; this module keeps its
+names and signatures (``Dyad``, ``DTLMode``, ``DTLCommMode``, ``init``,
+``init_env``, ``produce``, ``get_metadata``, ``consume``,
+``consume_w_metadata``, ``free_metadata``, ``finalize``) so upstream scripts
+run unchanged, on top of the pybind11 extension ``pydyad._pydyad``.
+
+The C context is one per process. A ``Dyad`` object is a handle on it:
+several ``Dyad`` objects in one process share the same settings, and
+``finalize()`` on any of them finalizes the process's context. The context
+survives ``fork()`` (a forked DataLoader worker opens its own connection to
+the node's service), so a Dyad created before the fork keeps working in the
+child.
+
+Every failure raises :class:`DyadError` (a ``RuntimeError``) with ``.rc``
+(the ``dyad_rc_t`` value), ``.name`` (e.g. ``"DYAD_RC_TIMEOUT"``) and the
+library's message. Blocking calls release the GIL and can be interrupted with
+Ctrl-C (``KeyboardInterrupt``).
+"""
+
+import enum
+import os
+
+from . import _pydyad
+
+DyadError = _pydyad.DyadError
+RawMetadata = _pydyad.Metadata
+
+# dyad_rc_t values used by callers to tell outcomes apart.
+DYAD_RC_OK = 0
+DYAD_RC_NOTFOUND = -2002
+DYAD_RC_TIMEOUT = -4000
+DYAD_RC_NOSERVICE = -4001
+DYAD_RC_CANCELLED = -4007
+
+
+class DTLMode(enum.Enum):
+    """Data transport for fetches; the value is the name the C API takes.
+
+    ``DYAD_DTL_FLUX_RPC`` (the default) selects TCP streaming, as there is no
+    Flux here; ``UCX`` and ``OFI`` work when compiled into the service.
+    """
+
+    DYAD_DTL_UCX = "UCX"
+    DYAD_DTL_FLUX_RPC = "FLUX_RPC"
+    DYAD_DTL_TCP = "TCP"
+    DYAD_DTL_OFI = "OFI"
+    DYAD_DTL_LOCAL = "LOCAL"
+
+    def __str__(self):
+        return self.value
+
+
+class DTLCommMode(enum.IntEnum):
+    """Role of the process in transfers (dyad_dtl_comm_mode_t)."""
+
+    DYAD_COMM_NONE = 0
+    DYAD_COMM_RECV = 1
+    DYAD_COMM_SEND = 2
+
+
+class DyadMetadata:
+    """A published file's record, as plain Python values.
+
+    ``fpath`` is relative to the managed directory, ``owner_rank`` the rank of
+    the service that owns the file, ``size`` its size in bytes when published,
+    ``version`` its modification stamp in nanoseconds.
+    """
+
+    __slots__ = ("fpath", "owner_rank", "size", "version")
+
+    def __init__(self, fpath, owner_rank, size=0, version=0):
+        self.fpath = fpath
+        self.owner_rank = owner_rank
+        self.size = size
+        self.version = version
+
+    @classmethod
+    def from_raw(cls, raw):
+        return cls(raw.fpath, raw.owner_rank, raw.size, raw.version)
+
+    def to_raw(self):
+        return RawMetadata(self.fpath, self.owner_rank, self.size, self.version)
+
+    def __eq__(self, other):
+        if not isinstance(other, DyadMetadata):
+            return NotImplemented
+        return (self.fpath, self.owner_rank, self.size, self.version) == (
+            other.fpath, other.owner_rank, other.size, other.version)
+
+    def __repr__(self):
+        return (f"DyadMetadata(fpath={self.fpath!r}, owner_rank={self.owner_rank}, "
+                f"size={self.size}, version={self.version})")
+
+
+def _dtl_mode_name(dtl_mode):
+    if dtl_mode is None:
+        return None
+    if isinstance(dtl_mode, DTLMode):
+        return dtl_mode.value
+    if isinstance(dtl_mode, bytes):
+        return dtl_mode.decode()
+    if isinstance(dtl_mode, str):
+        # Accept both "TCP" and upstream-style "DYAD_DTL_TCP".
+        return dtl_mode[len("DYAD_DTL_"):] if dtl_mode.startswith("DYAD_DTL_") else dtl_mode
+    raise TypeError(f"dtl_mode must be a DTLMode or str, not {type(dtl_mode).__name__}")
+
+
+def _reject_flux_handle(flux_handle):
+    # The C API answers DYAD_RC_FLUXFAIL for a non-NULL handle; a Python
+    # object cannot be passed as a pointer anyway, so refuse it here with
+    # the same code and a message that says why.
+    if flux_handle is not None:
+        exc = DyadError("DYAD_RC_FLUXFAIL: flux_handle must be None (this DYAD runs "
+                        "without Flux; each node runs a dyad-service)")
+        exc.rc = -2000
+        exc.name = "DYAD_RC_FLUXFAIL"
+        raise exc
+
+
+class Dyad:
+    """Handle on this process's DYAD context (shared by all Dyad objects)."""
+
+    def __init__(self):
+        self.initialized = _pydyad.is_initialized()
+
+    # -- initialization -------------------------------------------------
+    def init(self, debug=False, check=False, shared_storage=False, reinit=False,
+             async_publish=False, fsync_write=False, key_depth=3, key_bins=1024,
+             service_mux=1, kvs_namespace=None, prod_managed_path=None,
+             cons_managed_path=None, relative_to_managed_path=False, dtl_mode=None,
+             dtl_comm_mode=DTLCommMode.DYAD_COMM_RECV, flux_handle=None):
+        """dyad_init(): explicit settings. The service socket and timeouts
+        still come from DYAD_SERVICE_SOCKET, DYAD_CONSUME_TIMEOUT, ..."""
+        _reject_flux_handle(flux_handle)
+        _pydyad.init(bool(debug), bool(check), bool(shared_storage), bool(reinit),
+                     bool(async_publish), bool(fsync_write), int(key_depth), int(key_bins),
+                     int(service_mux), _opt_str(kvs_namespace), _opt_path(prod_managed_path),
+                     _opt_path(cons_managed_path), bool(relative_to_managed_path),
+                     _dtl_mode_name(dtl_mode), int(dtl_comm_mode))
+        self.initialized = True
+
+    def init_env(self, dtl_comm_mode=DTLCommMode.DYAD_COMM_RECV, flux_handle=None):
+        """dyad_init_env(): every setting from the DYAD_* environment."""
+        _reject_flux_handle(flux_handle)
+        _pydyad.init_env(int(dtl_comm_mode))
+        self.initialized = True
+
+    def finalize(self):
+        """dyad_finalize(): releases the process's context (all Dyad objects)."""
+        _pydyad.finalize()
+        self.initialized = False
+
+    def __del__(self):
+        # The context belongs to the process, not to this object: other
+        # Dyad objects and forked children may still use it. Nothing to do.
+        pass
+
+    # -- producer / consumer ---------------------------------------------
+    def produce(self, fname):
+        """Publish a complete, closed file under the producer directory."""
+        _pydyad.produce(fname)
+
+    def consume(self, fname):
+        """Return once ``fname`` is complete under the consumer directory."""
+        _pydyad.consume(fname)
+
+    def get_metadata(self, fname, should_wait=False, raw=False):
+        """Look up a file's published record.
+
+        Returns None when the file is not published (and ``should_wait`` is
+        false) or lies outside the consumer directory; with ``should_wait``
+        it waits like a consume (bounded by DYAD_CONSUME_TIMEOUT). With
+        ``raw=True`` the result is the C record (``RawMetadata``) to pass to
+        :meth:`consume_w_metadata`, otherwise a :class:`DyadMetadata`.
+        """
+        md = _pydyad.get_metadata(fname, bool(should_wait))
+        if md is None or raw:
+            return md
+        try:
+            return DyadMetadata.from_raw(md)
+        finally:
+            md.free()
+
+    def free_metadata(self, metadata_wrapper):
+        """Free a raw record now (it is also freed when garbage collected)."""
+        if isinstance(metadata_wrapper, RawMetadata):
+            metadata_wrapper.free()
+
+    def consume_w_metadata(self, fname, metadata_wrapper):
+        """Consume with a record from get_metadata (raw or not); None means
+        the file is already local, as upstream."""
+        if isinstance(metadata_wrapper, DyadMetadata):
+            raw = metadata_wrapper.to_raw()
+            try:
+                _pydyad.consume_w_metadata(fname, raw)
+            finally:
+                raw.free()
+        else:
+            _pydyad.consume_w_metadata(fname, metadata_wrapper)
+
+    def __repr__(self):
+        return f"<pydyad.Dyad initialized={_pydyad.is_initialized()}>"
+
+
+def _opt_str(value):
+    return None if value is None else str(value)
+
+
+def _opt_path(value):
+    return None if value is None else os.fsdecode(value)

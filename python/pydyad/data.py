@@ -1,0 +1,162 @@
+"""DyadDataset: a locality-aware torch Dataset over DYAD (seed case 4).
+
+Training data lives in a shared "parallel file system" directory (``pfs_dir``)
+that every node can read but that is slow for many small files. For each
+sample the dataset asks DYAD's hierarchical locator, cheapest level first:
+
+1. **local** - the file is already in this node's producer directory (this
+   node, perhaps another DataLoader worker, cached it earlier) or complete
+   in its consumer directory (fetched earlier): read it, no network.
+2. **dyad** - its record is published (``get_metadata(should_wait=False)``):
+   ``consume_w_metadata`` makes it complete in the consumer directory,
+   fetching it from the owner node if needed (or returning at once when the
+   copy there is current), and the sample is read from there.
+3. **pfs** - nobody has it: read it from ``pfs_dir``, write it into the
+   producer directory (temporary name, then an atomic rename, so no reader
+   sees a partial copy) and publish it as owned by this node
+   (cache-on-first-read), so other nodes get it through DYAD from now on.
+
+Two workers missing the same file at the same moment may both copy and
+publish it; both copies are complete and the later record wins, so this
+costs one extra PFS read and never correctness.
+
+torch is optional: without it ``DyadDataset`` is a plain map-style dataset
+(``__getitem__``/``__len__``), which is all ``torch.utils.data.DataLoader``
+needs anyway.
+
+Worker processes: with the default ``fork`` start method the workers share
+the parent's DYAD context; with ``spawn`` each worker initializes its own
+from the DYAD_* environment on first use.
+"""
+
+import os
+import tempfile
+
+from . import _pydyad
+from .context import default_dyad
+
+try:  # Only for the base class; pydyad itself does not need torch.
+    from torch.utils.data import Dataset as _Base
+except ImportError:  # pragma: no cover - exercised only without torch
+    _Base = object
+
+SOURCE_LOCAL = "local"
+SOURCE_DYAD = "dyad"
+SOURCE_PFS = "pfs"
+
+
+def read_sample(path):
+    """Default reader: numpy arrays for .npy/.npz, bytes otherwise."""
+    if path.endswith((".npy", ".npz")):
+        import numpy as np
+        return np.load(path, allow_pickle=False)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class DyadDataset(_Base):
+    """Map-style dataset of files named relative to ``pfs_dir``.
+
+    Args:
+      files: relative paths of the samples (e.g. ``["s0.npy", "s1.npy"]``).
+      pfs_dir: the shared directory holding the originals.
+      prod_dir / cons_dir: this node's DYAD producer and consumer
+        directories (default: DYAD_PATH_PRODUCER / DYAD_PATH_CONSUMER).
+      reader: ``reader(path) -> sample`` (default :func:`read_sample`).
+      transform: applied to the reader's result.
+      dyad_ctx: a :class:`pydyad.Dyad` (default: the process's default).
+      return_source: if true, items are ``(sample, source)`` with source one
+        of "local", "dyad", "pfs", for statistics.
+    """
+
+    def __init__(self, files, pfs_dir, prod_dir=None, cons_dir=None, reader=None,
+                 transform=None, dyad_ctx=None, return_source=False):
+        self.files = [os.fspath(f) for f in files]
+        for f in self.files:
+            if os.path.isabs(f) or ".." in f.split(os.sep):
+                raise ValueError(f"sample names must be relative and stay inside pfs_dir: {f!r}")
+        self.pfs_dir = os.fspath(pfs_dir)
+        self.prod_dir = prod_dir or os.environ.get("DYAD_PATH_PRODUCER")
+        self.cons_dir = cons_dir or os.environ.get("DYAD_PATH_CONSUMER")
+        if not self.prod_dir or not self.cons_dir:
+            raise ValueError("DyadDataset needs producer and consumer directories "
+                             "(arguments or DYAD_PATH_PRODUCER / DYAD_PATH_CONSUMER)")
+        self.reader = reader or read_sample
+        self.transform = transform
+        self.return_source = return_source
+        self._ctx = dyad_ctx
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getstate__(self):
+        # A Dyad is only a handle on the per-process context; a spawned
+        # worker builds its own on first use.
+        state = self.__dict__.copy()
+        state["_ctx"] = None
+        return state
+
+    def _dyad(self):
+        if self._ctx is None or not _pydyad.is_initialized():
+            self._ctx = default_dyad()
+            if not _pydyad.is_initialized():
+                self._ctx.init_env()
+        return self._ctx
+
+    def locate(self, rel):
+        """Make sample ``rel`` readable on this node; returns (path, source)."""
+        prod = os.path.join(self.prod_dir, rel)
+        if os.path.isfile(prod):
+            return prod, SOURCE_LOCAL
+        dyad = self._dyad()
+        cons = os.path.join(self.cons_dir, rel)
+        if os.path.isfile(cons):
+            # A complete earlier copy (DYAD renames only complete files into
+            # the consumer directory). consume() confirms it without any
+            # request when that directory is private to this node.
+            dyad.consume(cons)
+            return cons, SOURCE_LOCAL
+        md = dyad.get_metadata(cons, should_wait=False, raw=True)
+        if md is not None:
+            try:
+                dyad.consume_w_metadata(cons, md)
+            finally:
+                md.free()
+            if os.path.isfile(cons):
+                return cons, SOURCE_DYAD
+            # Published by this node's own service: consume leaves it in the
+            # producer directory (nothing to transfer).
+            if os.path.isfile(prod):
+                return prod, SOURCE_LOCAL
+            raise FileNotFoundError(f"{rel}: consumed but found neither {cons} nor {prod}")
+        self._cache_from_pfs(rel, prod)
+        dyad.produce(prod)
+        return prod, SOURCE_PFS
+
+    def _cache_from_pfs(self, rel, prod):
+        src = os.path.join(self.pfs_dir, rel)
+        os.makedirs(os.path.dirname(prod), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".pydyad-", dir=os.path.dirname(prod))
+        try:
+            with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+                while True:
+                    chunk = fin.read(1 << 20)
+                    if not chunk:
+                        break
+                    fout.write(chunk)
+            # mkstemp makes the file 0600; give it a data file's usual mode.
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, prod)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def __getitem__(self, index):
+        path, source = self.locate(self.files[index])
+        sample = self.reader(path)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        return (sample, source) if self.return_source else sample
