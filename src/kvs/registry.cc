@@ -10,20 +10,36 @@
 #include "kvs/embedded/embedded_kvs.h"
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
+#ifdef DYAD_HAVE_REDIS
+#include "kvs/redis/redis_kvs.h"
+#endif
 
 namespace dyad {
 namespace {
 
 constexpr const char kEmbeddedScheme[] = "embedded://";
 constexpr const char kRedisScheme[] = "redis://";
+constexpr const char kRedisTlsScheme[] = "rediss://";
 
 bool StartsWith(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-std::string Available() { return "available: memory, embedded://HOST:PORT"; }
+std::string Available() {
+#ifdef DYAD_HAVE_REDIS
+  return "available: memory, embedded://HOST:PORT, redis://[[USER]:PASSWORD@]HOST:PORT[/DB]";
+#else
+  return "available: memory, embedded://HOST:PORT";
+#endif
+}
 
 }  // namespace
 
-std::vector<std::string> KvsBackendNames() { return {"memory", "embedded"}; }
+std::vector<std::string> KvsBackendNames() {
+#ifdef DYAD_HAVE_REDIS
+  return {"memory", "embedded", "redis"};
+#else
+  return {"memory", "embedded"};
+#endif
+}
 
 Result<std::unique_ptr<Kvs>> OpenKvs(const std::string& url, const KvsOptions& options) {
   if (url == "memory" || url == "memory://") {
@@ -43,9 +59,20 @@ Result<std::unique_ptr<Kvs>> OpenKvs(const std::string& url, const KvsOptions& o
     if (!kvs.ok()) return kvs.status();
     return std::unique_ptr<Kvs>(std::move(*kvs));
   }
-  if (url == "redis" || StartsWith(url, kRedisScheme)) {
+  if (url == "redis" || StartsWith(url, kRedisScheme) || StartsWith(url, kRedisTlsScheme)) {
+#ifdef DYAD_HAVE_REDIS
+    if (url == "redis") {
+      return Status(
+          DYAD_RC_BADREQUEST,
+          "metadata store 'redis' needs an address: redis://[[USER]:PASSWORD@]HOST:PORT[/DB]");
+    }
+    Result<std::unique_ptr<RedisKvs>> kvs = RedisKvs::Open(url, options);
+    if (!kvs.ok()) return kvs.status();
+    return std::unique_ptr<Kvs>(std::move(*kvs));
+#else
     return Status(DYAD_RC_NOTSUP,
                   "redis store not compiled in (build with DYAD_ENABLE_REDIS); " + Available());
+#endif
   }
   return Status(DYAD_RC_NOTSUP, "unknown metadata store '" + url + "'; " + Available());
 }

@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-k,--kvs", opt.kvs_url,
                  "Metadata store: embedded (rank 0 hosts it), embedded://HOST:PORT (the root's "
-                 "address), memory (this service only)")
+                 "address), redis://[USER:PASSWORD@]HOST:PORT[/DB] (see docs/redis.md), memory "
+                 "(this service only)")
       ->capture_default_str();
   app.add_flag("--root", opt.host_root, "Host the embedded metadata store here (any rank)");
   app.add_option("--service-mux", opt.service_mux, "Services per node")->capture_default_str();

@@ -24,6 +24,16 @@ namespace {
 constexpr int64_t kHandshakeTimeoutMs = 10000;
 constexpr int64_t kIdlePollMs = 500;
 
+// The store URL with any password replaced, for logs and status replies.
+std::string RedactUrl(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t at = url.find('@');
+  if (scheme == std::string::npos || at == std::string::npos || at < scheme) return url;
+  const size_t colon = url.find(':', scheme + 3);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+
 std::string HostName() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
@@ -134,7 +144,8 @@ Status Service::Start() {
     kopt.self_incarnation = incarnation_;
     kopt.rpc_timeout_ms = opt_.rpc_timeout_ms;
     Result<std::unique_ptr<Kvs>> kvs = OpenKvs(opt_.kvs_url, kopt);
-    if (!kvs.ok()) return kvs.status().Annotate("open metadata store '" + opt_.kvs_url + "'");
+    if (!kvs.ok())
+      return kvs.status().Annotate("open metadata store '" + RedactUrl(opt_.kvs_url) + "'");
     kvs_ = std::shared_ptr<Kvs>(std::move(*kvs));
   }
 
@@ -168,7 +179,7 @@ Status Service::Start() {
                 "path %s, store %s%s, transport %s",
                 opt_.rank, static_cast<unsigned long long>(incarnation_), advertise_.c_str(),
                 opt_.socket_path.c_str(), prod_real_.empty() ? "(none)" : prod_real_.c_str(),
-                opt_.kvs_url.c_str(), root_server_ ? " (root)" : "", transport_->name().c_str());
+                RedactUrl(opt_.kvs_url).c_str(), root_server_ ? " (root)" : "", transport_->name().c_str());
   return WriteReadyFile();
 }
 
@@ -682,7 +693,7 @@ void Service::HandleStatus(Channel& ch) {
   r.info["address"] = advertise_;
   r.info["socket"] = opt_.socket_path;
   r.info["producer_path"] = prod_real_;
-  r.info["kvs"] = opt_.kvs_url + (root_server_ ? " (root)" : "");
+  r.info["kvs"] = RedactUrl(opt_.kvs_url) + (root_server_ ? " (root)" : "");
   r.info["transport"] = transport_->name();
   r.info["authenticated"] = auth_.has_secret() ? "yes" : "no (no cluster secret)";
   r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);

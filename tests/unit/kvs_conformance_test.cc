@@ -1,9 +1,11 @@
 // The Kvs contract (kvs/kvs.h), checked once for every backend.
 //
-// KvsConformance runs against "memory" directly and against "embedded"
+// KvsConformance runs against "memory" directly, against "embedded"
 // talking over TCP to a real root (TestRoot below: a listener, an accept
 // thread and one thread per connection that authenticates and feeds frames
-// to EmbeddedKvsServer, the way dyad-service does). EmbeddedKvsTest covers
+// to EmbeddedKvsServer, the way dyad-service does), and, when the Redis
+// backend is compiled in, against "redis" talking to a real redis-server
+// that each test starts on a free loopback port (redis_test_server.h). EmbeddedKvsTest covers
 // what only a remote store has: authentication, malformed input, restarts
 // of the root. Every wait in here is bounded.
 #include <gtest/gtest.h>
@@ -30,6 +32,7 @@
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
 #include "proto/protocol.h"
+#include "unit/redis_test_server.h"
 
 namespace dyad {
 namespace {
@@ -170,6 +173,16 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
       ASSERT_NE(root_, nullptr) << error;
       url = root_->url();
     }
+    if (GetParam() == "redis") {
+      redis_ = std::make_unique<testing_redis::RedisTestServer>();
+      if (!redis_->available()) {
+        GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server); "
+                        "the redis backend is compiled in but cannot be tested here";
+      }
+      const std::string error = redis_->Start();
+      ASSERT_EQ(error, "");
+      url = redis_->url();
+    }
     Result<std::unique_ptr<Kvs>> kvs = OpenKvs(url, ClientOptions());
     ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
     kvs_ = std::move(*kvs);
@@ -178,6 +191,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
   void TearDown() override {
     kvs_.reset();
     if (root_) root_->Stop();
+    redis_.reset();
   }
 
   std::optional<std::string> MustGet(const std::string& ns, const std::string& key) {
@@ -187,15 +201,16 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<TestRoot> root_;
+  std::unique_ptr<testing_redis::RedisTestServer> redis_;
   std::unique_ptr<Kvs> kvs_;
 };
 
 TEST_P(KvsConformance, NameAndCaps) {
   EXPECT_EQ(kvs_->name(), GetParam());
   const KvsCaps caps = kvs_->caps();
-  EXPECT_FALSE(caps.persistent);
-  EXPECT_EQ(caps.shared, GetParam() == "embedded");
-  EXPECT_EQ(caps.native_wait, GetParam() == "memory");
+  EXPECT_EQ(caps.persistent, GetParam() == "redis");
+  EXPECT_EQ(caps.shared, GetParam() == "embedded" || GetParam() == "redis");
+  EXPECT_EQ(caps.native_wait, GetParam() == "memory" || GetParam() == "redis");
 }
 
 TEST_P(KvsConformance, PutGetOverwrite) {
@@ -404,7 +419,13 @@ TEST_P(KvsConformance, ConcurrentPutsFromEightThreads) {
   EXPECT_EQ(last->size(), 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::Values("memory", "embedded"),
+#ifdef DYAD_HAVE_REDIS
+#define DYAD_KVS_CONFORMANCE_BACKENDS "memory", "embedded", "redis"
+#else
+#define DYAD_KVS_CONFORMANCE_BACKENDS "memory", "embedded"
+#endif
+INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance,
+                         ::testing::Values(DYAD_KVS_CONFORMANCE_BACKENDS),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
@@ -453,8 +474,16 @@ TEST(KvsRegistryTest, OpensKnownBackendsAndExplainsOthers) {
   EXPECT_EQ(OpenKvs("embedded://no-port", {}).status().code(), DYAD_RC_BADREQUEST);
 
   Result<std::unique_ptr<Kvs>> redis = OpenKvs("redis://localhost:6379", {});
+#ifdef DYAD_HAVE_REDIS
+  ASSERT_TRUE(redis.ok()) << redis.status().ToString();  // connects lazily
+  EXPECT_EQ((*redis)->name(), "redis");
+  EXPECT_NE(std::find(names.begin(), names.end(), "redis"), names.end());
+  EXPECT_EQ(OpenKvs("redis", {}).status().code(), DYAD_RC_BADREQUEST);
+  EXPECT_EQ(OpenKvs("rediss://localhost:6379", {}).status().code(), DYAD_RC_NOTSUP);
+#else
   EXPECT_EQ(redis.status().code(), DYAD_RC_NOTSUP);
   EXPECT_NE(redis.status().message().find("DYAD_ENABLE_REDIS"), std::string::npos);
+#endif
 
   Result<std::unique_ptr<Kvs>> bogus = OpenKvs("etcd://x", {});
   EXPECT_EQ(bogus.status().code(), DYAD_RC_NOTSUP);
