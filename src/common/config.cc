@@ -53,6 +53,10 @@ const std::vector<ConfigEntry>& ConfigTable() {
       {"DYAD_SPIN_US", ConfigKind::kUint, "50", "both",
        "Microseconds to poll for an expected reply before sleeping; saves the thread wake-up "
        "that dominates small-request latency. 0 disables spinning."},
+      {"DYAD_PRELOAD_ON_ERROR", ConfigKind::kString, "fail", "client",
+       "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
+       "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
+       "through to the file system. Either way one message goes to stderr."},
       {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
        "Rank of this node's service; when unset, taken from FLUX_TASK_RANK, SLURM_PROCID, "
        "OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK, else 0."},
@@ -63,7 +67,8 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "host's name when it listens on 0.0.0.0)."},
       {"DYAD_KVS", ConfigKind::kString, "embedded", "service",
        "Metadata store: 'embedded' (rank 0 hosts it), 'embedded://HOST:PORT' (connect to the "
-       "root service there), 'memory' (single service, testing)."},
+       "root service there), 'redis://[USER:PASSWORD@]HOST:PORT[/DB]' (a Redis server shared "
+       "by all services), 'memory' (single service, testing)."},
       {"DYAD_SECRET_FILE", ConfigKind::kString, "", "service",
        "File holding the cluster secret that services use to authenticate each other (mode 600)."},
       {"DYAD_SECRET", ConfigKind::kString, "", "service",

@@ -1,0 +1,889 @@
+// wrapper.cc: libdyad_wrapper.so, the LD_PRELOAD interception library.
+//
+// Unmodified programs exchange files through DYAD by running with
+// LD_PRELOAD=libdyad_wrapper.so and the DYAD_* variables. The library
+// replaces the C library's file-opening and closing functions:
+//   * a read-only open of a path under the consumer-managed directory first
+//     waits until the file is published and complete locally (Consume);
+//   * a write-capable open of a path under the producer-managed directory
+//     takes an exclusive flock() on the file (the service's fetch takes a
+//     shared one, so nobody ships a half-written file) and the last close of
+//     that file in this process releases the lock and publishes it (Produce).
+// Everything else is handed to the real function untouched, after a prefix
+// comparison that costs no system call for absolute names.
+//
+// Threading: every function may be called from any thread at once. The real
+// functions are resolved once (dlsym RTLD_NEXT, published through atomics);
+// the dyad::Client is created once (pthread_once) on the first intercepted
+// call and leaked on purpose so that no destructor ordering at exit can pull
+// it away from a late close(). A per-thread depth counter (ReentryGuard)
+// makes calls the client itself makes (it opens files too) go straight to
+// the C library. The descriptor table is guarded by one mutex that is never
+// held across a system call that may block, and that pthread_atfork keeps
+// consistent in a forked child. errno is preserved: callers see exactly the
+// errno of the real call, or a DYAD-chosen errno when a managed open fails.
+#undef _FORTIFY_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "dyad/common/dyad_rc.h"
+
+// Declared by glibc only under _FORTIFY_SOURCE; the fortified open() inline
+// of a program compiled with it calls these.
+extern "C" {
+int __open_2(const char* path, int flags);
+int __open64_2(const char* path, int flags);
+int __openat_2(int dirfd, const char* path, int flags);
+int __openat64_2(int dirfd, const char* path, int flags);
+}
+
+namespace dyad {
+namespace preload {
+namespace {
+
+// ---------------------------------------------------------------------------
+// The real functions, resolved lazily and cached. A relaxed race between two
+// first callers is harmless: both store the same pointer.
+
+template <typename Fn>
+Fn RealFn(std::atomic<void*>& slot, const char* name) {
+  void* p = slot.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    p = ::dlsym(RTLD_NEXT, name);
+    slot.store(p, std::memory_order_release);
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+#define DYAD_REAL(name, type)                \
+  type real_##name() {                       \
+    static std::atomic<void*> slot{nullptr}; \
+    return RealFn<type>(slot, #name);        \
+  }
+
+using OpenFn = int (*)(const char*, int, ...);
+using OpenAtFn = int (*)(int, const char*, int, ...);
+using Open2Fn = int (*)(const char*, int);
+using OpenAt2Fn = int (*)(int, const char*, int);
+using FopenFn = FILE* (*)(const char*, const char*);
+using FreopenFn = FILE* (*)(const char*, const char*, FILE*);
+using CloseFn = int (*)(int);
+using FcloseFn = int (*)(FILE*);
+using DupFn = int (*)(int);
+using Dup2Fn = int (*)(int, int);
+using Dup3Fn = int (*)(int, int, int);
+using FcntlFn = int (*)(int, int, ...);
+using CloseRangeFn = int (*)(unsigned, unsigned, int);
+using CloseFromFn = void (*)(int);
+
+DYAD_REAL(open, OpenFn)
+DYAD_REAL(open64, OpenFn)
+DYAD_REAL(openat, OpenAtFn)
+DYAD_REAL(openat64, OpenAtFn)
+DYAD_REAL(__open_2, Open2Fn)
+DYAD_REAL(__open64_2, Open2Fn)
+DYAD_REAL(__openat_2, OpenAt2Fn)
+DYAD_REAL(__openat64_2, OpenAt2Fn)
+DYAD_REAL(fopen, FopenFn)
+DYAD_REAL(fopen64, FopenFn)
+DYAD_REAL(freopen, FreopenFn)
+DYAD_REAL(freopen64, FreopenFn)
+DYAD_REAL(close, CloseFn)
+DYAD_REAL(fclose, FcloseFn)
+DYAD_REAL(dup, DupFn)
+DYAD_REAL(dup2, Dup2Fn)
+DYAD_REAL(dup3, Dup3Fn)
+DYAD_REAL(fcntl, FcntlFn)
+DYAD_REAL(fcntl64, FcntlFn)
+DYAD_REAL(close_range, CloseRangeFn)
+DYAD_REAL(closefrom, CloseFromFn)
+
+// ---------------------------------------------------------------------------
+// Re-entry guard: only the outermost intercepted call of a thread does DYAD
+// work; the client's own open()/close() calls pass straight through.
+// initial-exec TLS: the library is always loaded at startup (LD_PRELOAD), and
+// this keeps the check to one memory access.
+
+__attribute__((tls_model("initial-exec"))) thread_local int t_depth = 0;
+
+class ReentryGuard {
+ public:
+  ReentryGuard() : outermost_(t_depth++ == 0) {}
+  ~ReentryGuard() { --t_depth; }
+  ReentryGuard(const ReentryGuard&) = delete;
+  ReentryGuard& operator=(const ReentryGuard&) = delete;
+  bool outermost() const { return outermost_; }
+
+ private:
+  bool outermost_;
+};
+
+// ---------------------------------------------------------------------------
+// Process state.
+
+std::atomic<bool> g_shutdown{false};
+pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+Client* g_client = nullptr;   // set once by Init(), never freed
+bool g_fail_on_error = true;  // DYAD_PRELOAD_ON_ERROR
+bool g_debug = false;
+std::atomic<bool> g_reported{false};
+// Every spelling of the managed directories (as given and canonical, for
+// both sides), set once by Init(): the cheap first filter of MaybeManaged.
+std::string g_prefixes[4];
+int g_num_prefixes = 0;
+
+// False when the absolute `path` cannot be managed: it starts with none of
+// the directories and is in normal form (no "." or ".." component, no empty
+// one), which is exactly when Client::IsManaged would say no. Costs a few
+// byte comparisons for most paths, which is all a non-managed open pays.
+bool MaybeManaged(const char* path) {
+  for (int i = 0; i < g_num_prefixes; ++i)
+    if (std::strncmp(path, g_prefixes[i].data(), g_prefixes[i].size()) == 0) return true;
+  return std::strstr(path, "/.") != nullptr || std::strstr(path, "//") != nullptr;
+}
+
+// One message per process (the first failure); later ones only in debug
+// mode, so a program that opens thousands of files does not drown its
+// output in copies of "service unreachable".
+void Report(const std::string& what, const Status& st) {
+  const bool first = !g_reported.exchange(true);
+  if (!first && !g_debug) return;
+  std::string msg = "dyad-preload[" + std::to_string(::getpid()) + "]: " + what + ": " +
+                    st.ToString() +
+                    (g_fail_on_error ? " (failing the call; DYAD_PRELOAD_ON_ERROR=pass to bypass)"
+                                     : " (continuing without DYAD: DYAD_PRELOAD_ON_ERROR=pass)") +
+                    "\n";
+  // write(2) rather than stdio: no locks, no buffering, fine in any state.
+  ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
+  (void)ignored;
+}
+
+int ErrnoFor(const Status& st) {
+  switch (st.code()) {
+    case DYAD_RC_TIMEOUT:
+      return ETIMEDOUT;
+    case DYAD_RC_NOTFOUND:
+      return ENOENT;
+    case DYAD_RC_PERM:
+    case DYAD_RC_AUTH:
+      return EACCES;
+    case DYAD_RC_CANCELLED:
+      return EINTR;
+    default:
+      return EIO;
+  }
+}
+
+void AtExit();
+void AtForkPrepare();
+void AtForkParent();
+void AtForkChild();
+
+void Init() {
+  g_debug = EnvBool("DYAD_SYNC_DEBUG", false);
+  if (auto v = GetEnv("DYAD_PRELOAD_ON_ERROR"); v && *v == "pass") g_fail_on_error = false;
+  const auto prod = GetEnv("DYAD_PATH_PRODUCER");
+  const auto cons = GetEnv("DYAD_PATH_CONSUMER");
+  // Nothing managed: stay out of the way for good, and never print.
+  if ((!prod || prod->empty()) && (!cons || cons->empty())) return;
+  Result<ClientConfig> config = ClientConfig::FromEnv();
+  if (!config.ok()) {
+    g_fail_on_error = false;  // we cannot tell managed paths apart: pass all
+    Report("bad DYAD configuration, interception disabled", config.status());
+    return;
+  }
+  Result<std::shared_ptr<Client>> client = Client::Create(std::move(*config));
+  if (!client.ok()) {
+    g_fail_on_error = false;
+    Report("cannot initialize DYAD, interception disabled", client.status());
+    return;
+  }
+  // Leaked: late closes during exit must still find a live client.
+  auto* holder = new std::shared_ptr<Client>(std::move(*client));
+  g_client = holder->get();
+  for (const ManagedPath* dir : {&g_client->producer_path(), &g_client->consumer_path()}) {
+    for (const std::string* form : {&dir->given(), &dir->canonical()}) {
+      if (form->empty()) continue;
+      bool seen = false;
+      for (int i = 0; i < g_num_prefixes; ++i) seen = seen || g_prefixes[i] == *form;
+      if (!seen) g_prefixes[g_num_prefixes++] = *form;
+    }
+  }
+  pthread_atfork(&AtForkPrepare, &AtForkParent, &AtForkChild);
+  // Registered after the client exists, so it runs before anything the
+  // client's construction registered: files still open at exit get published
+  // while the client is intact.
+  std::atexit(&AtExit);
+}
+
+// The client, initialized on first use; null when DYAD is off.
+Client* GetClient() {
+  pthread_once(&g_init_once, &Init);
+  return g_client;
+}
+
+// ---------------------------------------------------------------------------
+// Files opened for writing under the producer directory.
+
+struct TrackedFile {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string path;   // absolute (or managed-relative) name for Produce
+  int lock_fd = -1;   // our own descriptor carrying the LOCK_EX
+  int refs = 0;       // descriptors of this process open on the file
+  bool owned = true;  // false in a forked child: the parent publishes
+};
+
+class FileTable {
+ public:
+  // Records `fd`, just opened for writing on `path`; takes the file lock
+  // when this is the first descriptor of the file in the process.
+  void Add(int fd, const std::string& path);
+  // Adds `newfd` as another descriptor of the file `oldfd` refers to
+  // (dup), if `oldfd` is tracked.
+  void AddAlias(int oldfd, int newfd);
+  // Forgets `fd` (about to be closed). Returns the file when `fd` was its
+  // last descriptor; the caller finishes it after the real close.
+  std::unique_ptr<TrackedFile> Remove(int fd);
+  // Remove() for every tracked descriptor in [first, last].
+  std::vector<std::unique_ptr<TrackedFile>> RemoveRange(unsigned first, unsigned last);
+  bool Tracked(int fd) const {
+    if (count_.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return by_fd_.count(fd) != 0;
+  }
+  bool WritingPath(const std::string& path) {
+    if (count_.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, f] : by_file_)
+      if (f->path == path && f->owned) return true;
+    return false;
+  }
+  // Cheap test used by every close(): nothing tracked means nothing to do.
+  bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
+  std::vector<std::unique_ptr<TrackedFile>> TakeAll();
+
+  void LockForFork() { mu_.lock(); }
+  void UnlockAfterFork() { mu_.unlock(); }
+  // In a forked child: the parent owns every file open so far.
+  void DisownAll();
+
+ private:
+  using Key = std::pair<dev_t, ino_t>;
+  mutable std::mutex mu_;
+  std::atomic<int> count_{0};  // descriptors in by_fd_
+  std::unordered_map<int, TrackedFile*> by_fd_;
+  std::map<Key, std::unique_ptr<TrackedFile>> by_file_;
+};
+
+FileTable& Table() {
+  static FileTable* table = new FileTable();  // leaked: used until exit
+  return *table;
+}
+
+// Takes the producer's exclusive lock on a file: on a descriptor of our own
+// when we can open one, so that the lock lasts exactly as long as some
+// descriptor of the application is open, whatever order they close in.
+int LockFile(int app_fd, const std::string& path) {
+  int fd = real_open()(("/proc/self/fd/" + std::to_string(app_fd)).c_str(),
+                       O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  const int target = fd >= 0 ? fd : app_fd;  // write-only file: lock the app's
+  while (::flock(target, LOCK_EX) != 0 && errno == EINTR) {
+  }
+  return fd;
+}
+
+bool Finish(std::unique_ptr<TrackedFile> file);
+
+// A descriptor number the kernel hands out again was closed by a path we do
+// not see (a raw system call, a C library internal): that file's close
+// happened, so finish it now rather than never.
+void DropStale(int fd) {
+  if (auto stale = Table().Remove(fd)) Finish(std::move(stale));
+}
+
+void FileTable::Add(int fd, const std::string& path) {
+  DropStale(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
+  const Key key{st.st_dev, st.st_ino};
+  TrackedFile* file = nullptr;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_file_.find(key);
+    if (it == by_file_.end()) {
+      auto f = std::make_unique<TrackedFile>();
+      f->dev = st.st_dev;
+      f->ino = st.st_ino;
+      f->path = path;
+      it = by_file_.emplace(key, std::move(f)).first;
+      first = true;
+    }
+    file = it->second.get();
+    ++file->refs;
+    if (by_fd_.emplace(fd, file).second) count_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  if (!first) return;
+  // Outside the mutex: flock may wait for a fetch in progress (LOCK_SH).
+  const int lock_fd = LockFile(fd, path);
+  std::lock_guard<std::mutex> lock(mu_);
+  file->lock_fd = lock_fd;
+}
+
+void FileTable::AddAlias(int oldfd, int newfd) {
+  if (newfd < 0 || empty()) return;
+  if (newfd != oldfd) DropStale(newfd);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_fd_.find(oldfd);
+  if (it == by_fd_.end()) return;
+  ++it->second->refs;
+  if (by_fd_.emplace(newfd, it->second).second) count_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::unique_ptr<TrackedFile> FileTable::Remove(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_fd_.find(fd);
+  if (it == by_fd_.end()) return nullptr;
+  TrackedFile* file = it->second;
+  by_fd_.erase(it);
+  count_.fetch_sub(1, std::memory_order_acq_rel);
+  if (--file->refs > 0) return nullptr;
+  auto fit = by_file_.find(Key{file->dev, file->ino});
+  std::unique_ptr<TrackedFile> out = std::move(fit->second);
+  by_file_.erase(fit);
+  return out;
+}
+
+std::vector<std::unique_ptr<TrackedFile>> FileTable::RemoveRange(unsigned first, unsigned last) {
+  std::vector<int> fds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [fd, file] : by_fd_)
+      if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last)
+        fds.push_back(fd);
+  }
+  std::vector<std::unique_ptr<TrackedFile>> out;
+  for (int fd : fds)
+    if (auto f = Remove(fd)) out.push_back(std::move(f));
+  return out;
+}
+
+std::vector<std::unique_ptr<TrackedFile>> FileTable::TakeAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::unique_ptr<TrackedFile>> out;
+  for (auto& [key, f] : by_file_) out.push_back(std::move(f));
+  by_file_.clear();
+  by_fd_.clear();
+  count_.store(0, std::memory_order_release);
+  return out;
+}
+
+void FileTable::DisownAll() {
+  for (auto& [key, f] : by_file_) {
+    f->owned = false;
+    // Our copy of the lock descriptor only; the parent's keeps the lock.
+    if (f->lock_fd >= 0) real_close()(f->lock_fd);
+    f->lock_fd = -1;
+  }
+}
+
+void AtForkPrepare() { Table().LockForFork(); }
+void AtForkParent() { Table().UnlockAfterFork(); }
+void AtForkChild() {
+  Table().DisownAll();
+  Table().UnlockAfterFork();
+}
+
+// The last descriptor of a written file is closed: unlock and publish.
+// Returns false when publishing failed and the caller should report failure.
+bool Finish(std::unique_ptr<TrackedFile> file) {
+  if (file == nullptr) return true;
+  ReentryGuard guard;  // the client's own opens must not come back here
+  if (file->lock_fd >= 0) real_close()(file->lock_fd);  // releases LOCK_EX
+  if (!file->owned || g_client == nullptr) return true;
+  Status st = g_client->Produce(file->path);
+  if (st.ok()) return true;
+  Report("publish '" + file->path + "'", st);
+  return !g_fail_on_error;
+}
+
+void AtExit() {
+  ReentryGuard guard;
+  // Files a program leaves open at exit are complete now: publish them
+  // (the kernel is about to close the descriptors for us).
+  for (auto& f : Table().TakeAll()) Finish(std::move(f));
+  g_shutdown.store(true, std::memory_order_release);
+}
+
+// ---------------------------------------------------------------------------
+// Path resolution.
+
+bool IsAbsolute(const char* path) { return path[0] == '/'; }
+
+// The name DYAD should see for `path` opened relative to `dirfd`: absolute,
+// or (DYAD_PATH_RELATIVE, plain relative name) relative to the managed
+// directory as the user meant it. False when it cannot be determined
+// (then the call is passed through).
+bool NameFor(int dirfd, const char* path, std::string* out) {
+  if (IsAbsolute(path)) {
+    *out = path;
+    return true;
+  }
+  if (dirfd == AT_FDCWD) {
+    if (g_client->config().relative_to_managed_path) {
+      *out = path;
+      return true;
+    }
+    char buf[4096];
+    if (::getcwd(buf, sizeof(buf)) == nullptr) return false;
+    *out = std::string(buf) + "/" + path;
+    return true;
+  }
+  char link[64];
+  std::snprintf(link, sizeof(link), "/proc/self/fd/%d", dirfd);
+  char buf[4096];
+  const ssize_t n = ::readlink(link, buf, sizeof(buf) - 1);
+  if (n <= 0 || buf[0] != '/') return false;
+  *out = std::string(buf, static_cast<size_t>(n)) + "/" + path;
+  return true;
+}
+
+bool WriteFlags(int flags) { return (flags & O_ACCMODE) != O_RDONLY; }
+
+bool WriteMode(const char* mode) {
+  if (mode == nullptr) return false;
+  for (const char* m = mode; *m != '\0' && *m != ','; ++m)
+    if (*m == 'w' || *m == 'a' || *m == '+') return true;
+  return false;
+}
+
+bool IsDirectory(const std::string& name) {
+  struct stat st;
+  return ::stat(name.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// What an open of a managed path needs.
+enum class Action { kPass, kConsume, kProduce };
+
+// Decides, without allocating for absolute names outside the managed
+// directories, what to do with an open of `path` relative to `dirfd`.
+// On kConsume/kProduce, `name` holds the name for the client.
+Action Classify(int dirfd, const char* path, bool write, bool special, std::string* name) {
+  if (path == nullptr || path[0] == '\0' || special) return Action::kPass;
+  if (g_shutdown.load(std::memory_order_acquire)) return Action::kPass;
+  Client* c = GetClient();
+  if (c == nullptr) return Action::kPass;
+  const Side side = write ? Side::kProducer : Side::kConsumer;
+  if (IsAbsolute(path)) {
+    if (!MaybeManaged(path) || !c->IsManaged(std::string_view(path), side)) return Action::kPass;
+    *name = path;
+  } else {
+    if (!NameFor(dirfd, path, name) || !c->IsManaged(*name, side)) return Action::kPass;
+  }
+  if (write) return Action::kProduce;
+  // A directory is never published; a file this process is writing is
+  // already here (reading it back must not wait for its own publication).
+  if (IsDirectory(*name) || Table().WritingPath(*name)) return Action::kPass;
+  return Action::kConsume;
+}
+
+// Runs the consume for a read-only open. Returns 0 to go on with the real
+// open, or an errno to fail it with.
+int ConsumeBefore(const std::string& name) {
+  Status st = g_client->Consume(name);
+  if (st.ok()) return 0;
+  Report("consume '" + name + "'", st);
+  return g_fail_on_error ? ErrnoFor(st) : 0;
+}
+
+// Special opens that never go through DYAD: O_PATH handles, directories,
+// unnamed temporary files.
+bool SpecialFlags(int flags) {
+  return (flags & O_PATH) != 0 || (flags & O_DIRECTORY) != 0 || (flags & O_TMPFILE) == O_TMPFILE;
+}
+
+bool NeedsMode(int flags) { return (flags & O_CREAT) != 0 || (flags & O_TMPFILE) == O_TMPFILE; }
+
+// Forgets `fd` before the real close (so that its number cannot be reused
+// by another thread's open while the table still names it), runs the close,
+// then publishes when it was the file's last descriptor.
+template <typename RealCall>
+int CloseCommon(int fd, RealCall real) {
+  if (Table().empty()) return real();
+  ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  std::unique_ptr<TrackedFile> last = Table().Remove(fd);
+  const int rc = real();
+  if (last == nullptr) return rc;
+  const int e = errno;
+  const bool ok = Finish(std::move(last));
+  if (rc == 0 && !ok) {
+    errno = EIO;  // the descriptor is closed; the publication failed
+    return -1;
+  }
+  errno = e;
+  return rc;
+}
+
+// The common body of every descriptor-returning open. `real(flags)` performs
+// the real call (it captures the function, dirfd and mode); the flags may
+// differ from the caller's by O_TRUNC (see late_truncate).
+template <typename RealCall>
+int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
+  ReentryGuard guard;
+  if (!guard.outermost()) return real(flags);
+  const int entry_errno = errno;  // our checks must not change what the caller sees
+  std::string name;
+  const Action action = Classify(dirfd, path, WriteFlags(flags), SpecialFlags(flags), &name);
+  if (action == Action::kConsume) {
+    if (int err = ConsumeBefore(name); err != 0) {
+      errno = err;
+      return -1;
+    }
+  }
+  // A producer truncates only once it holds the lock: the service may be
+  // sending the previous version of the file (under LOCK_SH) right now.
+  const bool late_truncate = action == Action::kProduce && (flags & O_TRUNC) != 0;
+  errno = entry_errno;
+  const int fd = real(late_truncate ? flags & ~O_TRUNC : flags);
+  if (fd >= 0 && action == Action::kProduce) {
+    const int e = errno;
+    Table().Add(fd, name);
+    if (late_truncate && ::ftruncate(fd, 0) != 0 && errno != EINVAL) {
+      const int te = errno;  // the open fails as a truncating open would have
+      std::unique_ptr<TrackedFile> last = Table().Remove(fd);
+      real_close()(fd);
+      if (last != nullptr && last->lock_fd >= 0) real_close()(last->lock_fd);
+      errno = te;
+      return -1;
+    }
+    errno = e;
+  }
+  return fd;
+}
+
+// fopen(path, "w...") of a managed file: the C library would truncate
+// inside fopen, before we could take the lock, so do what fopen does in
+// steps: open without O_TRUNC, lock, truncate, then wrap the descriptor
+// (fdopen never truncates). Modes with ",ccs=" go to the real fopen.
+FILE* FopenTruncateLocked(const char* path, const char* mode, const std::string& name) {
+  int flags = O_CREAT;
+  bool plus = false;
+  for (const char* m = mode + 1; *m != '\0'; ++m) {
+    if (*m == '+') plus = true;
+    if (*m == 'x') flags |= O_EXCL;
+    if (*m == 'e') flags |= O_CLOEXEC;
+  }
+  flags |= plus ? O_RDWR : O_WRONLY;
+  const int fd = real_open()(path, flags, 0666);
+  if (fd < 0) return nullptr;
+  Table().Add(fd, name);
+  int err = 0;
+  if (::ftruncate(fd, 0) != 0 && errno != EINVAL) err = errno;
+  FILE* fp = err == 0 ? ::fdopen(fd, plus ? "w+" : "w") : nullptr;
+  if (fp == nullptr) {
+    if (err == 0) err = errno;
+    std::unique_ptr<TrackedFile> last = Table().Remove(fd);
+    real_close()(fd);
+    if (last != nullptr && last->lock_fd >= 0) real_close()(last->lock_fd);
+    errno = err;
+    return nullptr;
+  }
+  return fp;
+}
+
+template <typename RealCall>
+FILE* FopenCommon(const char* path, const char* mode, RealCall real) {
+  ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  const int entry_errno = errno;
+  std::string name;
+  const Action action = Classify(AT_FDCWD, path, WriteMode(mode), false, &name);
+  if (action == Action::kConsume) {
+    if (int err = ConsumeBefore(name); err != 0) {
+      errno = err;
+      return nullptr;
+    }
+  }
+  errno = entry_errno;
+  if (action == Action::kProduce && mode[0] == 'w' && std::strchr(mode, ',') == nullptr)
+    return FopenTruncateLocked(path, mode, name);
+  FILE* fp = real();
+  if (fp != nullptr && action == Action::kProduce) {
+    const int e = errno;
+    Table().Add(::fileno(fp), name);
+    errno = e;
+  }
+  return fp;
+}
+
+int ModeArg(int flags, va_list ap) { return NeedsMode(flags) ? va_arg(ap, int) : 0; }
+
+}  // namespace
+}  // namespace preload
+}  // namespace dyad
+
+using dyad::preload::CloseCommon;
+using dyad::preload::FopenCommon;
+using dyad::preload::OpenCommon;
+namespace dp = dyad::preload;
+
+// ---------------------------------------------------------------------------
+// The interposed C library functions.
+
+extern "C" {
+
+__attribute__((visibility("default"))) int open(const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = static_cast<mode_t>(dp::ModeArg(flags, ap));
+  va_end(ap);
+  return OpenCommon(AT_FDCWD, path, flags, [&](int f) { return dp::real_open()(path, f, mode); });
+}
+
+__attribute__((visibility("default"))) int open64(const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = static_cast<mode_t>(dp::ModeArg(flags, ap));
+  va_end(ap);
+  return OpenCommon(AT_FDCWD, path, flags, [&](int f) { return dp::real_open64()(path, f, mode); });
+}
+
+__attribute__((visibility("default"))) int openat(int dirfd, const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = static_cast<mode_t>(dp::ModeArg(flags, ap));
+  va_end(ap);
+  return OpenCommon(dirfd, path, flags,
+                    [&](int f) { return dp::real_openat()(dirfd, path, f, mode); });
+}
+
+__attribute__((visibility("default"))) int openat64(int dirfd, const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = static_cast<mode_t>(dp::ModeArg(flags, ap));
+  va_end(ap);
+  return OpenCommon(dirfd, path, flags,
+                    [&](int f) { return dp::real_openat64()(dirfd, path, f, mode); });
+}
+
+__attribute__((visibility("default"))) int __open_2(const char* path, int flags) {
+  return OpenCommon(AT_FDCWD, path, flags, [&](int f) { return dp::real___open_2()(path, f); });
+}
+
+__attribute__((visibility("default"))) int __open64_2(const char* path, int flags) {
+  return OpenCommon(AT_FDCWD, path, flags, [&](int f) { return dp::real___open64_2()(path, f); });
+}
+
+__attribute__((visibility("default"))) int __openat_2(int dirfd, const char* path, int flags) {
+  return OpenCommon(dirfd, path, flags,
+                    [&](int f) { return dp::real___openat_2()(dirfd, path, f); });
+}
+
+__attribute__((visibility("default"))) int __openat64_2(int dirfd, const char* path, int flags) {
+  return OpenCommon(dirfd, path, flags,
+                    [&](int f) { return dp::real___openat64_2()(dirfd, path, f); });
+}
+
+__attribute__((visibility("default"))) int creat(const char* path, mode_t mode) {
+  return OpenCommon(AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC,
+                    [&](int f) { return dp::real_open()(path, f, mode); });
+}
+
+__attribute__((visibility("default"))) int creat64(const char* path, mode_t mode) {
+  return OpenCommon(AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC,
+                    [&](int f) { return dp::real_open64()(path, f, mode); });
+}
+
+__attribute__((visibility("default"))) FILE* fopen(const char* path, const char* mode) {
+  return FopenCommon(path, mode, [&] { return dp::real_fopen()(path, mode); });
+}
+
+__attribute__((visibility("default"))) FILE* fopen64(const char* path, const char* mode) {
+  return FopenCommon(path, mode, [&] { return dp::real_fopen64()(path, mode); });
+}
+
+// freopen closes the stream's descriptor (possibly the file's last) and
+// opens `path` in its place.
+static FILE* FreopenCommon(const char* path, const char* mode, FILE* stream, bool is64) {
+  auto real = [&] {
+    return is64 ? dp::real_freopen64()(path, mode, stream) : dp::real_freopen()(path, mode, stream);
+  };
+  if (stream == nullptr || path == nullptr) return real();  // mode change only
+  dp::ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  const int old_fd = ::fileno(stream);
+  std::unique_ptr<dp::TrackedFile> last;
+  if (old_fd >= 0 && !dp::Table().empty()) last = dp::Table().Remove(old_fd);
+  const int entry_errno = errno;
+  std::string name;
+  const dp::Action action = dp::Classify(AT_FDCWD, path, dp::WriteMode(mode), false, &name);
+  if (action == dp::Action::kConsume) {
+    if (int err = dp::ConsumeBefore(name); err != 0) {
+      dp::real_fclose()(stream);  // freopen closes the stream on failure too
+      dp::Finish(std::move(last));
+      errno = err;
+      return nullptr;
+    }
+  }
+  errno = entry_errno;
+  FILE* fp = real();
+  const int e = errno;
+  dp::Finish(std::move(last));
+  if (fp != nullptr && action == dp::Action::kProduce) dp::Table().Add(::fileno(fp), name);
+  errno = e;
+  return fp;
+}
+
+__attribute__((visibility("default"))) FILE* freopen(const char* path, const char* mode,
+                                                     FILE* stream) {
+  return FreopenCommon(path, mode, stream, false);
+}
+
+__attribute__((visibility("default"))) FILE* freopen64(const char* path, const char* mode,
+                                                       FILE* stream) {
+  return FreopenCommon(path, mode, stream, true);
+}
+
+__attribute__((visibility("default"))) int close(int fd) {
+  return CloseCommon(fd, [&] { return dp::real_close()(fd); });
+}
+
+// glibc's fclose closes the descriptor internally (not through close()).
+__attribute__((visibility("default"))) int fclose(FILE* stream) {
+  if (stream == nullptr || dp::Table().empty()) return dp::real_fclose()(stream);
+  const int fd = ::fileno(stream);
+  return CloseCommon(fd, [&] { return dp::real_fclose()(stream); });
+}
+
+// dup family: a duplicate keeps the file open (dd writes through a dup2'ed
+// standard output), and dup2/dup3 onto a tracked descriptor closes it.
+__attribute__((visibility("default"))) int dup(int oldfd) {
+  const int fd = dp::real_dup()(oldfd);
+  if (fd >= 0 && !dp::Table().empty()) {
+    const int e = errno;
+    dp::Table().AddAlias(oldfd, fd);
+    errno = e;
+  }
+  return fd;
+}
+
+static int Dup2Common(int oldfd, int newfd, int flags, bool three) {
+  auto real = [&] {
+    return three ? dp::real_dup3()(oldfd, newfd, flags) : dp::real_dup2()(oldfd, newfd);
+  };
+  if (dp::Table().empty() || oldfd == newfd) return real();
+  dp::ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  std::unique_ptr<dp::TrackedFile> last = dp::Table().Remove(newfd);
+  const int fd = real();
+  const int e = errno;
+  if (fd >= 0) dp::Table().AddAlias(oldfd, fd);
+  dp::Finish(std::move(last));
+  errno = e;
+  return fd;
+}
+
+// fcntl(F_DUPFD*) duplicates like dup(). The argument is read as a pointer,
+// as glibc itself does, and passed on unchanged for every other command.
+static int FcntlCommon(int fd, int cmd, void* arg, bool is64) {
+  const int rc = is64 ? dp::real_fcntl64()(fd, cmd, arg) : dp::real_fcntl()(fd, cmd, arg);
+  if (rc >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && !dp::Table().empty()) {
+    const int e = errno;
+    dp::Table().AddAlias(fd, rc);
+    errno = e;
+  }
+  return rc;
+}
+
+__attribute__((visibility("default"))) int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return FcntlCommon(fd, cmd, arg, false);
+}
+
+__attribute__((visibility("default"))) int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return FcntlCommon(fd, cmd, arg, true);
+}
+
+// close_range/closefrom close many descriptors at once (Python's
+// subprocess, daemons): the tracked ones among them count as closes.
+__attribute__((visibility("default"))) int close_range(unsigned first, unsigned last, int flags) {
+  if (dp::Table().empty() || (flags & CLOSE_RANGE_CLOEXEC) != 0)
+    return dp::real_close_range()(first, last, flags);
+  dp::ReentryGuard guard;
+  if (!guard.outermost()) return dp::real_close_range()(first, last, flags);
+  auto files = dp::Table().RemoveRange(first, last);
+  const int rc = dp::real_close_range()(first, last, flags);
+  const int e = errno;
+  for (auto& f : files) dp::Finish(std::move(f));
+  errno = e;
+  return rc;
+}
+
+__attribute__((visibility("default"))) void closefrom(int lowfd) {
+  if (dp::Table().empty() || lowfd < 0) return dp::real_closefrom()(lowfd);
+  dp::ReentryGuard guard;
+  if (!guard.outermost()) return dp::real_closefrom()(lowfd);
+  auto files = dp::Table().RemoveRange(static_cast<unsigned>(lowfd), ~0u);
+  dp::real_closefrom()(lowfd);
+  const int e = errno;
+  for (auto& f : files) dp::Finish(std::move(f));
+  errno = e;
+}
+
+__attribute__((visibility("default"))) int dup2(int oldfd, int newfd) {
+  return Dup2Common(oldfd, newfd, 0, false);
+}
+
+__attribute__((visibility("default"))) int dup3(int oldfd, int newfd, int flags) {
+  return Dup2Common(oldfd, newfd, flags, true);
+}
+
+}  // extern "C"
+
+// Resolve the real functions before main (a constructor of another library
+// may still call us earlier; RealFn resolves lazily then), and stop
+// interposing once the process is tearing down its libraries.
+__attribute__((constructor)) static void DyadPreloadLoad() {
+  (void)dp::real_open();
+  (void)dp::real_openat();
+  (void)dp::real_close();
+  (void)dp::real_fopen();
+  (void)dp::real_fclose();
+}
+
+__attribute__((destructor)) static void DyadPreloadUnload() {
+  dp::g_shutdown.store(true, std::memory_order_release);
+}

@@ -1,0 +1,357 @@
+// preload_test.cc: unmodified programs exchange files through DYAD with
+// nothing but LD_PRELOAD=libdyad_wrapper.so and the node's DYAD_* variables.
+//
+// Node A (producer) and node B (consumer) of an emulated cluster run real
+// programs (cp, cat, dd, tar, sha256sum, python3) and the small programs of
+// tests/preload_helpers. Expected bytes are computed by this test from the
+// sources, never taken from the programs under test. Every program runs
+// with a bounded timeout and DYAD_CONSUME_TIMEOUT, and the fixture tears the
+// cluster down (processes, namespaces, directories) also on failure.
+//
+// Threading: gtest main thread only.
+#include <sys/stat.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "integration_util.h"
+
+namespace dyad::it {
+namespace {
+
+uint64_t Fnv(const std::string& data) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(gen() & 0xff);
+  return s;
+}
+
+std::string TextLines(size_t lines, const std::string& tag) {
+  std::string s;
+  for (size_t i = 0; i < lines; ++i) s += tag + " line " + std::to_string(i) + "\n";
+  return s;
+}
+
+// "<path> <size> <fnv>" as dyad-preload-helper read-threads prints it.
+std::string HelperLine(const std::string& path, const std::string& data) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), " %zu %016" PRIx64, data.size(), Fnv(data));
+  return path + buf;
+}
+
+class PreloadTest : public TwoNodeTest {
+ protected:
+  void SetUp() override {
+    lib_ = std::string(DYAD_BUILD_BIN_DIR) + "/libdyad_wrapper.so";
+    helper_ = std::string(DYAD_BUILD_BIN_DIR) + "/dyad-preload-helper";
+    if (!Exists(lib_)) GTEST_SKIP() << "libdyad_wrapper.so not built in " << DYAD_BUILD_BIN_DIR;
+    TwoNodeTest::SetUp();
+  }
+
+  Env PreloadEnv(const Env& extra = {}) {
+    Env env = {{"LD_PRELOAD", lib_}, {"DYAD_CONSUME_TIMEOUT", "30"}};
+    for (const auto& [k, v] : extra) env[k] = v;
+    return env;
+  }
+
+  // Runs argv on `node` under the library; expects success, returns output.
+  std::string RunOk(int node, const std::vector<std::string>& argv, const Env& extra = {},
+                    int64_t timeout_ms = 60000) {
+    auto r = cluster().RunOnNode(node, argv, timeout_ms, PreloadEnv(extra));
+    EXPECT_TRUE(r.ok()) << Str(r.status());
+    if (!r.ok()) return "";
+    EXPECT_FALSE(r->timed_out) << argv[0] << " timed out:\n" << r->output;
+    EXPECT_TRUE(r->status.success()) << argv[0] << ": " << r->status.ToString() << "\n"
+                                     << r->output;
+    return r->output;
+  }
+
+  // Starts argv on `node` under the library, output into a file.
+  emu::Process Start(int node, const std::vector<std::string>& argv, const std::string& out,
+                     const Env& extra = {}) {
+    auto p = cluster().SpawnOnNode(node, argv, PreloadEnv(extra), out);
+    EXPECT_TRUE(p.ok()) << Str(p.status());
+    return p.ok() ? std::move(*p) : emu::Process();
+  }
+
+  // Waits (bounded) for a started program and expects success.
+  void FinishOk(emu::Process& p, const std::string& out, int64_t timeout_ms = 60000) {
+    ASSERT_TRUE(p.valid());
+    auto st = p.Wait(Deadline::AfterMs(timeout_ms));
+    if (!st.ok()) p.Kill();
+    ASSERT_TRUE(st.ok()) << "did not finish in time\n" << ReadAll(out);
+    EXPECT_TRUE(st->success()) << st->ToString() << "\n" << ReadAll(out);
+  }
+
+  // sha256sum's line for `data` under the name `path`, computed without
+  // the library (in this process's namespace).
+  std::string Sha256Of(const std::string& data, const std::string& path) {
+    const std::string tmp = work_ + "/sha-input";
+    WriteAll(tmp, data);
+    emu::SpawnOptions o;
+    o.argv = {"sha256sum", tmp};
+    auto r = emu::RunCapture(o, 30000);
+    EXPECT_TRUE(r.ok() && r->status.success());
+    if (!r.ok()) return "";
+    return r->output.substr(0, 64) + "  " + path + "\n";
+  }
+
+  std::string lib_;
+  std::string helper_;
+};
+
+// cp into A's managed directory; sha256sum and cat on B, started before
+// the producer, block until cp's close publishes the file.
+TEST_F(PreloadTest, CpProducesAndConsumerStartedFirstBlocksUntilClose) {
+  const std::string data = RandomBytes(3 * kMiB + 17, 1);
+  const std::string text = TextLines(20000, "cp");
+  const std::string src = work_ + "/src.bin", src_txt = work_ + "/src.txt";
+  WriteAll(src, data);
+  WriteAll(src_txt, text);
+
+  const std::string out = work_ + "/sha.out";
+  emu::Process sha = Start(kB, {"sha256sum", PathOn(kB, "cp.bin")}, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_FALSE(sha.Exited()) << "consumer finished before anything was produced:\n" << ReadAll(out);
+  RunOk(kA, {"cp", src, PathOn(kA, "cp.bin")});
+  FinishOk(sha, out);
+  EXPECT_EQ(ReadAll(out), Sha256Of(data, PathOn(kB, "cp.bin")));
+
+  RunOk(kA, {"cp", src_txt, PathOn(kA, "cp.txt")});
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "cp.txt")}), text);
+  EXPECT_EQ(ReadAll(PathOn(kB, "cp.txt")), text);
+  EXPECT_TRUE(PartFiles(dmd(kB)).empty());
+}
+
+// A consumer must not see the file while the producer still holds it open.
+TEST_F(PreloadTest, ConsumerWaitsForLastCloseNotForCreate) {
+  const std::string out = work_ + "/reader.out";
+  emu::Process reader = Start(kB, {helper_, "read-threads", PathOn(kB, "held.dat")}, out);
+  const std::string wout = work_ + "/writer.out";
+  emu::Process writer =
+      Start(kA, {helper_, "write-openat", dmd(kA), "held.dat", "200000", "1500"}, wout);
+  // The writer keeps the file open for 1.5 s after writing it all.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_FALSE(writer.Exited());
+  EXPECT_FALSE(reader.Exited()) << "consumer read a file still open for writing:\n" << ReadAll(out);
+  FinishOk(writer, wout);
+  FinishOk(reader, out);
+  EXPECT_EQ(ReadAll(out),
+            HelperLine(PathOn(kB, "held.dat"), ReadAll(PathOn(kA, "held.dat"))) + "\n");
+}
+
+TEST_F(PreloadTest, DdWritesThroughDup2) {
+  const std::string data = RandomBytes(2 * kMiB, 2);
+  const std::string src = work_ + "/dd.src";
+  WriteAll(src, data);
+  RunOk(kA, {"dd", "if=" + src, "of=" + PathOn(kA, "dd.bin"), "bs=65536", "status=none"});
+  EXPECT_EQ(RunOk(kB, {"sha256sum", PathOn(kB, "dd.bin")}), Sha256Of(data, PathOn(kB, "dd.bin")));
+}
+
+TEST_F(PreloadTest, TarExtractThenReadEveryFile) {
+  const std::string tree = work_ + "/tree";
+  ASSERT_EQ(::mkdir(tree.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((tree + "/sub").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((tree + "/sub/deep").c_str(), 0755), 0);
+  const std::map<std::string, std::string> files = {
+      {"t/a.txt", TextLines(100, "a")},
+      {"t/sub/b.bin", RandomBytes(300000, 3)},
+      {"t/sub/deep/c.txt", TextLines(5000, "c")},
+      {"t/sub/empty.dat", ""},
+  };
+  for (const auto& [name, data] : files) WriteAll(tree + "/" + name.substr(2), data);
+  const std::string tarball = work_ + "/tree.tar";
+  emu::SpawnOptions o;
+  o.argv = {"tar", "-cf", tarball, "-C", work_, "--transform=s,^tree,t,", "tree"};
+  auto made = emu::RunCapture(o, 30000);
+  ASSERT_TRUE(made.ok() && made->status.success()) << (made.ok() ? made->output : "");
+
+  RunOk(kA, {"tar", "-xf", tarball, "-C", dmd(kA)});
+  for (const auto& [name, data] : files) {
+    EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, name)}), data) << name;
+  }
+}
+
+TEST_F(PreloadTest, PythonReadsWithOpenRb) {
+  const std::string data = RandomBytes(kMiB + 5, 4);
+  const std::string src = work_ + "/py.src";
+  WriteAll(src, data);
+  const std::string out = work_ + "/py.out";
+  emu::Process py =
+      Start(kB,
+            {"/usr/bin/python3", "-c",
+             "import sys, hashlib\n"
+             "with open(sys.argv[1], 'rb') as f: print(hashlib.sha256(f.read()).hexdigest())\n",
+             PathOn(kB, "py.bin")},
+            out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  RunOk(kA, {"cp", src, PathOn(kA, "py.bin")});
+  FinishOk(py, out);
+  EXPECT_EQ(ReadAll(out), Sha256Of(data, "x").substr(0, 64) + "\n");
+
+  // Python as the producer too (open(..., "wb") from two threads).
+  RunOk(kA, {"/usr/bin/python3", "-c",
+             "import sys, threading\n"
+             "def w(i):\n"
+             "    with open(sys.argv[1] + '/pyw%d.txt' % i, 'wb') as f:\n"
+             "        f.write(b'python %d\\n' % i * 1000)\n"
+             "ts = [threading.Thread(target=w, args=(i,)) for i in range(2)]\n"
+             "[t.start() for t in ts]; [t.join() for t in ts]\n",
+             dmd(kA)});
+  for (int i = 0; i < 2; ++i) {
+    std::string expected;
+    for (int k = 0; k < 1000; ++k) expected += "python " + std::to_string(i) + "\n";
+    EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "pyw" + std::to_string(i) + ".txt")}), expected);
+  }
+}
+
+TEST_F(PreloadTest, OpenatRdwrProducer) {
+  // With DYAD_FSYNC_WRITE the publication also goes through the fsync path.
+  RunOk(kA, {helper_, "write-openat", dmd(kA), "rdwr.dat", "123457"}, {{"DYAD_FSYNC_WRITE", "1"}});
+  const std::string produced = ReadAll(PathOn(kA, "rdwr.dat"));
+  ASSERT_EQ(produced.size(), 123457u);
+  EXPECT_EQ(RunOk(kB, {helper_, "read-threads", PathOn(kB, "rdwr.dat")}),
+            HelperLine(PathOn(kB, "rdwr.dat"), produced) + "\n");
+}
+
+// A file open several times (open, fopen, an fcntl duplicate) is published
+// once, at its last close, with all of its bytes.
+TEST_F(PreloadTest, FileOpenedTwicePublishesOnceAtLastClose) {
+  const uint64_t before = Counter(kA, "requests.publish");
+  EXPECT_EQ(RunOk(kA, {helper_, "write-twice", dmd(kA), "twice.dat", "100000"}),
+            "closed first\nclosed second\nclosed last\n");
+  EXPECT_EQ(Counter(kA, "requests.publish"), before + 1);
+  const std::string produced = ReadAll(PathOn(kA, "twice.dat"));
+  ASSERT_EQ(produced.size(), 100000u);
+  EXPECT_EQ(RunOk(kB, {helper_, "read-threads", PathOn(kB, "twice.dat")}),
+            HelperLine(PathOn(kB, "twice.dat"), produced) + "\n");
+}
+
+// A program that exits with the file still open publishes it at exit.
+TEST_F(PreloadTest, FileLeftOpenAtExitIsPublished) {
+  RunOk(kA, {helper_, "write-noclose", dmd(kA), "noclose.dat", "4321"});
+  const std::string produced = ReadAll(PathOn(kA, "noclose.dat"));
+  ASSERT_EQ(produced.size(), 4321u);
+  EXPECT_EQ(RunOk(kB, {helper_, "read-threads", PathOn(kB, "noclose.dat")}),
+            HelperLine(PathOn(kB, "noclose.dat"), produced) + "\n");
+}
+
+// Relative names: against the working directory (cp run inside the managed
+// directory), and with DYAD_PATH_RELATIVE against the managed directory.
+TEST_F(PreloadTest, RelativeNames) {
+  const std::string text = TextLines(1000, "rel");
+  WriteAll(work_ + "/rel.src", text);
+  RunOk(kA, {"/bin/sh", "-c", "cd '" + dmd(kA) + "' && cp '" + work_ + "/rel.src' rel.txt"});
+  EXPECT_EQ(RunOk(kB, {"/bin/sh", "-c", "cd '" + dmd(kB) + "' && cat rel.txt"}), text);
+  // DYAD_PATH_RELATIVE: the consumer names the file relative to the managed
+  // directory while its working directory is that directory too.
+  RunOk(kA, {"cp", work_ + "/rel.src", PathOn(kA, "rel2.txt")});
+  EXPECT_EQ(RunOk(kB, {"/bin/sh", "-c", "cd '" + dmd(kB) + "' && cat rel2.txt"},
+                  {{"DYAD_PATH_RELATIVE", "1"}}),
+            text);
+}
+
+// Children forked by a preloaded producer publish their own files; the
+// parent publishes its own once; an 8-thread reader gets them all.
+TEST_F(PreloadTest, ForkingProducerAndEightThreadReader) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 7; ++i) names.push_back("fork" + std::to_string(i) + ".dat");
+  names.push_back("parent.dat");
+  std::vector<std::string> argv = {helper_, "read-threads"};
+  for (const auto& n : names) argv.push_back(PathOn(kB, n));
+  const std::string out = work_ + "/threads.out";
+  emu::Process reader = Start(kB, argv, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  RunOk(kA, {helper_, "fork-produce", dmd(kA), "7", "50000"});
+  FinishOk(reader, out);
+  std::string expected;
+  for (const auto& n : names) expected += HelperLine(PathOn(kB, n), ReadAll(PathOn(kA, n))) + "\n";
+  EXPECT_EQ(ReadAll(out), expected);
+  EXPECT_EQ(ReadAll(PathOn(kA, "fork3.dat")).size(), 50003u);
+}
+
+// Eight threads of one process write eight files at once; eight threads of
+// a reader started first get them all.
+TEST_F(PreloadTest, EightThreadWriterEightThreadReader) {
+  std::vector<std::string> argv = {helper_, "read-threads"};
+  for (int i = 0; i < 8; ++i) argv.push_back(PathOn(kB, "thr" + std::to_string(i) + ".dat"));
+  const std::string out = work_ + "/thr.out";
+  emu::Process reader = Start(kB, argv, out);
+  RunOk(kA, {helper_, "write-threads", dmd(kA), "8", "70000"});
+  FinishOk(reader, out);
+  std::string expected;
+  for (int i = 0; i < 8; ++i) {
+    const std::string n = "thr" + std::to_string(i) + ".dat";
+    expected += HelperLine(PathOn(kB, n), ReadAll(PathOn(kA, n))) + "\n";
+  }
+  EXPECT_EQ(ReadAll(out), expected);
+  EXPECT_EQ(Counter(kA, "requests.publish"), 8u);
+}
+
+// Outside the managed directories the library changes nothing: same
+// results and errno as without it.
+TEST_F(PreloadTest, NonManagedPathsBehaveAsWithoutLibrary) {
+  const std::string dir_a = work_ + "/plain-a", dir_b = work_ + "/plain-b";
+  ASSERT_EQ(::mkdir(dir_a.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir_b.c_str(), 0755), 0);
+  const std::string with = RunOk(kA, {helper_, "probe", dir_a});
+  auto r = cluster().RunOnNode(kA, {helper_, "probe", dir_b}, 30000, {});
+  ASSERT_TRUE(r.ok() && r->status.success());
+  std::string without = r->output;
+  EXPECT_EQ(with, without);
+  EXPECT_NE(with.find("open-missing rc=-1 errno=ENOENT"), std::string::npos) << with;
+  EXPECT_NE(with.find("excl-existing rc=-1 errno=EEXIST"), std::string::npos) << with;
+  EXPECT_NE(with.find("open-dir-as-file rc=-1 errno=EISDIR"), std::string::npos) << with;
+  EXPECT_NE(with.find("errno-after-success 1234"), std::string::npos) << with;
+  EXPECT_NE(with.find("close-bad rc=-1 errno=EBADF"), std::string::npos) << with;
+  // And nothing was published for them.
+  EXPECT_EQ(Counter(kA, "requests.publish"), 0u);
+}
+
+// Service unreachable: one clear message, the managed open fails (default)
+// or passes through (DYAD_PRELOAD_ON_ERROR=pass); other paths unaffected.
+TEST_F(PreloadTest, UnreachableServiceFailsOrPassesAsConfigured) {
+  WriteFileOn(kB, "local.dat", 1000);
+  const Env dead = {{"DYAD_SERVICE_SOCKET", work_ + "/no-such.sock"}};
+  auto r = cluster().RunOnNode(kB, {"cat", PathOn(kB, "local.dat"), PathOn(kB, "other.dat")}, 30000,
+                               PreloadEnv(dead));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->status.success());
+  size_t first = r->output.find("dyad-preload");
+  ASSERT_NE(first, std::string::npos) << r->output;
+  EXPECT_EQ(r->output.find("dyad-preload", first + 1), std::string::npos)
+      << "more than one message:\n"
+      << r->output;
+
+  Env pass = dead;
+  pass["DYAD_PRELOAD_ON_ERROR"] = "pass";
+  auto p = cluster().RunOnNode(kB, {"cat", PathOn(kB, "local.dat")}, 30000, PreloadEnv(pass));
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->status.success()) << p->output;
+  EXPECT_NE(p->output.find("dyad-preload"), std::string::npos) << p->output;
+  EXPECT_EQ(p->output.size() - p->output.find('\n') - 1, 1000u);
+}
+
+}  // namespace
+}  // namespace dyad::it
