@@ -324,6 +324,20 @@ Status EmuCluster::SetupNetwork(int n) {
       DYAD_RETURN_IF_ERROR(Ip({"-n", info.netns, "addr", "add", info.ip + "/24", "dev", "eth0"}));
       DYAD_RETURN_IF_ERROR(Ip({"-n", info.netns, "link", "set", "eth0", "up"}));
     }
+    // A veth's carrier comes up asynchronously, up to a second later (the
+    // kernel's link-watch delay). Programs that list usable interfaces once
+    // at start-up (UCX does) would otherwise miss eth0 on a fresh node.
+    const Deadline carrier_deadline = Deadline::AfterMs(5000);
+    for (int i = 0; i < n; ++i) {
+      for (;;) {
+        SpawnOptions so;
+        so.argv = {"ip", "-n", nodes_[i].info.netns, "-o", "link", "show", "eth0"};
+        Result<RunResult> r = RunCapture(so, 5000);
+        if (!r.ok() || carrier_deadline.expired()) break;  // best effort
+        if (r->output.find("NO-CARRIER") == std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
   }
   return Status::OK();
 }

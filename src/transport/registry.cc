@@ -14,6 +14,9 @@
 #include "transport/local/local_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
+#ifdef DYAD_HAVE_UCX
+#include "transport/ucx/ucx_transport.h"
+#endif
 
 namespace dyad {
 namespace {
@@ -36,7 +39,13 @@ std::string AvailableList() {
 
 }  // namespace
 
-std::vector<std::string> TransportNames() { return {"tcp", "local"}; }
+std::vector<std::string> TransportNames() {
+  std::vector<std::string> names = {"tcp", "local"};
+#ifdef DYAD_HAVE_UCX
+  names.push_back("ucx");
+#endif
+  return names;
+}
 
 Result<std::string> TransportNameForMode(const std::string& dtl_mode) {
   const std::string mode = Lower(dtl_mode);
@@ -45,8 +54,12 @@ Result<std::string> TransportNameForMode(const std::string& dtl_mode) {
   if (mode.empty() || mode == "flux_rpc" || mode == "tcp") return std::string("tcp");
   if (mode == "local") return std::string("local");
   if (mode == "ucx") {
+#ifdef DYAD_HAVE_UCX
+    return std::string("ucx");
+#else
     return Status(DYAD_RC_BADDTLMODE,
                   "UCX transport not compiled in (build with DYAD_ENABLE_UCX=ON and libucx-dev)");
+#endif
   }
   if (mode == "ofi") {
     return Status(DYAD_RC_BADDTLMODE,
@@ -71,6 +84,10 @@ Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
     t = std::make_unique<TcpTransport>(options);
   } else if (*canonical == "local") {
     t = std::make_unique<LocalTransport>(options);
+#ifdef DYAD_HAVE_UCX
+  } else if (*canonical == "ucx") {
+    t = std::make_unique<UcxTransport>(options);
+#endif
   } else {
     // TransportNameForMode and this switch disagree: a programming error,
     // reported rather than crashed on.

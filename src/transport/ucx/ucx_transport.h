@@ -1,0 +1,93 @@
+// ucx_transport.h: the "ucx" transport (DTL mode UCX): file bytes move by
+// one-sided UCX puts into the requester's registered memory; the fetch
+// session carries only small control frames.
+//
+// Protocol (after the FetchReply; both ends know `size`, nothing happens for
+// size 0, and files of at most kInlineMaxBytes are sent inline in a single
+// kInline frame instead):
+//   requester PrepareRequest: transport_args = its UCX worker address.
+//   requester Pull:   takes a buffer from its registered receive pool and
+//                     sends kOffer {address, slot size, rkey} on the session.
+//   owner Push:       gets a cached endpoint to that worker address, unpacks
+//                     the rkey, and for each chunk i: preads it into its own
+//                     registered send buffer, ucp_put_nbx()s it into slot
+//                     i % 2 of the offered buffer, flushes the endpoint (the
+//                     bytes are then in the requester's memory), and sends
+//                     kChunk {index, length}. Before reusing a slot (chunk
+//                     i >= 2) it waits for kCredit {i - 2}.
+//   requester:        on kChunk writes the slot to the sink and, unless no
+//                     later chunk will reuse that slot, sends kCredit.
+// Two slots pipeline the transfer: the owner reads and puts chunk i + 1
+// while the requester writes chunk i. The exchange ends exactly when the
+// last chunk is consumed, so a session stays reusable after a good
+// transfer. Any failure sends kError when possible, marks the session broken
+// and shuts it down, so the peer fails at once instead of at its idle bound;
+// a peer that dies shows up as CONNLOST on the session or as a UCX error on
+// the endpoint (error handling mode PEER), never as a hang: every wait is
+// bounded by options.idle_ms.
+//
+// Resources: one UCX context and worker per transport instance (one per
+// service), created on first use, driven by one progress thread that sleeps
+// on the worker's event fd. Transfer memory is registered once: pools of at
+// most $DYAD_UCX_POOL_BUFFERS (default 4) receive and as many send buffers
+// of 2 x options.chunk_size bytes each, mapped lazily and reused. Receive
+// and send pools are separate so that owners never wait for buffers held by
+// requesters (which could otherwise wait on each other across services).
+// Endpoints are cached by the peer's worker address bytes (a restarted peer
+// has a new address, hence a new entry) and evicted on any error.
+//
+// Threading: thread-safe; one instance is shared by every concurrent
+// transfer of a service. All UCX calls are serialized by one mutex (the
+// worker runs in UCS_THREAD_MODE_SERIALIZED); sessions are used only by the
+// calling thread. MemoryRegions returned by Register() must be destroyed
+// before the transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace dyad {
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(const TransportOptions& options);
+  ~UcxTransport() override;
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  std::string name() const override { return "ucx"; }
+  TransportCaps caps() const override;
+
+  Result<std::string> PrepareRequest() override;
+  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
+              TransferStats* stats) override;
+  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+              TransferStats* stats) override;
+  Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len) override;
+
+  // Session frame types private to this transport (outside proto MsgType).
+  static constexpr uint16_t kOfferFrame = 0x5501;
+  static constexpr uint16_t kChunkFrame = 0x5502;
+  static constexpr uint16_t kCreditFrame = 0x5503;
+  static constexpr uint16_t kErrorFrame = 0x5504;
+  static constexpr uint16_t kInlineFrame = 0x5505;
+
+  // Files up to this size travel inline in one kInlineFrame on the session:
+  // for them the offer and put round trips cost more than the copy saves.
+  static constexpr uint64_t kInlineMaxBytes = 64u << 10;
+
+  // Buffers per pool when $DYAD_UCX_POOL_BUFFERS is unset or invalid.
+  static constexpr int kDefaultPoolBuffers = 4;
+
+  // The implementation (UCX handles, pools, endpoint cache, progress thread).
+  class Engine;
+
+ private:
+  const TransportOptions options_;
+  std::shared_ptr<Engine> engine_;
+};
+
+}  // namespace dyad
