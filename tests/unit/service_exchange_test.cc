@@ -20,114 +20,41 @@
 #include "common/net.h"
 #include "proto/protocol.h"
 #include "service/service.h"
+#include "unit/service_pair.h"
 
 namespace dyad {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
-
-uint64_t MtimeOf(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return 0;
-  return MtimeNs(st);
-}
+using testing_services::ReadAll;
+using testing_services::WriteFile;
 
 class TwoServices : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-svc-test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
-    dir_a_ = base_ + "/a";
-    dir_b_ = base_ + "/b";
-    ServiceOptions a;
-    a.rank = 0;
-    a.prod_path = dir_a_;
-    a.listen = "127.0.0.1:0";
-    a.socket_path = base_ + "/a.sock";
-    a.kvs_url = "embedded";
-    a.secret = "test-secret";
-    a.rpc_timeout_ms = 5000;
-    svc_a_ = std::make_unique<Service>(a);
-    ASSERT_TRUE(svc_a_->Start().ok());
-    ServiceOptions b = a;
-    b.rank = 1;
-    b.prod_path = dir_b_;
-    b.socket_path = base_ + "/b.sock";
-    b.kvs_url = "embedded://" + svc_a_->tcp_address();
-    svc_b_ = std::make_unique<Service>(b);
-    Status st = svc_b_->Start();
+    Status st = pair_.Start("embedded");
     ASSERT_TRUE(st.ok()) << st.ToString();
+    base_ = pair_.base;
+    dir_a_ = pair_.dir_a;
+    dir_b_ = pair_.dir_b;
+    svc_a_ = pair_.a.get();
+    svc_b_ = pair_.b.get();
   }
+  void TearDown() override { pair_.Stop(); }
 
-  void TearDown() override {
-    if (svc_b_) svc_b_->Stop();
-    if (svc_a_) svc_a_->Stop();
-    svc_b_.reset();
-    svc_a_.reset();
-    std::string cmd = "rm -rf '" + base_ + "'";
-    ASSERT_EQ(system(cmd.c_str()), 0);
+  static Result<std::string> Call(const std::string& sock, MsgType type, const std::string& req) {
+    return testing_services::CallLocal(sock, type, req);
   }
-
-  static Result<std::string> Call(const std::string& sock, MsgType type, const std::string& req,
-                                  int64_t timeout_ms = 10000) {
-    Result<SocketAddress> addr = ParseAddress("unix:" + sock);
-    Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
-    if (!fd.ok()) return fd.status();
-    Channel ch(std::move(*fd));
-    std::string body;
-    Status st = CallRpc(ch, type, req, &body, Deadline::AfterMs(timeout_ms));
-    if (!st.ok()) return st;
-    return body;
-  }
-
   Status Publish(const std::string& upath, const std::string& data, bool async = false) {
-    const std::string path = dir_a_ + "/" + upath;
-    Status st = MakeParentDirs(dir_a_, upath);
-    if (!st.ok()) return st;
-    WriteFile(path, data);
-    PublishRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.prod_path = CanonicalPath(dir_a_);
-    req.size = data.size();
-    req.version = MtimeOf(path);
-    req.async = async;
-    Encoder e;
-    req.EncodeTo(e);
-    return Call(base_ + "/a.sock", MsgType::kPublish, e.data()).status();
+    return pair_.Publish(upath, data, async);
   }
-
   Result<ConsumeReply> Consume(const std::string& upath, int64_t timeout_ms = 10000) {
-    ConsumeRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.cons_path = CanonicalPath(dir_b_);
-    req.timeout_ms = timeout_ms;
-    Encoder e;
-    req.EncodeTo(e);
-    Result<std::string> body = Call(base_ + "/b.sock", MsgType::kConsume, e.data(), 60000);
-    if (!body.ok()) return body.status();
-    ConsumeReply r;
-    Decoder d(*body);
-    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
-    return r;
+    return pair_.Consume(upath, timeout_ms);
   }
 
+  testing_services::ServicePair pair_;
   std::string base_, dir_a_, dir_b_;
-  std::unique_ptr<Service> svc_a_, svc_b_;
+  Service* svc_a_ = nullptr;
+  Service* svc_b_ = nullptr;
 };
 
 TEST_F(TwoServices, PublishedFileArrivesIntactOnTheOtherNode) {
