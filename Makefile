@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build demo test install bench clean
+.PHONY: all deps configure build demo test install bench bench-quick clean
 
 all: build
 
@@ -28,8 +28,10 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 900
 
 bench: build
-	@$(BUILD)/dyad-transfer
-	@$(BUILD)/dyad-small-files
+	@/usr/bin/python3 bench/run_bench.py --build $(BUILD)
+
+bench-quick: build
+	@/usr/bin/python3 bench/run_bench.py --build $(BUILD) --quick
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

@@ -13,6 +13,10 @@
 //              publish returning on A to the consume of that file returning
 //              on B (the consumer takes files in order, so a consumer slower
 //              than the producer shows up as growing latency).
+// --phases LIST (publish,after,parallel,streaming; default all) picks phases
+// (publish and after always run together); --latencies FILE writes the
+// streaming latencies and --call-latencies FILE the dyad_consume call times
+// of the after phase (ms, one per line) for CDF plots.
 // Every received file is verified after the timed loop. A figure printer,
 // never a pass/fail test.
 #include <sys/stat.h>
@@ -27,14 +31,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "common/time.h"
 #include "emu/cluster.h"
 #include "emu/netns.h"
 #include "emu/worker.h"
-
-#ifndef DYAD_BUILD_BIN_DIR
-#define DYAD_BUILD_BIN_DIR ""
-#endif
 
 namespace dyad::bench {
 namespace {
@@ -43,27 +44,20 @@ struct Args {
   uint64_t consumers = 4;  // parallel consumer processes in the "parallel" phase
   uint64_t count = 5000;
   uint64_t size = 4096;
-  bool json = false;
-  bool loopback = false;
-  std::string mode;
-  std::string tmp;
+  std::string phases = "publish,after,parallel,streaming";
+  std::string latencies;       // streaming latencies, ms per line
+  std::string call_latencies;  // after phase: dyad_consume call times, ms per line
+  ClusterArgs cl;
+  bool Has(const char* phase) const { return phases.find(phase) != std::string::npos; }
 };
 
 void Usage() {
   std::printf(
       "usage: dyad-small-files [--count N] [--size BYTES] [--consumers N] [--mode MODE]\n"
-      "                        [--loopback] [--tmp DIR] [--json]\n"
+      "                        [--loopback] [--tmp DIR] [--json] [--phases LIST]\n"
+      "                        [--latencies FILE] [--call-latencies FILE]\n"
       "Publish rate, consume rate and latency for many small files between two emulated\n"
       "nodes (default 5000 files of 4096 bytes).\n");
-}
-
-bool ParseU64(const char* s, uint64_t* out) {
-  if (!s || !*s || *s == '-') return false;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (*end) return false;
-  *out = v;
-  return true;
 }
 
 std::vector<emu::ManifestEntry> Files(const std::string& dir, uint64_t count, uint64_t size) {
@@ -85,10 +79,6 @@ struct Phase {
   double aux_files_per_s = 0;  // publish phase: write+publish rate
   int failures = 0;
 };
-
-double Rate(uint64_t n, uint64_t first, uint64_t last) {
-  return last > first ? static_cast<double>(n) / (static_cast<double>(last - first) / 1e9) : 0;
-}
 
 class Runner {
  public:
@@ -127,14 +117,7 @@ class Runner {
   }
 
   bool WaitReady(emu::Process& p, const std::string& manifest, const std::string& role) {
-    const std::string ready = manifest + "." + role + ".ready";
-    const Deadline d = Deadline::AfterMs(10000);
-    struct stat st;
-    while (::stat(ready.c_str(), &st) != 0) {
-      if (p.Exited() || d.expired()) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return true;
+    return WaitForFile(manifest + "." + role + ".ready", p);
   }
 
  private:
@@ -145,25 +128,13 @@ class Runner {
 };
 
 int Drive(const Args& a) {
-  emu::InstallSignalTeardown();
-  const std::string dyad = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
-  if (dyad.empty()) {
-    std::fprintf(stderr, "dyad-small-files: the dyad command was not found\n");
-    return 2;
-  }
-  emu::ClusterOptions o;
-  o.bin_dir = DYAD_BUILD_BIN_DIR;
-  o.mode = a.mode;
-  o.use_netns = !a.loopback;
-  o.tmp_parent = a.tmp;
-  auto started = emu::EmuCluster::Start(2, o);
-  if (!started.ok()) {
-    std::fprintf(stderr, "dyad-small-files: %s\n", started.status().ToString().c_str());
-    return 1;
-  }
-  emu::EmuCluster& c = **started;
+  const std::string dyad = FindDyadCommand("dyad-small-files");
+  if (dyad.empty()) return 2;
+  auto cluster = StartBenchCluster("dyad-small-files", 2, a.cl);
+  if (!cluster) return 1;
+  emu::EmuCluster& c = *cluster;
   Runner run(c, dyad);
-  if (!a.json) {
+  if (!a.cl.json) {
     std::printf("dyad-small-files: %llu files of %s, link: %s\n",
                 static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
                 c.uses_netns() ? "veth pair between network namespaces" : "loopback");
@@ -174,7 +145,8 @@ int Drive(const Args& a) {
   Phase publish, after, parallel, streaming;
   const auto files1 = Files("after", a.count, a.size);
   const std::string m1 = run.Manifest(files1);
-  {
+  const bool do_after = a.Has("publish") || a.Has("after");
+  if (do_after) {
     auto p = run.Start(0, "produce", m1, {});
     if (!p.ok()) return 1;
     auto r = run.Finish(*p, m1, "produce");
@@ -195,7 +167,7 @@ int Drive(const Args& a) {
     publish.p50_ms = emu::Percentile(lat, 50);
     publish.p99_ms = emu::Percentile(lat, 99);
   }
-  {
+  if (do_after) {
     auto p = run.Start(1, "consume", m1, {"--no-metadata"});
     if (!p.ok()) return 1;
     auto r = run.Finish(*p, m1, "consume");
@@ -211,11 +183,12 @@ int Drive(const Args& a) {
     after.files_per_s = Rate(r->size(), first, last);
     after.p50_ms = emu::Percentile(lat, 50);
     after.p99_ms = emu::Percentile(lat, 99);
+    WriteValues(a.call_latencies, lat);
   }
 
   // Phase 2b: the same after-the-fact consumption by several consumer
   // processes at once (like data-loader workers), each taking every N-th file.
-  {
+  if (a.Has("parallel")) {
     const auto files2 = Files("par", a.count, a.size);
     const std::string m2 = run.Manifest(files2);
     auto p = run.Start(0, "produce", m2, {});
@@ -255,7 +228,7 @@ int Drive(const Args& a) {
   // Phase 3: consumer first, then the producer.
   const auto files3 = Files("stream", a.count, a.size);
   const std::string m3 = run.Manifest(files3);
-  {
+  if (a.Has("streaming")) {
     auto cons = run.Start(1, "consume", m3, {"--no-metadata"});
     if (!cons.ok() || !run.WaitReady(*cons, m3, "consume")) return 1;
     auto prod = run.Start(0, "produce", m3, {});
@@ -280,11 +253,12 @@ int Drive(const Args& a) {
     streaming.files_per_s = Rate(cr->size(), first, last);
     streaming.p50_ms = emu::Percentile(lat, 50);
     streaming.p99_ms = emu::Percentile(lat, 99);
+    WriteValues(a.latencies, lat);
   }
 
   auto b = c.ServiceStatus(1);
   const unsigned long long transfers = b.ok() ? b->counters["transfers.in"] : 0;
-  if (a.json) {
+  if (a.cl.json) {
     std::printf(
         "{\"bench\": \"small_files\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\",\n"
         " \"publish\": {\"files_per_s\": %.1f, \"write_and_publish_files_per_s\": %.1f, "
@@ -320,43 +294,26 @@ int Drive(const Args& a) {
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "streaming, consumer first (publish->consume)",
                 streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures);
     std::printf("node B service: transfers.in %llu (expected %llu)\n", transfers,
-                static_cast<unsigned long long>(3 * a.count));
+                static_cast<unsigned long long>(
+                    (do_after + a.Has("parallel") + a.Has("streaming")) * a.count));
   }
   return publish.failures + after.failures + parallel.failures + streaming.failures == 0 ? 0 : 1;
 }
 
 int Main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (s == "-h" || s == "--help") {
-      Usage();
-      return 0;
-    } else if (s == "--count") {
-      if (!ParseU64(next(), &a.count) || a.count == 0) return 2;
-    } else if (s == "--size") {
-      if (!ParseU64(next(), &a.size)) return 2;
-    } else if (s == "--consumers") {
-      if (!ParseU64(next(), &a.consumers) || a.consumers == 0 || a.consumers > 64) return 2;
-    } else if (s == "--json") {
-      a.json = true;
-    } else if (s == "--loopback") {
-      a.loopback = true;
-    } else if (s == "--mode") {
-      const char* v = next();
-      if (!v) return 2;
-      a.mode = v;
-    } else if (s == "--tmp") {
-      const char* v = next();
-      if (!v) return 2;
-      a.tmp = v;
-    } else {
-      std::fprintf(stderr, "dyad-small-files: unknown option '%s'\n", s.c_str());
-      return 2;
-    }
-  }
-  return Drive(a);
+  const int rc = ParseArgs(
+      argc, argv, "dyad-small-files", Usage, &a.cl,
+      [&a](const std::string& s, const NextArg& next) {
+        if (s == "--count") return TakeU64(next, &a.count, 1);
+        if (s == "--size") return TakeU64(next, &a.size);
+        if (s == "--consumers") return TakeU64(next, &a.consumers, 1, 64);
+        if (s == "--phases") return TakeString(next, &a.phases);
+        if (s == "--latencies") return TakeString(next, &a.latencies);
+        if (s == "--call-latencies") return TakeString(next, &a.call_latencies);
+        return OptionResult::kNotMine;
+      });
+  return rc >= 0 ? rc : Drive(a);
 }
 
 }  // namespace
