@@ -10,30 +10,6 @@ namespace {
 
 using FailureTest = TwoNodeTest;
 
-// Creates a sparse file (cheap to make, full-size to move).
-void MakeSparse(const std::string& path, uint64_t size) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ASSERT_TRUE(fd.valid()) << path;
-  ASSERT_EQ(::ftruncate(fd.get(), static_cast<off_t>(size)), 0);
-  const char tail = 'T';
-  ASSERT_EQ(::pwrite(fd.get(), &tail, 1, static_cast<off_t>(size - 1)), 1);
-}
-
-// Waits until a temporary of a transfer in progress holds data below `dir`.
-// False if `consumer` exits first or nothing shows up in time.
-bool WaitForPartialTransfer(emu::Process& consumer, const std::string& dir, int64_t timeout_ms) {
-  const Deadline deadline = Deadline::AfterMs(timeout_ms);
-  while (!deadline.expired()) {
-    for (const auto& rel : PartFiles(dir)) {
-      struct stat st;
-      if (::stat((dir + "/" + rel).c_str(), &st) == 0 && st.st_size > 0) return true;
-    }
-    if (consumer.Exited()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
-}
-
 TEST_F(FailureTest, FileDeletedAfterPublishThenRepublished) {
   const std::string name = "victim/gone.dat";
   Produce({{name, 65536}});
@@ -58,19 +34,14 @@ TEST_F(FailureTest, FileDeletedAfterPublishThenRepublished) {
 TEST_F(FailureTest, ConsumerServiceKilledMidTransferLeavesNoPartialFile) {
   const std::string name = "big/receiver-crash.bin";
   const uint64_t size = 1024 * kMiB;
-  ::mkdir((dmd(kA) + "/big").c_str(), 0755);
-  MakeSparse(PathOn(kA, name), size);
-  const bool limited = cluster().LimitBandwidth(kA, "400mbit").ok();
-  Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
-
-  WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
-  emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
-  if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
-    if (!limited && consumer.Exited())
-      GTEST_SKIP()
-          << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
-    FAIL() << "no transfer in progress on node B\n" << Output(cf);
-  }
+  InterruptibleTransfer t = StartInterruptibleTransfer(name, size);
+  if (t.state == TransferState::kTooFast)
+    GTEST_SKIP() << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
+  ASSERT_EQ(t.state, TransferState::kInProgress)
+      << "no transfer in progress on node B\n" << Output(t.files);
+  emu::Process& consumer = t.consumer;
+  const WorkerFiles& cf = t.files;
+  const bool limited = t.limited;
   ASSERT_TRUE(cluster().KillService(kB).ok());
   const uint64_t killed = MonoNs();
   auto r = FinishWorker(consumer, cf, 60000);
@@ -105,19 +76,14 @@ class ProducerCrashTest : public TwoNodeTest {
 TEST_F(ProducerCrashTest, ProducerServiceKilledMidTransfer) {
   const std::string name = "big/sender-crash.bin";
   const uint64_t size = 1024 * kMiB;
-  ::mkdir((dmd(kA) + "/big").c_str(), 0755);
-  MakeSparse(PathOn(kA, name), size);
-  const bool limited = cluster().LimitBandwidth(kA, "400mbit").ok();
-  Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
-
-  WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
-  emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
-  if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
-    if (!limited && consumer.Exited())
-      GTEST_SKIP()
-          << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
-    FAIL() << "no transfer in progress on node B\n" << Output(cf);
-  }
+  InterruptibleTransfer t = StartInterruptibleTransfer(name, size);
+  if (t.state == TransferState::kTooFast)
+    GTEST_SKIP() << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
+  ASSERT_EQ(t.state, TransferState::kInProgress)
+      << "no transfer in progress on node B\n" << Output(t.files);
+  emu::Process& consumer = t.consumer;
+  const WorkerFiles& cf = t.files;
+  const bool limited = t.limited;
   ASSERT_TRUE(cluster().KillService(kA).ok());
   const uint64_t killed = MonoNs();
   auto r = FinishWorker(consumer, cf, 90000);

@@ -90,6 +90,31 @@ inline bool Exists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
+// Creates a sparse file (cheap to make, full-size to move).
+inline void MakeSparse(const std::string& path, uint64_t size) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ASSERT_TRUE(fd.valid()) << path;
+  ASSERT_EQ(::ftruncate(fd.get(), static_cast<off_t>(size)), 0);
+  const char tail = 'T';
+  ASSERT_EQ(::pwrite(fd.get(), &tail, 1, static_cast<off_t>(size - 1)), 1);
+}
+
+// Waits until a temporary of a transfer in progress holds data below `dir`.
+// False if `consumer` exits first or nothing shows up in time.
+inline bool WaitForPartialTransfer(emu::Process& consumer, const std::string& dir,
+                                   int64_t timeout_ms) {
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  while (!deadline.expired()) {
+    for (const auto& rel : PartFiles(dir)) {
+      struct stat st;
+      if (::stat((dir + "/" + rel).c_str(), &st) == 0 && st.st_size > 0) return true;
+    }
+    if (consumer.Exited()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 class TwoNodeTest : public ::testing::Test {
  protected:
   // Tests that need another layout override this.
@@ -197,6 +222,35 @@ class TwoNodeTest : public ::testing::Test {
     std::stringstream ss;
     ss << in.rdbuf();
     return "--- worker output:\n" + ss.str();
+  }
+
+  // A consumer on B part-way through fetching a large file from A, for tests
+  // that kill a service mid-transfer.
+  enum class TransferState { kInProgress, kTooFast, kNotStarted };
+  struct InterruptibleTransfer {
+    WorkerFiles files;
+    emu::Process consumer;
+    bool limited = false;  // A's link is rate-limited (tc), so the transfer lasts
+    TransferState state = TransferState::kNotStarted;
+  };
+
+  // Publishes a sparse `size`-byte file `name` on A and starts a consumer of
+  // it on B; returns once part of it has arrived. kTooFast means it completed
+  // before it could be interrupted (an unlimited loopback link): skip then.
+  InterruptibleTransfer StartInterruptibleTransfer(const std::string& name, uint64_t size) {
+    InterruptibleTransfer t;
+    const size_t slash = name.rfind('/');
+    if (slash != std::string::npos) ::mkdir((dmd(kA) + "/" + name.substr(0, slash)).c_str(), 0755);
+    MakeSparse(PathOn(kA, name), size);
+    t.limited = cluster().LimitBandwidth(kA, "400mbit").ok();
+    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
+    t.files = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
+    t.consumer = StartWorker(kB, "consume", t.files, {"--no-verify"});
+    if (WaitForPartialTransfer(t.consumer, dmd(kB), 30000))
+      t.state = TransferState::kInProgress;
+    else if (!t.limited && t.consumer.Exited())
+      t.state = TransferState::kTooFast;
+    return t;
   }
 
   // Runs a worker to completion.
