@@ -5,8 +5,11 @@
 // Checked: a file several times larger than the registered buffer pool
 // arrives intact (chunks are pipelined through the pool); many small files
 // arrive intact over cached endpoints; a producer service killed mid-transfer
-// gives the consumer an error in bounded time and no partial file, and a
-// restarted producer (a new UCX worker address) serves the file again.
+// gives the consumer an error in bounded time and no partial file, the
+// consumer's service survives (also at full speed, killed at several points
+// of a transfer), a consumer service killed mid-transfer leaves the
+// producer's service running, and a restarted producer (a new UCX worker
+// address) serves the file again.
 // Skipped when the build has no UCX.
 #include <sys/stat.h>
 
@@ -79,16 +82,6 @@ class UcxTest : public TwoNodeTest {
   }
 };
 
-// Creates a sparse file with a marker at its end (cheap to make, full-size
-// to move).
-void MakeSparse(const std::string& path, uint64_t size) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ASSERT_TRUE(fd.valid()) << path;
-  ASSERT_EQ(::ftruncate(fd.get(), static_cast<off_t>(size)), 0);
-  const char tail = 'T';
-  ASSERT_EQ(::pwrite(fd.get(), &tail, 1, static_cast<off_t>(size - 1)), 1);
-}
-
 TEST_F(UcxTest, FileLargerThanTheBufferPoolArrivesIntact) {
   // 48 MiB + 3 through a 2 MiB receive buffer: 49 chunks, both slots reused.
   const std::vector<ManifestEntry> files = {{"big/pooled.bin", 48 * 1048576 + 3}};
@@ -107,20 +100,6 @@ TEST_F(UcxTest, ManySmallFilesArriveIntact) {
   }
   Produce(files);
   ConsumeOk(files);
-}
-
-// Waits until a temporary of a transfer in progress holds data below `dir`.
-bool WaitForPartialTransfer(emu::Process& consumer, const std::string& dir, int64_t timeout_ms) {
-  const Deadline deadline = Deadline::AfterMs(timeout_ms);
-  while (!deadline.expired()) {
-    for (const auto& rel : PartFiles(dir)) {
-      struct stat st;
-      if (::stat((dir + "/" + rel).c_str(), &st) == 0 && st.st_size > 0) return true;
-    }
-    if (consumer.Exited()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
 }
 
 TEST_F(UcxTest, ProducerServiceKilledMidTransferGivesAnErrorNotAHang) {
@@ -149,21 +128,85 @@ TEST_F(UcxTest, ProducerServiceKilledMidTransferGivesAnErrorNotAHang) {
   EXPECT_FALSE(Exists(PathOn(kB, name)));
   EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
 
-  // Known UCX 1.13 defect (docs/ucx.md, "Known weaknesses"): over TCP, UCX
-  // emulates puts with active messages, and a put the consumer's worker
-  // completes after the owner died makes UCX abort that process when it
-  // acknowledges it. The consumer's error above is unaffected; whether its
-  // service survived is reported here rather than asserted.
+  // The consumer's service must survive its peer's death. (Over UCX_TLS=tcp,
+  // UCX 1.13 emulates puts with active messages and aborts the process that
+  // acknowledges one to a dead peer; the transport therefore moves chunks as
+  // eager tagged messages, which the receiver never acknowledges.)
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  if (!cluster().ServiceRunning(kB)) {
-    RecordProperty("consumer_service_survived", "no");
-    GTEST_SKIP() << "consumer got its error, but UCX 1.13 aborted the consumer's service "
-                    "(software-emulated put acknowledged to a dead peer; see docs/ucx.md)";
-  }
+  ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";
   RecordProperty("consumer_service_survived", "yes");
   ASSERT_TRUE(cluster().LimitBandwidth(kA, "").ok() || !limited);
   ASSERT_TRUE(cluster().StartService(kA).ok());
   const std::vector<ManifestEntry> again_files = {{"after-restart.dat", 3 * 1048576 + 5}};
+  Produce(again_files);
+  ConsumeOk(again_files);
+}
+
+// The same at full speed (no bandwidth limit), killing the producer at
+// different points of the transfer: chunks are then in flight in both
+// directions' socket buffers when it dies. Every time the consumer gets an
+// error, its service keeps running, and a restarted producer serves again.
+TEST_F(UcxTest, ProducerKilledAtFullSpeedNeverTakesTheConsumerServiceDown) {
+  ::mkdir((dmd(kA) + "/big").c_str(), 0755);
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::string name = "big/full-speed-" + std::to_string(round) + ".bin";
+    const uint64_t size = 4096 * kMiB;
+    MakeSparse(PathOn(kA, name), size);
+    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
+    WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
+    emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
+    if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
+      if (consumer.Exited()) GTEST_SKIP() << "the transfer finished before it could be interrupted";
+      FAIL() << "no transfer in progress on node B\n" << Output(cf);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 * round));
+    ASSERT_TRUE(cluster().KillService(kA).ok());
+    auto r = FinishWorker(consumer, cf, 90000);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_NE(r[0].rc, DYAD_RC_OK);
+    EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";
+    ASSERT_TRUE(cluster().StartService(kA).ok());
+    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
+  }
+  const std::vector<ManifestEntry> again_files = {{"after-kills.dat", 3 * 1048576 + 5}};
+  Produce(again_files);
+  ConsumeOk(again_files);
+}
+
+// The other direction: the consumer's service dies while the producer's
+// service is sending to it. The producer's service must keep running.
+TEST_F(UcxTest, ConsumerServiceKilledMidTransferLeavesTheProducerServiceRunning) {
+  ::mkdir((dmd(kA) + "/big").c_str(), 0755);
+  // One round: node B is also the metadata root, so once it restarted the
+  // emulator's records of this test are gone.
+  for (int round = 0; round < 1; ++round) {
+    const std::string name = "big/consumer-dies.bin";
+    const uint64_t size = 4096 * kMiB;
+    MakeSparse(PathOn(kA, name), size);
+    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
+    WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
+    emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
+    if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
+      if (consumer.Exited()) GTEST_SKIP() << "the transfer finished before it could be interrupted";
+      FAIL() << "no transfer in progress on node B\n" << Output(cf);
+    }
+    ASSERT_TRUE(cluster().KillService(kB).ok());
+    auto r = FinishWorker(consumer, cf, 90000);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_NE(r[0].rc, DYAD_RC_OK);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    ASSERT_TRUE(cluster().ServiceRunning(kA)) << "the producer's service died with its peer";
+    ASSERT_TRUE(cluster().StartService(kB).ok());
+    // The restarted metadata root no longer knows A's registration; a
+    // restart of A registers it again.
+    ASSERT_TRUE(cluster().StopService(kA).ok());
+    ASSERT_TRUE(cluster().StartService(kA).ok());
+    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
+  }
+  const std::vector<ManifestEntry> again_files = {{"after-consumer-kills.dat", 3 * 1048576 + 5}};
   Produce(again_files);
   ConsumeOk(again_files);
 }

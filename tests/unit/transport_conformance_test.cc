@@ -968,7 +968,8 @@ TEST(LocalTransportPull, RefusesSymlinksAndNonFiles) {
 TEST(UcxTransport, RegistersMemoryAndReportsRmaCaps) {
   Result<std::unique_ptr<Transport>> t = CreateTransport("UCX", TransportOptions());
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  EXPECT_TRUE((*t)->caps().rma_put);
+  // Chunks travel as tagged messages into registered memory, not as puts.
+  EXPECT_FALSE((*t)->caps().rma_put);
   EXPECT_TRUE((*t)->caps().needs_registration);
   EXPECT_FALSE((*t)->caps().same_node_only);
   std::vector<char> mem(kMiB);
@@ -984,8 +985,8 @@ TEST(UcxTransport, RegistersMemoryAndReportsRmaCaps) {
 }
 
 // Owner and requester on separate workers (as on two nodes), with small
-// chunks so one file takes many put / chunk / credit rounds through both
-// slots. A requester that restarts has a new worker address; the owner's
+// chunks so one file takes many message / credit rounds through every
+// slot. A requester that restarts has a new worker address; the owner's
 // endpoint cache must treat it as a new peer.
 TEST(UcxTransport, PipelinedChunksAcrossWorkersAndARestartedRequester) {
   const std::string dir = MakeTempDir(BaseTempDir(), "ucx");
@@ -996,7 +997,9 @@ TEST(UcxTransport, PipelinedChunksAcrossWorkersAndARestartedRequester) {
   } cleanup{dir};
   ASSERT_EQ(::mkdir((dir + "/src").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((dir + "/dst").c_str(), 0755), 0);
-  const uint64_t size = kMiB + 7;  // 17 chunks of 64 KiB, the last of 7 bytes
+  // 33 messages of 32 KiB (a 64 KiB chunk size makes a 128 KiB buffer of 4
+  // slots), the last of 7 bytes.
+  const uint64_t size = kMiB + 7;
   ASSERT_TRUE(WriteRandomFile(dir + "/src/f", size, 21).ok());
   TransportOptions options;
   options.chunk_size = 64 * kKiB;
@@ -1016,9 +1019,9 @@ TEST(UcxTransport, PipelinedChunksAcrossWorkersAndARestartedRequester) {
     ASSERT_TRUE(served.st.ok()) << served.st.ToString();
     ASSERT_TRUE(pulled.st.ok()) << pulled.st.ToString();
     EXPECT_EQ(pulled.stats.bytes, size);
-    EXPECT_EQ(pulled.stats.chunks, 17u);
+    EXPECT_EQ(pulled.stats.chunks, 33u);
     EXPECT_EQ(served.stats.bytes, size);
-    EXPECT_EQ(served.stats.chunks, 17u);
+    EXPECT_EQ(served.stats.chunks, 33u);
     EXPECT_TRUE(SameContent(dir + "/src/f", dir + "/dst/f"));
     EXPECT_FALSE(link.owner->broken());
     EXPECT_FALSE(link.requester->broken());

@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -28,20 +30,46 @@ namespace {
 // Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
 constexpr size_t kDefaultChunk = 4u << 20;
 // Version byte of PrepareRequest's transport_args and of kOffer.
-constexpr uint8_t kArgsVersion = 1;
+constexpr uint8_t kArgsVersion = 2;
 // How long teardown paths wait for UCX to finish cancelled operations.
 constexpr int64_t kDrainMs = 1000;
 // Segment size asked of UCX's tcp transport (see Engine::TuneTcp).
 constexpr const char* kTcpSegment = "512k";
+// Rest of a receive buffer after a failed transfer whose owner is known to
+// have stopped sending (see BufferLease::OwnerStopped).
+constexpr int64_t kShortQuarantineMs = 1000;
 // How long a waiting caller drives the worker itself before sleeping.
 constexpr int kSpinUs = 500;
-// Rest of a receive buffer after a failed transfer whose owner is known to
-// have stopped putting (see BufferLease::OwnerStopped).
-constexpr int64_t kShortQuarantineMs = 1000;
 // The progress thread re-checks for shutdown at least this often.
 constexpr int kProgressPollMs = 100;
 // A slot larger than this in an offer is a bug or a hostile peer.
 constexpr uint64_t kMaxSlotBytes = 1ull << 32;
+constexpr uint64_t kMaxSlots = 1024;
+// A chunk's tag: the requester's transfer id (40 bits) and the chunk index
+// modulo 2^24 (at most kSlots chunks are outstanding, so indexes cannot
+// collide). Ids are unique per process and random across processes, so a
+// late message of a failed transfer never matches a later receive.
+constexpr int kIndexBits = 24;
+constexpr uint64_t kTransferIdMask = (uint64_t{1} << (64 - kIndexBits)) - 1;
+
+// A registered buffer is 2 x chunk_size bytes (as with the two put slots
+// before), cut into kSlots slots, one message each.
+size_t SlotBytes(size_t chunk_size) {
+  const size_t chunk = chunk_size > 0 ? chunk_size : kDefaultChunk;
+  return std::max<size_t>(4096, 2 * chunk / UcxTransport::kSlots);
+}
+
+uint64_t ChunkTag(uint64_t transfer_id, uint64_t index) {
+  return (transfer_id << kIndexBits) | (index & ((uint64_t{1} << kIndexBits) - 1));
+}
+
+uint64_t NextTransferId() {
+  static std::atomic<uint64_t> next{[] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd();
+  }()};
+  return next.fetch_add(1) & kTransferIdMask;
+}
 
 Deadline IdleDeadline(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
@@ -152,7 +180,7 @@ class UcxTransport::Engine {
     ucp_params_t params;
     std::memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (s != UCS_OK) {
@@ -211,6 +239,36 @@ class UcxTransport::Engine {
       if (s != UCS_OK)
         DYAD_LOG_DEBUG("ucx: cannot set %s: %s", name, ucs_status_string(s));
     }
+    // Without native RMA, UCX 1.13's rendezvous protocol falls back to
+    // emulated puts, whose acknowledgements abort the receiving process
+    // when the sender died meanwhile (see "Tagged messages" below). Eager
+    // messages of any size need nothing back from the receiver.
+    if (std::getenv("UCX_RNDV_THRESH") == nullptr && !HasNativeRma(std::getenv("UCX_TLS"))) {
+      const ucs_status_t s = ucp_config_modify(config, "RNDV_THRESH", "inf");
+      if (s != UCS_OK)
+        DYAD_LOG_DEBUG("ucx: cannot set RNDV_THRESH: %s", ucs_status_string(s));
+    }
+  }
+
+  // Whether the UCX_TLS value may select a transport with native RMA (an
+  // InfiniBand or RoCE transport, or shared memory with a cross-memory
+  // copy mechanism). Unset or "all" means any transport, so yes.
+  static bool HasNativeRma(const char* tls) {
+    if (tls == nullptr || *tls == '\0') return true;
+    std::string list(tls);
+    if (!list.empty() && list[0] == '^') return true;  // an exclusion list
+    size_t start = 0;
+    while (start <= list.size()) {
+      size_t end = list.find(',', start);
+      if (end == std::string::npos) end = list.size();
+      const std::string t = list.substr(start, end - start);
+      for (const char* rma : {"all", "rc", "dc", "ud", "ib", "mlx", "sm", "shm", "cma", "knem",
+                              "xpmem", "gdr", "cuda", "rocm"}) {
+        if (t.compare(0, std::strlen(rma), rma) == 0) return true;
+      }
+      start = end + 1;
+    }
+    return false;
   }
 
   // ---- Registered buffer pools.
@@ -226,7 +284,7 @@ class UcxTransport::Engine {
     std::chrono::steady_clock::time_point usable_at{};
   };
 
-  // Takes a buffer of 2 slots from a pool, mapping and registering a new one
+  // Takes a buffer of kSlots slots from a pool, mapping and registering a new one
   // while the pool has fewer than pool_buffers_. Waits (bounded) for one to
   // come back otherwise.
   Result<Buffer*> Acquire(PoolKind kind, Deadline deadline) {
@@ -249,7 +307,7 @@ class UcxTransport::Engine {
       // failures cannot starve later transfers), up to twice its size.
       const int limit = pool_buffers_ + std::min(resting, pool_buffers_);
       if (static_cast<int>(pool.size()) < limit) {
-        Result<std::unique_ptr<Buffer>> made = MapBuffer(2 * slot_bytes_);
+        Result<std::unique_ptr<Buffer>> made = MapBuffer(kSlots * slot_bytes_);
         if (!made.ok()) return made.status();
         pool.push_back(std::move(made).value());
         pool.back()->in_use = true;
@@ -357,83 +415,121 @@ class UcxTransport::Engine {
     RetireLocked(ep);
   }
 
-  Result<ucp_rkey_h> UnpackRkey(ucp_ep_h ep, const std::string& packed) {
-    std::lock_guard<std::mutex> lk(mu_);
-    ucp_rkey_h rkey = nullptr;
-    ucs_status_t s = ucp_ep_rkey_unpack(ep, packed.data(), &rkey);
-    if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXRKEY_UNPACK_FAILED, "ucp_ep_rkey_unpack", s);
-    return rkey;
-  }
+  // ---- Tagged messages.
+  //
+  // Chunks move as tagged messages into the requester's pre-posted
+  // receives. Over transports without native RMA (tcp) UCX 1.13 emulates a
+  // put with active messages that the target acknowledges, and an
+  // acknowledgement to a peer that died aborts the target's process
+  // (ucs_fatal). An eager tagged message needs nothing back from the
+  // receiver, so a dead sender only leaves a receive pending, which we
+  // cancel.
 
-  void DestroyRkey(ucp_rkey_h rkey) {
-    std::lock_guard<std::mutex> lk(mu_);
-    ucp_rkey_destroy(rkey);
-  }
-
-  // ---- Puts.
-
-  // One chunk on its way: the put and the endpoint flush behind it. When
-  // the flush completes the bytes are in the remote memory.
-  struct InFlight {
-    void* put = nullptr;
-    void* flush = nullptr;
-    bool active = false;
-  };
-
-  Status StartPut(ucp_ep_h ep, const void* local, size_t len, uint64_t remote, ucp_rkey_h rkey,
-                  InFlight* op) {
+  // Starts a send of `len` bytes at `buf`. Returns the request, or nullptr
+  // when the send completed at once.
+  Result<void*> StartSend(ucp_ep_h ep, const void* buf, size_t len, uint64_t tag) {
     ucp_request_param_t p;
     std::memset(&p, 0, sizeof(p));
     std::lock_guard<std::mutex> lk(mu_);
-    ucs_status_ptr_t put = ucp_put_nbx(ep, local, len, remote, rkey, &p);
-    if (UCS_PTR_IS_ERR(put)) {
-      const ucs_status_t s = UCS_PTR_STATUS(put);
-      return UcxStatus(CodeForUcs(s), "ucp_put_nbx", s);
+    if (failed_eps_.count(ep) != 0)
+      return Status(DYAD_RC_CONNLOST, "ucx endpoint to the requester failed");
+    ucs_status_ptr_t r = ucp_tag_send_nbx(ep, buf, len, tag, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      const ucs_status_t s = UCS_PTR_STATUS(r);
+      return UcxStatus(CodeForUcs(s), "ucp_tag_send_nbx", s);
     }
-    ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep, &p);
-    if (UCS_PTR_IS_ERR(flush)) {
-      const ucs_status_t s = UCS_PTR_STATUS(flush);
-      if (put != nullptr) DrainLocked(put);
-      return UcxStatus(CodeForUcs(s), "ucp_ep_flush_nbx", s);
-    }
-    op->put = put;
-    op->flush = flush;
-    op->active = true;
-    return Status::OK();
+    return static_cast<void*>(r);
   }
 
-  // Waits for a put and its flush. On failure or timeout the caller must
-  // call Abort (the requests are still owned by UCX then).
-  Status WaitPut(InFlight* op, Deadline deadline) {
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
+  // Posts a receive of at most `len` bytes into `buf` for exactly `tag`.
+  Result<void*> StartRecv(void* buf, size_t len, uint64_t tag) {
+    ucp_request_param_t p;
+    std::memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    std::lock_guard<std::mutex> lk(mu_);
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, len, tag, ~uint64_t{0}, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      const ucs_status_t s = UCS_PTR_STATUS(r);
+      return UcxStatus(CodeForUcs(s), "ucp_tag_recv_nbx", s);
+    }
+    if (r == nullptr) return Status(DYAD_RC_UCXCOMM_FAIL, "ucp_tag_recv_nbx returned no request");
+    return static_cast<void*>(r);
+  }
+
+  // Waits (bounded) for the request `*req` (a receive when `recv_len` is not
+  // null, which then gets the received length) and frees it. While waiting,
+  // watches `watch_fd` when it is >= 0: if it becomes readable (the peer
+  // reports an error or hung up), returns OK with *watch_ready set and the
+  // request still pending. On a timeout or error the request stays pending
+  // (*req unchanged) unless UCX completed it with that error. With *req
+  // null, waits only for `watch_fd`.
+  Status Wait(void** req, size_t* recv_len, Deadline deadline, int watch_fd, bool* watch_ready) {
+    if (watch_ready != nullptr) *watch_ready = false;
+    if (*req == nullptr && watch_fd < 0) return Status::OK();
+    auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
     std::unique_lock<std::mutex> lk(mu_);
-    for (;;) {
-      ucp_worker_progress(worker_);
-      ucs_status_t s = UCS_OK;
-      bool pending = false;
-      for (void* r : {op->put, op->flush}) {
-        if (r == nullptr) continue;
-        const ucs_status_t rs = ucp_request_check_status(r);
-        if (rs == UCS_INPROGRESS) {
-          pending = true;
-        } else if (rs != UCS_OK && s == UCS_OK) {
-          s = rs;
-        }
+    // While this thread drives the worker, the progress thread stands aside
+    // (see ProgressLoop): on a small machine two threads taking turns on one
+    // worker were slower than one driving it.
+    struct Driver {
+      Engine* e;
+      bool counted = false;
+      void Set(bool on) {  // mu_ held
+        if (on == counted) return;
+        counted = on;
+        e->drivers_ += on ? 1 : -1;
+        if (!on && e->drivers_ == 0) e->drivers_cv_.notify_all();
       }
-      if (!pending) {
-        FreeLocked(op);
-        if (s != UCS_OK) return UcxStatus(CodeForUcs(s), "ucx put", s);
+      ~Driver() { Set(false); }
+    } driver{this};
+    for (unsigned round = 0;; ++round) {
+      // While the worker makes progress, keep driving it: over tcp each
+      // call moves about one segment, so sleeping between calls (even for
+      // a millisecond) caps the transfer at a few hundred MB/s.
+      if (ucp_worker_progress(worker_) != 0)
+        spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
+      ucs_status_t s = UCS_INPROGRESS;
+      ucp_tag_recv_info_t info;
+      std::memset(&info, 0, sizeof(info));
+      if (*req == nullptr) {
+        // Only waiting for watch_fd.
+      } else if (recv_len != nullptr) {
+        s = ucp_tag_recv_request_test(*req, &info);
+      } else {
+        s = ucp_request_check_status(*req);
+      }
+      if (s != UCS_INPROGRESS) {
+        ucp_request_free(*req);
+        *req = nullptr;
+        if (s != UCS_OK)
+          return UcxStatus(CodeForUcs(s), recv_len != nullptr ? "ucx receive" : "ucx send", s);
+        if (recv_len != nullptr) *recv_len = info.length;
         return Status::OK();
       }
-      if (s != UCS_OK) return UcxStatus(CodeForUcs(s), "ucx put", s);
-      if (deadline.expired()) return Status(DYAD_RC_TIMEOUT, "ucx put made no progress");
-      // The put is usually moving: keep progressing it ourselves (letting
-      // the progress thread in between) rather than pay a sleep and wake-up
-      // per step. Past the spin budget, sleep until the progress thread
-      // reports movement; the timeout only covers a lost wake-up.
-      if (std::chrono::steady_clock::now() < spin_until) {
+      const bool spinning = std::chrono::steady_clock::now() < spin_until;
+      if (watch_fd >= 0 && (!spinning || *req == nullptr || round % 32 == 0)) {
+        pollfd pfd{watch_fd, POLLIN, 0};
+        if (::poll(&pfd, 1, 0) > 0) {
+          *watch_ready = true;
+          return Status::OK();
+        }
+      }
+      if (deadline.expired())
+        return Status(DYAD_RC_TIMEOUT, recv_len != nullptr ? "ucx receive made no progress"
+                                                           : "ucx send made no progress");
+      // Progress it ourselves (letting the progress thread in between)
+      // rather than pay a sleep and a wake-up per step. After kSpinUs
+      // without progress, sleep until the progress thread reports
+      // movement; the timeout only covers a lost wake-up.
+      driver.Set(spinning);
+      if (spinning) {
         lk.unlock();
         std::this_thread::yield();
+        lk.lock();
+      } else if (watch_fd >= 0) {
+        lk.unlock();
+        pollfd pfd{watch_fd, POLLIN, 0};
+        (void)::poll(&pfd, 1, 1);
         lk.lock();
       } else {
         cv_.wait_for(lk, std::chrono::milliseconds(1));
@@ -441,16 +537,39 @@ class UcxTransport::Engine {
     }
   }
 
-  // Gives up on an in-flight put: the endpoint is retired (force-closed once
-  // its last user lets go), the requests are drained (bounded) and freed.
-  void Abort(const std::string& address, ucp_ep_h ep, InFlight* op) {
-    if (!op->active) return;
-    Evict(address, ep);
+  // Waits (bounded) until `fd` is readable, driving the worker meanwhile:
+  // over tcp, sends that did not fit the socket move only when the worker
+  // is progressed, and the progress thread is not woken for them.
+  Status WaitReadable(int fd, Deadline deadline) {
+    void* none = nullptr;
+    bool ready = false;
+    return Wait(&none, nullptr, deadline, fd, &ready);
+  }
+
+  // Gives up on a pending request: cancels it and progresses (at most
+  // kDrainMs) until UCX lets go of it. Returns true when it completed, so its
+  // buffer is no longer touched; otherwise it is freed anyway (UCX releases
+  // it when it completes) and the caller must not reuse the buffer soon.
+  bool Cancel(void** req) {
+    if (*req == nullptr) return true;
     std::lock_guard<std::mutex> lk(mu_);
-    if (op->put != nullptr) DrainLocked(op->put);
-    if (op->flush != nullptr) DrainLocked(op->flush);
-    op->put = op->flush = nullptr;
-    op->active = false;
+    ucp_request_cancel(worker_, *req);
+    const Deadline d = Deadline::AfterMs(kDrainMs);
+    while (ucp_request_check_status(*req) == UCS_INPROGRESS && !d.expired())
+      ucp_worker_progress(worker_);
+    const bool done = ucp_request_check_status(*req) != UCS_INPROGRESS;
+    ucp_request_free(*req);
+    *req = nullptr;
+    return done;
+  }
+
+  // Messages of a failed transfer that arrive after its receives were
+  // cancelled would stay in UCX's unexpected queue for good; for `for_ms`
+  // the progress thread receives and drops them.
+  void Forget(uint64_t transfer_id, int64_t for_ms) {
+    std::lock_guard<std::mutex> lk(mu_);
+    forgotten_.push_back(
+        {transfer_id, std::chrono::steady_clock::now() + std::chrono::milliseconds(for_ms)});
   }
 
  private:
@@ -461,19 +580,34 @@ class UcxTransport::Engine {
     self->failed_eps_.insert(ep);
   }
 
-  void FreeLocked(InFlight* op) {
-    if (op->put != nullptr) ucp_request_free(op->put);
-    if (op->flush != nullptr) ucp_request_free(op->flush);
-    op->put = op->flush = nullptr;
-    op->active = false;
-  }
-
-  // Progresses until `req` completes (at most kDrainMs), then frees it.
-  void DrainLocked(void* req) {
-    const Deadline d = Deadline::AfterMs(kDrainMs);
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && !d.expired())
-      ucp_worker_progress(worker_);
-    ucp_request_free(req);
+  // See Forget. Called with mu_ held.
+  void PurgeForgottenLocked() {
+    const auto now = std::chrono::steady_clock::now();
+    forgotten_.erase(std::remove_if(forgotten_.begin(), forgotten_.end(),
+                                    [&](const Forgotten& f) { return f.until <= now; }),
+                     forgotten_.end());
+    const uint64_t id_mask = ~((uint64_t{1} << kIndexBits) - 1);
+    for (const Forgotten& f : forgotten_) {
+      for (;;) {
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h msg =
+            ucp_tag_probe_nb(worker_, f.transfer_id << kIndexBits, id_mask, 1, &info);
+        if (msg == nullptr) break;
+        auto scratch = std::make_unique<char[]>(std::max<size_t>(info.length, 1));
+        ucp_request_param_t p;
+        std::memset(&p, 0, sizeof(p));
+        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, scratch.get(), info.length, msg, &p);
+        if (UCS_PTR_IS_PTR(r)) dropping_.push_back({r, std::move(scratch)});
+      }
+    }
+    dropping_.erase(std::remove_if(dropping_.begin(), dropping_.end(),
+                                   [](Dropping& d) {
+                                     if (ucp_request_check_status(d.req) == UCS_INPROGRESS)
+                                       return false;
+                                     ucp_request_free(d.req);
+                                     return true;
+                                   }),
+                    dropping_.end());
   }
 
   void RetireLocked(ucp_ep_h ep) {
@@ -525,9 +659,16 @@ class UcxTransport::Engine {
   void ProgressLoop() {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stopping_) {
+      if (drivers_ > 0) {
+        // A waiting transfer drives the worker; it lets us know when it
+        // stops (the timeout re-checks for shutdown).
+        drivers_cv_.wait_for(lk, std::chrono::milliseconds(kProgressPollMs));
+        continue;
+      }
       bool moved = false;
       for (int i = 0; i < 256 && ucp_worker_progress(worker_) != 0; ++i) moved = true;
       ReapClosesLocked();
+      if (!forgotten_.empty() || !dropping_.empty()) PurgeForgottenLocked();
       if (moved) cv_.notify_all();
       const ucs_status_t s = ucp_worker_arm(worker_);
       lk.unlock();
@@ -547,6 +688,7 @@ class UcxTransport::Engine {
       std::lock_guard<std::mutex> lk(mu_);
       stopping_ = true;
       ucp_worker_signal(worker_);
+      drivers_cv_.notify_all();
     }
     if (progress_.joinable()) progress_.join();
     {
@@ -563,6 +705,9 @@ class UcxTransport::Engine {
       }
       // Requests still not done are abandoned with the worker.
       closing_.clear();
+      for (Dropping& d : dropping_) ucp_request_free(d.req);
+      dropping_.clear();
+      forgotten_.clear();
     }
     for (auto& pool : pools_) {
       for (std::unique_ptr<Buffer>& b : pool) {
@@ -596,12 +741,24 @@ class UcxTransport::Engine {
   int efd_ = -1;
   std::string address_;
   bool stopping_ = false;
+  int drivers_ = 0;  // threads spinning in Wait (guarded by mu_)
+  std::condition_variable drivers_cv_;
   std::thread progress_;
   std::map<std::string, ucp_ep_h> eps_;
   std::set<ucp_ep_h> failed_eps_;
   std::map<ucp_ep_h, int> ep_users_;  // transfers holding each endpoint
   std::set<ucp_ep_h> retired_;         // out of the cache, closed at last release
   std::vector<void*> closing_;
+  struct Forgotten {
+    uint64_t transfer_id;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Forgotten> forgotten_;  // see Forget
+  struct Dropping {
+    void* req;
+    std::unique_ptr<char[]> scratch;
+  };
+  std::vector<Dropping> dropping_;  // receives of forgotten messages
 
   std::mutex pool_mu_;
   std::condition_variable pool_cv_;
@@ -642,9 +799,9 @@ class BufferLease {
   BufferLease& operator=(const BufferLease&) = delete;
   ~BufferLease() { engine_->Release(b_, ok_ ? 0 : quarantine_ms_); }
   void MarkOk() { ok_ = true; }
-  // The owner is known to have stopped putting (it reported an error after
-  // cancelling its put, or its session is gone): only puts already on their
-  // way can still land, so a short rest is enough.
+  // The owner is known to have stopped sending (it reported an error after
+  // cancelling its sends, or its session is gone): only fragments already
+  // on their way can still land, so a short rest is enough.
   void OwnerStopped() { quarantine_ms_ = kShortQuarantineMs; }
 
  private:
@@ -658,14 +815,14 @@ class BufferLease {
 
 UcxTransport::UcxTransport(const TransportOptions& options)
     : options_(options),
-      engine_(std::make_shared<Engine>(options.chunk_size > 0 ? options.chunk_size : kDefaultChunk,
-                                       PoolBuffersFromEnv())) {}
+      engine_(std::make_shared<Engine>(SlotBytes(options.chunk_size), PoolBuffersFromEnv())) {}
 
 UcxTransport::~UcxTransport() = default;
 
 TransportCaps UcxTransport::caps() const {
   TransportCaps c;
-  c.rma_put = true;
+  // Chunks land in the requester's registered memory as tagged messages
+  // (not one-sided puts); Register() is still offered.
   c.needs_registration = true;
   return c;
 }
@@ -722,7 +879,7 @@ Status UcxTransport::Push(Channel& session, const FileSource& src, const std::st
     return SendErrorAndFail(session,
                             Status(DYAD_RC_BADREQUEST, what + ": bad ucx transport arguments"));
 
-  // The requester's offer: where to put, in slots of what size.
+  // The requester's offer: which tags, how many slots of what size.
   uint16_t type = 0;
   std::string payload;
   st = session.RecvFrame(&type, &payload, IdleDeadline(options_.idle_ms));
@@ -730,88 +887,84 @@ Status UcxTransport::Push(Channel& session, const FileSource& src, const std::st
   if (type == kErrorFrame) return FailSession(session, DecodeErrorFrame(payload, "requester"));
   Decoder offer(payload);
   const uint8_t offer_version = offer.U8();
-  const uint64_t remote_base = offer.U64();
+  const uint64_t transfer_id = offer.U64();
   const uint64_t remote_slot = offer.U64();
-  const std::string packed_rkey = offer.Str(64u << 10);
-  if (type != kOfferFrame || !offer.done() || offer_version != kArgsVersion || remote_base == 0 ||
-      remote_slot == 0 || remote_slot > kMaxSlotBytes || packed_rkey.empty())
+  const uint64_t remote_slots = offer.U64();
+  if (type != kOfferFrame || !offer.done() || offer_version != kArgsVersion || remote_slot == 0 ||
+      remote_slot > kMaxSlotBytes || remote_slots == 0 || remote_slots > kMaxSlots ||
+      transfer_id > kTransferIdMask)
     return SendErrorAndFail(session, Status(DYAD_RC_BADUNPACK, what + ": bad buffer offer"));
 
   Result<ucp_ep_h> ep = engine_->Endpoint(address);
   if (!ep.ok()) return SendErrorAndFail(session, ep.status().Annotate(what));
-  // Released last, after the rkey unpacked on it is destroyed.
   struct EndpointRef {
     Engine* engine;
     ucp_ep_h ep;
-    ~EndpointRef() { engine->ReleaseEndpoint(ep); }
+    bool held = true;
+    void Release() {
+      if (held) engine->ReleaseEndpoint(ep);
+      held = false;
+    }
+    ~EndpointRef() { Release(); }
   } ep_ref{engine_.get(), *ep};
-  Result<ucp_rkey_h> rkey = engine_->UnpackRkey(*ep, packed_rkey);
-  if (!rkey.ok()) {
-    engine_->Evict(address, *ep);
-    return SendErrorAndFail(session, rkey.status().Annotate(what));
-  }
   Result<Engine::Buffer*> buf = engine_->Acquire(Engine::kSendPool, IdleDeadline(options_.idle_ms));
-  if (!buf.ok()) {
-    engine_->DestroyRkey(*rkey);
-    return SendErrorAndFail(session, buf.status().Annotate(what));
-  }
-  // Send buffers are never exposed to a peer, so no quarantine is needed.
-  BufferLease lease(engine_.get(), *buf, 0);
-  lease.MarkOk();
+  if (!buf.ok()) return SendErrorAndFail(session, buf.status().Annotate(what));
+  // A send buffer is only read by UCX; it rests only when a send of a failed
+  // transfer could not be reclaimed (see below).
+  BufferLease lease(engine_.get(), *buf, 2 * std::max<int64_t>(options_.idle_ms, 1000));
 
   const uint64_t chunk = std::min<uint64_t>(remote_slot, engine_->slot_bytes());
   const uint64_t n_chunks = (src.size + chunk - 1) / chunk;
-  Engine::InFlight op;
-  uint64_t in_flight_index = 0;
-  uint64_t in_flight_len = 0;
+  std::vector<void*> sends(kSlots, nullptr);  // per local slot
 
-  // Waits for the put of chunk `in_flight_index` and tells the requester.
-  auto finish_in_flight = [&]() -> Status {
-    DYAD_RETURN_IF_ERROR(engine_->WaitPut(&op, IdleDeadline(options_.idle_ms)));
-    Encoder e;
-    e.U64(in_flight_index).U64(in_flight_len).Bool(in_flight_index + 2 < n_chunks);
-    DYAD_RETURN_IF_ERROR(
-        session.SendFrame(kChunkFrame, e.data(), IdleDeadline(options_.idle_ms)));
-    stats->bytes += in_flight_len;
-    stats->chunks += 1;
-    return Status::OK();
+  auto wait_send = [&](void** req) -> Status {
+    return engine_->Wait(req, nullptr, IdleDeadline(options_.idle_ms), -1, nullptr);
   };
-
   auto run = [&]() -> Status {
     for (uint64_t i = 0; i < n_chunks; ++i) {
-      const uint64_t slot = i % 2;
-      if (i >= 2) {
-        // The requester must have written chunk i - 2 out of this slot.
+      if (i >= remote_slots) {
+        // The requester has written chunk i - slots out of the slot chunk i
+        // lands in, and posted the receive for chunk i.
+        DYAD_RETURN_IF_ERROR(engine_->WaitReadable(session.fd(), IdleDeadline(options_.idle_ms)));
         DYAD_RETURN_IF_ERROR(session.RecvFrame(&type, &payload, IdleDeadline(options_.idle_ms)));
         if (type == kErrorFrame) return DecodeErrorFrame(payload, "requester");
         Decoder credit(payload);
         const uint64_t idx = credit.U64();
-        if (type != kCreditFrame || !credit.done() || idx != i - 2)
+        if (type != kCreditFrame || !credit.done() || idx != i - remote_slots)
           return Status(DYAD_RC_BADUNPACK, "unexpected frame instead of credit " +
-                                               std::to_string(i - 2));
+                                               std::to_string(i - remote_slots));
       }
-      // Read chunk i while chunk i - 1 is on the wire.
+      const size_t local_slot = static_cast<size_t>(i % kSlots);
+      // Our slot is free once its previous send completed.
+      DYAD_RETURN_IF_ERROR(wait_send(&sends[local_slot]));
       const uint64_t offset = i * chunk;
       const size_t len = static_cast<size_t>(std::min(chunk, src.size - offset));
-      char* local = (*buf)->base + slot * engine_->slot_bytes();
+      char* local = (*buf)->base + local_slot * engine_->slot_bytes();
       DYAD_RETURN_IF_ERROR(ReadFully(src.fd, local, len, offset));
-      if (op.active) DYAD_RETURN_IF_ERROR(finish_in_flight());
-      DYAD_RETURN_IF_ERROR(engine_->StartPut(*ep, local, len, remote_base + slot * remote_slot,
-                                             *rkey, &op));
-      in_flight_index = i;
-      in_flight_len = len;
+      Result<void*> r = engine_->StartSend(*ep, local, len, ChunkTag(transfer_id, i));
+      if (!r.ok()) return r.status();
+      sends[local_slot] = *r;
+      stats->bytes += len;
+      stats->chunks += 1;
     }
-    if (op.active) DYAD_RETURN_IF_ERROR(finish_in_flight());
+    for (void*& r : sends) DYAD_RETURN_IF_ERROR(wait_send(&r));
     return Status::OK();
   };
 
   st = run();
-  // A put still in flight after a failure must not outlive this call: it
-  // reads from our send buffer and writes into the requester's memory.
-  if (!st.ok()) engine_->Abort(address, *ep, &op);
-  engine_->DestroyRkey(*rkey);
-  if (!st.ok()) return SendErrorAndFail(session, st.Annotate(what + progress()));
-  return Status::OK();
+  if (st.ok()) {
+    lease.MarkOk();
+    return Status::OK();
+  }
+  // Sends still pending after a failure must not outlive this call: they
+  // read our send buffer. The endpoint is retired (force-closed once its
+  // last user lets go), the sends cancelled.
+  engine_->Evict(address, *ep);
+  ep_ref.Release();  // the last user force-closes it, failing its sends
+  bool reclaimed = true;
+  for (void*& r : sends) reclaimed = engine_->Cancel(&r) && reclaimed;
+  if (reclaimed) lease.MarkOk();
+  return SendErrorAndFail(session, st.Annotate(what + progress()));
 }
 
 Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
@@ -851,51 +1004,96 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
   if (!st.ok()) return SendErrorAndFail(session, st.Annotate("ucx pull"));
   Result<Engine::Buffer*> buf = engine_->Acquire(Engine::kRecvPool, IdleDeadline(options_.idle_ms));
   if (!buf.ok()) return SendErrorAndFail(session, buf.status().Annotate("ucx pull"));
-  // After a failure the owner may still land one put in this buffer before
-  // it notices; its own puts are bounded by its idle bound.
+  // A receive that cannot be reclaimed after a failure (one already taking
+  // a message's fragments) may still land in this buffer; the owner stops
+  // within its own idle bound, or at once when it reported its failure.
   BufferLease lease(engine_.get(), *buf,
                     2 * std::max<int64_t>(options_.idle_ms > 0 ? options_.idle_ms : 0, 1000));
   const uint64_t slot = engine_->slot_bytes();
+  const uint64_t transfer_id = NextTransferId();
+  std::vector<void*> recvs(kSlots, nullptr);
+  auto post = [&](uint64_t i) -> Status {
+    Result<void*> r = engine_->StartRecv((*buf)->base + (i % kSlots) * slot, slot,
+                                         ChunkTag(transfer_id, i));
+    if (!r.ok()) return r.status();
+    recvs[i % kSlots] = *r;
+    return Status::OK();
+  };
+  // Gives up on every posted receive; the buffer is reusable at once when
+  // UCX let go of all of them.
+  auto fail = [&](const Status& s, bool tell_owner, bool owner_stopped = false) {
+    if (owner_stopped) lease.OwnerStopped();
+    bool reclaimed = true;
+    for (void*& r : recvs) reclaimed = engine_->Cancel(&r) && reclaimed;
+    if (reclaimed) lease.MarkOk();
+    // The owner stops sending within its idle bound.
+    engine_->Forget(transfer_id, 2 * std::max<int64_t>(options_.idle_ms, 1000));
+    return tell_owner ? SendErrorAndFail(session, s) : FailSession(session, s);
+  };
 
+  // Until the first chunk arrives the chunk size is unknown (the owner may
+  // use smaller slots): one receive per slot may cover every chunk.
+  for (uint64_t i = 0; i < static_cast<uint64_t>(kSlots); ++i) {
+    st = post(i);
+    if (!st.ok()) return fail(st.Annotate(what()), true);
+  }
   Encoder offer;
-  offer.U8(kArgsVersion)
-      .U64(reinterpret_cast<uint64_t>((*buf)->base))
-      .U64(slot)
-      .Str((*buf)->rkey);
+  offer.U8(kArgsVersion).U64(transfer_id).U64(slot).U64(kSlots);
   st = session.SendFrame(kOfferFrame, offer.data(), IdleDeadline(options_.idle_ms));
-  if (!st.ok()) return FailSession(session, st.Annotate(what()));
+  if (!st.ok()) return fail(st.Annotate(what()), false);
 
-  for (uint64_t i = 0; stats->bytes < size; ++i) {
-    uint16_t type = 0;
-    std::string payload;
-    st = session.RecvFrame(&type, &payload, IdleDeadline(options_.idle_ms));
-    if (!st.ok()) {
-      if (st.code() == DYAD_RC_CONNLOST) lease.OwnerStopped();
-      return FailSession(session, st.Annotate(what() + ": waiting for a chunk"));
+  uint64_t chunk = 0;     // learned from chunk 0
+  uint64_t n_chunks = 1;  // likewise
+  for (uint64_t i = 0; i < n_chunks; ++i) {
+    size_t got = 0;
+    bool session_ready = false;
+    st = engine_->Wait(&recvs[i % kSlots], &got, IdleDeadline(options_.idle_ms), session.fd(),
+                       &session_ready);
+    if (!st.ok()) return fail(st.Annotate(what() + ": waiting for a chunk"), true);
+    if (session_ready) {
+      // The owner only ever sends an error here; or it hung up.
+      uint16_t type = 0;
+      std::string payload;
+      st = session.RecvFrame(&type, &payload, Deadline::AfterMs(1000));
+      if (!st.ok())
+        return fail(st.Annotate(what() + ": waiting for a chunk"), false,
+                    st.code() == DYAD_RC_CONNLOST);
+      if (type == kErrorFrame)
+        return fail(DecodeErrorFrame(payload, "owner").Annotate(what()), false, true);
+      return fail(Status(DYAD_RC_BADUNPACK, what() + ": unexpected frame during the transfer"),
+                  true);
     }
-    if (type == kErrorFrame) {
-      lease.OwnerStopped();
-      return FailSession(session, DecodeErrorFrame(payload, "owner").Annotate(what()));
+    if (i == 0) {
+      chunk = got;
+      if (chunk == 0 || chunk > slot || chunk > size)
+        return fail(Status(DYAD_RC_BADUNPACK, what() + ": bad first chunk"), true);
+      n_chunks = (size + chunk - 1) / chunk;
     }
-    Decoder d(payload);
-    const uint64_t idx = d.U64();
-    const uint64_t len = d.U64();
-    const bool credit_wanted = d.Bool();
-    if (type != kChunkFrame || !d.done() || idx != i || len == 0 || len > slot ||
-        len > size - stats->bytes)
-      return SendErrorAndFail(session,
-                              Status(DYAD_RC_BADUNPACK, what() + ": unexpected chunk frame"));
-    st = WriteFully(sink_fd, (*buf)->base + (i % 2) * slot, static_cast<size_t>(len));
-    if (!st.ok())
-      return SendErrorAndFail(session, Status(DYAD_RC_BADFIO, what() + ": " + st.message()));
-    stats->bytes += len;
+    const uint64_t want = std::min<uint64_t>(chunk, size - i * chunk);
+    if (got != want)
+      return fail(Status(DYAD_RC_BADUNPACK, what() + ": chunk " + std::to_string(i) + " has " +
+                                                std::to_string(got) + " bytes, expected " +
+                                                std::to_string(want)),
+                  true);
+    st = WriteFully(sink_fd, (*buf)->base + (i % kSlots) * slot, static_cast<size_t>(got));
+    if (!st.ok()) return fail(Status(DYAD_RC_BADFIO, what() + ": " + st.message()), true);
+    stats->bytes += got;
     stats->chunks += 1;
-    if (credit_wanted) {
+    if (i + kSlots < n_chunks) {
+      st = post(i + kSlots);
+      if (!st.ok()) return fail(st.Annotate(what()), true);
       Encoder e;
       e.U64(i);
       st = session.SendFrame(kCreditFrame, e.data(), IdleDeadline(options_.idle_ms));
-      if (!st.ok()) return FailSession(session, st.Annotate(what()));
+      if (!st.ok()) return fail(st.Annotate(what()), false);
     }
+  }
+  // Receives posted for chunks that do not exist (a file of fewer chunks
+  // than slots) are withdrawn; none can match, the tags are unique.
+  for (void*& r : recvs) {
+    if (r != nullptr && !engine_->Cancel(&r))
+      return fail(Status(DYAD_RC_UCXCOMM_FAIL, what() + ": a spare receive could not be cancelled"),
+                  true);
   }
   lease.MarkOk();
   return Status::OK();

@@ -1,38 +1,50 @@
-// ucx_transport.h: the "ucx" transport (DTL mode UCX): file bytes move by
-// one-sided UCX puts into the requester's registered memory; the fetch
-// session carries only small control frames.
+// ucx_transport.h: the "ucx" transport (DTL mode UCX): file bytes move as
+// UCX tagged messages straight into receives the requester posted on its
+// registered memory; the fetch session carries only small control frames.
 //
 // Protocol (after the FetchReply; both ends know `size`, nothing happens for
 // size 0, and files of at most kInlineMaxBytes are sent inline in a single
 // kInline frame instead):
 //   requester PrepareRequest: transport_args = its UCX worker address.
-//   requester Pull:   takes a buffer from its registered receive pool and
-//                     sends kOffer {address, slot size, rkey} on the session.
-//   owner Push:       gets a cached endpoint to that worker address, unpacks
-//                     the rkey, and for each chunk i: preads it into its own
-//                     registered send buffer, ucp_put_nbx()s it into slot
-//                     i % 2 of the offered buffer, flushes the endpoint (the
-//                     bytes are then in the requester's memory), and sends
-//                     kChunk {index, length}. Before reusing a slot (chunk
-//                     i >= 2) it waits for kCredit {i - 2}.
-//   requester:        on kChunk writes the slot to the sink and, unless no
-//                     later chunk will reuse that slot, sends kCredit.
-// Two slots pipeline the transfer: the owner reads and puts chunk i + 1
-// while the requester writes chunk i. The exchange ends exactly when the
-// last chunk is consumed, so a session stays reusable after a good
-// transfer. Any failure sends kError when possible, marks the session broken
-// and shuts it down, so the peer fails at once instead of at its idle bound;
-// a peer that dies shows up as CONNLOST on the session or as a UCX error on
-// the endpoint (error handling mode PEER), never as a hang: every wait is
-// bounded by options.idle_ms.
+//   requester Pull:   takes a buffer of kSlots slots from its registered
+//                     receive pool, posts a tagged receive for chunk i into
+//                     slot i for i < kSlots, then sends kOffer {transfer id,
+//                     slot size, slot count}. A chunk's tag is the transfer
+//                     id and its index.
+//   owner Push:       gets a cached endpoint to that worker address and for
+//                     each chunk i: waits for kCredit {i - slots} when
+//                     i >= slots, waits until its own send slot i % kSlots
+//                     is free (the send from it completed), preads the
+//                     chunk into it and ucp_tag_send_nbx()es it. Up to
+//                     kSlots sends are in flight, each tracked by its own
+//                     request.
+//   requester:        waits for chunk i's receive (watching the session for
+//                     an error or a hang-up meanwhile), writes the slot to
+//                     the sink and, if chunk i + slots exists, posts its
+//                     receive into the slot and sends kCredit {i}.
+// The chunk size is the smaller of the two sides' slot sizes; the requester
+// learns it from the length of chunk 0. Credits are exactly those the owner
+// waits for, so the exchange ends when the last chunk is written and a
+// session stays reusable after a good transfer. Without native RMA
+// (UCX_TLS without rc/dc/sm/...), messages are forced eager
+// (RNDV_THRESH=inf): the receiver then never answers the sender at the UCX
+// level, so a sender that dies mid-message cannot make UCX 1.13 abort the
+// receiver (it does when acknowledging an emulated put to a dead peer).
+// Any failure sends kError when possible, cancels the outstanding
+// requests, marks the session broken and shuts it down, so the peer fails
+// at once instead of at its idle bound; a peer that dies shows up as
+// CONNLOST on the session or as a UCX error on the endpoint (error handling
+// mode PEER), never as a hang: every wait is bounded by options.idle_ms.
 //
 // Resources: one UCX context and worker per transport instance (one per
 // service), created on first use, driven by one progress thread that sleeps
-// on the worker's event fd. Transfer memory is registered once: pools of at
+// on the worker's event fd (a thread waiting for a transfer drives the worker
+// itself while it moves). Transfer memory is registered once: pools of at
 // most $DYAD_UCX_POOL_BUFFERS (default 4) receive and as many send buffers
-// of 2 x options.chunk_size bytes each, mapped lazily and reused. Receive
-// and send pools are separate so that owners never wait for buffers held by
-// requesters (which could otherwise wait on each other across services).
+// of 2 x options.chunk_size bytes (kSlots slots) each, mapped lazily and
+// reused. Receive and send pools are separate so that owners never wait for
+// buffers held by requesters (which could otherwise wait on each other
+// across services).
 // Endpoints are cached by the peer's worker address bytes (a restarted peer
 // has a new address, hence a new entry) and evicted on any error.
 //
@@ -78,6 +90,11 @@ class UcxTransport final : public Transport {
   // Files up to this size travel inline in one kInlineFrame on the session:
   // for them the offer and put round trips cost more than the copy saves.
   static constexpr uint64_t kInlineMaxBytes = 64u << 10;
+
+  // Slots per registered buffer: up to this many chunks of one transfer
+  // are in flight at once (a buffer is 2 x chunk_size bytes, so a slot is
+  // chunk_size / 2).
+  static constexpr int kSlots = 4;
 
   // Buffers per pool when $DYAD_UCX_POOL_BUFFERS is unset or invalid.
   static constexpr int kDefaultPoolBuffers = 4;
