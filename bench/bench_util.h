@@ -163,6 +163,9 @@ inline std::unique_ptr<emu::EmuCluster> StartBenchCluster(const char* prog, int 
   o.mode = a.mode;
   o.use_netns = !a.loopback;
   o.tmp_parent = a.tmp;
+  // DYAD_BENCH_KEEP=1 leaves the node directories and service logs behind
+  // for a post-mortem (the path is printed by a failing run).
+  if (const char* k = std::getenv("DYAD_BENCH_KEEP"); k && *k && std::string(k) != "0") o.keep = true;
   auto started = emu::EmuCluster::Start(nodes, o);
   if (!started.ok()) {
     std::fprintf(stderr, "%s: %s\n", prog, started.status().ToString().c_str());

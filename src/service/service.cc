@@ -771,6 +771,7 @@ void Service::HandleFetch(Channel& ch, const std::string& payload, const PeerIde
   }
   stats_.Add(ServiceStats::kTransfersOut);
   stats_.Add(ServiceStats::kBytesOut, src.size);
+  stats_.Add(ServiceStats::kBytesOutDirect, ts.direct_bytes);
 }
 
 }  // namespace dyad

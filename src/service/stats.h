@@ -28,6 +28,7 @@ class ServiceStats {
     kBytesIn,
     kTransfersOut,
     kBytesOut,
+    kBytesOutDirect,
     kFetchRefused,
     kErrors,
     kNumCounters
@@ -43,7 +44,7 @@ class ServiceStats {
         "requests.status",  "requests.fetch",   "requests.kvs",          "publish.async_pending",
         "cache.hits",       "cache.misses",     "consume.local",         "consume.joined",
         "transfers.in",     "bytes.in",         "transfers.out",         "bytes.out",
-        "fetch.refused",    "errors"};
+        "bytes.out.direct", "fetch.refused",    "errors"};
     std::map<std::string, uint64_t> out;
     for (int i = 0; i < kNumCounters; ++i) out[kNames[i]] = Get(static_cast<Counter>(i));
     return out;

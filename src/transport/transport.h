@@ -47,6 +47,9 @@ struct FileSource {
 struct TransferStats {
   uint64_t bytes = 0;
   uint64_t chunks = 0;
+  // Of `bytes`, those written straight into the peer's memory (a same-host
+  // one-sided path, e.g. UCX over shared memory).
+  uint64_t direct_bytes = 0;
 };
 
 // Registered memory for RMA transports (optional capability).

@@ -2,6 +2,10 @@
 // transport (`dyad-service -m UCX`, UCX over TCP between the nodes' network
 // namespaces, or over loopback without them).
 //
+// With UCX_TLS=shm,tcp the services (one host) use the same-host direct
+// path instead: the producer's service writes chunks into the consumer
+// service's shared buffer; the same failures are checked there.
+//
 // Checked: a file several times larger than the registered buffer pool
 // arrives intact (chunks are pipelined through the pool); many small files
 // arrive intact over cached endpoints; a producer service killed mid-transfer
@@ -73,12 +77,81 @@ class UcxTest : public TwoNodeTest {
     work_ = cluster_->base_dir() + "/work";
     ASSERT_EQ(::mkdir(work_.c_str(), 0755), 0);
     RecordProperty("network", cluster_->uses_netns() ? "namespaces" : "loopback");
-    if (cluster_->uses_netns()) ASSERT_NO_FATAL_FAILURE(WaitForCarrier());
+    if (cluster_->uses_netns()) {
+      ASSERT_NO_FATAL_FAILURE(WaitForCarrier());
+    }
     for (int i = 0; i < 2; ++i) {
       auto status = cluster_->ServiceStatus(i);
       ASSERT_TRUE(status.ok()) << Str(status.status());
       ASSERT_EQ(status->info["transport"], "ucx") << "node " << i;
     }
+  }
+
+  // Kills the producer's service at full speed (no bandwidth limit) at
+  // different points of a transfer, `rounds` times: every time the
+  // consumer gets an error and no partial file, its service keeps running,
+  // and a restarted producer serves again.
+  void KillProducerAtFullSpeed(int rounds) {
+    ::mkdir((dmd(kA) + "/big").c_str(), 0755);
+    for (int round = 0; round < rounds; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      const std::string name = "big/full-speed-" + std::to_string(round) + ".bin";
+      const uint64_t size = 4096 * kMiB;
+      MakeSparse(PathOn(kA, name), size);
+      Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
+      WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
+      emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
+      if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
+        if (consumer.Exited())
+          GTEST_SKIP() << "the transfer finished before it could be interrupted";
+        FAIL() << "no transfer in progress on node B\n" << Output(cf);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(40 * round));
+      ASSERT_TRUE(cluster().KillService(kA).ok());
+      auto r = FinishWorker(consumer, cf, 90000);
+      ASSERT_EQ(r.size(), 1u);
+      EXPECT_NE(r[0].rc, DYAD_RC_OK);
+      EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";
+      ASSERT_TRUE(cluster().StartService(kA).ok());
+      ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
+    }
+    const std::vector<ManifestEntry> again_files = {{"after-kills.dat", 3 * 1048576 + 5}};
+    Produce(again_files);
+    ConsumeOk(again_files);
+  }
+
+  // The other direction: the consumer's service dies while the producer's
+  // service is sending to it. The producer's service must keep running,
+  // and serve the restarted consumer.
+  void KillConsumerMidTransfer() {
+    ::mkdir((dmd(kA) + "/big").c_str(), 0755);
+    const std::string name = "big/consumer-dies.bin";
+    const uint64_t size = 4096 * kMiB;
+    MakeSparse(PathOn(kA, name), size);
+    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
+    WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
+    emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
+    if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
+      if (consumer.Exited()) GTEST_SKIP() << "the transfer finished before it could be interrupted";
+      FAIL() << "no transfer in progress on node B\n" << Output(cf);
+    }
+    ASSERT_TRUE(cluster().KillService(kB).ok());
+    auto r = FinishWorker(consumer, cf, 90000);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_NE(r[0].rc, DYAD_RC_OK);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    ASSERT_TRUE(cluster().ServiceRunning(kA)) << "the producer's service died with its peer";
+    ASSERT_TRUE(cluster().StartService(kB).ok());
+    // Node B is also the metadata root: the restarted root no longer knows
+    // A's registration; a restart of A registers it again.
+    ASSERT_TRUE(cluster().StopService(kA).ok());
+    ASSERT_TRUE(cluster().StartService(kA).ok());
+    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
+    const std::vector<ManifestEntry> again_files = {{"after-consumer-kills.dat", 3 * 1048576 + 5}};
+    Produce(again_files);
+    ConsumeOk(again_files);
   }
 };
 
@@ -142,73 +215,14 @@ TEST_F(UcxTest, ProducerServiceKilledMidTransferGivesAnErrorNotAHang) {
   ConsumeOk(again_files);
 }
 
-// The same at full speed (no bandwidth limit), killing the producer at
-// different points of the transfer: chunks are then in flight in both
-// directions' socket buffers when it dies. Every time the consumer gets an
-// error, its service keeps running, and a restarted producer serves again.
+// Chunks are in flight in both directions' socket buffers when the
+// producer dies at full speed.
 TEST_F(UcxTest, ProducerKilledAtFullSpeedNeverTakesTheConsumerServiceDown) {
-  ::mkdir((dmd(kA) + "/big").c_str(), 0755);
-  for (int round = 0; round < 5; ++round) {
-    SCOPED_TRACE("round " + std::to_string(round));
-    const std::string name = "big/full-speed-" + std::to_string(round) + ".bin";
-    const uint64_t size = 4096 * kMiB;
-    MakeSparse(PathOn(kA, name), size);
-    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
-    WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
-    emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
-    if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
-      if (consumer.Exited()) GTEST_SKIP() << "the transfer finished before it could be interrupted";
-      FAIL() << "no transfer in progress on node B\n" << Output(cf);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(40 * round));
-    ASSERT_TRUE(cluster().KillService(kA).ok());
-    auto r = FinishWorker(consumer, cf, 90000);
-    ASSERT_EQ(r.size(), 1u);
-    EXPECT_NE(r[0].rc, DYAD_RC_OK);
-    EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";
-    ASSERT_TRUE(cluster().StartService(kA).ok());
-    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
-  }
-  const std::vector<ManifestEntry> again_files = {{"after-kills.dat", 3 * 1048576 + 5}};
-  Produce(again_files);
-  ConsumeOk(again_files);
+  KillProducerAtFullSpeed(5);
 }
 
-// The other direction: the consumer's service dies while the producer's
-// service is sending to it. The producer's service must keep running.
 TEST_F(UcxTest, ConsumerServiceKilledMidTransferLeavesTheProducerServiceRunning) {
-  ::mkdir((dmd(kA) + "/big").c_str(), 0755);
-  // One round: node B is also the metadata root, so once it restarted the
-  // emulator's records of this test are gone.
-  for (int round = 0; round < 1; ++round) {
-    const std::string name = "big/consumer-dies.bin";
-    const uint64_t size = 4096 * kMiB;
-    MakeSparse(PathOn(kA, name), size);
-    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
-    WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
-    emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
-    if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
-      if (consumer.Exited()) GTEST_SKIP() << "the transfer finished before it could be interrupted";
-      FAIL() << "no transfer in progress on node B\n" << Output(cf);
-    }
-    ASSERT_TRUE(cluster().KillService(kB).ok());
-    auto r = FinishWorker(consumer, cf, 90000);
-    ASSERT_EQ(r.size(), 1u);
-    EXPECT_NE(r[0].rc, DYAD_RC_OK);
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    ASSERT_TRUE(cluster().ServiceRunning(kA)) << "the producer's service died with its peer";
-    ASSERT_TRUE(cluster().StartService(kB).ok());
-    // The restarted metadata root no longer knows A's registration; a
-    // restart of A registers it again.
-    ASSERT_TRUE(cluster().StopService(kA).ok());
-    ASSERT_TRUE(cluster().StartService(kA).ok());
-    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
-  }
-  const std::vector<ManifestEntry> again_files = {{"after-consumer-kills.dat", 3 * 1048576 + 5}};
-  Produce(again_files);
-  ConsumeOk(again_files);
+  KillConsumerMidTransfer();
 }
 
 // A producer service that restarts has a new UCX worker (a new address);
@@ -226,6 +240,62 @@ TEST_F(UcxTest, RestartedProducerServiceIsANewPeer) {
   const std::vector<ManifestEntry> back = {{"back.dat", 1048576 + 3}};
   Produce(back, {}, {}, kB);
   ConsumeOk(back, {}, {}, kA);
+}
+
+// Both emulated nodes are on this host (network namespaces share memory),
+// and UCX may use shared memory: the producer's service writes each chunk
+// straight into the consumer service's registered buffer (the same-host
+// direct path), counted in bytes.out.direct. Failures of either side are
+// reported by the fetch session, never by UCX.
+class UcxSharedMemoryTest : public UcxTest {
+ protected:
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o = UcxTest::Options();
+    o.service_env["UCX_TLS"] = "shm,tcp";
+    return o;
+  }
+};
+
+TEST_F(UcxSharedMemoryTest, FilesMoveThroughSharedMemory) {
+  std::vector<ManifestEntry> files = {{"big/pooled.bin", 48 * 1048576 + 3}};
+  for (int i = 0; i < 40; ++i) files.push_back({"mixed/f" + std::to_string(i), (i * 40009) % 700000});
+  Produce(files);
+  ConsumeOk(files);
+  uint64_t total = 0;
+  uint64_t beyond_inline = 0;  // files above 64 KiB travel outside the session
+  for (const ManifestEntry& f : files) {
+    total += static_cast<uint64_t>(f.size);
+    if (f.size > 64 * 1024) beyond_inline += static_cast<uint64_t>(f.size);
+  }
+  EXPECT_EQ(Counter(kA, "bytes.out"), total);
+  EXPECT_EQ(Counter(kA, "bytes.out.direct"), beyond_inline);
+}
+
+TEST_F(UcxSharedMemoryTest, ProducerKilledMidTransferNeverTakesTheConsumerServiceDown) {
+  KillProducerAtFullSpeed(3);
+}
+
+TEST_F(UcxSharedMemoryTest, ConsumerServiceKilledMidTransferLeavesTheProducerServiceRunning) {
+  KillConsumerMidTransfer();
+}
+
+// DYAD_UCX_SHM=off keeps same-host transfers on UCX messages (over tcp).
+class UcxSharedMemoryOffTest : public UcxTest {
+ protected:
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o = UcxTest::Options();
+    o.service_env["UCX_TLS"] = "shm,tcp";
+    o.service_env["DYAD_UCX_SHM"] = "off";
+    return o;
+  }
+};
+
+TEST_F(UcxSharedMemoryOffTest, SwitchedOffMeansMessages) {
+  const std::vector<ManifestEntry> files = {{"big/messages.bin", 5 * 1048576 + 1}};
+  Produce(files);
+  ConsumeOk(files);
+  EXPECT_EQ(Counter(kA, "bytes.out"), 5 * kMiB + 1);
+  EXPECT_EQ(Counter(kA, "bytes.out.direct"), 0u);
 }
 
 }  // namespace

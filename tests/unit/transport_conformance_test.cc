@@ -1071,6 +1071,98 @@ TEST(UcxTransport, ConcurrentTransfersShareEndpointAndPools) {
   }
 }
 
+// Sets an environment variable for one scope (UCX reads UCX_TLS when a
+// transport first starts, which PrepareRequest forces).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// A started ucx transport (its UCX context read the environment as it is).
+std::unique_ptr<Transport> StartedUcx(const TransportOptions& options) {
+  Result<std::unique_ptr<Transport>> t = CreateTransport("ucx", options);
+  if (!t.ok() || !(*t)->PrepareRequest().ok()) return nullptr;
+  return std::move(*t);
+}
+
+// Owner and requester on one host with shared memory: the owner writes the
+// chunks straight into the requester's registered (shared) buffer, every
+// byte counts as direct on both sides, through all slots and a requester
+// restart; with DYAD_UCX_SHM=off the same transfer moves as UCX messages;
+// and a requester whose UCX has no shared memory (its buffers cannot be
+// mapped) gets messages from the same owner.
+TEST(UcxTransport, SameHostRequesterBufferIsWrittenDirectly) {
+  const std::string dir = MakeTempDir(BaseTempDir(), "ucx-shm");
+  ASSERT_FALSE(dir.empty());
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { RemoveTree(d); }
+  } cleanup{dir};
+  ASSERT_EQ(::mkdir((dir + "/src").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/dst").c_str(), 0755), 0);
+  const uint64_t size = 3 * kMiB + 7;  // 97 chunks of 32 KiB
+  ASSERT_TRUE(WriteRandomFile(dir + "/src/f", size, 23).ok());
+  TransportOptions options;
+  options.chunk_size = 64 * kKiB;
+  options.idle_ms = 5000;
+  auto transfer = [&](Transport& owner_t, Transport& req_t, uint64_t want_direct) {
+    Link link;
+    ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+    OwnerResult served;
+    std::thread owner([&] { served = ServeFetch(owner_t, *link.owner, dir + "/src"); });
+    PullResult pulled = Fetch(req_t, *link.requester, "f", dir + "/dst");
+    owner.join();
+    ASSERT_TRUE(served.st.ok()) << served.st.ToString();
+    ASSERT_TRUE(pulled.st.ok()) << pulled.st.ToString();
+    EXPECT_EQ(pulled.stats.bytes, size);
+    EXPECT_EQ(served.stats.bytes, size);
+    EXPECT_EQ(pulled.stats.direct_bytes, want_direct);
+    EXPECT_EQ(served.stats.direct_bytes, want_direct);
+    EXPECT_TRUE(SameContent(dir + "/src/f", dir + "/dst/f"));
+    EXPECT_FALSE(link.requester->broken());
+    ASSERT_EQ(::unlink((dir + "/dst/f").c_str()), 0);
+  };
+  {
+    ScopedEnv tls("UCX_TLS", "shm,tcp");
+    std::unique_ptr<Transport> owner_t = StartedUcx(options);
+    ASSERT_NE(owner_t, nullptr);
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("requester incarnation " + std::to_string(round));
+      std::unique_ptr<Transport> req_t = StartedUcx(options);
+      ASSERT_NE(req_t, nullptr);
+      ASSERT_NO_FATAL_FAILURE(transfer(*owner_t, *req_t, size));
+    }
+    {
+      SCOPED_TRACE("DYAD_UCX_SHM=off");
+      ScopedEnv off("DYAD_UCX_SHM", "off");
+      std::unique_ptr<Transport> req_t = StartedUcx(options);
+      ASSERT_NE(req_t, nullptr);
+      ASSERT_NO_FATAL_FAILURE(transfer(*owner_t, *req_t, 0));
+    }
+    SCOPED_TRACE("requester without shared memory");
+    std::unique_ptr<Transport> req_t;
+    {
+      ScopedEnv tcp_only("UCX_TLS", "tcp");
+      req_t = StartedUcx(options);
+    }
+    ASSERT_NE(req_t, nullptr);
+    ASSERT_NO_FATAL_FAILURE(transfer(*owner_t, *req_t, 0));
+  }
+}
+
 // Bad transport arguments are refused by the owner, which tells the
 // requester; neither side waits for its idle bound.
 TEST(UcxTransport, GarbageRequestArgumentsFailBothSidesPromptly) {

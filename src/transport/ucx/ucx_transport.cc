@@ -30,7 +30,7 @@ namespace {
 // Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
 constexpr size_t kDefaultChunk = 4u << 20;
 // Version byte of PrepareRequest's transport_args and of kOffer.
-constexpr uint8_t kArgsVersion = 2;
+constexpr uint8_t kArgsVersion = 3;
 // How long teardown paths wait for UCX to finish cancelled operations.
 constexpr int64_t kDrainMs = 1000;
 // Segment size asked of UCX's tcp transport (see Engine::TuneTcp).
@@ -45,6 +45,14 @@ constexpr int kProgressPollMs = 100;
 // A slot larger than this in an offer is a bug or a hostile peer.
 constexpr uint64_t kMaxSlotBytes = 1ull << 32;
 constexpr uint64_t kMaxSlots = 1024;
+// Bounds on what a peer may send: a worker address and a packed remote key.
+constexpr size_t kMaxAddressBytes = 64u << 10;
+constexpr size_t kMaxRkeyBytes = 4u << 10;
+// Same-host requesters whose buffers an owner keeps mapped (least recently
+// used idle ones are unmapped beyond this), and addresses remembered as not
+// mappable (forgotten all at once beyond this).
+constexpr size_t kMaxDirectPeers = 64;
+constexpr size_t kMaxUnmappable = 1024;
 // A chunk's tag: the requester's transfer id (40 bits) and the chunk index
 // modulo 2^24 (at most kSlots chunks are outstanding, so indexes cannot
 // collide). Ids are unique per process and random across processes, so a
@@ -73,6 +81,57 @@ uint64_t NextTransferId() {
 
 Deadline IdleDeadline(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
+}
+
+// What a UCX print routine writes, as a string ("" when it cannot be had).
+template <typename Fn>
+std::string CaptureUcxInfo(Fn&& print) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = ::open_memstream(&buf, &len);
+  if (f == nullptr) return "";
+  print(f);
+  std::fclose(f);
+  std::string out(buf != nullptr ? buf : "", len);
+  std::free(buf);
+  return out;
+}
+
+// Identifies this host and the namespaces that UCX's shared memory needs to
+// be common to both sides (System V IPC, the pid namespace POSIX segments
+// are attached through, the mount namespace of /dev/shm). Two services with
+// the same value can map each other's memory. "" when unknown: never equal.
+const std::string& LocalHostId() {
+  static const std::string id = [] {
+    std::string boot;
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
+      char line[64] = {};
+      if (std::fgets(line, sizeof(line), f) != nullptr) boot = line;
+      std::fclose(f);
+    }
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+    if (boot.empty()) return std::string();
+    std::string out = boot;
+    for (const char* ns : {"ipc", "pid", "mnt"}) {
+      char target[128] = {};
+      const std::string link = std::string("/proc/self/ns/") + ns;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) return std::string();
+      out += '/';
+      out.append(target, static_cast<size_t>(n));
+    }
+    return out;
+  }();
+  return id;
+}
+
+// $DYAD_UCX_SHM: "off" (or 0/no/false) keeps same-host transfers on UCX
+// messages; anything else (default "auto") lets them use shared memory.
+bool ShmDirectAllowed() {
+  const char* v = std::getenv("DYAD_UCX_SHM");
+  if (v == nullptr) return true;
+  const std::string s(v);
+  return !(s == "off" || s == "0" || s == "no" || s == "false");
 }
 
 Status UcxStatus(dyad_rc_t code, const std::string& what, ucs_status_t s) {
@@ -212,15 +271,37 @@ class UcxTransport::Engine {
     }
     address_.assign(reinterpret_cast<const char*>(addr), addr_len);
     ucp_worker_release_address(worker_, addr);
+    shm_capable_ = HasMappableMemory(context_);
     stopping_ = false;
     progress_ = std::thread([this] { ProgressLoop(); });
     started_ = true;
-    DYAD_LOG_DEBUG("ucx: worker up (address %zu bytes, slot %zu bytes, %d buffers per pool)",
-                   address_.size(), slot_bytes_, pool_buffers_);
+    DYAD_LOG_DEBUG(
+        "ucx: worker up (address %zu bytes, slot %zu bytes, %d buffers per pool, shared memory %s)",
+        address_.size(), slot_bytes_, pool_buffers_, shm_capable_ ? "yes" : "no");
     return Status::OK();
   }
 
   const std::string& address() const { return address_; }
+
+  // Whether this context has a shared-memory transport whose remote keys
+  // can be mapped into another process (System V, POSIX or XPMEM), so
+  // that a same-host peer's registered buffer can be written directly.
+  bool shm_capable() const { return shm_capable_; }
+
+  static bool HasMappableMemory(ucp_context_h context) {
+    const std::string info =
+        CaptureUcxInfo([&](FILE* f) { ucp_context_print_info(context, f); });
+    size_t pos = 0;
+    while ((pos = info.find("resource", pos)) != std::string::npos) {
+      const size_t eol = info.find('\n', pos);
+      const std::string line = info.substr(pos, eol == std::string::npos ? eol : eol - pos);
+      for (const char* tl : {" sysv/", " posix/", " xpmem/"}) {
+        if (line.find(tl) != std::string::npos) return true;
+      }
+      pos += 8;
+    }
+    return false;
+  }
 
   // Over TCP, UCX emulates puts with active messages of at most one
   // segment each, and every segment is acknowledged. The default 8 KiB
@@ -278,6 +359,7 @@ class UcxTransport::Engine {
     size_t len = 0;
     ucp_mem_h memh = nullptr;
     std::string rkey;
+    bool ucx_allocated = false;  // allocated by ucp_mem_map (not mmap)
     bool in_use = false;
     // A buffer given back after a failed transfer is not reused before this
     // time: the owner of that transfer may still have one put in flight.
@@ -307,7 +389,7 @@ class UcxTransport::Engine {
       // failures cannot starve later transfers), up to twice its size.
       const int limit = pool_buffers_ + std::min(resting, pool_buffers_);
       if (static_cast<int>(pool.size()) < limit) {
-        Result<std::unique_ptr<Buffer>> made = MapBuffer(kSlots * slot_bytes_);
+        Result<std::unique_ptr<Buffer>> made = MapBuffer(kind, kSlots * slot_bytes_);
         if (!made.ok()) return made.status();
         pool.push_back(std::move(made).value());
         pool.back()->in_use = true;
@@ -413,6 +495,101 @@ class UcxTransport::Engine {
     if (it == eps_.end() || it->second != ep) return;
     eps_.erase(it);
     RetireLocked(ep);
+  }
+
+  // ---- Same-host direct path (see Push).
+  //
+  // When owner and requester share a host, the owner maps the requester's
+  // receive buffer (UCX allocated it from shared memory; its remote key
+  // names the segment) and reads file chunks straight into it: a one-sided
+  // write with no UCX message at all, and one copy fewer than any message.
+  // The endpoint used to unpack the keys has no peer error handling (UCX
+  // 1.13's shared-memory transports offer none) and carries no traffic, so
+  // a peer's death cannot reach UCX; the fetch session reports it.
+
+  struct DirectPeer {
+    ucp_ep_h ep = nullptr;                     // shared-memory lanes only
+    std::map<std::string, ucp_rkey_h> rkeys;   // by packed key, mapped
+    int users = 0;                             // transfers writing through it
+    std::chrono::steady_clock::time_point last_used{};
+  };
+
+  // One of a same-host requester's receive buffers, mapped here.
+  struct DirectMapping {
+    std::shared_ptr<DirectPeer> peer;
+    char* ptr = nullptr;  // the buffer's first byte, in this process
+  };
+
+  // Maps [base, base + len) of the requester at worker `address`, described
+  // by the packed remote key `rkey`. Fails (NOTSUP) when there is no
+  // shared-memory path to it; that is remembered. Pair every success with
+  // UnmapPeerBuffer.
+  Result<DirectMapping> MapPeerBuffer(const std::string& address, const std::string& rkey,
+                                      uint64_t base, uint64_t len) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (unmappable_.count(address) != 0)
+      return Status(DYAD_RC_NOTSUP, "no shared-memory path to the requester");
+    auto not_mappable = [&](const Status& st) {
+      if (unmappable_.size() >= kMaxUnmappable) unmappable_.clear();
+      unmappable_.insert(address);
+      return st;
+    };
+    std::shared_ptr<DirectPeer>& entry = direct_[address];
+    if (!entry) {
+      Result<ucp_ep_h> ep = SharedMemoryEndpointLocked(address);
+      if (!ep.ok()) {
+        direct_.erase(address);
+        return not_mappable(ep.status());
+      }
+      entry = std::make_shared<DirectPeer>();
+      entry->ep = *ep;
+      entry->last_used = std::chrono::steady_clock::now();
+      TrimDirectPeersLocked();  // never the newest entry
+    }
+    const std::shared_ptr<DirectPeer> peer = direct_.at(address);
+    ucp_rkey_h rk = nullptr;
+    auto it = peer->rkeys.find(rkey);
+    if (it != peer->rkeys.end()) {
+      rk = it->second;
+    } else {
+      const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, rkey.data(), &rk);
+      if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXRKEY_UNPACK_FAILED, "ucp_ep_rkey_unpack", s);
+      peer->rkeys[rkey] = rk;
+    }
+    void* first = nullptr;
+    void* last = nullptr;
+    ucs_status_t s = ucp_rkey_ptr(rk, base, &first);
+    if (s == UCS_OK) s = ucp_rkey_ptr(rk, base + len - 1, &last);
+    if (s != UCS_OK) {
+      // The requester's buffers are not in shared memory (its UCX has no
+      // shared-memory transport): messages it is.
+      return not_mappable(UcxStatus(DYAD_RC_NOTSUP, "ucp_rkey_ptr", s));
+    }
+    if (static_cast<char*>(last) - static_cast<char*>(first) != static_cast<ptrdiff_t>(len - 1))
+      return Status(DYAD_RC_BADUNPACK, "requester buffer is not mapped contiguously");
+    ++peer->users;
+    peer->last_used = std::chrono::steady_clock::now();
+    return DirectMapping{peer, static_cast<char*>(first)};
+  }
+
+  // Ends a transfer's use of a mapping. After a failure the requester's
+  // mappings are dropped (it may have died or restarted): they are
+  // unmapped once no transfer writes through them.
+  void UnmapPeerBuffer(const std::string& address, DirectMapping* m, bool failed) {
+    if (!m->peer) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    --m->peer->users;
+    if (failed) {
+      auto it = direct_.find(address);
+      if (it != direct_.end() && it->second == m->peer) {
+        direct_.erase(it);
+        retired_direct_.insert(m->peer);
+      }
+    }
+    if (m->peer->users == 0 && retired_direct_.erase(m->peer) != 0)
+      DestroyDirectPeerLocked(*m->peer);
+    m->peer.reset();
+    m->ptr = nullptr;
   }
 
   // ---- Tagged messages.
@@ -610,6 +787,70 @@ class UcxTransport::Engine {
                     dropping_.end());
   }
 
+  // An endpoint to `address` without peer error handling, accepted only if
+  // UCX put every lane on shared memory (never tcp: a tcp endpoint without
+  // error handling would take the process down when its peer dies).
+  Result<ucp_ep_h> SharedMemoryEndpointLocked(const std::string& address) {
+    ucp_ep_params_t p;
+    std::memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    ucp_ep_h ep = nullptr;
+    const ucs_status_t s = ucp_ep_create(worker_, &p, &ep);
+    if (s != UCS_OK) return UcxStatus(DYAD_RC_NOTSUP, "ucp_ep_create (shared memory)", s);
+    const std::string info = CaptureUcxInfo([&](FILE* f) { ucp_ep_print_info(ep, f); });
+    int lanes = 0;
+    bool memory_only = true;
+    for (size_t pos = 0; (pos = info.find("lane[", pos)) != std::string::npos; pos += 5) {
+      const size_t eol = info.find('\n', pos);
+      const std::string line = info.substr(pos, eol == std::string::npos ? eol : eol - pos);
+      ++lanes;
+      bool memory = false;
+      for (const char* tl : {":sysv/", ":posix/", ":xpmem/", ":cma/", ":knem/", ":self/"}) {
+        if (line.find(tl) != std::string::npos) memory = true;
+      }
+      memory_only = memory_only && memory;
+    }
+    if (lanes == 0 || !memory_only) {
+      CloseQuietEndpointLocked(ep);
+      return Status(DYAD_RC_NOTSUP, "the requester is not reachable through shared memory");
+    }
+    return ep;
+  }
+
+  // Closes an endpoint that never carried traffic (or only shared-memory
+  // traffic that completed): a flush close, reaped like the others.
+  void CloseQuietEndpointLocked(ucp_ep_h ep) {
+    ucp_request_param_t p;
+    std::memset(&p, 0, sizeof(p));
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+  }
+
+  void DestroyDirectPeerLocked(DirectPeer& peer) {
+    for (auto& [key, rk] : peer.rkeys) ucp_rkey_destroy(rk);
+    peer.rkeys.clear();
+    if (peer.ep != nullptr) CloseQuietEndpointLocked(peer.ep);
+    peer.ep = nullptr;
+  }
+
+  // Keeps at most kMaxDirectPeers requesters mapped: the least recently
+  // used idle ones are unmapped (a restarted requester is a new address).
+  void TrimDirectPeersLocked() {
+    while (direct_.size() > kMaxDirectPeers) {
+      auto victim = direct_.end();
+      for (auto it = direct_.begin(); it != direct_.end(); ++it) {
+        if (!it->second || it->second->users > 0) continue;
+        if (victim == direct_.end() || it->second->last_used < victim->second->last_used)
+          victim = it;
+      }
+      if (victim == direct_.end()) return;  // all busy
+      DestroyDirectPeerLocked(*victim->second);
+      direct_.erase(victim);
+    }
+  }
+
   void RetireLocked(ucp_ep_h ep) {
     if (ep_users_.count(ep) != 0) {
       retired_.insert(ep);
@@ -639,7 +880,15 @@ class UcxTransport::Engine {
                    closing_.end());
   }
 
-  Result<std::unique_ptr<Buffer>> MapBuffer(size_t len) {
+  // Receive buffers are allocated by UCX, which takes them from shared
+  // memory when it can (System V or POSIX segments), so that a same-host
+  // owner can map them; send buffers are plain anonymous memory.
+  Result<std::unique_ptr<Buffer>> MapBuffer(PoolKind kind, size_t len) {
+    if (kind == kRecvPool && shm_capable_) {
+      Result<std::unique_ptr<Buffer>> b = AllocateBuffer(len);
+      if (b.ok()) return b;
+      DYAD_LOG_DEBUG("ucx: %s; using anonymous memory", b.status().ToString().c_str());
+    }
     void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return StatusFromErrno(errno, "mmap ucx transfer buffer");
@@ -651,6 +900,38 @@ class UcxTransport::Engine {
       ::munmap(p, len);
       return st;
     }
+    return Result<std::unique_ptr<Buffer>>(std::move(b));
+  }
+
+  Result<std::unique_ptr<Buffer>> AllocateBuffer(size_t len) {
+    ucp_mem_map_params_t mp;
+    std::memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.length = len;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    std::lock_guard<std::mutex> lk(mu_);
+    ucp_mem_h memh = nullptr;
+    ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+    if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXMMAP_FAIL, "ucp_mem_map (allocate)", s);
+    ucp_mem_attr_t attr;
+    std::memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(memh, &attr);
+    void* packed = nullptr;
+    size_t packed_len = 0;
+    if (s == UCS_OK && attr.length < len) s = UCS_ERR_NO_MEMORY;
+    if (s == UCS_OK) s = ucp_rkey_pack(context_, memh, &packed, &packed_len);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(context_, memh);
+      return UcxStatus(DYAD_RC_UCXMMAP_FAIL, "ucp_mem_query/ucp_rkey_pack", s);
+    }
+    auto b = std::make_unique<Buffer>();
+    b->base = static_cast<char*>(attr.address);
+    b->len = len;
+    b->memh = memh;
+    b->ucx_allocated = true;
+    b->rkey.assign(static_cast<const char*>(packed), packed_len);
+    ucp_rkey_buffer_release(packed);
     return Result<std::unique_ptr<Buffer>>(std::move(b));
   }
 
@@ -693,6 +974,10 @@ class UcxTransport::Engine {
     if (progress_.joinable()) progress_.join();
     {
       std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [addr, peer] : direct_) DestroyDirectPeerLocked(*peer);
+      direct_.clear();
+      for (auto& peer : retired_direct_) DestroyDirectPeerLocked(*peer);
+      retired_direct_.clear();
       for (auto& [addr, ep] : eps_) CloseEndpointLocked(ep);
       for (ucp_ep_h ep : retired_) CloseEndpointLocked(ep);
       eps_.clear();
@@ -712,7 +997,7 @@ class UcxTransport::Engine {
     for (auto& pool : pools_) {
       for (std::unique_ptr<Buffer>& b : pool) {
         if (b->memh != nullptr) ucp_mem_unmap(context_, b->memh);
-        ::munmap(b->base, b->len);
+        if (!b->ucx_allocated) ::munmap(b->base, b->len);
       }
       pool.clear();
     }
@@ -733,6 +1018,7 @@ class UcxTransport::Engine {
 
   std::mutex start_mu_;
   bool started_ = false;
+  bool shm_capable_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -759,6 +1045,9 @@ class UcxTransport::Engine {
     std::unique_ptr<char[]> scratch;
   };
   std::vector<Dropping> dropping_;  // receives of forgotten messages
+  std::map<std::string, std::shared_ptr<DirectPeer>> direct_;  // by worker address
+  std::set<std::shared_ptr<DirectPeer>> retired_direct_;       // unmapped at last release
+  std::set<std::string> unmappable_;  // addresses without a shared-memory path
 
   std::mutex pool_mu_;
   std::condition_variable pool_cv_;
@@ -811,6 +1100,42 @@ class BufferLease {
   bool ok_ = false;
 };
 
+// The owner's side of a same-host transfer: chunk i is read from the file
+// straight into slot i % slots of the requester's mapped buffer, then
+// announced on the session as kChunk {i, length}; from chunk `slots` on,
+// the slot is reused once the requester's kCredit {i - slots} says it has
+// written the slot out. No UCX call is made.
+Status PushDirect(Channel& session, const FileSource& src, char* target, uint64_t slot,
+                  uint64_t slots, int64_t idle_ms, TransferStats* stats) {
+  const uint64_t n_chunks = (src.size + slot - 1) / slot;
+  uint16_t type = 0;
+  std::string payload;
+  for (uint64_t i = 0; i < n_chunks; ++i) {
+    if (i >= slots) {
+      DYAD_RETURN_IF_ERROR(session.RecvFrame(&type, &payload, IdleDeadline(idle_ms)));
+      if (type == UcxTransport::kErrorFrame) return DecodeErrorFrame(payload, "requester");
+      Decoder credit(payload);
+      const uint64_t idx = credit.U64();
+      if (type != UcxTransport::kCreditFrame || !credit.done() || idx != i - slots)
+        return Status(DYAD_RC_BADUNPACK,
+                      "unexpected frame instead of credit " + std::to_string(i - slots));
+    }
+    const uint64_t offset = i * slot;
+    const size_t len = static_cast<size_t>(std::min(slot, src.size - offset));
+    DYAD_RETURN_IF_ERROR(ReadFully(src.fd, target + (i % slots) * slot, len, offset));
+    // The chunk's bytes are in place before the requester can learn of it.
+    std::atomic_thread_fence(std::memory_order_release);
+    Encoder e;
+    e.U64(i).U64(len);
+    DYAD_RETURN_IF_ERROR(
+        session.SendFrame(UcxTransport::kChunkFrame, e.data(), IdleDeadline(idle_ms)));
+    stats->bytes += len;
+    stats->chunks += 1;
+    stats->direct_bytes += len;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 UcxTransport::UcxTransport(const TransportOptions& options)
@@ -830,7 +1155,7 @@ TransportCaps UcxTransport::caps() const {
 Result<std::string> UcxTransport::PrepareRequest() {
   DYAD_RETURN_IF_ERROR(engine_->Start());
   Encoder e;
-  e.U8(kArgsVersion).Str(engine_->address());
+  e.U8(kArgsVersion).Str(engine_->address()).Str(LocalHostId());
   return e.Take();
 }
 
@@ -874,7 +1199,8 @@ Status UcxTransport::Push(Channel& session, const FileSource& src, const std::st
   if (!st.ok()) return SendErrorAndFail(session, st.Annotate(what));
   Decoder args(request_args);
   const uint8_t args_version = args.U8();
-  const std::string address = args.Str(64u << 10);
+  const std::string address = args.Str(kMaxAddressBytes);
+  const std::string host_id = args.Str(4096);
   if (!args.done() || args_version != kArgsVersion || address.empty())
     return SendErrorAndFail(session,
                             Status(DYAD_RC_BADREQUEST, what + ": bad ucx transport arguments"));
@@ -890,10 +1216,28 @@ Status UcxTransport::Push(Channel& session, const FileSource& src, const std::st
   const uint64_t transfer_id = offer.U64();
   const uint64_t remote_slot = offer.U64();
   const uint64_t remote_slots = offer.U64();
+  const uint64_t remote_base = offer.U64();
+  const std::string remote_rkey = offer.Str(kMaxRkeyBytes);
   if (type != kOfferFrame || !offer.done() || offer_version != kArgsVersion || remote_slot == 0 ||
       remote_slot > kMaxSlotBytes || remote_slots == 0 || remote_slots > kMaxSlots ||
       transfer_id > kTransferIdMask)
     return SendErrorAndFail(session, Status(DYAD_RC_BADUNPACK, what + ": bad buffer offer"));
+
+  // Same host: write straight into the requester's buffer when it is in
+  // shared memory we can map; otherwise (or when that fails) messages.
+  if (!host_id.empty() && host_id == LocalHostId() && engine_->shm_capable() &&
+      ShmDirectAllowed() && !remote_rkey.empty()) {
+    Result<Engine::DirectMapping> m =
+        engine_->MapPeerBuffer(address, remote_rkey, remote_base, remote_slot * remote_slots);
+    if (m.ok()) {
+      st = PushDirect(session, src, m->ptr, remote_slot, remote_slots, options_.idle_ms, stats);
+      engine_->UnmapPeerBuffer(address, &*m, !st.ok());
+      if (st.ok()) return st;
+      return SendErrorAndFail(session, st.Annotate(what + progress()));
+    }
+    DYAD_LOG_DEBUG("ucx: same-host requester, no shared-memory path (%s); using messages",
+                   m.status().ToString().c_str());
+  }
 
   Result<ucp_ep_h> ep = engine_->Endpoint(address);
   if (!ep.ok()) return SendErrorAndFail(session, ep.status().Annotate(what));
@@ -1019,16 +1363,59 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
     recvs[i % kSlots] = *r;
     return Status::OK();
   };
+  // Written into directly by a same-host owner (see PushDirect) rather
+  // than by UCX messages.
+  bool direct = false;
   // Gives up on every posted receive; the buffer is reusable at once when
-  // UCX let go of all of them.
+  // UCX let go of all of them (and no same-host owner may still write it).
   auto fail = [&](const Status& s, bool tell_owner, bool owner_stopped = false) {
     if (owner_stopped) lease.OwnerStopped();
     bool reclaimed = true;
     for (void*& r : recvs) reclaimed = engine_->Cancel(&r) && reclaimed;
-    if (reclaimed) lease.MarkOk();
+    if (reclaimed && !direct) lease.MarkOk();
     // The owner stops sending within its idle bound.
     engine_->Forget(transfer_id, 2 * std::max<int64_t>(options_.idle_ms, 1000));
     return tell_owner ? SendErrorAndFail(session, s) : FailSession(session, s);
+  };
+
+  // The requester's side of PushDirect: chunk i (of our slot size) is in
+  // slot i % kSlots when kChunk {i, length} arrives; write it out, then
+  // hand the slot back with kCredit {i} if a later chunk will reuse it.
+  auto pull_direct = [&](std::string payload) -> Status {
+    const uint64_t n_chunks = (size + slot - 1) / slot;
+    for (uint64_t i = 0; i < n_chunks; ++i) {
+      uint16_t type = kChunkFrame;
+      if (i > 0) {
+        Status rs = session.RecvFrame(&type, &payload, IdleDeadline(options_.idle_ms));
+        if (!rs.ok())
+          return fail(rs.Annotate(what() + ": waiting for a chunk"), false,
+                      rs.code() == DYAD_RC_CONNLOST);
+      }
+      if (type == kErrorFrame)
+        return fail(DecodeErrorFrame(payload, "owner").Annotate(what()), false, true);
+      Decoder d(payload);
+      const uint64_t idx = d.U64();
+      const uint64_t len = d.U64();
+      const uint64_t want = std::min<uint64_t>(slot, size - i * slot);
+      if (type != kChunkFrame || !d.done() || idx != i || len != want)
+        return fail(Status(DYAD_RC_BADUNPACK, what() + ": unexpected frame for chunk " +
+                                                  std::to_string(i)),
+                    true);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      Status ws = WriteFully(sink_fd, (*buf)->base + (i % kSlots) * slot, static_cast<size_t>(len));
+      if (!ws.ok()) return fail(Status(DYAD_RC_BADFIO, what() + ": " + ws.message()), true);
+      stats->bytes += len;
+      stats->chunks += 1;
+      stats->direct_bytes += len;
+      if (i + kSlots < n_chunks) {
+        Encoder e;
+        e.U64(i);
+        Status cs = session.SendFrame(kCreditFrame, e.data(), IdleDeadline(options_.idle_ms));
+        if (!cs.ok()) return fail(cs.Annotate(what()), false);
+      }
+    }
+    lease.MarkOk();
+    return Status::OK();
   };
 
   // Until the first chunk arrives the chunk size is unknown (the owner may
@@ -1038,7 +1425,12 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
     if (!st.ok()) return fail(st.Annotate(what()), true);
   }
   Encoder offer;
-  offer.U8(kArgsVersion).U64(transfer_id).U64(slot).U64(kSlots);
+  offer.U8(kArgsVersion)
+      .U64(transfer_id)
+      .U64(slot)
+      .U64(kSlots)
+      .U64(reinterpret_cast<uintptr_t>((*buf)->base))
+      .Str((*buf)->rkey);
   st = session.SendFrame(kOfferFrame, offer.data(), IdleDeadline(options_.idle_ms));
   if (!st.ok()) return fail(st.Annotate(what()), false);
 
@@ -1060,6 +1452,17 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
                     st.code() == DYAD_RC_CONNLOST);
       if (type == kErrorFrame)
         return fail(DecodeErrorFrame(payload, "owner").Annotate(what()), false, true);
+      if (type == kChunkFrame && i == 0) {
+        // A same-host owner writes into the buffer itself: the receives
+        // will never match (their tags are this transfer's).
+        direct = true;
+        for (void*& r : recvs) {
+          if (!engine_->Cancel(&r))
+            return fail(Status(DYAD_RC_UCXCOMM_FAIL, what() + ": a receive could not be cancelled"),
+                        true);
+        }
+        return pull_direct(payload);
+      }
       return fail(Status(DYAD_RC_BADUNPACK, what() + ": unexpected frame during the transfer"),
                   true);
     }
