@@ -111,6 +111,7 @@ class UcxTest : public TwoNodeTest {
       auto r = FinishWorker(consumer, cf, 90000);
       ASSERT_EQ(r.size(), 1u);
       EXPECT_NE(r[0].rc, DYAD_RC_OK);
+      RecordProperty("consumer_error_" + std::to_string(round), r[0].message);
       EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
       std::this_thread::sleep_for(std::chrono::seconds(1));
       ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";

@@ -1,6 +1,8 @@
 // ucx_transport.h: the "ucx" transport (DTL mode UCX): file bytes move as
 // UCX tagged messages straight into receives the requester posted on its
-// registered memory; the fetch session carries only small control frames.
+// registered memory, or, between services on one host, are written by the
+// owner straight into the requester's registered shared memory; the fetch
+// session carries only small control frames.
 //
 // Protocol (after the FetchReply; both ends know `size`, nothing happens for
 // size 0, and files of at most kInlineMaxBytes are sent inline in a single
@@ -30,6 +32,17 @@
 // (RNDV_THRESH=inf): the receiver then never answers the sender at the UCX
 // level, so a sender that dies mid-message cannot make UCX 1.13 abort the
 // receiver (it does when acknowledging an emulated put to a dead peer).
+// Same host (the requester's PrepareRequest also names its host: boot id
+// and IPC/pid/mount namespaces) and UCX has shared memory: the requester's
+// receive buffers were allocated by UCX from shared memory, and its offer
+// carries the buffer's address and packed remote key. The owner maps the
+// buffer (ucp_ep_rkey_unpack + ucp_rkey_ptr on an endpoint whose lanes are
+// all shared memory) and preads chunk i straight into slot i % slots, then
+// announces it with kChunk {i, length} on the session; the requester
+// writes the slot out and returns it with kCredit {i} as above. No UCX
+// message moves (the first kChunk tells the requester, which cancels its
+// receives). When the mapping is impossible the owner falls back to tagged
+// messages; $DYAD_UCX_SHM=off forces that.
 // Any failure sends kError when possible, cancels the outstanding
 // requests, marks the session broken and shuts it down, so the peer fails
 // at once instead of at its idle bound; a peer that dies shows up as
