@@ -1430,7 +1430,7 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
       .U64(slot)
       .U64(kSlots)
       .U64(reinterpret_cast<uintptr_t>((*buf)->base))
-      .Str((*buf)->rkey);
+      .Str(ShmDirectAllowed() ? (*buf)->rkey : std::string());  // no key: messages only
   st = session.SendFrame(kOfferFrame, offer.data(), IdleDeadline(options_.idle_ms));
   if (!st.ok()) return fail(st.Annotate(what()), false);
 
