@@ -740,15 +740,6 @@ class UcxTransport::Engine {
     return done;
   }
 
-  // Messages of a failed transfer that arrive after its receives were
-  // cancelled would stay in UCX's unexpected queue for good; for `for_ms`
-  // the progress thread receives and drops them.
-  void Forget(uint64_t transfer_id, int64_t for_ms) {
-    std::lock_guard<std::mutex> lk(mu_);
-    forgotten_.push_back(
-        {transfer_id, std::chrono::steady_clock::now() + std::chrono::milliseconds(for_ms)});
-  }
-
  private:
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     // Called from ucp_worker_progress, so mu_ is already held.
@@ -757,25 +748,25 @@ class UcxTransport::Engine {
     self->failed_eps_.insert(ep);
   }
 
-  // See Forget. Called with mu_ held.
-  void PurgeForgottenLocked() {
-    const auto now = std::chrono::steady_clock::now();
-    forgotten_.erase(std::remove_if(forgotten_.begin(), forgotten_.end(),
-                                    [&](const Forgotten& f) { return f.until <= now; }),
-                     forgotten_.end());
-    const uint64_t id_mask = ~((uint64_t{1} << kIndexBits) - 1);
-    for (const Forgotten& f : forgotten_) {
-      for (;;) {
-        ucp_tag_recv_info_t info;
-        ucp_tag_message_h msg =
-            ucp_tag_probe_nb(worker_, f.transfer_id << kIndexBits, id_mask, 1, &info);
-        if (msg == nullptr) break;
-        auto scratch = std::make_unique<char[]>(std::max<size_t>(info.length, 1));
-        ucp_request_param_t p;
-        std::memset(&p, 0, sizeof(p));
-        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, scratch.get(), info.length, msg, &p);
-        if (UCS_PTR_IS_PTR(r)) dropping_.push_back({r, std::move(scratch)});
-      }
+  // Every tagged message this worker should receive is expected: a
+  // requester posts the receive for a chunk before it lets the owner send
+  // that chunk (its offer covers the first kSlots chunks, each credit the
+  // next one). A message that found no receive is therefore a late one of
+  // a failed transfer whose receives were cancelled (or garbage); it is
+  // received into scratch memory and dropped, so nothing accumulates in
+  // UCX's unexpected-message queue. Called with mu_ held.
+  void DropUnexpectedLocked() {
+    for (;;) {
+      ucp_tag_recv_info_t info;
+      ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/1, &info);
+      if (msg == nullptr) break;
+      auto scratch = std::make_unique<char[]>(std::max<size_t>(info.length, 1));
+      ucp_request_param_t p;
+      std::memset(&p, 0, sizeof(p));
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, scratch.get(), info.length, msg, &p);
+      if (UCS_PTR_IS_PTR(r)) dropping_.push_back({r, std::move(scratch)});
+      DYAD_LOG_DEBUG("ucx: dropped an unexpected message (tag %llx, %zu bytes)",
+                     static_cast<unsigned long long>(info.sender_tag), info.length);
     }
     dropping_.erase(std::remove_if(dropping_.begin(), dropping_.end(),
                                    [](Dropping& d) {
@@ -949,7 +940,7 @@ class UcxTransport::Engine {
       bool moved = false;
       for (int i = 0; i < 256 && ucp_worker_progress(worker_) != 0; ++i) moved = true;
       ReapClosesLocked();
-      if (!forgotten_.empty() || !dropping_.empty()) PurgeForgottenLocked();
+      DropUnexpectedLocked();
       if (moved) cv_.notify_all();
       const ucs_status_t s = ucp_worker_arm(worker_);
       lk.unlock();
@@ -992,7 +983,6 @@ class UcxTransport::Engine {
       closing_.clear();
       for (Dropping& d : dropping_) ucp_request_free(d.req);
       dropping_.clear();
-      forgotten_.clear();
     }
     for (auto& pool : pools_) {
       for (std::unique_ptr<Buffer>& b : pool) {
@@ -1035,16 +1025,11 @@ class UcxTransport::Engine {
   std::map<ucp_ep_h, int> ep_users_;  // transfers holding each endpoint
   std::set<ucp_ep_h> retired_;         // out of the cache, closed at last release
   std::vector<void*> closing_;
-  struct Forgotten {
-    uint64_t transfer_id;
-    std::chrono::steady_clock::time_point until;
-  };
-  std::vector<Forgotten> forgotten_;  // see Forget
   struct Dropping {
     void* req;
     std::unique_ptr<char[]> scratch;
   };
-  std::vector<Dropping> dropping_;  // receives of forgotten messages
+  std::vector<Dropping> dropping_;  // receives of unexpected messages (see DropUnexpectedLocked)
   std::map<std::string, std::shared_ptr<DirectPeer>> direct_;  // by worker address
   std::set<std::shared_ptr<DirectPeer>> retired_direct_;       // unmapped at last release
   std::set<std::string> unmappable_;  // addresses without a shared-memory path
@@ -1373,8 +1358,8 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
     bool reclaimed = true;
     for (void*& r : recvs) reclaimed = engine_->Cancel(&r) && reclaimed;
     if (reclaimed && !direct) lease.MarkOk();
-    // The owner stops sending within its idle bound.
-    engine_->Forget(transfer_id, 2 * std::max<int64_t>(options_.idle_ms, 1000));
+    // Chunks the owner still sends find no receive and are dropped by the
+    // progress thread (see Engine::DropUnexpectedLocked).
     return tell_owner ? SendErrorAndFail(session, s) : FailSession(session, s);
   };
 
