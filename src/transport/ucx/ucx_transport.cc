@@ -1415,7 +1415,9 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
       .U64(slot)
       .U64(kSlots)
       .U64(reinterpret_cast<uintptr_t>((*buf)->base))
-      .Str(ShmDirectAllowed() ? (*buf)->rkey : std::string());  // no key: messages only
+      // A key only for a buffer in shared memory: without one, the owner
+      // sends messages and never tries to reach us through shared memory.
+      .Str((*buf)->ucx_allocated && ShmDirectAllowed() ? (*buf)->rkey : std::string());
   st = session.SendFrame(kOfferFrame, offer.data(), IdleDeadline(options_.idle_ms));
   if (!st.ok()) return fail(st.Annotate(what()), false);
 
