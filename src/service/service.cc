@@ -94,6 +94,11 @@ Status Service::Start() {
   Result<std::unique_ptr<Transport>> transport = CreateTransport(*tname, topt);
   if (!transport.ok()) return transport.status();
   transport_ = std::move(*transport);
+  // Not fatal: fetches with other transports (a client's DYAD_DTL_MODE)
+  // still work, and each fetch with this one reports the error itself.
+  if (Status ws = transport_->Warm(); !ws.ok())
+    DYAD_LOG_WARN("transport %s is not ready: %s", transport_->name().c_str(),
+                  ws.ToString().c_str());
 
   // Listeners first: with port 0 the advertised address needs the real port.
   Result<SocketAddress> laddr = ParseAddress(opt_.listen);

@@ -76,6 +76,11 @@ class Transport {
   // Requester: bytes to put in FetchRequest::transport_args.
   virtual Result<std::string> PrepareRequest() { return std::string(); }
 
+  // Acquires what the transport needs before its first transfer (e.g. a
+  // UCX context and worker), so that the first fetch does not pay for it.
+  // Optional: transfers acquire it on demand otherwise.
+  virtual Status Warm() { return Status::OK(); }
+
   // Owner: after sending the FetchReply, move `src` to the requester.
   // `request_args` are the requester's transport_args.
   virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,

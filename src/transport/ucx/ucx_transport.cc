@@ -405,6 +405,20 @@ class UcxTransport::Engine {
     }
   }
 
+  // Maps one buffer per pool ahead of the first transfer, with its pages
+  // touched, so the first fetch finds them ready (see UcxTransport::Warm).
+  Status Preallocate() {
+    for (PoolKind kind : {kRecvPool, kSendPool}) {
+      std::lock_guard<std::mutex> lk(pool_mu_);
+      if (!pools_[kind].empty()) continue;
+      Result<std::unique_ptr<Buffer>> made = MapBuffer(kind, kSlots * slot_bytes_);
+      if (!made.ok()) return made.status();
+      std::memset((*made)->base, 0, (*made)->len);
+      pools_[kind].push_back(std::move(made).value());
+    }
+    return Status::OK();
+  }
+
   void Release(Buffer* b, int64_t quarantine_ms) {
     {
       std::lock_guard<std::mutex> lk(pool_mu_);
@@ -1135,6 +1149,11 @@ TransportCaps UcxTransport::caps() const {
   // (not one-sided puts); Register() is still offered.
   c.needs_registration = true;
   return c;
+}
+
+Status UcxTransport::Warm() {
+  DYAD_RETURN_IF_ERROR(engine_->Start());
+  return engine_->Preallocate();
 }
 
 Result<std::string> UcxTransport::PrepareRequest() {

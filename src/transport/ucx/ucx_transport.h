@@ -50,7 +50,8 @@
 // mode PEER), never as a hang: every wait is bounded by options.idle_ms.
 //
 // Resources: one UCX context and worker per transport instance (one per
-// service), created on first use, driven by one progress thread that sleeps
+// service), created by Warm() (the service calls it at start) or on first
+// use, driven by one progress thread that sleeps
 // on the worker's event fd (a thread waiting for a transfer drives the worker
 // itself while it moves). Transfer memory is registered once: pools of at
 // most $DYAD_UCX_POOL_BUFFERS (default 4) receive and as many send buffers
@@ -87,6 +88,7 @@ class UcxTransport final : public Transport {
   TransportCaps caps() const override;
 
   Result<std::string> PrepareRequest() override;
+  Status Warm() override;
   Status Push(Channel& session, const FileSource& src, const std::string& request_args,
               TransferStats* stats) override;
   Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
