@@ -107,6 +107,7 @@ class Runner:
         self.failures = []
         self.tmp = None
         self.big_tmp = None
+        self.last_error = None  # why the last json_of returned None
 
     def run(self, argv, timeout, env_extra=None, label=None, record=True):
         """(returncode, stdout) of one program; returncode None on timeout."""
@@ -142,10 +143,12 @@ class Runner:
             self.failures.append("%s: %s" % (label, status))
         return rc, out or ""
 
-    def json_of(self, argv, timeout, env_extra=None, label=None):
-        """The JSON object a program printed (None on failure). A program that
-        fails (not one that times out) gets one more attempt: on a shared
-        machine a worker occasionally misses a deadline."""
+    def json_of(self, argv, timeout, env_extra=None, label=None, record=True):
+        """The JSON object a program printed (None on failure, the reason in
+        self.last_error; listed as a failed measurement unless `record` is
+        false). A program that fails (not one that times out) gets one more
+        attempt: on a shared machine a worker occasionally misses a deadline."""
+        self.last_error = None
         for attempt in (1, 2):
             rc, out = self.run(argv, timeout, env_extra,
                                label if attempt == 1 else "(retry) " + (label or argv[0]),
@@ -153,16 +156,20 @@ class Runner:
             if rc == 0 or rc is None:
                 break
         if rc != 0:
-            self.failures.append("%s: %s" % (label or argv[0],
-                                             "TIMEOUT" if rc is None else "rc=%d" % rc))
+            self.last_error = "TIMEOUT" if rc is None else "rc=%d" % rc
+            if record:
+                self.failures.append("%s: %s" % (label or argv[0], self.last_error))
             return None
         start = out.find("{")
-        if rc != 0 or start < 0:
+        if start < 0:
+            self.last_error = "no JSON in output"
             return None
         try:
             return json.loads(out[start:])
         except ValueError:
-            self.failures.append("%s: unreadable output" % (label or argv[0]))
+            self.last_error = "unreadable output"
+            if record:
+                self.failures.append("%s: unreadable output" % (label or argv[0]))
             return None
 
     def prog(self, name):
@@ -192,22 +199,88 @@ def big_file_dir(largest):
     return None
 
 
-def detect_modes(r, requested):
-    """Transports to measure: TCP always, UCX when built and working."""
-    if requested:
-        return requested
-    modes = ["TCP"]
-    probe = r.json_of([r.prog("dyad-transfer"), "--size-mib", "1", "--reps", "1", "--mode",
-                       "UCX", "--json"] + r.cluster_args(), 60, ucx_env(),
-                      label="probe: UCX transport")
-    if probe and probe.get("median", {}).get("dyad_mbps", 0) > 0:
-        modes.append("UCX")
-    return modes
+# Transfer modes: what dyad-transfer --mode gets, and the environment added
+# for the run. "UCX-SHM" is the UCX transport allowed to use shared memory:
+# both emulated nodes share this host's memory, and the owner's service
+# writes file chunks straight into the requester service's shared buffer
+# (the same-host direct path, counted in the owner's bytes.out.direct).
+KNOWN_MODES = ["TCP", "UCX", "UCX-SHM"]
+UCX_SHM_TLS = "shm,tcp"
+MODE_DESCRIPTIONS = {
+    "UCX-SHM": "UCX-SHM is the UCX transport with UCX_TLS=%s: both emulated nodes share this "
+               "host's memory, so the owner's service writes file chunks straight into the "
+               "requester service's shared buffer (the same-host direct path; the owner's "
+               "bytes.out.direct counter)." % UCX_SHM_TLS,
+}
 
 
 def ucx_env():
     # On one machine without InfiniBand, UCX runs over TCP.
     return {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
+
+
+def mode_argv(mode):
+    """dyad-transfer options selecting `mode`'s transport."""
+    if mode == "TCP":
+        return []
+    return ["--mode", "UCX" if mode == "UCX-SHM" else mode]
+
+
+def mode_env(mode):
+    """Environment added to dyad-transfer's for `mode` (None: unchanged)."""
+    if mode == "UCX":
+        return ucx_env()
+    if mode == "UCX-SHM":
+        return {"UCX_TLS": UCX_SHM_TLS}
+    return None
+
+
+def parse_modes(text):
+    """--modes: a comma-separated list; known names in any case (ucx-shm ->
+    UCX-SHM), anything else passed to dyad-transfer --mode as given."""
+    modes = []
+    for m in (x.strip() for x in text.split(",")):
+        if not m:
+            continue
+        m = next((k for k in KNOWN_MODES if k.lower() == m.lower()), m)
+        if m not in modes:
+            modes.append(m)
+    return modes
+
+
+def detect_modes(r, requested):
+    """(transports to measure, {mode: why it was skipped}). TCP always; UCX
+    when built and working; UCX-SHM when a probe with UCX_TLS=shm,tcp works
+    and shows that the owner's service used the direct path."""
+    if requested:
+        return requested, {}
+    modes = ["TCP"]
+    skipped = {}
+    probe = r.json_of([r.prog("dyad-transfer"), "--size-mib", "1", "--reps", "1", "--mode",
+                       "UCX", "--json"] + r.cluster_args(), 60, ucx_env(),
+                      label="probe: UCX transport")
+    if probe and probe.get("median", {}).get("dyad_mbps", 0) > 0:
+        modes.append("UCX")
+    else:
+        skipped["UCX"] = "1 MiB probe with UCX_TLS=%s failed (%s)" % (
+            ucx_env()["UCX_TLS"], r.last_error or "no DYAD throughput")
+    probe = r.json_of([r.prog("dyad-transfer"), "--size-mib", "1", "--reps", "1", "--json"]
+                      + mode_argv("UCX-SHM") + r.cluster_args(), 60, mode_env("UCX-SHM"),
+                      label="probe: UCX transport, UCX_TLS=%s" % UCX_SHM_TLS, record=False)
+    if not probe or not probe.get("median", {}).get("dyad_mbps", 0) > 0:
+        skipped["UCX-SHM"] = "1 MiB probe with UCX_TLS=%s failed (%s)" % (
+            UCX_SHM_TLS, r.last_error or "no DYAD throughput")
+    elif "owner_bytes_out_direct" not in probe:
+        skipped["UCX-SHM"] = ("1 MiB probe with UCX_TLS=%s: dyad-transfer does not report "
+                              "owner_bytes_out_direct (old build?)" % UCX_SHM_TLS)
+    elif not probe.get("owner_bytes_out_direct"):
+        skipped["UCX-SHM"] = ("1 MiB probe with UCX_TLS=%s worked but did not use the direct "
+                              "path (owner bytes.out %s, bytes.out.direct %s)" % (
+                                  UCX_SHM_TLS, probe.get("owner_bytes_out"),
+                                  probe.get("owner_bytes_out_direct")))
+    else:
+        modes.append("UCX-SHM")
+    return modes, skipped
 
 
 def section_transfer(r, prof, quick, modes):
@@ -216,13 +289,12 @@ def section_transfer(r, prof, quick, modes):
         for size in prof["transfer_sizes"]:
             reps = transfer_reps(size, quick)
             argv = [r.prog("dyad-transfer"), "--size", str(size), "--reps", str(reps),
-                    "--json"] + r.cluster_args(big=True)
-            if mode != "TCP":
-                argv += ["--mode", mode]
-            j = r.json_of(argv, 120 + size // (20 * MiB),
-                          ucx_env() if mode == "UCX" else None,
+                    "--json"] + r.cluster_args(big=True) + mode_argv(mode)
+            env = mode_env(mode)
+            j = r.json_of(argv, 120 + size // (20 * MiB), env,
                           label="transfer %s %s x%d" % (mode, human(size), reps))
-            row = {"mode": mode, "bytes": size, "reps": reps, "ok": j is not None}
+            row = {"mode": mode, "bytes": size, "reps": reps, "ok": j is not None,
+                   "ucx_tls": (env or {}).get("UCX_TLS")}
             if j:
                 med = j["median"]
                 res = j.get("resources", {})
@@ -237,6 +309,8 @@ def section_transfer(r, prof, quick, modes):
                     "service_hwm_kib": res.get("service_hwm_kib"),
                     "consumer_hwm_kib": res.get("consumer_hwm_kib"),
                     "cpu_s_per_gib": res.get("cpu_s_per_gib_median"),
+                    "owner_bytes_out": j.get("owner_bytes_out"),
+                    "owner_bytes_out_direct": j.get("owner_bytes_out_direct"),
                     "raw": j,
                 })
             rows.append(row)
@@ -368,14 +442,16 @@ def plot_all(out, transfer, small, lat_files, consumers, nodes, errors):
                     label="raw TCP, memory")
             ax.plot(xs, [t["raw_file_mbps"] for t in first], "k:", marker="s",
                     label="raw TCP, file->file")
-        for mode in modes:
+        for i, mode in enumerate(modes):
             rows = [t for t in transfer if t["mode"] == mode and t["ok"]]
             xs = [t["bytes"] / MiB for t in rows]
-            ax.plot(xs, [t["dyad_mbps"] for t in rows], marker="o", label="DYAD %s" % mode)
-            ax2.plot(xs, [t["ratio_raw_file"] for t in rows], marker="o",
+            color = "C%d" % i  # one colour per transport in both panels
+            ax.plot(xs, [t["dyad_mbps"] for t in rows], marker="o", color=color,
+                    label="DYAD %s" % mode)
+            ax2.plot(xs, [t["ratio_raw_file"] for t in rows], marker="o", color=color,
                      label="DYAD %s / raw file->file" % mode)
             ax2.plot(xs, [t["ratio_raw_mem"] for t in rows], marker="x", linestyle="--",
-                     label="DYAD %s / raw memory" % mode)
+                     color=color, label="DYAD %s / raw memory" % mode)
         for a in (ax, ax2):
             a.set_xscale("log", base=2)
             a.set_xlabel("file size (MiB)")
@@ -592,6 +668,14 @@ def headline(res):
     return table(["headline", "ratio / value", "measured", "target"], rows)
 
 
+def direct_share(t):
+    """The owner's bytes.out.direct as a share of its bytes.out, for a table."""
+    out, direct = t.get("owner_bytes_out"), t.get("owner_bytes_out_direct")
+    if out is None or direct is None:
+        return "n/a"
+    return "%d%%" % round(100.0 * direct / out) if out else "0%"
+
+
 def write_report(out, res, figs):
     L = []
     L.append("# DYAD benchmark report (%s run)\n" % res["profile"])
@@ -602,6 +686,9 @@ def write_report(out, res, figs):
                  res["big_tmp"]))
     L.append("Every figure is a ratio to a baseline measured in this same run; absolute "
              "numbers on shared machines drift. See docs/performance.md.\n")
+    if res.get("modes_skipped"):
+        L.append("Transports not measured: " + "; ".join(
+            "%s: %s" % (m, why) for m, why in sorted(res["modes_skipped"].items())) + ".\n")
     if res["failures"]:
         L.append("**Failed measurements:** " + "; ".join(res["failures"]) + "\n")
     L.append("## Summary\n")
@@ -610,21 +697,26 @@ def write_report(out, res, figs):
     L.append("\n## Large-file transfer (two emulated nodes)\n")
     L.append("Median MB/s of the consumer's dyad_consume call versus a plain TCP sender/receiver "
              "between the same two nodes (memory to memory, and sendfile() from the producer's "
-             "file to write() into the consumer's directory).\n")
+             "file to write() into the consumer's directory). 'direct' is the share of the "
+             "owner service's bytes.out that went through the same-host direct path "
+             "(bytes.out.direct).\n")
+    for mode in res["modes"]:
+        if mode in MODE_DESCRIPTIONS:
+            L.append(MODE_DESCRIPTIONS[mode] + "\n")
     rows = []
     for t in res["transfer"]:
         if not t["ok"]:
-            rows.append([t["mode"], human(t["bytes"]), str(t["reps"])] + ["failed"] + [""] * 7)
+            rows.append([t["mode"], human(t["bytes"]), str(t["reps"])] + ["failed"] + [""] * 8)
             continue
         rows.append([t["mode"], human(t["bytes"]), str(t["reps"]), fmt(t["raw_mem_mbps"]),
                      fmt(t["raw_file_mbps"]), fmt(t["dyad_mbps"]), fmt(t["ratio_raw_mem"], 2),
                      fmt(t["ratio_raw_file"], 2), fmt(t["publish_ms"], 3),
                      "%s / %s" % (fmt(max(t["service_hwm_kib"]) / 1024),
                                   fmt(t["consumer_hwm_kib"] / 1024)),
-                     fmt(t.get("cpu_s_per_gib"), 3)])
+                     fmt(t.get("cpu_s_per_gib"), 3), direct_share(t)])
     L.append(table(["transport", "size", "reps", "raw mem MB/s", "raw file MB/s", "DYAD MB/s",
                     "DYAD/raw mem", "DYAD/raw file", "publish ms", "peak RSS MiB svc / cons",
-                    "CPU s/GiB"], rows))
+                    "CPU s/GiB", "direct"], rows))
     for key in ("transfer", "resources"):
         if key in figs:
             L.append("\n![%s](%s)\n" % (key, figs[key]))
@@ -691,8 +783,11 @@ def main():
     ap.add_argument("--build", default="build", help="build directory with the bench programs")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and counts (< 2 min)")
     ap.add_argument("--out", help="output directory (default bench/results/<date>[-quick])")
-    ap.add_argument("--modes", help="comma-separated transports (default: TCP, and UCX when it "
-                                    "works)")
+    ap.add_argument("--modes", help="comma-separated transports: TCP, UCX (UCX_TLS=tcp unless "
+                                    "set), UCX-SHM (UCX with UCX_TLS=%s, the same-host direct "
+                                    "path); default: TCP, plus UCX and UCX-SHM when a 1 MiB "
+                                    "probe of each works (UCX-SHM: and used the direct path)"
+                                    % UCX_SHM_TLS)
     ap.add_argument("--tmp", help="parent of the emulated nodes' directories (e.g. /dev/shm); "
                                   "default /dev/shm when it has room, else $TMPDIR or /tmp")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: transfer, "
@@ -734,12 +829,15 @@ def main():
            "host": platform.node(), "cpus": os.cpu_count() or 0, "commit": commit or "unknown",
            "build": build, "tmp": r.tmp or env["TMPDIR"],
            "big_tmp": r.big_tmp or env["TMPDIR"], "transfer": [], "small": [], "metadata": [], "preload": [],
-           "scaling_consumers": [], "scaling_nodes": []}
+           "scaling_consumers": [], "scaling_nodes": [], "modes_skipped": {}}
     lat_files = {}
     modes = ["TCP"]
     if "transfer" not in skip:
         print("[transfer] large files, DYAD vs raw TCP", flush=True)
-        modes = detect_modes(r, args.modes.split(",") if args.modes else None)
+        modes, res["modes_skipped"] = detect_modes(r, parse_modes(args.modes)
+                                                   if args.modes else None)
+        for mode, why in res["modes_skipped"].items():
+            print("  skipped transport %s: %s" % (mode, why), flush=True)
         res["transfer"] = section_transfer(r, prof, args.quick, modes)
         res["link"] = next((t.get("link") for t in res["transfer"] if t.get("link")), None)
     res["modes"] = modes

@@ -18,6 +18,13 @@
 // memory (VmHWM) of both services and of the consumer, and CPU seconds per
 // GiB moved (services from /proc/<pid>/stat, consumer from its rusage).
 //
+// After the runs it reports the owner (node A) service's counters bytes.out
+// (file bytes it served) and bytes.out.direct (the part of those it wrote
+// straight into the requester service's shared buffer: the UCX transport's
+// same-host path, e.g. with UCX_TLS=shm,tcp), so a reader sees which path
+// moved the bytes; "owner_bytes_out" and "owner_bytes_out_direct" in JSON
+// (null when the service's status could not be read).
+//
 // --ring N (N >= 2) measures scaling instead: N nodes, node i sends one file
 // to node (i+1) mod N, all at once; aggregate MB/s of DYAD (every consumer
 // started together) against the same ring of raw TCP file-to-file streams.
@@ -74,7 +81,11 @@ void Usage() {
       "emulated nodes, side by side. Default: 1 GiB, 3 repetitions. --tmp puts the node\n"
       "directories under DIR (e.g. /dev/shm for tmpfs node-local storage). --json adds\n"
       "peak RSS of services and consumer and CPU seconds per GiB. --ring N: N nodes each\n"
-      "sending one file to the next at once, aggregate DYAD vs raw TCP throughput.\n");
+      "sending one file to the next at once, aggregate DYAD vs raw TCP throughput.\n"
+      "After the two-node runs it also prints node A's (the owner's) service counters\n"
+      "bytes.out and bytes.out.direct (bytes the UCX transport wrote straight into the\n"
+      "requester service's shared buffer on the same host; 0 over TCP or UCX_TLS=tcp);\n"
+      "in JSON: owner_bytes_out, owner_bytes_out_direct (null if unreadable).\n");
 }
 
 // --- roles -----------------------------------------------------------------
@@ -490,6 +501,14 @@ int Drive(const Args& a) {
   const double m_mem = emu::Median(mem), m_file = emu::Median(file), m_dy = emu::Median(dy);
   const ProcSample svc_a = SampleProc(c.ServicePid(0)), svc_b = SampleProc(c.ServicePid(1));
   auto counters = c.ServiceStatus(1);
+  // The owner's side: how many file bytes it served, and how many of them
+  // went through the same-host direct path.
+  auto owner = c.ServiceStatus(0);
+  auto owner_counter = [&](const char* name) -> std::string {
+    if (!owner.ok()) return "null";
+    auto it = owner->counters.find(name);
+    return it == owner->counters.end() ? std::string("null") : std::to_string(it->second);
+  };
   if (a.cl.json) {
     std::printf(
         "{\"bench\": \"transfer\", \"bytes\": %llu, \"reps\": %d, \"link\": \"%s\", \"mode\": "
@@ -499,7 +518,8 @@ int Drive(const Args& a) {
         " \"ratio_dyad_raw_mem\": %.3f, \"ratio_dyad_raw_file\": %.3f, \"publish_ms_median\": "
         "%.3f,\n"
         " \"resources\": {\"service_hwm_kib\": [%llu, %llu], \"consumer_hwm_kib\": %llu,\n"
-        "  \"service_cpu_s\": %s, \"consumer_cpu_s\": %s, \"cpu_s_per_gib_median\": %.4f}}\n",
+        "  \"service_cpu_s\": %s, \"consumer_cpu_s\": %s, \"cpu_s_per_gib_median\": %.4f},\n"
+        " \"owner_bytes_out\": %s, \"owner_bytes_out_direct\": %s}\n",
         static_cast<unsigned long long>(a.size), a.reps, c.uses_netns() ? "veth" : "loopback",
         a.cl.mode.empty() ? "default" : a.cl.mode.c_str(), JsonList(mem).c_str(),
         JsonList(file).c_str(), JsonList(dy).c_str(), m_mem, m_file, m_dy,
@@ -507,7 +527,8 @@ int Drive(const Args& a) {
         static_cast<unsigned long long>(svc_a.hwm_kib),
         static_cast<unsigned long long>(svc_b.hwm_kib),
         static_cast<unsigned long long>(consumer_hwm), JsonList(svc_cpu).c_str(),
-        JsonList(cons_cpu).c_str(), emu::Median(cpu_per_gib));
+        JsonList(cons_cpu).c_str(), emu::Median(cpu_per_gib), owner_counter("bytes.out").c_str(),
+        owner_counter("bytes.out.direct").c_str());
   } else {
     std::printf("\nmedian of %d       MB/s\n", a.reps);
     std::printf("  raw TCP, memory      %8.1f\n", m_mem);
@@ -524,6 +545,12 @@ int Drive(const Args& a) {
       std::printf("node B service: transfers.in %llu, bytes.in %s\n",
                   static_cast<unsigned long long>(counters->counters["transfers.in"]),
                   emu::HumanBytes(counters->counters["bytes.in"]).c_str());
+    if (owner.ok())
+      std::printf("node A service: bytes.out %s, bytes.out.direct %s\n",
+                  emu::HumanBytes(owner->counters["bytes.out"]).c_str(),
+                  emu::HumanBytes(owner->counters["bytes.out.direct"]).c_str());
+    else
+      std::printf("node A service: status unavailable (%s)\n", owner.status().ToString().c_str());
   }
   return 0;
 }
