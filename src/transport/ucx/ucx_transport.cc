@@ -235,12 +235,24 @@ class UcxTransport::Engine {
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXINIT_FAIL, "ucp_config_read", s);
-    TuneTcp(config);
+    bool eager_only = TuneTcp(config);
     ucp_params_t params;
     std::memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     s = ucp_init(&params, config, &context_);
+    if (s == UCS_OK && !eager_only && std::getenv("UCX_RNDV_THRESH") == nullptr &&
+        !HasRmaNetwork(context_)) {
+      // UCX_TLS allowed RMA transports, but this host has no RMA network
+      // (no InfiniBand/RoCE device): messages to other hosts go over tcp,
+      // where rendezvous means emulated puts (see TuneTcp). Start again
+      // with every message eager.
+      ucp_cleanup(context_);
+      context_ = nullptr;
+      s = ucp_config_modify(config, "RNDV_THRESH", "inf");
+      if (s == UCS_OK) s = ucp_init(&params, config, &context_);
+      eager_only = true;
+    }
     ucp_config_release(config);
     if (s != UCS_OK) {
       context_ = nullptr;
@@ -276,8 +288,10 @@ class UcxTransport::Engine {
     progress_ = std::thread([this] { ProgressLoop(); });
     started_ = true;
     DYAD_LOG_DEBUG(
-        "ucx: worker up (address %zu bytes, slot %zu bytes, %d buffers per pool, shared memory %s)",
-        address_.size(), slot_bytes_, pool_buffers_, shm_capable_ ? "yes" : "no");
+        "ucx: worker up (address %zu bytes, slot %zu bytes, %d buffers per pool, shared memory %s, "
+        "messages %s)",
+        address_.size(), slot_bytes_, pool_buffers_, shm_capable_ ? "yes" : "no",
+        eager_only ? "all eager (no RMA network)" : "eager and rendezvous");
     return Status::OK();
   }
 
@@ -312,7 +326,8 @@ class UcxTransport::Engine {
   // ucp_config_modify passes names it does not know to the transports'
   // tables without their prefix, hence "TX_SEG_SIZE" (in UCX 1.13 only the
   // tcp transport has these two fields).
-  static void TuneTcp(ucp_config_t* config) {
+  // Returns whether it made every message eager.
+  static bool TuneTcp(ucp_config_t* config) {
     for (const char* name : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
       const std::string env = std::string("UCX_TCP_") + name;
       if (std::getenv(env.c_str()) != nullptr) continue;
@@ -326,9 +341,36 @@ class UcxTransport::Engine {
     // messages of any size need nothing back from the receiver.
     if (std::getenv("UCX_RNDV_THRESH") == nullptr && !HasNativeRma(std::getenv("UCX_TLS"))) {
       const ucs_status_t s = ucp_config_modify(config, "RNDV_THRESH", "inf");
-      if (s != UCS_OK)
-        DYAD_LOG_DEBUG("ucx: cannot set RNDV_THRESH: %s", ucs_status_string(s));
+      if (s == UCS_OK) return true;
+      DYAD_LOG_DEBUG("ucx: cannot set RNDV_THRESH: %s", ucs_status_string(s));
     }
+    return false;
+  }
+
+  // Whether the context found a network device with native RMA (any
+  // transport other than tcp and the same-host ones: InfiniBand/RoCE rc,
+  // dc, ud, ...). Messages between hosts use only such transports or tcp
+  // (the same-host ones cannot serve endpoints with peer error handling).
+  static bool HasRmaNetwork(ucp_context_h context) {
+    const std::string info =
+        CaptureUcxInfo([&](FILE* f) { ucp_context_print_info(context, f); });
+    size_t pos = 0;
+    while ((pos = info.find("resource", pos)) != std::string::npos) {
+      size_t eol = info.find('\n', pos);
+      if (eol == std::string::npos) eol = info.size();
+      const std::string line = info.substr(pos, eol - pos);
+      pos = eol;
+      const size_t sp = line.find_last_of(' ');
+      const std::string dev = sp == std::string::npos ? line : line.substr(sp + 1);
+      const std::string tl = dev.substr(0, dev.find('/'));
+      bool local = tl.empty();
+      for (const char* name : {"self", "tcp", "sysv", "posix", "xpmem", "cma", "knem", "cuda",
+                               "rocm", "gdr"}) {
+        if (tl.compare(0, std::strlen(name), name) == 0) local = true;
+      }
+      if (!local) return true;
+    }
+    return false;
   }
 
   // Whether the UCX_TLS value may select a transport with native RMA (an
