@@ -20,7 +20,8 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "Metadata namespace; producers and consumers of one workflow must use the same one. "
        "Unset means the primary namespace."},
       {"DYAD_DTL_MODE", ConfigKind::kString, "FLUX_RPC", "both",
-       "Data transport: TCP (FLUX_RPC is an alias kept for upstream compatibility), UCX, OFI. "
+       "Data transport: TCP (FLUX_RPC is an alias kept for upstream compatibility) or UCX; OFI "
+       "(libfabric) is recognized but not implemented yet. "
        "Same-node copies always use the local transport."},
       {"DYAD_SHARED_STORAGE", ConfigKind::kBool, "false", "client",
        "The managed directory is shared by all nodes (e.g. Lustre): synchronize only, never "
@@ -73,6 +74,13 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "File holding the cluster secret that services use to authenticate each other (mode 600)."},
       {"DYAD_SECRET", ConfigKind::kString, "", "service",
        "The cluster secret itself (prefer DYAD_SECRET_FILE)."},
+      {"DYAD_UCX_POOL_BUFFERS", ConfigKind::kUint, "4", "service",
+       "UCX transport: registered buffers per pool (receive and send, each 2 x --chunk-size "
+       "bytes), 1..1024 (docs/ucx.md)."},
+      {"DYAD_UCX_SHM", ConfigKind::kString, "auto", "service",
+       "UCX transport: 'auto' lets two services on one host move files through shared memory "
+       "(the owner writes into the requester's buffer); 'off' keeps them on UCX messages "
+       "(docs/ucx.md)."},
   };
   return table;
 }

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
                  "Producer-managed directory this service serves (default $DYAD_PATH_PRODUCER)");
   app.add_flag("-d,--debug", opt.debug, "Debug logging");
   app.add_option("-m,--mode", opt.dtl_mode,
-                 "Transport for fetches: TCP (alias FLUX_RPC), UCX, OFI when compiled in")
+                 "Transport for fetches: TCP (alias FLUX_RPC), or UCX when compiled in")
       ->capture_default_str();
   app.add_option("-i,--info_log", info_log, "Write info and debug messages to this file");
   app.add_option("-e,--error_log", error_log, "Write warnings and errors to this file");

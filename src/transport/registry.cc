@@ -63,8 +63,8 @@ Result<std::string> TransportNameForMode(const std::string& dtl_mode) {
   }
   if (mode == "ofi") {
     return Status(DYAD_RC_BADDTLMODE,
-                  "OFI transport not compiled in (build with DYAD_ENABLE_OFI=ON and "
-                  "libfabric-dev)");
+                  "the OFI (libfabric) transport is not implemented in this version; use UCX "
+                  "(RDMA fabrics) or TCP");
   }
   if (mode == "margo") {
     return Status(DYAD_RC_BADDTLMODE,
