@@ -259,7 +259,8 @@ class UcxSharedMemoryTest : public UcxTest {
 
 TEST_F(UcxSharedMemoryTest, FilesMoveThroughSharedMemory) {
   std::vector<ManifestEntry> files = {{"big/pooled.bin", 48 * 1048576 + 3}};
-  for (int i = 0; i < 40; ++i) files.push_back({"mixed/f" + std::to_string(i), (i * 40009) % 700000});
+  for (int i = 0; i < 40; ++i)
+    files.push_back({"mixed/f" + std::to_string(i), (i * 40009) % 700000});
   Produce(files);
   ConsumeOk(files);
   uint64_t total = 0;

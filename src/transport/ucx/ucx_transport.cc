@@ -52,6 +52,10 @@ constexpr size_t kMaxRkeyBytes = 4u << 10;
 // used idle ones are unmapped beyond this), and addresses remembered as not
 // mappable (forgotten all at once beyond this).
 constexpr size_t kMaxDirectPeers = 64;
+// A requester's mapped buffers are unmapped after this long without a
+// transfer (a requester that died or restarted would otherwise keep its
+// shared memory alive through our mapping).
+constexpr int64_t kDirectIdleMs = 30000;
 constexpr size_t kMaxUnmappable = 1024;
 // A chunk's tag: the requester's transfer id (40 bits) and the chunk index
 // modulo 2^24 (at most kSlots chunks are outstanding, so indexes cannot
@@ -635,6 +639,7 @@ class UcxTransport::Engine {
     if (!m->peer) return;
     std::lock_guard<std::mutex> lk(mu_);
     --m->peer->users;
+    m->peer->last_used = std::chrono::steady_clock::now();
     if (failed) {
       auto it = direct_.find(address);
       if (it != direct_.end() && it->second == m->peer) {
@@ -882,9 +887,20 @@ class UcxTransport::Engine {
     peer.ep = nullptr;
   }
 
-  // Keeps at most kMaxDirectPeers requesters mapped: the least recently
-  // used idle ones are unmapped (a restarted requester is a new address).
+  // Unmaps requesters idle for kDirectIdleMs, and keeps at most
+  // kMaxDirectPeers mapped (the least recently used idle ones go first; a
+  // restarted requester is a new address).
   void TrimDirectPeersLocked() {
+    const auto idle_since =
+        std::chrono::steady_clock::now() - std::chrono::milliseconds(kDirectIdleMs);
+    for (auto it = direct_.begin(); it != direct_.end();) {
+      if (it->second && it->second->users == 0 && it->second->last_used < idle_since) {
+        DestroyDirectPeerLocked(*it->second);
+        it = direct_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     while (direct_.size() > kMaxDirectPeers) {
       auto victim = direct_.end();
       for (auto it = direct_.begin(); it != direct_.end(); ++it) {
@@ -997,6 +1013,7 @@ class UcxTransport::Engine {
       for (int i = 0; i < 256 && ucp_worker_progress(worker_) != 0; ++i) moved = true;
       ReapClosesLocked();
       DropUnexpectedLocked();
+      if (!direct_.empty()) TrimDirectPeersLocked();
       if (moved) cv_.notify_all();
       const ucs_status_t s = ucp_worker_arm(worker_);
       lk.unlock();
