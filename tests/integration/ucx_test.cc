@@ -92,23 +92,17 @@ class UcxTest : public TwoNodeTest {
   // consumer gets an error and no partial file, its service keeps running,
   // and a restarted producer serves again.
   void KillProducerAtFullSpeed(int rounds) {
-    ::mkdir((dmd(kA) + "/big").c_str(), 0755);
     for (int round = 0; round < rounds; ++round) {
       SCOPED_TRACE("round " + std::to_string(round));
       const std::string name = "big/full-speed-" + std::to_string(round) + ".bin";
-      const uint64_t size = 4096 * kMiB;
-      MakeSparse(PathOn(kA, name), size);
-      Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
-      WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
-      emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
-      if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
-        if (consumer.Exited())
-          GTEST_SKIP() << "the transfer finished before it could be interrupted";
-        FAIL() << "no transfer in progress on node B\n" << Output(cf);
-      }
+      InterruptibleTransfer t = StartInterruptibleTransfer(name, 4096 * kMiB, false);
+      if (t.state == TransferState::kTooFast)
+        GTEST_SKIP() << "the transfer finished before it could be interrupted";
+      ASSERT_EQ(t.state, TransferState::kInProgress)
+          << "no transfer in progress on node B\n" << Output(t.files);
       std::this_thread::sleep_for(std::chrono::milliseconds(40 * round));
       ASSERT_TRUE(cluster().KillService(kA).ok());
-      auto r = FinishWorker(consumer, cf, 90000);
+      auto r = FinishWorker(t.consumer, t.files, 90000);
       ASSERT_EQ(r.size(), 1u);
       EXPECT_NE(r[0].rc, DYAD_RC_OK);
       RecordProperty("consumer_error_" + std::to_string(round), r[0].message);
@@ -127,19 +121,14 @@ class UcxTest : public TwoNodeTest {
   // service is sending to it. The producer's service must keep running,
   // and serve the restarted consumer.
   void KillConsumerMidTransfer() {
-    ::mkdir((dmd(kA) + "/big").c_str(), 0755);
     const std::string name = "big/consumer-dies.bin";
-    const uint64_t size = 4096 * kMiB;
-    MakeSparse(PathOn(kA, name), size);
-    Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
-    WorkerFiles cf = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
-    emu::Process consumer = StartWorker(kB, "consume", cf, {"--no-verify"});
-    if (!WaitForPartialTransfer(consumer, dmd(kB), 30000)) {
-      if (consumer.Exited()) GTEST_SKIP() << "the transfer finished before it could be interrupted";
-      FAIL() << "no transfer in progress on node B\n" << Output(cf);
-    }
+    InterruptibleTransfer t = StartInterruptibleTransfer(name, 4096 * kMiB, false);
+    if (t.state == TransferState::kTooFast)
+      GTEST_SKIP() << "the transfer finished before it could be interrupted";
+    ASSERT_EQ(t.state, TransferState::kInProgress)
+        << "no transfer in progress on node B\n" << Output(t.files);
     ASSERT_TRUE(cluster().KillService(kB).ok());
-    auto r = FinishWorker(consumer, cf, 90000);
+    auto r = FinishWorker(t.consumer, t.files, 90000);
     ASSERT_EQ(r.size(), 1u);
     EXPECT_NE(r[0].rc, DYAD_RC_OK);
     std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -91,6 +91,18 @@ void RemoveTree(const std::string& path) {
   std::filesystem::remove_all(path, ec);
 }
 
+// A fresh directory under BaseTempDir() removed with everything in it when
+// the test ends, also when it fails.
+struct ScopedTempDir {
+  explicit ScopedTempDir(const std::string& tag) : path(MakeTempDir(BaseTempDir(), tag)) {}
+  ~ScopedTempDir() {
+    RemoveTree(path);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string path;
+};
+
 // A parent directory with room for `bytes` more. Prefers tmpfs for very
 // large outputs: writing gigabytes to a disk-backed page cache soon runs
 // into dirty-page throttling, which would measure the disk, not the
@@ -989,12 +1001,9 @@ TEST(UcxTransport, RegistersMemoryAndReportsRmaCaps) {
 // slot. A requester that restarts has a new worker address; the owner's
 // endpoint cache must treat it as a new peer.
 TEST(UcxTransport, PipelinedChunksAcrossWorkersAndARestartedRequester) {
-  const std::string dir = MakeTempDir(BaseTempDir(), "ucx");
+  const ScopedTempDir tmp("ucx");
+  const std::string& dir = tmp.path;
   ASSERT_FALSE(dir.empty());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { RemoveTree(d); }
-  } cleanup{dir};
   ASSERT_EQ(::mkdir((dir + "/src").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((dir + "/dst").c_str(), 0755), 0);
   // 33 messages of 32 KiB (a 64 KiB chunk size makes a 128 KiB buffer of 4
@@ -1033,12 +1042,9 @@ TEST(UcxTransport, PipelinedChunksAcrossWorkersAndARestartedRequester) {
 // one requester transport: one cached endpoint, both pools (with more
 // transfers than pool buffers, so some wait for a buffer), one worker each.
 TEST(UcxTransport, ConcurrentTransfersShareEndpointAndPools) {
-  const std::string dir = MakeTempDir(BaseTempDir(), "ucx-conc");
+  const ScopedTempDir tmp("ucx-conc");
+  const std::string& dir = tmp.path;
   ASSERT_FALSE(dir.empty());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { RemoveTree(d); }
-  } cleanup{dir};
   ASSERT_EQ(::mkdir((dir + "/src").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((dir + "/dst").c_str(), 0755), 0);
   constexpr int kTransfers = 6;  // > kDefaultPoolBuffers
@@ -1105,12 +1111,9 @@ std::unique_ptr<Transport> StartedUcx(const TransportOptions& options) {
 // and a requester whose UCX has no shared memory (its buffers cannot be
 // mapped) gets messages from the same owner.
 TEST(UcxTransport, SameHostRequesterBufferIsWrittenDirectly) {
-  const std::string dir = MakeTempDir(BaseTempDir(), "ucx-shm");
+  const ScopedTempDir tmp("ucx-shm");
+  const std::string& dir = tmp.path;
   ASSERT_FALSE(dir.empty());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { RemoveTree(d); }
-  } cleanup{dir};
   ASSERT_EQ(::mkdir((dir + "/src").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((dir + "/dst").c_str(), 0755), 0);
   const uint64_t size = 3 * kMiB + 7;  // 97 chunks of 32 KiB
@@ -1170,12 +1173,9 @@ TEST(UcxTransport, GarbageRequestArgumentsFailBothSidesPromptly) {
   options.idle_ms = 5000;
   Result<std::unique_ptr<Transport>> t = CreateTransport("ucx", options);
   ASSERT_TRUE(t.ok());
-  const std::string dir = MakeTempDir(BaseTempDir(), "ucx-bad");
+  const ScopedTempDir tmp("ucx-bad");
+  const std::string& dir = tmp.path;
   ASSERT_FALSE(dir.empty());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { RemoveTree(d); }
-  } cleanup{dir};
   // Larger than kInlineMaxBytes, so the owner needs the UCX arguments.
   const uint64_t size = 200 * kKiB;
   ASSERT_TRUE(WriteRandomFile(dir + "/src", size, 22).ok());
