@@ -700,6 +700,7 @@ void Service::HandleStatus(Channel& ch) {
   r.info["producer_path"] = prod_real_;
   r.info["kvs"] = RedactUrl(opt_.kvs_url) + (root_server_ ? " (root)" : "");
   r.info["transport"] = transport_->name();
+  if (std::string d = transport_->Details(); !d.empty()) r.info["transport.details"] = d;
   r.info["authenticated"] = auth_.has_secret() ? "yes" : "no (no cluster secret)";
   r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
   Encoder e;

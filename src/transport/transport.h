@@ -81,6 +81,10 @@ class Transport {
   // Optional: transfers acquire it on demand otherwise.
   virtual Status Warm() { return Status::OK(); }
 
+  // One line for operators (`dyad status`): how this transport moves data
+  // here, e.g. which paths its library chose. "" when there is nothing to add.
+  virtual std::string Details() const { return std::string(); }
+
   // Owner: after sending the FetchReply, move `src` to the requester.
   // `request_args` are the requester's transport_args.
   virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,

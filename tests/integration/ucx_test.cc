@@ -87,6 +87,13 @@ class UcxTest : public TwoNodeTest {
     }
   }
 
+  // The transport's line in `dyad status` on node i.
+  std::string Details(int i) {
+    auto status = cluster_->ServiceStatus(i);
+    EXPECT_TRUE(status.ok()) << Str(status.status());
+    return status.ok() ? status->info["transport.details"] : std::string();
+  }
+
   // Kills the producer's service at full speed (no bandwidth limit) at
   // different points of a transfer, `rounds` times: every time the
   // consumer gets an error and no partial file, its service keeps running,
@@ -215,6 +222,17 @@ TEST_F(UcxTest, ConsumerServiceKilledMidTransferLeavesTheProducerServiceRunning)
   KillConsumerMidTransfer();
 }
 
+// The service started UCX at launch and says how it moves data: with
+// UCX_TLS=tcp there is no shared memory and no RMA network here.
+TEST_F(UcxTest, StatusDescribesTheTransport) {
+  for (int i = 0; i < 2; ++i) {
+    const std::string d = Details(i);
+    EXPECT_NE(d.find("direct path unavailable"), std::string::npos) << d;
+    EXPECT_NE(d.find("messages all eager"), std::string::npos) << d;
+    EXPECT_NE(d.find("buffers mapped: 1 receive, 1 send"), std::string::npos) << d;
+  }
+}
+
 // A producer service that restarts has a new UCX worker (a new address);
 // the consumer's service must serve and fetch with it as with a new peer.
 TEST_F(UcxTest, RestartedProducerServiceIsANewPeer) {
@@ -260,6 +278,7 @@ TEST_F(UcxSharedMemoryTest, FilesMoveThroughSharedMemory) {
   }
   EXPECT_EQ(Counter(kA, "bytes.out"), total);
   EXPECT_EQ(Counter(kA, "bytes.out.direct"), beyond_inline);
+  EXPECT_NE(Details(kA).find("direct path on"), std::string::npos) << Details(kA);
 }
 
 TEST_F(UcxSharedMemoryTest, ProducerKilledMidTransferNeverTakesTheConsumerServiceDown) {
@@ -287,6 +306,8 @@ TEST_F(UcxSharedMemoryOffTest, SwitchedOffMeansMessages) {
   ConsumeOk(files);
   EXPECT_EQ(Counter(kA, "bytes.out"), 5 * kMiB + 1);
   EXPECT_EQ(Counter(kA, "bytes.out.direct"), 0u);
+  EXPECT_NE(Details(kA).find("direct path off (DYAD_UCX_SHM)"), std::string::npos)
+      << Details(kA);
 }
 
 }  // namespace

@@ -288,6 +288,7 @@ class UcxTransport::Engine {
     address_.assign(reinterpret_cast<const char*>(addr), addr_len);
     ucp_worker_release_address(worker_, addr);
     shm_capable_ = HasMappableMemory(context_);
+    eager_only_ = eager_only;
     stopping_ = false;
     progress_ = std::thread([this] { ProgressLoop(); });
     started_ = true;
@@ -305,6 +306,24 @@ class UcxTransport::Engine {
   // can be mapped into another process (System V, POSIX or XPMEM), so
   // that a same-host peer's registered buffer can be written directly.
   bool shm_capable() const { return shm_capable_; }
+
+  // See UcxTransport::Details.
+  std::string Details() {
+    std::lock_guard<std::mutex> start_lock(start_mu_);
+    if (!started_) return "not started";
+    std::string d = std::string("same-host direct path ") +
+                    (!shm_capable_        ? "unavailable (no shared memory in UCX_TLS)"
+                     : ShmDirectAllowed() ? "on"
+                                          : "off (DYAD_UCX_SHM)");
+    d += eager_only_ ? "; messages all eager (no RMA network)"
+                     : "; messages eager, large ones by rendezvous RMA";
+    std::lock_guard<std::mutex> pool_lock(pool_mu_);
+    d += "; buffers mapped: " + std::to_string(pools_[kRecvPool].size()) + " receive, " +
+         std::to_string(pools_[kSendPool].size()) + " send of " +
+         std::to_string(kSlots * slot_bytes_) + " bytes (at most " +
+         std::to_string(pool_buffers_) + " each)";
+    return d;
+  }
 
   static bool HasMappableMemory(ucp_context_h context) {
     const std::string info =
@@ -1082,6 +1101,7 @@ class UcxTransport::Engine {
   std::mutex start_mu_;
   bool started_ = false;
   bool shm_capable_ = false;
+  bool eager_only_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -1209,6 +1229,8 @@ TransportCaps UcxTransport::caps() const {
   c.needs_registration = true;
   return c;
 }
+
+std::string UcxTransport::Details() const { return engine_->Details(); }
 
 Status UcxTransport::Warm() {
   DYAD_RETURN_IF_ERROR(engine_->Start());

@@ -89,6 +89,7 @@ class UcxTransport final : public Transport {
 
   Result<std::string> PrepareRequest() override;
   Status Warm() override;
+  std::string Details() const override;
   Status Push(Channel& session, const FileSource& src, const std::string& request_args,
               TransferStats* stats) override;
   Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
