@@ -101,6 +101,26 @@ std::string CaptureUcxInfo(Fn&& print) {
   return out;
 }
 
+// Whether [lo, hi) lies inside one shared (MAP_SHARED) mapping of this
+// process, per /proc/self/maps.
+bool InOneSharedMapping(uintptr_t lo, uintptr_t hi) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return false;
+  bool ok = false;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long start = 0, end = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s", &start, &end, perms) != 3) continue;
+    if (start <= lo && hi <= end) {
+      ok = perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's';
+      break;
+    }
+  }
+  std::fclose(f);
+  return ok;
+}
+
 // Identifies this host and the namespaces that UCX's shared memory needs to
 // be common to both sides (System V IPC, the pid namespace POSIX segments
 // are attached through, the mount namespace of /dev/shm). Two services with
@@ -588,7 +608,13 @@ class UcxTransport::Engine {
 
   struct DirectPeer {
     ucp_ep_h ep = nullptr;                     // shared-memory lanes only
-    std::map<std::string, ucp_rkey_h> rkeys;   // by packed key, mapped
+    struct MappedKey {
+      ucp_rkey_h rk = nullptr;
+      // [lo, hi): the range ucp_rkey_ptr gave that was checked to lie in
+      // one shared mapping of this process (empty until first checked).
+      uintptr_t lo = 0, hi = 0;
+    };
+    std::map<std::string, MappedKey> rkeys;    // by packed key, mapped
     int users = 0;                             // transfers writing through it
     std::chrono::steady_clock::time_point last_used{};
   };
@@ -626,26 +652,34 @@ class UcxTransport::Engine {
       TrimDirectPeersLocked();  // never the newest entry
     }
     const std::shared_ptr<DirectPeer> peer = direct_.at(address);
-    ucp_rkey_h rk = nullptr;
     auto it = peer->rkeys.find(rkey);
-    if (it != peer->rkeys.end()) {
-      rk = it->second;
-    } else {
+    if (it == peer->rkeys.end()) {
+      ucp_rkey_h rk = nullptr;
       const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, rkey.data(), &rk);
       if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXRKEY_UNPACK_FAILED, "ucp_ep_rkey_unpack", s);
-      peer->rkeys[rkey] = rk;
+      it = peer->rkeys.emplace(rkey, DirectPeer::MappedKey{rk, 0, 0}).first;
     }
+    DirectPeer::MappedKey& mk = it->second;
     void* first = nullptr;
-    void* last = nullptr;
-    ucs_status_t s = ucp_rkey_ptr(rk, base, &first);
-    if (s == UCS_OK) s = ucp_rkey_ptr(rk, base + len - 1, &last);
+    ucs_status_t s = ucp_rkey_ptr(mk.rk, base, &first);
     if (s != UCS_OK) {
       // The requester's buffers are not in shared memory (its UCX has no
       // shared-memory transport): messages it is.
       return not_mappable(UcxStatus(DYAD_RC_NOTSUP, "ucp_rkey_ptr", s));
     }
-    if (static_cast<char*>(last) - static_cast<char*>(first) != static_cast<ptrdiff_t>(len - 1))
-      return Status(DYAD_RC_BADUNPACK, "requester buffer is not mapped contiguously");
+    // ucp_rkey_ptr only translates the address: make sure the whole range
+    // lies in one shared mapping here, so a wrong offer can never make us
+    // write into our own memory (checked once per key and range).
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(first);
+    if (len == 0 || lo + len < lo)
+      return Status(DYAD_RC_BADUNPACK, "requester buffer range is invalid");
+    if (!(mk.lo <= lo && lo + len <= mk.hi)) {
+      if (!InOneSharedMapping(lo, lo + len))
+        return Status(DYAD_RC_BADUNPACK,
+                      "requester buffer does not map to one shared memory segment here");
+      mk.lo = lo;
+      mk.hi = lo + len;
+    }
     ++peer->users;
     peer->last_used = std::chrono::steady_clock::now();
     return DirectMapping{peer, static_cast<char*>(first)};
@@ -900,7 +934,7 @@ class UcxTransport::Engine {
   }
 
   void DestroyDirectPeerLocked(DirectPeer& peer) {
-    for (auto& [key, rk] : peer.rkeys) ucp_rkey_destroy(rk);
+    for (auto& [key, mk] : peer.rkeys) ucp_rkey_destroy(mk.rk);
     peer.rkeys.clear();
     if (peer.ep != nullptr) CloseQuietEndpointLocked(peer.ep);
     peer.ep = nullptr;
