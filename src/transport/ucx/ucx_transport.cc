@@ -57,6 +57,9 @@ constexpr size_t kMaxDirectPeers = 64;
 // shared memory alive through our mapping).
 constexpr int64_t kDirectIdleMs = 30000;
 constexpr size_t kMaxUnmappable = 1024;
+// Keys (buffers) mapped per requester: its pools hold at most 2 x 1024
+// buffers (DYAD_UCX_POOL_BUFFERS, plus those resting after failures).
+constexpr size_t kMaxKeysPerPeer = 2 * 1024;
 // A chunk's tag: the requester's transfer id (40 bits) and the chunk index
 // modulo 2^24 (at most kSlots chunks are outstanding, so indexes cannot
 // collide). Ids are unique per process and random across processes, so a
@@ -654,6 +657,8 @@ class UcxTransport::Engine {
     const std::shared_ptr<DirectPeer> peer = direct_.at(address);
     auto it = peer->rkeys.find(rkey);
     if (it == peer->rkeys.end()) {
+      if (peer->rkeys.size() >= kMaxKeysPerPeer)
+        return Status(DYAD_RC_NOTSUP, "the requester offered more buffers than it can have");
       ucp_rkey_h rk = nullptr;
       const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, rkey.data(), &rk);
       if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXRKEY_UNPACK_FAILED, "ucp_ep_rkey_unpack", s);
