@@ -348,17 +348,27 @@ class UcxTransport::Engine {
     return d;
   }
 
-  static bool HasMappableMemory(ucp_context_h context) {
+  // The transport name of every resource (device) the context found, from
+  // the "resource N : md M dev D flags -- tcp/eth0" lines of its info.
+  static std::vector<std::string> ResourceTransports(ucp_context_h context) {
     const std::string info =
         CaptureUcxInfo([&](FILE* f) { ucp_context_print_info(context, f); });
-    size_t pos = 0;
-    while ((pos = info.find("resource", pos)) != std::string::npos) {
-      const size_t eol = info.find('\n', pos);
-      const std::string line = info.substr(pos, eol == std::string::npos ? eol : eol - pos);
-      for (const char* tl : {" sysv/", " posix/", " xpmem/"}) {
-        if (line.find(tl) != std::string::npos) return true;
-      }
-      pos += 8;
+    std::vector<std::string> out;
+    for (size_t pos = 0; (pos = info.find("resource", pos)) != std::string::npos;) {
+      size_t eol = info.find('\n', pos);
+      if (eol == std::string::npos) eol = info.size();
+      const std::string line = info.substr(pos, eol - pos);
+      pos = eol;
+      const size_t sp = line.find_last_of(' ');
+      const std::string dev = sp == std::string::npos ? line : line.substr(sp + 1);
+      out.push_back(dev.substr(0, dev.find('/')));
+    }
+    return out;
+  }
+
+  static bool HasMappableMemory(ucp_context_h context) {
+    for (const std::string& tl : ResourceTransports(context)) {
+      if (tl == "sysv" || tl == "posix" || tl == "xpmem") return true;
     }
     return false;
   }
@@ -398,17 +408,7 @@ class UcxTransport::Engine {
   // dc, ud, ...). Messages between hosts use only such transports or tcp
   // (the same-host ones cannot serve endpoints with peer error handling).
   static bool HasRmaNetwork(ucp_context_h context) {
-    const std::string info =
-        CaptureUcxInfo([&](FILE* f) { ucp_context_print_info(context, f); });
-    size_t pos = 0;
-    while ((pos = info.find("resource", pos)) != std::string::npos) {
-      size_t eol = info.find('\n', pos);
-      if (eol == std::string::npos) eol = info.size();
-      const std::string line = info.substr(pos, eol - pos);
-      pos = eol;
-      const size_t sp = line.find_last_of(' ');
-      const std::string dev = sp == std::string::npos ? line : line.substr(sp + 1);
-      const std::string tl = dev.substr(0, dev.find('/'));
+    for (const std::string& tl : ResourceTransports(context)) {
       bool local = tl.empty();
       for (const char* name : {"self", "tcp", "sysv", "posix", "xpmem", "cma", "knem", "cuda",
                                "rocm", "gdr"}) {
