@@ -254,8 +254,9 @@ class UcxTransport::Engine {
 
   size_t slot_bytes() const { return slot_bytes_; }
 
-  // Creates the context, worker and progress thread on first use. A failed
-  // start is retried by the next call (nothing is left half-built).
+  // Creates the context, worker and progress thread (from Warm, or on first
+  // use). A failed start is retried by the next call (nothing is left
+  // half-built).
   Status Start() {
     std::lock_guard<std::mutex> start_lock(start_mu_);
     if (started_) return Status::OK();
