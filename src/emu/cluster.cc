@@ -325,16 +325,22 @@ Status EmuCluster::SetupNetwork(int n) {
       DYAD_RETURN_IF_ERROR(Ip({"-n", info.netns, "link", "set", "eth0", "up"}));
     }
     // A veth's carrier comes up asynchronously, up to a second later (the
-    // kernel's link-watch delay). Programs that list usable interfaces once
-    // at start-up (UCX does) would otherwise miss eth0 on a fresh node.
-    const Deadline carrier_deadline = Deadline::AfterMs(5000);
+    // kernel's link-watch delay). Services list usable interfaces once, when
+    // they start (UCX does), so they start only once every eth0 has carrier;
+    // otherwise a fresh node would see only "lo".
+    const Deadline carrier_deadline = Deadline::AfterMs(10000);
     for (int i = 0; i < n; ++i) {
       for (;;) {
         SpawnOptions so;
         so.argv = {"ip", "-n", nodes_[i].info.netns, "-o", "link", "show", "eth0"};
         Result<RunResult> r = RunCapture(so, 5000);
-        if (!r.ok() || carrier_deadline.expired()) break;  // best effort
-        if (r->output.find("NO-CARRIER") == std::string::npos) break;
+        if (!r.ok()) return r.status().Annotate("ip link show eth0 in " + nodes_[i].info.netns);
+        if (r->output.find("LOWER_UP") != std::string::npos &&
+            r->output.find("NO-CARRIER") == std::string::npos)
+          break;
+        if (carrier_deadline.expired())
+          return Status(DYAD_RC_SYSFAIL, "node " + std::to_string(i) +
+                                             ": eth0 has no carrier after 10 s: " + r->output);
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }

@@ -81,18 +81,8 @@ TEST_F(ProducerCrashTest, ProducerServiceKilledMidTransfer) {
     GTEST_SKIP() << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
   ASSERT_EQ(t.state, TransferState::kInProgress)
       << "no transfer in progress on node B\n" << Output(t.files);
-  emu::Process& consumer = t.consumer;
-  const WorkerFiles& cf = t.files;
   const bool limited = t.limited;
-  ASSERT_TRUE(cluster().KillService(kA).ok());
-  const uint64_t killed = MonoNs();
-  auto r = FinishWorker(consumer, cf, 90000);
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_NE(r[0].rc, DYAD_RC_OK) << "consume succeeded although the owner died mid-transfer";
-  EXPECT_FALSE(r[0].message.empty());
-  EXPECT_LT(MonoNs() - killed, 15'000'000'000ull) << "the consumer noticed the dead owner too late";
-  EXPECT_FALSE(Exists(PathOn(kB, name)));
-  EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
+  ASSERT_NO_FATAL_FAILURE(KillOwnerAndExpectCleanFailure(t, name));
 
   // Owner back (same address, new incarnation): the file is still published
   // and unchanged, so a later consume succeeds.
