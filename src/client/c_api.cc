@@ -201,6 +201,7 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
     c.cons_managed_path = cons_managed_path != nullptr ? cons_managed_path : "";
     c.relative_to_managed_path = relative_to_managed_path;
     c.dtl_mode = dtl_mode_str != nullptr ? dtl_mode_str : "";
+    c.dtl_mode_chosen = !c.dtl_mode.empty();
     // The timeouts and the socket have no dyad_init parameter: they come
     // from the environment, with the same defaults as dyad_init_env.
     c.service_socket = dyad::DefaultServiceSocket();
@@ -264,9 +265,10 @@ dyad_rc_t dyad_set_and_init_dtl_mode(const char* dtl_mode_name,
     return dyad::capi::Reconfigure([&](ClientConfig& c, dyad_dtl_comm_mode_t& comm) {
       DYAD_RETURN_IF_ERROR(dyad::capi::CheckCommMode(dtl_comm_mode));
       dyad::Result<std::string> mode =
-          dyad::NormalizeDtlMode(dtl_mode_name != nullptr ? dtl_mode_name : "FLUX_RPC");
+          dyad::NormalizeDtlMode(dtl_mode_name != nullptr ? dtl_mode_name : "");
       if (!mode.ok()) return mode.status();
       c.dtl_mode = *mode;
+      c.dtl_mode_chosen = dtl_mode_name != nullptr && *dtl_mode_name != '\0';
       comm = dtl_comm_mode;
       return Status::OK();
     });

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/backend.h"
 #include "common/config.h"
 #include "common/fsutil.h"
 #include "common/key.h"
@@ -101,16 +102,7 @@ bool StrictlyUnder(std::string_view dir, std::string_view path) {
 
 }  // namespace
 
-Result<std::string> NormalizeDtlMode(const std::string& name) {
-  std::string up = name;
-  std::transform(up.begin(), up.end(), up.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-  static const char* const kModes[] = {"FLUX_RPC", "TCP", "UCX", "OFI", "LOCAL"};
-  for (const char* m : kModes)
-    if (up == m) return up;
-  return Status(DYAD_RC_BADDTLMODE, "unknown DTL mode '" + name +
-                                        "' (expected FLUX_RPC, TCP, UCX, OFI or LOCAL)");
-}
+Result<std::string> NormalizeDtlMode(const std::string& name) { return CanonicalDtlMode(name); }
 
 Result<ClientConfig> ClientConfig::FromEnv() {
   ClientConfig c;
@@ -141,6 +133,7 @@ Result<ClientConfig> ClientConfig::FromEnv() {
     Result<std::string> m = NormalizeDtlMode(*mode);
     if (!m.ok()) return m.status().Annotate("DYAD_DTL_MODE");
     c.dtl_mode = *m;
+    c.dtl_mode_chosen = true;
   }
   c.service_socket = DefaultServiceSocket();
 
@@ -207,7 +200,10 @@ Result<std::shared_ptr<Client>> Client::Create(ClientConfig config,
                                                std::shared_ptr<ServicePool> pool) {
   if (config.key_bins == 0) config.key_bins = 1;
   if (config.service_mux == 0) config.service_mux = 1;
-  if (config.dtl_mode.empty()) config.dtl_mode = "FLUX_RPC";
+  if (config.dtl_mode.empty()) {
+    config.dtl_mode = DefaultDtlMode();
+    config.dtl_mode_chosen = false;
+  }
   Result<std::string> mode = NormalizeDtlMode(config.dtl_mode);
   if (!mode.ok()) return mode.status();
   config.dtl_mode = *mode;
@@ -408,7 +404,9 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   req.cons_path = cons;
   req.timeout_ms = config_.consume_timeout_ms < 0 ? -1 : config_.consume_timeout_ms;
   req.shared_storage = config_.shared_storage;
-  req.dtl_mode = config_.dtl_mode;
+  // Unset, the service's own mode (its -m) applies: one DTL choice per node.
+  const bool chosen = config_.dtl_mode_chosen || config_.dtl_mode != DefaultDtlMode();
+  req.dtl_mode = chosen ? config_.dtl_mode : std::string();
   if (record != nullptr) {
     req.have_record = true;
     req.record = *record;

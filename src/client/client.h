@@ -49,7 +49,11 @@ struct ClientConfig {
   std::string prod_managed_path;  // DYAD_PATH_PRODUCER ("" = none)
   std::string cons_managed_path;  // DYAD_PATH_CONSUMER ("" = none)
   bool relative_to_managed_path = false;  // DYAD_PATH_RELATIVE
-  std::string dtl_mode = "FLUX_RPC";      // DYAD_DTL_MODE
+  std::string dtl_mode = "FLUX_RPC";      // DYAD_DTL_MODE (canonical spelling)
+  // Whether the process chose dtl_mode (DYAD_DTL_MODE set, or a mode given
+  // to dyad_init). A mode other than the default is a choice anyway. Only a
+  // choice overrides the local service's own mode (its -m).
+  bool dtl_mode_chosen = false;
   std::string service_socket;   // DYAD_SERVICE_SOCKET ("" = DefaultServiceSocket())
   int64_t consume_timeout_ms = -1;  // DYAD_CONSUME_TIMEOUT (< 0: no limit)
   int64_t rpc_timeout_ms = 60000;   // DYAD_RPC_TIMEOUT (< 0: no limit)
@@ -59,9 +63,9 @@ struct ClientConfig {
   static Result<ClientConfig> FromEnv();
 };
 
-// Checks a DTL mode name (FLUX_RPC, TCP, UCX, OFI, LOCAL; any case) and
-// returns its canonical upper-case spelling. Whether the transport is
-// compiled in is for the service to say.
+// Checks a DTL mode name against the transport rows (any case; aliases
+// accepted) and returns its canonical upper-case spelling. Whether the
+// transport is compiled into the service is for the service to say.
 Result<std::string> NormalizeDtlMode(const std::string& name);
 
 // A managed directory, kept in two forms so that a path spelled either way

@@ -1,5 +1,7 @@
 #include "common/config.h"
 
+#include "common/backend.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +11,12 @@
 
 namespace dyad {
 
-const std::vector<ConfigEntry>& ConfigTable() {
-  static const std::vector<ConfigEntry> table = {
+namespace {
+
+// Settings of the core; each backend's own settings are in its row
+// (src/transport/*/row.cc, src/kvs/*/row.cc) and join the table below.
+std::vector<ConfigEntry> CoreEntries() {
+  return {
       {"DYAD_PATH_PRODUCER", ConfigKind::kString, "", "both",
        "Producer-managed directory: files closed here are published. The service serves files "
        "from its producer path (or its positional argument)."},
@@ -20,9 +26,10 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "Metadata namespace; producers and consumers of one workflow must use the same one. "
        "Unset means the primary namespace."},
       {"DYAD_DTL_MODE", ConfigKind::kString, "FLUX_RPC", "both",
-       "Data transport: TCP (FLUX_RPC is an alias kept for upstream compatibility) or UCX; OFI "
-       "(libfabric) is recognized but not implemented yet. "
-       "Same-node copies always use the local transport."},
+       "Data transport for fetches between nodes: the service's -m/--mode is the default of its "
+       "clients, and a client's DYAD_DTL_MODE overrides it for that client's consumes. The modes "
+       "are listed in the transports table (FLUX_RPC, upstream's default, selects TCP). Same-node "
+       "copies always use the local transport."},
       {"DYAD_SHARED_STORAGE", ConfigKind::kBool, "false", "client",
        "The managed directory is shared by all nodes (e.g. Lustre): synchronize only, never "
        "transfer."},
@@ -58,6 +65,9 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
        "through to the file system. Either way one message goes to stderr."},
+      {"DYAD_EMU_NO_NETNS", ConfigKind::kBool, "false", "tests",
+       "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
+       "network namespaces (automatic when namespaces cannot be created)."},
       {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
        "Rank of this node's service; when unset, taken from FLUX_TASK_RANK, SLURM_PROCID, "
        "OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK, else 0."},
@@ -67,21 +77,25 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "Address other services use to reach this one (default: listen address, with this "
        "host's name when it listens on 0.0.0.0)."},
       {"DYAD_KVS", ConfigKind::kString, "embedded", "service",
-       "Metadata store: 'embedded' (rank 0 hosts it), 'embedded://HOST:PORT' (connect to the "
-       "root service there), 'redis://[USER:PASSWORD@]HOST:PORT[/DB]' (a Redis server shared "
-       "by all services), 'memory' (single service, testing)."},
+       "Metadata store URL: 'embedded' on the rank that hosts the store (rank 0), "
+       "'embedded://ROOT_HOST:PORT' on the others; the other stores and their URL forms are in "
+       "the stores table (docs/configuration.md, `dyad info`)."},
       {"DYAD_SECRET_FILE", ConfigKind::kString, "", "service",
        "File holding the cluster secret that services use to authenticate each other (mode 600)."},
       {"DYAD_SECRET", ConfigKind::kString, "", "service",
        "The cluster secret itself (prefer DYAD_SECRET_FILE)."},
-      {"DYAD_UCX_POOL_BUFFERS", ConfigKind::kUint, "4", "service",
-       "UCX transport: registered buffers per pool (receive and send, each 2 x --chunk-size "
-       "bytes), 1..1024 (docs/ucx.md)."},
-      {"DYAD_UCX_SHM", ConfigKind::kString, "auto", "service",
-       "UCX transport: 'auto' lets two services on one host move files through shared memory "
-       "(the owner writes into the requester's buffer); 'off' keeps them on UCX messages "
-       "(docs/ucx.md)."},
   };
+}
+
+}  // namespace
+
+const std::vector<ConfigEntry>& ConfigTable() {
+  static const std::vector<ConfigEntry> table = [] {
+    std::vector<ConfigEntry> all = CoreEntries();
+    for (const BackendRow* row : BackendRows())
+      all.insert(all.end(), row->config.begin(), row->config.end());
+    return all;
+  }();
   return table;
 }
 

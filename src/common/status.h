@@ -29,14 +29,25 @@ class [[nodiscard]] Status {
   // "DYAD_RC_TIMEOUT: consume 'x': not published within 5 s"
   std::string ToString() const;
 
-  // Prefixes the message with context, keeping the code.
+  // Prefixes the message with context, keeping the code and cause.
   Status Annotate(const std::string& context) const {
     if (ok()) return *this;
-    return Status(code_, context + ": " + message_);
+    return Status(code_, context + ": " + message_).WithCause(cause_);
+  }
+
+  // What lies behind the code when callers decide on it (e.g. a wait that
+  // timed out because its store was unreachable: code DYAD_RC_TIMEOUT,
+  // cause DYAD_RC_CONNLOST). DYAD_RC_OK when there is nothing more to say.
+  dyad_rc_t cause() const { return cause_; }
+  Status WithCause(dyad_rc_t cause) const {
+    Status s = *this;
+    s.cause_ = cause;
+    return s;
   }
 
  private:
   dyad_rc_t code_ = DYAD_RC_OK;
+  dyad_rc_t cause_ = DYAD_RC_OK;
   std::string message_;
 };
 

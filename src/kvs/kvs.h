@@ -2,10 +2,9 @@
 //
 // A Kvs maps (namespace, key) to an opaque value. DYAD stores FileRecords
 // under gen_path_key keys and ServiceRecords under kMembersNamespace.
-// Implementations: "memory" (in-process, tests and single-node use),
-// "embedded" (client of the store hosted by the root dyad-service), and
-// later "redis". They are selected by URL through OpenKvs(), from an
-// explicit registry (kvs/registry.cc), never by static initialization.
+// Implementations are the store rows (common/backend.h; `dyad info` lists
+// them), each in its folder under src/kvs/, selected by URL through
+// OpenKvs() (kvs/registry.cc), never by static initialization.
 //
 // Contract shared by all backends (tests/unit/kvs_conformance_test.cc):
 //  * Put overwrites and wakes every waiter on that key;
@@ -25,20 +24,14 @@
 #include <utility>
 #include <vector>
 
+#include "common/backend.h"
+#include "common/cancel.h"
 #include "common/status.h"
 #include "common/time.h"
 
 namespace dyad {
 
-// Polled by long waits every so often (at most every 250 ms); returning true
-// abandons the wait. Used to stop waiting for a client that went away.
-using CancelFn = std::function<bool()>;
-
-struct KvsCaps {
-  bool persistent = false;   // survives restarts of the store
-  bool shared = false;       // visible to every node (false: this process only)
-  bool native_wait = false;  // waits are pushed by the store, not sliced requests
-};
+class RequestRouter;
 
 using KvsEntry = std::pair<std::string, std::string>;  // key, value
 
@@ -46,7 +39,8 @@ class Kvs {
  public:
   virtual ~Kvs() = default;
   virtual std::string name() const = 0;
-  virtual KvsCaps caps() const = 0;
+  // The capabilities of this store's row (common/backend.h).
+  KvsCaps caps() const;
 
   virtual Status Put(const std::string& ns, const std::string& key, const std::string& value) = 0;
   virtual Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) = 0;
@@ -55,6 +49,9 @@ class Kvs {
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;
   virtual Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                              uint32_t limit = 0) = 0;
+  // Wakes every wait in progress with DYAD_RC_CANCELLED and refuses new
+  // ones (the owning service is stopping). Idempotent.
+  virtual void Shutdown() {}
 };
 
 struct KvsOptions {
@@ -62,12 +59,17 @@ struct KvsOptions {
   uint32_t self_rank = 0;             // identity presented to a remote store
   uint64_t self_incarnation = 0;
   int64_t rpc_timeout_ms = 60000;     // bound on one non-wait request
+  // Set by a dyad-service opening its store: a store the service hosts
+  // (KvsCaps::hosted_by_service) registers its request handlers here.
+  RequestRouter* router = nullptr;
+  bool host_root = false;             // --root: host the store on a rank other than 0
 };
 
-// Opens a store from a URL: "memory", "embedded://HOST:PORT", and the
-// backends compiled in (see KvsBackendNames()). An unknown or not compiled-in
-// scheme gives DYAD_RC_NOTSUP with a message listing what is available.
+// Opens a store from a URL through the row whose URL form matches
+// (common/backend.h). An unknown or not compiled-in form gives
+// DYAD_RC_NOTSUP with a message listing those available.
 Result<std::unique_ptr<Kvs>> OpenKvs(const std::string& url, const KvsOptions& options);
+// Names of the stores compiled in.
 std::vector<std::string> KvsBackendNames();
 
 }  // namespace dyad

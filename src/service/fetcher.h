@@ -1,74 +1,39 @@
-// fetcher.h: makes a published file complete in a consumer directory.
+// fetcher.h: one fetch conversation with the service that owns a file.
 //
-// Ensure() is called by the service for every consume that needs data. It
-// guarantees one transfer per destination file on this node: a request for
-// a destination already being fetched waits for that transfer and shares
-// its result. Data lands in a temporary beside the destination and is
-// renamed into place only when complete (AtomicFile), stamped with the
-// producer's version, so a later request can tell the local copy is current.
-// Thread-safe.
+// Fetch() takes a pooled (or new) authenticated session to the owner,
+// sends the FetchRequest with the transport's arguments, and lets the
+// transport land the bytes in `sink_fd`. It decides nothing about where
+// the file goes or whether it is needed (that is Placement's job): it moves
+// bytes and reports what happened. Thread-safe.
 #pragma once
 
-#include <condition_variable>
-#include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
+#include <cstdint>
 
-#include "common/fsutil.h"
-#include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/peers.h"
-#include "service/stats.h"
 #include "transport/transport.h"
 
 namespace dyad {
 
-struct FetcherConfig {
-  uint32_t rank = 0;
-  uint32_t node_idx = 0;
-  uint32_t service_mux = 1;
-  std::string prod_real;  // this service's canonical producer path
-  int64_t rpc_timeout_ms = 60000;
+struct FetchOutcome {
+  uint64_t version = 0;  // the owner's version of what it sent
+  uint64_t bytes = 0;
+  // The session died before the owner answered (a pooled session that
+  // outlived its peer): a fresh session may well succeed.
+  bool retryable = false;
 };
-
-using TransportLookup = std::function<Result<Transport*>(const std::string& name)>;
 
 class Fetcher {
  public:
-  Fetcher(FetcherConfig config, PeerDirectory* peers, ServiceStats* stats,
-          TransportLookup transports);
+  Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms)
+      : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms) {}
 
-  // Ensures cons_root/rec.upath is a complete copy of `rec`'s file.
-  // `transport` is the canonical transport name for remote owners.
-  Result<ConsumeReply> Ensure(const FileRecord& rec, const std::string& cons_root,
-                              const std::string& transport, Deadline deadline,
-                              const CancelFn& cancel);
+  // Fetches `rec` from its owner with `transport` into `sink_fd`.
+  Status Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out);
 
  private:
-  struct InFlight {
-    bool done = false;
-    Status status;
-    ConsumeReply reply;
-    std::condition_variable cv;
-  };
-
-  Result<ConsumeReply> Transfer(const FileRecord& rec, const std::string& cons_root,
-                                const std::string& transport);
-  Status CopyOwnFile(const FileRecord& rec, AtomicFile& out, uint64_t* version, uint64_t* bytes);
-  Status FetchRemote(const FileRecord& rec, const std::string& transport, AtomicFile& out,
-                     uint64_t* version, uint64_t* bytes, bool* retryable);
-
-  FetcherConfig cfg_;
   PeerDirectory* peers_;
-  ServiceStats* stats_;
-  TransportLookup transports_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<InFlight>> inflight_;
+  const int64_t rpc_timeout_ms_;
 };
-
-// True if `path` exists as a regular file with exactly this size and mtime.
-bool IsCompleteCopy(const std::string& path, uint64_t size, uint64_t version);
 
 }  // namespace dyad

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "common/auth.h"
+#include "common/backend.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "service/service.h"
@@ -27,9 +28,12 @@ uint32_t RankFromEnvironment() {
   return 0;
 }
 
-std::string EnvOr(const char* name, const std::string& def) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : def;
+// A setting from the environment, else its default in the configuration
+// table (the one place defaults are written).
+std::string Setting(const char* name) {
+  std::optional<std::string> v = dyad::GetEnv(name);
+  if (v && !v->empty()) return *v;
+  return dyad::FindConfigEntry(name)->default_value;
 }
 
 }  // namespace
@@ -37,13 +41,13 @@ std::string EnvOr(const char* name, const std::string& def) {
 int main(int argc, char** argv) {
   dyad::ServiceOptions opt;
   opt.rank = RankFromEnvironment();
-  opt.prod_path = EnvOr("DYAD_PATH_PRODUCER", "");
-  opt.cons_path = EnvOr("DYAD_PATH_CONSUMER", "");
-  opt.listen = EnvOr("DYAD_SERVICE_LISTEN", "0.0.0.0:7590");
-  opt.advertise = EnvOr("DYAD_SERVICE_ADVERTISE", "");
+  opt.prod_path = Setting("DYAD_PATH_PRODUCER");
+  opt.cons_path = Setting("DYAD_PATH_CONSUMER");
+  opt.listen = Setting("DYAD_SERVICE_LISTEN");
+  opt.advertise = Setting("DYAD_SERVICE_ADVERTISE");
   opt.socket_path = dyad::DefaultServiceSocket();
-  opt.kvs_url = EnvOr("DYAD_KVS", "embedded");
-  opt.dtl_mode = EnvOr("DYAD_DTL_MODE", "FLUX_RPC");
+  opt.kvs_url = Setting("DYAD_KVS");
+  opt.dtl_mode = Setting("DYAD_DTL_MODE");
   opt.debug = dyad::EnvBool("DYAD_SYNC_DEBUG", false);
   auto mux = dyad::EnvUint("DYAD_SERVICE_MUX", 1);
   opt.service_mux = mux.ok() ? static_cast<uint32_t>(*mux) : 1;
@@ -60,9 +64,12 @@ int main(int argc, char** argv) {
   app.add_option("PRODUCER_PATH", opt.prod_path,
                  "Producer-managed directory this service serves (default $DYAD_PATH_PRODUCER)");
   app.add_flag("-d,--debug", opt.debug, "Debug logging");
+  std::string modes;
+  for (const std::string& m : dyad::AllDtlModes())
+    if (dyad::TransportRowForMode(m, true).ok()) modes += (modes.empty() ? "" : ", ") + m;
   app.add_option("-m,--mode", opt.dtl_mode,
-                 "Transport for fetches: TCP (alias FLUX_RPC), or UCX when compiled in")
-      ->capture_default_str();
+                 "Transport for fetches, also the default of this node's clients (a client's "
+                 "DYAD_DTL_MODE overrides it): " + modes + " (default " + dyad::DefaultDtlMode() + ")");
   app.add_option("-i,--info_log", info_log, "Write info and debug messages to this file");
   app.add_option("-e,--error_log", error_log, "Write warnings and errors to this file");
   app.add_option("-r,--rank", opt.rank,

@@ -1,7 +1,6 @@
 #include "service/service.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,10 +11,11 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/time.h"
-#include "kvs/embedded/embedded_server.h"
-#include "kvs/memory/memory_kvs.h"
-#include "service/fetcher.h"
+#include "service/dispatch.h"
+#include "service/file_server.h"
 #include "service/peers.h"
+#include "service/placement.h"
+#include "service/transports.h"
 
 namespace dyad {
 
@@ -65,7 +65,43 @@ Status Service::Start() {
   hostname_ = HostName();
   if (opt_.service_mux == 0) opt_.service_mux = 1;
   node_idx_ = opt_.rank / opt_.service_mux;
+  if (!auth_.has_secret())
+    DYAD_LOG_WARN("no cluster secret configured (--secret-file / DYAD_SECRET_FILE): any host "
+                  "that can reach the TCP port can fetch published files and write the "
+                  "metadata store");
 
+  DYAD_RETURN_IF_ERROR(PrepareDirectories());
+  TransportOptions topt;
+  topt.chunk_size = opt_.chunk_size;
+  topt.idle_ms = opt_.rpc_timeout_ms;
+  transports_ = std::make_unique<TransportSet>(topt);
+  DYAD_RETURN_IF_ERROR(transports_->Init(opt_.dtl_mode));
+  DYAD_RETURN_IF_ERROR(OpenListeners());
+  dispatch_ = std::make_unique<Dispatcher>(opt_.rank, opt_.rpc_timeout_ms, &stats_);
+  DYAD_RETURN_IF_ERROR(OpenStore());
+  BuildParts();
+  RouteRequests();
+
+  // Serve peers before registering: the root must answer its own registration
+  // and others may start fetching as soon as the record is visible.
+  tcp_acceptor_ = std::thread([this] { AcceptLoop(tcp_listener_.get(), false); });
+  if (Status reg = RegisterMembership(); !reg.ok()) {
+    Stop();
+    return reg;
+  }
+  async_thread_ = std::thread([this] { AsyncPublishLoop(); });
+  if (kvs_->caps().shared) membership_thread_ = std::thread([this] { MembershipLoop(); });
+  unix_acceptor_ = std::thread([this] { AcceptLoop(unix_listener_.get(), true); });
+
+  DYAD_LOG_INFO("serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
+                "path %s, store %s, transport %s",
+                opt_.rank, static_cast<unsigned long long>(incarnation_), advertise_.c_str(),
+                opt_.socket_path.c_str(), prod_real_.empty() ? "(none)" : prod_real_.c_str(),
+                StoreDescription().c_str(), transports_->Default().name().c_str());
+  return WriteReadyFile();
+}
+
+Status Service::PrepareDirectories() {
   if (!opt_.prod_path.empty()) {
     if (::mkdir(opt_.prod_path.c_str(), 0755) != 0 && errno != EEXIST)
       return StatusFromErrno(errno, "create producer directory '" + opt_.prod_path + "'",
@@ -81,26 +117,11 @@ Status Service::Start() {
       if (n > 0) DYAD_LOG_INFO("removed %zu incomplete temporaries under %s", n, cons.c_str());
     }
   }
-  if (!auth_.has_secret())
-    DYAD_LOG_WARN("no cluster secret configured (--secret-file / DYAD_SECRET_FILE): any host "
-                  "that can reach the TCP port can fetch published files");
+  return Status::OK();
+}
 
-  // Transport for fetches this service makes.
-  Result<std::string> tname = TransportNameForMode(opt_.dtl_mode);
-  if (!tname.ok()) return tname.status();
-  TransportOptions topt;
-  topt.chunk_size = opt_.chunk_size;
-  topt.idle_ms = opt_.rpc_timeout_ms;
-  Result<std::unique_ptr<Transport>> transport = CreateTransport(*tname, topt);
-  if (!transport.ok()) return transport.status();
-  transport_ = std::move(*transport);
-  // Not fatal: fetches with other transports (a client's DYAD_DTL_MODE)
-  // still work, and each fetch with this one reports the error itself.
-  if (Status ws = transport_->Warm(); !ws.ok())
-    DYAD_LOG_WARN("transport %s is not ready: %s", transport_->name().c_str(),
-                  ws.ToString().c_str());
-
-  // Listeners first: with port 0 the advertised address needs the real port.
+Status Service::OpenListeners() {
+  // The TCP listener first: with port 0 the advertised address needs the real port.
   Result<SocketAddress> laddr = ParseAddress(opt_.listen);
   if (!laddr.ok()) return laddr.status().Annotate("--listen");
   if (laddr->is_unix) return Status(DYAD_RC_BADREQUEST, "--listen must be a TCP HOST:PORT");
@@ -118,89 +139,55 @@ Status Service::Start() {
   }
 
   if (opt_.socket_path.empty()) return Status(DYAD_RC_BADREQUEST, "no Unix socket path");
-  {
-    const size_t slash = opt_.socket_path.rfind('/');
-    if (slash != std::string::npos && slash > 0) {
-      const std::string dir = opt_.socket_path.substr(0, slash);
-      if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-        return StatusFromErrno(errno, "create socket directory '" + dir + "'");
-    }
+  const size_t slash = opt_.socket_path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = opt_.socket_path.substr(0, slash);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+      return StatusFromErrno(errno, "create socket directory '" + dir + "'");
   }
   Result<SocketAddress> uaddr = ParseAddress("unix:" + opt_.socket_path);
   if (!uaddr.ok()) return uaddr.status();
   Result<UniqueFd> ux = Listen(*uaddr);
   if (!ux.ok()) return ux.status().Annotate("listen for local clients");
   unix_listener_ = std::move(*ux);
+  return Status::OK();
+}
 
-  // Metadata store.
-  if (opt_.kvs_url == "embedded" || opt_.kvs_url == "memory") {
-    if (opt_.kvs_url == "embedded" && !opt_.host_root && opt_.rank != 0)
-      return Status(DYAD_RC_BADREQUEST,
-                    "rank " + std::to_string(opt_.rank) +
-                        " needs the root's address: --kvs embedded://ROOT_HOST:PORT "
-                        "(or --root to host the store here)");
-    root_store_ = std::make_shared<MemoryKvs>();
-    if (opt_.kvs_url == "embedded") root_server_ = std::make_unique<EmbeddedKvsServer>(root_store_);
-    kvs_ = root_store_;
-  } else {
-    KvsOptions kopt;
-    kopt.secret = opt_.secret;
-    kopt.self_rank = opt_.rank;
-    kopt.self_incarnation = incarnation_;
-    kopt.rpc_timeout_ms = opt_.rpc_timeout_ms;
-    Result<std::unique_ptr<Kvs>> kvs = OpenKvs(opt_.kvs_url, kopt);
-    if (!kvs.ok())
-      return kvs.status().Annotate("open metadata store '" + RedactUrl(opt_.kvs_url) + "'");
-    kvs_ = std::shared_ptr<Kvs>(std::move(*kvs));
-  }
+Status Service::OpenStore() {
+  KvsOptions kopt;
+  kopt.secret = opt_.secret;
+  kopt.self_rank = opt_.rank;
+  kopt.self_incarnation = incarnation_;
+  kopt.rpc_timeout_ms = opt_.rpc_timeout_ms;
+  kopt.router = dispatch_.get();
+  kopt.host_root = opt_.host_root;
+  Result<std::unique_ptr<Kvs>> kvs = OpenKvs(opt_.kvs_url, kopt);
+  if (!kvs.ok())
+    return kvs.status().Annotate("open metadata store '" + RedactUrl(opt_.kvs_url) + "'");
+  kvs_ = std::shared_ptr<Kvs>(std::move(*kvs));
+  return Status::OK();
+}
 
+void Service::BuildParts() {
   peers_ = std::make_unique<PeerDirectory>(kvs_.get(), &auth_,
                                            PeerIdentity{opt_.rank, incarnation_},
                                            opt_.rpc_timeout_ms);
-  FetcherConfig fc;
-  fc.rank = opt_.rank;
-  fc.node_idx = node_idx_;
-  fc.service_mux = opt_.service_mux;
-  fc.prod_real = prod_real_;
-  fc.rpc_timeout_ms = opt_.rpc_timeout_ms;
-  fetcher_ = std::make_unique<Fetcher>(fc, peers_.get(), &stats_,
-                                       [this](const std::string& name) -> Result<Transport*> {
-                                         return GetTransport(name);
-                                       });
-
-  // Serve peers before registering: the root must answer its own registration
-  // and others may start fetching as soon as the record is visible.
-  tcp_acceptor_ = std::thread([this] { AcceptLoop(tcp_listener_.get(), false); });
-  Status reg = RegisterMembership();
-  if (!reg.ok()) {
-    Stop();
-    return reg;
-  }
-  async_thread_ = std::thread([this] { AsyncPublishLoop(); });
-  if (!root_store_) membership_thread_ = std::thread([this] { MembershipLoop(); });
-  unix_acceptor_ = std::thread([this] { AcceptLoop(unix_listener_.get(), true); });
-
-  DYAD_LOG_INFO("serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
-                "path %s, store %s%s, transport %s",
-                opt_.rank, static_cast<unsigned long long>(incarnation_), advertise_.c_str(),
-                opt_.socket_path.c_str(), prod_real_.empty() ? "(none)" : prod_real_.c_str(),
-                RedactUrl(opt_.kvs_url).c_str(), root_server_ ? " (root)" : "", transport_->name().c_str());
-  return WriteReadyFile();
+  PlacementConfig pc;
+  pc.rank = opt_.rank;
+  pc.node_idx = node_idx_;
+  pc.service_mux = opt_.service_mux;
+  pc.prod_real = prod_real_;
+  pc.rpc_timeout_ms = opt_.rpc_timeout_ms;
+  placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_);
+  file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
+                                              transports_.get(), &stats_);
 }
 
-Result<Transport*> Service::GetTransport(const std::string& name) {
-  std::lock_guard<std::mutex> lk(transports_mu_);
-  if (transport_ && transport_->name() == name) return transport_.get();
-  auto it = extra_transports_.find(name);
-  if (it != extra_transports_.end()) return it->second.get();
-  TransportOptions topt;
-  topt.chunk_size = opt_.chunk_size;
-  topt.idle_ms = opt_.rpc_timeout_ms;
-  Result<std::unique_ptr<Transport>> t = CreateTransport(name, topt);
-  if (!t.ok()) return t.status();
-  Transport* raw = t->get();
-  extra_transports_[name] = std::move(*t);
-  return raw;
+std::string Service::StoreDescription() const {
+  return RedactUrl(opt_.kvs_url) + (kvs_ && kvs_->caps().hosted_by_service &&
+                                            opt_.kvs_url.find("://") == std::string::npos
+                                        ? " (root)"
+                                        : "");
 }
 
 Status Service::RegisterMembership() {
@@ -247,7 +234,7 @@ void Service::Stop() {
     if (stopping_.exchange(true)) return;
   }
   async_cv_.notify_all();
-  if (root_store_) root_store_->Shutdown();
+  if (kvs_) kvs_->Shutdown();
   // Unblock accept loops and every connection thread.
   if (tcp_listener_.valid()) ::shutdown(tcp_listener_.get(), SHUT_RDWR);
   if (unix_listener_.valid()) ::shutdown(unix_listener_.get(), SHUT_RDWR);
@@ -336,13 +323,6 @@ void Service::ReapFinished() {
     if (c->thread.joinable()) c->thread.join();
 }
 
-void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
-  if (!st.ok()) stats_.Add(ServiceStats::kErrors);
-  Status s = ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(st, body),
-                          Deadline::AfterMs(opt_.rpc_timeout_ms));
-  if (!s.ok()) DYAD_LOG_DEBUG("reply not delivered: %s", s.ToString().c_str());
-}
-
 void Service::ServeLocal(Channel& ch) {
   // Only processes of this user (or root) may use the service.
   ucred cred{};
@@ -354,32 +334,9 @@ void Service::ServeLocal(Channel& ch) {
     Reply(ch, Status(DYAD_RC_PERM, "dyad-service belongs to another user"));
     return;
   }
-  while (!stopping_) {
-    uint16_t type = 0;
-    std::string payload;
-    Status st = ch.RecvFrame(&type, &payload, Deadline::AfterMs(kIdlePollMs));
-    if (!st.ok()) {
-      if (st.code() == DYAD_RC_TIMEOUT && !ch.broken()) continue;
-      if (st.code() == DYAD_RC_BADUNPACK) {
-        DYAD_LOG_WARN("local client pid %d: %s", cred.pid, st.ToString().c_str());
-        Reply(ch, st);
-      }
-      return;
-    }
-    switch (static_cast<MsgType>(type)) {
-      case MsgType::kPublish: HandlePublish(ch, payload); break;
-      case MsgType::kLocate: HandleLocate(ch, payload); break;
-      case MsgType::kConsume: HandleConsume(ch, payload); break;
-      case MsgType::kList: HandleList(ch, payload); break;
-      case MsgType::kRemove: HandleRemove(ch, payload); break;
-      case MsgType::kStatus: HandleStatus(ch); break;
-      case MsgType::kPing: Reply(ch, Status::OK()); break;
-      default:
-        Reply(ch, Status(DYAD_RC_BADREQUEST,
-                         std::string("unexpected request '") + MsgTypeName(type) + "'"));
-    }
-    if (ch.broken()) return;
-  }
+  RequestContext ctx{ch, Link::kLocal, nullptr,
+                     [this, &ch] { return stopping_.load() || ch.PeerClosed(); }};
+  ServeFrames(ctx);
 }
 
 void Service::ServePeer(Channel& ch) {
@@ -390,80 +347,34 @@ void Service::ServePeer(Channel& ch) {
     DYAD_LOG_WARN("refused peer connection: %s", st.ToString().c_str());
     return;
   }
+  RequestContext ctx{ch, Link::kPeer, &peer,
+                     [this, &ch] { return stopping_.load() || ch.PeerClosed(); }};
+  ServeFrames(ctx);
+}
+
+void Service::ServeFrames(RequestContext& ctx) {
   while (!stopping_) {
     uint16_t type = 0;
     std::string payload;
-    st = ch.RecvFrame(&type, &payload, Deadline::AfterMs(kIdlePollMs));
+    Status st = ctx.ch.RecvFrame(&type, &payload, Deadline::AfterMs(kIdlePollMs));
     if (!st.ok()) {
-      if (st.code() == DYAD_RC_TIMEOUT && !ch.broken()) continue;
+      if (st.code() == DYAD_RC_TIMEOUT && !ctx.ch.broken()) continue;
       if (st.code() == DYAD_RC_BADUNPACK) {
-        DYAD_LOG_WARN("peer rank %u: %s", peer.rank, st.ToString().c_str());
-        Reply(ch, st);
+        DYAD_LOG_WARN("%s: %s",
+                      ctx.peer != nullptr ? ("peer rank " + std::to_string(ctx.peer->rank)).c_str()
+                                          : "local client",
+                      st.ToString().c_str());
+        Reply(ctx.ch, st);
       }
       return;
     }
-    if (type == static_cast<uint16_t>(MsgType::kFetch)) {
-      HandleFetch(ch, payload, peer);
-    } else if (EmbeddedKvsServer::Handles(type)) {
-      stats_.Add(ServiceStats::kReqKvs);
-      if (!root_server_) {
-        Reply(ch, Status(DYAD_RC_NOTSUP, "rank " + std::to_string(opt_.rank) +
-                                             " does not host the metadata store"));
-      } else {
-        Channel* chp = &ch;
-        Status hs = root_server_->Handle(type, payload, ch, [this, chp] {
-          return stopping_.load() || chp->PeerClosed();
-        });
-        if (!hs.ok()) DYAD_LOG_DEBUG("kvs request from rank %u: %s", peer.rank, hs.ToString().c_str());
-      }
-    } else if (type == static_cast<uint16_t>(MsgType::kPing)) {
-      Reply(ch, Status::OK());
-    } else {
-      Reply(ch, Status(DYAD_RC_BADREQUEST,
-                       std::string("unexpected request '") + MsgTypeName(type) + "'"));
-    }
-    if (ch.broken()) return;
+    dispatch_->Dispatch(ctx, type, payload);
+    if (ctx.ch.broken()) return;
   }
 }
 
-void Service::HandlePublish(Channel& ch, const std::string& payload) {
-  stats_.Add(ServiceStats::kReqPublish);
-  PublishRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
-  Result<std::string> upath = ValidateUpath(req.upath);
-  if (!upath.ok()) return Reply(ch, upath.status());
-  if (prod_real_.empty())
-    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
-                            "this dyad-service serves no producer directory; start it with the "
-                            "producer path (dyad-service ... " +
-                                (req.prod_path.empty() ? std::string("DIR") : req.prod_path) + ")"));
-  if (req.prod_path != prod_real_)
-    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
-                            "producer path '" + req.prod_path +
-                                "' is not the directory this dyad-service serves ('" + prod_real_ +
-                                "'); set DYAD_PATH_PRODUCER to it"));
-  if (req.key.empty()) return Reply(ch, Status(DYAD_RC_BADREQUEST, "empty key"));
-  FileRecord rec;
-  rec.owner_rank = opt_.rank;
-  rec.owner_incarnation = incarnation_;
-  rec.size = req.size;
-  rec.version = req.version;
-  rec.published_ns = WallNs();
-  rec.upath = *upath;
-  cache_.Put(req.ns, req.key, rec);
-  if (req.async) {
-    {
-      std::lock_guard<std::mutex> lk(async_mu_);
-      async_queue_.push_back({req.ns, req.key, rec.Encode()});
-    }
-    stats_.Add(ServiceStats::kAsyncPending);
-    async_cv_.notify_one();
-    return Reply(ch, Status::OK());
-  }
-  Status st = kvs_->Put(req.ns, req.key, rec.Encode());
-  if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
-  Reply(ch, st);
+void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
+  SendReply(ch, st, body, opt_.rpc_timeout_ms, &stats_);
 }
 
 void Service::MembershipLoop() {
@@ -508,276 +419,6 @@ void Service::AsyncPublishLoop() {
     }
     stats_.Sub(ServiceStats::kAsyncPending);
   }
-}
-
-Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
-                                   Deadline deadline, const CancelFn& cancel, bool* from_cache) {
-  if (from_cache) *from_cache = false;
-  if (std::optional<FileRecord> hit = cache_.Get(ns, key)) {
-    stats_.Add(ServiceStats::kCacheHits);
-    if (from_cache) *from_cache = true;
-    return *hit;
-  }
-  stats_.Add(ServiceStats::kCacheMisses);
-  std::string value;
-  if (wait) {
-    Result<std::string> v = kvs_->Wait(ns, key, deadline, cancel);
-    if (!v.ok()) return v.status();
-    value = std::move(*v);
-  } else {
-    Result<std::optional<std::string>> v = kvs_->Get(ns, key);
-    if (!v.ok()) return v.status();
-    if (!v->has_value()) return Status(DYAD_RC_NOTFOUND, "'" + key + "' is not published");
-    value = std::move(**v);
-  }
-  FileRecord rec;
-  if (!FileRecord::Decode(value, &rec))
-    return Status(DYAD_RC_BADMETADATA, "malformed metadata under key '" + key + "'");
-  cache_.Put(ns, key, rec);
-  return rec;
-}
-
-void Service::HandleLocate(Channel& ch, const std::string& payload) {
-  stats_.Add(ServiceStats::kReqLocate);
-  LocateRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
-  Channel* chp = &ch;
-  Result<FileRecord> rec =
-      Locate(req.ns, req.key, req.wait, Deadline::AfterMs(req.timeout_ms),
-             [this, chp] { return stopping_.load() || chp->PeerClosed(); });
-  if (!rec.ok()) {
-    if (rec.status().code() == DYAD_RC_TIMEOUT)
-      return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + req.key + "' was not published within " +
-                                                   std::to_string(req.timeout_ms) + " ms"));
-    return Reply(ch, rec.status());
-  }
-  Encoder e;
-  e.Str(rec->Encode());
-  Reply(ch, Status::OK(), e.data());
-}
-
-Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadline,
-                                      const CancelFn& cancel) {
-  Result<std::string> upath = ValidateUpath(req.upath);
-  if (!upath.ok()) return upath.status();
-  if (req.cons_path.empty() || req.cons_path[0] != '/')
-    return Status(DYAD_RC_BADMANAGEDPATH, "consumer path must be absolute");
-
-  FileRecord rec;
-  if (req.have_record) {
-    rec = req.record;
-    rec.upath = *upath;
-  } else {
-    bool from_cache = false;
-    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache);
-    if (!located.ok()) {
-      if (located.status().code() == DYAD_RC_TIMEOUT) {
-        // Keep the store's explanation when it says more than "not yet"
-        // (e.g. that the root was unreachable during the wait).
-        std::string msg = "'" + *upath + "' was not published within " +
-                          std::to_string(req.timeout_ms) + " ms";
-        if (located.status().message().find("unreachable") != std::string::npos)
-          msg += " (" + located.status().message() + ")";
-        return Status(DYAD_RC_TIMEOUT, msg);
-      }
-      return located.status();
-    }
-    rec = *located;
-    // A cached record that our local copy already matches may be outdated
-    // (the producer rewrote and re-published the file): confirm it with the
-    // store before declaring the copy current. Other cache hits need no
-    // check, since a fetch always returns the owner's current file.
-    if (from_cache && !req.shared_storage &&
-        IsCompleteCopy(req.cons_path + "/" + rec.upath, rec.size, rec.version)) {
-      Result<std::optional<std::string>> fresh = kvs_->Get(req.ns, req.key);
-      FileRecord newer;
-      if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
-          (newer.version != rec.version || newer.size != rec.size ||
-           newer.owner_rank != rec.owner_rank)) {
-        cache_.Put(req.ns, req.key, newer);
-        rec = newer;
-      }
-    }
-  }
-
-  ConsumeReply reply;
-  reply.record = rec;
-  if (req.shared_storage) {
-    reply.local = true;
-    stats_.Add(ServiceStats::kConsumeLocal);
-    return reply;
-  }
-  // Same node and the consumer reads the very directory the owner writes:
-  // the file is there, complete, since it was published after its close.
-  if (rec.owner_rank / opt_.service_mux == node_idx_) {
-    std::string owner_prod = prod_real_;
-    if (rec.owner_rank != opt_.rank) {
-      Result<ServiceRecord> owner = peers_->Resolve(rec.owner_rank, false);
-      if (!owner.ok()) return owner.status();
-      owner_prod = owner->prod_path;
-    }
-    if (!owner_prod.empty() && owner_prod == req.cons_path) {
-      reply.local = true;
-      stats_.Add(ServiceStats::kConsumeLocal);
-      return reply;
-    }
-  }
-
-  std::string tname = transport_->name();
-  if (!req.dtl_mode.empty()) {
-    Result<std::string> t = TransportNameForMode(req.dtl_mode);
-    if (!t.ok()) return t.status();
-    tname = *t;
-  }
-  Result<ConsumeReply> r = fetcher_->Ensure(rec, req.cons_path, tname, deadline, cancel);
-  if (!r.ok() && (r.status().code() == DYAD_RC_BADFETCH || r.status().code() == DYAD_RC_BADFIO ||
-                  r.status().code() == DYAD_RC_NOTFOUND))
-    cache_.Erase(req.ns, req.key);  // do not keep pointing at a copy that failed
-  return r;
-}
-
-void Service::HandleConsume(Channel& ch, const std::string& payload) {
-  stats_.Add(ServiceStats::kReqConsume);
-  ConsumeRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
-  Channel* chp = &ch;
-  Result<ConsumeReply> r = Consume(req, Deadline::AfterMs(req.timeout_ms),
-                                   [this, chp] { return stopping_.load() || chp->PeerClosed(); });
-  if (!r.ok()) {
-    if (r.status().code() != DYAD_RC_CANCELLED)
-      DYAD_LOG_INFO("consume '%s' failed: %s", req.upath.c_str(), r.status().ToString().c_str());
-    return Reply(ch, r.status());
-  }
-  Encoder e;
-  r->EncodeTo(e);
-  Reply(ch, Status::OK(), e.data());
-}
-
-void Service::HandleList(Channel& ch, const std::string& payload) {
-  stats_.Add(ServiceStats::kReqList);
-  ListRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed list"));
-  Result<std::vector<KvsEntry>> all = kvs_->List(req.ns, "", 0);
-  if (!all.ok()) return Reply(ch, all.status());
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [key, value] : *all) {
-    FileRecord rec;
-    if (!FileRecord::Decode(value, &rec)) continue;
-    if (rec.upath.compare(0, req.path_prefix.size(), req.path_prefix) != 0) continue;
-    out.emplace_back(key, value);
-    if (req.limit != 0 && out.size() >= req.limit) break;
-  }
-  Encoder e;
-  e.U32(static_cast<uint32_t>(out.size()));
-  for (const auto& [k, v] : out) e.Str(k).Str(v);
-  Reply(ch, Status::OK(), e.data());
-}
-
-void Service::HandleRemove(Channel& ch, const std::string& payload) {
-  RemoveRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed remove"));
-  cache_.Erase(req.ns, req.key);
-  Reply(ch, kvs_->Remove(req.ns, req.key));
-}
-
-void Service::HandleStatus(Channel& ch) {
-  stats_.Add(ServiceStats::kReqStatus);
-  StatusReply r;
-  r.counters = stats_.Snapshot();
-  r.counters["cache.entries"] = cache_.size();
-  r.info["version"] = DYAD_VERSION;
-  r.info["rank"] = std::to_string(opt_.rank);
-  r.info["node"] = std::to_string(node_idx_);
-  r.info["incarnation"] = std::to_string(incarnation_);
-  r.info["host"] = hostname_;
-  r.info["pid"] = std::to_string(getpid());
-  r.info["address"] = advertise_;
-  r.info["socket"] = opt_.socket_path;
-  r.info["producer_path"] = prod_real_;
-  r.info["kvs"] = RedactUrl(opt_.kvs_url) + (root_server_ ? " (root)" : "");
-  r.info["transport"] = transport_->name();
-  if (std::string d = transport_->Details(); !d.empty()) r.info["transport.details"] = d;
-  r.info["authenticated"] = auth_.has_secret() ? "yes" : "no (no cluster secret)";
-  r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
-  Encoder e;
-  r.EncodeTo(e);
-  Reply(ch, Status::OK(), e.data());
-}
-
-void Service::HandleFetch(Channel& ch, const std::string& payload, const PeerIdentity& peer) {
-  stats_.Add(ServiceStats::kReqFetch);
-  FetchRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) {
-    stats_.Add(ServiceStats::kFetchRefused);
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed fetch request"));
-  }
-  auto refuse = [&](const Status& st) {
-    stats_.Add(ServiceStats::kFetchRefused);
-    DYAD_LOG_WARN("refused fetch of '%s' from rank %u: %s", req.upath.c_str(), peer.rank,
-                  st.ToString().c_str());
-    Reply(ch, st);
-  };
-  if (prod_real_.empty())
-    return refuse(Status(DYAD_RC_NOTFOUND, "rank " + std::to_string(opt_.rank) +
-                                               " serves no producer directory"));
-  Result<std::string> upath = ValidateUpath(req.upath);
-  if (!upath.ok()) return refuse(upath.status());
-  Result<Transport*> transport = GetTransport(req.transport);
-  if (!transport.ok()) return refuse(transport.status());
-  Result<UniqueFd> fd = OpenBeneath(prod_real_, *upath, O_RDONLY | O_NONBLOCK);
-  if (!fd.ok()) {
-    if (fd.status().code() == DYAD_RC_PERM) return refuse(fd.status());
-    return Reply(ch, Status(fd.status().code() == DYAD_RC_BADFIO ? DYAD_RC_BADFETCH
-                                                                 : fd.status().code(),
-                            "rank " + std::to_string(opt_.rank) + ": published file '" + *upath +
-                                "' cannot be read: " + fd.status().message()));
-  }
-  struct stat st;
-  if (fstat(fd->get(), &st) != 0) return Reply(ch, StatusFromErrno(errno, "stat '" + *upath + "'"));
-  if (!S_ISREG(st.st_mode))
-    return refuse(Status(DYAD_RC_PERM, "'" + *upath + "' is not a regular file"));
-  // A producer holds an exclusive lock while writing (preload library);
-  // wait for it, bounded, so a half-written file is never served.
-  const Deadline lock_deadline = Deadline::AfterMs(opt_.rpc_timeout_ms);
-  while (::flock(fd->get(), LOCK_SH | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) break;  // locking unsupported: serve anyway
-    if (lock_deadline.expired())
-      return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + *upath + "' stayed locked by its producer"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (fstat(fd->get(), &st) != 0) return Reply(ch, StatusFromErrno(errno, "stat '" + *upath + "'"));
-  FileSource src;
-  src.fd = fd->get();
-  src.size = static_cast<uint64_t>(st.st_size);
-  src.version = MtimeNs(st);
-  src.path = prod_real_ + "/" + *upath;
-  Result<std::string> rargs = (*transport)->ReplyArgs(src);
-  if (!rargs.ok()) return Reply(ch, rargs.status());
-  FetchReply fr;
-  fr.size = src.size;
-  fr.version = src.version;
-  fr.transport_args = *rargs;
-  Encoder e;
-  fr.EncodeTo(e);
-  Reply(ch, Status::OK(), e.data());
-  if (ch.broken()) return;
-  TransferStats ts;
-  Status ps = (*transport)->Push(ch, src, req.transport_args, &ts);
-  if (!ps.ok()) {
-    ch.MarkBroken();
-    stats_.Add(ServiceStats::kErrors);
-    DYAD_LOG_WARN("sending '%s' to rank %u failed: %s", upath->c_str(), peer.rank,
-                  ps.ToString().c_str());
-    return;
-  }
-  stats_.Add(ServiceStats::kTransfersOut);
-  stats_.Add(ServiceStats::kBytesOut, src.size);
-  stats_.Add(ServiceStats::kBytesOutDirect, ts.direct_bytes);
 }
 
 }  // namespace dyad

@@ -3,10 +3,12 @@
 // A Service listens on a Unix socket for the node's application processes
 // (publish, locate, consume, list, status) and on TCP for the other
 // services (fetch requests for files in its producer directory, and, on the
-// root, the embedded metadata store). Every connection is served by its own
-// thread, so a long wait or transfer never blocks another request. Fetches
-// this service makes for its clients go through the Fetcher (one transfer
-// per destination file; atomic placement).
+// root, the embedded metadata store). The service is plumbing: requests are
+// looked up in a table (Dispatcher) filled by the parts that serve them
+// (its own local handlers, the FileServer, a store it hosts); how a file
+// reaches a consumer directory is Placement's decision. Every connection is
+// served by its own thread, so a long wait or transfer never blocks another
+// request.
 //
 // Start() returns once both listeners are open and the service is
 // registered in the metadata store; Stop() (also from a signal-handling
@@ -30,14 +32,15 @@
 #include "proto/protocol.h"
 #include "service/metadata_cache.h"
 #include "service/stats.h"
-#include "transport/transport.h"
 
 namespace dyad {
 
-class EmbeddedKvsServer;
-class MemoryKvs;
-class Fetcher;
+class Dispatcher;
+class FileServer;
 class PeerDirectory;
+class Placement;
+class TransportSet;
+struct RequestContext;
 
 struct ServiceOptions {
   uint32_t rank = 0;
@@ -49,7 +52,7 @@ struct ServiceOptions {
   std::string socket_path;     // Unix socket for local clients
   std::string kvs_url = "embedded";
   bool host_root = false;      // host the embedded store
-  std::string dtl_mode = "FLUX_RPC";
+  std::string dtl_mode;        // "" = the default of DYAD_DTL_MODE
   std::string secret;
   size_t chunk_size = 4u << 20;
   int64_t rpc_timeout_ms = 60000;
@@ -77,23 +80,30 @@ class Service {
   bool stopping() const { return stopping_.load(); }
 
  private:
-  // Connection plumbing.
+  // Start's steps.
+  Status PrepareDirectories();
+  Status OpenListeners();
+  Status OpenStore();
+  void BuildParts();
+  void RouteRequests();
+  std::string StoreDescription() const;
+
+  // Connection plumbing: one thread per connection, requests dispatched
+  // through the table.
   void AcceptLoop(int listen_fd, bool local);
   void ServeLocal(Channel& ch);
   void ServePeer(Channel& ch);
+  void ServeFrames(RequestContext& ctx);
   void SpawnConnection(UniqueFd fd, bool local);
   void ReapFinished();
 
-  // Local client requests; each sends exactly one reply on `ch`.
-  void HandlePublish(Channel& ch, const std::string& payload);
-  void HandleLocate(Channel& ch, const std::string& payload);
-  void HandleConsume(Channel& ch, const std::string& payload);
-  void HandleList(Channel& ch, const std::string& payload);
-  void HandleRemove(Channel& ch, const std::string& payload);
-  void HandleStatus(Channel& ch);
-  // Peer requests.
-  void HandleFetch(Channel& ch, const std::string& payload, const PeerIdentity& peer);
-
+  // Local client requests (service_requests.cc); each sends one reply.
+  void HandlePublish(RequestContext& ctx, const std::string& payload);
+  void HandleLocate(RequestContext& ctx, const std::string& payload);
+  void HandleConsume(RequestContext& ctx, const std::string& payload);
+  void HandleList(RequestContext& ctx, const std::string& payload);
+  void HandleRemove(RequestContext& ctx, const std::string& payload);
+  void HandleStatus(RequestContext& ctx, const std::string& payload);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked).
@@ -102,7 +112,6 @@ class Service {
   Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline,
                                const CancelFn& cancel);
 
-  Result<Transport*> GetTransport(const std::string& name);
   Status RegisterMembership();
   Status WriteReadyFile();
   void AsyncPublishLoop();
@@ -118,17 +127,15 @@ class Service {
   std::string hostname_;
   uint64_t started_ns_ = 0;
   Authenticator auth_;
-
-  std::shared_ptr<Kvs> kvs_;                   // the store this service uses
-  std::shared_ptr<MemoryKvs> root_store_;      // set when the store lives in this process
-  std::unique_ptr<EmbeddedKvsServer> root_server_;
-  std::unique_ptr<Transport> transport_;       // default transport for fetches
-  std::mutex transports_mu_;
-  std::map<std::string, std::unique_ptr<Transport>> extra_transports_;
-  std::unique_ptr<PeerDirectory> peers_;
-  std::unique_ptr<Fetcher> fetcher_;
-  MetadataCache cache_;
   ServiceStats stats_;
+  MetadataCache cache_;
+
+  std::unique_ptr<Dispatcher> dispatch_;
+  std::shared_ptr<Kvs> kvs_;                // the store this service uses
+  std::unique_ptr<TransportSet> transports_;
+  std::unique_ptr<PeerDirectory> peers_;
+  std::unique_ptr<Placement> placement_;
+  std::unique_ptr<FileServer> file_server_;
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;

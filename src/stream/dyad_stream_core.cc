@@ -36,6 +36,9 @@ std::shared_ptr<Client> CurrentClient() {
 
 const char* DtlName(const dyad_params& p) {
   if (!p.m_dtl_mode_name.empty()) return p.m_dtl_mode_name.c_str();
+  // The default value (also what dyad_params reads from an unset
+  // DYAD_DTL_MODE) chooses nothing: the local service's own mode applies.
+  if (p.m_dtl_mode == DYAD_DTL_DEFAULT) return nullptr;
   if (p.m_dtl_mode >= 0 && p.m_dtl_mode < DYAD_DTL_END) return dyad_dtl_mode_name[p.m_dtl_mode];
   return "DTL_UNKNOWN";  // dyad_init refuses it with DYAD_RC_BADDTLMODE
 }

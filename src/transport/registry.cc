@@ -1,99 +1,65 @@
-// registry.cc: maps transport and DTL mode names to Transport instances.
+// registry.cc: creates transports from their rows (common/backend.h).
 //
-// The list of transports is written out here rather than built by static
-// initializers, so linking the static library can never silently drop a
-// backend and the set is visible in one place. Everything here is a pure
-// function of its arguments and safe from any thread.
-#include <algorithm>
-#include <cctype>
+// The factories are those of the backends compiled in, listed by CMake in
+// dyad_built_transports.inc (one line per folder whose dyad_backend() was
+// built), so linking the static library can never drop one silently and no
+// backend is named here. Pure functions of their arguments; thread-safe.
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "transport/local/local_transport.h"
-#include "transport/tcp/tcp_transport.h"
+#include "common/backend.h"
 #include "transport/transport.h"
-#ifdef DYAD_HAVE_UCX
-#include "transport/ucx/ucx_transport.h"
-#endif
 
 namespace dyad {
+
+#define DYAD_BUILT_BACKEND(name) \
+  Result<std::unique_ptr<Transport>> CreateTransport_##name(const TransportOptions&);
+#include "dyad_built_transports.inc"
+#undef DYAD_BUILT_BACKEND
+
 namespace {
 
-std::string Lower(const std::string& s) {
-  std::string out = s;
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
+struct Factory {
+  const char* name;
+  Result<std::unique_ptr<Transport>> (*create)(const TransportOptions&);
+};
 
-std::string AvailableList() {
-  std::string out;
-  for (const std::string& n : TransportNames()) {
-    if (!out.empty()) out += ", ";
-    out += n;
-  }
-  return out;
-}
+const Factory kFactories[] = {
+#define DYAD_BUILT_BACKEND(name) {#name, &CreateTransport_##name},
+#include "dyad_built_transports.inc"
+#undef DYAD_BUILT_BACKEND
+};
 
 }  // namespace
 
-std::vector<std::string> TransportNames() {
-  std::vector<std::string> names = {"tcp", "local"};
-#ifdef DYAD_HAVE_UCX
-  names.push_back("ucx");
-#endif
-  return names;
+TransportCaps Transport::caps() const {
+  const BackendRow* row = FindRow(BackendKind::kTransport, name());
+  return row != nullptr ? row->transport_caps : TransportCaps{};
 }
 
+std::vector<std::string> TransportNames() { return BuiltNames(BackendKind::kTransport); }
+
 Result<std::string> TransportNameForMode(const std::string& dtl_mode) {
-  const std::string mode = Lower(dtl_mode);
-  // FLUX_RPC is upstream's default mode; here the fetch session is the RPC,
-  // so it means the same as TCP.
-  if (mode.empty() || mode == "flux_rpc" || mode == "tcp") return std::string("tcp");
-  if (mode == "local") return std::string("local");
-  if (mode == "ucx") {
-#ifdef DYAD_HAVE_UCX
-    return std::string("ucx");
-#else
-    return Status(DYAD_RC_BADDTLMODE,
-                  "UCX transport not compiled in (build with DYAD_ENABLE_UCX=ON and libucx-dev)");
-#endif
-  }
-  if (mode == "ofi") {
-    return Status(DYAD_RC_BADDTLMODE,
-                  "the OFI (libfabric) transport is not implemented in this version; use UCX "
-                  "(RDMA fabrics) or TCP");
-  }
-  if (mode == "margo") {
-    return Status(DYAD_RC_BADDTLMODE,
-                  "MARGO transport is not supported by this implementation; use OFI "
-                  "(libfabric), which Margo itself runs on");
-  }
-  return Status(DYAD_RC_BADDTLMODE, "unknown transport '" + dtl_mode + "' (available: " +
-                                        AvailableList() + "; DTL modes FLUX_RPC and TCP mean tcp)");
+  Result<const BackendRow*> row = TransportRowForMode(dtl_mode, true);
+  if (!row.ok()) return row.status();
+  return std::string((*row)->name);
 }
 
 Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
                                                    const TransportOptions& options) {
-  Result<std::string> canonical = TransportNameForMode(name);
-  if (!canonical.ok()) return canonical.status();
-  std::unique_ptr<Transport> t;
-  if (*canonical == "tcp") {
-    t = std::make_unique<TcpTransport>(options);
-  } else if (*canonical == "local") {
-    t = std::make_unique<LocalTransport>(options);
-#ifdef DYAD_HAVE_UCX
-  } else if (*canonical == "ucx") {
-    t = std::make_unique<UcxTransport>(options);
-#endif
-  } else {
-    // TransportNameForMode and this switch disagree: a programming error,
-    // reported rather than crashed on.
-    return Status(DYAD_RC_BADDTLMODE, "transport '" + *canonical + "' has no constructor");
-  }
-  return Result<std::unique_ptr<Transport>>(std::move(t));
+  Result<const BackendRow*> row = TransportRowForMode(name, true);
+  if (!row.ok()) return row.status();
+  for (const Factory& f : kFactories)
+    if (std::string((*row)->name) == f.name) return f.create(options);
+  return Status(DYAD_RC_BADDTLMODE, std::string("transport '") + (*row)->name +
+                                        "' is marked built but has no factory");
+}
+
+Result<const BackendRow*> SameNodeTransportRow() {
+  for (const BackendRow* row : RowsOf(BackendKind::kTransport))
+    if (row->built && row->transport_caps.same_node_only) return row;
+  return Status(DYAD_RC_BADDTLMODE, "no same-node transport is compiled in");
 }
 
 }  // namespace dyad

@@ -23,18 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "common/backend.h"
 #include "common/net.h"
 #include "common/status.h"
 
 namespace dyad {
-
-struct TransportCaps {
-  bool zero_copy_send = false;      // sender avoids user-space copies
-  bool rma_put = false;             // one-sided put into the requester's memory
-  bool rma_get = false;             // one-sided get from the owner's memory
-  bool needs_registration = false;  // buffers must be registered (MemoryRegion)
-  bool same_node_only = false;      // only between services sharing a node
-};
 
 // An open, validated file on the owner side.
 struct FileSource {
@@ -71,7 +64,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
-  virtual TransportCaps caps() const = 0;
+  // The capabilities of this transport's row (common/backend.h).
+  TransportCaps caps() const;
 
   // Requester: bytes to put in FetchRequest::transport_args.
   virtual Result<std::string> PrepareRequest() { return std::string(); }
@@ -109,14 +103,24 @@ class Transport {
   }
 };
 
-// Creates a transport by name ("tcp", "local", and those compiled in).
-// DTL mode names are accepted too: FLUX_RPC and TCP -> tcp, UCX -> ucx,
-// OFI -> ofi. Unknown or not compiled-in names give DYAD_RC_BADDTLMODE with
-// a message listing the available ones.
+// Creates a transport by name or DTL mode (any case, aliases accepted)
+// from its row; unknown or not compiled-in names give DYAD_RC_BADDTLMODE
+// saying which modes exist here or which build switch adds the backend.
 Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
                                                    const TransportOptions& options);
-// Canonical transport name for a DTL mode string ("FLUX_RPC" -> "tcp").
+// Canonical transport name for a DTL mode ("FLUX_RPC" -> "tcp").
 Result<std::string> TransportNameForMode(const std::string& dtl_mode);
+// Names of the transports compiled in.
 std::vector<std::string> TransportNames();
+// The row of the transport used between services on one node (the one
+// whose capabilities say same_node_only).
+Result<const BackendRow*> SameNodeTransportRow();
+
+// A backend's source defines its factory with this (inside namespace dyad);
+// registry.cc finds it through CMake's list of built backends.
+#define DYAD_DEFINE_TRANSPORT_FACTORY(name, Class)                                      \
+  Result<std::unique_ptr<Transport>> CreateTransport_##name(const TransportOptions& o) { \
+    return std::unique_ptr<Transport>(std::make_unique<Class>(o));                      \
+  }
 
 }  // namespace dyad

@@ -454,8 +454,12 @@ std::vector<Param> AllParams() {
 // on it, ucx signals every chunk and credit on it): when the session fails,
 // their transfer must fail. The others (the local transport copies from the
 // owner's path) may still succeed, but must stay bounded.
+// Transports whose file bytes travel on the session or its peer's memory
+// (not a path handed over): their rows say so, or they register buffers.
 bool SessionCarriesData(const std::string& transport) {
-  return transport == "tcp" || transport == "ucx";
+  const BackendRow* row = FindRow(BackendKind::kTransport, transport);
+  return row != nullptr &&
+         (row->transport_caps.data_on_session || row->transport_caps.needs_registration);
 }
 
 class TransportConformance : public testing::TestWithParam<Param> {
@@ -838,8 +842,7 @@ TEST(TransportRegistry, MissingModesExplainThemselves) {
 #ifndef DYAD_HAVE_UCX
       {"UCX", "DYAD_ENABLE_UCX=ON"}, {"ucx", "libucx-dev"},
 #endif
-      {"OFI", "not implemented"}, {"ofi", "use UCX"}, {"MARGO", "OFI"},
-      {"bogus", "tcp, local"}};
+      {"bogus", "TCP"}, {"CARRIER_PIGEON", "FLUX_RPC"}};
   for (const auto& [mode, hint] : cases) {
     Result<std::string> got = TransportNameForMode(mode);
     ASSERT_FALSE(got.ok()) << mode;

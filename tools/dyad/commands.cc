@@ -16,6 +16,7 @@
 
 #include "client/client.h"
 #include "client/ctx_internal.h"
+#include "common/backend.h"
 #include "common/config.h"
 #include "common/time.h"
 #include "dyad/client/dyad_client.h"
@@ -135,6 +136,20 @@ int CmdInfo(InfoFormat format) {
     j["version"] = DYAD_VERSION;
     j["transports"] = transports;
     j["kvs_backends"] = stores;
+    Json rows = Json::array();
+    for (const BackendRow* row : BackendRows()) {
+      Json r;
+      r["kind"] = row->kind == BackendKind::kTransport ? "transport" : "store";
+      r["name"] = row->name;
+      r["selectors"] = std::vector<std::string>(row->selectors.begin(), row->selectors.end());
+      r["aliases"] = std::vector<std::string>(row->aliases.begin(), row->aliases.end());
+      r["capabilities"] = CapsText(*row);
+      r["built"] = row->built;
+      r["build_switch"] = row->build_switch;
+      r["summary"] = row->summary;
+      rows.push_back(std::move(r));
+    }
+    j["backends"] = std::move(rows);
     j["service_socket"] = DefaultServiceSocket();
     Json cfg = Json::array();
     for (const ConfigEntry& e : table) {
@@ -154,8 +169,10 @@ int CmdInfo(InfoFormat format) {
   }
 
   if (format == InfoFormat::kMarkdown) {
-    // The table of docs/configuration.md, generated from the same source.
-    std::cout << "| variable | type | default | used by | meaning |\n"
+    // The tables of docs/configuration.md, generated from the same source.
+    std::cout << BackendTableMarkdown(BackendKind::kTransport) << "\n"
+              << BackendTableMarkdown(BackendKind::kStore) << "\n"
+              << "| variable | type | default | used by | meaning |\n"
               << "| --- | --- | --- | --- | --- |\n";
     for (const ConfigEntry& e : table) {
       std::string def = *e.default_value ? std::string("`") + e.default_value + "`" : "(unset)";
@@ -172,6 +189,19 @@ int CmdInfo(InfoFormat format) {
             << "service socket:  " << DefaultServiceSocket() << "\n\n"
             << "Configuration (environment variables; booleans are true when set, except "
                "0/false/no/off):\n\n";
+  for (const BackendRow* row : BackendRows()) {
+    const bool t = row->kind == BackendKind::kTransport;
+    std::string sel;
+    for (const char* x : row->selectors) sel += (sel.empty() ? "" : ", ") + std::string(x);
+    for (const char* x : row->aliases) sel += ", " + std::string(x) + " (alias)";
+    std::cout << (t ? "transport " : "store     ") << row->name << " ["
+              << (row->built ? "built" : "not built: " + std::string(row->build_switch) + "=OFF or " +
+                                             row->needs + " missing")
+              << "]\n    " << (t ? "DTL modes: " : "URL forms: ") << sel
+              << "   capabilities: " << CapsText(*row) << "\n"
+              << Wrap(row->summary, width, "    ") << "\n";
+  }
+  std::cout << "\n";
   for (const ConfigEntry& e : table) {
     std::optional<std::string> cur = GetEnv(e.name);
     std::cout << e.name << "\n"

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/config.h"
 #include "common/fsutil.h"
 #include "common/net.h"
 #include "common/time.h"
@@ -97,8 +98,7 @@ int RunRole(const RoleOptions& o) {
   const bool producer = o.role == "produce";
   std::string dir = o.dir;
   if (dir.empty()) {
-    const char* env = std::getenv(producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER");
-    if (env) dir = env;
+    dir = GetEnv(producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER").value_or("");
   }
   if (dir.empty()) {
     std::fprintf(stderr, "dyad demo worker: no managed directory (--dir or DYAD_PATH_%s)\n",

@@ -81,14 +81,6 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
       self_{options.self_rank, options.self_incarnation},
       rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000) {}
 
-KvsCaps EmbeddedKvs::caps() const {
-  KvsCaps c;
-  c.persistent = false;
-  c.shared = true;
-  c.native_wait = false;
-  return c;
-}
-
 // --- connections -------------------------------------------------------------
 
 Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
@@ -346,11 +338,10 @@ Result<std::string> EmbeddedKvs::Wait(const std::string& ns, const std::string& 
     if (!first && deadline.expired()) {
       std::string msg =
           Describe(ns, key) + " not published within " + std::to_string(budget_ms) + " ms";
-      if (!last_failure.ok()) {
-        msg += " (embedded store at " + address_text_ + " unreachable: " + last_failure.message() +
-               ")";
-      }
-      return Status(DYAD_RC_TIMEOUT, msg);
+      if (last_failure.ok()) return Status(DYAD_RC_TIMEOUT, msg);
+      msg += " (embedded store at " + address_text_ + " unreachable: " + last_failure.message() +
+             ")";
+      return Status(DYAD_RC_TIMEOUT, msg).WithCause(DYAD_RC_CONNLOST);
     }
     // +1: RemainingMs rounds down, and a slice ending just before the
     // deadline would cost one more round trip.

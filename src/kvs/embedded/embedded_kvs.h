@@ -48,7 +48,6 @@ class EmbeddedKvs final : public Kvs {
   EmbeddedKvs& operator=(const EmbeddedKvs&) = delete;
 
   std::string name() const override { return "embedded"; }
-  KvsCaps caps() const override;
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
@@ -60,7 +59,7 @@ class EmbeddedKvs final : public Kvs {
 
   // Makes waits in progress (within 250 ms) and later ones return
   // DYAD_RC_CANCELLED, and closes idle connections. For service shutdown.
-  void Shutdown();
+  void Shutdown() override;
 
   // "HOST:PORT" of the root.
   const std::string& address() const { return address_text_; }

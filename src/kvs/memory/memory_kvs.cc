@@ -12,14 +12,6 @@ std::string Describe(const std::string& ns, const std::string& key) {
 
 }  // namespace
 
-KvsCaps MemoryKvs::caps() const {
-  KvsCaps c;
-  c.persistent = false;
-  c.shared = false;
-  c.native_wait = true;
-  return c;
-}
-
 const std::string* MemoryKvs::FindLocked(const std::string& ns, const std::string& key) const {
   const auto nit = data_.find(ns);
   if (nit == data_.end()) return nullptr;
@@ -135,6 +127,13 @@ bool MemoryKvs::shut_down() const {
 uint64_t MemoryKvs::EntryCount() const {
   std::lock_guard<std::mutex> lk(mu_);
   return entries_;
+}
+
+// "memory": a store private to this process.
+Result<std::unique_ptr<Kvs>> OpenKvs_memory(const std::string& url, const KvsOptions& options) {
+  (void)url;
+  (void)options;
+  return std::unique_ptr<Kvs>(std::make_unique<MemoryKvs>());
 }
 
 }  // namespace dyad

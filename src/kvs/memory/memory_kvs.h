@@ -37,7 +37,6 @@ class MemoryKvs final : public Kvs {
   MemoryKvs& operator=(const MemoryKvs&) = delete;
 
   std::string name() const override { return "memory"; }
-  KvsCaps caps() const override;
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
@@ -51,7 +50,7 @@ class MemoryKvs final : public Kvs {
   // on absent keys fail the same way at once (a key that exists is still
   // returned). Put/Get/Remove/List keep working. Used when the service
   // stops, so no thread stays parked in a wait. Irreversible.
-  void Shutdown();
+  void Shutdown() override;
   bool shut_down() const;
 
   // Number of stored entries over all namespaces (for statistics).

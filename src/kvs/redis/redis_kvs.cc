@@ -16,6 +16,8 @@
 #include <thread>
 #include <utility>
 
+#include "common/config.h"
+
 namespace dyad {
 namespace {
 
@@ -291,8 +293,7 @@ Result<std::unique_ptr<RedisKvs>> RedisKvs::Open(const std::string& url,
       return Status(DYAD_RC_AUTH, "redis password file '" + cfg->password_file + "' is empty");
     }
   } else if (cfg->password.empty()) {
-    const char* env = std::getenv("DYAD_REDIS_PASSWORD");
-    if (env != nullptr) cfg->password = env;
+    if (std::optional<std::string> env = GetEnv("DYAD_REDIS_PASSWORD")) cfg->password = *env;
   }
   if (!cfg->user.empty() && cfg->password.empty()) {
     return Status(DYAD_RC_BADREQUEST,
@@ -316,14 +317,6 @@ RedisKvs::~RedisKvs() {
   WakeSubscriber();
   if (subscriber_.joinable()) subscriber_.join();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-}
-
-KvsCaps RedisKvs::caps() const {
-  KvsCaps c;
-  c.persistent = true;  // as durable as the server's persistence settings
-  c.shared = true;
-  c.native_wait = true;
-  return c;
 }
 
 void RedisKvs::Shutdown() {
@@ -742,7 +735,8 @@ Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key
       const Status& reason = !link_up_ && !link_error_.ok() ? link_error_ : last;
       result = Status(DYAD_RC_TIMEOUT,
                       what + ": not put before the deadline" +
-                          (reason.ok() ? std::string() : " (" + reason.message() + ")"));
+                          (reason.ok() ? std::string() : " (" + reason.message() + ")"))
+                   .WithCause(reason.ok() ? DYAD_RC_OK : DYAD_RC_CONNLOST);
       break;
     }
     w.cv.wait_for(
@@ -758,6 +752,15 @@ Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key
     }
   }
   return result;
+}
+
+Result<std::unique_ptr<Kvs>> OpenKvs_redis(const std::string& url, const KvsOptions& options) {
+  if (url == "redis")
+    return Status(DYAD_RC_BADREQUEST,
+                  "metadata store 'redis' needs an address: redis://[[USER]:PASSWORD@]HOST:PORT[/DB]");
+  Result<std::unique_ptr<RedisKvs>> kvs = RedisKvs::Open(url, options);
+  if (!kvs.ok()) return kvs.status();
+  return std::unique_ptr<Kvs>(std::move(*kvs));
 }
 
 }  // namespace dyad

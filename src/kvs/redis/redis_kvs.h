@@ -97,7 +97,6 @@ class RedisKvs final : public Kvs {
   RedisKvs& operator=(const RedisKvs&) = delete;
 
   std::string name() const override { return "redis"; }
-  KvsCaps caps() const override;
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
@@ -110,7 +109,7 @@ class RedisKvs final : public Kvs {
   // Makes waits in progress (within kCancelPollMs) and later waits on absent
   // keys return DYAD_RC_CANCELLED, and closes idle connections. Other calls
   // keep working. Irreversible.
-  void Shutdown();
+  void Shutdown() override;
 
   // The Redis key holding (ns, key): "PREFIX:{NS}:KEY" (see the header).
   std::string RedisKey(const std::string& ns, const std::string& key) const;

@@ -128,11 +128,6 @@ class ScopedFilePosition {
 
 LocalTransport::LocalTransport(const TransportOptions& options) : options_(options) {}
 
-TransportCaps LocalTransport::caps() const {
-  TransportCaps c;
-  c.same_node_only = true;
-  return c;
-}
 
 Result<std::string> LocalTransport::ReplyArgs(const FileSource& src) {
   if (src.path.empty() || src.path[0] != '/')
@@ -248,5 +243,7 @@ Status LocalTransport::CopyRange(int src_fd, int dst_fd, uint64_t size, Transfer
   }
   return Status::OK();
 }
+
+DYAD_DEFINE_TRANSPORT_FACTORY(local, LocalTransport)
 
 }  // namespace dyad

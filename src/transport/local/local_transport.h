@@ -26,7 +26,6 @@ class LocalTransport final : public Transport {
   explicit LocalTransport(const TransportOptions& options);
 
   std::string name() const override { return "local"; }
-  TransportCaps caps() const override;
 
   Result<std::string> ReplyArgs(const FileSource& src) override;
   Status Push(Channel& session, const FileSource& src, const std::string& request_args,

@@ -319,11 +319,6 @@ class StreamReceiver {
 
 TcpTransport::TcpTransport(const TransportOptions& options) : options_(options) {}
 
-TransportCaps TcpTransport::caps() const {
-  TransportCaps c;
-  c.zero_copy_send = true;
-  return c;
-}
 
 Status TcpTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
                           TransferStats* stats) {
@@ -371,5 +366,7 @@ Status TcpTransport::Pull(Channel& session, uint64_t size, const std::string& re
   if (!st.ok()) return FailSession(session, st.Annotate("tcp pull"));
   return Status::OK();
 }
+
+DYAD_DEFINE_TRANSPORT_FACTORY(tcp, TcpTransport)
 
 }  // namespace dyad

@@ -30,7 +30,6 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(const TransportOptions& options);
 
   std::string name() const override { return "tcp"; }
-  TransportCaps caps() const override;
 
   Status Push(Channel& session, const FileSource& src, const std::string& request_args,
               TransferStats* stats) override;

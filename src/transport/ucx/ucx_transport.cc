@@ -1262,13 +1262,6 @@ UcxTransport::UcxTransport(const TransportOptions& options)
 
 UcxTransport::~UcxTransport() = default;
 
-TransportCaps UcxTransport::caps() const {
-  TransportCaps c;
-  // Chunks land in the requester's registered memory as tagged messages
-  // (not one-sided puts); Register() is still offered.
-  c.needs_registration = true;
-  return c;
-}
 
 std::string UcxTransport::Details() const { return engine_->Details(); }
 
@@ -1628,5 +1621,7 @@ Status UcxTransport::Pull(Channel& session, uint64_t size, const std::string& re
   lease.MarkOk();
   return Status::OK();
 }
+
+DYAD_DEFINE_TRANSPORT_FACTORY(ucx, UcxTransport)
 
 }  // namespace dyad

@@ -85,7 +85,6 @@ class UcxTransport final : public Transport {
   UcxTransport& operator=(const UcxTransport&) = delete;
 
   std::string name() const override { return "ucx"; }
-  TransportCaps caps() const override;
 
   Result<std::string> PrepareRequest() override;
   Status Warm() override;

@@ -1,0 +1,45 @@
+#include "kvs/embedded/embedded_root.h"
+
+#include "kvs/embedded/embedded_kvs.h"
+
+namespace dyad {
+
+EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
+    : store_(std::make_shared<MemoryKvs>()),
+      server_(std::make_shared<EmbeddedKvsServer>(store_)) {
+  for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
+                       MsgType::kKvsList}) {
+    // The handler keeps the server alive as long as the service routes to it.
+    router.Route(Link::kPeer, type, "requests.kvs",
+                 [server = server_, type](RequestContext& ctx, const std::string& payload) {
+                   Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch,
+                                                ctx.cancel);
+                   if (!sent.ok()) ctx.ch.MarkBroken();
+                 });
+  }
+}
+
+// "embedded" hosts the store in this service; "embedded://HOST:PORT" is a
+// client of the store hosted by the root service there.
+Result<std::unique_ptr<Kvs>> OpenKvs_embedded(const std::string& url, const KvsOptions& options) {
+  constexpr const char kScheme[] = "embedded://";
+  if (url != "embedded" && url != kScheme) {
+    Result<std::unique_ptr<EmbeddedKvs>> kvs =
+        EmbeddedKvs::Open(url.substr(sizeof(kScheme) - 1), options);
+    if (!kvs.ok()) return kvs.status();
+    return std::unique_ptr<Kvs>(std::move(*kvs));
+  }
+  if (options.router == nullptr)
+    return Status(DYAD_RC_BADREQUEST,
+                  "metadata store '" + url +
+                      "' names the store hosted by the root service; a client of it needs "
+                      "embedded://HOST:PORT");
+  if (options.self_rank != 0 && !options.host_root)
+    return Status(DYAD_RC_BADREQUEST,
+                  "rank " + std::to_string(options.self_rank) +
+                      " needs the root's address: --kvs embedded://ROOT_HOST:PORT "
+                      "(or --root to host the store here)");
+  return std::unique_ptr<Kvs>(std::make_unique<EmbeddedRoot>(*options.router));
+}
+
+}  // namespace dyad

@@ -1,0 +1,51 @@
+// embedded_root.h: the "embedded" store as seen by the service that hosts it.
+//
+// The root dyad-service keeps the cluster's metadata in a MemoryKvs of its
+// own process and serves the other services' store requests from it
+// (EmbeddedKvsServer). EmbeddedRoot is the Kvs the root itself uses: the
+// same MemoryKvs, with the server's handlers registered on the service's
+// peer link when it is opened (OpenKvs_embedded with KvsOptions::router).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvs/embedded/embedded_server.h"
+#include "kvs/kvs.h"
+#include "kvs/memory/memory_kvs.h"
+#include "proto/router.h"
+
+namespace dyad {
+
+class EmbeddedRoot final : public Kvs {
+ public:
+  // Registers the store's request handlers with `router` (peer link).
+  explicit EmbeddedRoot(RequestRouter& router);
+
+  std::string name() const override { return "embedded"; }
+  Status Put(const std::string& ns, const std::string& key, const std::string& value) override {
+    return store_->Put(ns, key, value);
+  }
+  Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override {
+    return store_->Get(ns, key);
+  }
+  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
+                           const CancelFn& cancel = nullptr) override {
+    return store_->Wait(ns, key, deadline, cancel);
+  }
+  Status Remove(const std::string& ns, const std::string& key) override {
+    return store_->Remove(ns, key);
+  }
+  Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
+                                     uint32_t limit = 0) override {
+    return store_->List(ns, prefix, limit);
+  }
+  void Shutdown() override { store_->Shutdown(); }
+
+ private:
+  std::shared_ptr<MemoryKvs> store_;
+  std::shared_ptr<EmbeddedKvsServer> server_;
+};
+
+}  // namespace dyad

@@ -1,0 +1,48 @@
+// file_server.h: the owner's side of a fetch.
+//
+// Serves kFetch requests from authenticated peer services: only regular
+// files beneath this service's producer directory (OpenBeneath: no "..",
+// no absolute paths, no symlink out), read under the producer's shared lock
+// so a file being written is never served, with the transport the
+// requester named. Registered on the peer link by the service. Thread-safe.
+#pragma once
+
+#include <string>
+
+#include "proto/router.h"
+#include "service/stats.h"
+#include "service/transports.h"
+
+namespace dyad {
+
+class FileServer {
+ public:
+  FileServer(uint32_t rank, std::string prod_real, int64_t rpc_timeout_ms,
+             TransportSet* transports, ServiceStats* stats)
+      : rank_(rank),
+        prod_real_(std::move(prod_real)),
+        rpc_timeout_ms_(rpc_timeout_ms),
+        transports_(transports),
+        stats_(stats) {}
+
+  void Route(RequestRouter& router);
+  void HandleFetch(RequestContext& ctx, const std::string& payload);
+
+ private:
+  void Refuse(RequestContext& ctx, const std::string& upath, const Status& st);
+  // Waits (bounded) for the producer's exclusive lock to go; an error reply
+  // has been sent when this fails.
+  Status LockShared(RequestContext& ctx, int fd, const std::string& upath);
+
+  const uint32_t rank_;
+  const std::string prod_real_;
+  const int64_t rpc_timeout_ms_;
+  TransportSet* transports_;
+  ServiceStats* stats_;
+};
+
+// Sends one reply frame (status + body) and counts errors.
+void SendReply(Channel& ch, const Status& st, const std::string& body, int64_t timeout_ms,
+               ServiceStats* stats);
+
+}  // namespace dyad

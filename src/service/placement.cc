@@ -1,0 +1,178 @@
+#include "service/placement.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "transport/local/local_transport.h"
+
+namespace dyad {
+
+bool IsCompleteCopy(const std::string& path, uint64_t size, uint64_t version) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  return static_cast<uint64_t>(st.st_size) == size && MtimeNs(st) == version;
+}
+
+Placement::Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
+                     ServiceStats* stats)
+    : cfg_(std::move(config)),
+      peers_(peers),
+      transports_(transports),
+      stats_(stats),
+      fetcher_(peers, cfg_.rpc_timeout_ms) {}
+
+Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline deadline,
+                                      const CancelFn& cancel) {
+  Result<Route> route = Decide(req);
+  if (!route.ok()) return route.status();
+  if (*route == Route::kInPlace) {
+    ConsumeReply reply;
+    reply.record = req.record;
+    reply.local = true;
+    stats_->Add(ServiceStats::kConsumeLocal);
+    return reply;
+  }
+  Transport* transport = nullptr;
+  if (*route != Route::kOwnFile) {
+    Result<Transport*> t = *route == Route::kSameNode ? transports_->SameNode()
+                                                       : transports_->ForMode(req.dtl_mode);
+    if (!t.ok()) return t.status();
+    transport = *t;
+  }
+  return Deduplicated(req, *route, transport, deadline, cancel);
+}
+
+Result<Placement::Route> Placement::Decide(const PlacementRequest& req) {
+  const FileRecord& rec = req.record;
+  if (req.shared_storage) return Route::kInPlace;
+  if (rec.owner_rank == cfg_.rank)
+    return cfg_.prod_real == req.cons_root ? Route::kInPlace : Route::kOwnFile;
+  if (rec.owner_rank / cfg_.service_mux != cfg_.node_idx) return Route::kRemote;
+  // Same node: when the consumer reads the very directory the owner writes,
+  // the file is there, complete, since it was published after its close.
+  Result<ServiceRecord> owner = peers_->Resolve(rec.owner_rank, false);
+  if (!owner.ok()) return owner.status();
+  if (!owner->prod_path.empty() && owner->prod_path == req.cons_root) return Route::kInPlace;
+  return Route::kSameNode;
+}
+
+Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route route,
+                                             Transport* transport, Deadline deadline,
+                                             const CancelFn& cancel) {
+  const FileRecord& rec = req.record;
+  const std::string dest = req.cons_root + "/" + rec.upath;
+  std::shared_ptr<InFlight> flight;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    auto it = inflight_.find(dest);
+    if (it != inflight_.end()) {
+      flight = it->second;
+      lk.unlock();
+      return Join(flight, rec, deadline, cancel);
+    }
+    // Checked under the lock so that a transfer finishing right now is
+    // either seen here as complete or found in flight, never neither.
+    if (IsCompleteCopy(dest, rec.size, rec.version)) {
+      ConsumeReply r;
+      r.record = rec;
+      r.local = true;
+      stats_->Add(ServiceStats::kConsumeLocal);
+      return r;
+    }
+    flight = std::make_shared<InFlight>();
+    inflight_[dest] = flight;
+  }
+  Result<ConsumeReply> result = Transfer(req, route, transport);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    flight->done = true;
+    flight->status = result.ok() ? Status::OK() : result.status();
+    if (result.ok()) flight->reply = *result;
+    inflight_.erase(dest);
+  }
+  flight->cv.notify_all();
+  return result;
+}
+
+Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight,
+                                     const FileRecord& rec, Deadline deadline,
+                                     const CancelFn& cancel) {
+  stats_->Add(ServiceStats::kConsumeJoined);
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!flight->done) {
+    flight->cv.wait_until(lk, deadline.Min(250).time_point());
+    if (flight->done) break;
+    if (deadline.expired())
+      return Status(DYAD_RC_TIMEOUT, "timed out waiting for the transfer of '" + rec.upath +
+                                         "' started by another consumer");
+    if (cancel && cancel()) return Status(DYAD_RC_CANCELLED, "consumer went away");
+  }
+  if (!flight->status.ok()) return flight->status;
+  ConsumeReply r = flight->reply;
+  r.transferred = false;
+  r.joined = true;
+  return r;
+}
+
+Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route route,
+                                         Transport* transport) {
+  const FileRecord& rec = req.record;
+  const uint64_t t0 = MonoNs();
+  AtomicFile out;
+  Status st = out.Create(req.cons_root, rec.upath);
+  if (!st.ok()) return st.Annotate("prepare '" + rec.upath + "' in consumer directory");
+  FetchOutcome outcome;
+  st = Move(rec, route, transport, out, req.cons_root, &outcome);
+  if (!st.ok()) {
+    out.Abort();
+    return st;
+  }
+  DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false));
+  stats_->Add(ServiceStats::kTransfersIn);
+  stats_->Add(ServiceStats::kBytesIn, outcome.bytes);
+  ConsumeReply reply;
+  reply.record = rec;
+  reply.transferred = true;
+  reply.bytes = outcome.bytes;
+  reply.transfer_ns = MonoNs() - t0;
+  reply.record.version = outcome.version;
+  reply.record.size = outcome.bytes;
+  return reply;
+}
+
+Status Placement::Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
+                       const std::string& cons_root, FetchOutcome* outcome) {
+  if (route == Route::kOwnFile) return CopyOwnFile(rec, out.fd(), outcome);
+  Status st = fetcher_.Fetch(rec, *transport, out.fd(), outcome);
+  if (st.ok() || !outcome->retryable) return st;
+  // A pooled session may have outlived its peer (restart, idle close):
+  // forget what we know about the owner and try once more on a fresh file.
+  DYAD_LOG_DEBUG("fetch '%s' from rank %u failed (%s); retrying with a fresh session",
+                 rec.upath.c_str(), rec.owner_rank, st.ToString().c_str());
+  peers_->Invalidate(rec.owner_rank);
+  out.Abort();
+  DYAD_RETURN_IF_ERROR(out.Create(cons_root, rec.upath));
+  return fetcher_.Fetch(rec, *transport, out.fd(), outcome);
+}
+
+Status Placement::CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome) {
+  if (cfg_.prod_real.empty())
+    return Status(DYAD_RC_BADMANAGEDPATH, "this service serves no producer directory");
+  Result<UniqueFd> src = OpenBeneath(cfg_.prod_real, rec.upath, O_RDONLY | O_NONBLOCK);
+  if (!src.ok()) return src.status().Annotate("open published file '" + rec.upath + "'");
+  struct stat st;
+  if (fstat(src->get(), &st) != 0) return StatusFromErrno(errno, "stat '" + rec.upath + "'");
+  if (!S_ISREG(st.st_mode))
+    return Status(DYAD_RC_BADFIO, "'" + rec.upath + "' is not a regular file");
+  TransferStats ts;
+  DYAD_RETURN_IF_ERROR(
+      LocalTransport::CopyRange(src->get(), sink_fd, static_cast<uint64_t>(st.st_size), &ts));
+  outcome->version = MtimeNs(st);
+  outcome->bytes = static_cast<uint64_t>(st.st_size);
+  return Status::OK();
+}
+
+}  // namespace dyad

@@ -1,0 +1,91 @@
+// placement.h: the one place that decides how a published file reaches a
+// consumer directory on this node, and makes it so.
+//
+// For a located FileRecord and a consumer directory, Place() chooses a route:
+//   kInPlace  nothing to move: the storage is shared by all nodes, or the
+//             consumer reads the very directory the owner writes;
+//   kOwnFile  this service owns the file: copy it inside the node;
+//   kSameNode another service of this node owns it: the same-node transport
+//             (the row whose capabilities say same_node_only);
+//   kRemote   another node owns it: the requested or default transport.
+// Every copy is de-duplicated (one transfer per destination file on this
+// node; concurrent requests wait for it and share its result) and atomic
+// (bytes land in a temporary beside the destination, renamed into place
+// when complete and stamped with the owner's version, so a later request
+// can tell a current copy without asking anyone). Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/cancel.h"
+#include "common/fsutil.h"
+#include "proto/protocol.h"
+#include "service/fetcher.h"
+#include "service/peers.h"
+#include "service/stats.h"
+#include "service/transports.h"
+
+namespace dyad {
+
+struct PlacementConfig {
+  uint32_t rank = 0;
+  uint32_t node_idx = 0;
+  uint32_t service_mux = 1;
+  std::string prod_real;  // this service's canonical producer path ("" = none)
+  int64_t rpc_timeout_ms = 60000;
+};
+
+struct PlacementRequest {
+  FileRecord record;
+  std::string cons_root;       // the consumer's directory (absolute, canonical)
+  bool shared_storage = false; // DYAD_SHARED_STORAGE: synchronize only
+  std::string dtl_mode;        // the client's choice ("" = this service's default)
+};
+
+class Placement {
+ public:
+  Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
+            ServiceStats* stats);
+
+  // Returns once cons_root/record.upath is a complete copy of the record's
+  // file (or needs none), waiting for a transfer already in flight.
+  Result<ConsumeReply> Place(const PlacementRequest& req, Deadline deadline,
+                             const CancelFn& cancel);
+
+ private:
+  enum class Route { kInPlace, kOwnFile, kSameNode, kRemote };
+  struct InFlight {
+    bool done = false;
+    Status status;
+    ConsumeReply reply;
+    std::condition_variable cv;
+  };
+
+  Result<Route> Decide(const PlacementRequest& req);
+  Result<ConsumeReply> Deduplicated(const PlacementRequest& req, Route route,
+                                    Transport* transport, Deadline deadline,
+                                    const CancelFn& cancel);
+  Result<ConsumeReply> Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
+                            Deadline deadline, const CancelFn& cancel);
+  Result<ConsumeReply> Transfer(const PlacementRequest& req, Route route, Transport* transport);
+  Status Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
+              const std::string& cons_root, FetchOutcome* outcome);
+  Status CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome);
+
+  const PlacementConfig cfg_;
+  PeerDirectory* peers_;
+  TransportSet* transports_;
+  ServiceStats* stats_;
+  Fetcher fetcher_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<InFlight>> inflight_;
+};
+
+// True if `path` exists as a regular file with exactly this size and version.
+bool IsCompleteCopy(const std::string& path, uint64_t size, uint64_t version);
+
+}  // namespace dyad

@@ -1,0 +1,251 @@
+// service_requests.cc: the requests of the node's application processes
+// (the local link): publish, locate, consume, list, remove, status.
+#include <unistd.h>
+
+#include "common/log.h"
+#include "service/dispatch.h"
+#include "service/file_server.h"
+#include "service/placement.h"
+#include "service/service.h"
+#include "service/transports.h"
+
+namespace dyad {
+
+void Service::RouteRequests() {
+  using Handler = void (Service::*)(RequestContext&, const std::string&);
+  const struct {
+    MsgType type;
+    const char* counter;
+    Handler handler;
+  } local[] = {
+      {MsgType::kPublish, "requests.publish", &Service::HandlePublish},
+      {MsgType::kLocate, "requests.locate", &Service::HandleLocate},
+      {MsgType::kConsume, "requests.consume", &Service::HandleConsume},
+      {MsgType::kList, "requests.list", &Service::HandleList},
+      {MsgType::kRemove, nullptr, &Service::HandleRemove},
+      {MsgType::kStatus, "requests.status", &Service::HandleStatus},
+  };
+  for (const auto& r : local)
+    dispatch_->Route(Link::kLocal, r.type, r.counter,
+                     [this, h = r.handler](RequestContext& ctx, const std::string& payload) {
+                       (this->*h)(ctx, payload);
+                     });
+  for (Link link : {Link::kLocal, Link::kPeer})
+    dispatch_->Route(link, MsgType::kPing, nullptr,
+                     [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
+  file_server_->Route(*dispatch_);
+}
+
+void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
+  Channel& ch = ctx.ch;
+  PublishRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
+  Result<std::string> upath = ValidateUpath(req.upath);
+  if (!upath.ok()) return Reply(ch, upath.status());
+  if (prod_real_.empty())
+    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
+                            "this dyad-service serves no producer directory; start it with the "
+                            "producer path (dyad-service ... " +
+                                (req.prod_path.empty() ? std::string("DIR") : req.prod_path) + ")"));
+  if (req.prod_path != prod_real_)
+    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
+                            "producer path '" + req.prod_path +
+                                "' is not the directory this dyad-service serves ('" + prod_real_ +
+                                "'); set DYAD_PATH_PRODUCER to it"));
+  if (req.key.empty()) return Reply(ch, Status(DYAD_RC_BADREQUEST, "empty key"));
+  FileRecord rec;
+  rec.owner_rank = opt_.rank;
+  rec.owner_incarnation = incarnation_;
+  rec.size = req.size;
+  rec.version = req.version;
+  rec.published_ns = WallNs();
+  rec.upath = *upath;
+  cache_.Put(req.ns, req.key, rec);
+  if (req.async) {
+    {
+      std::lock_guard<std::mutex> lk(async_mu_);
+      async_queue_.push_back({req.ns, req.key, rec.Encode()});
+    }
+    stats_.Add(ServiceStats::kAsyncPending);
+    async_cv_.notify_one();
+    return Reply(ch, Status::OK());
+  }
+  Status st = kvs_->Put(req.ns, req.key, rec.Encode());
+  if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
+  Reply(ch, st);
+}
+
+
+Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
+                                   Deadline deadline, const CancelFn& cancel, bool* from_cache) {
+  if (from_cache) *from_cache = false;
+  if (std::optional<FileRecord> hit = cache_.Get(ns, key)) {
+    stats_.Add(ServiceStats::kCacheHits);
+    if (from_cache) *from_cache = true;
+    return *hit;
+  }
+  stats_.Add(ServiceStats::kCacheMisses);
+  std::string value;
+  if (wait) {
+    Result<std::string> v = kvs_->Wait(ns, key, deadline, cancel);
+    if (!v.ok()) return v.status();
+    value = std::move(*v);
+  } else {
+    Result<std::optional<std::string>> v = kvs_->Get(ns, key);
+    if (!v.ok()) return v.status();
+    if (!v->has_value()) return Status(DYAD_RC_NOTFOUND, "'" + key + "' is not published");
+    value = std::move(**v);
+  }
+  FileRecord rec;
+  if (!FileRecord::Decode(value, &rec))
+    return Status(DYAD_RC_BADMETADATA, "malformed metadata under key '" + key + "'");
+  cache_.Put(ns, key, rec);
+  return rec;
+}
+
+void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
+  Channel& ch = ctx.ch;
+  LocateRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
+  Result<FileRecord> rec =
+      Locate(req.ns, req.key, req.wait, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  if (!rec.ok()) {
+    if (rec.status().code() == DYAD_RC_TIMEOUT)
+      return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + req.key + "' was not published within " +
+                                                   std::to_string(req.timeout_ms) + " ms"));
+    return Reply(ch, rec.status());
+  }
+  Encoder e;
+  e.Str(rec->Encode());
+  Reply(ch, Status::OK(), e.data());
+}
+
+Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadline,
+                                      const CancelFn& cancel) {
+  Result<std::string> upath = ValidateUpath(req.upath);
+  if (!upath.ok()) return upath.status();
+  if (req.cons_path.empty() || req.cons_path[0] != '/')
+    return Status(DYAD_RC_BADMANAGEDPATH, "consumer path must be absolute");
+
+  FileRecord rec;
+  if (req.have_record) {
+    rec = req.record;
+    rec.upath = *upath;
+  } else {
+    bool from_cache = false;
+    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache);
+    if (!located.ok()) {
+      if (located.status().code() == DYAD_RC_TIMEOUT) {
+        // Keep the store's explanation when it says more than "not yet"
+        // (e.g. that the root was unreachable during the wait).
+        std::string msg = "'" + *upath + "' was not published within " +
+                          std::to_string(req.timeout_ms) + " ms";
+        if (located.status().cause() != DYAD_RC_OK) msg += " (" + located.status().message() + ")";
+        return Status(DYAD_RC_TIMEOUT, msg);
+      }
+      return located.status();
+    }
+    rec = *located;
+    // A cached record that our local copy already matches may be outdated
+    // (the producer rewrote and re-published the file): confirm it with the
+    // store before declaring the copy current. Other cache hits need no
+    // check, since a fetch always returns the owner's current file.
+    if (from_cache && !req.shared_storage &&
+        IsCompleteCopy(req.cons_path + "/" + rec.upath, rec.size, rec.version)) {
+      Result<std::optional<std::string>> fresh = kvs_->Get(req.ns, req.key);
+      FileRecord newer;
+      if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
+          (newer.version != rec.version || newer.size != rec.size ||
+           newer.owner_rank != rec.owner_rank)) {
+        cache_.Put(req.ns, req.key, newer);
+        rec = newer;
+      }
+    }
+  }
+
+  PlacementRequest preq;
+  preq.record = rec;
+  preq.cons_root = req.cons_path;
+  preq.shared_storage = req.shared_storage;
+  preq.dtl_mode = req.dtl_mode;
+  Result<ConsumeReply> r = placement_->Place(preq, deadline, cancel);
+  if (!r.ok() && (r.status().code() == DYAD_RC_BADFETCH || r.status().code() == DYAD_RC_BADFIO ||
+                  r.status().code() == DYAD_RC_NOTFOUND))
+    cache_.Erase(req.ns, req.key);  // do not keep pointing at a copy that failed
+  return r;
+}
+
+void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
+  Channel& ch = ctx.ch;
+  ConsumeRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
+  Result<ConsumeReply> r = Consume(req, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  if (!r.ok()) {
+    if (r.status().code() != DYAD_RC_CANCELLED)
+      DYAD_LOG_INFO("consume '%s' failed: %s", req.upath.c_str(), r.status().ToString().c_str());
+    return Reply(ch, r.status());
+  }
+  Encoder e;
+  r->EncodeTo(e);
+  Reply(ch, Status::OK(), e.data());
+}
+
+void Service::HandleList(RequestContext& ctx, const std::string& payload) {
+  Channel& ch = ctx.ch;
+  ListRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed list"));
+  Result<std::vector<KvsEntry>> all = kvs_->List(req.ns, "", 0);
+  if (!all.ok()) return Reply(ch, all.status());
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, value] : *all) {
+    FileRecord rec;
+    if (!FileRecord::Decode(value, &rec)) continue;
+    if (rec.upath.compare(0, req.path_prefix.size(), req.path_prefix) != 0) continue;
+    out.emplace_back(key, value);
+    if (req.limit != 0 && out.size() >= req.limit) break;
+  }
+  Encoder e;
+  e.U32(static_cast<uint32_t>(out.size()));
+  for (const auto& [k, v] : out) e.Str(k).Str(v);
+  Reply(ch, Status::OK(), e.data());
+}
+
+void Service::HandleRemove(RequestContext& ctx, const std::string& payload) {
+  Channel& ch = ctx.ch;
+  RemoveRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed remove"));
+  cache_.Erase(req.ns, req.key);
+  Reply(ch, kvs_->Remove(req.ns, req.key));
+}
+
+void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
+  (void)payload;
+  Channel& ch = ctx.ch;
+  StatusReply r;
+  r.counters = stats_.Snapshot();
+  r.counters["cache.entries"] = cache_.size();
+  r.info["version"] = DYAD_VERSION;
+  r.info["rank"] = std::to_string(opt_.rank);
+  r.info["node"] = std::to_string(node_idx_);
+  r.info["incarnation"] = std::to_string(incarnation_);
+  r.info["host"] = hostname_;
+  r.info["pid"] = std::to_string(getpid());
+  r.info["address"] = advertise_;
+  r.info["socket"] = opt_.socket_path;
+  r.info["producer_path"] = prod_real_;
+  r.info["kvs"] = StoreDescription();
+  r.info["transport"] = transports_->Default().name();
+  if (std::string d = transports_->Default().Details(); !d.empty()) r.info["transport.details"] = d;
+  r.info["authenticated"] = auth_.has_secret() ? "yes" : "no (no cluster secret)";
+  r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
+  Encoder e;
+  r.EncodeTo(e);
+  Reply(ch, Status::OK(), e.data());
+}
+
+}  // namespace dyad
