@@ -9,9 +9,12 @@
 // The session carries control traffic; each transport decides how data
 // moves: "tcp" streams it on the session itself (sendfile on the sender,
 // bounded buffers on the receiver); "local" passes only the owner's path and
-// copies within the node; RMA transports (UCX put, libfabric read) exchange
-// registered-memory keys in transport_args and use the session only to
-// signal completion. Nothing transport-specific leaks into the service.
+// copies within the node; "ucx" moves chunks as messages into the
+// requester's registered memory (or writes them there directly on one host)
+// and uses the session for small control frames; RMA transports (e.g. a
+// future libfabric RMA read) exchange registered-memory keys in
+// transport_args and use the session only to signal completion. Nothing
+// transport-specific leaks into the service.
 //
 // Both ends must bound every wait (no progress for `idle_ms` is an error)
 // and never hold a whole file in memory. A Transport is shared by all
@@ -32,7 +35,7 @@ struct TransportCaps {
   bool zero_copy_send = false;      // sender avoids user-space copies
   bool rma_put = false;             // one-sided put into the requester's memory
   bool rma_get = false;             // one-sided get from the owner's memory
-  bool needs_registration = false;  // buffers must be registered (MemoryRegion)
+  bool needs_registration = false;  // transfer buffers must be registered memory
   bool same_node_only = false;      // only between services sharing a node
 };
 
@@ -50,16 +53,6 @@ struct TransferStats {
   // Of `bytes`, those written straight into the peer's memory (a same-host
   // one-sided path, e.g. UCX over shared memory).
   uint64_t direct_bytes = 0;
-};
-
-// Registered memory for RMA transports (optional capability).
-class MemoryRegion {
- public:
-  virtual ~MemoryRegion() = default;
-  virtual void* addr() const = 0;
-  virtual size_t length() const = 0;
-  // Remote key the peer needs to access this region.
-  virtual std::string PackedKey() const = 0;
 };
 
 struct TransportOptions {
@@ -100,13 +93,6 @@ class Transport {
   // `sink_fd` (opened for writing at offset 0).
   virtual Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
                       TransferStats* stats) = 0;
-
-  // RMA backends override; others report DYAD_RC_NOTSUP.
-  virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len) {
-    (void)addr;
-    (void)len;
-    return Status(DYAD_RC_NOTSUP, name() + " transport does not register memory");
-  }
 };
 
 // Creates a transport by name ("tcp", "local", and those compiled in).
