@@ -9,9 +9,12 @@
 // The session carries control traffic; each transport decides how data
 // moves: "tcp" streams it on the session itself (sendfile on the sender,
 // bounded buffers on the receiver); "local" passes only the owner's path and
-// copies within the node; RMA transports (UCX put, libfabric read) exchange
-// registered-memory keys in transport_args and use the session only to
-// signal completion. Nothing transport-specific leaks into the service.
+// copies within the node; "ucx" moves chunks as messages into the
+// requester's registered memory (or writes them there directly on one host)
+// and uses the session for small control frames; RMA transports (e.g. a
+// future libfabric RMA read) exchange registered-memory keys in
+// transport_args and use the session only to signal completion. Nothing
+// transport-specific leaks into the service.
 //
 // Both ends must bound every wait (no progress for `idle_ms` is an error)
 // and never hold a whole file in memory. A Transport is shared by all
@@ -43,16 +46,6 @@ struct TransferStats {
   // Of `bytes`, those written straight into the peer's memory (a same-host
   // one-sided path, e.g. UCX over shared memory).
   uint64_t direct_bytes = 0;
-};
-
-// Registered memory for RMA transports (optional capability).
-class MemoryRegion {
- public:
-  virtual ~MemoryRegion() = default;
-  virtual void* addr() const = 0;
-  virtual size_t length() const = 0;
-  // Remote key the peer needs to access this region.
-  virtual std::string PackedKey() const = 0;
 };
 
 struct TransportOptions {
@@ -94,13 +87,6 @@ class Transport {
   // `sink_fd` (opened for writing at offset 0).
   virtual Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
                       TransferStats* stats) = 0;
-
-  // RMA backends override; others report DYAD_RC_NOTSUP.
-  virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len) {
-    (void)addr;
-    (void)len;
-    return Status(DYAD_RC_NOTSUP, name() + " transport does not register memory");
-  }
 };
 
 // Creates a transport by name or DTL mode (any case, aliases accepted)

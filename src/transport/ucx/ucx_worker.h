@@ -1,0 +1,132 @@
+// ucx_worker.h: the UCX context and worker of one transport instance, the
+// thread that drives the worker, and the request calls every transfer makes
+// on it (tagged receives; waiting for, and cancelling, sends and receives).
+//
+// Threading: every UCX call of the transport is made under mu() (the worker
+// runs in UCS_THREAD_MODE_SERIALIZED), by this class or by the parts that
+// share the worker (endpoints, direct path, pools). The progress thread
+// drives the worker and sleeps on its event fd; a thread waiting in Wait()
+// drives the worker itself while it moves, and the progress thread stands
+// aside meanwhile.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+
+namespace dyad::ucx {
+
+// How long teardown paths wait for UCX to finish cancelled operations.
+constexpr int64_t kDrainMs = 1000;
+
+Status UcxStatus(dyad_rc_t code, const std::string& what, ucs_status_t s);
+// DYAD_RC_CONNLOST for errors that mean the peer (or the path to it) is
+// gone, DYAD_RC_TIMEOUT for a UCX timeout, else DYAD_RC_UCXCOMM_FAIL.
+dyad_rc_t CodeForUcs(ucs_status_t s);
+// `idle_ms` from now; never for idle_ms <= 0.
+Deadline IdleDeadline(int64_t idle_ms);
+
+class Worker {
+ public:
+  Worker() = default;
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Creates the context, worker and progress thread (from Warm, or on first
+  // use). A failed start is retried by the next call (nothing is left
+  // half-built).
+  Status Start();
+  bool started();
+
+  // Valid once Start() succeeded, until destruction.
+  const std::string& address() const { return address_; }
+  bool shm_capable() const { return shm_capable_; }
+  bool eager_only() const { return eager_only_; }
+  ucp_context_h context() const { return context_; }
+  ucp_worker_h handle() const { return worker_; }
+  std::mutex& mu() { return mu_; }
+
+  // Run by the progress thread each round with mu() held; set before Start.
+  void SetHousekeeping(std::function<void()> fn) { housekeeping_ = std::move(fn); }
+
+  // Closes `ep` (forced: fails whatever it has outstanding); the close
+  // request is reaped by the progress thread. mu() held.
+  void CloseEndpointLocked(ucp_ep_h ep, bool force);
+
+  // Posts a receive of at most `len` bytes into `buf` for exactly `tag`.
+  Result<void*> StartRecv(void* buf, size_t len, uint64_t tag);
+
+  // Waits (bounded) for the request `*req` (a receive when `recv_len` is
+  // not null, which then gets the received length) and frees it. While
+  // waiting, watches `watch_fd` when it is >= 0: if it becomes readable (the
+  // peer reports an error or hung up), returns OK with *watch_ready set and
+  // the request still pending. On a timeout or error the request stays
+  // pending (*req unchanged) unless UCX completed it with that error. With
+  // *req null, waits only for `watch_fd`.
+  Status Wait(void** req, size_t* recv_len, Deadline deadline, int watch_fd, bool* watch_ready);
+
+  // Waits (bounded) until `fd` is readable, driving the worker meanwhile:
+  // over tcp, sends that did not fit the socket move only when the worker
+  // is progressed, and the progress thread is not woken for them.
+  Status WaitReadable(int fd, Deadline deadline);
+
+  // Gives up on a pending request: cancels it and progresses (at most
+  // kDrainMs) until UCX lets go of it. Returns true when it completed, so
+  // its buffer is no longer touched; otherwise it is freed anyway (UCX
+  // releases it when it completes) and the caller must not reuse the
+  // buffer soon.
+  bool Cancel(void** req);
+
+  // Teardown, in this order: StopProgress(); close every endpoint;
+  // DrainCloses(); release registered memory; destruction.
+  void StopProgress();
+  void DrainCloses();
+
+ private:
+  class Driver;
+
+  Status CreateContext(bool* eager_only);
+  Status CreateWorker();
+  void DestroyUcx();
+  void ProgressLoop();
+  void ReapClosesLocked();
+  void DropUnexpectedLocked();
+  Status CheckRequestLocked(void** req, size_t* recv_len, bool* done);
+  void PauseLocked(std::unique_lock<std::mutex>& lk, bool spinning, int watch_fd);
+
+  std::mutex start_mu_;
+  bool started_ = false;
+  bool shm_capable_ = false;
+  bool eager_only_ = false;
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // the progress thread saw movement
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  std::string address_;
+  bool stopping_ = false;
+  int drivers_ = 0;  // threads driving the worker in Wait
+  std::condition_variable drivers_cv_;
+  std::thread progress_;
+  std::function<void()> housekeeping_;
+  std::vector<void*> closing_;  // endpoint close requests not yet complete
+  struct Dropping {
+    void* req;
+    std::unique_ptr<char[]> scratch;
+  };
+  std::vector<Dropping> dropping_;  // receives of unexpected messages
+};
+
+}  // namespace dyad::ucx
