@@ -14,8 +14,10 @@ from the environment on first use (``DYAD_PATH_PRODUCER``,
 
 import builtins
 import contextlib
+import os
 import threading
 
+from . import _pydyad
 from .bindings import Dyad, DTLCommMode
 
 _default_lock = threading.Lock()
@@ -66,6 +68,30 @@ def _split_args(args, kwargs):
     return fname, mode
 
 
+def _open_for_writing(fname, mode, kwargs):
+    """open(fname, mode) under the producer's lock (the client library's, the
+    same the preload library and the C++ streams take): a service never serves
+    the file while it is rewritten. 'w' truncates only once the lock is held."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("file", "mode")}
+    flags = os.O_CLOEXEC | os.O_CREAT
+    flags |= os.O_RDWR if ("+" in mode or "r" in mode) else os.O_WRONLY
+    if "a" in mode:
+        flags |= os.O_APPEND
+    if "x" in mode:
+        flags |= os.O_EXCL
+    if "r" in mode:
+        flags &= ~os.O_CREAT
+    fd = os.open(os.fspath(fname), flags, 0o666)
+    try:
+        _pydyad.producer_lock(fd)
+        if "w" in mode:
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, mode.replace("x", "w"), **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @contextlib.contextmanager
 def dyad_open(*args, dyad_ctx=None, metadata_wrapper=None, register_dyad_ctx=False, **kwargs):
     """Context manager around ``open(*args, **kwargs)`` with DYAD semantics.
@@ -87,7 +113,10 @@ def dyad_open(*args, dyad_ctx=None, metadata_wrapper=None, register_dyad_ctx=Fal
             dyad_ctx.consume_w_metadata(fname, metadata_wrapper)
         else:
             dyad_ctx.consume(fname)
-    f = builtins.open(*args, **kwargs)
+    if mode_writes(mode) and not args[2:]:
+        f = _open_for_writing(fname, mode, kwargs)
+    else:
+        f = builtins.open(*args, **kwargs)
     try:
         yield f
     except BaseException:

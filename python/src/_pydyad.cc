@@ -27,6 +27,7 @@
 #include <pybind11/stl.h>
 
 #include <dyad/client/dyad_client.h>
+#include <dyad/client/dyad_producer.h>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/core/dyad_ctx.h>
 
@@ -244,6 +245,16 @@ PYBIND11_MODULE(_pydyad, m) {
         Check(rc, "produce");
       },
       py::arg("fname"), "dyad_produce(): publish a complete, closed file.");
+
+  m.def(
+      "producer_lock",
+      [](int fd) {
+        Check(CallBlocking([&] { return dyad_producer_lock(dyad_ctx_get(), fd); }),
+              "producer_lock");
+      },
+      py::arg("fd"),
+      "dyad_producer_lock(): the producer's exclusive lock on an open file, bounded by the "
+      "RPC timeout; released when the file is closed.");
 
   m.def(
       "consume",

@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/producer_lock.h"
 #include "client/client.h"
 #include "common/config.h"
 #include "common/status.h"
@@ -305,15 +306,17 @@ FileTable& Table() {
   return *table;
 }
 
-// Takes the producer's exclusive lock on a file: on a descriptor of our own
-// when we can open one, so that the lock lasts exactly as long as some
-// descriptor of the application is open, whatever order they close in.
+// Takes the producer's exclusive lock on a file (the client library's
+// bounded wait, dyad_producer.h): on a descriptor of our own when we can open
+// one, so that the lock lasts exactly as long as some descriptor of the
+// application is open, whatever order they close in. A lock not obtained in
+// time is reported; the file is still written and published.
 int LockFile(int app_fd, const std::string& path) {
   int fd = real_open()(("/proc/self/fd/" + std::to_string(app_fd)).c_str(),
                        O_RDONLY | O_CLOEXEC | O_NOCTTY);
   const int target = fd >= 0 ? fd : app_fd;  // write-only file: lock the app's
-  while (::flock(target, LOCK_EX) != 0 && errno == EINTR) {
-  }
+  Status st = LockProducerFile(target, LOCK_EX, g_client ? g_client->config().rpc_timeout_ms : -1);
+  if (!st.ok()) Report("lock '" + path + "' for writing", st);
   return fd;
 }
 

@@ -8,6 +8,7 @@
 #include <dyad/stream/dyad_stream_core.hpp>
 
 #include <dyad/client/dyad_client.h>
+#include <dyad/client/dyad_producer.h>
 #include <dyad/core/dyad_ctx.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -44,27 +45,6 @@ const char* DtlName(const dyad_params& p) {
 }
 
 const char* OrNull(const std::string& s) { return s.empty() ? nullptr : s.c_str(); }
-
-// Polls a non-blocking flock until `deadline_ms` has passed. Polling (and not
-// a blocking flock with an alarm) keeps the wait bounded without signals;
-// contention is rare and short (the service holds LOCK_SH only while it
-// serves the previous version of the file).
-int FlockBounded(int fd, int op, int64_t timeout_ms) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  auto sleep = std::chrono::microseconds(200);
-  for (;;) {
-    if (::flock(fd, op | LOCK_NB) == 0) return 0;
-    if (errno == EINTR) continue;
-    if (errno != EWOULDBLOCK) return -1;
-    if (timeout_ms >= 0 && Clock::now() - start >= std::chrono::milliseconds(timeout_ms)) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
-    std::this_thread::sleep_for(sleep);
-    if (sleep < std::chrono::milliseconds(10)) sleep *= 2;
-  }
-}
 
 }  // namespace
 
@@ -179,26 +159,18 @@ bool dyad_stream_core::cmp_canonical_path_prefix(bool is_prod,
   return c && c->IsManaged(path, is_prod ? Side::kProducer : Side::kConsumer);
 }
 
-namespace {
-int64_t LockTimeoutMs() {
-  std::shared_ptr<Client> c = CurrentClient();
-  return c ? c->config().rpc_timeout_ms : 60000;
-}
-}  // namespace
-
+// The producer's lock of the client library (dyad_producer.h), bounded by
+// the context's RPC timeout; -1 with errno set on failure.
 int dyad_stream_core::file_lock_exclusive(int fd) const {
-  return FlockBounded(fd, LOCK_EX, LockTimeoutMs());
+  return dyad_producer_lock(m_ctx, fd) == DYAD_RC_OK ? 0 : -1;
 }
 
 int dyad_stream_core::file_lock_shared(int fd) const {
-  return FlockBounded(fd, LOCK_SH, LockTimeoutMs());
+  return dyad_producer_lock_shared(m_ctx, fd) == DYAD_RC_OK ? 0 : -1;
 }
 
 int dyad_stream_core::file_unlock(int fd) const {
-  while (::flock(fd, LOCK_UN) != 0) {
-    if (errno != EINTR) return -1;
-  }
-  return 0;
+  return dyad_producer_unlock(fd) == DYAD_RC_OK ? 0 : -1;
 }
 
 namespace stream_detail {
