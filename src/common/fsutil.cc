@@ -118,70 +118,91 @@ Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, 
   return f;
 }
 
-Status MakeParentDirs(const std::string& root, const std::string& upath) {
-  const size_t slash = upath.rfind('/');
-  if (slash == std::string::npos) return Status::OK();
-  std::string dir = root;
+Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& upath, bool create,
+                                   std::string* leaf) {
+  Result<std::string> rel = ValidateUpath(upath);
+  if (!rel.ok()) return rel.status();
+  UniqueFd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return StatusFromErrno(errno, "open managed directory '" + root + "'");
   size_t pos = 0;
-  while (pos < slash) {
-    size_t next = upath.find('/', pos);
-    if (next == std::string::npos || next > slash) next = slash;
-    dir += "/" + upath.substr(pos, next - pos);
-    pos = next + 1;
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-      return StatusFromErrno(errno, "mkdir '" + dir + "'");
+  for (size_t slash; (slash = rel->find('/', pos)) != std::string::npos; pos = slash + 1) {
+    const std::string name = rel->substr(pos, slash - pos);
+    if (create && ::mkdirat(dir.get(), name.c_str(), 0755) != 0 && errno != EEXIST)
+      return StatusFromErrno(errno, "mkdir '" + root + "/" + rel->substr(0, slash) + "'");
+    // O_NOFOLLOW: a symlink among the directories (planted, or swapped in
+    // after a check) must not lead a placement out of the managed directory.
+    UniqueFd next(::openat(dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!next.valid()) {
+      const int err = errno;
+      const std::string where = root + "/" + rel->substr(0, slash);
+      if (err == ELOOP || err == ENOTDIR)
+        return Status(DYAD_RC_PERM, "'" + where + "' is a symlink or not a directory; DYAD only "
+                                        "places files in real directories beneath '" + root + "'");
+      return StatusFromErrno(err, "open directory '" + where + "'");
+    }
+    dir = std::move(next);
   }
-  return Status::OK();
+  if (leaf != nullptr) *leaf = rel->substr(pos);
+  return dir;
+}
+
+Status MakeParentDirs(const std::string& root, const std::string& upath) {
+  return OpenParentBeneath(root, upath, true, nullptr).status();
 }
 
 AtomicFile::~AtomicFile() { Abort(); }
 
 void AtomicFile::Abort() {
-  if (!committed_ && !temp_path_.empty()) {
-    ::unlink(temp_path_.c_str());
-    temp_path_.clear();
-  }
+  if (!committed_ && !temp_name_.empty() && dir_.valid()) ::unlinkat(dir_.get(), temp_name_.c_str(), 0);
+  temp_name_.clear();
   fd_.reset();
 }
 
 Status AtomicFile::Create(const std::string& root, const std::string& upath) {
-  Result<std::string> rel = ValidateUpath(upath);
-  if (!rel.ok()) return rel.status();
-  DYAD_RETURN_IF_ERROR(MakeParentDirs(root, *rel));
-  final_path_ = root + "/" + *rel;
-  const size_t slash = final_path_.rfind('/');
+  Abort();
+  committed_ = false;
+  Result<UniqueFd> dir = OpenParentBeneath(root, upath, true, &leaf_);
+  if (!dir.ok()) return dir.status();
+  dir_ = std::move(*dir);
   unsigned char rnd[8];
   DYAD_RETURN_IF_ERROR(RandomBytes(rnd, sizeof rnd));
   char suffix[20];
   std::snprintf(suffix, sizeof suffix, "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
                 rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-  std::string base = final_path_.substr(slash + 1);
+  std::string base = leaf_;
   if (base.size() > 200) base.resize(200);
-  temp_path_ = final_path_.substr(0, slash + 1) + kPartPrefix + base + "." + suffix;
-  fd_.reset(::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  temp_name_ = kPartPrefix + base + "." + suffix;
+  // Private until committed, when it gets the owner's mode.
+  fd_.reset(::openat(dir_.get(), temp_name_.c_str(),
+                     O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd_.valid()) {
     const int err = errno;
-    temp_path_.clear();
-    return StatusFromErrno(err, "create temporary for '" + final_path_ + "'");
+    temp_name_.clear();
+    return StatusFromErrno(err, "create temporary for '" + root + "/" + upath + "'");
   }
   return Status::OK();
 }
 
-Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data) {
+Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data, mode_t mode) {
   if (!fd_.valid()) return Status(DYAD_RC_BADFIO, "commit without an open temporary");
+  // Permission bits only: never set-id or sticky bits from a peer.
+  if (::fchmod(fd_.get(), mode & 0777) != 0) return StatusFromErrno(errno, "chmod " + temp_name_);
   if (version_ns != 0) {
     timespec ts[2];
     ts[0].tv_sec = 0;
     ts[0].tv_nsec = UTIME_OMIT;
     ts[1].tv_sec = static_cast<time_t>(version_ns / 1000000000ull);
     ts[1].tv_nsec = static_cast<long>(version_ns % 1000000000ull);
-    if (::futimens(fd_.get(), ts) != 0) return StatusFromErrno(errno, "futimens " + temp_path_);
+    if (::futimens(fd_.get(), ts) != 0) return StatusFromErrno(errno, "futimens " + temp_name_);
   }
-  if (fsync_data && ::fsync(fd_.get()) != 0) return StatusFromErrno(errno, "fsync " + temp_path_);
-  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0)
-    return StatusFromErrno(errno, "rename into '" + final_path_ + "'");
+  if (fsync_data && ::fsync(fd_.get()) != 0) return StatusFromErrno(errno, "fsync " + temp_name_);
+  // renameat replaces whatever has the final name (even a symlink) without
+  // following it.
+  if (::renameat(dir_.get(), temp_name_.c_str(), dir_.get(), leaf_.c_str()) != 0)
+    return StatusFromErrno(errno, "rename into '" + leaf_ + "'");
   committed_ = true;
   fd_.reset();
+  dir_.reset();
   return Status::OK();
 }
 

@@ -45,11 +45,20 @@ std::optional<std::string> RelativeTo(const std::string& root, const std::string
 Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, int flags,
                              mode_t mode = 0);
 
-// Creates the directories of `upath`'s parent beneath `root` (mkdir -p).
+// Opens the directory that holds `upath` beneath `root`, creating missing
+// directories when `create` (mkdir -p), never following a symlink below
+// `root` (DYAD_RC_PERM when one is in the way). `leaf` gets the last
+// component of `upath`.
+Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& upath, bool create,
+                                   std::string* leaf);
+// Creates the directories of `upath`'s parent beneath `root` (mkdir -p), as
+// OpenParentBeneath.
 Status MakeParentDirs(const std::string& root, const std::string& upath);
 
 // A file being received: created under a temporary name beside the final
-// path, renamed into place by Commit, removed on destruction otherwise.
+// path, renamed into place by Commit, removed on destruction otherwise. The
+// directories come from OpenParentBeneath and every later step works on the
+// directory's descriptor, so no symlink can redirect the file elsewhere.
 class AtomicFile {
  public:
   AtomicFile() = default;
@@ -60,18 +69,19 @@ class AtomicFile {
   // Creates the temporary for `root`/`upath` (creating parent directories).
   Status Create(const std::string& root, const std::string& upath);
   int fd() const { return fd_.get(); }
-  const std::string& final_path() const { return final_path_; }
-  // Sets the modification time to `version_ns` (the producer's mtime, so a
-  // later check can tell whether the local copy is current), optionally
-  // fsyncs, and renames over the final path.
-  Status Commit(uint64_t version_ns, bool fsync_data);
+  // Gives the file `mode`'s permission bits (the producer's), sets the
+  // modification time to `version_ns` (the producer's mtime, so a later
+  // check can tell whether the local copy is current), optionally fsyncs,
+  // and renames over the final path.
+  Status Commit(uint64_t version_ns, bool fsync_data, mode_t mode = 0644);
   // Removes the temporary now.
   void Abort();
 
  private:
+  UniqueFd dir_;
   UniqueFd fd_;
-  std::string temp_path_;
-  std::string final_path_;
+  std::string leaf_;
+  std::string temp_name_;
   bool committed_ = false;
 };
 

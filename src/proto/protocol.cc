@@ -206,17 +206,24 @@ bool FetchRequest::DecodeFrom(Decoder& d) {
   return !d.failed();
 }
 
-void FetchReply::EncodeTo(Encoder& e) const { e.U64(size).U64(version).Str(transport_args); }
+void FetchReply::EncodeTo(Encoder& e) const {
+  e.U64(size).U64(version).Str(transport_args).U32(mode);
+}
 bool FetchReply::DecodeFrom(Decoder& d) {
   size = d.U64();
   version = d.U64();
   transport_args = d.Str();
+  mode = d.U32();
   return !d.failed();
 }
 
 Status CallRpc(Channel& ch, MsgType type, const std::string& request, std::string* body,
                const Deadline& deadline) {
   DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(type), request, deadline));
+  return ReceiveReply(ch, body, deadline);
+}
+
+Status ReceiveReply(Channel& ch, std::string* body, const Deadline& deadline) {
   uint16_t rtype = 0;
   std::string payload;
   DYAD_RETURN_IF_ERROR(ch.RecvFrame(&rtype, &payload, deadline));

@@ -192,9 +192,14 @@ struct FetchReply {
   uint64_t size = 0;
   uint64_t version = 0;
   std::string transport_args;  // opaque, transport-specific (e.g. a local path)
+  uint32_t mode = 0644;        // the file's permission bits, kept by the copy
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };
+
+// After the bytes of a fetch, the owner sends one more kReply: OK when the
+// file was the same (size and version) at the end of the transfer as at its
+// start, else DYAD_RC_STALE; the requester places nothing before it.
 
 // Sends `request` of `type` and waits for the reply; on success `body` holds
 // the reply body. Transport and decoding failures mark `ch` broken.
@@ -202,5 +207,7 @@ class Channel;
 class Deadline;
 Status CallRpc(Channel& ch, MsgType type, const std::string& request, std::string* body,
                const Deadline& deadline);
+// Waits for one kReply frame: its status, and on success its body.
+Status ReceiveReply(Channel& ch, std::string* body, const Deadline& deadline);
 
 }  // namespace dyad

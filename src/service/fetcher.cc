@@ -48,9 +48,19 @@ Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
     return Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
                   what + ": " + st.message());
   }
+  // The owner's verdict: the file did not change while it was sent.
+  std::string verdict;
+  st = ReceiveReply(ch, &verdict, Deadline::AfterMs(rpc_timeout_ms_));
+  if (!st.ok()) {
+    if (st.code() != DYAD_RC_STALE) ch.MarkBroken();
+    else peers_->Release(rec.owner_rank, std::move(*session));
+    return Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
+                  what + ": " + st.message());
+  }
   peers_->Release(rec.owner_rank, std::move(*session));
   out->version = fr.version;
   out->bytes = fr.size;
+  out->mode = fr.mode;
   return Status::OK();
 }
 

@@ -18,6 +18,7 @@ namespace dyad {
 struct FetchOutcome {
   uint64_t version = 0;  // the owner's version of what it sent
   uint64_t bytes = 0;
+  uint32_t mode = 0644;  // the owner's permission bits
   // The session died before the owner answered (a pooled session that
   // outlived its peer): a fresh session may well succeed.
   bool retryable = false;

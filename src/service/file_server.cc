@@ -26,6 +26,12 @@ void FileServer::Route(RequestRouter& router) {
                });
 }
 
+Status FileServer::Stale(const std::string& upath, const char* when) const {
+  return Status(DYAD_RC_STALE, "rank " + std::to_string(rank_) + ": '" + upath + "' changed " +
+                                   when + "; it must be published again (dyad_produce after the "
+                                   "producer closes it)");
+}
+
 void FileServer::Refuse(RequestContext& ctx, const std::string& upath, const Status& st) {
   stats_->Add(ServiceStats::kFetchRefused);
   DYAD_LOG_WARN("refused fetch of '%s' from rank %u: %s", upath.c_str(),
@@ -78,6 +84,8 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
                      stats_);
   if (!S_ISREG(st.st_mode))
     return Refuse(ctx, *upath, Status(DYAD_RC_PERM, "'" + *upath + "' is not a regular file"));
+  // Under the shared lock a producer that follows the protocol cannot be
+  // rewriting the file; one that does not is caught by the check after it.
   if (!LockShared(ctx, fd->get(), *upath).ok()) return;
   if (fstat(fd->get(), &st) != 0)
     return SendReply(ctx.ch, StatusFromErrno(errno, "stat '" + *upath + "'"), {}, rpc_timeout_ms_,
@@ -87,12 +95,19 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   src.size = static_cast<uint64_t>(st.st_size);
   src.version = MtimeNs(st);
   src.path = prod_real_ + "/" + *upath;
+  src.root = prod_real_;
+  src.upath = *upath;
+  src.dev = st.st_dev;
+  src.ino = st.st_ino;
+  if (req.expect_version != 0 && req.expect_version != src.version)
+    return SendReply(ctx.ch, Stale(*upath, "since it was published"), {}, rpc_timeout_ms_, stats_);
   Result<std::string> rargs = (*transport)->ReplyArgs(src);
   if (!rargs.ok()) return SendReply(ctx.ch, rargs.status(), {}, rpc_timeout_ms_, stats_);
   FetchReply fr;
   fr.size = src.size;
   fr.version = src.version;
   fr.transport_args = *rargs;
+  fr.mode = st.st_mode & 0777;
   Encoder e;
   fr.EncodeTo(e);
   SendReply(ctx.ch, Status::OK(), e.data(), rpc_timeout_ms_, stats_);
@@ -106,6 +121,13 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
                   ctx.peer != nullptr ? ctx.peer->rank : 0u, ps.ToString().c_str());
     return;
   }
+  // The verdict: the requester places the copy only if the file is still
+  // the one whose bytes were sent.
+  const bool same = fstat(fd->get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == src.size &&
+                    MtimeNs(st) == src.version;
+  SendReply(ctx.ch, same ? Status::OK() : Stale(*upath, "while it was sent"), {}, rpc_timeout_ms_,
+            stats_);
+  if (!same) return;
   stats_->Add(ServiceStats::kTransfersOut);
   stats_->Add(ServiceStats::kBytesOut, src.size);
   stats_->Add(ServiceStats::kBytesOutDirect, ts.direct_bytes);

@@ -30,6 +30,7 @@ class FileServer {
 
  private:
   void Refuse(RequestContext& ctx, const std::string& upath, const Status& st);
+  Status Stale(const std::string& upath, const char* when) const;
   // Waits (bounded) for the producer's exclusive lock to go; an error reply
   // has been sent when this fails.
   Status LockShared(RequestContext& ctx, int fd, const std::string& upath);

@@ -130,7 +130,7 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
     out.Abort();
     return st;
   }
-  DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false));
+  DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);
   ConsumeReply reply;
@@ -172,6 +172,7 @@ Status Placement::CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* 
       LocalTransport::CopyRange(src->get(), sink_fd, static_cast<uint64_t>(st.st_size), &ts));
   outcome->version = MtimeNs(st);
   outcome->bytes = static_cast<uint64_t>(st.st_size);
+  outcome->mode = st.st_mode & 0777;
   return Status::OK();
 }
 

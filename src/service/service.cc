@@ -90,7 +90,7 @@ Status Service::Start() {
     return reg;
   }
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
-  if (kvs_->caps().shared) membership_thread_ = std::thread([this] { MembershipLoop(); });
+  membership_thread_ = std::thread([this] { MembershipLoop(); });
   unix_acceptor_ = std::thread([this] { AcceptLoop(unix_listener_.get(), true); });
 
   DYAD_LOG_INFO("serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
@@ -377,6 +377,26 @@ void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
   SendReply(ch, st, body, opt_.rpc_timeout_ms, &stats_);
 }
 
+void Service::RepairMembership() {
+  Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
+  if (!v.ok() || (v->has_value() && **v == member_value_)) return;
+  ServiceRecord other;
+  if (v->has_value() && ServiceRecord::Decode(**v, &other) && other.rank == opt_.rank &&
+      other.incarnation != incarnation_) {
+    // Another service claimed this rank after us: never fight over it.
+    DYAD_LOG_ERROR("rank %u is now registered by another service (%s, host %s); this one "
+                   "(incarnation %016llx) no longer receives requests for it: stop it",
+                   opt_.rank, other.address.c_str(), other.hostname.c_str(),
+                   static_cast<unsigned long long>(incarnation_));
+    return;
+  }
+  // Missing (a restarted root) or corrupted: write it again, so peers can
+  // still resolve this rank.
+  if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
+    DYAD_LOG_WARN("membership record of rank %u was %s in the metadata store; repaired",
+                  opt_.rank, v->has_value() ? "corrupted" : "missing (root restarted?)");
+}
+
 void Service::MembershipLoop() {
   constexpr int64_t kCheckEveryMs = 3000;
   std::unique_lock<std::mutex> lk(async_mu_);
@@ -384,13 +404,7 @@ void Service::MembershipLoop() {
     async_cv_.wait_for(lk, std::chrono::milliseconds(kCheckEveryMs));
     if (stopping_) break;
     lk.unlock();
-    Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
-    if (v.ok() && !v->has_value()) {
-      Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
-      if (st.ok())
-        DYAD_LOG_WARN("membership record was missing from the metadata store (root restarted?); "
-                      "registered again");
-    }
+    RepairMembership();
     lk.lock();
   }
 }

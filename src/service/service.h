@@ -118,6 +118,7 @@ class Service {
   // Re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
   void MembershipLoop();
+  void RepairMembership();
 
   ServiceOptions opt_;
   std::string prod_real_;  // canonical producer path ("" = none)

@@ -11,6 +11,18 @@
 
 namespace dyad {
 
+namespace {
+
+// Membership records are written only by services (each its own): no
+// local client may publish into or remove from their namespace.
+Status ReservedNamespace() {
+  return Status(DYAD_RC_PERM, std::string("namespace '") + kMembersNamespace +
+                                  "' holds the services' membership records; clients cannot "
+                                  "write it (use another DYAD_KVS_NAMESPACE)");
+}
+
+}  // namespace
+
 void Service::RouteRequests() {
   using Handler = void (Service::*)(RequestContext&, const std::string&);
   const struct {
@@ -41,6 +53,7 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   PublishRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
+  if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return Reply(ch, upath.status());
   if (prod_real_.empty())
@@ -148,6 +161,13 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
       return located.status();
     }
     rec = *located;
+    // The record must be the one of the file asked for: a record stored
+    // under this key for another path (by mistake or malice) would make
+    // this consume overwrite that other file.
+    if (rec.upath != *upath)
+      return Status(DYAD_RC_BADMETADATA, "the record under the key of '" + *upath +
+                                             "' describes '" + rec.upath +
+                                             "'; refusing it (keys and paths must match)");
     // A cached record that our local copy already matches may be outdated
     // (the producer rewrote and re-published the file): confirm it with the
     // store before declaring the copy current. Other cache hits need no
@@ -219,6 +239,7 @@ void Service::HandleRemove(RequestContext& ctx, const std::string& payload) {
   RemoveRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed remove"));
+  if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
   cache_.Erase(req.ns, req.key);
   Reply(ch, kvs_->Remove(req.ns, req.key));
 }

@@ -37,7 +37,14 @@ struct FileSource {
   int fd = -1;
   uint64_t size = 0;
   uint64_t version = 0;
-  std::string path;  // absolute path (for logs and the local transport)
+  std::string path;  // absolute path (for logs)
+  // Where it was opened (root + upath, beneath which it was resolved) and
+  // what it is (device and inode): a same-node requester opens it again
+  // beneath the same root and must find the same file.
+  std::string root;
+  std::string upath;
+  uint64_t dev = 0;
+  uint64_t ino = 0;
 };
 
 struct TransferStats {

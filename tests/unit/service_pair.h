@@ -57,7 +57,8 @@ class ServicePair {
 
   // Starts A (rank 0) with store `a_kvs` and B (rank 1) with `b_kvs`, or
   // with A's embedded store when `b_kvs` is empty.
-  Status Start(const std::string& a_kvs, const std::string& b_kvs = "") {
+  // With `mux` 2 both services are on one node (the same-node path).
+  Status Start(const std::string& a_kvs, const std::string& b_kvs = "", uint32_t mux = 1) {
     char tmpl[] = "/tmp/dyad-svc-test.XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return StatusFromErrno(errno, "mkdtemp");
     base = tmpl;
@@ -71,6 +72,7 @@ class ServicePair {
     oa.kvs_url = a_kvs;
     oa.secret = "test-secret";
     oa.rpc_timeout_ms = 5000;
+    oa.service_mux = mux;
     a = std::make_unique<Service>(oa);
     DYAD_RETURN_IF_ERROR(a->Start());
     ServiceOptions ob = oa;

@@ -335,6 +335,10 @@ Status ReceiveRequest(Channel& ch, const std::string& root, FetchRequest* req, O
   out->src.size = static_cast<uint64_t>(st.st_size);
   out->src.version = MtimeNs(st);
   out->src.path = root + "/" + req->upath;
+  out->src.root = root;
+  out->src.upath = req->upath;
+  out->src.dev = st.st_dev;
+  out->src.ino = st.st_ino;
   return Status::OK();
 }
 

@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <vector>
 
+#include "common/fsutil.h"
+#include "common/wire.h"
+
 namespace dyad {
 namespace {
 
@@ -129,11 +132,16 @@ class ScopedFilePosition {
 LocalTransport::LocalTransport(const TransportOptions& options) : options_(options) {}
 
 
+// The reply names the file by where the owner resolved it (its root and the
+// path beneath) and by what it is (device, inode): the requester opens it
+// beneath the same root, never following a symlink out of it, and accepts
+// only the very file the owner checked.
 Result<std::string> LocalTransport::ReplyArgs(const FileSource& src) {
-  if (src.path.empty() || src.path[0] != '/')
-    return Status(DYAD_RC_BADREQUEST,
-                  "local transport needs the owner's absolute path (got '" + src.path + "')");
-  return src.path;
+  if (src.root.empty() || src.root[0] != '/' || src.upath.empty())
+    return Status(DYAD_RC_BADREQUEST, "local transport needs the owner's root and path");
+  Encoder e;
+  e.Str(src.root).Str(src.upath).U64(src.dev).U64(src.ino);
+  return e.data();
 }
 
 Status LocalTransport::Push(Channel& session, const FileSource& src,
@@ -146,19 +154,27 @@ Status LocalTransport::Push(Channel& session, const FileSource& src,
 Status LocalTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
                             int sink_fd, TransferStats* stats) {
   if (stats != nullptr) *stats = TransferStats();
-  const std::string& path = reply_args;
-  if (path.empty() || path[0] != '/' || path.find('\0') != std::string::npos)
-    return Status(DYAD_RC_BADREQUEST,
-                  "local pull: the owner sent no usable absolute path ('" + path + "')");
-  // O_NOFOLLOW: the owner resolved and validated the path; a symlink in its
-  // place now means the file was swapped underneath us.
-  UniqueFd src(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!src.valid()) return StatusFromErrno(errno, "local pull: open '" + path + "'");
+  Decoder d(reply_args);
+  const std::string root = d.Str();
+  const std::string upath = d.Str();
+  const uint64_t dev = d.U64();
+  const uint64_t ino = d.U64();
+  if (d.failed() || !d.done() || root.empty() || root[0] != '/')
+    return Status(DYAD_RC_BADUNPACK, "local pull: malformed reply from the owner");
+  const std::string path = root + "/" + upath;
+  // Beneath the owner's root (a symlink swapped in for a directory cannot
+  // lead out of it), without blocking (a FIFO swapped in cannot hang us).
+  Result<UniqueFd> opened = OpenBeneath(root, upath, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
+  if (!opened.ok()) return opened.status().Annotate("local pull");
+  UniqueFd src = std::move(*opened);
   struct stat st;
   if (::fstat(src.get(), &st) != 0)
     return StatusFromErrno(errno, "local pull: stat '" + path + "'", DYAD_RC_BADFIO);
   if (!S_ISREG(st.st_mode))
     return Status(DYAD_RC_BADFIO, "local pull: '" + path + "' is not a regular file");
+  if (static_cast<uint64_t>(st.st_dev) != dev || static_cast<uint64_t>(st.st_ino) != ino)
+    return Status(DYAD_RC_STALE,
+                  "local pull: '" + path + "' is no longer the file the owner checked");
   if (static_cast<uint64_t>(st.st_size) < size) {
     return Status(DYAD_RC_BADFIO, "local pull: '" + path + "' is " + Bytes(st.st_size) +
                                       " bytes, the owner promised " + Bytes(size) +
