@@ -40,7 +40,7 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "of the working directory."},
       {"DYAD_SYNC_DEBUG", ConfigKind::kBool, "false", "both", "Debug logging."},
       {"DYAD_SYNC_CHECK", ConfigKind::kBool, "false", "client",
-       "Set DYAD_CHECK=ok in the environment after each successful produce/consume (testing aid)."},
+       "Set DYAD_SYNC_HEALTH=ok in the environment after each successful produce/consume (testing aid)."},
       {"DYAD_REINIT", ConfigKind::kBool, "false", "client",
        "Re-initialize an already initialized context."},
       {"DYAD_SERVICE_SOCKET", ConfigKind::kString, "/tmp/dyad-<uid>/service.sock", "both",
