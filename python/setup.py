@@ -11,7 +11,9 @@ CMake project version.
 Environment: DYAD_CMAKE_ARGS adds CMake arguments (e.g.
 "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"); PYDYAD_CMAKE_BUILD_DIR keeps CMake's
 build tree in that directory (default: under setuptools' build directory),
-so a rebuild is incremental; CMAKE_BUILD_PARALLEL_LEVEL sets the build's
+so a rebuild is incremental; PYDYAD_BUILD_BASE moves setuptools' own build
+and metadata directories out of python/ (default python/build and
+python/pydyad.egg-info); CMAKE_BUILD_PARALLEL_LEVEL sets the build's
 parallelism (default: the number of CPUs).
 """
 
@@ -73,8 +75,17 @@ class CMakeBuild(build_ext):
             shutil.copyfile(build_dir / name, target.parent / name)
 
 
+def build_options():
+    base = os.environ.get("PYDYAD_BUILD_BASE")
+    if not base:
+        return {}
+    os.makedirs(base, exist_ok=True)
+    return {"build": {"build_base": base}, "egg_info": {"egg_base": base}}
+
+
 setup(
     version=project_version(),
+    options=build_options(),
     ext_modules=[Extension("pydyad._pydyad", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
 )
