@@ -4,28 +4,19 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "dyad_version.h"
+#include "service/rank.h"
 #include "service/service.h"
 
 namespace {
-
-// Rank from the launcher when not given: one service per node is started
-// as one task per node, so the task rank is the node's rank.
-uint32_t RankFromEnvironment() {
-  for (const char* var : {"DYAD_SERVICE_RANK", "FLUX_TASK_RANK", "SLURM_PROCID",
-                          "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
-    if (const char* v = std::getenv(var); v && *v) {
-      char* end = nullptr;
-      const unsigned long r = std::strtoul(v, &end, 10);
-      if (*end == '\0') return static_cast<uint32_t>(r);
-    }
-  }
-  return 0;
-}
 
 std::string EnvOr(const char* name, const std::string& def) {
   const char* v = std::getenv(name);
@@ -36,7 +27,7 @@ std::string EnvOr(const char* name, const std::string& def) {
 
 int main(int argc, char** argv) {
   dyad::ServiceOptions opt;
-  opt.rank = RankFromEnvironment();
+  std::optional<std::string> rank_arg;
   opt.prod_path = EnvOr("DYAD_PATH_PRODUCER", "");
   opt.cons_path = EnvOr("DYAD_PATH_CONSUMER", "");
   opt.listen = EnvOr("DYAD_SERVICE_LISTEN", "0.0.0.0:7590");
@@ -57,6 +48,7 @@ int main(int argc, char** argv) {
       "Unix socket (publish, locate, consume) and the other nodes' services over TCP (file "
       "fetches, and on the root the embedded metadata store).\n"};
   app.set_help_flag("-h,--help", "Show this help and exit");
+  app.set_version_flag("--version", "dyad-service " DYAD_VERSION_FULL, "Show the version and exit");
   app.add_option("PRODUCER_PATH", opt.prod_path,
                  "Producer-managed directory this service serves (default $DYAD_PATH_PRODUCER)");
   app.add_flag("-d,--debug", opt.debug, "Debug logging");
@@ -65,9 +57,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-i,--info_log", info_log, "Write info and debug messages to this file");
   app.add_option("-e,--error_log", error_log, "Write warnings and errors to this file");
-  app.add_option("-r,--rank", opt.rank,
-                 "Rank of this service (default: $DYAD_SERVICE_RANK or the launcher's task rank)")
-      ->capture_default_str();
+  app.add_option("-r,--rank", rank_arg,
+                 "Rank of this service (required unless $DYAD_SERVICE_RANK or a launcher's "
+                 "task rank is set: FLUX_TASK_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, "
+                 "PMI_RANK, PMIX_RANK)")
+      ->type_name("N");
   app.add_option("-l,--listen", opt.listen, "TCP HOST:PORT for other services (port 0: any)")
       ->capture_default_str();
   app.add_option("-a,--advertise", opt.advertise,
@@ -104,6 +98,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  auto rank = dyad::ResolveServiceRank(rank_arg, [](const char* n) { return std::getenv(n); });
+  if (!rank.ok()) {
+    std::fprintf(stderr, "dyad-service: %s\n", rank.status().message().c_str());
+    return 2;
+  }
+  opt.rank = *rank;
 
   dyad::LogSetPrefix("dyad-service[rank " + std::to_string(opt.rank) + "]");
   if (opt.debug) dyad::LogSetLevel(dyad::LogLevel::kDebug);
