@@ -59,8 +59,9 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
        "through to the file system. Either way one message goes to stderr."},
       {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
-       "Rank of this node's service; when unset, taken from FLUX_TASK_RANK, SLURM_PROCID, "
-       "OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK, else 0."},
+       "Rank of this node's service (-r overrides it); when unset, taken from FLUX_TASK_RANK, "
+       "SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK; with none of them the "
+       "service refuses to start."},
       {"DYAD_SERVICE_LISTEN", ConfigKind::kString, "0.0.0.0:7590", "service",
        "TCP address the service listens on for other services."},
       {"DYAD_SERVICE_ADVERTISE", ConfigKind::kString, "", "service",

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);  // prints help, the version, or the error
+    return rc == 0 ? 0 : 2;      // usage errors exit with 2, as dyad's
   }
   auto rank = dyad::ResolveServiceRank(rank_arg, [](const char* n) { return std::getenv(n); });
   if (!rank.ok()) {

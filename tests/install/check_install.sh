@@ -52,7 +52,11 @@ for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h \
          include/dyad/common/dyad_rc.h include/dyad/common/dyad_dtl.h include/dyad/dyad_config.hpp \
          include/dyad/stream/dyad_stream_api.hpp bin/dyad bin/dyad-service \
          lib/libdyad_client.so lib/libdyad_ctx.so lib/libdyad_fstream.so lib/libdyad_wrapper.so \
-         lib/pkgconfig/dyad.pc lib/pkgconfig/dyad-fstream.pc lib/cmake/dyad/dyadConfig.cmake; do
+         lib/pkgconfig/dyad.pc lib/pkgconfig/dyad-fstream.pc lib/cmake/dyad/dyadConfig.cmake \
+         share/man/man1/dyad.1 share/man/man8/dyad-service.8 \
+         share/bash-completion/completions/dyad share/bash-completion/completions/dyad-service \
+         share/doc/dyad/LICENSE share/doc/dyad/README.md share/doc/dyad/deployment.md \
+         share/dyad/systemd/dyad@.service share/dyad/systemd/dyad.env.example; do
   [ -e "$P/$f" ] || fail "missing from install: $f"
 done
 
