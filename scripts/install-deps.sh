@@ -38,6 +38,15 @@ python3-numpy
 python3-h5py
 python3-torch
 python3-matplotlib
+python3-pip
+python3-setuptools
+python3-wheel
+python3-venv
+"
+# packaging checks: man pages (groff), the systemd unit (systemd-analyze)
+PACKAGES="$PACKAGES
+groff-base
+systemd
 "
 
 missing=""

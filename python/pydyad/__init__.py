@@ -13,11 +13,12 @@ See docs/python.md. ``pydyad.hdf.DyadFile`` (h5py) and
 works without h5py or torch.
 """
 
-from .bindings import (DTLCommMode, DTLMode, Dyad, DyadError, DyadMetadata, RawMetadata)
+from .bindings import (DYAD_CHECK_ENV, DTLCommMode, DTLMode, Dyad, DyadError, DyadMetadata,
+                       RawMetadata)
 from .context import dyad_open, default_dyad
 
 __all__ = [
-    "DTLCommMode", "DTLMode", "Dyad", "DyadError", "DyadMetadata", "RawMetadata",
+    "DYAD_CHECK_ENV", "DTLCommMode", "DTLMode", "Dyad", "DyadError", "DyadMetadata", "RawMetadata",
     "dyad_open", "default_dyad",
 ]
 __version__ = "0.2.0"

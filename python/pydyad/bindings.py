@@ -21,11 +21,16 @@ Ctrl-C (``KeyboardInterrupt``).
 
 import enum
 import os
+import pathlib
 
 from . import _pydyad
 
 DyadError = _pydyad.DyadError
 RawMetadata = _pydyad.Metadata
+
+# The variable set to "ok" after each successful produce/consume when the
+# context was initialized with check=True (DYAD_SYNC_CHECK), as upstream.
+DYAD_CHECK_ENV = "DYAD_SYNC_HEALTH"
 
 # dyad_rc_t values used by callers to tell outcomes apart.
 DYAD_RC_OK = 0
@@ -40,12 +45,16 @@ class DTLMode(enum.Enum):
 
     ``DYAD_DTL_FLUX_RPC`` (the default) selects TCP streaming, as there is no
     Flux here; ``UCX`` and ``OFI`` work when compiled into the service.
+    ``DYAD_DTL_MARGO`` (upstream's Mercury bulk pull; Margo is not packaged)
+    is an alias of ``DYAD_DTL_OFI``, the libfabric RMA-read pull transport
+    that plays Margo's role here.
     """
 
     DYAD_DTL_UCX = "UCX"
     DYAD_DTL_FLUX_RPC = "FLUX_RPC"
     DYAD_DTL_TCP = "TCP"
     DYAD_DTL_OFI = "OFI"
+    DYAD_DTL_MARGO = "OFI"
     DYAD_DTL_LOCAL = "LOCAL"
 
     def __str__(self):
@@ -58,6 +67,7 @@ class DTLCommMode(enum.IntEnum):
     DYAD_COMM_NONE = 0
     DYAD_COMM_RECV = 1
     DYAD_COMM_SEND = 2
+    DYAD_COMM_END = 3
 
 
 class DyadMetadata:
@@ -103,7 +113,8 @@ def _dtl_mode_name(dtl_mode):
         return dtl_mode.decode()
     if isinstance(dtl_mode, str):
         # Accept both "TCP" and upstream-style "DYAD_DTL_TCP".
-        return dtl_mode[len("DYAD_DTL_"):] if dtl_mode.startswith("DYAD_DTL_") else dtl_mode
+        name = dtl_mode[len("DYAD_DTL_"):] if dtl_mode.startswith("DYAD_DTL_") else dtl_mode
+        return DTLMode.DYAD_DTL_MARGO.value if name.upper() == "MARGO" else name
     raise TypeError(f"dtl_mode must be a DTLMode or str, not {type(dtl_mode).__name__}")
 
 
@@ -124,6 +135,21 @@ class Dyad:
 
     def __init__(self):
         self.initialized = _pydyad.is_initialized()
+
+    # -- the managed directories (upstream's attributes) --------------------
+    @property
+    def prod_path(self):
+        """The producer-managed directory (absolute ``pathlib.Path``), or
+        None when none is set or the context is not initialized."""
+        prod, _ = _pydyad.managed_paths()
+        return None if prod is None else pathlib.Path(prod)
+
+    @property
+    def cons_path(self):
+        """The consumer-managed directory (absolute ``pathlib.Path``), or
+        None when none is set or the context is not initialized."""
+        _, cons = _pydyad.managed_paths()
+        return None if cons is None else pathlib.Path(cons)
 
     # -- initialization -------------------------------------------------
     def init(self, debug=False, check=False, shared_storage=False, reinit=False,
@@ -173,7 +199,9 @@ class Dyad:
         false) or lies outside the consumer directory; with ``should_wait``
         it waits like a consume (bounded by DYAD_CONSUME_TIMEOUT). With
         ``raw=True`` the result is the C record (``RawMetadata``) to pass to
-        :meth:`consume_w_metadata`, otherwise a :class:`DyadMetadata`.
+        :meth:`consume_w_metadata`, otherwise a :class:`DyadMetadata`. Like
+        upstream's ctypes pointer, a ``RawMetadata`` has ``.contents`` with
+        ``fpath`` (bytes) and ``owner_rank``.
         """
         md = _pydyad.get_metadata(fname, bool(should_wait))
         if md is None or raw:

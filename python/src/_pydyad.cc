@@ -38,6 +38,7 @@
 #include <string>
 #include <utility>
 
+#include "client/ctx_internal.h"  // dyad::capi::ClientOf (the managed paths)
 #include "client/service_pool.h"  // dyad::SetInterruptCheck
 
 namespace py = pybind11;
@@ -157,6 +158,16 @@ class Metadata {
   dyad_metadata_t* m_ = nullptr;
 };
 
+// What upstream's ctypes pointer gives as `.contents`: the record's fields,
+// fpath as bytes (a c_char_p field). A snapshot taken at access time; the
+// record does not change once returned.
+struct MetadataContents {
+  py::bytes fpath;
+  uint32_t owner_rank = 0;
+  uint64_t size = 0;
+  uint64_t version = 0;
+};
+
 std::string ToFsPath(const py::handle& path) {
   // Accepts str, bytes and os.PathLike, like open(); fsencode keeps names
   // that are not valid UTF-8 byte-exact (surrogateescape).
@@ -233,6 +244,21 @@ PYBIND11_MODULE(_pydyad, m) {
         "Whether this process's DYAD context is initialized.");
 
   m.def(
+      "managed_paths",
+      [] {
+        py::object prod = py::none(), cons = py::none();
+        dyad::Result<std::shared_ptr<dyad::Client>> c = dyad::capi::ClientOf(dyad_ctx_get());
+        if (c.ok()) {
+          const dyad::Client& client = **c;
+          if (client.has_producer_path()) prod = FsDecode(client.producer_path().given().c_str());
+          if (client.has_consumer_path()) cons = FsDecode(client.consumer_path().given().c_str());
+        }
+        return py::make_tuple(prod, cons);
+      },
+      "(producer, consumer) managed directories of the context, absolute; None for one "
+      "not set or when not initialized.");
+
+  m.def(
       "finalize",
       [] { Check(CallBlocking([] { return dyad_finalize(); }), "dyad_finalize"); },
       "dyad_finalize(): release this process's context (safe twice).");
@@ -265,6 +291,18 @@ PYBIND11_MODULE(_pydyad, m) {
       },
       py::arg("fname"), "dyad_consume(): wait until the file is complete locally.");
 
+  py::class_<MetadataContents>(m, "MetadataContents",
+                               "Fields of a Metadata record (Metadata.contents).")
+      .def_readonly("fpath", &MetadataContents::fpath)
+      .def_readonly("owner_rank", &MetadataContents::owner_rank)
+      .def_readonly("size", &MetadataContents::size)
+      .def_readonly("version", &MetadataContents::version)
+      .def("__repr__", [](const MetadataContents& c) -> std::string {
+        return py::str("<pydyad MetadataContents fpath={!r} owner_rank={}>")
+            .format(c.fpath, c.owner_rank)
+            .cast<std::string>();
+      });
+
   py::class_<Metadata>(m, "Metadata",
                        "An owned dyad_metadata_t record (get_metadata(raw=True)).")
       .def(py::init<const std::string&, uint32_t, uint64_t, uint64_t>(), py::arg("fpath"),
@@ -275,6 +313,14 @@ PYBIND11_MODULE(_pydyad, m) {
                              [](const Metadata& md) { return md.Require().owner_rank; })
       .def_property_readonly("size", [](const Metadata& md) { return md.Require().size; })
       .def_property_readonly("version", [](const Metadata& md) { return md.Require().version; })
+      .def_property_readonly("contents",
+                             [](const Metadata& md) {
+                               const dyad_metadata_t& r = md.Require();
+                               return MetadataContents{py::bytes(r.fpath), r.owner_rank, r.size,
+                                                       r.version};
+                             },
+                             "The record's fields, as upstream's ctypes pointer .contents "
+                             "(fpath as bytes).")
       .def_property_readonly("valid", &Metadata::valid)
       .def("free", &Metadata::Free, "Free the C record now (idempotent).")
       .def("__repr__", [](const Metadata& md) -> std::string {

@@ -16,6 +16,7 @@
 #include "common/key.h"
 #include "common/time.h"
 #include "common/wire.h"
+#include "dyad/common/dyad_envs.h"
 
 namespace dyad {
 namespace {
@@ -74,7 +75,7 @@ Status FsyncPath(const std::string& path, int flags) {
   return Status::OK();
 }
 
-void MarkChecked() { ::setenv("DYAD_CHECK", "ok", 1); }
+void MarkChecked() { ::setenv(DYAD_CHECK_ENV, "ok", 1); }
 
 // True for an absolute path that NormalizeAbsolute would return unchanged:
 // no empty, "." or ".." components and no trailing slash.

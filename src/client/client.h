@@ -37,7 +37,7 @@ namespace dyad {
 // every language binding.
 struct ClientConfig {
   bool debug = false;           // DYAD_SYNC_DEBUG: log failures to stderr
-  bool check = false;           // DYAD_SYNC_CHECK: setenv DYAD_CHECK=ok after success
+  bool check = false;           // DYAD_SYNC_CHECK: setenv DYAD_SYNC_HEALTH=ok after success
   bool shared_storage = false;  // DYAD_SHARED_STORAGE
   bool reinit = false;          // DYAD_REINIT (used by dyad_init only)
   bool async_publish = false;   // DYAD_ASYNC_PUBLISH

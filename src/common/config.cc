@@ -47,7 +47,7 @@ std::vector<ConfigEntry> CoreEntries() {
        "of the working directory."},
       {"DYAD_SYNC_DEBUG", ConfigKind::kBool, "false", "both", "Debug logging."},
       {"DYAD_SYNC_CHECK", ConfigKind::kBool, "false", "client",
-       "Set DYAD_CHECK=ok in the environment after each successful produce/consume (testing aid)."},
+       "Set DYAD_SYNC_HEALTH=ok in the environment after each successful produce/consume (testing aid)."},
       {"DYAD_REINIT", ConfigKind::kBool, "false", "client",
        "Re-initialize an already initialized context."},
       {"DYAD_SERVICE_SOCKET", ConfigKind::kString, "/tmp/dyad-<uid>/service.sock", "both",
@@ -69,8 +69,9 @@ std::vector<ConfigEntry> CoreEntries() {
        "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
        "network namespaces (automatic when namespaces cannot be created)."},
       {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
-       "Rank of this node's service; when unset, taken from FLUX_TASK_RANK, SLURM_PROCID, "
-       "OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK, else 0."},
+       "Rank of this node's service (-r overrides it); when unset, taken from FLUX_TASK_RANK, "
+       "SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK; with none of them the "
+       "service refuses to start."},
       {"DYAD_SERVICE_LISTEN", ConfigKind::kString, "0.0.0.0:7590", "service",
        "TCP address the service listens on for other services."},
       {"DYAD_SERVICE_ADVERTISE", ConfigKind::kString, "", "service",

@@ -4,29 +4,20 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "common/auth.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "dyad_version.h"
+#include "service/rank.h"
 #include "service/service.h"
 
 namespace {
-
-// Rank from the launcher when not given: one service per node is started
-// as one task per node, so the task rank is the node's rank.
-uint32_t RankFromEnvironment() {
-  for (const char* var : {"DYAD_SERVICE_RANK", "FLUX_TASK_RANK", "SLURM_PROCID",
-                          "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
-    if (const char* v = std::getenv(var); v && *v) {
-      char* end = nullptr;
-      const unsigned long r = std::strtoul(v, &end, 10);
-      if (*end == '\0') return static_cast<uint32_t>(r);
-    }
-  }
-  return 0;
-}
 
 // A setting from the environment, else its default in the configuration
 // table (the one place defaults are written).
@@ -40,7 +31,7 @@ std::string Setting(const char* name) {
 
 int main(int argc, char** argv) {
   dyad::ServiceOptions opt;
-  opt.rank = RankFromEnvironment();
+  std::optional<std::string> rank_arg;
   opt.prod_path = Setting("DYAD_PATH_PRODUCER");
   opt.cons_path = Setting("DYAD_PATH_CONSUMER");
   opt.listen = Setting("DYAD_SERVICE_LISTEN");
@@ -61,6 +52,7 @@ int main(int argc, char** argv) {
       "Unix socket (publish, locate, consume) and the other nodes' services over TCP (file "
       "fetches, and on the root the embedded metadata store).\n"};
   app.set_help_flag("-h,--help", "Show this help and exit");
+  app.set_version_flag("--version", "dyad-service " DYAD_VERSION_FULL, "Show the version and exit");
   app.add_option("PRODUCER_PATH", opt.prod_path,
                  "Producer-managed directory this service serves (default $DYAD_PATH_PRODUCER)");
   app.add_flag("-d,--debug", opt.debug, "Debug logging");
@@ -72,9 +64,11 @@ int main(int argc, char** argv) {
                  "DYAD_DTL_MODE overrides it): " + modes + " (default " + dyad::DefaultDtlMode() + ")");
   app.add_option("-i,--info_log", info_log, "Write info and debug messages to this file");
   app.add_option("-e,--error_log", error_log, "Write warnings and errors to this file");
-  app.add_option("-r,--rank", opt.rank,
-                 "Rank of this service (default: $DYAD_SERVICE_RANK or the launcher's task rank)")
-      ->capture_default_str();
+  app.add_option("-r,--rank", rank_arg,
+                 "Rank of this service (required unless $DYAD_SERVICE_RANK or a launcher's "
+                 "task rank is set: FLUX_TASK_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, "
+                 "PMI_RANK, PMIX_RANK)")
+      ->type_name("N");
   app.add_option("-l,--listen", opt.listen, "TCP HOST:PORT for other services (port 0: any)")
       ->capture_default_str();
   app.add_option("-a,--advertise", opt.advertise,
@@ -109,8 +103,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);  // prints help, the version, or the error
+    return rc == 0 ? 0 : 2;      // usage errors exit with 2, as dyad's
   }
+  auto rank = dyad::ResolveServiceRank(rank_arg, [](const char* n) { return std::getenv(n); });
+  if (!rank.ok()) {
+    std::fprintf(stderr, "dyad-service: %s\n", rank.status().message().c_str());
+    return 2;
+  }
+  opt.rank = *rank;
 
   dyad::LogSetPrefix("dyad-service[rank " + std::to_string(opt.rank) + "]");
   if (opt.debug) dyad::LogSetLevel(dyad::LogLevel::kDebug);

@@ -1,53 +1,195 @@
 #!/bin/sh
-# Installs the build into a temporary prefix and builds two small programs
-# against it, one with pkg-config and one with find_package(dyad), the way
-# users of upstream DYAD link it. Fails if a header, library or package file
-# is missing from the install.
+# Programs written for upstream DYAD, built and run against an install in a
+# fresh /opt-style prefix, with nothing from the build tree and no
+# LD_LIBRARY_PATH:
+#  * every installed header compiles as C11 (C headers) and C++11;
+#  * every installed library has a RUNPATH of $ORIGIN;
+#  * a C11 program on the C API, built with pkg-config;
+#  * upstream's C++ stream example built with -std=c++11 and linked exactly
+#    like upstream's tutorial Makefile (-Wl,-rpath=$PREFIX/lib -ldyad_fstream);
+#  * a CMake project using find_package(dyad) (C and C++11 programs);
+#  * unmodified cp and cat under LD_PRELOAD=$PREFIX/lib/libdyad_wrapper.so;
+#  * a Python script using upstream's pydyad API from the installed package;
+# and they move files between two dyad-service processes of that prefix on
+# loopback (node 0 produces, node 1 consumes). Processes and files are
+# removed even on failure; every wait is bounded.
+#
+# usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -eu
-BUILD_DIR="$1"
-SRC_DIR="$2"
+BUILD_DIR=$(cd "$1" && pwd)
+SRC_DIR=$(cd "$2" && pwd)
+HERE="$SRC_DIR/tests/install"
 WORK=$(mktemp -d /tmp/dyad-install-test.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT INT TERM
+P="$WORK/opt/dyad"
+PIDS=""
+cleanup() {
+  for pid in $PIDS; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in $PIDS; do
+    i=0
+    while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+unset LD_LIBRARY_PATH LD_PRELOAD PYTHONPATH CPATH LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH
+for v in $(env | sed -n 's/^\(DYAD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
 
-cmake --install "$BUILD_DIR" --prefix "$WORK/prefix" >/dev/null
-P="$WORK/prefix"
+fail() {
+  echo "check_install: $*" >&2
+  for n in 0 1; do
+    [ -f "$WORK/node$n/log" ] && { echo "--- service $n log:" >&2; tail -20 "$WORK/node$n/log" >&2; }
+  done
+  exit 1
+}
+step() { echo "== $*"; }
+
+step "install into $P"
+cmake --install "$BUILD_DIR" --prefix "$P" >"$WORK/install.log" 2>&1 ||
+  { cat "$WORK/install.log" >&2; fail "cmake --install failed"; }
 for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h \
          include/dyad/common/dyad_rc.h include/dyad/common/dyad_dtl.h include/dyad/dyad_config.hpp \
-         bin/dyad bin/dyad-service lib/libdyad_client.so lib/libdyad_ctx.so \
-         lib/pkgconfig/dyad.pc lib/cmake/dyad/dyadConfig.cmake; do
-  [ -e "$P/$f" ] || { echo "missing from install: $f" >&2; exit 1; }
+         include/dyad/stream/dyad_stream_api.hpp bin/dyad bin/dyad-service \
+         lib/libdyad_client.so lib/libdyad_ctx.so lib/libdyad_fstream.so lib/libdyad_wrapper.so \
+         lib/pkgconfig/dyad.pc lib/pkgconfig/dyad-fstream.pc lib/cmake/dyad/dyadConfig.cmake \
+         share/man/man1/dyad.1 share/man/man8/dyad-service.8 \
+         share/bash-completion/completions/dyad share/bash-completion/completions/dyad-service \
+         share/doc/dyad/LICENSE share/doc/dyad/README.md share/doc/dyad/deployment.md \
+         share/dyad/systemd/dyad@.service share/dyad/systemd/dyad.env.example; do
+  [ -e "$P/$f" ] || fail "missing from install: $f"
 done
 
-cat > "$WORK/app.c" <<'C'
-#include <dyad/client/dyad_client.h>
-#include <dyad/core/dyad_ctx.h>
-#include <stdio.h>
-int main(void) {
-  dyad_rc_t rc = dyad_init(false, false, false, false, false, false, 3, 1024, 1, NULL,
-                           "/tmp", NULL, false, "FLUX_RPC", DYAD_COMM_RECV, NULL);
-  if (DYAD_IS_ERROR(rc)) { printf("init failed: %s\n", dyad_rc_name(rc)); return 1; }
-  rc = dyad_consume(dyad_ctx_get(), NULL);
-  printf("%s\n", dyad_rc_name(rc));
-  dyad_finalize();
-  return rc == DYAD_RC_BADBUF ? 0 : 1;
-}
-C
-PKG_CONFIG_PATH="$P/lib/pkgconfig" cc -std=c11 -o "$WORK/app" "$WORK/app.c" \
-  $(PKG_CONFIG_PATH="$P/lib/pkgconfig" pkg-config --cflags --libs dyad)
-LD_LIBRARY_PATH="$P/lib" "$WORK/app"
+step "RUNPATH of every installed library"
+for lib in $(find "$P" -name '*.so*' -type f); do
+  rp=$(readelf -d "$lib" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+  case "$rp" in
+    '$ORIGIN' | '$ORIGIN/'*) ;;
+    *) fail "$lib has RUNPATH '$rp', expected \$ORIGIN-relative" ;;
+  esac
+done
 
-mkdir -p "$WORK/cm"
-cp "$WORK/app.c" "$WORK/cm/app.c"
-cat > "$WORK/cm/CMakeLists.txt" <<'CM'
-cmake_minimum_required(VERSION 3.20)
-project(app C)
-find_package(dyad REQUIRED)
-add_executable(app app.c)
-target_link_libraries(app PRIVATE dyad::dyad_client)
-CM
-cmake -S "$WORK/cm" -B "$WORK/cm/build" -DCMAKE_PREFIX_PATH="$P" >/dev/null
-cmake --build "$WORK/cm/build" >/dev/null
-LD_LIBRARY_PATH="$P/lib" "$WORK/cm/build/app"
-"$P/bin/dyad" --help >/dev/null
-"$P/bin/dyad-service" --help >/dev/null
+step "installed headers compile as C11 and C++11"
+for h in $(cd "$P/include" && find . -name '*.h' -o -name '*.hpp' | sed 's|^\./||'); do
+  printf '#include <%s>\nint main(void) { return 0; }\n' "$h" >"$WORK/hdr.c"
+  case "$h" in
+    *.h) gcc -std=c11 -Wall -Wextra -pedantic -Werror -fsyntax-only -I"$P/include" "$WORK/hdr.c" ||
+           fail "$h does not compile as C11" ;;
+  esac
+  g++ -std=c++11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c++ -I"$P/include" "$WORK/hdr.c" ||
+    fail "$h does not compile as C++11"
+done
+
+step "build: C11 with pkg-config, C++11 like upstream's tutorial, CMake find_package"
+export PKG_CONFIG_PATH="$P/lib/pkgconfig"
+libdir=$(pkg-config --variable=libdir dyad)
+# shellcheck disable=SC2046
+gcc -std=c11 -Wall -o "$WORK/c_app" "$HERE/upstream_c_app.c" $(pkg-config --cflags --libs dyad) \
+  -Wl,-rpath="$libdir" || fail "C program (pkg-config dyad)"
+g++ -std=c++11 -o "$WORK/stream_app" "$SRC_DIR/tests/stream_helpers/upstream_example.cc" \
+  -I"$P/include" -L"$P/lib" -Wl,-rpath="$P/lib" -ldyad_fstream || fail "C++11 tutorial-style link"
+# shellcheck disable=SC2046
+g++ -std=c++11 -o "$WORK/stream_app_pc" "$SRC_DIR/tests/stream_helpers/upstream_example.cc" \
+  $(pkg-config --cflags --libs dyad-fstream) -Wl,-rpath="$libdir" ||
+  fail "C++11 program (pkg-config dyad-fstream)"
+unset PKG_CONFIG_PATH
+cmake -S "$HERE/find_package_project" -B "$WORK/cm" -DCMAKE_PREFIX_PATH="$P" \
+  -DDYAD_TEST_SOURCES="$HERE" >"$WORK/cm.log" 2>&1 && cmake --build "$WORK/cm" >>"$WORK/cm.log" 2>&1 ||
+  { cat "$WORK/cm.log" >&2; fail "find_package(dyad) project"; }
+for exe in "$WORK/c_app" "$WORK/stream_app" "$WORK/stream_app_pc" "$WORK/cm/c_app" \
+           "$WORK/cm/stream_app"; do
+  if ldd "$exe" | grep -q "not found"; then ldd "$exe" >&2; fail "$exe: libraries not found"; fi
+  if ldd "$exe" | grep libdyad | grep -qv "$P/lib/"; then fail "$exe: a libdyad outside $P"; fi
+done
+
+step "two services from the prefix on loopback"
+umask 077
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/secret"
+start_node() {  # rank kvs
+  d="$WORK/node$1"
+  mkdir -p "$d/prod" "$d/cons"
+  "$P/bin/dyad-service" -r "$1" -k "$2" -l 127.0.0.1:0 -s "$d/sock" --secret-file "$WORK/secret" \
+    --ready-file "$d/ready" --cons-path "$d/cons" "$d/prod" >"$d/log" 2>&1 &
+  PIDS="$PIDS $!"
+  i=0
+  until [ -S "$d/sock" ] && grep -q '^listen=' "$d/ready" 2>/dev/null; do
+    kill -0 "$!" 2>/dev/null || fail "service $1 exited"
+    [ $i -lt 200 ] || fail "service $1 not ready within 20 s"
+    sleep 0.1
+    i=$((i + 1))
+  done
+}
+start_node 0 embedded
+start_node 1 "embedded://$(sed -n 's/^listen=//p' "$WORK/node0/ready")"
+umask 022
+node() {  # rank command...: run as a process of node `rank`, bounded
+  n=$1
+  shift
+  env DYAD_SERVICE_SOCKET="$WORK/node$n/sock" DYAD_PATH_PRODUCER="$WORK/node$n/prod" \
+      DYAD_PATH_CONSUMER="$WORK/node$n/cons" DYAD_CONSUME_TIMEOUT=20 timeout 60 "$@"
+}
+PROD="$WORK/node0/prod"
+CONS="$WORK/node1/cons"
+TEXT="hello dyad 42
+"
+
+step "C++11 (tutorial link) produces, C11 (pkg-config) consumes"
+node 0 "$WORK/stream_app" produce "$PROD/a.txt" >/dev/null || fail "stream_app produce"
+node 1 "$WORK/c_app" consume "$CONS/a.txt" "$TEXT" >/dev/null || fail "c_app consume a.txt"
+
+step "C11 (find_package) produces, C++11 (find_package) consumes"
+node 0 "$WORK/cm/c_app" produce "$PROD/b.txt" "$TEXT" >/dev/null || fail "cm/c_app produce"
+node 1 "$WORK/cm/stream_app" consume "$CONS/b.txt" | grep -qx ok || fail "cm/stream_app consume b.txt"
+
+step "C11 (pkg-config) produces, C++11 (pkg-config dyad-fstream) consumes"
+node 0 "$WORK/c_app" produce "$PROD/c.txt" "$TEXT" >/dev/null || fail "c_app produce"
+node 1 "$WORK/stream_app_pc" consume "$CONS/c.txt" | grep -qx ok || fail "stream_app_pc consume c.txt"
+
+step "unmodified cp and cat under LD_PRELOAD"
+head -c 1048577 /dev/urandom >"$WORK/payload"
+node 0 env LD_PRELOAD="$P/lib/libdyad_wrapper.so" cp "$WORK/payload" "$PROD/d.bin" || fail "cp"
+node 1 env LD_PRELOAD="$P/lib/libdyad_wrapper.so" cat "$CONS/d.bin" >"$WORK/d.out" || fail "cat"
+cmp "$WORK/payload" "$WORK/d.out" || fail "cat read other bytes than cp wrote"
+
+SITE=$(find "$P" -type d -name pydyad -path '*-packages/pydyad' | head -1)
+if [ -n "$SITE" ] && [ -x /usr/bin/python3 ]; then
+  step "Python (upstream pydyad API) from $(dirname "$SITE")"
+  export PYTHONPATH="$(dirname "$SITE")"
+  node 0 /usr/bin/python3 - "$P" <<'PY' || fail "python producer"
+import os, sys
+import pydyad
+from pydyad import Dyad, dyad_open
+from pydyad.bindings import DTLMode, DTLCommMode
+assert pydyad.__file__.startswith(sys.argv[1]), pydyad.__file__
+d = Dyad()
+d.init(prod_managed_path=os.environ["DYAD_PATH_PRODUCER"],
+       cons_managed_path=os.environ["DYAD_PATH_CONSUMER"],
+       dtl_mode=DTLMode.DYAD_DTL_FLUX_RPC, dtl_comm_mode=DTLCommMode.DYAD_COMM_SEND)
+assert str(d.prod_path) == os.environ["DYAD_PATH_PRODUCER"], d.prod_path
+with dyad_open(os.path.join(str(d.prod_path), "e.txt"), "w", dyad_ctx=d) as f:
+    f.write("from python")
+d.finalize()
+PY
+  node 1 /usr/bin/python3 - <<'PY' || fail "python consumer"
+import os
+from pydyad import Dyad, dyad_open
+d = Dyad()
+d.init_env()
+fname = os.path.join(str(d.cons_path), "e.txt")
+mdata = d.get_metadata(fname, should_wait=True, raw=True)
+assert mdata.contents.owner_rank == 0, mdata.contents.owner_rank
+with dyad_open(fname, "r", dyad_ctx=d, metadata_wrapper=mdata) as f:
+    assert f.read() == "from python"
+d.free_metadata(mdata)
+with dyad_open(os.path.join(str(d.cons_path), "a.txt"), "r", dyad_ctx=d) as f:
+    assert f.read() == "hello dyad 42\n"
+d.finalize()
+PY
+  unset PYTHONPATH
+else
+  echo "== (pydyad not installed: built without pybind11-dev / python3-dev)"
+fi
+
+"$P/bin/dyad" --version | grep -q "^dyad [0-9]" || fail "dyad --version"
+"$P/bin/dyad-service" --version | grep -q "^dyad-service [0-9]" || fail "dyad-service --version"
 echo "install OK"

@@ -233,15 +233,15 @@ TEST_F(CApiTest, LastErrorIsPerThread) {
 
 TEST_F(CApiTest, CheckSetsEnvironmentOnLevelOneConsume) {
   // A file already present in a private consumer directory is complete;
-  // no service is needed. With `check`, DYAD_CHECK=ok records the success.
+  // no service is needed. With `check`, DYAD_SYNC_HEALTH=ok records the success.
   WriteFile(cons_ + "/ready.dat", "done");
   ASSERT_EQ(dyad_init(false, /*check=*/true, false, true, false, false, 3, 1024, 1, nullptr,
                       prod_.c_str(), cons_.c_str(), false, "FLUX_RPC", DYAD_COMM_RECV, nullptr),
             DYAD_RC_OK);
-  unsetenv("DYAD_CHECK");
+  unsetenv(DYAD_CHECK_ENV);
   EXPECT_EQ(dyad_consume(dyad_ctx_get(), (cons_ + "/ready.dat").c_str()), DYAD_RC_OK);
-  ASSERT_NE(getenv("DYAD_CHECK"), nullptr);
-  EXPECT_STREQ(getenv("DYAD_CHECK"), "ok");
+  ASSERT_NE(getenv(DYAD_CHECK_ENV), nullptr);
+  EXPECT_STREQ(getenv(DYAD_CHECK_ENV), "ok");
 }
 
 TEST_F(CApiTest, ForkedChildCanUseAndReinitialize) {

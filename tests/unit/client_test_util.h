@@ -32,6 +32,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "common/wire.h"
+#include "dyad/common/dyad_envs.h"
 #include "proto/protocol.h"
 
 namespace dyad {
@@ -68,12 +69,12 @@ class EnvScrub {
       if (const char* v = ::getenv(e.name)) saved_[e.name] = v;
       ::unsetenv(e.name);
     }
-    if (const char* v = ::getenv("DYAD_CHECK")) saved_["DYAD_CHECK"] = v;
-    ::unsetenv("DYAD_CHECK");
+    if (const char* v = ::getenv(DYAD_CHECK_ENV)) saved_[DYAD_CHECK_ENV] = v;
+    ::unsetenv(DYAD_CHECK_ENV);
   }
   ~EnvScrub() {
     for (const ConfigEntry& e : ConfigTable()) ::unsetenv(e.name);
-    ::unsetenv("DYAD_CHECK");
+    ::unsetenv(DYAD_CHECK_ENV);
     for (const auto& [k, v] : saved_) ::setenv(k.c_str(), v.c_str(), 1);
   }
 

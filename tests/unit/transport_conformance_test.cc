@@ -960,22 +960,37 @@ TEST(TcpTransportPull, AppendOnlySinkFallsBackToBufferedReceive) {
   RemoveTree(dir);
 }
 
+// The owner names the file by its root, the path beneath it and its inode
+// (issue 12: a path string reopened by name could be swapped for a symlink).
+std::string LocalArgs(const std::string& root, const std::string& upath, const std::string& real) {
+  struct stat st {};
+  ::stat(real.c_str(), &st);
+  Encoder e;
+  e.Str(root).Str(upath).U64(st.st_dev).U64(st.st_ino);
+  return e.data();
+}
+
 TEST(LocalTransportPull, RefusesSymlinksAndNonFiles) {
   const std::string dir = MakeTempDir(BaseTempDir(), "local");
   ASSERT_FALSE(dir.empty());
   ASSERT_TRUE(WriteRandomFile(dir + "/real", 100, 10).ok());
   ASSERT_EQ(::symlink((dir + "/real").c_str(), (dir + "/link").c_str()), 0);
+  ASSERT_EQ(::mkdir((dir + "/sub").c_str(), 0755), 0);
   LocalTransport t{TransportOptions()};
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   Channel session{UniqueFd(sv[0])};
   UniqueFd other(sv[1]);
   UniqueFd sink(::open((dir + "/sink").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-  EXPECT_FALSE(t.Pull(session, 100, dir + "/link", sink.get(), nullptr).ok());
-  EXPECT_FALSE(t.Pull(session, 100, dir, sink.get(), nullptr).ok());
-  EXPECT_EQ(t.Pull(session, 100, "relative/path", sink.get(), nullptr).code(), DYAD_RC_BADREQUEST);
-  EXPECT_EQ(t.Pull(session, 101, dir + "/real", sink.get(), nullptr).code(), DYAD_RC_BADFIO);
-  EXPECT_TRUE(t.Pull(session, 100, dir + "/real", sink.get(), nullptr).ok());
+  const std::string real = dir + "/real";
+  EXPECT_FALSE(t.Pull(session, 100, LocalArgs(dir, "link", real), sink.get(), nullptr).ok());
+  EXPECT_FALSE(t.Pull(session, 100, LocalArgs(dir, "sub", dir + "/sub"), sink.get(), nullptr).ok());
+  EXPECT_EQ(t.Pull(session, 100, "relative/path", sink.get(), nullptr).code(), DYAD_RC_BADUNPACK);
+  EXPECT_EQ(t.Pull(session, 101, LocalArgs(dir, "real", real), sink.get(), nullptr).code(),
+            DYAD_RC_BADFIO);
+  EXPECT_EQ(t.Pull(session, 100, LocalArgs(dir, "real", dir + "/sub"), sink.get(), nullptr).code(),
+            DYAD_RC_STALE);
+  EXPECT_TRUE(t.Pull(session, 100, LocalArgs(dir, "real", real), sink.get(), nullptr).ok());
   RemoveTree(dir);
 }
 

@@ -21,6 +21,7 @@
 #include "common/time.h"
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
+#include "dyad_version.h"
 #include "kvs/kvs.h"
 #include "transport/transport.h"
 
@@ -134,6 +135,7 @@ int CmdInfo(InfoFormat format) {
   if (format == InfoFormat::kJson) {
     Json j;
     j["version"] = DYAD_VERSION;
+    j["build"] = DYAD_VERSION_FULL;
     j["transports"] = transports;
     j["kvs_backends"] = stores;
     Json rows = Json::array();
@@ -183,7 +185,7 @@ int CmdInfo(InfoFormat format) {
   }
 
   const size_t width = TerminalWidth();
-  std::cout << "dyad " << DYAD_VERSION << "\n"
+  std::cout << "dyad " << DYAD_VERSION_FULL << "\n"
             << "transports:      " << Join(transports, ", ") << "\n"
             << "metadata stores: " << Join(stores, ", ") << "\n"
             << "service socket:  " << DefaultServiceSocket() << "\n\n"

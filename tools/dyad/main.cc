@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "demo.h"
 #include "dyad/dyad_config.hpp"
+#include "dyad_version.h"
 
 namespace {
 
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
       "Settings come from DYAD_* environment variables (see `dyad info`); each node runs a "
       "dyad-service."};
   app.name("dyad");
+  app.set_version_flag("--version", "dyad " DYAD_VERSION_FULL, "Show the version and exit");
   app.require_subcommand(0, 1);
 
   std::string socket;

@@ -32,19 +32,28 @@
 //
 // Threading: one stream object is used by one thread at a time, like a
 // std::fstream. The DYAD context underneath is process-wide and thread-safe.
+//
+// Language level: C++11 and later (upstream's tutorial builds its programs
+// with -std=c++11); the std::filesystem::path overloads exist whenever the
+// program's standard library has std::filesystem.
 #ifndef DYAD_STREAM_DYAD_STREAM_API_HPP
 #define DYAD_STREAM_DYAD_STREAM_API_HPP
 
 #include <dyad/dyad_config.hpp>
 #include <dyad/stream/dyad_stream_core.hpp>
 
+#if defined(__has_include)
 #if __has_include(<dyad/stream/dyad_stream_config.hpp>)
 #include <dyad/stream/dyad_stream_config.hpp>
+#endif
 #endif
 
 #include <unistd.h>
 
+// Programs built as C++17 get <filesystem> from here, as before.
+#if __cplusplus >= 201703L
 #include <filesystem>
+#endif
 #include <fstream>
 #include <istream>
 #include <ostream>
@@ -56,19 +65,32 @@
 // with; a program built with another one (libc++) gets the portable path.
 // Nothing in libdyad_fstream depends on the choice.
 #if defined(DYAD_HAS_STD_FSTREAM_FD) && !defined(DYAD_STREAM_PORTABLE_LOCKING) && \
-    defined(__GLIBCXX__) && __has_include(<ext/stdio_filebuf.h>)
+    defined(__GLIBCXX__) && defined(__has_include)
+#if __has_include(<ext/stdio_filebuf.h>)
 #include <ext/stdio_filebuf.h>
 #define DYAD_STREAM_ADOPTS_FD 1
+#endif
 #endif
 
 namespace dyad {
 
 // Enabled when _Path is std::filesystem::path (upstream's helper name).
+// Spelled in C++11 terms (no enable_if_t / is_same_v), and detected by the
+// path's own members.
 template <typename _Path, typename _Result = _Path,
           typename _Path2 = decltype(std::declval<_Path&>().make_preferred().filename())>
-using dyad_if_fs_path = std::enable_if_t<std::is_same_v<_Path, _Path2>, _Result>;
+using dyad_if_fs_path =
+    typename std::enable_if<std::is_same<_Path, _Path2>::value, _Result>::type;
 
 namespace stream_detail {
+
+// std::exchange is C++14.
+template <typename T, typename U>
+T take(T& slot, U&& replacement) {
+  T old = std::move(slot);
+  slot = std::forward<U>(replacement);
+  return old;
+}
 
 // Everything the three stream classes share. `Stream` is the std stream
 // held; `kDefaultMode` the default open mode; `kForcedMode` the bits the
@@ -108,8 +130,8 @@ class basic_dyad_file {
       : m_core(rhs.m_core),
         m_stream(std::move(rhs.m_stream)),
         m_filename(std::move(rhs.m_filename)),
-        m_sync_fd(std::exchange(rhs.m_sync_fd, -1)),
-        m_publish(std::exchange(rhs.m_publish, false)) {}
+        m_sync_fd(take(rhs.m_sync_fd, -1)),
+        m_publish(take(rhs.m_publish, false)) {}
 
   // Finishes (publishes) what this stream had open, then takes rhs's file.
   basic_dyad_file& operator=(basic_dyad_file&& rhs) {
@@ -118,8 +140,8 @@ class basic_dyad_file {
       m_core = rhs.m_core;
       m_stream = std::move(rhs.m_stream);
       m_filename = std::move(rhs.m_filename);
-      m_sync_fd = std::exchange(rhs.m_sync_fd, -1);
-      m_publish = std::exchange(rhs.m_publish, false);
+      m_sync_fd = take(rhs.m_sync_fd, -1);
+      m_publish = take(rhs.m_publish, false);
     }
     return *this;
   }
