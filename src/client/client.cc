@@ -108,8 +108,12 @@ Result<std::string> NormalizeDtlMode(const std::string& name) {
   static const char* const kModes[] = {"FLUX_RPC", "TCP", "UCX", "OFI", "LOCAL"};
   for (const char* m : kModes)
     if (up == m) return up;
+  // Upstream's Margo backend pulled with RMA over libfabric: the OFI
+  // transport plays that role here.
+  if (up == "MARGO") return std::string("OFI");
   return Status(DYAD_RC_BADDTLMODE, "unknown DTL mode '" + name +
-                                        "' (expected FLUX_RPC, TCP, UCX, OFI or LOCAL)");
+                                        "' (expected FLUX_RPC, TCP, UCX, OFI (alias MARGO) or "
+                                        "LOCAL)");
 }
 
 Result<ClientConfig> ClientConfig::FromEnv() {

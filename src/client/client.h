@@ -60,7 +60,7 @@ struct ClientConfig {
 };
 
 // Checks a DTL mode name (FLUX_RPC, TCP, UCX, OFI, LOCAL; any case) and
-// returns its canonical upper-case spelling. Whether the transport is
+// returns its canonical upper-case spelling; MARGO is taken as OFI. Whether the transport is
 // compiled in is for the service to say.
 Result<std::string> NormalizeDtlMode(const std::string& name);
 

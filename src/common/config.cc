@@ -20,9 +20,9 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "Metadata namespace; producers and consumers of one workflow must use the same one. "
        "Unset means the primary namespace."},
       {"DYAD_DTL_MODE", ConfigKind::kString, "FLUX_RPC", "both",
-       "Data transport: TCP (FLUX_RPC is an alias kept for upstream compatibility) or UCX; OFI "
-       "(libfabric) is recognized but not implemented yet. "
-       "Same-node copies always use the local transport."},
+       "Data transport: TCP (FLUX_RPC is an alias kept for upstream compatibility), UCX, or OFI "
+       "(libfabric RMA reads; MARGO is an alias for it). Same-node copies always use the local "
+       "transport."},
       {"DYAD_SHARED_STORAGE", ConfigKind::kBool, "false", "client",
        "The managed directory is shared by all nodes (e.g. Lustre): synchronize only, never "
        "transfer."},
@@ -81,6 +81,16 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "UCX transport: 'auto' lets two services on one host move files through shared memory "
        "(the owner writes into the requester's buffer); 'off' keeps them on UCX messages "
        "(docs/ucx.md)."},
+      {"DYAD_OFI_PROVIDER", ConfigKind::kString, "", "service",
+       "OFI transport: libfabric provider to use (tcp, shm, verbs, cxi, efa, psm2, opx, ...); "
+       "unset means $FI_PROVIDER if set, else the highest-ranked provider with RMA reads that "
+       "reaches other hosts. Every service must use the same one (docs/ofi.md)."},
+      {"DYAD_OFI_DOMAIN", ConfigKind::kString, "", "service",
+       "OFI transport: libfabric domain (NIC or interface, e.g. mlx5_0, cxi0, eth0); unset "
+       "prefers a non-loopback one (docs/ofi.md)."},
+      {"DYAD_OFI_POOL_BUFFERS", ConfigKind::kUint, "4", "service",
+       "OFI transport: registered buffers per pool (receive and send, each 2 x --chunk-size "
+       "bytes), 1..1024 (docs/ofi.md)."},
   };
   return table;
 }

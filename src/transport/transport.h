@@ -85,6 +85,11 @@ class Transport {
   // here, e.g. which paths its library chose. "" when there is nothing to add.
   virtual std::string Details() const { return std::string(); }
 
+  // What this transport would use on this host, found without starting it
+  // (`dyad info`), e.g. which provider a fabric library offers and why.
+  // "" when there is nothing to say.
+  virtual std::string Probe() const { return std::string(); }
+
   // Owner: after sending the FetchReply, move `src` to the requester.
   // `request_args` are the requester's transport_args.
   virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,
@@ -111,7 +116,7 @@ class Transport {
 
 // Creates a transport by name ("tcp", "local", and those compiled in).
 // DTL mode names are accepted too: FLUX_RPC and TCP -> tcp, UCX -> ucx,
-// OFI -> ofi. Unknown or not compiled-in names give DYAD_RC_BADDTLMODE with
+// OFI and MARGO -> ofi. Unknown or not compiled-in names give DYAD_RC_BADDTLMODE with
 // a message listing the available ones.
 Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
                                                    const TransportOptions& options);
