@@ -131,6 +131,10 @@ Status OfiFabric::Read(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t
     const ssize_t rc = fi_read(ep_, local, len, desc, peer, remote_addr, key, &op->context);
     if (rc == 0) {
       ++reads_;
+      // Without a wait object nothing wakes a sleeper for this read, and a
+      // provider like shm completes it at once: dispatch it now rather
+      // than through the polling thread.
+      if (polled()) DrainLocked();
       return Status::OK();
     }
     op->state.store(OfiOp::kIdle, std::memory_order_relaxed);

@@ -48,8 +48,6 @@
 
 namespace dyad {
 
-class OfiFabric;
-class OfiPool;
 struct OfiBuffer;
 struct OfiGeometry;
 struct OfiReplyArgs;
