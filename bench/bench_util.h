@@ -233,6 +233,25 @@ inline double Rate(uint64_t n, uint64_t first, uint64_t last) {
 }
 
 // "[1.000000, 2.000000]"
+// `s` as a JSON string literal (quotes, backslashes and control
+// characters escaped).
+inline std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 inline std::string JsonList(const std::vector<double>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);

@@ -39,6 +39,7 @@ PROFILES = {
         "small_sizes": [1024, 4096, 65536, MiB],
         "small_count": 2000,
         "small_bytes_cap": 64 * MiB,
+        "small_mode_sizes": [4096, MiB],
         "metadata_n": 300,
         "preload": ["--iterations", "5000", "--runs", "3"],
         "consumers": [1, 2, 4, 8],
@@ -53,6 +54,7 @@ PROFILES = {
         "small_sizes": [1024, 4096, 65536, MiB],
         "small_count": 5000,
         "small_bytes_cap": 512 * MiB,
+        "small_mode_sizes": [4096, MiB],
         "metadata_n": 1000,
         "preload": ["--iterations", "20000", "--runs", "5"],
         "consumers": [1, 2, 4, 8],
@@ -204,13 +206,22 @@ def big_file_dir(largest):
 # both emulated nodes share this host's memory, and the owner's service
 # writes file chunks straight into the requester service's shared buffer
 # (the same-host direct path, counted in the owner's bytes.out.direct).
-KNOWN_MODES = ["TCP", "UCX", "UCX-SHM"]
+# "OFI" is the libfabric transport over its tcp provider (tcp;ofi_rxm), and
+# "OFI-SHM" the same over libfabric's shm provider.
+KNOWN_MODES = ["TCP", "UCX", "UCX-SHM", "OFI", "OFI-SHM"]
 UCX_SHM_TLS = "shm,tcp"
+OFI_PROVIDERS = {"OFI": "tcp", "OFI-SHM": "shm"}
 MODE_DESCRIPTIONS = {
     "UCX-SHM": "UCX-SHM is the UCX transport with UCX_TLS=%s: both emulated nodes share this "
                "host's memory, so the owner's service writes file chunks straight into the "
                "requester service's shared buffer (the same-host direct path; the owner's "
                "bytes.out.direct counter)." % UCX_SHM_TLS,
+    "OFI": "OFI is the libfabric transport with FI_PROVIDER=tcp (tcp;ofi_rxm): the requester's "
+           "service reads each chunk with fi_read from the owner service's registered memory "
+           "over TCP between the namespaces.",
+    "OFI-SHM": "OFI-SHM is the libfabric transport with FI_PROVIDER=shm: the same RMA reads "
+               "between the two services through shared memory and cross-memory attach (both "
+               "emulated nodes are processes of this host).",
 }
 
 
@@ -223,7 +234,7 @@ def mode_argv(mode):
     """dyad-transfer options selecting `mode`'s transport."""
     if mode == "TCP":
         return []
-    return ["--mode", "UCX" if mode == "UCX-SHM" else mode]
+    return ["--mode", {"UCX-SHM": "UCX", "OFI-SHM": "OFI"}.get(mode, mode)]
 
 
 def mode_env(mode):
@@ -232,6 +243,8 @@ def mode_env(mode):
         return ucx_env()
     if mode == "UCX-SHM":
         return {"UCX_TLS": UCX_SHM_TLS}
+    if mode in OFI_PROVIDERS:
+        return {"FI_PROVIDER": OFI_PROVIDERS[mode]}
     return None
 
 
@@ -280,6 +293,19 @@ def detect_modes(r, requested):
                                   probe.get("owner_bytes_out_direct")))
     else:
         modes.append("UCX-SHM")
+    for mode, provider in OFI_PROVIDERS.items():
+        probe = r.json_of([r.prog("dyad-transfer"), "--size-mib", "1", "--reps", "1", "--json"]
+                          + mode_argv(mode) + r.cluster_args(), 60, mode_env(mode),
+                          label="probe: OFI transport, FI_PROVIDER=%s" % provider, record=False)
+        details = (probe or {}).get("transport_details") or ""
+        if not probe or not probe.get("median", {}).get("dyad_mbps", 0) > 0:
+            skipped[mode] = "1 MiB probe with FI_PROVIDER=%s failed (%s)" % (
+                provider, r.last_error or "no DYAD throughput")
+        elif ("provider " + provider) not in details:
+            skipped[mode] = "1 MiB probe with FI_PROVIDER=%s used another path (%s)" % (
+                provider, details or "no transport details")
+        else:
+            modes.append(mode)
     return modes, skipped
 
 
@@ -294,7 +320,8 @@ def section_transfer(r, prof, quick, modes):
             j = r.json_of(argv, 120 + size // (20 * MiB), env,
                           label="transfer %s %s x%d" % (mode, human(size), reps))
             row = {"mode": mode, "bytes": size, "reps": reps, "ok": j is not None,
-                   "ucx_tls": (env or {}).get("UCX_TLS")}
+                   "ucx_tls": (env or {}).get("UCX_TLS"),
+                   "fi_provider": (env or {}).get("FI_PROVIDER")}
             if j:
                 med = j["median"]
                 res = j.get("resources", {})
@@ -311,6 +338,7 @@ def section_transfer(r, prof, quick, modes):
                     "cpu_s_per_gib": res.get("cpu_s_per_gib_median"),
                     "owner_bytes_out": j.get("owner_bytes_out"),
                     "owner_bytes_out_direct": j.get("owner_bytes_out_direct"),
+                    "transport_details": j.get("transport_details"),
                     "raw": j,
                 })
             rows.append(row)
@@ -358,6 +386,37 @@ def section_small(r, prof):
         rows.append(row)
         lat_files[size] = (lat_dyad, lat_poll, lat_call)
     return rows, lat_files
+
+
+def section_small_modes(r, prof, modes, small):
+    """Small files over each transport other than the default (TCP): DYAD
+    streaming and consume-after rates at a few sizes, against the polling
+    baseline of the same size measured by section_small in this run."""
+    rows = []
+    for mode in modes:
+        if mode == "TCP":
+            continue
+        for size in prof["small_mode_sizes"]:
+            count = max(100, min(prof["small_count"], prof["small_bytes_cap"] // size))
+            d = r.json_of([r.prog("dyad-small-files"), "--count", str(count), "--size",
+                           str(size), "--phases", "after,streaming", "--json"]
+                          + r.cluster_args() + mode_argv(mode), 180, mode_env(mode),
+                          label="small files DYAD %s %s x%d" % (mode, human(size), count))
+            base = next((s for s in small if s["bytes"] == size), {})
+            row = {"mode": mode, "bytes": size, "count": count, "ok": d is not None,
+                   "poll_fps": base.get("poll_fps"), "tcp_after_fps": base.get("dyad_after_fps")}
+            if d:
+                row.update({
+                    "dyad_stream_fps": d["streaming"]["files_per_s"],
+                    "dyad_stream_p50_ms": d["streaming"]["latency_p50_ms"],
+                    "dyad_after_fps": d["consume_after"]["files_per_s"],
+                    "dyad_after_p50_ms": d["consume_after"]["p50_ms"],
+                    "failures": sum(d[k]["failures"] for k in ("consume_after", "streaming")),
+                })
+            row["ratio_fps"] = ratio(row.get("dyad_stream_fps"), row.get("poll_fps"))
+            row["ratio_after_tcp"] = ratio(row.get("dyad_after_fps"), row.get("tcp_after_fps"))
+            rows.append(row)
+    return rows
 
 
 def section_metadata(r, prof):
@@ -743,6 +802,20 @@ def write_report(out, res, figs):
                     "after p50/p99 ms", "publish files/s", "errors"], rows))
     if "small" in figs:
         L.append("\n![small files](%s)\n" % figs["small"])
+    if res.get("small_modes"):
+        L.append("\nThe same exchange over the other transports (streaming and consume after "
+                 "publish), against the polling baseline and the TCP transport's "
+                 "consume-after rate of the same size in this run.\n")
+        rows = []
+        for s in res["small_modes"]:
+            rows.append([s["mode"], human(s["bytes"]), str(s["count"]),
+                         fmt(s.get("dyad_stream_fps"), 0), fmt(s.get("poll_fps"), 0),
+                         fmt(s.get("ratio_fps"), 2), fmt(s.get("dyad_stream_p50_ms"), 3),
+                         fmt(s.get("dyad_after_fps"), 0), fmt(s.get("ratio_after_tcp"), 2),
+                         str(s.get("failures", "n/a"))])
+        L.append(table(["transport", "size", "files", "DYAD stream files/s", "polling files/s",
+                        "ratio", "DYAD stream p50 ms", "DYAD after files/s",
+                        "after / TCP after", "errors"], rows))
 
     L.append("\n## Metadata (dyad-metadata)\n")
     rows = [[m["level"], m["op"], str(m["n"]), fmt(m["p50_us"]), fmt(m["p99_us"]),
@@ -785,8 +858,10 @@ def main():
     ap.add_argument("--out", help="output directory (default bench/results/<date>[-quick])")
     ap.add_argument("--modes", help="comma-separated transports: TCP, UCX (UCX_TLS=tcp unless "
                                     "set), UCX-SHM (UCX with UCX_TLS=%s, the same-host direct "
-                                    "path); default: TCP, plus UCX and UCX-SHM when a 1 MiB "
-                                    "probe of each works (UCX-SHM: and used the direct path)"
+                                    "path), OFI (libfabric, FI_PROVIDER=tcp), OFI-SHM "
+                                    "(libfabric, FI_PROVIDER=shm); default: TCP, plus the "
+                                    "others when a 1 MiB probe of each works (UCX-SHM: and used "
+                                    "the direct path; OFI*: and used that provider)"
                                     % UCX_SHM_TLS)
     ap.add_argument("--tmp", help="parent of the emulated nodes' directories (e.g. /dev/shm); "
                                   "default /dev/shm when it has room, else $TMPDIR or /tmp")
@@ -829,7 +904,8 @@ def main():
            "host": platform.node(), "cpus": os.cpu_count() or 0, "commit": commit or "unknown",
            "build": build, "tmp": r.tmp or env["TMPDIR"],
            "big_tmp": r.big_tmp or env["TMPDIR"], "transfer": [], "small": [], "metadata": [], "preload": [],
-           "scaling_consumers": [], "scaling_nodes": [], "modes_skipped": {}}
+           "scaling_consumers": [], "scaling_nodes": [], "modes_skipped": {},
+           "small_modes": []}
     lat_files = {}
     modes = ["TCP"]
     if "transfer" not in skip:
@@ -844,6 +920,7 @@ def main():
     if "small" not in skip:
         print("[small] many small files, DYAD vs polling a shared directory", flush=True)
         res["small"], lat_files = section_small(r, prof)
+        res["small_modes"] = section_small_modes(r, prof, modes, res["small"])
     if "metadata" not in skip:
         print("[metadata] publish/locate latency per store", flush=True)
         res["metadata"] = section_metadata(r, prof)

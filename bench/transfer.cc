@@ -23,7 +23,10 @@
 // straight into the requester service's shared buffer: the UCX transport's
 // same-host path, e.g. with UCX_TLS=shm,tcp), so a reader sees which path
 // moved the bytes; "owner_bytes_out" and "owner_bytes_out_direct" in JSON
-// (null when the service's status could not be read).
+// (null when the service's status could not be read). It also prints the
+// requester (node B) service's transport and what that transport says it
+// uses (`dyad status`: e.g. the libfabric provider of -m OFI, chosen by
+// FI_PROVIDER=tcp or shm); "transport" and "transport_details" in JSON.
 //
 // --ring N (N >= 2) measures scaling instead: N nodes, node i sends one file
 // to node (i+1) mod N, all at once; aggregate MB/s of DYAD (every consumer
@@ -85,7 +88,9 @@ void Usage() {
       "After the two-node runs it also prints node A's (the owner's) service counters\n"
       "bytes.out and bytes.out.direct (bytes the UCX transport wrote straight into the\n"
       "requester service's shared buffer on the same host; 0 over TCP or UCX_TLS=tcp);\n"
-      "in JSON: owner_bytes_out, owner_bytes_out_direct (null if unreadable).\n");
+      "in JSON: owner_bytes_out, owner_bytes_out_direct (null if unreadable), and node B's\n"
+      "transport with its details (e.g. the libfabric provider of --mode OFI, chosen by\n"
+      "FI_PROVIDER): transport, transport_details.\n");
 }
 
 // --- roles -----------------------------------------------------------------
@@ -501,6 +506,9 @@ int Drive(const Args& a) {
   const double m_mem = emu::Median(mem), m_file = emu::Median(file), m_dy = emu::Median(dy);
   const ProcSample svc_a = SampleProc(c.ServicePid(0)), svc_b = SampleProc(c.ServicePid(1));
   auto counters = c.ServiceStatus(1);
+  // What moved the bytes on the requester's side (e.g. which provider).
+  const std::string transport = counters.ok() ? counters->info["transport"] : "";
+  const std::string details = counters.ok() ? counters->info["transport.details"] : "";
   // The owner's side: how many file bytes it served, and how many of them
   // went through the same-host direct path.
   auto owner = c.ServiceStatus(0);
@@ -519,7 +527,8 @@ int Drive(const Args& a) {
         "%.3f,\n"
         " \"resources\": {\"service_hwm_kib\": [%llu, %llu], \"consumer_hwm_kib\": %llu,\n"
         "  \"service_cpu_s\": %s, \"consumer_cpu_s\": %s, \"cpu_s_per_gib_median\": %.4f},\n"
-        " \"owner_bytes_out\": %s, \"owner_bytes_out_direct\": %s}\n",
+        " \"owner_bytes_out\": %s, \"owner_bytes_out_direct\": %s,\n"
+        " \"transport\": %s, \"transport_details\": %s}\n",
         static_cast<unsigned long long>(a.size), a.reps, c.uses_netns() ? "veth" : "loopback",
         a.cl.mode.empty() ? "default" : a.cl.mode.c_str(), JsonList(mem).c_str(),
         JsonList(file).c_str(), JsonList(dy).c_str(), m_mem, m_file, m_dy,
@@ -528,7 +537,8 @@ int Drive(const Args& a) {
         static_cast<unsigned long long>(svc_b.hwm_kib),
         static_cast<unsigned long long>(consumer_hwm), JsonList(svc_cpu).c_str(),
         JsonList(cons_cpu).c_str(), emu::Median(cpu_per_gib), owner_counter("bytes.out").c_str(),
-        owner_counter("bytes.out.direct").c_str());
+        owner_counter("bytes.out.direct").c_str(), JsonString(transport).c_str(),
+        JsonString(details).c_str());
   } else {
     std::printf("\nmedian of %d       MB/s\n", a.reps);
     std::printf("  raw TCP, memory      %8.1f\n", m_mem);
@@ -541,10 +551,13 @@ int Drive(const Args& a) {
                 emu::HumanBytes(svc_a.hwm_kib * 1024).c_str(),
                 emu::HumanBytes(svc_b.hwm_kib * 1024).c_str(),
                 emu::HumanBytes(consumer_hwm * 1024).c_str(), emu::Median(cpu_per_gib));
-    if (counters.ok())
+    if (counters.ok()) {
       std::printf("node B service: transfers.in %llu, bytes.in %s\n",
                   static_cast<unsigned long long>(counters->counters["transfers.in"]),
                   emu::HumanBytes(counters->counters["bytes.in"]).c_str());
+      std::printf("node B transport: %s%s%s\n", transport.c_str(), details.empty() ? "" : ": ",
+                  details.c_str());
+    }
     if (owner.ok())
       std::printf("node A service: bytes.out %s, bytes.out.direct %s\n",
                   emu::HumanBytes(owner->counters["bytes.out"]).c_str(),

@@ -22,9 +22,12 @@ tar
 strace
 "
 # optional backends (each is compiled in when found): UCX, libfabric, Redis
+# (libfabric-bin: fi_info, which the OFI tests use to tell a provider that
+# is missing here from one that failed)
 PACKAGES="$PACKAGES
 libucx-dev
 libfabric-dev
+libfabric-bin
 libhiredis-dev
 redis-server
 "

@@ -100,11 +100,16 @@ Result<const BackendRow*> TransportRowForMode(const std::string& mode, bool requ
   for (const BackendRow* row : RowsOf(BackendKind::kTransport)) {
     bool match = Lower(want) == row->name;
     for (const char* s : row->selectors) match = match || want == s;
-    for (const char* a : row->aliases) match = match || want == a;
-    if (!match) continue;
-    if (require_built && !row->built)
-      return Status(DYAD_RC_BADDTLMODE, "DTL mode " + want + ": " + NotBuiltReason(*row) +
-                                            "; available here: " + BuiltModes());
+    bool alias = false;
+    for (const char* a : row->aliases) alias = alias || want == a;
+    if (!match && !alias) continue;
+    if (require_built && !row->built) {
+      const std::string what = alias ? "DTL mode " + want + " maps to the " +
+                                           row->selectors.front() + " transport, and "
+                                     : "DTL mode " + want + ": ";
+      return Status(DYAD_RC_BADDTLMODE,
+                    what + NotBuiltReason(*row) + "; available here: " + BuiltModes());
+    }
     return row;
   }
   return Status(DYAD_RC_BADDTLMODE,

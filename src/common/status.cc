@@ -132,6 +132,9 @@ const char* dyad_rc_message(int rc) {
     case DYAD_RC_BADREQUEST: return "bad request";
     case DYAD_RC_CANCELLED: return "cancelled";
     case DYAD_RC_STALE: return "file changed since it was published";
+    // The Margo codes name the role the OFI (libfabric) transport plays.
+    case DYAD_RC_MARGOINIT_FAIL: return "OFI (libfabric) transport setup failed";
+    case DYAD_RC_MARGO_BAD_PROTO: return "libfabric provider unavailable or mismatched";
     default:
       if (rc <= -3001 && rc >= -3199) return "UCX/Margo transport failure";
       return "unknown error";

@@ -79,6 +79,11 @@ class Transport {
   // here, e.g. which paths its library chose. "" when there is nothing to add.
   virtual std::string Details() const { return std::string(); }
 
+  // What this transport would use on this host, found without starting it
+  // (`dyad info`), e.g. which provider a fabric library offers and why.
+  // "" when there is nothing to say.
+  virtual std::string Probe() const { return std::string(); }
+
   // Owner: after sending the FetchReply, move `src` to the requester.
   // `request_args` are the requester's transport_args.
   virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,

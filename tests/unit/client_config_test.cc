@@ -110,7 +110,12 @@ TEST_F(ClientConfigTest, DtlModeIsCaseInsensitiveAndChecked) {
     setenv("DYAD_DTL_MODE", ok, 1);
     EXPECT_TRUE(ClientConfig::FromEnv().ok()) << ok;
   }
-  setenv("DYAD_DTL_MODE", "MARGO", 1);
+  // Upstream's MARGO is the OFI transport here.
+  setenv("DYAD_DTL_MODE", "Margo", 1);
+  c = ClientConfig::FromEnv();
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->dtl_mode, "OFI");
+  setenv("DYAD_DTL_MODE", "BOGUS", 1);
   c = ClientConfig::FromEnv();
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), DYAD_RC_BADDTLMODE);

@@ -125,6 +125,19 @@ std::shared_ptr<Client> InitFromEnv(const std::string& cmd, dyad_dtl_comm_mode_t
   return *client;
 }
 
+// What each compiled-in transport would use on this host (Transport::Probe),
+// by name; transports with nothing to say are left out.
+std::map<std::string, std::string> TransportProbes(const std::vector<std::string>& names) {
+  std::map<std::string, std::string> out;
+  for (const std::string& name : names) {
+    Result<std::unique_ptr<Transport>> t = CreateTransport(name, TransportOptions());
+    if (!t.ok()) continue;
+    std::string probe = (*t)->Probe();
+    if (!probe.empty()) out[name] = std::move(probe);
+  }
+  return out;
+}
+
 }  // namespace
 
 int CmdInfo(InfoFormat format) {
@@ -137,6 +150,7 @@ int CmdInfo(InfoFormat format) {
     j["version"] = DYAD_VERSION;
     j["build"] = DYAD_VERSION_FULL;
     j["transports"] = transports;
+    j["transport_details"] = TransportProbes(transports);
     j["kvs_backends"] = stores;
     Json rows = Json::array();
     for (const BackendRow* row : BackendRows()) {
@@ -186,8 +200,10 @@ int CmdInfo(InfoFormat format) {
 
   const size_t width = TerminalWidth();
   std::cout << "dyad " << DYAD_VERSION_FULL << "\n"
-            << "transports:      " << Join(transports, ", ") << "\n"
-            << "metadata stores: " << Join(stores, ", ") << "\n"
+            << "transports:      " << Join(transports, ", ") << "\n";
+  for (const auto& [name, probe] : TransportProbes(transports))
+    std::cout << Wrap(name + ": " + probe, width, "                 ");
+  std::cout << "metadata stores: " << Join(stores, ", ") << "\n"
             << "service socket:  " << DefaultServiceSocket() << "\n\n"
             << "Configuration (environment variables; booleans are true when set, except "
                "0/false/no/off):\n\n";

@@ -1,0 +1,151 @@
+// ofi_pool.h: the registered memory of the "ofi" transport.
+//
+// Memory is registered once, never per transfer: a pool hands out buffers
+// of `slots` slots of `slot_bytes` each, creating (mapping, touching and
+// registering) one only when all existing ones are busy and the pool holds
+// fewer than `max_buffers`, and keeps them until the transport goes. Each
+// transport has two pools, so an owner never waits for memory a requester
+// holds (services fetch from each other at the same time):
+//   send pool:    the owner preads file chunks into slots that requesters
+//                 read remotely (registered FI_REMOTE_READ);
+//   receive pool: the requester's fi_read targets (registered FI_READ), one
+//                 OfiOp per slot and an eventfd that becomes readable when
+//                 any of the buffer's reads completes.
+// A receive buffer is reusable only once every read into it has completed
+// (after a failure the provider still owns the slots until it reports each
+// read: a live owner may still write them); a send buffer given back after
+// a failure rests for a while, since the requester may still be reading
+// it. Buffers held back that way do not count against max_buffers, up to
+// kHeldBackFactor times as many: a provider that never completes the reads
+// to a peer that died (shm in libfabric 1.17 can leave them pending) costs
+// memory, not the service's ability to transfer.
+//
+// Threading: thread-safe. Lock order: the fabric's lock (held when a read
+// completes) before the pool's, never the reverse.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "transport/ofi/ofi_fabric.h"
+#include "transport/transport.h"
+
+namespace dyad {
+
+// Memory registered with a fabric; deregistered when destroyed. The packed
+// key is what a peer needs to read it: the remote address of its first
+// byte and the key (8 bytes each, little-endian).
+class OfiRegion final {
+ public:
+  OfiRegion(std::shared_ptr<OfiFabric> fabric, void* addr, size_t len, OfiFabric::Registration reg);
+  ~OfiRegion();
+  OfiRegion(const OfiRegion&) = delete;
+  OfiRegion& operator=(const OfiRegion&) = delete;
+
+  void* addr() const { return addr_; }
+  size_t length() const { return len_; }
+  std::string PackedKey() const;
+  const OfiFabric::Registration& registration() const { return reg_; }
+
+ private:
+  std::shared_ptr<OfiFabric> fabric_;
+  void* const addr_;
+  const size_t len_;
+  OfiFabric::Registration reg_;
+};
+
+class OfiPool;
+
+struct OfiBuffer {
+  OfiPool* pool = nullptr;
+  char* base = nullptr;
+  size_t len = 0;
+  size_t slot_bytes = 0;
+  int slots = 0;
+  std::unique_ptr<OfiRegion> region;
+  UniqueFd event;                 // receive buffers: a read into it completed
+  std::unique_ptr<OfiOp[]> ops;   // receive buffers: the read of each slot
+  std::atomic<int> in_flight{0};  // reads into it not yet completed
+  // Pool bookkeeping (guarded by the pool's lock).
+  bool in_use = false;
+  std::chrono::steady_clock::time_point usable_at{};
+
+  char* slot(uint64_t i) { return base + (i % static_cast<uint64_t>(slots)) * slot_bytes; }
+  // Remote address of slot i for the peer (see OfiFabric::Registration).
+  uint64_t remote_slot(uint64_t i) const {
+    return region->registration().remote_base + (i % static_cast<uint64_t>(slots)) * slot_bytes;
+  }
+  void DrainEvent();  // resets `event` after a wake-up
+};
+
+class OfiPool {
+ public:
+  enum class Kind { kSend, kReceive };
+  static constexpr int kHeldBackFactor = 4;
+
+  OfiPool(std::shared_ptr<OfiFabric> fabric, Kind kind, size_t slot_bytes, int slots,
+          int max_buffers);
+  ~OfiPool();
+  OfiPool(const OfiPool&) = delete;
+  OfiPool& operator=(const OfiPool&) = delete;
+
+  size_t slot_bytes() const { return slot_bytes_; }
+  int slots() const { return slots_; }
+
+  // A free buffer, waiting (bounded) when all allowed ones are busy.
+  Result<OfiBuffer*> Acquire(Deadline deadline);
+  // Gives a buffer back; it is reused no sooner than `rest_ms` from now
+  // (and, for receive buffers, once its reads completed).
+  void Release(OfiBuffer* b, int64_t rest_ms);
+  // Maps one buffer ahead of the first transfer (see OfiTransport::Warm).
+  Status Preallocate();
+  // "2 of at most 4 buffers of 8 MiB mapped".
+  std::string Describe();
+
+  // Wakes waiters when a released buffer's last read completed.
+  void Wake();
+
+ private:
+  Result<std::unique_ptr<OfiBuffer>> MakeBuffer();
+  bool Usable(const OfiBuffer& b, std::chrono::steady_clock::time_point now) const;
+
+  std::shared_ptr<OfiFabric> fabric_;
+  const Kind kind_;
+  const size_t slot_bytes_;
+  const int slots_;
+  const int max_buffers_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<OfiBuffer>> buffers_;
+  int creating_ = 0;  // buffers being registered outside the lock
+};
+
+// Returns a buffer to its pool when a transfer ends; after a failure the
+// buffer rests for `fail_rest_ms` first.
+class OfiLease {
+ public:
+  OfiLease(OfiPool* pool, OfiBuffer* b, int64_t fail_rest_ms)
+      : pool_(pool), b_(b), fail_rest_ms_(fail_rest_ms) {}
+  ~OfiLease() { pool_->Release(b_, ok_ ? 0 : fail_rest_ms_); }
+  OfiLease(const OfiLease&) = delete;
+  OfiLease& operator=(const OfiLease&) = delete;
+  void MarkOk() { ok_ = true; }
+
+ private:
+  OfiPool* const pool_;
+  OfiBuffer* const b_;
+  const int64_t fail_rest_ms_;
+  bool ok_ = false;
+};
+
+}  // namespace dyad

@@ -1,0 +1,192 @@
+// The completion side of OfiFabric: the progress thread, reading the CQ,
+// and posting reads (which may have to progress the provider themselves
+// while it is busy setting up a connection).
+#include <poll.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <type_traits>
+
+#include "common/log.h"
+#include "transport/ofi/ofi_fabric.h"
+
+namespace dyad {
+namespace {
+
+static_assert(std::is_standard_layout<OfiOp>::value && offsetof(OfiOp, context) == 0,
+              "libfabric returns &OfiOp::context as the op context");
+
+// The progress thread re-checks for shutdown at least this often (the wake
+// eventfd normally ends its sleep sooner).
+constexpr int kProgressPollMs = 1000;
+// Completions read per fi_cq_read, and read batches per drain before the
+// lock is let go for other threads.
+constexpr int kBatch = 16;
+constexpr int kMaxBatches = 64;
+// While fi_read says EAGAIN, sleep at most this long on the CQ fd between
+// attempts (connection setup may not signal the fd).
+constexpr int64_t kBusyWaitMs = 10;
+
+// Errors that mean the peer, or the way to it, is gone.
+dyad_rc_t CodeForFabricError(int err) {
+  switch (err) {
+    case FI_ECONNRESET:
+    case FI_ECONNREFUSED:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_ECANCELED:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_ESHUTDOWN:
+    case EPIPE:
+      return DYAD_RC_CONNLOST;
+    case FI_ETIMEDOUT:
+      return DYAD_RC_TIMEOUT;
+    default:
+      return DYAD_RC_BADFETCH;
+  }
+}
+
+}  // namespace
+
+dyad_rc_t OfiFabricErrorCode(int err) { return CodeForFabricError(err < 0 ? -err : err); }
+
+void OfiFabric::ProgressLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stopping_) {
+    if (polled()) {
+      // Nothing to drive while no transfer runs: a peer's read can only
+      // target our memory after we announced it (an active Push).
+      if (active_ == 0) {
+        active_cv_.wait_for(lk, std::chrono::milliseconds(kProgressPollMs));
+        continue;
+      }
+      const int seen = DrainLocked();
+      lk.unlock();
+      if (seen == 0) std::this_thread::yield();
+      lk.lock();
+      continue;
+    }
+    DrainLocked();
+    fid* fids[1] = {&cq_->fid};
+    const bool may_block = fi_trywait(fabric_, fids, 1) == FI_SUCCESS;
+    lk.unlock();
+    if (may_block) {
+      pollfd p[2] = {{cq_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+      (void)::poll(p, 2, kProgressPollMs);
+    }
+    lk.lock();
+  }
+}
+
+int OfiFabric::DrainLocked() {
+  int seen = 0;
+  fi_cq_entry entries[kBatch];
+  for (int batch = 0; batch < kMaxBatches; ++batch) {
+    const ssize_t n = fi_cq_read(cq_, entries, kBatch);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i)
+        CompleteLocked(static_cast<OfiOp*>(entries[i].op_context), 0, 0);
+      seen += static_cast<int>(n);
+      continue;
+    }
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry e;
+      std::memset(&e, 0, sizeof(e));
+      if (fi_cq_readerr(cq_, &e, 0) > 0) {
+        CompleteLocked(static_cast<OfiOp*>(e.op_context), e.err != 0 ? e.err : FI_EIO,
+                       e.prov_errno);
+        ++seen;
+      }
+      continue;
+    }
+    if (n != -FI_EAGAIN) DYAD_LOG_DEBUG("ofi: fi_cq_read: %s", fi_strerror(static_cast<int>(-n)));
+    break;
+  }
+  return seen;
+}
+
+void OfiFabric::CompleteLocked(OfiOp* op, int err, int prov_err) {
+  if (op == nullptr) return;  // not one of ours (nothing else asks for completions)
+  if (err != 0) ++read_errors_;
+  op->err = err;
+  op->prov_err = prov_err;
+  op->state.store(OfiOp::kDone, std::memory_order_release);
+  if (op->on_done != nullptr) op->on_done(op);
+}
+
+Status OfiFabric::Read(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t peer,
+                       uint64_t remote_addr, uint64_t key, Deadline deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  op->err = 0;
+  op->prov_err = 0;
+  for (;;) {
+    if (stopping_) return Status(DYAD_RC_CANCELLED, "ofi transport is shutting down");
+    op->state.store(OfiOp::kPending, std::memory_order_relaxed);
+    const ssize_t rc = fi_read(ep_, local, len, desc, peer, remote_addr, key, &op->context);
+    if (rc == 0) {
+      ++reads_;
+      // Without a wait object nothing wakes a sleeper for this read, and a
+      // provider like shm completes it at once: dispatch it now rather
+      // than through the polling thread.
+      if (polled()) DrainLocked();
+      return Status::OK();
+    }
+    op->state.store(OfiOp::kIdle, std::memory_order_relaxed);
+    if (rc != -FI_EAGAIN)
+      return Status(CodeForFabricError(static_cast<int>(-rc)), OfiError("fi_read", rc));
+    ++eagain_;
+    // Busy (a connection being set up, or the queue full): progress, and
+    // retry once something moved.
+    DrainLocked();
+    if (deadline.expired())
+      return Status(DYAD_RC_TIMEOUT, "fi_read: the provider stayed busy (EAGAIN)");
+    WaitForProgress(lk, deadline);
+  }
+}
+
+void OfiFabric::WaitForProgress(std::unique_lock<std::mutex>& lk, Deadline deadline) {
+  if (polled()) {
+    lk.unlock();
+    std::this_thread::yield();
+    lk.lock();
+    return;
+  }
+  fid* fids[1] = {&cq_->fid};
+  if (fi_trywait(fabric_, fids, 1) != FI_SUCCESS) return;  // something to read already
+  lk.unlock();
+  pollfd p{cq_fd_, POLLIN, 0};
+  (void)::poll(&p, 1, static_cast<int>(deadline.RemainingMs(kBusyWaitMs)));
+  lk.lock();
+}
+
+void OfiFabric::BeginActivity() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (++active_ == 1) active_cv_.notify_all();
+}
+
+void OfiFabric::EndActivity() {
+  std::lock_guard<std::mutex> lk(mu_);
+  --active_;
+}
+
+void OfiFabric::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopped_) return;
+    stopping_ = true;
+    active_cv_.notify_all();
+  }
+  const uint64_t one = 1;
+  if (wake_fd_.valid()) (void)!::write(wake_fd_.get(), &one, sizeof(one));
+  if (progress_.joinable()) progress_.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  stopped_ = true;
+}
+
+}  // namespace dyad
