@@ -16,6 +16,7 @@ nlohmann-json3-dev
 libgtest-dev
 libgmock-dev
 iproute2
+nftables
 procps
 coreutils
 tar
