@@ -81,6 +81,15 @@ std::vector<ConfigEntry> CoreEntries() {
        "Metadata store URL: 'embedded' on the rank that hosts the store (rank 0), "
        "'embedded://ROOT_HOST:PORT' on the others; the other stores and their URL forms are in "
        "the stores table (docs/configuration.md, `dyad info`)."},
+      {"DYAD_MAX_CONNECTIONS", ConfigKind::kUint, "2048", "service",
+       "Most connections (local clients and peers) a service serves at once; more are closed at "
+       "accept, counted in connections.refused and logged at most every 10 s."},
+      {"DYAD_MAX_UNAUTHENTICATED", ConfigKind::kUint, "64", "service",
+       "Most peer connections still in their handshake at once (a flood of silent connections "
+       "cannot take the service's memory or descriptors)."},
+      {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", ConfigKind::kUint, "16", "service",
+       "Most connections in their handshake from one remote address, so one host cannot take "
+       "every handshake slot."},
       {"DYAD_SECRET_FILE", ConfigKind::kString, "", "service",
        "File holding the cluster secret that services use to authenticate each other (mode 600)."},
       {"DYAD_SECRET", ConfigKind::kString, "", "service",

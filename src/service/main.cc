@@ -42,6 +42,14 @@ int main(int argc, char** argv) {
   opt.debug = dyad::EnvBool("DYAD_SYNC_DEBUG", false);
   auto mux = dyad::EnvUint("DYAD_SERVICE_MUX", 1);
   opt.service_mux = mux.ok() ? static_cast<uint32_t>(*mux) : 1;
+  // Connection caps (docs/security.md); malformed values keep the default.
+  for (auto [name, field] : {std::pair<const char*, uint32_t*>{"DYAD_MAX_CONNECTIONS",
+                                                                &opt.max_connections},
+                             {"DYAD_MAX_UNAUTHENTICATED", &opt.max_unauthenticated},
+                             {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", &opt.max_per_peer}}) {
+    auto v = dyad::EnvUint(name, *field);
+    if (v.ok() && *v > 0 && *v <= UINT32_MAX) *field = static_cast<uint32_t>(*v);
+  }
   double rpc_timeout_s = 60;
   if (auto t = dyad::EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000); t.ok() && *t > 0)
     rpc_timeout_s = static_cast<double>(*t) / 1000.0;

@@ -1,6 +1,9 @@
 #include "service/service.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,6 +73,7 @@ Status Service::Start() {
                   "that can reach the TCP port can fetch published files and write the "
                   "metadata store");
 
+  RaiseDescriptorLimit();
   DYAD_RETURN_IF_ERROR(PrepareDirectories());
   TransportOptions topt;
   topt.chunk_size = opt_.chunk_size;
@@ -99,6 +103,16 @@ Status Service::Start() {
                 opt_.socket_path.c_str(), prod_real_.empty() ? "(none)" : prod_real_.c_str(),
                 StoreDescription().c_str(), transports_->Default().name().c_str());
   return WriteReadyFile();
+}
+
+// One descriptor per connection: use the hard limit, not the usual soft
+// 1024, so the connection cap (not EMFILE) is what refuses the excess.
+void Service::RaiseDescriptorLimit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    DYAD_LOG_WARN("cannot raise the descriptor limit: %s", std::strerror(errno));
 }
 
 Status Service::PrepareDirectories() {
@@ -281,28 +295,98 @@ void Service::AcceptLoop(int listen_fd, bool local) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
-    SpawnConnection(std::move(*fd), local);
+    std::string peer_host;
+    const std::string why = Admit(fd->get(), local, &peer_host);
+    if (!why.empty()) {
+      NoteRefusal(why);
+      continue;  // closes it: refused before any byte is read
+    }
+    SpawnConnection(std::move(*fd), local, std::move(peer_host));
   }
 }
 
-void Service::SpawnConnection(UniqueFd fd, bool local) {
+std::string Service::Admit(int fd, bool local, std::string* peer_host) {
+  if (!local) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+      if (ss.ss_family == AF_INET)
+        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, host, sizeof host);
+      else if (ss.ss_family == AF_INET6)
+        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, host, sizeof host);
+    }
+    *peer_host = host;
+  }
   std::lock_guard<std::mutex> lk(conns_mu_);
-  if (stopping_) return;
+  if (live_ >= opt_.max_connections)
+    return "connection cap reached (" + std::to_string(opt_.max_connections) +
+           ", DYAD_MAX_CONNECTIONS)";
+  if (!local) {
+    if (unauthenticated_ >= opt_.max_unauthenticated)
+      return "too many connections in their handshake (" +
+             std::to_string(opt_.max_unauthenticated) + ", DYAD_MAX_UNAUTHENTICATED)";
+    if (per_peer_[*peer_host] >= opt_.max_per_peer)
+      return "too many connections in their handshake from " + *peer_host + " (" +
+             std::to_string(opt_.max_per_peer) + ", DYAD_MAX_UNAUTHENTICATED_PER_PEER)";
+    ++unauthenticated_;
+    ++per_peer_[*peer_host];
+  }
+  ++live_;
+  return std::string();
+}
+
+void Service::HandshakeOver(const std::string& peer_host) {
+  std::lock_guard<std::mutex> lk(conns_mu_);
+  --unauthenticated_;
+  auto it = per_peer_.find(peer_host);
+  if (it != per_peer_.end() && --it->second == 0) per_peer_.erase(it);
+}
+
+void Service::NoteRefusal(const std::string& why) {
+  stats_.Add(ServiceStats::kConnRefused);
+  std::lock_guard<std::mutex> lk(conns_mu_);
+  ++refused_since_log_;
+  const uint64_t now = MonoNs();
+  if (now - last_refusal_log_ns_ < 10'000'000'000ull && last_refusal_log_ns_ != 0) return;
+  DYAD_LOG_WARN("refused %llu connection(s) in the last 10 s; latest: %s",
+                static_cast<unsigned long long>(refused_since_log_), why.c_str());
+  refused_since_log_ = 0;
+  last_refusal_log_ns_ = now;
+}
+
+void Service::SpawnConnection(UniqueFd fd, bool local, std::string peer_host) {
+  std::lock_guard<std::mutex> lk(conns_mu_);
+  if (stopping_) {
+    --live_;
+    if (!local) {
+      --unauthenticated_;
+      if (--per_peer_[peer_host] == 0) per_peer_.erase(peer_host);
+    }
+    return;  // closes it
+  }
   auto conn = std::make_unique<Conn>();
   Conn* raw = conn.get();
   raw->fd = fd.get();
+  raw->peer_host = std::move(peer_host);
   conns_.push_back(std::move(conn));
   raw->thread = std::thread([this, raw, f = fd.release(), local]() mutable {
-    Channel ch{UniqueFd(f)};
-    if (local)
-      ServeLocal(ch);
-    else
-      ServePeer(ch);
-    // Marked under the lock, before the descriptor closes, so Stop() never
-    // shuts down a descriptor number that was reused.
-    std::lock_guard<std::mutex> lk(conns_mu_);
-    raw->done = true;
-    raw->fd = -1;
+    {
+      Channel ch{UniqueFd(f)};
+      bool handshake_done = local;
+      if (local) {
+        ServeLocal(ch);
+      } else {
+        ServePeer(ch, raw->peer_host, &handshake_done);
+      }
+      if (!handshake_done) HandshakeOver(raw->peer_host);
+      // Marked under the lock, before the descriptor closes, so Stop() never
+      // shuts down a descriptor number that was reused.
+      std::lock_guard<std::mutex> lk(conns_mu_);
+      --live_;
+      raw->done = true;
+      raw->fd = -1;
+    }
   });
 }
 
@@ -339,12 +423,14 @@ void Service::ServeLocal(Channel& ch) {
   ServeFrames(ctx);
 }
 
-void Service::ServePeer(Channel& ch) {
+void Service::ServePeer(Channel& ch, const std::string& peer_host, bool* handshake_done) {
   PeerIdentity peer;
   Status st = auth_.Accept(ch, PeerIdentity{opt_.rank, incarnation_},
                            Deadline::AfterMs(kHandshakeTimeoutMs), &peer);
+  HandshakeOver(peer_host);
+  *handshake_done = true;
   if (!st.ok()) {
-    DYAD_LOG_WARN("refused peer connection: %s", st.ToString().c_str());
+    NoteRefusal("handshake: " + st.ToString());
     return;
   }
   RequestContext ctx{ch, Link::kPeer, &peer,

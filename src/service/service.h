@@ -56,6 +56,11 @@ struct ServiceOptions {
   std::string secret;
   size_t chunk_size = 4u << 20;
   int64_t rpc_timeout_ms = 60000;
+  // Connection caps: the excess is closed at once (counted, logged at most
+  // every 10 s). Unauthenticated = peer links still in their handshake.
+  uint32_t max_connections = 2048;
+  uint32_t max_unauthenticated = 64;
+  uint32_t max_per_peer = 16;   // unauthenticated ones per remote address
   std::string ready_file;
   bool debug = false;
 };
@@ -81,6 +86,7 @@ class Service {
 
  private:
   // Start's steps.
+  void RaiseDescriptorLimit();
   Status PrepareDirectories();
   Status OpenListeners();
   Status OpenStore();
@@ -92,9 +98,9 @@ class Service {
   // through the table.
   void AcceptLoop(int listen_fd, bool local);
   void ServeLocal(Channel& ch);
-  void ServePeer(Channel& ch);
+  void ServePeer(Channel& ch, const std::string& peer_host, bool* handshake_done);
   void ServeFrames(RequestContext& ctx);
-  void SpawnConnection(UniqueFd fd, bool local);
+  void SpawnConnection(UniqueFd fd, bool local, std::string peer_host);
   void ReapFinished();
 
   // Local client requests (service_requests.cc); each sends one reply.
@@ -146,10 +152,20 @@ class Service {
   struct Conn {
     std::thread thread;
     int fd = -1;
+    std::string peer_host;  // TCP: the remote address it counts against
     std::atomic<bool> done{false};
   };
+  // "" when `fd` may be served; else why it is refused. Counts it if not.
+  std::string Admit(int fd, bool local, std::string* peer_host);
+  void HandshakeOver(const std::string& peer_host);
+  void NoteRefusal(const std::string& why);
   std::mutex conns_mu_;
   std::list<std::unique_ptr<Conn>> conns_;
+  uint32_t live_ = 0;           // connections being served (under conns_mu_)
+  uint32_t unauthenticated_ = 0;
+  std::map<std::string, uint32_t> per_peer_;  // unauthenticated, by address
+  uint64_t refused_since_log_ = 0;
+  uint64_t last_refusal_log_ns_ = 0;
 
   // Asynchronous publication queue.
   struct PendingPublish {

@@ -31,6 +31,7 @@ class ServiceStats {
     kBytesOutDirect,
     kFetchRefused,
     kErrors,
+    kConnRefused,
     kNumCounters
   };
 
@@ -44,7 +45,7 @@ class ServiceStats {
         "requests.status",  "requests.fetch",   "requests.kvs",          "publish.async_pending",
         "cache.hits",       "cache.misses",     "consume.local",         "consume.joined",
         "transfers.in",     "bytes.in",         "transfers.out",         "bytes.out",
-        "bytes.out.direct", "fetch.refused",    "errors"};
+        "bytes.out.direct", "fetch.refused",    "errors",                "connections.refused"};
     return kNames[c];
   }
   // The counter called `name`, or kNumCounters when there is none.

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/fsutil.h"
 #include "common/key.h"
@@ -196,6 +198,43 @@ TEST(ServiceHardening, SameNodeCopyRefusesAPathSwappedAfterTheCheck) {
   st = (*local)->Pull(session, src.size, *args, sink.get(), &ts);
   EXPECT_EQ(st.code(), DYAD_RC_STALE) << st.ToString();
   std::filesystem::remove_all(base);
+}
+
+// Defect 6: one thread and one descriptor per connection without limit; an
+// unauthenticated flood starved real requests. Silent connections beyond
+// the caps are closed at once, and a real exchange still works meanwhile.
+TEST(ServiceHardening, FloodOfSilentConnectionsIsCappedAndRealWorkGoesOn) {
+  ServicePair p;
+  ASSERT_TRUE(p.Start("embedded").ok());
+  ASSERT_TRUE(p.Publish("before.dat", "warm the pooled session").ok());
+  ASSERT_TRUE(p.Consume("before.dat").ok());
+  Result<SocketAddress> addr = ParseAddress(p.a->tcp_address());
+  ASSERT_TRUE(addr.ok());
+  std::vector<UniqueFd> flood;
+  for (int i = 0; i < 200; ++i) {
+    Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
+    if (fd.ok()) flood.push_back(std::move(*fd));
+  }
+  // Give the acceptor time to see them all.
+  const Deadline deadline = Deadline::AfterMs(5000);
+  uint64_t refused = 0;
+  while (!deadline.expired()) {
+    Encoder e;
+    Result<std::string> body = CallLocal(p.base + "/a.sock", MsgType::kStatus, e.data());
+    ASSERT_TRUE(body.ok()) << body.status().ToString();  // local status answers
+    StatusReply r;
+    Decoder d(*body);
+    ASSERT_TRUE(r.DecodeFrom(d));
+    refused = r.counters["connections.refused"];
+    if (refused >= 200 - 16) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // All from one address: at most 16 may wait in their handshake.
+  EXPECT_GE(refused, 200u - 16u);
+  ASSERT_TRUE(p.Publish("during.dat", "the flood does not stop real work").ok());
+  Result<ConsumeReply> r = p.Consume("during.dat");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ReadAll(p.dir_b + "/during.dat"), "the flood does not stop real work");
 }
 
 }  // namespace
