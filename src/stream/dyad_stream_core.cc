@@ -22,6 +22,7 @@
 
 #include "client/client.h"
 #include "client/ctx_internal.h"
+#include "common/time.h"
 
 namespace dyad {
 namespace {
@@ -47,14 +48,14 @@ const char* OrNull(const std::string& s) { return s.empty() ? nullptr : s.c_str(
 // contention is rare and short (the service holds LOCK_SH only while it
 // serves the previous version of the file).
 int FlockBounded(int fd, int op, int64_t timeout_ms) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  // Deadline saturates: a timeout near INT64_MAX ms means no limit.
+  const dyad::Deadline deadline = dyad::Deadline::AfterMs(timeout_ms);
   auto sleep = std::chrono::microseconds(200);
   for (;;) {
     if (::flock(fd, op | LOCK_NB) == 0) return 0;
     if (errno == EINTR) continue;
     if (errno != EWOULDBLOCK) return -1;
-    if (timeout_ms >= 0 && Clock::now() - start >= std::chrono::milliseconds(timeout_ms)) {
+    if (deadline.expired()) {
       errno = ETIMEDOUT;
       return -1;
     }
