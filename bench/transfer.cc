@@ -105,7 +105,7 @@ int Receive(const Args& a) {
     std::fprintf(stderr, "recv: %s\n", cfd.status().ToString().c_str());
     return 2;
   }
-  Channel ch(std::move(*cfd));
+  Channel ch(std::move(*cfd), Trust::kUnauthenticated);  // raw bytes only
   UniqueFd out;
   if (!a.file.empty()) {
     out.reset(::open(a.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -142,7 +142,7 @@ int Send(const Args& a) {
     std::fprintf(stderr, "send: %s\n", fd.status().ToString().c_str());
     return 2;
   }
-  Channel ch(std::move(*fd));
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);  // raw bytes only
   const uint64_t t0 = MonoNs();
   if (!a.file.empty()) {
     UniqueFd in(::open(a.file.c_str(), O_RDONLY | O_CLOEXEC));

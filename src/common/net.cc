@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sched.h>
 #include <unistd.h>
@@ -196,7 +197,37 @@ Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
   return fd;
 }
 
-Channel::Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+Result<bool> IsLoopbackAddress(const SocketAddress& addr) {
+  if (addr.is_unix) return false;
+  sockaddr_in sa;
+  DYAD_RETURN_IF_ERROR(ResolveInet(addr, &sa));
+  return (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+}
+
+Result<PeerCred> UnixPeerCredentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return StatusFromErrno(errno, "getsockopt(SO_PEERCRED)");
+  PeerCred out;
+  out.pid = cred.pid;
+  out.uid = cred.uid;
+  out.gid = cred.gid;
+  return out;
+}
+
+Channel::Channel(UniqueFd fd, Trust trust) : fd_(std::move(fd)), trust_(trust) {}
+
+size_t Channel::frame_limit() const {
+  return trust_ == Trust::kUnauthenticated ? kHandshakeFramePayload : kMaxFramePayload;
+}
+
+void Channel::Protect(LinkProtection level, std::unique_ptr<RecordCipher> send,
+                      std::unique_ptr<RecordCipher> recv) {
+  protection_ = level;
+  send_cipher_ = std::move(send);
+  recv_cipher_ = std::move(recv);
+}
 
 int SpinBudgetUs() {
   static const int budget = [] {
@@ -263,6 +294,48 @@ Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
   return Status::OK();
 }
 
+Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadline deadline) {
+  expecting_ = true;
+  iovec iov[8];
+  size_t n_iov = 0;
+  for (std::string_view p : parts) {
+    if (p.empty()) continue;
+    if (n_iov == sizeof iov / sizeof iov[0]) {
+      broken_ = true;
+      return Status(DYAD_RC_BADPACK, "too many pieces for one send");
+    }
+    iov[n_iov++] = iovec{const_cast<char*>(p.data()), p.size()};
+  }
+  size_t first = 0;
+  while (first < n_iov) {
+    msghdr msg{};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = n_iov - first;
+    const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        Status st = WaitFor(POLLOUT, deadline);
+        if (!st.ok()) {
+          broken_ = true;
+          return st;
+        }
+        continue;
+      }
+      broken_ = true;
+      return StatusFromErrno(errno, "send", DYAD_RC_CONNLOST);
+    }
+    // Skip what went out: whole pieces, then the start of a partial one.
+    size_t sent = static_cast<size_t>(n);
+    while (first < n_iov && sent >= iov[first].iov_len) sent -= iov[first++].iov_len;
+    if (first < n_iov) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + sent;
+      iov[first].iov_len -= sent;
+    }
+  }
+  return Status::OK();
+}
+
 Result<size_t> Channel::RecvSome(void* buf, size_t len, Deadline deadline) {
   for (;;) {
     const ssize_t n = ::recv(fd_.get(), buf, len, MSG_DONTWAIT);
@@ -296,24 +369,75 @@ Status Channel::RecvAll(void* buf, size_t len, Deadline deadline) {
   return Status::OK();
 }
 
-Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline deadline) {
-  if (payload.size() > kMaxFramePayload)
-    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(payload.size()) + " bytes)");
-  char hdr[kFrameHeaderSize];
+namespace {
+
+void EncodeHeader(char hdr[kFrameHeaderSize], uint16_t type, uint32_t len) {
   const uint32_t magic = kFrameMagic;
   const uint16_t version = kWireVersion;
-  const uint32_t len = static_cast<uint32_t>(payload.size());
   std::memcpy(hdr, &magic, 4);
   std::memcpy(hdr + 4, &version, 2);
   std::memcpy(hdr + 6, &type, 2);
   std::memcpy(hdr + 8, &len, 4);
-  if (payload.size() <= 4096) {
-    std::string one(hdr, kFrameHeaderSize);
-    one.append(payload);
-    return SendAll(one.data(), one.size(), deadline);
+}
+
+// Receive buffers start at most this large and then double as bytes come:
+// memory follows what the peer sent, not what its header announced.
+constexpr size_t kRecvGrowStep = 64u << 10;
+
+}  // namespace
+
+Status Channel::SendSealed(const char* hdr, const char* payload, char* out, size_t len,
+                           Deadline deadline) {
+  unsigned char tag[kSealTagSize];
+  Status st = send_cipher_->Seal(std::string_view(hdr, kFrameHeaderSize), payload, out, len, tag);
+  if (!st.ok()) {
+    broken_ = true;
+    return st;
   }
-  DYAD_RETURN_IF_ERROR(SendAll(hdr, sizeof hdr, deadline));
-  return SendAll(payload.data(), payload.size(), deadline);
+  const char* body = protection_ == LinkProtection::kEncrypt ? out : payload;
+  return SendParts({std::string_view(hdr, kFrameHeaderSize), std::string_view(body, len),
+                    std::string_view(reinterpret_cast<const char*>(tag), kSealTagSize)},
+                   deadline);
+}
+
+Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline deadline) {
+  if (payload.size() > kMaxFramePayload)
+    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(payload.size()) + " bytes)");
+  char hdr[kFrameHeaderSize];
+  if (send_cipher_) {
+    EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size() + kSealTagSize));
+    if (protection_ != LinkProtection::kEncrypt)
+      return SendSealed(hdr, payload.data(), nullptr, payload.size(), deadline);
+    std::string cipher(payload.size(), '\0');
+    return SendSealed(hdr, payload.data(), cipher.data(), payload.size(), deadline);
+  }
+  EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size()));
+  return SendParts({std::string_view(hdr, kFrameHeaderSize), payload}, deadline);
+}
+
+Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline) {
+  if (!send_cipher_) return SendFrame(type, std::string_view(payload, len), deadline);
+  if (len > kMaxFramePayload)
+    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
+  char hdr[kFrameHeaderSize];
+  EncodeHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
+  return SendSealed(hdr, payload, payload, len, deadline);
+}
+
+Status Channel::RecvPayload(std::string* payload, size_t len, Deadline deadline) {
+  size_t have = 0;
+  while (have < len) {
+    if (payload->size() <= have) {
+      // Grow only for bytes on their way: double what arrived so far.
+      payload->resize(std::min(len, std::max(kRecvGrowStep, have * 2)));
+    }
+    const size_t room = std::min(payload->size(), len) - have;
+    Result<size_t> n = RecvSome(payload->data() + have, room, deadline);
+    if (!n.ok()) return n.status();
+    have += *n;
+  }
+  payload->resize(len);
+  return Status::OK();
 }
 
 Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
@@ -331,21 +455,38 @@ Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadlin
   DYAD_RETURN_IF_ERROR(RecvAll(hdr, sizeof hdr, deadline));
   uint32_t magic;
   uint16_t version;
+  uint16_t rtype;
   uint32_t len;
   std::memcpy(&magic, hdr, 4);
   std::memcpy(&version, hdr + 4, 2);
-  std::memcpy(type, hdr + 6, 2);
+  std::memcpy(&rtype, hdr + 6, 2);
   std::memcpy(&len, hdr + 8, 4);
   if (magic != kFrameMagic || version != kWireVersion) {
     broken_ = true;
     return Status(DYAD_RC_BADUNPACK, "not a DYAD peer (bad frame magic or wire version)");
   }
-  if (len > kMaxFramePayload) {
+  const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
+  if (len < overhead || len - overhead > frame_limit()) {
     broken_ = true;
-    return Status(DYAD_RC_BADUNPACK, "frame length " + std::to_string(len) + " exceeds limit");
+    return Status(DYAD_RC_BADUNPACK,
+                  "frame length " + std::to_string(len) + " exceeds the limit of " +
+                      std::to_string(frame_limit()) + " bytes" +
+                      (trust_ == Trust::kUnauthenticated ? " before authentication" : ""));
   }
-  payload->resize(len);
-  if (len > 0) return RecvAll(payload->data(), len, deadline);
+  DYAD_RETURN_IF_ERROR(RecvPayload(payload, len, deadline));
+  if (recv_cipher_) {
+    const size_t body = len - kSealTagSize;
+    unsigned char tag[kSealTagSize];
+    std::memcpy(tag, payload->data() + body, kSealTagSize);
+    Status st = recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), body,
+                                   tag);
+    if (!st.ok()) {
+      broken_ = true;
+      return st;
+    }
+    payload->resize(body);
+  }
+  *type = rtype;
   return Status::OK();
 }
 
@@ -391,6 +532,38 @@ bool Channel::PeerClosed() const {
   if (::poll(&p, 1, 0) <= 0) return false;
   if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
   return false;
+}
+
+Status TrustLocalService(Channel& ch) {
+  Result<PeerCred> cred = UnixPeerCredentials(ch.fd());
+  if (!cred.ok()) {
+    ch.MarkBroken();
+    return cred.status();
+  }
+  const uid_t me = ::geteuid();
+  if (cred->uid != me && cred->uid != 0) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_PERM, "the process listening on the dyad-service socket (pid " +
+                                    std::to_string(cred->pid) + ") runs as uid " +
+                                    std::to_string(cred->uid) + ", neither this user (uid " +
+                                    std::to_string(me) + ") nor root; refusing to trust it");
+  }
+  ch.SetTrust(Trust::kLocalPeer);
+  return Status::OK();
+}
+
+Status AdmitLocalClient(Channel& ch, PeerCred* out) {
+  Result<PeerCred> cred = UnixPeerCredentials(ch.fd());
+  if (!cred.ok()) {
+    ch.MarkBroken();
+    return cred.status();
+  }
+  if (out) *out = *cred;
+  const uid_t me = ::geteuid();
+  if (cred->uid != me && cred->uid != 0)
+    return Status(DYAD_RC_PERM, "dyad-service belongs to another user");
+  ch.SetTrust(Trust::kLocalPeer);
+  return Status::OK();
 }
 
 Status WriteFully(int fd, const void* buf, size_t len) {

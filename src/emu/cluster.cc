@@ -57,9 +57,12 @@ std::string SelfExeDir() {
   return Dirname(buf);
 }
 
-Status MakeDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+Status MakeDir(const std::string& path, mode_t mode = 0755) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST)
     return StatusFromErrno(errno, "mkdir '" + path + "'");
+  // The umask may have narrowed the mode; the service's socket directory
+  // must be exactly 0700.
+  if (::chmod(path.c_str(), mode) != 0) return StatusFromErrno(errno, "chmod '" + path + "'");
   return Status::OK();
 }
 
@@ -154,7 +157,8 @@ Result<StatusReply> QueryServiceStatus(const std::string& socket_path, Deadline 
   if (!addr.ok()) return addr.status();
   auto fd = Connect(*addr, deadline);
   if (!fd.ok()) return fd.status().Annotate("status of service at " + socket_path);
-  Channel ch(std::move(*fd));
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);
+  DYAD_RETURN_IF_ERROR(TrustLocalService(ch));
   std::string body;
   Status st = CallRpc(ch, MsgType::kStatus, "", &body, deadline);
   if (!st.ok()) return st.Annotate("status of service at " + socket_path);
@@ -249,7 +253,9 @@ Status EmuCluster::Setup(int n_nodes) {
     n.dmd = options_.shared_storage ? shared_ : n.dir + "/dmd";
     n.run = n.dir + "/run";
     n.log = n.dir + "/log";
-    for (const auto* d : {&n.dir, &n.dmd, &n.run, &n.log}) DYAD_RETURN_IF_ERROR(MakeDir(*d));
+    for (const auto* d : {&n.dir, &n.dmd, &n.log}) DYAD_RETURN_IF_ERROR(MakeDir(*d));
+    // Holds the service's socket: dyad-service refuses a directory others can use.
+    DYAD_RETURN_IF_ERROR(MakeDir(n.run, 0700));
     if (options_.shared_storage) n.env["DYAD_SHARED_STORAGE"] = "1";
     n.socket = n.run + "/service.sock";
     n.ready_file = n.run + "/ready";

@@ -29,6 +29,10 @@
 #include "common/time.h"
 
 namespace dyad {
+class Authenticator;
+}
+
+namespace dyad {
 
 // Polled by long waits every so often (at most every 250 ms); returning true
 // abandons the wait. Used to stop waiting for a client that went away.
@@ -59,6 +63,9 @@ class Kvs {
 
 struct KvsOptions {
   std::string secret;                 // cluster secret for authenticated backends
+  // How to authenticate to a remote store (credentials and link protection);
+  // when null, `secret` alone with the default protection.
+  std::shared_ptr<const Authenticator> auth;
   uint32_t self_rank = 0;             // identity presented to a remote store
   uint64_t self_incarnation = 0;
   int64_t rpc_timeout_ms = 60000;     // bound on one non-wait request

@@ -23,6 +23,7 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kKvsRemove: return "kvs.remove";
     case MsgType::kKvsList: return "kvs.list";
     case MsgType::kFetch: return "fetch";
+    case MsgType::kFileData: return "file.data";
   }
   return "unknown";
 }

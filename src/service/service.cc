@@ -11,6 +11,8 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/munge/munge.h"
+#include "common/safety.h"
 #include "common/time.h"
 #include "kvs/embedded/embedded_server.h"
 #include "kvs/memory/memory_kvs.h"
@@ -21,7 +23,6 @@ namespace dyad {
 
 namespace {
 
-constexpr int64_t kHandshakeTimeoutMs = 10000;
 constexpr int64_t kIdlePollMs = 500;
 
 // The store URL with any password replaced, for logs and status replies.
@@ -50,7 +51,7 @@ uint64_t NewIncarnation() {
 
 }  // namespace
 
-Service::Service(ServiceOptions options) : opt_(std::move(options)), auth_(opt_.secret) {}
+Service::Service(ServiceOptions options) : opt_(std::move(options)) {}
 
 Service::~Service() {
   Stop();
@@ -81,9 +82,10 @@ Status Service::Start() {
       if (n > 0) DYAD_LOG_INFO("removed %zu incomplete temporaries under %s", n, cons.c_str());
     }
   }
-  if (!auth_.has_secret())
-    DYAD_LOG_WARN("no cluster secret configured (--secret-file / DYAD_SECRET_FILE): any host "
-                  "that can reach the TCP port can fetch published files");
+  Result<std::shared_ptr<const Authenticator>> auth = OpenAuthenticator(
+      ServiceCredentials{opt_.secret, opt_.munge, opt_.munge_socket, opt_.protection});
+  if (!auth.ok()) return auth.status();
+  auth_ = std::move(*auth);
 
   // Transport for fetches this service makes.
   Result<std::string> tname = TransportNameForMode(opt_.dtl_mode);
@@ -104,6 +106,7 @@ Status Service::Start() {
   Result<SocketAddress> laddr = ParseAddress(opt_.listen);
   if (!laddr.ok()) return laddr.status().Annotate("--listen");
   if (laddr->is_unix) return Status(DYAD_RC_BADREQUEST, "--listen must be a TCP HOST:PORT");
+  DYAD_RETURN_IF_ERROR(CheckListenPolicy(*laddr, auth_->has_credential(), opt_.insecure));
   Result<UniqueFd> tcp = Listen(*laddr);
   if (!tcp.ok()) return tcp.status().Annotate("listen for peers");
   tcp_listener_ = std::move(*tcp);
@@ -121,9 +124,7 @@ Status Service::Start() {
   {
     const size_t slash = opt_.socket_path.rfind('/');
     if (slash != std::string::npos && slash > 0) {
-      const std::string dir = opt_.socket_path.substr(0, slash);
-      if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-        return StatusFromErrno(errno, "create socket directory '" + dir + "'");
+      DYAD_RETURN_IF_ERROR(PrepareSocketDirectory(opt_.socket_path.substr(0, slash)));
     }
   }
   Result<SocketAddress> uaddr = ParseAddress("unix:" + opt_.socket_path);
@@ -145,6 +146,7 @@ Status Service::Start() {
   } else {
     KvsOptions kopt;
     kopt.secret = opt_.secret;
+    kopt.auth = auth_;
     kopt.self_rank = opt_.rank;
     kopt.self_incarnation = incarnation_;
     kopt.rpc_timeout_ms = opt_.rpc_timeout_ms;
@@ -154,7 +156,7 @@ Status Service::Start() {
     kvs_ = std::shared_ptr<Kvs>(std::move(*kvs));
   }
 
-  peers_ = std::make_unique<PeerDirectory>(kvs_.get(), &auth_,
+  peers_ = std::make_unique<PeerDirectory>(kvs_.get(), auth_.get(),
                                            PeerIdentity{opt_.rank, incarnation_},
                                            opt_.rpc_timeout_ms);
   FetcherConfig fc;
@@ -306,7 +308,7 @@ void Service::SpawnConnection(UniqueFd fd, bool local) {
   raw->fd = fd.get();
   conns_.push_back(std::move(conn));
   raw->thread = std::thread([this, raw, f = fd.release(), local]() mutable {
-    Channel ch{UniqueFd(f)};
+    Channel ch{UniqueFd(f), Trust::kUnauthenticated};
     if (local)
       ServeLocal(ch);
     else
@@ -345,13 +347,11 @@ void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
 
 void Service::ServeLocal(Channel& ch) {
   // Only processes of this user (or root) may use the service.
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(ch.fd(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid != geteuid() &&
-      cred.uid != 0) {
-    DYAD_LOG_WARN("refused local client pid %d uid %u (service runs as uid %u)", cred.pid,
-                  cred.uid, geteuid());
-    Reply(ch, Status(DYAD_RC_PERM, "dyad-service belongs to another user"));
+  PeerCred cred;
+  if (Status admit = AdmitLocalClient(ch, &cred); !admit.ok()) {
+    DYAD_LOG_WARN("refused local client pid %d uid %u (service runs as uid %u): %s", cred.pid,
+                  cred.uid, geteuid(), admit.ToString().c_str());
+    Reply(ch, admit);
     return;
   }
   while (!stopping_) {
@@ -384,8 +384,8 @@ void Service::ServeLocal(Channel& ch) {
 
 void Service::ServePeer(Channel& ch) {
   PeerIdentity peer;
-  Status st = auth_.Accept(ch, PeerIdentity{opt_.rank, incarnation_},
-                           Deadline::AfterMs(kHandshakeTimeoutMs), &peer);
+  Status st = auth_->Accept(ch, PeerIdentity{opt_.rank, incarnation_},
+                            Deadline::AfterMs(kHandshakeTimeoutMs), &peer);
   if (!st.ok()) {
     DYAD_LOG_WARN("refused peer connection: %s", st.ToString().c_str());
     return;
@@ -701,7 +701,8 @@ void Service::HandleStatus(Channel& ch) {
   r.info["kvs"] = RedactUrl(opt_.kvs_url) + (root_server_ ? " (root)" : "");
   r.info["transport"] = transport_->name();
   if (std::string d = transport_->Details(); !d.empty()) r.info["transport.details"] = d;
-  r.info["authenticated"] = auth_.has_secret() ? "yes" : "no (no cluster secret)";
+  r.info["credentials"] = auth_->credential_names();
+  r.info["link_protection"] = LinkProtectionDescription(auth_->protection());
   r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
   Encoder e;
   r.EncodeTo(e);

@@ -51,6 +51,10 @@ struct ServiceOptions {
   bool host_root = false;      // host the embedded store
   std::string dtl_mode = "FLUX_RPC";
   std::string secret;
+  bool munge = false;          // MUNGE credentials for peers (with or instead of the secret)
+  std::string munge_socket;    // munged's socket ("" = libmunge's default)
+  LinkProtection protection = LinkProtection::kIntegrity;  // of the links between services
+  bool insecure = false;       // allow listening beyond loopback without any credential
   size_t chunk_size = 4u << 20;
   int64_t rpc_timeout_ms = 60000;
   std::string ready_file;
@@ -117,7 +121,7 @@ class Service {
   std::string advertise_;
   std::string hostname_;
   uint64_t started_ns_ = 0;
-  Authenticator auth_;
+  std::shared_ptr<const Authenticator> auth_;  // set by Start()
 
   std::shared_ptr<Kvs> kvs_;                   // the store this service uses
   std::shared_ptr<MemoryKvs> root_store_;      // set when the store lives in this process

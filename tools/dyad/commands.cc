@@ -17,6 +17,8 @@
 #include "client/client.h"
 #include "client/ctx_internal.h"
 #include "common/config.h"
+#include "common/munge/munge.h"
+#include "common/seal.h"
 #include "common/time.h"
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
@@ -125,6 +127,18 @@ std::shared_ptr<Client> InitFromEnv(const std::string& cmd, dyad_dtl_comm_mode_t
 
 }  // namespace
 
+namespace {
+
+// The link protection a service started from this environment would use.
+std::string ConfiguredProtection() {
+  const std::string text = GetEnv("DYAD_LINK_PROTECTION").value_or("integrity");
+  Result<LinkProtection> p = ParseLinkProtection(text.empty() ? "integrity" : text);
+  if (!p.ok()) return "invalid: " + p.status().message();
+  return LinkProtectionDescription(*p);
+}
+
+}  // namespace
+
 int CmdInfo(InfoFormat format) {
   const std::vector<std::string> transports = TransportNames();
   const std::vector<std::string> stores = KvsBackendNames();
@@ -136,6 +150,8 @@ int CmdInfo(InfoFormat format) {
     j["transports"] = transports;
     j["kvs_backends"] = stores;
     j["service_socket"] = DefaultServiceSocket();
+    j["link_protection"] = ConfiguredProtection();
+    j["munge"] = MungeCompiledIn();
     Json cfg = Json::array();
     for (const ConfigEntry& e : table) {
       Json item;
@@ -169,7 +185,10 @@ int CmdInfo(InfoFormat format) {
   std::cout << "dyad " << DYAD_VERSION << "\n"
             << "transports:      " << Join(transports, ", ") << "\n"
             << "metadata stores: " << Join(stores, ", ") << "\n"
-            << "service socket:  " << DefaultServiceSocket() << "\n\n"
+            << "service socket:  " << DefaultServiceSocket() << "\n"
+            << "MUNGE:           " << (MungeCompiledIn() ? "available" : "not compiled in") << "\n"
+            << "link protection (services, DYAD_LINK_PROTECTION):\n"
+            << Wrap(ConfiguredProtection(), width, "    ") << "\n"
             << "Configuration (environment variables; booleans are true when set, except "
                "0/false/no/off):\n\n";
   for (const ConfigEntry& e : table) {

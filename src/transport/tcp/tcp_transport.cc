@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "proto/protocol.h"
 
 namespace dyad {
 namespace {
@@ -23,6 +24,10 @@ constexpr size_t kMaxPipeBytes = 1u << 20;
 constexpr size_t kMinPipeBytes = 64u << 10;
 // Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
 constexpr size_t kDefaultChunk = 1u << 20;
+
+Deadline IdleDeadline(int64_t idle_ms) {
+  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
+}
 
 std::string Progress(uint64_t got, uint64_t size) {
   return "received " + std::to_string(got) + " of " + std::to_string(size) + " bytes";
@@ -325,6 +330,70 @@ TransportCaps TcpTransport::caps() const {
   return c;
 }
 
+size_t TcpTransport::SealedChunk() const {
+  const size_t chunk = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
+  return std::min(chunk, kSealedChunkBytes);
+}
+
+Status TcpTransport::PushSealed(Channel& session, const FileSource& src, TransferStats* stats) {
+  std::unique_ptr<char[]> buf(new char[static_cast<size_t>(
+      std::min<uint64_t>(SealedChunk(), src.size))]);
+  uint64_t offset = 0;
+  while (offset < src.size) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(SealedChunk(), src.size - offset));
+    size_t have = 0;
+    while (have < len) {
+      const ssize_t n = ::pread(src.fd, buf.get() + have, len - have,
+                                static_cast<off_t>(offset + have));
+      if (n > 0) {
+        have += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      const Status st = n == 0 ? Status(DYAD_RC_BADFIO, "file shrank while being sent")
+                               : StatusFromErrno(errno, "read", DYAD_RC_BADFIO);
+      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' at byte " +
+                                              std::to_string(offset + have)));
+    }
+    Status st = session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData), buf.get(),
+                                         len, IdleDeadline(options_.idle_ms));
+    if (!st.ok()) {
+      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' (sent " +
+                                              std::to_string(offset) + " of " +
+                                              std::to_string(src.size) + " bytes)"));
+    }
+    offset += len;
+    stats->bytes = offset;
+    ++stats->chunks;
+  }
+  return Status::OK();
+}
+
+Status TcpTransport::PullSealed(Channel& session, uint64_t size, int sink_fd,
+                                TransferStats* stats) {
+  std::string chunk;
+  uint64_t got = 0;
+  while (got < size) {
+    uint16_t type = 0;
+    Status st = session.RecvFrame(&type, &chunk, IdleDeadline(options_.idle_ms));
+    if (!st.ok()) return st.Annotate(Progress(got, size));
+    if (type != static_cast<uint16_t>(MsgType::kFileData))
+      return Status(DYAD_RC_BADRPC, std::string("expected file data, got '") + MsgTypeName(type) +
+                                        "' (" + Progress(got, size) + ")");
+    if (chunk.empty() || chunk.size() > size - got)
+      return Status(DYAD_RC_BADUNPACK, "file data chunk of " + std::to_string(chunk.size()) +
+                                           " bytes does not fit the announced size (" +
+                                           Progress(got, size) + ")");
+    if (Status ws = WriteFully(sink_fd, chunk.data(), chunk.size()); !ws.ok())
+      return Status(DYAD_RC_BADFIO, "write to sink: " + ws.message() + " (" + Progress(got, size) +
+                                        ")");
+    got += chunk.size();
+    stats->bytes = got;
+    ++stats->chunks;
+  }
+  return Status::OK();
+}
+
 Status TcpTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
                           TransferStats* stats) {
   TransferStats local_stats;
@@ -337,6 +406,7 @@ Status TcpTransport::Push(Channel& session, const FileSource& src, const std::st
         session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
   }
   ScopedSigpipeBlock no_sigpipe;
+  if (session.protection() != LinkProtection::kNone) return PushSealed(session, src, stats);
   // Sent in slices of chunk_size so stats count pipeline chunks; each slice
   // is still one zero-copy sendfile loop inside the Channel.
   const uint64_t slice = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
@@ -366,6 +436,11 @@ Status TcpTransport::Pull(Channel& session, uint64_t size, const std::string& re
   if (size == 0) return Status::OK();
   if (sink_fd < 0)
     return FailSession(session, Status(DYAD_RC_BADFIO, "tcp pull: no sink file descriptor"));
+  if (session.protection() != LinkProtection::kNone) {
+    Status st = PullSealed(session, size, sink_fd, stats);
+    if (!st.ok()) return FailSession(session, st.Annotate("tcp pull"));
+    return Status::OK();
+  }
   StreamReceiver receiver(session, size, sink_fd, options_, stats);
   Status st = receiver.Run(/*try_splice=*/size > kSpliceThreshold);
   if (!st.ok()) return FailSession(session, st.Annotate("tcp pull"));
