@@ -366,8 +366,12 @@ std::vector<std::string> EmuCluster::ServiceArgv(int i) const {
   } else {
     a.push_back("embedded://" + nodes_[options_.root_node].info.address());
   }
+  if (options_.use_secret) {
+    a.push_back("--secret-file");
+    a.push_back(secret_file_);
+  }
   for (const std::string& s :
-       {std::string("--secret-file"), secret_file_, std::string("--ready-file"), n.ready_file,
+       {std::string("--ready-file"), n.ready_file,
         std::string("-i"), n.service_log, std::string("-e"), n.service_log,
         std::string("--cons-path"), n.dmd})
     a.push_back(s);
@@ -377,6 +381,8 @@ std::vector<std::string> EmuCluster::ServiceArgv(int i) const {
   }
   if (options_.debug) a.push_back("-d");
   a.insert(a.end(), options_.extra_service_args.begin(), options_.extra_service_args.end());
+  if (auto it = options_.node_service_args.find(i); it != options_.node_service_args.end())
+    a.insert(a.end(), it->second.begin(), it->second.end());
   a.push_back(n.dmd);
   return a;
 }
