@@ -141,6 +141,14 @@ class Channel {
   // As SendFrame, but may overwrite `payload` (encrypting it in place saves
   // a copy of large payloads such as file chunks).
   Status SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline);
+  // Integrity-protected sessions only: sends `len` bytes of `file_fd` from
+  // `offset` as one sealed frame of `type` whose tag is computed over
+  // `data`, the same bytes already read into memory; the bytes themselves go
+  // out with sendfile(2), saving the copy into the socket. Should the file
+  // change between the read and the send, the peer's check fails: a changed
+  // file is never delivered as the one read.
+  Status SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset, const char* data,
+                             size_t len, int64_t idle_ms);
   // Receives one frame. A bad magic/version or a length above frame_limit()
   // gives DYAD_RC_BADUNPACK, a sealed record that fails its check
   // DYAD_RC_AUTH; both mark the channel broken. `payload` is reused: a

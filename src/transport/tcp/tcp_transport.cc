@@ -355,8 +355,15 @@ Status TcpTransport::PushSealed(Channel& session, const FileSource& src, Transfe
       return FailSession(session, st.Annotate("tcp push of '" + src.path + "' at byte " +
                                               std::to_string(offset + have)));
     }
-    Status st = session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData), buf.get(),
-                                         len, IdleDeadline(options_.idle_ms));
+    // Integrity only: the bytes just read are what the tag covers, and the
+    // kernel sends them from the page cache (no copy into the socket).
+    // Encrypted: sealed in place and sent from the buffer.
+    Status st = session.protection() == LinkProtection::kIntegrity
+                    ? session.SendSealedFileRange(static_cast<uint16_t>(MsgType::kFileData),
+                                                  src.fd, offset, buf.get(), len,
+                                                  std::max<int64_t>(0, options_.idle_ms))
+                    : session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData),
+                                               buf.get(), len, IdleDeadline(options_.idle_ms));
     if (!st.ok()) {
       return FailSession(session, st.Annotate("tcp push of '" + src.path + "' (sent " +
                                               std::to_string(offset) + " of " +
