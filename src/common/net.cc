@@ -461,8 +461,8 @@ Status Channel::RecvPayload(std::string* payload, size_t len, Deadline deadline)
   return Status::OK();
 }
 
-Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
-  char hdr[kFrameHeaderSize];
+Status Channel::RecvHeader(char hdr[kFrameHeaderSize], uint16_t* type, size_t* len,
+                          Deadline deadline) {
   // Right after sending, the answer usually comes within microseconds:
   // spinning briefly then saves the wake-up of a sleeping thread, which
   // dominates a round trip on virtualized and power-saving hosts.
@@ -473,41 +473,94 @@ Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadlin
     // with short deadlines); a timeout once a frame has started breaks it.
     DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
   }
-  DYAD_RETURN_IF_ERROR(RecvAll(hdr, sizeof hdr, deadline));
+  DYAD_RETURN_IF_ERROR(RecvAll(hdr, kFrameHeaderSize, deadline));
   uint32_t magic;
   uint16_t version;
-  uint16_t rtype;
-  uint32_t len;
+  uint32_t wire_len;
   std::memcpy(&magic, hdr, 4);
   std::memcpy(&version, hdr + 4, 2);
-  std::memcpy(&rtype, hdr + 6, 2);
-  std::memcpy(&len, hdr + 8, 4);
+  std::memcpy(type, hdr + 6, 2);
+  std::memcpy(&wire_len, hdr + 8, 4);
   if (magic != kFrameMagic || version != kWireVersion) {
     broken_ = true;
     return Status(DYAD_RC_BADUNPACK, "not a DYAD peer (bad frame magic or wire version)");
   }
   const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
-  if (len < overhead || len - overhead > frame_limit()) {
+  if (wire_len < overhead || wire_len - overhead > frame_limit()) {
     broken_ = true;
     return Status(DYAD_RC_BADUNPACK,
-                  "frame length " + std::to_string(len) + " exceeds the limit of " +
+                  "frame length " + std::to_string(wire_len) + " exceeds the limit of " +
                       std::to_string(frame_limit()) + " bytes" +
                       (trust_ == Trust::kUnauthenticated ? " before authentication" : ""));
   }
-  DYAD_RETURN_IF_ERROR(RecvPayload(payload, len, deadline));
+  *len = wire_len - overhead;
+  return Status::OK();
+}
+
+Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+  char hdr[kFrameHeaderSize];
+  uint16_t rtype = 0;
+  size_t len = 0;
+  DYAD_RETURN_IF_ERROR(RecvHeader(hdr, &rtype, &len, deadline));
+  const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
+  DYAD_RETURN_IF_ERROR(RecvPayload(payload, len + overhead, deadline));
   if (recv_cipher_) {
-    const size_t body = len - kSealTagSize;
     unsigned char tag[kSealTagSize];
-    std::memcpy(tag, payload->data() + body, kSealTagSize);
-    Status st = recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), body,
+    std::memcpy(tag, payload->data() + len, kSealTagSize);
+    Status st = recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), len,
                                    tag);
     if (!st.ok()) {
       broken_ = true;
       return st;
     }
-    payload->resize(body);
+    payload->resize(len);
   }
   *type = rtype;
+  return Status::OK();
+}
+
+Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
+                                   size_t buf_len,
+                                   const std::function<Status(const char*, size_t)>& sink,
+                                   Deadline deadline) {
+  char hdr[kFrameHeaderSize];
+  uint16_t rtype = 0;
+  size_t body = 0;
+  DYAD_RETURN_IF_ERROR(RecvHeader(hdr, &rtype, &body, deadline));
+  auto fail = [this](const Status& st) {
+    broken_ = true;
+    return st;
+  };
+  if (rtype != want_type)
+    return fail(Status(DYAD_RC_BADRPC, "expected a frame of type " + std::to_string(want_type) +
+                                           ", got type " + std::to_string(rtype)));
+  if (body > max_len)
+    return fail(Status(DYAD_RC_BADUNPACK, "frame of " + std::to_string(body) +
+                                              " bytes where at most " + std::to_string(max_len) +
+                                              " were expected"));
+  if (recv_cipher_) {
+    Status st = recv_cipher_->OpenBegin(std::string_view(hdr, kFrameHeaderSize));
+    if (!st.ok()) return fail(st);
+  }
+  size_t done = 0;
+  while (done < body) {
+    Result<size_t> n = RecvSome(buf, std::min(buf_len, body - done), deadline);
+    if (!n.ok()) return n.status();
+    if (recv_cipher_) {
+      Status st = recv_cipher_->OpenUpdate(buf, *n);
+      if (!st.ok()) return fail(st);
+    }
+    Status ss = sink(buf, *n);
+    if (!ss.ok()) return fail(ss);
+    done += *n;
+  }
+  if (recv_cipher_) {
+    unsigned char tag[kSealTagSize];
+    DYAD_RETURN_IF_ERROR(RecvAll(tag, sizeof tag, deadline));
+    Status st = recv_cipher_->OpenFinish(tag);
+    if (!st.ok()) return fail(st);
+  }
+  *len = body;
   return Status::OK();
 }
 

@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -149,6 +150,17 @@ class Channel {
   // file is never delivered as the one read.
   Status SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset, const char* data,
                              size_t len, int64_t idle_ms);
+  // Receives one frame of type `want_type` whose payload is handed to
+  // `sink` piece by piece as it arrives (at most `buf_len` bytes at a time,
+  // through `buf`), so a large payload is never held whole and the socket
+  // keeps draining. On a protected session the pieces are authenticated
+  // (and decrypted) on the way; they are unverified until this returns OK,
+  // so `sink` must write somewhere the caller can discard (DYAD_RC_AUTH
+  // otherwise). Another type (DYAD_RC_BADRPC) or a payload above `max_len`
+  // (DYAD_RC_BADUNPACK) is refused before any byte reaches `sink`.
+  Status RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
+                            size_t buf_len, const std::function<Status(const char*, size_t)>& sink,
+                            Deadline deadline);
   // Receives one frame. A bad magic/version or a length above frame_limit()
   // gives DYAD_RC_BADUNPACK, a sealed record that fails its check
   // DYAD_RC_AUTH; both mark the channel broken. `payload` is reused: a
@@ -175,6 +187,9 @@ class Channel {
 
  private:
   Status WaitFor(short events, Deadline deadline);
+  // Reads and checks a frame header; `*len` is the payload length without
+  // the tag of a sealed record.
+  Status RecvHeader(char hdr[12], uint16_t* type, size_t* len, Deadline deadline);
   // Reads `len` payload bytes into `payload`, growing it as they arrive.
   Status RecvPayload(std::string* payload, size_t len, Deadline deadline);
   Status SendSealed(const char* hdr, const char* payload, char* out, size_t len,

@@ -148,4 +148,44 @@ Status RecordCipher::Open(std::string_view aad, char* data, size_t len,
   return Status::OK();
 }
 
+Status RecordCipher::OpenBegin(std::string_view aad) {
+  if (sealing_) return Status(DYAD_RC_SYSFAIL, "Open on a sending record cipher");
+  opening_ = seq_;
+  unsigned char nonce[kNonceSize];
+  DYAD_RETURN_IF_ERROR(NextNonce(nonce));
+  if (EVP_DecryptInit_ex(ctx_, nullptr, nullptr, nullptr, nonce) != 1 ||
+      !Update(ctx_, false, aad.data(), nullptr, aad.size())) {
+    failed_ = true;
+    return CryptoFailure("opening a record");
+  }
+  return Status::OK();
+}
+
+Status RecordCipher::OpenUpdate(char* data, size_t len) {
+  if (failed_) return Status(DYAD_RC_AUTH, "session integrity was already lost");
+  const bool encrypt = mode_ == LinkProtection::kEncrypt;
+  if (!Update(ctx_, false, data, encrypt ? data : nullptr, len)) {
+    failed_ = true;
+    return CryptoFailure("opening a record");
+  }
+  return Status::OK();
+}
+
+Status RecordCipher::OpenFinish(const unsigned char tag[kSealTagSize]) {
+  if (failed_) return Status(DYAD_RC_AUTH, "session integrity was already lost");
+  unsigned char expected[kSealTagSize];
+  std::copy(tag, tag + kSealTagSize, expected);
+  int outl = 0;
+  unsigned char scratch[16];
+  if (EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kSealTagSize), expected) !=
+          1 ||
+      EVP_DecryptFinal_ex(ctx_, scratch, &outl) != 1) {
+    failed_ = true;
+    return Status(DYAD_RC_AUTH, "record " + std::to_string(opening_) +
+                                    " from the peer failed its integrity check (altered, "
+                                    "replayed or reordered in transit)");
+  }
+  return Status::OK();
+}
+
 }  // namespace dyad

@@ -71,6 +71,14 @@ class RecordCipher {
   // unusable (its counter no longer matches the peer's).
   Status Open(std::string_view aad, char* data, size_t len, const unsigned char tag[kSealTagSize]);
 
+  // Opens the next record piece by piece, as its bytes arrive: OpenBegin
+  // with the associated data, OpenUpdate for each piece (decrypted in place
+  // with kEncrypt), OpenFinish with the tag. Until OpenFinish succeeds the
+  // pieces are unverified: the caller must be able to discard them.
+  Status OpenBegin(std::string_view aad);
+  Status OpenUpdate(char* data, size_t len);
+  Status OpenFinish(const unsigned char tag[kSealTagSize]);
+
  private:
   RecordCipher(evp_cipher_ctx_st* ctx, LinkProtection mode, bool sealing)
       : ctx_(ctx), mode_(mode), sealing_(sealing) {}
@@ -80,6 +88,7 @@ class RecordCipher {
   const LinkProtection mode_;
   const bool sealing_;
   uint64_t seq_ = 0;
+  uint64_t opening_ = 0;  // record being opened piece by piece
   bool failed_ = false;
 };
 

@@ -378,23 +378,28 @@ Status TcpTransport::PushSealed(Channel& session, const FileSource& src, Transfe
 
 Status TcpTransport::PullSealed(Channel& session, uint64_t size, int sink_fd,
                                 TransferStats* stats) {
-  std::string chunk;
+  // Each chunk is written as it streams in and verified at its end: the
+  // socket keeps draining and the bytes are hashed while still in cache.
+  // Unverified bytes only ever reach the sink, a temporary the fetcher
+  // discards when this fails.
+  const size_t buf_len = static_cast<size_t>(std::min<uint64_t>(kSealedReadBytes, size));
+  std::unique_ptr<char[]> buf(new char[buf_len]);
   uint64_t got = 0;
+  auto write = [&](const char* p, size_t n) -> Status {
+    if (Status ws = WriteFully(sink_fd, p, n); !ws.ok())
+      return Status(DYAD_RC_BADFIO, "write to sink: " + ws.message());
+    return Status::OK();
+  };
   while (got < size) {
-    uint16_t type = 0;
-    Status st = session.RecvFrame(&type, &chunk, IdleDeadline(options_.idle_ms));
+    size_t len = 0;
+    const size_t max_len = static_cast<size_t>(std::min<uint64_t>(kMaxFramePayload, size - got));
+    Status st = session.RecvFrameStreaming(static_cast<uint16_t>(MsgType::kFileData), &len, max_len,
+                                           buf.get(), buf_len, write,
+                                           IdleDeadline(options_.idle_ms));
     if (!st.ok()) return st.Annotate(Progress(got, size));
-    if (type != static_cast<uint16_t>(MsgType::kFileData))
-      return Status(DYAD_RC_BADRPC, std::string("expected file data, got '") + MsgTypeName(type) +
-                                        "' (" + Progress(got, size) + ")");
-    if (chunk.empty() || chunk.size() > size - got)
-      return Status(DYAD_RC_BADUNPACK, "file data chunk of " + std::to_string(chunk.size()) +
-                                           " bytes does not fit the announced size (" +
-                                           Progress(got, size) + ")");
-    if (Status ws = WriteFully(sink_fd, chunk.data(), chunk.size()); !ws.ok())
-      return Status(DYAD_RC_BADFIO, "write to sink: " + ws.message() + " (" + Progress(got, size) +
-                                        ")");
-    got += chunk.size();
+    if (len == 0)
+      return Status(DYAD_RC_BADUNPACK, "empty file data chunk (" + Progress(got, size) + ")");
+    got += len;
     stats->bytes = got;
     ++stats->chunks;
   }

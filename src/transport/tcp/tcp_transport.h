@@ -51,6 +51,8 @@ class TcpTransport final : public Transport {
   // when options.chunk_size is): big enough that the per-record cost
   // vanishes, small enough that both ends keep the link busy.
   static constexpr size_t kSealedChunkBytes = 1u << 20;
+  // Receive buffer of the sealed path: chunks stream through it.
+  static constexpr size_t kSealedReadBytes = 256u << 10;
 
  private:
   Status PushSealed(Channel& session, const FileSource& src, TransferStats* stats);
