@@ -74,6 +74,7 @@ struct ClusterArgs {
   bool loopback = false;  // never network namespaces
   std::string mode;       // transport; "" = the default
   std::string tmp;        // parent of the cluster directory
+  std::string protection;  // services' --protection; "" = their default (integrity)
 };
 
 enum class OptionResult { kNotMine, kTaken, kBad };
@@ -87,10 +88,10 @@ inline OptionResult ParseClusterOption(const std::string& s,
     a->json = true;
   } else if (s == "--loopback") {
     a->loopback = true;
-  } else if (s == "--mode" || s == "--tmp") {
+  } else if (s == "--mode" || s == "--tmp" || s == "--protection") {
     const char* v = next();
     if (!v) return OptionResult::kBad;
-    (s == "--mode" ? a->mode : a->tmp) = v;
+    (s == "--mode" ? a->mode : s == "--tmp" ? a->tmp : a->protection) = v;
   } else {
     return OptionResult::kNotMine;
   }
@@ -163,6 +164,7 @@ inline std::unique_ptr<emu::EmuCluster> StartBenchCluster(const char* prog, int 
   o.mode = a.mode;
   o.use_netns = !a.loopback;
   o.tmp_parent = a.tmp;
+  if (!a.protection.empty()) o.extra_service_args = {"--protection", a.protection};
   // DYAD_BENCH_KEEP=1 leaves the node directories and service logs behind
   // for a post-mortem (the path is printed by a failing run).
   if (const char* k = std::getenv("DYAD_BENCH_KEEP"); k && *k && std::string(k) != "0") o.keep = true;

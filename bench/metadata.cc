@@ -93,14 +93,16 @@ class LocalLink {
     if (!addr.ok()) return addr.status();
     Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
     if (!fd.ok()) return fd.status();
-    return std::unique_ptr<LocalLink>(new LocalLink(std::move(*fd)));
+    std::unique_ptr<LocalLink> link(new LocalLink(std::move(*fd)));
+    DYAD_RETURN_IF_ERROR(TrustLocalService(link->ch_));
+    return link;
   }
   Status Call(MsgType type, const std::string& req, std::string* body) {
     return CallRpc(ch_, type, req, body, Deadline::AfterMs(10000));
   }
 
  private:
-  explicit LocalLink(UniqueFd fd) : ch_(std::move(fd)) {}
+  explicit LocalLink(UniqueFd fd) : ch_(std::move(fd), Trust::kUnauthenticated) {}
   Channel ch_;
 };
 

@@ -80,11 +80,14 @@ void Usage() {
   std::printf(
       "usage: dyad-transfer [--size BYTES | --size-mib N] [--reps N] [--mode MODE] [--loopback]\n"
       "                     [--tmp DIR] [--json] [--ring N]\n"
+      "                     [--protection integrity|encrypt|none]\n"
       "Measures raw TCP (memory and file-to-file) and DYAD consume throughput between two\n"
       "emulated nodes, side by side. Default: 1 GiB, 3 repetitions. --tmp puts the node\n"
       "directories under DIR (e.g. /dev/shm for tmpfs node-local storage). --json adds\n"
       "peak RSS of services and consumer and CPU seconds per GiB. --ring N: N nodes each\n"
       "sending one file to the next at once, aggregate DYAD vs raw TCP throughput.\n"
+      "--protection sets the services' link protection (default integrity: every file\n"
+      "chunk authenticated; none: zero-copy sendfile/splice, no integrity).\n"
       "After the two-node runs it also prints node A's (the owner's) service counters\n"
       "bytes.out and bytes.out.direct (bytes the UCX transport wrote straight into the\n"
       "requester service's shared buffer on the same host; 0 over TCP or UCX_TLS=tcp);\n"
@@ -110,7 +113,7 @@ int Receive(const Args& a) {
     std::fprintf(stderr, "recv: %s\n", cfd.status().ToString().c_str());
     return 2;
   }
-  Channel ch(std::move(*cfd));
+  Channel ch(std::move(*cfd), Trust::kUnauthenticated);  // raw bytes only
   UniqueFd out;
   if (!a.file.empty()) {
     out.reset(::open(a.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -147,7 +150,7 @@ int Send(const Args& a) {
     std::fprintf(stderr, "send: %s\n", fd.status().ToString().c_str());
     return 2;
   }
-  Channel ch(std::move(*fd));
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);  // raw bytes only
   const uint64_t t0 = MonoNs();
   if (!a.file.empty()) {
     UniqueFd in(::open(a.file.c_str(), O_RDONLY | O_CLOEXEC));

@@ -32,6 +32,17 @@ libfabric-bin
 libhiredis-dev
 redis-server
 "
+# MUNGE authentication between services (libmunge; munged for tests and sites)
+PACKAGES="$PACKAGES
+munge
+libmunge-dev
+"
+# fuzzing (tests/fuzz, `make fuzz`): clang with libFuzzer and the sanitizer runtimes
+PACKAGES="$PACKAGES
+clang-16
+libfuzzer-16-dev
+libclang-rt-16-dev
+"
 # pydyad and its data-loader integration (Debian's /usr/bin/python3), plots
 PACKAGES="$PACKAGES
 python3

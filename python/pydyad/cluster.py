@@ -94,6 +94,11 @@ class LocalCluster:
                 f.write(secrets.token_hex(32) + "\n")
             root = None
             for rank in range(self.nodes):
+                # Holds the service's socket: dyad-service refuses a
+                # directory group or others can access.
+                node = os.path.join(self.workdir, f"node{rank}")
+                os.makedirs(node, mode=0o700)
+                os.chmod(node, 0o700)
                 os.makedirs(self.prod_dir(rank))
                 os.makedirs(self.cons_dir(rank))
                 ready = os.path.join(self.workdir, f"node{rank}", "ready")

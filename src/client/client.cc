@@ -263,7 +263,7 @@ Status Client::Finish(Status st, const char* op, const std::string& fname) const
 
 Deadline Client::WaitDeadline() const {
   if (config_.consume_timeout_ms < 0 || config_.rpc_timeout_ms < 0) return Deadline::Never();
-  return Deadline::AfterMs(config_.consume_timeout_ms + config_.rpc_timeout_ms);
+  return Deadline::AfterMs(SaturatingAddMs(config_.consume_timeout_ms, config_.rpc_timeout_ms));
 }
 
 Status Client::Produce(const std::string& fname) {

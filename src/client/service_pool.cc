@@ -157,7 +157,12 @@ Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* r
   if (!address_.ok()) return NoService(address_.status());
   Result<UniqueFd> fd = Connect(*address_, Deadline::AfterMs(connect_ms));
   if (!fd.ok()) return NoService(fd.status());
-  return std::make_unique<Channel>(std::move(*fd));
+  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+  // Whoever listens on the socket must be our own service (same user or
+  // root): a socket planted by another user must not answer our requests.
+  Status st = TrustLocalService(*ch);
+  if (!st.ok()) return st.Annotate("dyad-service socket '" + socket_path_ + "'");
+  return ch;
 }
 
 void ServicePool::Return(std::unique_ptr<Channel> ch) {

@@ -4,19 +4,20 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/kdf.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
+#include "common/config.h"
+#include "common/handshake.h"
 #include "common/wire.h"
 #include "proto/protocol.h"
 
 namespace dyad {
-namespace {
-constexpr size_t kNonceSize = 32;
-}
 
 Status RandomBytes(void* buf, size_t len) {
   char* p = static_cast<char*>(buf);
@@ -32,21 +33,125 @@ Status RandomBytes(void* buf, size_t len) {
   return Status::OK();
 }
 
-std::string Authenticator::Mac(const std::string& label, const std::string& nonce) const {
-  std::string msg = "dyad-auth-v1/" + label + "/" + nonce;
+namespace {
+
+using PkeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
+using PkeyCtxPtr = std::unique_ptr<EVP_PKEY_CTX, decltype(&EVP_PKEY_CTX_free)>;
+
+constexpr char kClientRole[] = "client";
+constexpr char kServerRole[] = "server";
+constexpr size_t kSessionKeyBytes = 2 * kSealKeySize;
+
+Status CryptoError(const std::string& what) {
+  return Status(DYAD_RC_SYSFAIL, "handshake: " + what + " failed (OpenSSL)");
+}
+
+// Wipes key material when it goes out of scope.
+struct Secret {
+  std::string bytes;
+  ~Secret() { OPENSSL_cleanse(bytes.data(), bytes.size()); }
+};
+
+// An ephemeral X25519 key pair, used for one handshake.
+class EphemeralKey {
+ public:
+  static Result<std::unique_ptr<EphemeralKey>> Generate() {
+    PkeyCtxPtr ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, nullptr), EVP_PKEY_CTX_free);
+    EVP_PKEY* key = nullptr;
+    if (!ctx || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &key) != 1)
+      return CryptoError("X25519 key generation");
+    return std::unique_ptr<EphemeralKey>(new EphemeralKey(key));
+  }
+  Result<std::string> PublicKey() const {
+    std::string pub(kHandshakeKeySize, '\0');
+    size_t len = pub.size();
+    if (EVP_PKEY_get_raw_public_key(key_.get(), reinterpret_cast<unsigned char*>(pub.data()),
+                                    &len) != 1 ||
+        len != kHandshakeKeySize)
+      return CryptoError("X25519 public key export");
+    return pub;
+  }
+  // The shared secret with the peer's public key. A malformed or low-order
+  // peer key (an all-zero result) is refused.
+  Status Agree(const std::string& peer_public, Secret* out) const {
+    PkeyPtr peer(EVP_PKEY_new_raw_public_key(
+                     EVP_PKEY_X25519, nullptr,
+                     reinterpret_cast<const unsigned char*>(peer_public.data()), peer_public.size()),
+                 EVP_PKEY_free);
+    PkeyCtxPtr ctx(EVP_PKEY_CTX_new(key_.get(), nullptr), EVP_PKEY_CTX_free);
+    size_t len = kHandshakeKeySize;
+    out->bytes.assign(len, '\0');
+    if (!peer || !ctx || EVP_PKEY_derive_init(ctx.get()) != 1 ||
+        EVP_PKEY_derive_set_peer(ctx.get(), peer.get()) != 1 ||
+        EVP_PKEY_derive(ctx.get(), reinterpret_cast<unsigned char*>(out->bytes.data()), &len) != 1 ||
+        len != kHandshakeKeySize)
+      return Status(DYAD_RC_AUTH, "handshake: the peer's key exchange value is invalid");
+    return Status::OK();
+  }
+
+ private:
+  explicit EphemeralKey(EVP_PKEY* key) : key_(key, EVP_PKEY_free) {}
+  PkeyPtr key_;
+};
+
+std::string Mac(const std::string& secret, const char* role, const std::string& transcript) {
+  const std::string msg = std::string(kHandshakeLabel) + " " + role + " " + transcript;
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int out_len = 0;
-  static const unsigned char kEmptyKey[1] = {0};
-  const void* key = secret_.empty() ? static_cast<const void*>(kEmptyKey) : secret_.data();
-  HMAC(EVP_sha256(), key, static_cast<int>(secret_.size()),
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
        reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &out_len);
   return std::string(reinterpret_cast<char*>(out), out_len);
 }
 
-namespace {
+std::string MungePayload(const char* role, const std::string& transcript) {
+  return std::string(kHandshakeLabel) + " " + role + " " + transcript;
+}
 
-bool MacEqual(const std::string& a, const std::string& b) {
+bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// HKDF-SHA256(ikm = dh || secret, salt = transcript) -> both directions' keys.
+Status DeriveSessionKeys(const Secret& dh, const std::string& secret,
+                         const std::string& transcript, Secret* okm) {
+  Secret ikm;
+  ikm.bytes = dh.bytes + secret;
+  static const char kInfo[] = "dyad-handshake-2 session keys";
+  PkeyCtxPtr ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr), EVP_PKEY_CTX_free);
+  size_t len = kSessionKeyBytes;
+  okm->bytes.assign(len, '\0');
+  if (!ctx || EVP_PKEY_derive_init(ctx.get()) != 1 ||
+      EVP_PKEY_CTX_set_hkdf_md(ctx.get(), EVP_sha256()) != 1 ||
+      EVP_PKEY_CTX_set1_hkdf_salt(ctx.get(),
+                                  reinterpret_cast<const unsigned char*>(transcript.data()),
+                                  static_cast<int>(transcript.size())) != 1 ||
+      EVP_PKEY_CTX_set1_hkdf_key(ctx.get(), reinterpret_cast<const unsigned char*>(ikm.bytes.data()),
+                                 static_cast<int>(ikm.bytes.size())) != 1 ||
+      EVP_PKEY_CTX_add1_hkdf_info(ctx.get(), reinterpret_cast<const unsigned char*>(kInfo),
+                                  static_cast<int>(sizeof kInfo - 1)) != 1 ||
+      EVP_PKEY_derive(ctx.get(), reinterpret_cast<unsigned char*>(okm->bytes.data()), &len) != 1 ||
+      len != kSessionKeyBytes)
+    return CryptoError("HKDF key derivation");
+  return Status::OK();
+}
+
+// Installs the session keys and the agreed protection on `ch`.
+Status ProtectSession(Channel& ch, const Secret& okm, LinkProtection level, bool accepting) {
+  if (level == LinkProtection::kNone) {
+    ch.Protect(level, nullptr, nullptr);
+  } else {
+    const auto* c2s = reinterpret_cast<const unsigned char*>(okm.bytes.data());
+    const auto* s2c = c2s + kSealKeySize;
+    Result<std::unique_ptr<RecordCipher>> send =
+        RecordCipher::Create(accepting ? s2c : c2s, level, /*sealing=*/true);
+    Result<std::unique_ptr<RecordCipher>> recv =
+        RecordCipher::Create(accepting ? c2s : s2c, level, /*sealing=*/false);
+    if (!send.ok()) return send.status();
+    if (!recv.ok()) return recv.status();
+    ch.Protect(level, std::move(*send), std::move(*recv));
+  }
+  ch.SetTrust(Trust::kAuthenticated);
+  return Status::OK();
 }
 
 Status Expect(Channel& ch, MsgType want, std::string* payload, Deadline deadline) {
@@ -61,88 +166,184 @@ Status Expect(Channel& ch, MsgType want, std::string* payload, Deadline deadline
   return Status::OK();
 }
 
+// Tells the peer why it is refused (best effort) and breaks the channel.
+Status Refuse(Channel& ch, const Status& reply, const Status& local, Deadline deadline) {
+  (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(reply), deadline);
+  ch.MarkBroken();
+  return local;
+}
+
+LinkProtection Stronger(LinkProtection a, uint8_t b) {
+  return static_cast<LinkProtection>(std::max<uint8_t>(static_cast<uint8_t>(a), b));
+}
+
+}  // namespace
+
+Authenticator::Authenticator(AuthConfig config) : cfg_(std::move(config)) {}
+Authenticator::Authenticator(std::string secret) { cfg_.secret = std::move(secret); }
+
+uint8_t Authenticator::credentials() const {
+  return static_cast<uint8_t>((has_secret() ? kCredSecret : 0) | (has_munge() ? kCredMunge : 0));
+}
+
+std::string Authenticator::credential_names() const { return CredentialSetName(credentials()); }
+
+namespace {
+
+// The proofs this end gives for `role` over `transcript`.
+Status MakeProofs(const AuthConfig& cfg, const char* role, const std::string& transcript,
+                  std::string* munge, std::string* mac) {
+  if (!cfg.secret.empty()) *mac = Mac(cfg.secret, role, transcript);
+  if (cfg.munge) {
+    Result<std::string> cred = cfg.munge->Encode(MungePayload(role, transcript));
+    if (!cred.ok()) return cred.status().Annotate("handshake: create MUNGE credential");
+    *munge = std::move(*cred);
+  }
+  return Status::OK();
+}
+
+// Checks the peer's proofs for `role`; DYAD_RC_AUTH says which one failed.
+Status CheckProofs(const AuthConfig& cfg, const char* role, const std::string& transcript,
+                   const std::string& munge, const std::string& mac) {
+  if (!cfg.secret.empty() && !ConstantTimeEqual(mac, Mac(cfg.secret, role, transcript)))
+    return Status(DYAD_RC_AUTH, "wrong cluster secret");
+  if (cfg.munge) {
+    Result<CredentialService::Verified> v = cfg.munge->Decode(munge);
+    if (!v.ok()) return Status(DYAD_RC_AUTH, "MUNGE credential refused: " + v.status().message());
+    if (v->uid != ::geteuid())
+      return Status(DYAD_RC_AUTH, "MUNGE credential of uid " + std::to_string(v->uid) +
+                                      ", expected uid " + std::to_string(::geteuid()));
+    if (v->payload != MungePayload(role, transcript))
+      return Status(DYAD_RC_AUTH, "MUNGE credential was made for another handshake");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Authenticator::Accept(Channel& ch, const PeerIdentity& self, Deadline deadline,
                              PeerIdentity* peer) const {
-  std::string nonce(kNonceSize, '\0');
-  DYAD_RETURN_IF_ERROR(RandomBytes(nonce.data(), nonce.size()));
-  Encoder ch_msg;
-  ch_msg.Str(nonce).U32(self.rank).U64(self.incarnation);
+  Result<std::unique_ptr<EphemeralKey>> eph = EphemeralKey::Generate();
+  if (!eph.ok()) return eph.status();
+  ChallengeMsg challenge;
+  Hello& mine = challenge.hello;
+  mine.nonce.assign(kHandshakeNonceSize, '\0');
+  DYAD_RETURN_IF_ERROR(RandomBytes(mine.nonce.data(), mine.nonce.size()));
+  mine.rank = self.rank;
+  mine.incarnation = self.incarnation;
+  mine.credentials = credentials();
+  mine.protection = static_cast<uint8_t>(cfg_.protection);
+  Result<std::string> pub = (*eph)->PublicKey();
+  if (!pub.ok()) return pub.status();
+  mine.public_key = *pub;
+  const std::string challenge_payload = challenge.Encode();
   DYAD_RETURN_IF_ERROR(
-      ch.SendFrame(static_cast<uint16_t>(MsgType::kChallenge), ch_msg.data(), deadline));
+      ch.SendFrame(static_cast<uint16_t>(MsgType::kChallenge), challenge_payload, deadline));
 
   std::string payload;
   DYAD_RETURN_IF_ERROR(Expect(ch, MsgType::kAuthenticate, &payload, deadline));
-  Decoder d(payload);
-  const std::string mac = d.Str(256);
-  PeerIdentity who;
-  who.rank = d.U32();
-  who.incarnation = d.U64();
-  const std::string peer_nonce = d.Str(256);
-  if (!d.done() || peer_nonce.size() != kNonceSize) {
-    ch.MarkBroken();
-    (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply),
-                       EncodeReply(Status(DYAD_RC_BADUNPACK, "malformed authentication")),
-                       deadline);
-    return Status(DYAD_RC_BADUNPACK, "malformed authentication message");
+  AuthenticateMsg m;
+  if (!AuthenticateMsg::Decode(payload, &m)) {
+    const Status st(DYAD_RC_BADUNPACK, "malformed authentication message");
+    return Refuse(ch, st, st, deadline);
   }
-  if (!MacEqual(mac, Mac("client", nonce))) {
-    ch.MarkBroken();
-    (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply),
-                       EncodeReply(Status(DYAD_RC_AUTH, "wrong cluster secret")), deadline);
-    return Status(DYAD_RC_AUTH, "peer claiming rank " + std::to_string(who.rank) +
-                                    " failed authentication (wrong cluster secret)");
+  const std::string who = "peer claiming rank " + std::to_string(m.hello.rank);
+  if (m.hello.credentials != credentials()) {
+    const std::string why = "credential mismatch: this service requires " + credential_names() +
+                            ", the peer presents " + CredentialSetName(m.hello.credentials);
+    return Refuse(ch, Status(DYAD_RC_AUTH, why),
+                  Status(DYAD_RC_AUTH, who + " failed authentication (" + why + ")"), deadline);
   }
-  Encoder ok;
-  ok.Str(Mac("server", peer_nonce));
+  const std::string transcript = HandshakeTranscript(challenge_payload, m.hello);
+  if (transcript.empty()) return CryptoError("transcript hash");
+  if (Status st = CheckProofs(cfg_, kClientRole, transcript, m.munge, m.mac); !st.ok())
+    return Refuse(ch, st, Status(DYAD_RC_AUTH, who + " failed authentication (" + st.message() + ")"),
+                  deadline);
+  Secret dh, okm;
+  if (Status st = (*eph)->Agree(m.hello.public_key, &dh); !st.ok())
+    return Refuse(ch, st, st, deadline);
+  DYAD_RETURN_IF_ERROR(DeriveSessionKeys(dh, cfg_.secret, transcript, &okm));
+  ServerProofMsg proof;
+  DYAD_RETURN_IF_ERROR(MakeProofs(cfg_, kServerRole, transcript, &proof.munge, &proof.mac));
   DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(MsgType::kReply),
-                                    EncodeReply(Status::OK(), ok.data()), deadline));
-  if (peer) *peer = who;
+                                    EncodeReply(Status::OK(), proof.Encode()), deadline));
+  DYAD_RETURN_IF_ERROR(
+      ProtectSession(ch, okm, Stronger(cfg_.protection, m.hello.protection), /*accepting=*/true));
+  if (peer) *peer = PeerIdentity{m.hello.rank, m.hello.incarnation};
   return Status::OK();
 }
 
 Status Authenticator::Connect(Channel& ch, const PeerIdentity& self, Deadline deadline,
                               PeerIdentity* peer) const {
-  std::string payload;
-  DYAD_RETURN_IF_ERROR(Expect(ch, MsgType::kChallenge, &payload, deadline));
-  Decoder d(payload);
-  const std::string nonce = d.Str(256);
-  PeerIdentity who;
-  who.rank = d.U32();
-  who.incarnation = d.U64();
-  if (!d.done() || nonce.size() != kNonceSize) {
+  std::string challenge_payload;
+  DYAD_RETURN_IF_ERROR(Expect(ch, MsgType::kChallenge, &challenge_payload, deadline));
+  ChallengeMsg challenge;
+  bool older = false;
+  if (!ChallengeMsg::Decode(challenge_payload, &challenge, &older)) {
     ch.MarkBroken();
+    if (older)
+      return Status(DYAD_RC_AUTH, "the peer speaks an older DYAD handshake; run the same DYAD "
+                                  "version on every node");
     return Status(DYAD_RC_BADUNPACK, "malformed challenge from peer");
   }
-  std::string my_nonce(kNonceSize, '\0');
-  DYAD_RETURN_IF_ERROR(RandomBytes(my_nonce.data(), my_nonce.size()));
-  Encoder e;
-  e.Str(Mac("client", nonce)).U32(self.rank).U64(self.incarnation).Str(my_nonce);
+  Result<std::unique_ptr<EphemeralKey>> eph = EphemeralKey::Generate();
+  if (!eph.ok()) return eph.status();
+  AuthenticateMsg m;
+  m.hello.nonce.assign(kHandshakeNonceSize, '\0');
+  DYAD_RETURN_IF_ERROR(RandomBytes(m.hello.nonce.data(), m.hello.nonce.size()));
+  m.hello.rank = self.rank;
+  m.hello.incarnation = self.incarnation;
+  m.hello.credentials = credentials();
+  m.hello.protection = static_cast<uint8_t>(cfg_.protection);
+  Result<std::string> pub = (*eph)->PublicKey();
+  if (!pub.ok()) return pub.status();
+  m.hello.public_key = *pub;
+  const std::string transcript = HandshakeTranscript(challenge_payload, m.hello);
+  if (transcript.empty()) return CryptoError("transcript hash");
+  DYAD_RETURN_IF_ERROR(MakeProofs(cfg_, kClientRole, transcript, &m.munge, &m.mac));
+
   std::string body;
-  Status st = CallRpc(ch, MsgType::kAuthenticate, e.data(), &body, deadline);
+  Status st = CallRpc(ch, MsgType::kAuthenticate, m.Encode(), &body, deadline);
   if (!st.ok()) {
     ch.MarkBroken();
-    return st.code() == DYAD_RC_AUTH ? Status(DYAD_RC_AUTH, "peer rejected our credential: " + st.message())
-                                     : st;
+    return st.code() == DYAD_RC_AUTH
+               ? Status(DYAD_RC_AUTH, "peer rejected our credential: " + st.message())
+               : st;
   }
-  Decoder rd(body);
-  const std::string server_mac = rd.Str(256);
-  if (!rd.done() || !MacEqual(server_mac, Mac("server", my_nonce))) {
+  ServerProofMsg proof;
+  if (!ServerProofMsg::Decode(body, &proof)) {
     ch.MarkBroken();
-    return Status(DYAD_RC_AUTH, "peer failed to prove it holds the cluster secret");
+    return Status(DYAD_RC_BADUNPACK, "malformed handshake reply from peer");
   }
-  if (peer) *peer = who;
+  if (challenge.hello.credentials != credentials()) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_AUTH, "credential mismatch: this service requires " +
+                                    credential_names() + ", the peer presents " +
+                                    CredentialSetName(challenge.hello.credentials));
+  }
+  if (Status ps = CheckProofs(cfg_, kServerRole, transcript, proof.munge, proof.mac); !ps.ok()) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_AUTH, "peer failed to prove its identity (" + ps.message() + ")");
+  }
+  Secret dh, okm;
+  if (Status as = (*eph)->Agree(challenge.hello.public_key, &dh); !as.ok()) {
+    ch.MarkBroken();
+    return as;
+  }
+  DYAD_RETURN_IF_ERROR(DeriveSessionKeys(dh, cfg_.secret, transcript, &okm));
+  DYAD_RETURN_IF_ERROR(ProtectSession(
+      ch, okm, Stronger(cfg_.protection, challenge.hello.protection), /*accepting=*/false));
+  if (peer) *peer = PeerIdentity{challenge.hello.rank, challenge.hello.incarnation};
   return Status::OK();
 }
 
 Result<std::string> LoadClusterSecret(const std::string& file) {
   std::string path = file;
   if (path.empty()) {
-    if (const char* f = std::getenv("DYAD_SECRET_FILE"); f && *f) path = f;
+    if (std::optional<std::string> f = GetEnv("DYAD_SECRET_FILE"); f && !f->empty()) path = *f;
   }
   if (path.empty()) {
-    if (const char* s = std::getenv("DYAD_SECRET"); s && *s) return std::string(s);
+    if (std::optional<std::string> s = GetEnv("DYAD_SECRET"); s && !s->empty()) return *s;
     return std::string();
   }
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));

@@ -1,19 +1,46 @@
-// auth.h: mutual authentication of the TCP links between DYAD services.
+// auth.h: mutual authentication of the TCP links between DYAD services, and
+// the keys that protect them afterwards.
 //
-// Every service of a cluster shares one secret (a file readable only by the
-// job's user, or an environment variable). On connect, the accepting side
-// sends a random challenge; the connecting side answers with
-// HMAC-SHA256(secret, challenge) and its own challenge, which the accepting
-// side answers in turn. A peer without the secret is refused with
-// DYAD_RC_AUTH before it can send any request. With an empty secret the
-// handshake still runs (and interoperates) but proves nothing; services warn
-// about that at startup. Thread-safe (immutable after construction).
+// A service proves itself with one or two credentials (AuthConfig): the
+// cluster's shared secret (a file readable only by the job's user), a MUNGE
+// credential (munged vouches for the uid of the process, as on Flux and
+// Slurm sites), or both. Both ends must be configured with the same set.
+//
+// The handshake (messages in common/handshake.h), on every new connection:
+//   1. the accepting side sends a challenge: a fresh nonce, its identity,
+//      its credential set, its link protection and an ephemeral X25519 key;
+//   2. the connecting side answers with the same about itself plus its
+//      proofs over the transcript hash T of both: HMAC-SHA256(secret,
+//      "client" || T) and/or a MUNGE credential whose payload is
+//      "client" || T and whose uid must be the accepting service's own;
+//   3. the accepting side checks them and answers with its own proofs
+//      ("server" || T), which the connecting side checks in turn.
+// A peer without the credentials is refused with DYAD_RC_AUTH before it can
+// send any request; before that, the Channel accepts only small frames.
+//
+// Session keys: HKDF-SHA256 over the X25519 shared secret concatenated with
+// the cluster secret, salted with T, gives one AES-256-GCM key per
+// direction (common/seal.h). The ephemeral exchange makes the keys secret
+// even when MUNGE is the only credential (MUNGE authenticates, it does not
+// give the two ends a shared secret), and new for every connection. The
+// session then uses the stronger of the two ends' LinkProtection levels;
+// the levels are part of T, so nobody in between can lower them.
+//
+// Without any credential the handshake still runs (the keys then resist
+// eavesdropping but not an active man in the middle) and proves nothing;
+// services refuse to listen beyond loopback that way unless told
+// --insecure. Thread-safe (immutable after construction).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/net.h"
+#include "common/seal.h"
 #include "common/status.h"
 
 namespace dyad {
@@ -23,21 +50,60 @@ struct PeerIdentity {
   uint64_t incarnation = 0;
 };
 
+// How long a peer has to complete the handshake. Short: until then the
+// connection is unauthenticated and holds a thread.
+constexpr int64_t kHandshakeTimeoutMs = 5000;
+
+// A node-local credential service (MUNGE) that vouches for the uid of the
+// process that made a credential. Implementations are thread-safe.
+class CredentialService {
+ public:
+  struct Verified {
+    std::string payload;
+    uid_t uid = 0;
+    gid_t gid = 0;
+  };
+  virtual ~CredentialService() = default;
+  virtual std::string name() const = 0;
+  // A credential carrying `payload`, verifiable on every node sharing the key.
+  virtual Result<std::string> Encode(std::string_view payload) const = 0;
+  // Checks `credential` (integrity, expiry, replay) and returns its content.
+  virtual Result<Verified> Decode(std::string_view credential) const = 0;
+};
+
+struct AuthConfig {
+  std::string secret;  // cluster secret ("" = not used)
+  // MUNGE credentials (null = not used). The uid every peer's credential
+  // must carry is this process's effective uid.
+  std::shared_ptr<const CredentialService> munge;
+  LinkProtection protection = LinkProtection::kIntegrity;
+};
+
 class Authenticator {
  public:
-  explicit Authenticator(std::string secret) : secret_(std::move(secret)) {}
-  bool has_secret() const { return !secret_.empty(); }
+  explicit Authenticator(AuthConfig config);
+  // The cluster secret only, integrity protection.
+  explicit Authenticator(std::string secret);
 
-  // Accepting side. `self` is sent to the peer; the peer's identity is returned.
+  bool has_secret() const { return !cfg_.secret.empty(); }
+  bool has_munge() const { return cfg_.munge != nullptr; }
+  bool has_credential() const { return has_secret() || has_munge(); }
+  uint8_t credentials() const;  // CredentialBits
+  // "cluster secret", "MUNGE", "cluster secret + MUNGE" or "none".
+  std::string credential_names() const;
+  LinkProtection protection() const { return cfg_.protection; }
+  const AuthConfig& config() const { return cfg_; }
+
+  // Accepting side. `self` is sent to the peer; the peer's identity is
+  // returned. On success `ch` is kAuthenticated and protected.
   Status Accept(Channel& ch, const PeerIdentity& self, Deadline deadline,
                 PeerIdentity* peer) const;
-  // Connecting side.
+  // Connecting side; the same on success.
   Status Connect(Channel& ch, const PeerIdentity& self, Deadline deadline,
                  PeerIdentity* peer) const;
 
  private:
-  std::string Mac(const std::string& label, const std::string& nonce) const;
-  std::string secret_;
+  AuthConfig cfg_;
 };
 
 // Reads the cluster secret: from `file` when non-empty (must not be readable

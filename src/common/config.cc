@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/time.h"
+
 namespace dyad {
 
 namespace {
@@ -94,6 +96,20 @@ std::vector<ConfigEntry> CoreEntries() {
        "File holding the cluster secret that services use to authenticate each other (mode 600)."},
       {"DYAD_SECRET", ConfigKind::kString, "", "service",
        "The cluster secret itself (prefer DYAD_SECRET_FILE)."},
+      {"DYAD_MUNGE", ConfigKind::kBool, "false", "service",
+       "Services also authenticate each other with MUNGE credentials of the same uid (with a "
+       "secret: both are required; without one: MUNGE alone). Needs munged on every node "
+       "(docs/security.md)."},
+      {"DYAD_MUNGE_SOCKET", ConfigKind::kString, "", "service",
+       "Socket of munged (default: libmunge's, /run/munge/munge.socket.2)."},
+      {"DYAD_LINK_PROTECTION", ConfigKind::kString, "integrity", "service",
+       "Protection of the links between services after the handshake: 'integrity' (every "
+       "message and file chunk carries an AES-256-GCM tag), 'encrypt' (also encrypted), 'none' "
+       "(zero-copy file data and no integrity: a trusted fabric only). Peers use the stronger "
+       "of their two settings (docs/security.md)."},
+      {"DYAD_INSECURE", ConfigKind::kBool, "false", "service",
+       "Let a service without any credential listen beyond loopback (it refuses otherwise): "
+       "every host reaching its port can then fetch files and use the metadata store."},
   };
 }
 
@@ -165,7 +181,8 @@ Result<int64_t> EnvTimeoutMs(const char* name, int64_t def_ms) {
     return Status(DYAD_RC_BADREQUEST,
                   std::string(name) + "='" + *v + "' is not a number of seconds");
   if (s == 0) return int64_t{-1};
-  return static_cast<int64_t>(std::ceil(s * 1000.0));
+  // Huge values (1e300) mean "practically no limit", never an overflow.
+  return SecondsToMsSaturating(s);
 }
 
 std::string DefaultServiceSocket() {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
+#include <string>
 
 namespace dyad {
 namespace {
@@ -44,6 +45,29 @@ bool SetFile(int* target, const int* other, const std::string& path) {
 
 }  // namespace
 
+std::string EscapeControlChars(std::string_view text) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+      continue;
+    }
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        out += "\\x";
+        out += kHex[u >> 4];
+        out += kHex[u & 15];
+    }
+  }
+  return out;
+}
+
 void LogSetLevel(LogLevel level) { g_level = level; }
 LogLevel LogGetLevel() { return g_level; }
 void LogSetPrefix(const std::string& prefix) {
@@ -68,16 +92,22 @@ void LogMessage(LogLevel level, const char* fmt, ...) {
   char ts[32];
   strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &t);
 
+  // Messages quote what peers and clients sent (paths, names): escaping
+  // control characters keeps one message on one line, so a newline in a
+  // requested path cannot forge a log line.
+  const std::string safe = EscapeControlChars(body);
   std::lock_guard<std::mutex> lk(g_mu);
-  char line[2300];
-  const int n = snprintf(line, sizeof line, "%s.%03ld %s %s: %s\n", ts,
-                         static_cast<long>(tv.tv_usec / 1000), LevelName(level), g_prefix.c_str(),
-                         body);
+  char head[128];
+  const int hn = snprintf(head, sizeof head, "%s.%03ld %s ", ts,
+                          static_cast<long>(tv.tv_usec / 1000), LevelName(level));
+  std::string line(head, hn > 0 ? static_cast<size_t>(std::min<int>(hn, sizeof head - 1)) : 0);
+  line += EscapeControlChars(g_prefix);
+  line += ": ";
+  line += safe;
+  line += '\n';
   const int fd = level >= LogLevel::kWarn ? g_error_fd : g_info_fd;
-  if (n > 0) {
-    ssize_t w = ::write(fd, line, static_cast<size_t>(std::min<int>(n, sizeof line - 1)));
-    (void)w;
-  }
+  ssize_t w = ::write(fd, line.data(), line.size());
+  (void)w;
 }
 
 }  // namespace dyad

@@ -3,11 +3,15 @@
 // Messages go to stderr by default; the service's -i/--info_log and
 // -e/--error_log options send info and error messages to files. Each line
 // carries a timestamp, level, and the component ("dyad-service[rank 1]").
+// Control characters in a message (newline, carriage return, escape, ...)
+// are written escaped (\n, \r, \x1b), so every message is exactly one line
+// whatever the peer-supplied text it quotes.
 // Thread-safe: a line is written with one write(2) under a mutex.
 #pragma once
 
 #include <cstdarg>
 #include <string>
+#include <string_view>
 
 namespace dyad {
 
@@ -20,6 +24,10 @@ void LogSetPrefix(const std::string& prefix);
 // the file cannot be opened.
 bool LogSetInfoFile(const std::string& path);
 bool LogSetErrorFile(const std::string& path);
+
+// `text` with every control character (< 0x20, 0x7f) replaced by a visible
+// escape: \n, \r, \t, else \xNN. Other bytes are kept as they are.
+std::string EscapeControlChars(std::string_view text);
 
 void LogMessage(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 

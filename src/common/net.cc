@@ -1,5 +1,7 @@
 #include "common/net.h"
 
+#include "common/config.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -10,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sched.h>
 #include <unistd.h>
@@ -196,16 +199,43 @@ Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
   return fd;
 }
 
-Channel::Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+Result<bool> IsLoopbackAddress(const SocketAddress& addr) {
+  if (addr.is_unix) return false;
+  sockaddr_in sa;
+  DYAD_RETURN_IF_ERROR(ResolveInet(addr, &sa));
+  return (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+}
+
+Result<PeerCred> UnixPeerCredentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return StatusFromErrno(errno, "getsockopt(SO_PEERCRED)");
+  PeerCred out;
+  out.pid = cred.pid;
+  out.uid = cred.uid;
+  out.gid = cred.gid;
+  return out;
+}
+
+Channel::Channel(UniqueFd fd, Trust trust) : fd_(std::move(fd)), trust_(trust) {}
+
+size_t Channel::frame_limit() const {
+  return trust_ == Trust::kUnauthenticated ? kHandshakeFramePayload : kMaxFramePayload;
+}
+
+void Channel::Protect(LinkProtection level, std::unique_ptr<RecordCipher> send,
+                      std::unique_ptr<RecordCipher> recv) {
+  protection_ = level;
+  send_cipher_ = std::move(send);
+  recv_cipher_ = std::move(recv);
+}
 
 int SpinBudgetUs() {
   static const int budget = [] {
-    const char* v = std::getenv("DYAD_SPIN_US");
-    if (v == nullptr || *v == '\0') return kDefaultSpinUs;
-    char* end = nullptr;
-    const long us = std::strtol(v, &end, 10);
-    if (*end != '\0' || us < 0) return kDefaultSpinUs;
-    return static_cast<int>(std::min<long>(us, 100000));
+    Result<uint64_t> us = EnvUint("DYAD_SPIN_US", kDefaultSpinUs);
+    if (!us.ok()) return kDefaultSpinUs;
+    return static_cast<int>(std::min<uint64_t>(*us, 100000));
   }();
   return budget;
 }
@@ -263,6 +293,48 @@ Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
   return Status::OK();
 }
 
+Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadline deadline) {
+  expecting_ = true;
+  iovec iov[8];
+  size_t n_iov = 0;
+  for (std::string_view p : parts) {
+    if (p.empty()) continue;
+    if (n_iov == sizeof iov / sizeof iov[0]) {
+      broken_ = true;
+      return Status(DYAD_RC_BADPACK, "too many pieces for one send");
+    }
+    iov[n_iov++] = iovec{const_cast<char*>(p.data()), p.size()};
+  }
+  size_t first = 0;
+  while (first < n_iov) {
+    msghdr msg{};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = n_iov - first;
+    const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        Status st = WaitFor(POLLOUT, deadline);
+        if (!st.ok()) {
+          broken_ = true;
+          return st;
+        }
+        continue;
+      }
+      broken_ = true;
+      return StatusFromErrno(errno, "send", DYAD_RC_CONNLOST);
+    }
+    // Skip what went out: whole pieces, then the start of a partial one.
+    size_t sent = static_cast<size_t>(n);
+    while (first < n_iov && sent >= iov[first].iov_len) sent -= iov[first++].iov_len;
+    if (first < n_iov) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + sent;
+      iov[first].iov_len -= sent;
+    }
+  }
+  return Status::OK();
+}
+
 Result<size_t> Channel::RecvSome(void* buf, size_t len, Deadline deadline) {
   for (;;) {
     const ssize_t n = ::recv(fd_.get(), buf, len, MSG_DONTWAIT);
@@ -296,28 +368,100 @@ Status Channel::RecvAll(void* buf, size_t len, Deadline deadline) {
   return Status::OK();
 }
 
-Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline deadline) {
-  if (payload.size() > kMaxFramePayload)
-    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(payload.size()) + " bytes)");
-  char hdr[kFrameHeaderSize];
+namespace {
+
+void EncodeHeader(char hdr[kFrameHeaderSize], uint16_t type, uint32_t len) {
   const uint32_t magic = kFrameMagic;
   const uint16_t version = kWireVersion;
-  const uint32_t len = static_cast<uint32_t>(payload.size());
   std::memcpy(hdr, &magic, 4);
   std::memcpy(hdr + 4, &version, 2);
   std::memcpy(hdr + 6, &type, 2);
   std::memcpy(hdr + 8, &len, 4);
-  if (payload.size() <= 4096) {
-    std::string one(hdr, kFrameHeaderSize);
-    one.append(payload);
-    return SendAll(one.data(), one.size(), deadline);
-  }
-  DYAD_RETURN_IF_ERROR(SendAll(hdr, sizeof hdr, deadline));
-  return SendAll(payload.data(), payload.size(), deadline);
 }
 
-Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+// Receive buffers start at most this large and then double as bytes come:
+// memory follows what the peer sent, not what its header announced.
+constexpr size_t kRecvGrowStep = 64u << 10;
+
+}  // namespace
+
+Status Channel::SendSealed(const char* hdr, const char* payload, char* out, size_t len,
+                           Deadline deadline) {
+  unsigned char tag[kSealTagSize];
+  Status st = send_cipher_->Seal(std::string_view(hdr, kFrameHeaderSize), payload, out, len, tag);
+  if (!st.ok()) {
+    broken_ = true;
+    return st;
+  }
+  const char* body = protection_ == LinkProtection::kEncrypt ? out : payload;
+  return SendParts({std::string_view(hdr, kFrameHeaderSize), std::string_view(body, len),
+                    std::string_view(reinterpret_cast<const char*>(tag), kSealTagSize)},
+                   deadline);
+}
+
+Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline deadline) {
+  if (payload.size() > kMaxFramePayload)
+    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(payload.size()) + " bytes)");
   char hdr[kFrameHeaderSize];
+  if (send_cipher_) {
+    EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size() + kSealTagSize));
+    if (protection_ != LinkProtection::kEncrypt)
+      return SendSealed(hdr, payload.data(), nullptr, payload.size(), deadline);
+    std::string cipher(payload.size(), '\0');
+    return SendSealed(hdr, payload.data(), cipher.data(), payload.size(), deadline);
+  }
+  EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size()));
+  return SendParts({std::string_view(hdr, kFrameHeaderSize), payload}, deadline);
+}
+
+Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline) {
+  if (!send_cipher_) return SendFrame(type, std::string_view(payload, len), deadline);
+  if (len > kMaxFramePayload)
+    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
+  char hdr[kFrameHeaderSize];
+  EncodeHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
+  return SendSealed(hdr, payload, payload, len, deadline);
+}
+
+Status Channel::SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset,
+                                   const char* data, size_t len, int64_t idle_ms) {
+  if (!send_cipher_ || protection_ != LinkProtection::kIntegrity)
+    return Status(DYAD_RC_BADREQUEST, "SendSealedFileRange needs an integrity-protected session");
+  if (len > kMaxFramePayload)
+    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
+  char hdr[kFrameHeaderSize];
+  EncodeHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
+  unsigned char tag[kSealTagSize];
+  Status st = send_cipher_->Seal(std::string_view(hdr, kFrameHeaderSize), data, nullptr, len, tag);
+  if (!st.ok()) {
+    broken_ = true;
+    return st;
+  }
+  const Deadline deadline = idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
+  DYAD_RETURN_IF_ERROR(SendParts({std::string_view(hdr, kFrameHeaderSize)}, deadline));
+  DYAD_RETURN_IF_ERROR(SendFileRange(file_fd, offset, len, idle_ms));
+  return SendParts({std::string_view(reinterpret_cast<const char*>(tag), kSealTagSize)},
+                   idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never());
+}
+
+Status Channel::RecvPayload(std::string* payload, size_t len, Deadline deadline) {
+  size_t have = 0;
+  while (have < len) {
+    if (payload->size() <= have) {
+      // Grow only for bytes on their way: double what arrived so far.
+      payload->resize(std::min(len, std::max(kRecvGrowStep, have * 2)));
+    }
+    const size_t room = std::min(payload->size(), len) - have;
+    Result<size_t> n = RecvSome(payload->data() + have, room, deadline);
+    if (!n.ok()) return n.status();
+    have += *n;
+  }
+  payload->resize(len);
+  return Status::OK();
+}
+
+Status Channel::RecvHeader(char hdr[kFrameHeaderSize], uint16_t* type, size_t* len,
+                          Deadline deadline) {
   // Right after sending, the answer usually comes within microseconds:
   // spinning briefly then saves the wake-up of a sleeping thread, which
   // dominates a round trip on virtualized and power-saving hosts.
@@ -328,24 +472,94 @@ Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadlin
     // with short deadlines); a timeout once a frame has started breaks it.
     DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
   }
-  DYAD_RETURN_IF_ERROR(RecvAll(hdr, sizeof hdr, deadline));
+  DYAD_RETURN_IF_ERROR(RecvAll(hdr, kFrameHeaderSize, deadline));
   uint32_t magic;
   uint16_t version;
-  uint32_t len;
+  uint32_t wire_len;
   std::memcpy(&magic, hdr, 4);
   std::memcpy(&version, hdr + 4, 2);
   std::memcpy(type, hdr + 6, 2);
-  std::memcpy(&len, hdr + 8, 4);
+  std::memcpy(&wire_len, hdr + 8, 4);
   if (magic != kFrameMagic || version != kWireVersion) {
     broken_ = true;
     return Status(DYAD_RC_BADUNPACK, "not a DYAD peer (bad frame magic or wire version)");
   }
-  if (len > kMaxFramePayload) {
+  const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
+  if (wire_len < overhead || wire_len - overhead > frame_limit()) {
     broken_ = true;
-    return Status(DYAD_RC_BADUNPACK, "frame length " + std::to_string(len) + " exceeds limit");
+    return Status(DYAD_RC_BADUNPACK,
+                  "frame length " + std::to_string(wire_len) + " exceeds the limit of " +
+                      std::to_string(frame_limit()) + " bytes" +
+                      (trust_ == Trust::kUnauthenticated ? " before authentication" : ""));
   }
-  payload->resize(len);
-  if (len > 0) return RecvAll(payload->data(), len, deadline);
+  *len = wire_len - overhead;
+  return Status::OK();
+}
+
+Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+  char hdr[kFrameHeaderSize];
+  uint16_t rtype = 0;
+  size_t len = 0;
+  DYAD_RETURN_IF_ERROR(RecvHeader(hdr, &rtype, &len, deadline));
+  const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
+  DYAD_RETURN_IF_ERROR(RecvPayload(payload, len + overhead, deadline));
+  if (recv_cipher_) {
+    unsigned char tag[kSealTagSize];
+    std::memcpy(tag, payload->data() + len, kSealTagSize);
+    Status st = recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), len,
+                                   tag);
+    if (!st.ok()) {
+      broken_ = true;
+      return st;
+    }
+    payload->resize(len);
+  }
+  *type = rtype;
+  return Status::OK();
+}
+
+Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
+                                   size_t buf_len,
+                                   const std::function<Status(const char*, size_t)>& sink,
+                                   Deadline deadline) {
+  char hdr[kFrameHeaderSize];
+  uint16_t rtype = 0;
+  size_t body = 0;
+  DYAD_RETURN_IF_ERROR(RecvHeader(hdr, &rtype, &body, deadline));
+  auto fail = [this](const Status& st) {
+    broken_ = true;
+    return st;
+  };
+  if (rtype != want_type)
+    return fail(Status(DYAD_RC_BADRPC, "expected a frame of type " + std::to_string(want_type) +
+                                           ", got type " + std::to_string(rtype)));
+  if (body > max_len)
+    return fail(Status(DYAD_RC_BADUNPACK, "frame of " + std::to_string(body) +
+                                              " bytes where at most " + std::to_string(max_len) +
+                                              " were expected"));
+  if (recv_cipher_) {
+    Status st = recv_cipher_->OpenBegin(std::string_view(hdr, kFrameHeaderSize));
+    if (!st.ok()) return fail(st);
+  }
+  size_t done = 0;
+  while (done < body) {
+    Result<size_t> n = RecvSome(buf, std::min(buf_len, body - done), deadline);
+    if (!n.ok()) return n.status();
+    if (recv_cipher_) {
+      Status st = recv_cipher_->OpenUpdate(buf, *n);
+      if (!st.ok()) return fail(st);
+    }
+    Status ss = sink(buf, *n);
+    if (!ss.ok()) return fail(ss);
+    done += *n;
+  }
+  if (recv_cipher_) {
+    unsigned char tag[kSealTagSize];
+    DYAD_RETURN_IF_ERROR(RecvAll(tag, sizeof tag, deadline));
+    Status st = recv_cipher_->OpenFinish(tag);
+    if (!st.ok()) return fail(st);
+  }
+  *len = body;
   return Status::OK();
 }
 
@@ -391,6 +605,38 @@ bool Channel::PeerClosed() const {
   if (::poll(&p, 1, 0) <= 0) return false;
   if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
   return false;
+}
+
+Status TrustLocalService(Channel& ch) {
+  Result<PeerCred> cred = UnixPeerCredentials(ch.fd());
+  if (!cred.ok()) {
+    ch.MarkBroken();
+    return cred.status();
+  }
+  const uid_t me = ::geteuid();
+  if (cred->uid != me && cred->uid != 0) {
+    ch.MarkBroken();
+    return Status(DYAD_RC_PERM, "the process listening on the dyad-service socket (pid " +
+                                    std::to_string(cred->pid) + ") runs as uid " +
+                                    std::to_string(cred->uid) + ", neither this user (uid " +
+                                    std::to_string(me) + ") nor root; refusing to trust it");
+  }
+  ch.SetTrust(Trust::kLocalPeer);
+  return Status::OK();
+}
+
+Status AdmitLocalClient(Channel& ch, PeerCred* out) {
+  Result<PeerCred> cred = UnixPeerCredentials(ch.fd());
+  if (!cred.ok()) {
+    ch.MarkBroken();
+    return cred.status();
+  }
+  if (out) *out = *cred;
+  const uid_t me = ::geteuid();
+  if (cred->uid != me && cred->uid != 0)
+    return Status(DYAD_RC_PERM, "dyad-service belongs to another user");
+  ch.SetTrust(Trust::kLocalPeer);
+  return Status::OK();
 }
 
 Status WriteFully(int fd, const void* buf, size_t len) {

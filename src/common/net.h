@@ -6,15 +6,32 @@
 // length; then the payload) and raw bytes. Every blocking call takes a
 // Deadline and fails with DYAD_RC_TIMEOUT when it passes; a peer that closes
 // gives DYAD_RC_CONNLOST. A Channel is used by one thread at a time.
+//
+// Bounded before trusted: what a Channel accepts depends on how far it
+// trusts its peer (Trust). Until the peer is authenticated (a TCP peer that
+// completed the handshake of common/auth.h) or admitted (a Unix-socket peer
+// whose credentials were checked), a frame may carry at most
+// kHandshakeFramePayload bytes. In every state the receive buffer grows as
+// bytes actually arrive, never from the length a header announces, so a
+// peer that announces a large frame and sends nothing costs nothing.
+//
+// After the handshake a service-to-service Channel may also be protected
+// (common/seal.h): every frame is then a sealed record, transparently to
+// SendFrame/RecvFrame. The raw-byte calls (SendAll, RecvSome, SendFileRange)
+// bypass that protection; they serve unprotected sessions (the zero-copy
+// path) and tests.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "common/seal.h"
 #include "common/status.h"
 #include "common/time.h"
 
@@ -64,11 +81,32 @@ Result<SocketAddress> BoundAddress(int listen_fd);
 Result<UniqueFd> Accept(int listen_fd, Deadline deadline);
 // Connects with a bounded wait.
 Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline);
+// True if a TCP address resolves to a loopback address (127.0.0.0/8);
+// "0.0.0.0" and "*" (every interface) are not loopback.
+Result<bool> IsLoopbackAddress(const SocketAddress& addr);
+
+// Credentials of the process at the other end of a Unix socket.
+struct PeerCred {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+Result<PeerCred> UnixPeerCredentials(int fd);
 
 constexpr uint32_t kFrameMagic = 0x44594144;  // "DYAD"
 constexpr uint16_t kWireVersion = 1;
 constexpr size_t kFrameHeaderSize = 12;
 constexpr uint32_t kMaxFramePayload = 16u << 20;
+// Largest frame payload accepted before the peer is trusted: the handshake
+// messages are a few hundred bytes.
+constexpr uint32_t kHandshakeFramePayload = 4096;
+
+// How far a Channel trusts its peer; decides the largest frame it accepts.
+enum class Trust : uint8_t {
+  kUnauthenticated,  // only the handshake, frames of <= kHandshakeFramePayload
+  kLocalPeer,        // a Unix-socket peer whose credentials were checked
+  kAuthenticated,    // a TCP peer that completed the handshake
+};
 
 // Microseconds a Channel spins (polling and yielding) for an expected
 // frame before sleeping: $DYAD_SPIN_US, default kDefaultSpinUs, 0 disables.
@@ -77,7 +115,9 @@ int SpinBudgetUs();
 
 class Channel {
  public:
-  explicit Channel(UniqueFd fd);
+  // Every creator says how far it trusts the peer; a new connection from
+  // the network is kUnauthenticated until its handshake completes.
+  Channel(UniqueFd fd, Trust trust);
   Channel(Channel&&) = default;
   Channel& operator=(Channel&&) = default;
 
@@ -86,12 +126,50 @@ class Channel {
   // Marks the channel unusable (e.g. after a protocol error); pools drop it.
   void MarkBroken() { broken_ = true; }
 
+  Trust trust() const { return trust_; }
+  // Raises (or lowers) the trust, e.g. once the handshake succeeded.
+  void SetTrust(Trust trust) { trust_ = trust; }
+  // Largest frame payload RecvFrame accepts in the current trust state.
+  size_t frame_limit() const;
+
+  // Seals every later frame in both directions (see common/seal.h). Called
+  // by the handshake with the keys it derived; kNone leaves frames in clear.
+  void Protect(LinkProtection level, std::unique_ptr<RecordCipher> send,
+               std::unique_ptr<RecordCipher> recv);
+  LinkProtection protection() const { return protection_; }
+
   Status SendFrame(uint16_t type, std::string_view payload, Deadline deadline);
-  // Receives one frame. A bad magic/version or an oversize length gives
-  // DYAD_RC_BADUNPACK and marks the channel broken.
+  // As SendFrame, but may overwrite `payload` (encrypting it in place saves
+  // a copy of large payloads such as file chunks).
+  Status SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline);
+  // Integrity-protected sessions only: sends `len` bytes of `file_fd` from
+  // `offset` as one sealed frame of `type` whose tag is computed over
+  // `data`, the same bytes already read into memory; the bytes themselves go
+  // out with sendfile(2), saving the copy into the socket. Should the file
+  // change between the read and the send, the peer's check fails: a changed
+  // file is never delivered as the one read.
+  Status SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset, const char* data,
+                             size_t len, int64_t idle_ms);
+  // Receives one frame of type `want_type` whose payload is handed to
+  // `sink` piece by piece as it arrives (at most `buf_len` bytes at a time,
+  // through `buf`), so a large payload is never held whole and the socket
+  // keeps draining. On a protected session the pieces are authenticated
+  // (and decrypted) on the way; they are unverified until this returns OK,
+  // so `sink` must write somewhere the caller can discard (DYAD_RC_AUTH
+  // otherwise). Another type (DYAD_RC_BADRPC) or a payload above `max_len`
+  // (DYAD_RC_BADUNPACK) is refused before any byte reaches `sink`.
+  Status RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
+                            size_t buf_len, const std::function<Status(const char*, size_t)>& sink,
+                            Deadline deadline);
+  // Receives one frame. A bad magic/version or a length above frame_limit()
+  // gives DYAD_RC_BADUNPACK, a sealed record that fails its check
+  // DYAD_RC_AUTH; both mark the channel broken. `payload` is reused: a
+  // buffer kept across calls is not reallocated for frames that fit.
   Status RecvFrame(uint16_t* type, std::string* payload, Deadline deadline);
 
   Status SendAll(const void* buf, size_t len, Deadline deadline);
+  // Sends the pieces back to back (one system call when they fit).
+  Status SendParts(std::initializer_list<std::string_view> parts, Deadline deadline);
   Status RecvAll(void* buf, size_t len, Deadline deadline);
   // Receives up to `len` bytes (at least 1); returns the count.
   Result<size_t> RecvSome(void* buf, size_t len, Deadline deadline);
@@ -109,10 +187,32 @@ class Channel {
 
  private:
   Status WaitFor(short events, Deadline deadline);
+  // Reads and checks a frame header; `*len` is the payload length without
+  // the tag of a sealed record.
+  Status RecvHeader(char hdr[12], uint16_t* type, size_t* len, Deadline deadline);
+  // Reads `len` payload bytes into `payload`, growing it as they arrive.
+  Status RecvPayload(std::string* payload, size_t len, Deadline deadline);
+  Status SendSealed(const char* hdr, const char* payload, char* out, size_t len,
+                    Deadline deadline);
+
   UniqueFd fd_;
+  Trust trust_ = Trust::kUnauthenticated;
+  LinkProtection protection_ = LinkProtection::kNone;
+  std::unique_ptr<RecordCipher> send_cipher_;
+  std::unique_ptr<RecordCipher> recv_cipher_;
   bool broken_ = false;
   bool expecting_ = false;  // a frame was just sent; the answer is imminent
 };
+
+// Client side of a local service's Unix socket: checks (SO_PEERCRED) that
+// the listening process runs as this user or as root before any of its
+// replies is trusted, then raises `ch` to kLocalPeer. Anyone else squatting
+// the socket gives DYAD_RC_PERM.
+Status TrustLocalService(Channel& ch);
+// Service side: checks that the connecting process runs as this user or as
+// root, then raises `ch` to kLocalPeer. DYAD_RC_PERM otherwise; `*cred`
+// (when not null) receives the peer's credentials either way.
+Status AdmitLocalClient(Channel& ch, PeerCred* cred);
 
 // Writes all of `len` bytes to a file descriptor (retries short writes/EINTR).
 Status WriteFully(int fd, const void* buf, size_t len);

@@ -14,6 +14,11 @@ std::string Status::ToString() const {
   return s;
 }
 
+dyad_rc_t RcFromWire(int32_t code) {
+  if (std::strcmp(dyad_rc_name(code), "DYAD_RC_UNKNOWN") == 0) return DYAD_RC_BADRPC;
+  return static_cast<dyad_rc_t>(code);
+}
+
 Status StatusFromErrno(int err, const std::string& what, dyad_rc_t code) {
   if (code == DYAD_RC_SYSFAIL) {
     switch (err) {

@@ -51,6 +51,11 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+// A status code that came from another process (a reply on the wire): only
+// values this build defines become themselves; anything else is
+// DYAD_RC_BADRPC, so a peer cannot make us hold an out-of-range enum value.
+dyad_rc_t RcFromWire(int32_t code);
+
 // Builds a Status from an errno value: `what` names the failed operation.
 Status StatusFromErrno(int err, const std::string& what,
                        dyad_rc_t code = DYAD_RC_SYSFAIL);

@@ -57,9 +57,12 @@ std::string SelfExeDir() {
   return Dirname(buf);
 }
 
-Status MakeDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+Status MakeDir(const std::string& path, mode_t mode = 0755) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST)
     return StatusFromErrno(errno, "mkdir '" + path + "'");
+  // The umask may have narrowed the mode; the service's socket directory
+  // must be exactly 0700.
+  if (::chmod(path.c_str(), mode) != 0) return StatusFromErrno(errno, "chmod '" + path + "'");
   return Status::OK();
 }
 
@@ -154,7 +157,8 @@ Result<StatusReply> QueryServiceStatus(const std::string& socket_path, Deadline 
   if (!addr.ok()) return addr.status();
   auto fd = Connect(*addr, deadline);
   if (!fd.ok()) return fd.status().Annotate("status of service at " + socket_path);
-  Channel ch(std::move(*fd));
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);
+  DYAD_RETURN_IF_ERROR(TrustLocalService(ch));
   std::string body;
   Status st = CallRpc(ch, MsgType::kStatus, "", &body, deadline);
   if (!st.ok()) return st.Annotate("status of service at " + socket_path);
@@ -249,7 +253,9 @@ Status EmuCluster::Setup(int n_nodes) {
     n.dmd = options_.shared_storage ? shared_ : n.dir + "/dmd";
     n.run = n.dir + "/run";
     n.log = n.dir + "/log";
-    for (const auto* d : {&n.dir, &n.dmd, &n.run, &n.log}) DYAD_RETURN_IF_ERROR(MakeDir(*d));
+    for (const auto* d : {&n.dir, &n.dmd, &n.log}) DYAD_RETURN_IF_ERROR(MakeDir(*d));
+    // Holds the service's socket: dyad-service refuses a directory others can use.
+    DYAD_RETURN_IF_ERROR(MakeDir(n.run, 0700));
     if (options_.shared_storage) n.env["DYAD_SHARED_STORAGE"] = "1";
     n.socket = n.run + "/service.sock";
     n.ready_file = n.run + "/ready";
@@ -360,8 +366,12 @@ std::vector<std::string> EmuCluster::ServiceArgv(int i) const {
   } else {
     a.push_back("embedded://" + nodes_[options_.root_node].info.address());
   }
+  if (options_.use_secret) {
+    a.push_back("--secret-file");
+    a.push_back(secret_file_);
+  }
   for (const std::string& s :
-       {std::string("--secret-file"), secret_file_, std::string("--ready-file"), n.ready_file,
+       {std::string("--ready-file"), n.ready_file,
         std::string("-i"), n.service_log, std::string("-e"), n.service_log,
         std::string("--cons-path"), n.dmd})
     a.push_back(s);
@@ -371,6 +381,8 @@ std::vector<std::string> EmuCluster::ServiceArgv(int i) const {
   }
   if (options_.debug) a.push_back("-d");
   a.insert(a.end(), options_.extra_service_args.begin(), options_.extra_service_args.end());
+  if (auto it = options_.node_service_args.find(i); it != options_.node_service_args.end())
+    a.insert(a.end(), it->second.begin(), it->second.end());
   a.push_back(n.dmd);
   return a;
 }

@@ -42,6 +42,11 @@ struct ClusterOptions {
   std::string mode;
   // Appended to every dyad-service command line (before the directory).
   std::vector<std::string> extra_service_args;
+  // Appended to the command line of node i's service only (after the above).
+  std::map<int, std::vector<std::string>> node_service_args;
+  // Give the services the cluster secret (--secret-file). Without it they
+  // need another credential (e.g. --munge) in the extra arguments.
+  bool use_secret = true;
   // Extra environment of the services.
   std::map<std::string, std::string> service_env;
   // dyad-service to run; "" = FindSiblingProgram("dyad-service", bin_dir).

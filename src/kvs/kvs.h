@@ -30,6 +30,10 @@
 #include "common/time.h"
 
 namespace dyad {
+class Authenticator;
+}
+
+namespace dyad {
 
 class RequestRouter;
 
@@ -56,6 +60,9 @@ class Kvs {
 
 struct KvsOptions {
   std::string secret;                 // cluster secret for authenticated backends
+  // How to authenticate to a remote store (credentials and link protection);
+  // when null, `secret` alone with the default protection.
+  std::shared_ptr<const Authenticator> auth;
   uint32_t self_rank = 0;             // identity presented to a remote store
   uint64_t self_incarnation = 0;
   int64_t rpc_timeout_ms = 60000;     // bound on one non-wait request

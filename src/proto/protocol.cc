@@ -23,6 +23,7 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kKvsRemove: return "kvs.remove";
     case MsgType::kKvsList: return "kvs.list";
     case MsgType::kFetch: return "fetch";
+    case MsgType::kFileData: return "file.data";
   }
   return "unknown";
 }
@@ -86,8 +87,10 @@ bool DecodeReply(const std::string& payload, Status* st, std::string* body) {
   const int32_t code = d.I32();
   std::string msg = d.Str();
   if (d.failed()) return false;
-  *st = Status(static_cast<dyad_rc_t>(code), std::move(msg));
-  const size_t header = 4 + 4 + st->message().size();
+  const size_t header = 4 + 4 + msg.size();
+  const dyad_rc_t rc = RcFromWire(code);
+  if (rc != code) msg = "peer replied with unknown status code " + std::to_string(code) + ": " + msg;
+  *st = Status(rc, std::move(msg));
   body->assign(payload, header, std::string::npos);
   return true;
 }

@@ -44,6 +44,9 @@ enum class MsgType : uint16_t {
   kKvsList = 34,
   // Service -> owner service.
   kFetch = 50,
+  // Owner -> requester: one chunk of file data on a protected session
+  // (the tcp transport's sealed data path).
+  kFileData = 51,
 };
 
 const char* MsgTypeName(uint16_t type);

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   if (auto t = dyad::EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000); t.ok() && *t > 0)
     rpc_timeout_s = static_cast<double>(*t) / 1000.0;
   std::string info_log, error_log, secret_file;
+  opt.munge = dyad::EnvBool("DYAD_MUNGE", false);
+  opt.munge_socket = Setting("DYAD_MUNGE_SOCKET");
+  opt.insecure = dyad::EnvBool("DYAD_INSECURE", false);
+  std::string protection = Setting("DYAD_LINK_PROTECTION");
 
   CLI::App app{
       "dyad-service: the per-node DYAD daemon. Serves the node's application processes over a "
@@ -93,6 +97,22 @@ int main(int argc, char** argv) {
   app.add_option("--secret-file", secret_file,
                  "Cluster secret file (mode 600) for service-to-service authentication "
                  "(default $DYAD_SECRET_FILE, or $DYAD_SECRET)");
+  app.add_flag("--munge", opt.munge,
+               "Authenticate peers with MUNGE credentials of this uid as well as (or, without a "
+               "secret, instead of) the cluster secret; needs munged on every node "
+               "(default $DYAD_MUNGE)");
+  app.add_option("--munge-socket", opt.munge_socket,
+                 "munged's socket (default $DYAD_MUNGE_SOCKET, else libmunge's default)");
+  app.add_option("--protection", protection,
+                 "What protects the links between services after the handshake: integrity "
+                 "(AES-256-GCM tag on every message and file chunk), encrypt (also encrypted), or "
+                 "none (zero-copy, for a trusted fabric only); peers use the stronger of their "
+                 "two settings (default $DYAD_LINK_PROTECTION, else integrity)")
+      ->capture_default_str();
+  app.add_flag("--insecure", opt.insecure,
+               "Allow listening beyond loopback without any credential: then every host that "
+               "reaches the port can fetch published files and read and write the metadata "
+               "store (default $DYAD_INSECURE)");
   app.add_option("--cons-path", opt.cons_path,
                  "Consumer directory whose incomplete temporaries are removed at start "
                  "(default $DYAD_PATH_CONSUMER)");
@@ -107,7 +127,10 @@ int main(int argc, char** argv) {
       "Signals: SIGTERM/SIGINT stop the service cleanly.\n"
       "Example (two nodes):\n"
       "  node0$ dyad-service -r 0 --secret-file ~/.dyad/secret /local/dmd\n"
-      "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret /local/dmd");
+      "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret /local/dmd\n"
+      "Security (docs/security.md): services refuse to listen beyond loopback without a credential "
+      "(--secret-file or --munge) unless --insecure; the socket directory must be the service "
+      "user's, mode 0700.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -142,6 +165,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   opt.secret = *secret;
+  auto level = dyad::ParseLinkProtection(protection);
+  if (!level.ok()) {
+    std::fprintf(stderr, "dyad-service: --protection: %s\n", level.status().message().c_str());
+    return 2;
+  }
+  opt.protection = *level;
 
   // Signals are taken synchronously by this thread; all others block them.
   sigset_t set;

@@ -55,7 +55,7 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline 
   if (!fd.ok())
     return fd.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
                                 rec->address);
-  auto ch = std::make_unique<Channel>(std::move(*fd));
+  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
   PeerIdentity peer;
   Status st = auth_->Connect(*ch, self_, deadline.Min(rpc_timeout_ms_), &peer);
   if (!st.ok()) return st.Annotate("authenticate with rank " + std::to_string(rank));

@@ -13,6 +13,8 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/munge/munge.h"
+#include "common/safety.h"
 #include "common/time.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
@@ -24,7 +26,6 @@ namespace dyad {
 
 namespace {
 
-constexpr int64_t kHandshakeTimeoutMs = 10000;
 constexpr int64_t kIdlePollMs = 500;
 
 // The store URL with any password replaced, for logs and status replies.
@@ -53,7 +54,7 @@ uint64_t NewIncarnation() {
 
 }  // namespace
 
-Service::Service(ServiceOptions options) : opt_(std::move(options)), auth_(opt_.secret) {}
+Service::Service(ServiceOptions options) : opt_(std::move(options)) {}
 
 Service::~Service() {
   Stop();
@@ -68,10 +69,10 @@ Status Service::Start() {
   hostname_ = HostName();
   if (opt_.service_mux == 0) opt_.service_mux = 1;
   node_idx_ = opt_.rank / opt_.service_mux;
-  if (!auth_.has_secret())
-    DYAD_LOG_WARN("no cluster secret configured (--secret-file / DYAD_SECRET_FILE): any host "
-                  "that can reach the TCP port can fetch published files and write the "
-                  "metadata store");
+  Result<std::shared_ptr<const Authenticator>> auth = OpenAuthenticator(
+      ServiceCredentials{opt_.secret, opt_.munge, opt_.munge_socket, opt_.protection});
+  if (!auth.ok()) return auth.status();
+  auth_ = std::move(*auth);
 
   RaiseDescriptorLimit();
   DYAD_RETURN_IF_ERROR(PrepareDirectories());
@@ -139,6 +140,7 @@ Status Service::OpenListeners() {
   Result<SocketAddress> laddr = ParseAddress(opt_.listen);
   if (!laddr.ok()) return laddr.status().Annotate("--listen");
   if (laddr->is_unix) return Status(DYAD_RC_BADREQUEST, "--listen must be a TCP HOST:PORT");
+  DYAD_RETURN_IF_ERROR(CheckListenPolicy(*laddr, auth_->has_credential(), opt_.insecure));
   Result<UniqueFd> tcp = Listen(*laddr);
   if (!tcp.ok()) return tcp.status().Annotate("listen for peers");
   tcp_listener_ = std::move(*tcp);
@@ -154,11 +156,8 @@ Status Service::OpenListeners() {
 
   if (opt_.socket_path.empty()) return Status(DYAD_RC_BADREQUEST, "no Unix socket path");
   const size_t slash = opt_.socket_path.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
-    const std::string dir = opt_.socket_path.substr(0, slash);
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-      return StatusFromErrno(errno, "create socket directory '" + dir + "'");
-  }
+  if (slash != std::string::npos && slash > 0)
+    DYAD_RETURN_IF_ERROR(PrepareSocketDirectory(opt_.socket_path.substr(0, slash)));
   Result<SocketAddress> uaddr = ParseAddress("unix:" + opt_.socket_path);
   if (!uaddr.ok()) return uaddr.status();
   Result<UniqueFd> ux = Listen(*uaddr);
@@ -170,6 +169,7 @@ Status Service::OpenListeners() {
 Status Service::OpenStore() {
   KvsOptions kopt;
   kopt.secret = opt_.secret;
+  kopt.auth = auth_;
   kopt.self_rank = opt_.rank;
   kopt.self_incarnation = incarnation_;
   kopt.rpc_timeout_ms = opt_.rpc_timeout_ms;
@@ -183,7 +183,7 @@ Status Service::OpenStore() {
 }
 
 void Service::BuildParts() {
-  peers_ = std::make_unique<PeerDirectory>(kvs_.get(), &auth_,
+  peers_ = std::make_unique<PeerDirectory>(kvs_.get(), auth_.get(),
                                            PeerIdentity{opt_.rank, incarnation_},
                                            opt_.rpc_timeout_ms);
   PlacementConfig pc;
@@ -372,7 +372,7 @@ void Service::SpawnConnection(UniqueFd fd, bool local, std::string peer_host) {
   conns_.push_back(std::move(conn));
   raw->thread = std::thread([this, raw, f = fd.release(), local]() mutable {
     {
-      Channel ch{UniqueFd(f)};
+      Channel ch{UniqueFd(f), Trust::kUnauthenticated};
       bool handshake_done = local;
       if (local) {
         ServeLocal(ch);
@@ -409,13 +409,11 @@ void Service::ReapFinished() {
 
 void Service::ServeLocal(Channel& ch) {
   // Only processes of this user (or root) may use the service.
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(ch.fd(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid != geteuid() &&
-      cred.uid != 0) {
-    DYAD_LOG_WARN("refused local client pid %d uid %u (service runs as uid %u)", cred.pid,
-                  cred.uid, geteuid());
-    Reply(ch, Status(DYAD_RC_PERM, "dyad-service belongs to another user"));
+  PeerCred cred;
+  if (Status admit = AdmitLocalClient(ch, &cred); !admit.ok()) {
+    DYAD_LOG_WARN("refused local client pid %d uid %u (service runs as uid %u): %s", cred.pid,
+                  cred.uid, geteuid(), admit.ToString().c_str());
+    Reply(ch, admit);
     return;
   }
   RequestContext ctx{ch, Link::kLocal, nullptr,
@@ -425,8 +423,8 @@ void Service::ServeLocal(Channel& ch) {
 
 void Service::ServePeer(Channel& ch, const std::string& peer_host, bool* handshake_done) {
   PeerIdentity peer;
-  Status st = auth_.Accept(ch, PeerIdentity{opt_.rank, incarnation_},
-                           Deadline::AfterMs(kHandshakeTimeoutMs), &peer);
+  Status st = auth_->Accept(ch, PeerIdentity{opt_.rank, incarnation_},
+                            Deadline::AfterMs(kHandshakeTimeoutMs), &peer);
   HandshakeOver(peer_host);
   *handshake_done = true;
   if (!st.ok()) {

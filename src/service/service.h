@@ -54,6 +54,10 @@ struct ServiceOptions {
   bool host_root = false;      // host the embedded store
   std::string dtl_mode;        // "" = the default of DYAD_DTL_MODE
   std::string secret;
+  bool munge = false;          // MUNGE credentials for peers (with or instead of the secret)
+  std::string munge_socket;    // munged's socket ("" = libmunge's default)
+  LinkProtection protection = LinkProtection::kIntegrity;  // of the links between services
+  bool insecure = false;       // allow listening beyond loopback without any credential
   size_t chunk_size = 4u << 20;
   int64_t rpc_timeout_ms = 60000;
   // Connection caps: the excess is closed at once (counted, logged at most
@@ -133,7 +137,7 @@ class Service {
   std::string advertise_;
   std::string hostname_;
   uint64_t started_ns_ = 0;
-  Authenticator auth_;
+  std::shared_ptr<const Authenticator> auth_;  // set by Start()
   ServiceStats stats_;
   MetadataCache cache_;
 

@@ -262,7 +262,8 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   r.info["kvs"] = StoreDescription();
   r.info["transport"] = transports_->Default().name();
   if (std::string d = transports_->Default().Details(); !d.empty()) r.info["transport.details"] = d;
-  r.info["authenticated"] = auth_.has_secret() ? "yes" : "no (no cluster secret)";
+  r.info["credentials"] = auth_->credential_names();
+  r.info["link_protection"] = LinkProtectionDescription(auth_->protection());
   r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
   Encoder e;
   r.EncodeTo(e);

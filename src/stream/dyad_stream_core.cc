@@ -23,6 +23,7 @@
 
 #include "client/client.h"
 #include "client/ctx_internal.h"
+#include "common/time.h"
 
 namespace dyad {
 namespace {

@@ -19,7 +19,7 @@ class SecurityTest : public TwoNodeTest {
   Channel ConnectToA() {
     auto fd = cluster().ConnectFrom(kB, cluster().node(kA).address(), Deadline::AfterMs(5000));
     EXPECT_TRUE(fd.ok()) << Str(fd.status());
-    return Channel(fd.ok() ? std::move(*fd) : UniqueFd());
+    return Channel(fd.ok() ? std::move(*fd) : UniqueFd(), Trust::kUnauthenticated);
   }
 
   // Connects and authenticates with `secret`.
@@ -232,15 +232,19 @@ TEST_F(SecurityTest, MalformedLocalRequestsGetAnErrorReply) {
   ASSERT_TRUE(addr.ok());
   auto fd = Connect(*addr, Deadline::AfterMs(5000));
   ASSERT_TRUE(fd.ok()) << Str(fd.status());
-  Channel ch(std::move(*fd));
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);
+  ASSERT_TRUE(TrustLocalService(ch).ok());
   std::string body;
   Status st = CallRpc(ch, MsgType::kConsume, "\x01\x02\x03", &body, Deadline::AfterMs(5000));
   EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK) << Str(st);
   // An unknown message type.
-  Channel ch2([&] {
-    auto f = Connect(*addr, Deadline::AfterMs(5000));
-    return f.ok() ? std::move(*f) : UniqueFd();
-  }());
+  Channel ch2(
+      [&] {
+        auto f = Connect(*addr, Deadline::AfterMs(5000));
+        return f.ok() ? std::move(*f) : UniqueFd();
+      }(),
+      Trust::kUnauthenticated);
+  ASSERT_TRUE(TrustLocalService(ch2).ok());
   st = CallRpc(ch2, static_cast<MsgType>(999), "", &body, Deadline::AfterMs(5000));
   EXPECT_FALSE(st.ok());
   ASSERT_TRUE(cluster().ServiceRunning(kB));

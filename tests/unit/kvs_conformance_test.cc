@@ -116,7 +116,7 @@ class TestRoot {
   void Serve(UniqueFd fd) {
     const int raw = fd.get();
     {
-      Channel ch(std::move(fd));
+      Channel ch(std::move(fd), Trust::kUnauthenticated);
       PeerIdentity peer;
       if (auth_.Accept(ch, PeerIdentity{0, 7}, Deadline::AfterMs(2000), &peer).ok()) {
         const CancelFn cancel = [&] { return stop_.load() || ch.PeerClosed(); };
@@ -515,7 +515,7 @@ class EmbeddedKvsTest : public ::testing::Test {
     Result<UniqueFd> fd = Connect(addr, Deadline::AfterMs(2000));
     EXPECT_TRUE(fd.ok()) << fd.status().ToString();
     if (!fd.ok()) return nullptr;
-    auto ch = std::make_unique<Channel>(std::move(*fd));
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
     Status st =
         Authenticator(kSecret).Connect(*ch, PeerIdentity{5, 1}, Deadline::AfterMs(2000), nullptr);
     EXPECT_TRUE(st.ok()) << st.ToString();

@@ -38,8 +38,8 @@ class Link {
   Link() {
     int fds[2] = {-1, -1};
     ok_ = ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0;
-    server_end = std::make_unique<Channel>(UniqueFd(fds[0]));
-    client_end = std::make_unique<Channel>(UniqueFd(fds[1]));
+    server_end = std::make_unique<Channel>(UniqueFd(fds[0]), Trust::kAuthenticated);
+    client_end = std::make_unique<Channel>(UniqueFd(fds[1]), Trust::kAuthenticated);
   }
   bool ok() const { return ok_; }
 

@@ -161,7 +161,7 @@ class PeerLink : public TwoServices {
     Result<SocketAddress> addr = ParseAddress(svc_a_->tcp_address());
     Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
     if (!fd.ok()) return fd.status();
-    auto ch = std::make_unique<Channel>(std::move(*fd));
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
     Authenticator auth(secret);
     PeerIdentity peer;
     Status st = auth.Connect(*ch, PeerIdentity{9, 1}, Deadline::AfterMs(2000), &peer);

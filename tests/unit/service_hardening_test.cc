@@ -185,7 +185,7 @@ TEST(ServiceHardening, SameNodeCopyRefusesAPathSwappedAfterTheCheck) {
   UniqueFd sink(::open(sink_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  Channel session{UniqueFd(sv[0])};
+  Channel session{UniqueFd(sv[0]), Trust::kAuthenticated};
   UniqueFd other(sv[1]);
   TransferStats ts;
   Status st = (*local)->Pull(session, src.size, *args, sink.get(), &ts);

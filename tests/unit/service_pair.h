@@ -41,7 +41,8 @@ inline Result<std::string> CallLocal(const std::string& sock, MsgType type,
   if (!addr.ok()) return addr.status();
   Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
   if (!fd.ok()) return fd.status();
-  Channel ch(std::move(*fd));
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);
+  DYAD_RETURN_IF_ERROR(TrustLocalService(ch));
   std::string body;
   Status st = CallRpc(ch, type, req, &body, Deadline::AfterMs(timeout_ms));
   if (!st.ok()) return st;

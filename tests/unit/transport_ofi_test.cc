@@ -130,8 +130,8 @@ struct Link {
 Link MakeLink() {
   int sv[2];
   EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  return Link{std::make_unique<Channel>(UniqueFd(sv[0])),
-              std::make_unique<Channel>(UniqueFd(sv[1]))};
+  return Link{std::make_unique<Channel>(UniqueFd(sv[0]), Trust::kAuthenticated),
+              std::make_unique<Channel>(UniqueFd(sv[1]), Trust::kAuthenticated)};
 }
 
 std::unique_ptr<Transport> MakeOfi(size_t chunk_size = 4 * kMiB, int64_t idle_ms = 5000) {

@@ -18,6 +18,8 @@
 #include "client/ctx_internal.h"
 #include "common/backend.h"
 #include "common/config.h"
+#include "common/munge/munge.h"
+#include "common/seal.h"
 #include "common/time.h"
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
@@ -140,6 +142,18 @@ std::map<std::string, std::string> TransportProbes(const std::vector<std::string
 
 }  // namespace
 
+namespace {
+
+// The link protection a service started from this environment would use.
+std::string ConfiguredProtection() {
+  const std::string text = GetEnv("DYAD_LINK_PROTECTION").value_or("integrity");
+  Result<LinkProtection> p = ParseLinkProtection(text.empty() ? "integrity" : text);
+  if (!p.ok()) return "invalid: " + p.status().message();
+  return LinkProtectionDescription(*p);
+}
+
+}  // namespace
+
 int CmdInfo(InfoFormat format) {
   const std::vector<std::string> transports = TransportNames();
   const std::vector<std::string> stores = KvsBackendNames();
@@ -167,6 +181,8 @@ int CmdInfo(InfoFormat format) {
     }
     j["backends"] = std::move(rows);
     j["service_socket"] = DefaultServiceSocket();
+    j["link_protection"] = ConfiguredProtection();
+    j["munge"] = MungeCompiledIn();
     Json cfg = Json::array();
     for (const ConfigEntry& e : table) {
       Json item;
@@ -204,7 +220,10 @@ int CmdInfo(InfoFormat format) {
   for (const auto& [name, probe] : TransportProbes(transports))
     std::cout << Wrap(name + ": " + probe, width, "                 ");
   std::cout << "metadata stores: " << Join(stores, ", ") << "\n"
-            << "service socket:  " << DefaultServiceSocket() << "\n\n"
+            << "service socket:  " << DefaultServiceSocket() << "\n"
+            << "MUNGE:           " << (MungeCompiledIn() ? "available" : "not compiled in") << "\n"
+            << "link protection (services, DYAD_LINK_PROTECTION):\n"
+            << Wrap(ConfiguredProtection(), width, "    ") << "\n"
             << "Configuration (environment variables; booleans are true when set, except "
                "0/false/no/off):\n\n";
   for (const BackendRow* row : BackendRows()) {

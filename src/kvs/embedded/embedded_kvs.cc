@@ -77,7 +77,7 @@ Result<std::unique_ptr<EmbeddedKvs>> EmbeddedKvs::Open(const std::string& addres
 EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
     : address_(std::move(address)),
       address_text_(address_.ToString()),
-      auth_(options.secret),
+      auth_(options.auth ? *options.auth : Authenticator(options.secret)),
       self_{options.self_rank, options.self_incarnation},
       rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000) {}
 
@@ -86,7 +86,7 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
 Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
   Result<UniqueFd> fd = Connect(address_, deadline);
   if (!fd.ok()) return fd.status();
-  auto ch = std::make_unique<Channel>(std::move(*fd));
+  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
   PeerIdentity root;
   Status st = auth_.Connect(*ch, self_, deadline, &root);
   if (!st.ok()) return st.Annotate("authenticating to " + address_text_);

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "proto/protocol.h"
 
 namespace dyad {
 namespace {
@@ -23,6 +24,10 @@ constexpr size_t kMaxPipeBytes = 1u << 20;
 constexpr size_t kMinPipeBytes = 64u << 10;
 // Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
 constexpr size_t kDefaultChunk = 1u << 20;
+
+Deadline IdleDeadline(int64_t idle_ms) {
+  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
+}
 
 std::string Progress(uint64_t got, uint64_t size) {
   return "received " + std::to_string(got) + " of " + std::to_string(size) + " bytes";
@@ -320,6 +325,82 @@ class StreamReceiver {
 TcpTransport::TcpTransport(const TransportOptions& options) : options_(options) {}
 
 
+size_t TcpTransport::SealedChunk() const {
+  const size_t chunk = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
+  return std::min(chunk, kSealedChunkBytes);
+}
+
+Status TcpTransport::PushSealed(Channel& session, const FileSource& src, TransferStats* stats) {
+  std::unique_ptr<char[]> buf(new char[static_cast<size_t>(
+      std::min<uint64_t>(SealedChunk(), src.size))]);
+  uint64_t offset = 0;
+  while (offset < src.size) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(SealedChunk(), src.size - offset));
+    size_t have = 0;
+    while (have < len) {
+      const ssize_t n = ::pread(src.fd, buf.get() + have, len - have,
+                                static_cast<off_t>(offset + have));
+      if (n > 0) {
+        have += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      const Status st = n == 0 ? Status(DYAD_RC_BADFIO, "file shrank while being sent")
+                               : StatusFromErrno(errno, "read", DYAD_RC_BADFIO);
+      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' at byte " +
+                                              std::to_string(offset + have)));
+    }
+    // Integrity only: the bytes just read are what the tag covers, and the
+    // kernel sends them from the page cache (no copy into the socket).
+    // Encrypted: sealed in place and sent from the buffer.
+    Status st = session.protection() == LinkProtection::kIntegrity
+                    ? session.SendSealedFileRange(static_cast<uint16_t>(MsgType::kFileData),
+                                                  src.fd, offset, buf.get(), len,
+                                                  std::max<int64_t>(0, options_.idle_ms))
+                    : session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData),
+                                               buf.get(), len, IdleDeadline(options_.idle_ms));
+    if (!st.ok()) {
+      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' (sent " +
+                                              std::to_string(offset) + " of " +
+                                              std::to_string(src.size) + " bytes)"));
+    }
+    offset += len;
+    stats->bytes = offset;
+    ++stats->chunks;
+  }
+  return Status::OK();
+}
+
+Status TcpTransport::PullSealed(Channel& session, uint64_t size, int sink_fd,
+                                TransferStats* stats) {
+  // Each chunk is written as it streams in and verified at its end: the
+  // socket keeps draining and the bytes are hashed while still in cache.
+  // Unverified bytes only ever reach the sink, a temporary the fetcher
+  // discards when this fails.
+  const size_t buf_len = static_cast<size_t>(std::min<uint64_t>(kSealedReadBytes, size));
+  std::unique_ptr<char[]> buf(new char[buf_len]);
+  uint64_t got = 0;
+  auto write = [&](const char* p, size_t n) -> Status {
+    if (Status ws = WriteFully(sink_fd, p, n); !ws.ok())
+      return Status(DYAD_RC_BADFIO, "write to sink: " + ws.message());
+    return Status::OK();
+  };
+  while (got < size) {
+    size_t len = 0;
+    const size_t max_len = static_cast<size_t>(std::min<uint64_t>(kMaxFramePayload, size - got));
+    Status st = session.RecvFrameStreaming(static_cast<uint16_t>(MsgType::kFileData), &len, max_len,
+                                           buf.get(), buf_len, write,
+                                           IdleDeadline(options_.idle_ms));
+    if (!st.ok()) return st.Annotate(Progress(got, size));
+    if (len == 0)
+      return Status(DYAD_RC_BADUNPACK, "empty file data chunk (" + Progress(got, size) + ")");
+    got += len;
+    stats->bytes = got;
+    ++stats->chunks;
+  }
+  return Status::OK();
+}
+
 Status TcpTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
                           TransferStats* stats) {
   TransferStats local_stats;
@@ -332,6 +413,7 @@ Status TcpTransport::Push(Channel& session, const FileSource& src, const std::st
         session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
   }
   ScopedSigpipeBlock no_sigpipe;
+  if (session.protection() != LinkProtection::kNone) return PushSealed(session, src, stats);
   // Sent in slices of chunk_size so stats count pipeline chunks; each slice
   // is still one zero-copy sendfile loop inside the Channel.
   const uint64_t slice = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
@@ -361,6 +443,11 @@ Status TcpTransport::Pull(Channel& session, uint64_t size, const std::string& re
   if (size == 0) return Status::OK();
   if (sink_fd < 0)
     return FailSession(session, Status(DYAD_RC_BADFIO, "tcp pull: no sink file descriptor"));
+  if (session.protection() != LinkProtection::kNone) {
+    Status st = PullSealed(session, size, sink_fd, stats);
+    if (!st.ok()) return FailSession(session, st.Annotate("tcp pull"));
+    return Status::OK();
+  }
   StreamReceiver receiver(session, size, sink_fd, options_, stats);
   Status st = receiver.Run(/*try_splice=*/size > kSpliceThreshold);
   if (!st.ok()) return FailSession(session, st.Annotate("tcp pull"));

@@ -1,14 +1,21 @@
 // tcp_transport.h: the "tcp" transport, which streams file bytes on the
 // fetch session itself (DTL modes TCP and FLUX_RPC).
 //
-// Right after the FetchReply frame the owner writes exactly `size` raw bytes
-// on the session with sendfile(2); the requester lands them in the sink with
-// splice(2) (socket -> pipe -> file, no user-space copy), or with recv into a
-// buffer of at most options.chunk_size bytes where splice is unavailable. No
-// framing is added: both ends know the size from the FetchReply, so a short
-// stream is always detected (the owner fails and shuts the session down; the
-// requester sees the peer close before `size` bytes). Any failure marks the
-// session broken, since the byte stream is then out of step with the framing.
+// How the bytes travel depends on the session's protection (common/seal.h):
+//  * protected (integrity or encrypt, the default): the owner reads the file
+//    in chunks of at most kSealedChunkBytes and sends each as a sealed
+//    kFileData frame; the requester verifies (and decrypts) every chunk
+//    before writing it. An altered, replayed, reordered or missing chunk
+//    fails the transfer with DYAD_RC_AUTH, so nothing is placed.
+//  * unprotected (a trusted fabric, LinkProtection::kNone): right after the
+//    FetchReply frame the owner writes exactly `size` raw bytes with
+//    sendfile(2); the requester lands them with splice(2) (socket -> pipe ->
+//    file, no user-space copy), or with recv into a buffer of at most
+//    options.chunk_size bytes where splice is unavailable.
+// Both ends know the size from the FetchReply, so a short stream is always
+// detected (the owner fails and shuts the session down; the requester sees
+// the peer close before `size` bytes). Any failure marks the session broken,
+// since the byte stream is then out of step with the framing.
 // options.idle_ms bounds the time without progress on either side (<= 0: no
 // bound). Push blocks SIGPIPE on its own thread while sending, so a vanished
 // peer is an error, never a signal, whatever the process's disposition.
@@ -39,8 +46,18 @@ class TcpTransport final : public Transport {
   // Transfers of at most this many bytes are received with one small recv
   // buffer instead of splice: setting up a pipe costs more than it saves.
   static constexpr uint64_t kSpliceThreshold = 64u << 10;
+  // Largest file chunk per sealed frame on a protected session (smaller
+  // when options.chunk_size is): big enough that the per-record cost
+  // vanishes, small enough that both ends keep the link busy.
+  static constexpr size_t kSealedChunkBytes = 1u << 20;
+  // Receive buffer of the sealed path: chunks stream through it.
+  static constexpr size_t kSealedReadBytes = 256u << 10;
 
  private:
+  Status PushSealed(Channel& session, const FileSource& src, TransferStats* stats);
+  Status PullSealed(Channel& session, uint64_t size, int sink_fd, TransferStats* stats);
+  size_t SealedChunk() const;
+
   const TransportOptions options_;
 };
 
