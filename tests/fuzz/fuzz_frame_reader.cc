@@ -11,6 +11,8 @@
 //     each exactly. A trailing odd byte flips a bit of the sealed stream:
 //     then the altered record must fail with DYAD_RC_AUTH, never be
 //     returned altered.
+//   7, 8: as 5 and 6, received with RecvFrameStreaming (the tcp transport's
+//     file data path) through a small buffer.
 #include <cstring>
 #include <vector>
 
@@ -61,7 +63,28 @@ std::string SealFrames(const std::vector<Frame>& frames, LinkProtection level) {
   return wire;
 }
 
-void Structured(const uint8_t* data, size_t size, LinkProtection level) {
+// Receives one frame as Structured expects it, whole or streamed.
+Status Receive(Channel& ch, bool streaming, const Frame& want, uint16_t* type,
+               std::string* payload) {
+  if (!streaming) return ch.RecvFrame(type, payload, Deadline::AfterMs(1000));
+  char buf[97];  // odd on purpose: pieces never align with anything
+  size_t len = 0;
+  payload->clear();
+  Status st = ch.RecvFrameStreaming(
+      want.type, &len, kMaxFramePayload, buf, sizeof buf,
+      [&](const char* p, size_t n) {
+        payload->append(p, n);
+        return Status::OK();
+      },
+      Deadline::AfterMs(1000));
+  if (st.ok()) {
+    Check(len == payload->size());
+    *type = want.type;
+  }
+  return st;
+}
+
+void Structured(const uint8_t* data, size_t size, LinkProtection level, bool streaming) {
   // The whole sealed stream must fit in a socket buffer (about 200 KiB by
   // default), since nothing reads it while it is written.
   constexpr size_t kMaxWire = 96u << 10;
@@ -93,7 +116,7 @@ void Structured(const uint8_t* data, size_t size, LinkProtection level) {
     const size_t record = kFrameHeaderSize + f.payload.size() + kSealTagSize;
     uint16_t type = 0;
     std::string payload;
-    Status st = fed.channel().RecvFrame(&type, &payload, Deadline::AfterMs(1000));
+    Status st = Receive(fed.channel(), streaming, f, &type, &payload);
     const bool altered = flip >= offset && flip < offset + record;
     if (altered) {
       // A flip in the length can make the reader wait for bytes that never
@@ -112,7 +135,7 @@ void Structured(const uint8_t* data, size_t size, LinkProtection level) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t mode = data[0] % 7;
+  const uint8_t mode = data[0] % 9;
   const std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (mode) {
     case 0:
@@ -136,7 +159,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     default:
       Structured(data + 1, size - 1,
-                 mode == 5 ? LinkProtection::kIntegrity : LinkProtection::kEncrypt);
+                 mode % 2 == 1 ? LinkProtection::kIntegrity : LinkProtection::kEncrypt,
+                 /*streaming=*/mode >= 7);
   }
   return 0;
 }

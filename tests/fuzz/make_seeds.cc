@@ -195,6 +195,8 @@ void Frames() {
   Seed("fuzz_frame_reader", "structured-integrity", std::string(1, 5) + frames);
   Seed("fuzz_frame_reader", "structured-encrypt", std::string(1, 6) + frames);
   Seed("fuzz_frame_reader", "structured-flip", std::string(1, 5) + frames + "\x21");
+  Seed("fuzz_frame_reader", "streamed-integrity", std::string(1, 7) + frames);
+  Seed("fuzz_frame_reader", "streamed-encrypt", std::string(1, 8) + frames + "\x05");
 }
 
 std::string KvsOp(MsgType type, const KvsRequest& r) {
