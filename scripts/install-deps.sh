@@ -27,6 +27,8 @@ libucx-dev
 libfabric-dev
 libhiredis-dev
 redis-server
+redis-tools
+redis-sentinel
 "
 # pydyad and its data-loader integration (Debian's /usr/bin/python3), plots
 PACKAGES="$PACKAGES
