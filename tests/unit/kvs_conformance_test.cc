@@ -5,7 +5,13 @@
 // thread and one thread per connection that authenticates and feeds frames
 // to EmbeddedKvsServer, the way dyad-service does), and, when the Redis
 // backend is compiled in, against "redis" talking to a real redis-server
-// that each test starts on a free loopback port (redis_test_server.h). EmbeddedKvsTest covers
+// that each test starts on a free loopback port (redis_test_server.h), and
+// against the two other Redis deployments: "redis_cluster", a real
+// three-master Redis Cluster, and "redis_sentinel", a primary, a replica
+// and a Redis Sentinel (redis_test_cluster.h). Those two take seconds to
+// start, so one of each is shared by the tests of a process (emptied
+// between tests) and ctest runs each flavour as one process
+// (tests/CMakeLists.txt). EmbeddedKvsTest covers
 // what only a remote store has: authentication, malformed input, restarts
 // of the root. Every wait in here is bounded.
 #include <gtest/gtest.h>
@@ -33,6 +39,9 @@
 #include "kvs/memory/memory_kvs.h"
 #include "proto/protocol.h"
 #include "unit/redis_test_server.h"
+#ifdef DYAD_HAVE_REDIS
+#include "unit/redis_test_cluster.h"
+#endif
 
 namespace dyad {
 namespace {
@@ -163,10 +172,86 @@ KvsOptions ClientOptions(const std::string& secret = kSecret) {
 
 // --- the conformance suite --------------------------------------------------
 
+// The store a parameter tests: the Redis deployments are all "redis".
+std::string StoreOf(const std::string& param) {
+  return param.rfind("redis_", 0) == 0 ? "redis" : param;
+}
+
+// Every store compiled in, and the Redis deployments beside one server.
+std::vector<std::string> ConformanceParams() {
+  std::vector<std::string> params = KvsBackendNames();
+  if (std::find(params.begin(), params.end(), "redis") != params.end()) {
+    params.push_back("redis_cluster");
+    params.push_back("redis_sentinel");
+  }
+  return params;
+}
+
+#ifdef DYAD_HAVE_REDIS
+// Shared by the tests of one process (see the header comment).
+std::unique_ptr<testing_redis::RedisTestCluster>& SharedCluster() {
+  static std::unique_ptr<testing_redis::RedisTestCluster> cluster;
+  return cluster;
+}
+std::unique_ptr<testing_redis::RedisTestSentinel>& SharedSentinel() {
+  static std::unique_ptr<testing_redis::RedisTestSentinel> group;
+  return group;
+}
+#endif
+
 class KvsConformance : public ::testing::TestWithParam<std::string> {
  protected:
+  static void TearDownTestSuite() {
+#ifdef DYAD_HAVE_REDIS
+    SharedCluster().reset();
+    SharedSentinel().reset();
+#endif
+  }
+
+  // The URL of the shared cluster or sentinel group, started on first use;
+  // "" (and a failure or skip recorded) when it cannot run here.
+  std::string SharedRedisUrl() {
+#ifdef DYAD_HAVE_REDIS
+    if (GetParam() == "redis_cluster") {
+      auto& c = SharedCluster();
+      if (!c) {
+        c = std::make_unique<testing_redis::RedisTestCluster>();
+        if (!c->available()) return "";
+        const std::string error = c->Start();
+        if (!error.empty()) {
+          c.reset();
+          ADD_FAILURE() << error;
+          return "";
+        }
+      }
+      c->FlushAll();
+      return c->url();
+    }
+    auto& g = SharedSentinel();
+    if (!g) {
+      g = std::make_unique<testing_redis::RedisTestSentinel>();
+      if (!g->available()) return "";
+      const std::string error = g->Start();
+      if (!error.empty()) {
+        g.reset();
+        ADD_FAILURE() << error;
+        return "";
+      }
+    }
+    testing_redis::RedisCommand(g->PrimaryPort(), {"FLUSHALL"});
+    return g->url();
+#else
+    return "";
+#endif
+  }
+
   void SetUp() override {
     std::string url = GetParam();
+    if (GetParam() == "redis_cluster" || GetParam() == "redis_sentinel") {
+      url = SharedRedisUrl();
+      if (HasFailure()) return;
+      if (url.empty()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
+    }
     if (GetParam() == "embedded") {
       std::string error;
       root_ = TestRoot::Start(kSecret, 0, &error);
@@ -206,11 +291,13 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(KvsConformance, NameAndCaps) {
-  EXPECT_EQ(kvs_->name(), GetParam());
+  const std::string store = StoreOf(GetParam());
+  EXPECT_EQ(kvs_->name(), store);
   const KvsCaps caps = kvs_->caps();
-  EXPECT_EQ(caps.persistent, GetParam() == "redis");
-  EXPECT_EQ(caps.shared, GetParam() == "embedded" || GetParam() == "redis");
-  EXPECT_EQ(caps.native_wait, GetParam() == "memory" || GetParam() == "redis");
+  EXPECT_EQ(caps.persistent, store == "redis");
+  EXPECT_EQ(caps.shared, store == "embedded" || store == "redis");
+  EXPECT_EQ(caps.native_wait, store == "memory" || store == "redis");
+  EXPECT_EQ(caps.async_wait, store == "memory" || store == "redis");
 }
 
 TEST_P(KvsConformance, PutGetOverwrite) {
@@ -419,9 +506,10 @@ TEST_P(KvsConformance, ConcurrentPutsFromEightThreads) {
   EXPECT_EQ(last->size(), 1u);
 }
 
-// Every store compiled in (its row says so); SetUp knows how to host those
-// that need a server, and any other opens from its name.
-INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::ValuesIn(KvsBackendNames()),
+// Every store compiled in (its row says so) and the Redis deployments;
+// SetUp knows how to host those that need a server, and any other opens
+// from its name.
+INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::ValuesIn(ConformanceParams()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -72,10 +72,17 @@ inline bool CanConnect(int port) {
 
 class RedisTestServer {
  public:
+  enum class Kind { kServer, kSentinel };
   // `extra_config` is appended to the generated redis.conf (e.g.
-  // "appendonly yes\n", "requirepass x\n").
-  explicit RedisTestServer(std::string extra_config = "") : extra_(std::move(extra_config)) {
+  // "appendonly yes\n", "requirepass x\n"). A kSentinel runs Redis
+  // Sentinel (redis-server in sentinel mode, Debian's redis-sentinel) with
+  // `extra_config` holding its "sentinel ..." lines.
+  explicit RedisTestServer(std::string extra_config = "", Kind kind = Kind::kServer)
+      : extra_(std::move(extra_config)), kind_(kind) {
     binary_ = FindRedisServer();
+    // Debian's redis-sentinel package ships the sentinel under its own name.
+    if (kind_ == Kind::kSentinel && ::access("/usr/bin/redis-sentinel", X_OK) == 0)
+      binary_ = "/usr/bin/redis-sentinel";
     char tmpl[] = "/tmp/dyad-redis-test.XXXXXX";
     if (::mkdtemp(tmpl) != nullptr) dir_ = tmpl;
   }
@@ -98,6 +105,7 @@ class RedisTestServer {
     return "redis://" + userinfo + "127.0.0.1:" + std::to_string(port_);
   }
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   // Starts (or restarts, on the same port and directory) the server and
   // waits until it accepts connections, at most 5 s. Returns an error text,
@@ -109,18 +117,24 @@ class RedisTestServer {
     if (port_ <= 0) port_ = FreePort();
     if (port_ <= 0) return "no free port";
     const std::string conf = dir_ + "/redis.conf";
-    {
+    // A sentinel rewrites its configuration as it learns: write it once.
+    if (kind_ == Kind::kServer || ::access(conf.c_str(), F_OK) != 0) {
       std::ofstream out(conf, std::ios::trunc);
-      out << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_
-          << "\ndaemonize no\nsave \"\"\nappendonly no\nlogfile " << dir_
-          << "/redis.log\nprotected-mode no\n"
-          << extra_;
+      out << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_ << "\ndaemonize no\nlogfile "
+          << dir_ << "/redis.log\nprotected-mode no\n";
+      if (kind_ == Kind::kServer) out << "save \"\"\nappendonly no\n";
+      out << extra_;
     }
     const pid_t pid = ::fork();
     if (pid < 0) return "fork failed";
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      ::execl(binary_.c_str(), binary_.c_str(), conf.c_str(), static_cast<char*>(nullptr));
+      if (kind_ == Kind::kSentinel) {
+        ::execl(binary_.c_str(), binary_.c_str(), conf.c_str(), "--sentinel",
+                static_cast<char*>(nullptr));
+      } else {
+        ::execl(binary_.c_str(), binary_.c_str(), conf.c_str(), static_cast<char*>(nullptr));
+      }
       ::_exit(127);
     }
     pid_ = pid;
@@ -164,6 +178,7 @@ class RedisTestServer {
 
   std::string binary_;
   std::string extra_;
+  Kind kind_;
   std::string dir_;
   int port_ = -1;
   pid_t pid_ = -1;
