@@ -139,6 +139,7 @@ class RedisTestCluster {
   std::string Start() {
     std::vector<std::string> create{FindRedisCli(), "--cluster", "create"};
     for (auto& n : nodes_) {
+      if (n->port() <= 0) n->UsePort(FreeClusterPort());
       const std::string error = n->Start();
       if (!error.empty()) return error;
       create.push_back("127.0.0.1:" + std::to_string(n->port()));

@@ -58,6 +58,33 @@ inline int FreePort() {
   return port;
 }
 
+// A port nobody listens on that can be bound, or -1.
+inline bool CanBind(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A free port whose Redis Cluster bus port (port + 10000) is free too.
+inline int FreeClusterPort() {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int p = FreePort();
+    if (p > 0 && p + 10000 <= 65535 && CanBind(p + 10000)) return p;
+    if (p > 0 && p > 55535) {
+      // Ephemeral ports are high: try below them.
+      const int q = 20000 + (p * 7919 + attempt * 104729) % 30000;
+      if (CanBind(q) && CanBind(q + 10000)) return q;
+    }
+  }
+  return -1;
+}
+
 inline bool CanConnect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return false;
@@ -106,6 +133,8 @@ class RedisTestServer {
   }
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
+  // Picks the port before the first Start (e.g. one with a free cluster bus).
+  void UsePort(int port) { port_ = port; }
 
   // Starts (or restarts, on the same port and directory) the server and
   // waits until it accepts connections, at most 5 s. Returns an error text,
