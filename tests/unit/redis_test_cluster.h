@@ -8,8 +8,8 @@
 // `redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes`, then
 // waits (bounded) until every node reports cluster_state:ok and the same
 // slot map. RedisTestSentinel starts a primary (append-only file, fsync
-// always), one replica and one Redis Sentinel (quorum 1, fast failure
-// detection), and waits until the replica is in sync and the sentinel
+// always), replicas and one Redis Sentinel (quorum 1, failure detection
+// after 1 s), and waits until the replica is in sync and the sentinel
 // knows both. Destructors kill every process and remove every directory,
 // also when a test fails half-way.
 //
@@ -189,14 +189,20 @@ class RedisTestCluster {
 class RedisTestSentinel {
  public:
   static constexpr const char* kMaster = "dyadprimary";
+  // Every data node: durable writes, and full resyncs that start at once
+  // (Redis 7 otherwise delays diskless ones by 5 s).
+  static constexpr const char* kServerConfig =
+      "appendonly yes\nappendfsync always\nrepl-diskless-sync yes\n"
+      "repl-diskless-sync-delay 0\n";
 
-  RedisTestSentinel()
-      : primary_(std::make_unique<RedisTestServer>(
-            "appendonly yes\nappendfsync always\nrepl-diskless-sync no\n")) {}
+  explicit RedisTestSentinel(int replicas = 1)
+      : replicas_wanted_(replicas),
+        primary_(std::make_unique<RedisTestServer>(
+            std::string(kServerConfig))) {}
 
   bool available() const { return primary_->available(); }
   RedisTestServer& primary() { return *primary_; }
-  RedisTestServer& replica() { return *replica_; }
+  RedisTestServer& replica(size_t i) { return *replicas_[i]; }
   RedisTestServer& sentinel() { return *sentinel_; }
   std::string url(const std::string& options = "") const {
     return "redis+sentinel://127.0.0.1:" + std::to_string(sentinel_->port()) + "/" + kMaster +
@@ -207,24 +213,45 @@ class RedisTestSentinel {
     std::string error = primary_->Start();
     if (!error.empty()) return error;
     const std::string primary_addr = "127.0.0.1 " + std::to_string(primary_->port());
-    replica_ = std::make_unique<RedisTestServer>("appendonly yes\nappendfsync always\nreplicaof " +
-                                                 primary_addr + "\n");
-    error = replica_->Start();
-    if (!error.empty()) return error;
+    for (int i = 0; i < replicas_wanted_; ++i) {
+      replicas_.push_back(std::make_unique<RedisTestServer>(
+          std::string(kServerConfig) + "replicaof " + primary_addr + "\n"));
+      error = replicas_.back()->Start();
+      if (!error.empty()) return error;
+    }
     sentinel_ = std::make_unique<RedisTestServer>(
         std::string("sentinel monitor ") + kMaster + " " + primary_addr + " 1\n" +
-            "sentinel down-after-milliseconds " + kMaster + " 500\n" +
+            // Short enough for a quick test, long enough that a loaded
+            // machine's slow first PING does not fail over a live primary.
+            "sentinel down-after-milliseconds " + kMaster + " 1000\n" +
             "sentinel failover-timeout " + kMaster + " 5000\n",
         RedisTestServer::Kind::kSentinel);
     error = sentinel_->Start();
     if (!error.empty()) return error;
+    // In sync, and known to the sentinel from the replicas' own INFO (it
+    // promotes none it has not heard from).
     const bool synced = WaitUntil(10000, [&] {
-      return RedisCommand(replica_->port(), {"INFO", "replication"}).find("master_link_status:up") !=
-                 std::string::npos &&
-             RedisCommand(sentinel_->port(), {"SENTINEL", "REPLICAS", kMaster})
-                     .find(std::to_string(replica_->port())) != std::string::npos;
+      const std::string known = RedisCommand(sentinel_->port(), {"SENTINEL", "REPLICAS", kMaster});
+      size_t ok = 0;
+      for (size_t at = known.find("master-link-status,ok"); at != std::string::npos;
+           at = known.find("master-link-status,ok", at + 1))
+        ++ok;
+      const std::string master = RedisCommand(sentinel_->port(), {"SENTINEL", "MASTER", kMaster});
+      return ok == replicas_.size() && known.find("disconnected") == std::string::npos &&
+             master.find("flags,master,") != std::string::npos &&
+             HasReplicasOnline(primary_->port(), static_cast<int>(replicas_.size()));
     });
-    return synced ? "" : "replica or sentinel not ready within 10 s";
+    return synced ? "" : "replicas or sentinel not ready within 10 s";
+  }
+
+  // The node at `port` is a primary with `n` replicas in sync.
+  static bool HasReplicasOnline(int port, int n) {
+    const std::string info = RedisCommand(port, {"INFO", "replication"});
+    int online = 0;
+    for (size_t at = info.find("state=online"); at != std::string::npos;
+         at = info.find("state=online", at + 1))
+      ++online;
+    return info.find("role:master") != std::string::npos && online >= n;
   }
 
   // The primary's port as the sentinel names it now.
@@ -236,8 +263,9 @@ class RedisTestSentinel {
   }
 
  private:
+  const int replicas_wanted_;
   std::unique_ptr<RedisTestServer> primary_;
-  std::unique_ptr<RedisTestServer> replica_;
+  std::vector<std::unique_ptr<RedisTestServer>> replicas_;
   std::unique_ptr<RedisTestServer> sentinel_;
 };
 
