@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -504,6 +505,90 @@ TEST_P(KvsConformance, ConcurrentPutsFromEightThreads) {
   std::optional<std::string> last = MustGet("conc-shared", "same");
   ASSERT_TRUE(last.has_value());
   EXPECT_EQ(last->size(), 1u);
+}
+
+// --- asynchronous waits (KvsCaps::async_wait) ---------------------------------
+
+// Collects what StartWait callbacks report, from any thread.
+struct AsyncOutcomes {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Result<std::string>> results;
+  std::vector<std::thread::id> threads;
+  KvsWaitCallback Callback() {
+    return [this](Result<std::string> r) {
+      std::lock_guard<std::mutex> lk(mu);
+      results.push_back(std::move(r));
+      threads.push_back(std::this_thread::get_id());
+      cv.notify_all();
+    };
+  }
+  bool WaitFor(size_t n, int64_t ms) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, milliseconds(ms), [&] { return results.size() >= n; });
+  }
+};
+
+TEST_P(KvsConformance, StartWaitCallsBackOnceWithTheValue) {
+  AsyncOutcomes out;
+  Result<KvsWaitTicket> t = kvs_->StartWait("ns", "async", Deadline::AfterMs(5000), out.Callback());
+  if (!kvs_->caps().async_wait) {
+    EXPECT_EQ(t.status().code(), DYAD_RC_NOTSUP) << t.status().ToString();
+    return;
+  }
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  SleepMs(100);
+  EXPECT_FALSE(out.WaitFor(1, 0));
+  const auto put_at = SteadyClock::now();
+  ASSERT_TRUE(kvs_->Put("ns", "async", "called back").ok());
+  ASSERT_TRUE(out.WaitFor(1, 4000));
+  EXPECT_LT(MsSince(put_at), 500);
+  ASSERT_TRUE(out.results[0].ok()) << out.results[0].status().ToString();
+  EXPECT_EQ(*out.results[0], "called back");
+  // A key that exists is reported too, but never from inside StartWait.
+  ASSERT_TRUE(kvs_->StartWait("ns", "async", Deadline::AfterMs(5000), out.Callback()).ok());
+  ASSERT_TRUE(out.WaitFor(2, 4000));
+  EXPECT_EQ(out.results[1].value(), "called back");
+  EXPECT_NE(out.threads[1], std::this_thread::get_id());
+  kvs_->CancelWait(*t);  // already ended: nothing happens
+  SleepMs(50);
+  EXPECT_EQ(out.results.size(), 2u);
+}
+
+TEST_P(KvsConformance, StartWaitTimesOutAndIsCancelled) {
+  if (!kvs_->caps().async_wait) GTEST_SKIP() << "no asynchronous wait";
+  AsyncOutcomes timed, cancelled;
+  const auto start = SteadyClock::now();
+  ASSERT_TRUE(kvs_->StartWait("ns", "nobody", Deadline::AfterMs(300), timed.Callback()).ok());
+  Result<KvsWaitTicket> t =
+      kvs_->StartWait("ns", "nobody", Deadline::AfterMs(8000), cancelled.Callback());
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(timed.WaitFor(1, 3000));
+  EXPECT_GE(MsSince(start), 290);
+  EXPECT_EQ(timed.results[0].status().code(), DYAD_RC_TIMEOUT);
+  EXPECT_NE(timed.results[0].status().message().find("nobody"), std::string::npos);
+  EXPECT_FALSE(cancelled.WaitFor(1, 0));
+  kvs_->CancelWait(*t);
+  ASSERT_TRUE(cancelled.WaitFor(1, 0));  // on this thread, before CancelWait returned
+  EXPECT_EQ(cancelled.results[0].status().code(), DYAD_RC_CANCELLED);
+  ASSERT_TRUE(kvs_->Put("ns", "nobody", "late").ok());
+  SleepMs(100);
+  EXPECT_EQ(timed.results.size(), 1u);
+  EXPECT_EQ(cancelled.results.size(), 1u);
+}
+
+TEST_P(KvsConformance, ShutdownEndsStartedWaits) {
+  if (!kvs_->caps().async_wait) GTEST_SKIP() << "no asynchronous wait";
+  AsyncOutcomes out;
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(
+        kvs_->StartWait("ns", "s" + std::to_string(i % 3), Deadline::Never(), out.Callback()).ok());
+  }
+  kvs_->Shutdown();
+  ASSERT_TRUE(out.WaitFor(10, 2000));
+  for (const auto& r : out.results) EXPECT_EQ(r.status().code(), DYAD_RC_CANCELLED);
+  EXPECT_EQ(kvs_->StartWait("ns", "x", Deadline::Never(), out.Callback()).status().code(),
+            DYAD_RC_CANCELLED);
 }
 
 // Every store compiled in (its row says so) and the Redis deployments;
