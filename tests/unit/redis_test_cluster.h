@@ -103,16 +103,6 @@ inline std::string RedisCommand(int port, const std::vector<std::string>& argv) 
   return out;
 }
 
-// Polls `ok` every 20 ms for at most `ms`.
-template <typename Pred>
-bool WaitUntil(int ms, Pred ok) {
-  for (int waited = 0; waited <= ms; waited += 20) {
-    if (ok()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
 class RedisTestCluster {
  public:
   explicit RedisTestCluster(int masters = 3) {

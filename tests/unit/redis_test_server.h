@@ -97,6 +97,16 @@ inline bool CanConnect(int port) {
   return ok;
 }
 
+// Polls `ok` every 20 ms for at most `ms`.
+template <typename Pred>
+bool WaitUntil(int ms, Pred ok) {
+  for (int waited = 0; waited <= ms; waited += 20) {
+    if (ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 class RedisTestServer {
  public:
   enum class Kind { kServer, kSentinel };
