@@ -187,7 +187,15 @@ Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& ke
       if (stop) return Status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
       continue;  // the key may have appeared while unlocked: check before sleeping
     }
-    const auto slice_end = SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs);
+    if (!cancel && deadline.never()) {
+      // Only Put and Shutdown can end this wait, and both notify.
+      slot->second.cv.wait(lk);
+      continue;
+    }
+    // Without `cancel` to poll, sleep until the deadline (Put and Shutdown
+    // notify): thousands of parked waits must not wake 4 times a second.
+    const auto slice_end = cancel ? SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs)
+                                  : deadline.time_point();
     slot->second.cv.wait_until(lk, std::min(slice_end, deadline.time_point()));
     poll_cancel = static_cast<bool>(cancel);
   }

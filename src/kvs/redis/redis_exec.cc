@@ -39,8 +39,10 @@ Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reuse
   // Bounded: a borrowed connection is returned within one command timeout.
   const auto until = SteadyClock::now() + std::chrono::milliseconds(config_.command_timeout_ms);
   while (pool.idle.empty() && pool.open >= kMaxOpenPerNode) {
-    if (freed_.wait_until(lk, until) == std::cv_status::timeout && pool.idle.empty() &&
-        pool.open >= kMaxOpenPerNode) {
+    ++pool.waiting;
+    const bool timed_out = freed_.wait_until(lk, until) == std::cv_status::timeout;
+    --pool.waiting;
+    if (timed_out && pool.idle.empty() && pool.open >= kMaxOpenPerNode) {
       return Status(DYAD_RC_CONNLOST, "redis " + name + ": all " +
                                           std::to_string(kMaxOpenPerNode) +
                                           " connections stayed busy");
@@ -67,7 +69,9 @@ Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reuse
 void RedisExecutor::Release(const RedisAddress& node, RedisContext c, bool healthy) {
   std::lock_guard<std::mutex> lk(mu_);
   Pool& pool = pools_[node.ToString()];
-  if (healthy && c && c->err == 0 && !shutdown_.load() && pool.idle.size() < kMaxIdlePerNode) {
+  // A waiting caller takes it over; otherwise a few stay for the next burst.
+  if (healthy && c && c->err == 0 && !shutdown_.load() &&
+      (pool.waiting > 0 || pool.idle.size() < kMaxIdlePerNode)) {
     pool.idle.push_back(std::move(c));
   } else {
     --pool.open;

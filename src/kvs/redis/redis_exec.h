@@ -1,9 +1,11 @@
 // redis_exec.h: running commands on the right Redis node.
 //
-// Keeps a pool of connections per node (at most kMaxIdlePerNode idle, at
-// most kMaxOpenPerNode in use at once: callers beyond that wait for a free
-// one instead of opening thousands of connections when thousands of waits
-// start together) and runs command batches with the store's retry policy:
+// Keeps a pool of connections per node (at most kMaxOpenPerNode open:
+// callers beyond that wait for a free one instead of opening thousands of
+// connections when thousands of waits start together; of those, at most
+// kMaxIdlePerNode stay open once nobody waits, so a burst does not turn
+// into a storm of connects and closes) and runs command batches with the
+// store's retry policy:
 //  * the batch goes to the node the topology names for its slot and is
 //    pipelined on one connection (so WAIT follows its write);
 //  * MOVED updates the slot map and goes to the named node at once; ASK
@@ -74,7 +76,8 @@ class RedisExecutor {
  private:
   struct Pool {
     std::vector<RedisContext> idle;
-    size_t open = 0;  // idle + borrowed
+    size_t open = 0;     // idle + borrowed
+    size_t waiting = 0;  // callers in Borrow waiting for a connection
   };
   // An attempt's outcome, for Run's loop.
   enum class Next { kDone, kRetryNow, kBackOff };

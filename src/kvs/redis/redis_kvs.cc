@@ -324,6 +324,12 @@ Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key
   if (!ticket.ok()) return ticket.status();
   std::unique_lock<std::mutex> lk(outcome->mu);
   while (!outcome->result) {
+    // The deadline and Shutdown arrive through the callback; only `cancel`
+    // needs polling, so a wait without one sleeps until it is called.
+    if (!cancel) {
+      outcome->cv.wait(lk, [&] { return outcome->result.has_value(); });
+      break;
+    }
     outcome->cv.wait_for(lk, std::chrono::milliseconds(kCancelPollMs));
     if (outcome->result) break;
     lk.unlock();
