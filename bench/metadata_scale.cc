@@ -8,9 +8,11 @@
 // embedded (the root dyad-service in its own process), redis (one
 // redis-server, no persistence), redis-cluster (three masters). Printed per
 // store: operations per second (puts and gets), p50/p99 latency of each,
-// and the CPU seconds the store's processes used meanwhile (on a machine
-// with few cores the clients and the store share them: compare the stores
-// with each other, in one run).
+// the CPU seconds the store's processes used meanwhile, and operations per
+// store CPU-second. On a machine with few cores the clients and the store
+// share them, so ops/s is bounded by the clients too; ops per store
+// CPU-second is the store's own cost, the figure that carries over to a
+// cluster where clients run on other nodes. Compare stores in one run.
 //
 // Usage: dyad-metadata-scale [--clients N] [--seconds S] [--stores a,b,...] [--json]
 #include <sys/stat.h>
@@ -155,20 +157,23 @@ void Print(const std::vector<Row>& rows, bool json) {
       std::printf(
           "%s{\"store\":\"%s\",\"clients\":%d,\"seconds\":%.2f,\"ops\":%llu,\"errors\":%llu,"
           "\"ops_per_s\":%.0f,\"put_p50_us\":%.1f,\"put_p99_us\":%.1f,\"get_p50_us\":%.1f,"
-          "\"get_p99_us\":%.1f,\"store_cpu_s\":%.2f}",
+          "\"get_p99_us\":%.1f,\"store_cpu_s\":%.2f,\"ops_per_store_cpu_s\":%.0f}",
           i ? "," : "", r.store.c_str(), r.clients, r.seconds,
           static_cast<unsigned long long>(r.ops), static_cast<unsigned long long>(r.errors),
-          r.ops_per_s, r.put_p50_us, r.put_p99_us, r.get_p50_us, r.get_p99_us, r.store_cpu_s);
+          r.ops_per_s, r.put_p50_us, r.put_p99_us, r.get_p50_us, r.get_p99_us, r.store_cpu_s,
+          r.store_cpu_s > 0 ? r.ops / r.store_cpu_s : 0);
     }
     std::printf("]}\n");
     return;
   }
-  std::printf("%-14s %7s %9s %10s %9s %9s %9s %9s %10s %6s\n", "store", "clients", "ops",
-              "ops/s", "put p50", "put p99", "get p50", "get p99", "store cpu", "errors");
+  std::printf("%-15s %7s %9s %9s %9s %9s %9s %9s %9s %11s %6s\n", "store", "clients", "ops",
+              "ops/s", "put p50", "put p99", "get p50", "get p99", "store cpu", "ops/cpu-s",
+              "errors");
   for (const Row& r : rows) {
-    std::printf("%-14s %7d %9llu %10.0f %8.0fu %8.0fu %8.0fu %8.0fu %9.2fs %6llu\n",
+    std::printf("%-15s %7d %9llu %9.0f %8.0fu %8.0fu %8.0fu %8.0fu %8.2fs %11.0f %6llu\n",
                 r.store.c_str(), r.clients, static_cast<unsigned long long>(r.ops), r.ops_per_s,
                 r.put_p50_us, r.put_p99_us, r.get_p50_us, r.get_p99_us, r.store_cpu_s,
+                r.store_cpu_s > 0 ? r.ops / r.store_cpu_s : 0,
                 static_cast<unsigned long long>(r.errors));
   }
 }

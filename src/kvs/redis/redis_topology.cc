@@ -238,6 +238,9 @@ Result<RedisAddress> RedisTopology::AskSentinel(const RedisAddress& sentinel) {
 Status RedisTopology::ConfirmPrimary(const RedisAddress& node) {
   Result<RedisReply> r = AskOnce(node, login_, std::min(config_.connect_timeout_ms, kLookupConnectMs),
                                  std::min<int64_t>(config_.command_timeout_ms, 5000), {"ROLE"});
+  // An ACL user without +role: trust the sentinel; a write that lands on a
+  // replica gets READONLY and makes the next lookup.
+  if (!r.ok() && r.status().message().find("NOPERM") != std::string::npos) return Status::OK();
   if (!r.ok()) return r.status();
   const redisReply* role = r->get();
   if (role->type != REDIS_REPLY_ARRAY || role->elements < 1 || Str(role->element[0]) != "master")
