@@ -239,9 +239,10 @@ int Run(int argc, char** argv) {
   if (::system(("rm -rf '" + dir + "'").c_str()) != 0)
     std::fprintf(stderr, "could not remove %s\n", dir.c_str());
   if (!json) {
-    std::printf("dyad-metadata-scale: %d clients (one Kvs each, as %d services), %.0f s per store, "
-                "put + get of FileRecords; loopback, %u cores shared by clients and store\n",
-                n, n, seconds, std::thread::hardware_concurrency());
+    std::printf(
+        "dyad-metadata-scale: %d clients (one Kvs each, as %d services), %.0f s per store, "
+        "put + get of FileRecords; loopback, %u cores shared by clients and store\n",
+        n, n, seconds, std::thread::hardware_concurrency());
   }
   Print(rows, json);
   for (const Row& r : rows)

@@ -92,11 +92,11 @@ Row RunScenario(Store& s, const std::string& mode, int keys, int waits, int run)
   const auto park_start = SteadyClock::now();
   for (int i = 0; i < waits; ++i) {
     if (mode == "threads") {
-      threads.emplace_back([&, i] {
-        finish(i, s.kvs->Wait(ns, key_of(i), Deadline::AfterMs(kScenarioMs)));
-      });
-    } else if (!s.kvs->StartWait(ns, key_of(i), Deadline::AfterMs(kScenarioMs),
-                                 [&, i](Result<std::string> r) { finish(i, r); })
+      threads.emplace_back(
+          [&, i] { finish(i, s.kvs->Wait(ns, key_of(i), Deadline::AfterMs(kScenarioMs))); });
+    } else if (!s.kvs
+                    ->StartWait(ns, key_of(i), Deadline::AfterMs(kScenarioMs),
+                                [&, i](Result<std::string> r) { finish(i, r); })
                     .ok()) {
       ++errors;
       ++done;
@@ -247,14 +247,16 @@ int Run(int argc, char** argv) {
   }
 #endif
   root.reset();
-  if (::system(("rm -rf '" + dir + "'").c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
+  if (::system(("rm -rf '" + dir + "'").c_str()) != 0)
+    std::fprintf(stderr, "could not remove %s\n", dir.c_str());
   if (!json) {
-    std::printf("dyad-waits: %llu waits on distinct keys, %llu on one key (embedded: at most "
-                "%llu); fd limit %llu; store columns: its process (redis-cluster: one of three "
-                "masters)\n",
-                static_cast<unsigned long long>(distinct), static_cast<unsigned long long>(shared),
-                static_cast<unsigned long long>(embedded_waits),
-                static_cast<unsigned long long>(FdLimit()));
+    std::printf(
+        "dyad-waits: %llu waits on distinct keys, %llu on one key (embedded: at most "
+        "%llu); fd limit %llu; store columns: its process (redis-cluster: one of three "
+        "masters)\n",
+        static_cast<unsigned long long>(distinct), static_cast<unsigned long long>(shared),
+        static_cast<unsigned long long>(embedded_waits),
+        static_cast<unsigned long long>(FdLimit()));
   }
   Print(rows, json);
   for (const Row& r : rows)

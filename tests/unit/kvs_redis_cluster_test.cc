@@ -54,9 +54,8 @@ class RedisClusterTest : public ::testing::Test {
   }
 
   std::future<Result<std::string>> WaitAsync(const std::string& key, int64_t ms = 10000) {
-    return std::async(std::launch::async, [this, key, ms] {
-      return kvs_->Wait("ns", key, Deadline::AfterMs(ms));
-    });
+    return std::async(std::launch::async,
+                      [this, key, ms] { return kvs_->Wait("ns", key, Deadline::AfterMs(ms)); });
   }
 
   // Shard subscribers of `rkey` on the node at `port`.
@@ -78,8 +77,8 @@ class RedisClusterTest : public ::testing::Test {
   void FinishMigration(int slot, int src, int dst) {
     const std::string keys =
         RedisCommand(src, {"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), "1000"});
-    std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(dst), "", "0", "5000",
-                                     "KEYS"};
+    std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(dst), "", "0",
+                                     "5000",    "KEYS"};
     size_t pos = 0;
     while (!keys.empty() && pos <= keys.size()) {
       const size_t comma = std::min(keys.find(',', pos), keys.size());
@@ -112,7 +111,8 @@ TEST_F(RedisClusterTest, KeysOfOneNamespaceSpreadOverEveryMaster) {
     ASSERT_TRUE(kvs_->Put("job", "f/" + std::to_string(i), "v" + std::to_string(i)).ok());
   // No hash tag: each file key picks its own slot, so all masters hold some.
   std::set<int> slots;
-  for (int i = 0; i < kKeys; ++i) slots.insert(RedisKeySlot(kvs_->RedisKey("job", "f/" + std::to_string(i))));
+  for (int i = 0; i < kKeys; ++i)
+    slots.insert(RedisKeySlot(kvs_->RedisKey("job", "f/" + std::to_string(i))));
   EXPECT_GT(slots.size(), 250u);
   for (size_t n = 0; n < cluster_->size(); ++n) {
     const int keys = std::atoi(RedisCommand(cluster_->port(n), {"DBSIZE"}).c_str());
@@ -202,7 +202,8 @@ TEST_F(RedisClusterTest, SlotMigrationDuringWaitsLosesNoWakeUp) {
 
   // A wait parked after the move subscribes on dst and is pushed to.
   auto late = WaitAsync("{m}late");
-  ASSERT_TRUE(WaitUntil(3000, [&] { return Subscribers(dst, kvs_->RedisKey("ns", "{m}late")) == 1; }));
+  ASSERT_TRUE(
+      WaitUntil(3000, [&] { return Subscribers(dst, kvs_->RedisKey("ns", "{m}late")) == 1; }));
   ASSERT_TRUE(kvs_->Put("ns", "{m}late", "pushed").ok());
   ASSERT_EQ(late.wait_for(milliseconds(3000)), std::future_status::ready);
   EXPECT_EQ(late.get().value(), "pushed");
@@ -235,12 +236,11 @@ TEST_F(RedisClusterTest, AsyncWaitsOnEveryMasterShareOneLinkPerMaster) {
   std::atomic<int> wrong{0};
   for (int i = 0; i < kWaits; ++i) {
     const std::string want = "v" + std::to_string(i);
-    Result<KvsWaitTicket> t = kvs_->StartWait("ns", "a/" + std::to_string(i),
-                                              Deadline::AfterMs(10000),
-                                              [&, want](Result<std::string> r) {
-                                                if (!r.ok() || *r != want) ++wrong;
-                                                ++woke;
-                                              });
+    Result<KvsWaitTicket> t = kvs_->StartWait(
+        "ns", "a/" + std::to_string(i), Deadline::AfterMs(10000), [&, want](Result<std::string> r) {
+          if (!r.ok() || *r != want) ++wrong;
+          ++woke;
+        });
     ASSERT_TRUE(t.ok()) << t.status().ToString();
   }
   ASSERT_TRUE(WaitUntil(3000, [&] { return kvs_->subscriber_links() == 3; }));

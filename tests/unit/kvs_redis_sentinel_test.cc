@@ -68,9 +68,8 @@ TEST_F(RedisSentinelTest, PrimaryCrashDuringWaitsLosesNothingAndWakesEveryWaiter
     }));
   }
   for (int i = 0; i < 3; ++i) {
-    blocking.push_back(std::async(std::launch::async, [&] {
-      return kvs->Wait("ns", "shared", Deadline::AfterMs(30000));
-    }));
+    blocking.push_back(std::async(
+        std::launch::async, [&] { return kvs->Wait("ns", "shared", Deadline::AfterMs(30000)); }));
   }
   std::atomic<int> async_ok{0};
   std::atomic<int> async_done{0};
@@ -99,7 +98,8 @@ TEST_F(RedisSentinelTest, PrimaryCrashDuringWaitsLosesNothingAndWakesEveryWaiter
   })) << "the sentinel did not fail over";
   // The other replica follows the new primary, so publications can be
   // acknowledged by a replica again (wait_replicas=1).
-  ASSERT_TRUE(WaitUntil(15000, [&] { return RedisTestSentinel::HasReplicasOnline(new_primary, 1); }));
+  ASSERT_TRUE(
+      WaitUntil(15000, [&] { return RedisTestSentinel::HasReplicasOnline(new_primary, 1); }));
 
   for (int i = 0; i < 6; ++i) {
     Status st = kvs->Put("ns", "after/" + std::to_string(i), "p" + std::to_string(i));

@@ -76,7 +76,8 @@ class WaitsAtScale : public ::testing::TestWithParam<std::string> {
 
   // Publishes every awaited key: distinct ones first, the shared one last.
   void PublishAll() {
-    for (int i = 0; i < kDistinct; ++i) ASSERT_TRUE(kvs_->Put("scale", DistinctKey(i), DistinctValue(i)).ok());
+    for (int i = 0; i < kDistinct; ++i)
+      ASSERT_TRUE(kvs_->Put("scale", DistinctKey(i), DistinctValue(i)).ok());
     ASSERT_TRUE(kvs_->Put("scale", "one", "for the hundred").ok());
   }
   // Every result is its key's value.
@@ -86,7 +87,8 @@ class WaitsAtScale : public ::testing::TestWithParam<std::string> {
       const std::string want = i < kDistinct ? DistinctValue(i) : "for the hundred";
       if (!results[static_cast<size_t>(i)].ok() || *results[static_cast<size_t>(i)] != want) {
         if (++wrong <= 5) {
-          ADD_FAILURE() << "wait " << i << ": " << results[static_cast<size_t>(i)].status().ToString();
+          ADD_FAILURE() << "wait " << i << ": "
+                        << results[static_cast<size_t>(i)].status().ToString();
         }
       }
     }
@@ -129,19 +131,18 @@ TEST_P(WaitsAtScale, StartedWaitsOnDistinctKeysAndOneKey) {
   std::atomic<int> done{0};
   for (int i = 0; i < kDistinct + kShared; ++i) {
     const std::string key = i < kDistinct ? DistinctKey(i) : "one";
-    Result<KvsWaitTicket> t = kvs_->StartWait(
-        "scale", key, Deadline::AfterMs(kDeadlineMs), [&, i](Result<std::string> r) {
-          std::lock_guard<std::mutex> lk(mu);
-          results[static_cast<size_t>(i)] = std::move(r);
-          ++done;
-        });
+    Result<KvsWaitTicket> t = kvs_->StartWait("scale", key, Deadline::AfterMs(kDeadlineMs),
+                                              [&, i](Result<std::string> r) {
+                                                std::lock_guard<std::mutex> lk(mu);
+                                                results[static_cast<size_t>(i)] = std::move(r);
+                                                ++done;
+                                              });
     ASSERT_TRUE(t.ok()) << t.status().ToString();
   }
   std::this_thread::sleep_for(milliseconds(500));
   PublishAll();
-  ASSERT_TRUE(testing_redis::WaitUntil(static_cast<int>(kDeadlineMs), [&] {
-    return done.load() == kDistinct + kShared;
-  }));
+  ASSERT_TRUE(testing_redis::WaitUntil(static_cast<int>(kDeadlineMs),
+                                       [&] { return done.load() == kDistinct + kShared; }));
   std::lock_guard<std::mutex> lk(mu);
   Check(results);
 }

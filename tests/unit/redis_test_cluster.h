@@ -60,7 +60,8 @@ inline int RunBounded(const std::vector<std::string>& argv, const std::string& l
   }
   for (int waited = 0; waited < timeout_ms; waited += 10) {
     int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ::kill(pid, SIGKILL);
@@ -187,8 +188,7 @@ class RedisTestSentinel {
 
   explicit RedisTestSentinel(int replicas = 1)
       : replicas_wanted_(replicas),
-        primary_(std::make_unique<RedisTestServer>(
-            std::string(kServerConfig))) {}
+        primary_(std::make_unique<RedisTestServer>(std::string(kServerConfig))) {}
 
   bool available() const { return primary_->available(); }
   RedisTestServer& primary() { return *primary_; }
@@ -204,8 +204,8 @@ class RedisTestSentinel {
     if (!error.empty()) return error;
     const std::string primary_addr = "127.0.0.1 " + std::to_string(primary_->port());
     for (int i = 0; i < replicas_wanted_; ++i) {
-      replicas_.push_back(std::make_unique<RedisTestServer>(
-          std::string(kServerConfig) + "replicaof " + primary_addr + "\n"));
+      replicas_.push_back(std::make_unique<RedisTestServer>(std::string(kServerConfig) +
+                                                            "replicaof " + primary_addr + "\n"));
       error = replicas_.back()->Start();
       if (!error.empty()) return error;
     }

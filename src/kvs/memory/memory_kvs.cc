@@ -110,8 +110,9 @@ void MemoryKvs::TimerLoop() {
     while (!async_deadlines_.empty() && async_deadlines_.begin()->first <= now) {
       const KvsWaitTicket t = async_deadlines_.begin()->second;
       const SlotKey slot = async_[t].slot;
-      EndAsyncLocked(t, Status(DYAD_RC_TIMEOUT, Describe(slot.first, slot.second) +
-                                                    " not published before the deadline"),
+      EndAsyncLocked(t,
+                     Status(DYAD_RC_TIMEOUT, Describe(slot.first, slot.second) +
+                                                 " not published before the deadline"),
                      &due);
     }
     if (!due.empty()) {

@@ -74,8 +74,8 @@ class MemoryKvs final : public Kvs {
   using SlotKey = std::pair<std::string, std::string>;  // namespace, key
   struct WaitSlot {
     std::condition_variable cv;
-    int waiters = 0;                  // blocked in Wait
-    std::set<KvsWaitTicket> async;    // parked by StartWait
+    int waiters = 0;                // blocked in Wait
+    std::set<KvsWaitTicket> async;  // parked by StartWait
   };
   struct AsyncWaiter {
     SlotKey slot;
@@ -99,10 +99,10 @@ class MemoryKvs final : public Kvs {
   uint64_t entries_ = 0;   // guarded by mu_
   bool shutdown_ = false;  // guarded by mu_
 
-  KvsWaitTicket next_ticket_ = 1;                                        // guarded by mu_
-  std::map<KvsWaitTicket, AsyncWaiter> async_;                           // guarded by mu_
+  KvsWaitTicket next_ticket_ = 1;                                          // guarded by mu_
+  std::map<KvsWaitTicket, AsyncWaiter> async_;                             // guarded by mu_
   std::multimap<SteadyClock::time_point, KvsWaitTicket> async_deadlines_;  // guarded by mu_
-  Completions ready_;  // for the timer thread to run; guarded by mu_
+  Completions ready_;        // for the timer thread to run; guarded by mu_
   bool stop_timer_ = false;  // guarded by mu_
   std::condition_variable timer_cv_;
   std::thread timer_;  // started under mu_

@@ -43,8 +43,7 @@ Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reuse
     const bool timed_out = freed_.wait_until(lk, until) == std::cv_status::timeout;
     --pool.waiting;
     if (timed_out && pool.idle.empty() && pool.open >= kMaxOpenPerNode) {
-      return Status(DYAD_RC_CONNLOST, "redis " + name + ": all " +
-                                          std::to_string(kMaxOpenPerNode) +
+      return Status(DYAD_RC_CONNLOST, "redis " + name + ": all " + std::to_string(kMaxOpenPerNode) +
                                           " connections stayed busy");
     }
   }

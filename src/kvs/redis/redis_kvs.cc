@@ -129,8 +129,8 @@ Status RedisKvs::Put(const std::string& ns, const std::string& key, const std::s
   const bool cluster = config_.mode == RedisMode::kCluster;
   std::vector<RedisArgv> cmds{{"EVAL", cluster ? kPutScriptSharded : kPutScript, "1", rkey, value}};
   if (config_.wait_replicas > 0) {
-    cmds.push_back({"WAIT", std::to_string(config_.wait_replicas),
-                    std::to_string(config_.wait_replicas_ms)});
+    cmds.push_back(
+        {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_replicas_ms)});
   }
   std::vector<RedisReply> replies;
   RedisExecutor::Route route;
@@ -298,7 +298,8 @@ Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key
   if (first.ok() && first->has_value()) return std::move(**first);
   if (!first.ok() && !RedisRetryable(first.status())) return first.status().Annotate(what);
   auto stopping = [&]() -> std::optional<Status> {
-    if (shutdown_.load()) return Status(DYAD_RC_CANCELLED, what + ": the metadata store is shutting down");
+    if (shutdown_.load())
+      return Status(DYAD_RC_CANCELLED, what + ": the metadata store is shutting down");
     if (cancel && cancel()) return Status(DYAD_RC_CANCELLED, what + ": cancelled");
     return std::nullopt;
   };

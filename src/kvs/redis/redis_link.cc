@@ -100,8 +100,9 @@ bool ParseRedisRedirect(const std::string& error, RedisRedirect* out) {
   const std::string slot = error.substr(pos, space - pos);
   const std::string addr = error.substr(space + 1);
   const size_t colon = addr.rfind(':');
-  if (slot.empty() || slot.size() > 5 || slot.find_first_not_of("0123456789") != std::string::npos ||
-      colon == std::string::npos || colon + 1 >= addr.size() || colon + 7 < addr.size()) {
+  if (slot.empty() || slot.size() > 5 ||
+      slot.find_first_not_of("0123456789") != std::string::npos || colon == std::string::npos ||
+      colon + 1 >= addr.size() || colon + 7 < addr.size()) {
     return false;
   }
   r.slot = std::atoi(slot.c_str());

@@ -137,7 +137,8 @@ void RedisSubscriber::DialDue(std::unique_lock<std::mutex>& lk) {
       link.c = std::move(*dialled[i]);
       // (UN)SUBSCRIBE writes are tiny; a link that cannot take them within
       // 2 s is broken, and the lock must not be held longer than that.
-      redisSetTimeout(link.c.get(), RedisTimeval(std::min<int64_t>(config_.command_timeout_ms, 2000)));
+      redisSetTimeout(link.c.get(),
+                      RedisTimeval(std::min<int64_t>(config_.command_timeout_ms, 2000)));
       link.error = Status::OK();
       link.backoff = kBackoffFirstMs;
     } else {
@@ -204,9 +205,10 @@ void RedisSubscriber::SyncLocked() {
   }
   for (auto& [node, lists] : work) {
     Link& link = links_[node];
-    if (!SendLocked(&link, Verb(true), lists.first) || !SendLocked(&link, Verb(false), lists.second)) {
-      DropLinkLocked(node, Status(DYAD_RC_CONNLOST, "redis " + node + " subscriber: " +
-                                                        link.c->errstr));
+    if (!SendLocked(&link, Verb(true), lists.first) ||
+        !SendLocked(&link, Verb(false), lists.second)) {
+      DropLinkLocked(node,
+                     Status(DYAD_RC_CONNLOST, "redis " + node + " subscriber: " + link.c->errstr));
     }
   }
   for (auto it = links_.begin(); it != links_.end();) {
@@ -260,7 +262,8 @@ void RedisSubscriber::HandlePushLocked(const std::string& node, const redisReply
   Channel& ch = it->second;
   if (kind == "message" || kind == "smessage") {
     // The value itself: whichever link it came on, it was put.
-    if (r->element[2]->type == REDIS_REPLY_STRING) CompleteChannelLocked(name, Str(r->element[2]), out);
+    if (r->element[2]->type == REDIS_REPLY_STRING)
+      CompleteChannelLocked(name, Str(r->element[2]), out);
   } else if ((kind == "subscribe" || kind == "ssubscribe") && ch.node == node &&
              ch.state == State::kSubscribing) {
     ch.state = State::kActive;
@@ -332,14 +335,15 @@ void RedisSubscriber::SentinelStep(std::unique_lock<std::mutex>& lk, bool readab
   const std::vector<RedisAddress> sentinels = topology_->Sentinels();
   const RedisAddress target = sentinels[sentinel_next_++ % sentinels.size()];
   lk.unlock();
-  Result<RedisContext> c = DialRedis(target, topology_->sentinel_login(),
-                                     RedisTopology::kLookupConnectMs, 2000);
+  Result<RedisContext> c =
+      DialRedis(target, topology_->sentinel_login(), RedisTopology::kLookupConnectMs, 2000);
   if (c.ok()) {
     std::vector<RedisReply> ignored;
     const char* argv[] = {"SUBSCRIBE", "+switch-master"};
     const size_t lens[] = {9, 14};
     int done = 0;
-    if (redisAppendCommandArgv(c->get(), 2, argv, lens) != REDIS_OK) c = Status(DYAD_RC_CONNLOST, "");
+    if (redisAppendCommandArgv(c->get(), 2, argv, lens) != REDIS_OK)
+      c = Status(DYAD_RC_CONNLOST, "");
     while (c.ok() && !done)
       if (redisBufferWrite(c->get(), &done) != REDIS_OK) c = Status(DYAD_RC_CONNLOST, "");
   }
@@ -387,8 +391,7 @@ void RedisSubscriber::SubscriberLoop() {
     if (n <= 0) continue;
     for (size_t i = 0; i < names.size(); ++i)
       if (fds[i + 1].revents & (POLLIN | POLLERR | POLLHUP)) ReadLinkLocked(names[i], &done);
-    if (sentinel_ && (fds.back().revents & (POLLIN | POLLERR | POLLHUP)))
-      SentinelStep(lk, true);
+    if (sentinel_ && (fds.back().revents & (POLLIN | POLLERR | POLLHUP))) SentinelStep(lk, true);
     lk.unlock();
     Run(&done);
     lk.lock();

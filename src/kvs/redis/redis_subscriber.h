@@ -91,10 +91,10 @@ class RedisSubscriber {
   struct Link {
     RedisAddress node;
     RedisContext c;
-    Status error;             // why it is down
+    Status error;  // why it is down
     SteadyClock::time_point retry_at{};
     int64_t backoff = kBackoffFirstMs;
-    size_t refs = 0;          // channels whose node is this link
+    size_t refs = 0;  // channels whose node is this link
   };
   using Completions = std::vector<std::pair<KvsWaitCallback, Result<std::string>>>;
 
@@ -140,14 +140,14 @@ class RedisSubscriber {
 
   mutable std::mutex mu_;
   std::condition_variable check_cv_;
-  bool shutdown_ = false;                                // guarded by mu_
-  bool stop_ = false;                                    // guarded by mu_
-  KvsWaitTicket next_ticket_ = 1;                        // guarded by mu_
-  std::unordered_map<KvsWaitTicket, Waiter> waiters_;    // guarded by mu_
+  bool shutdown_ = false;                                            // guarded by mu_
+  bool stop_ = false;                                                // guarded by mu_
+  KvsWaitTicket next_ticket_ = 1;                                    // guarded by mu_
+  std::unordered_map<KvsWaitTicket, Waiter> waiters_;                // guarded by mu_
   std::multimap<SteadyClock::time_point, KvsWaitTicket> deadlines_;  // guarded by mu_
-  std::unordered_map<std::string, Channel> channels_;   // guarded by mu_
-  std::set<std::string> dirty_;  // channels that may need (un)subscribing; guarded by mu_
-  std::set<std::string> check_;  // channels to read again; guarded by mu_
+  std::unordered_map<std::string, Channel> channels_;                // guarded by mu_
+  std::set<std::string> dirty_;        // channels that may need (un)subscribing; guarded by mu_
+  std::set<std::string> check_;        // channels to read again; guarded by mu_
   std::map<std::string, Link> links_;  // by node; guarded by mu_
   uint64_t routed_epoch_ = 0;          // guarded by mu_
   Status topology_error_;              // guarded by mu_

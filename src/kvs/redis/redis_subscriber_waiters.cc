@@ -139,7 +139,8 @@ int64_t RedisSubscriber::NextTimerMsLocked() const {
   if (!deadlines_.empty()) until = std::min(until, deadlines_.begin()->first);
   for (const auto& [name, link] : links_)
     if (!link.c && link.refs > 0) until = std::min(until, link.retry_at);
-  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - SteadyClock::now());
+  const auto left =
+      std::chrono::duration_cast<std::chrono::microseconds>(until - SteadyClock::now());
   // Rounded up, so a timer is never polled for with 0 ms again and again.
   return std::max<int64_t>(0, (left.count() + 999) / 1000);
 }

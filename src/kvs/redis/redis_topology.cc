@@ -140,8 +140,9 @@ Status RedisTopology::Refresh() {
 // --- cluster -------------------------------------------------------------------
 
 Result<RedisTopology::ClusterView> RedisTopology::AskClusterSlots(const RedisAddress& node) {
-  Result<RedisReply> r = AskOnce(node, login_, std::min(config_.connect_timeout_ms, kLookupConnectMs),
-                                 config_.command_timeout_ms, {"CLUSTER", "SLOTS"});
+  Result<RedisReply> r =
+      AskOnce(node, login_, std::min(config_.connect_timeout_ms, kLookupConnectMs),
+              config_.command_timeout_ms, {"CLUSTER", "SLOTS"});
   if (!r.ok()) return r.status();
   const redisReply* top = r->get();
   if (top->type != REDIS_REPLY_ARRAY)
@@ -201,8 +202,8 @@ Status RedisTopology::RefreshCluster() {
     for (int s = 0; s < kRedisSlots && !changed; ++s) {
       const int16_t a = view->owner[static_cast<size_t>(s)];
       const int16_t b = cluster_.owner[static_cast<size_t>(s)];
-      changed = (a < 0) != (b < 0) ||
-                (a >= 0 && view->nodes[static_cast<size_t>(a)] != cluster_.nodes[static_cast<size_t>(b)]);
+      changed = (a < 0) != (b < 0) || (a >= 0 && view->nodes[static_cast<size_t>(a)] !=
+                                                     cluster_.nodes[static_cast<size_t>(b)]);
     }
     cluster_ = std::move(*view);
     if (changed) BumpLocked();
@@ -236,8 +237,9 @@ Result<RedisAddress> RedisTopology::AskSentinel(const RedisAddress& sentinel) {
 }
 
 Status RedisTopology::ConfirmPrimary(const RedisAddress& node) {
-  Result<RedisReply> r = AskOnce(node, login_, std::min(config_.connect_timeout_ms, kLookupConnectMs),
-                                 std::min<int64_t>(config_.command_timeout_ms, 5000), {"ROLE"});
+  Result<RedisReply> r =
+      AskOnce(node, login_, std::min(config_.connect_timeout_ms, kLookupConnectMs),
+              std::min<int64_t>(config_.command_timeout_ms, 5000), {"ROLE"});
   // An ACL user without +role: trust the sentinel; a write that lands on a
   // replica gets READONLY and makes the next lookup.
   if (!r.ok() && r.status().message().find("NOPERM") != std::string::npos) return Status::OK();

@@ -90,11 +90,11 @@ class RedisTopology {
   const RedisConfig config_;
   const RedisLogin login_;
 
-  std::mutex refresh_mu_;  // one lookup at a time
-  mutable std::mutex mu_;  // the view below
-  std::optional<RedisAddress> primary_;  // single / sentinel; guarded by mu_
-  ClusterView cluster_;                  // guarded by mu_
-  std::vector<RedisAddress> sentinels_;  // answering one first; guarded by mu_
+  std::mutex refresh_mu_;                   // one lookup at a time
+  mutable std::mutex mu_;                   // the view below
+  std::optional<RedisAddress> primary_;     // single / sentinel; guarded by mu_
+  ClusterView cluster_;                     // guarded by mu_
+  std::vector<RedisAddress> sentinels_;     // answering one first; guarded by mu_
   SteadyClock::time_point last_attempt_{};  // guarded by mu_
   Status last_status_;                      // guarded by mu_
   std::atomic<bool> stale_{false};

@@ -127,7 +127,8 @@ Status ParsePath(const std::string& path, RedisConfig* cfg) {
   const size_t slash = path.find('/');
   Result<std::string> name = PercentDecode(path.substr(0, slash));
   if (!name.ok()) return name.status();
-  if (name->empty()) return Bad("a sentinel URL names the primary: redis+sentinel://HOST:PORT/MASTER");
+  if (name->empty())
+    return Bad("a sentinel URL names the primary: redis+sentinel://HOST:PORT/MASTER");
   cfg->master_name = *name;
   return slash == std::string::npos ? Status::OK() : ParseDb(path.substr(slash + 1), cfg);
 }
@@ -187,8 +188,8 @@ Status ParseQuery(const std::string& query, RedisConfig* cfg) {
     pos = amp + 1;
     if (item.empty()) continue;
     const size_t eq = item.find('=');
-    DYAD_RETURN_IF_ERROR(ParseOption(item.substr(0, eq),
-                                     eq == std::string::npos ? "" : item.substr(eq + 1), cfg));
+    DYAD_RETURN_IF_ERROR(
+        ParseOption(item.substr(0, eq), eq == std::string::npos ? "" : item.substr(eq + 1), cfg));
   }
   return Status::OK();
 }
@@ -202,7 +203,8 @@ Result<std::string> ReadSecretFile(const std::string& path, const char* what) {
   std::string secret;
   std::getline(in, secret);
   while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ')) secret.pop_back();
-  if (secret.empty()) return Status(DYAD_RC_AUTH, std::string(what) + " file '" + path + "' is empty");
+  if (secret.empty())
+    return Status(DYAD_RC_AUTH, std::string(what) + " file '" + path + "' is empty");
   return secret;
 }
 
