@@ -31,6 +31,8 @@ libfabric-dev
 libfabric-bin
 libhiredis-dev
 redis-server
+redis-tools
+redis-sentinel
 "
 # MUNGE authentication between services (libmunge; munged for tests and sites)
 PACKAGES="$PACKAGES

@@ -165,6 +165,7 @@ std::string CapsText(const BackendRow& row) {
     if (c.shared) on.emplace_back("shared");
     if (c.native_wait) on.emplace_back("native_wait");
     if (c.hosted_by_service) on.emplace_back("hosted_by_service");
+    if (c.async_wait) on.emplace_back("async_wait");
   }
   return on.empty() ? std::string("-") : Joined(on);
 }

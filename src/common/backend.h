@@ -40,6 +40,7 @@ struct KvsCaps {
   bool shared = false;           // visible to every node (false: this process only)
   bool native_wait = false;      // waits are pushed by the store, not sliced requests
   bool hosted_by_service = false;  // the root dyad-service itself hosts it
+  bool async_wait = false;       // Kvs::StartWait: waits that hold no thread
 };
 
 // Capability sets for rows, by naming the flags that are on:

@@ -13,6 +13,8 @@
 //    (DYAD_RC_CANCELLED); there is no lost wake-up between check and wait;
 //  * namespaces are disjoint; List returns keys starting with a prefix, in
 //    lexicographic order, at most `limit` (0 = all).
+// Optional (KvsCaps::async_wait): StartWait, the same wait without a
+// blocked thread, for callers that park thousands of waits at once.
 // All methods are thread-safe.
 #pragma once
 
@@ -39,6 +41,10 @@ class RequestRouter;
 
 using KvsEntry = std::pair<std::string, std::string>;  // key, value
 
+// How an asynchronous wait ends: the value, or the Status Wait would give.
+using KvsWaitCallback = std::function<void(Result<std::string>)>;
+using KvsWaitTicket = uint64_t;
+
 class Kvs {
  public:
   virtual ~Kvs() = default;
@@ -56,6 +62,22 @@ class Kvs {
   // Wakes every wait in progress with DYAD_RC_CANCELLED and refuses new
   // ones (the owning service is stopping). Idempotent.
   virtual void Shutdown() {}
+
+  // Wait without a thread: returns at once, and `done` is called exactly
+  // once, later, on a thread of the store (never inside StartWait), with
+  // what Wait would return: the value when the key exists or is put,
+  // DYAD_RC_TIMEOUT at the deadline, DYAD_RC_CANCELLED after CancelWait or
+  // Shutdown. `done` must be quick and must not block (hand the result to
+  // your own thread); it may call StartWait and CancelWait. When StartWait
+  // returns an error, `done` is never called. Stores without it
+  // (KvsCaps::async_wait false) return DYAD_RC_NOTSUP: use Wait.
+  virtual Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key,
+                                          Deadline deadline, KvsWaitCallback done);
+  // Ends a pending StartWait with DYAD_RC_CANCELLED (its `done` runs on
+  // this thread before CancelWait returns). A wait that already ended, or
+  // whose `done` is running elsewhere, is left alone: `done` still runs
+  // exactly once, so anything it touches must stay valid until it has.
+  virtual void CancelWait(KvsWaitTicket ticket) { (void)ticket; }
 };
 
 struct KvsOptions {

@@ -1,11 +1,17 @@
 // The Kvs contract (kvs/kvs.h), checked once for every backend.
 //
 // KvsConformance runs against "memory" directly, against "embedded"
-// talking over TCP to a real root (TestRoot below: a listener, an accept
+// talking over TCP to a real root (TestRoot, embedded_test_root.h: a listener, an accept
 // thread and one thread per connection that authenticates and feeds frames
 // to EmbeddedKvsServer, the way dyad-service does), and, when the Redis
 // backend is compiled in, against "redis" talking to a real redis-server
-// that each test starts on a free loopback port (redis_test_server.h). EmbeddedKvsTest covers
+// that each test starts on a free loopback port (redis_test_server.h), and
+// against the two other Redis deployments: "redis_cluster", a real
+// three-master Redis Cluster, and "redis_sentinel", a primary, a replica
+// and a Redis Sentinel (redis_test_cluster.h). Those two take seconds to
+// start, so one of each is shared by the tests of a process (emptied
+// between tests) and ctest runs each flavour as one process
+// (tests/CMakeLists.txt). EmbeddedKvsTest covers
 // what only a remote store has: authentication, malformed input, restarts
 // of the root. Every wait in here is bounded.
 #include <gtest/gtest.h>
@@ -15,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -32,12 +39,17 @@
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
 #include "proto/protocol.h"
+#include "unit/embedded_test_root.h"
 #include "unit/redis_test_server.h"
+#ifdef DYAD_HAVE_REDIS
+#include "unit/redis_test_cluster.h"
+#endif
 
 namespace dyad {
 namespace {
 
 using std::chrono::milliseconds;
+using testing_embedded::TestRoot;
 
 constexpr char kSecret[] = "conformance-secret";
 
@@ -46,111 +58,6 @@ int64_t MsSince(SteadyClock::time_point start) {
 }
 
 void SleepMs(int64_t ms) { std::this_thread::sleep_for(milliseconds(ms)); }
-
-// A minimal root service: serves the embedded store on 127.0.0.1.
-class TestRoot {
- public:
-  static std::unique_ptr<TestRoot> Start(const std::string& secret, uint16_t port,
-                                         std::string* error) {
-    SocketAddress addr;
-    addr.host = "127.0.0.1";
-    addr.port = port;
-    Result<UniqueFd> fd = Listen(addr);
-    if (!fd.ok()) {
-      *error = fd.status().ToString();
-      return nullptr;
-    }
-    Result<SocketAddress> bound = BoundAddress(fd->get());
-    if (!bound.ok()) {
-      *error = bound.status().ToString();
-      return nullptr;
-    }
-    std::unique_ptr<TestRoot> root(new TestRoot(secret, std::move(*fd), bound->port));
-    root->accept_thread_ = std::thread(&TestRoot::AcceptLoop, root.get());
-    return root;
-  }
-
-  ~TestRoot() { Stop(); }
-
-  uint16_t port() const { return port_; }
-  std::string url() const { return "embedded://127.0.0.1:" + std::to_string(port_); }
-  EmbeddedKvsServer& server() { return server_; }
-  int connections() const { return connections_.load(); }
-
-  // Stops accepting, cancels server-side waits, cuts every connection and
-  // joins all threads. Bounded: each thread polls `stop_` every 100 ms.
-  void Stop() {
-    if (stopped_) return;
-    stopped_ = true;
-    stop_.store(true);
-    server_.Shutdown();
-    if (accept_thread_.joinable()) accept_thread_.join();
-    listen_fd_.reset();
-    std::vector<std::thread> threads;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (int fd : live_fds_) ::shutdown(fd, SHUT_RDWR);
-      threads.swap(conn_threads_);
-    }
-    for (std::thread& t : threads) t.join();
-  }
-
- private:
-  TestRoot(std::string secret, UniqueFd fd, uint16_t port)
-      : auth_(std::move(secret)), listen_fd_(std::move(fd)), port_(port) {}
-
-  void AcceptLoop() {
-    while (!stop_.load()) {
-      Result<UniqueFd> fd = Accept(listen_fd_.get(), Deadline::AfterMs(100));
-      if (!fd.ok()) {
-        if (fd.status().code() != DYAD_RC_TIMEOUT) SleepMs(10);
-        continue;
-      }
-      std::lock_guard<std::mutex> lk(mu_);
-      live_fds_.insert(fd->get());
-      ++connections_;
-      conn_threads_.emplace_back(&TestRoot::Serve, this, std::move(*fd));
-    }
-  }
-
-  void Serve(UniqueFd fd) {
-    const int raw = fd.get();
-    {
-      Channel ch(std::move(fd), Trust::kUnauthenticated);
-      PeerIdentity peer;
-      if (auth_.Accept(ch, PeerIdentity{0, 7}, Deadline::AfterMs(2000), &peer).ok()) {
-        const CancelFn cancel = [&] { return stop_.load() || ch.PeerClosed(); };
-        while (!stop_.load()) {
-          pollfd p{ch.fd(), POLLIN, 0};
-          const int n = ::poll(&p, 1, 100);
-          if (n < 0 && errno == EINTR) continue;
-          if (n < 0) break;
-          if (n == 0) continue;
-          uint16_t type = 0;
-          std::string payload;
-          if (!ch.RecvFrame(&type, &payload, Deadline::AfterMs(5000)).ok()) break;
-          if (!server_.Handle(type, payload, ch, cancel).ok() || ch.broken()) break;
-        }
-      }
-      // Unregister before the Channel closes the descriptor, so Stop() never
-      // shuts down a number the kernel has handed out again.
-      std::lock_guard<std::mutex> lk(mu_);
-      live_fds_.erase(raw);
-    }
-  }
-
-  const Authenticator auth_;
-  UniqueFd listen_fd_;
-  const uint16_t port_;
-  EmbeddedKvsServer server_;
-  std::atomic<bool> stop_{false};
-  bool stopped_ = false;
-  std::atomic<int> connections_{0};
-  std::thread accept_thread_;
-  std::mutex mu_;
-  std::vector<std::thread> conn_threads_;  // guarded by mu_
-  std::set<int> live_fds_;                 // guarded by mu_
-};
 
 KvsOptions ClientOptions(const std::string& secret = kSecret) {
   KvsOptions o;
@@ -163,10 +70,86 @@ KvsOptions ClientOptions(const std::string& secret = kSecret) {
 
 // --- the conformance suite --------------------------------------------------
 
+// The store a parameter tests: the Redis deployments are all "redis".
+std::string StoreOf(const std::string& param) {
+  return param.rfind("redis_", 0) == 0 ? "redis" : param;
+}
+
+// Every store compiled in, and the Redis deployments beside one server.
+std::vector<std::string> ConformanceParams() {
+  std::vector<std::string> params = KvsBackendNames();
+  if (std::find(params.begin(), params.end(), "redis") != params.end()) {
+    params.push_back("redis_cluster");
+    params.push_back("redis_sentinel");
+  }
+  return params;
+}
+
+#ifdef DYAD_HAVE_REDIS
+// Shared by the tests of one process (see the header comment).
+std::unique_ptr<testing_redis::RedisTestCluster>& SharedCluster() {
+  static std::unique_ptr<testing_redis::RedisTestCluster> cluster;
+  return cluster;
+}
+std::unique_ptr<testing_redis::RedisTestSentinel>& SharedSentinel() {
+  static std::unique_ptr<testing_redis::RedisTestSentinel> group;
+  return group;
+}
+#endif
+
 class KvsConformance : public ::testing::TestWithParam<std::string> {
  protected:
+  static void TearDownTestSuite() {
+#ifdef DYAD_HAVE_REDIS
+    SharedCluster().reset();
+    SharedSentinel().reset();
+#endif
+  }
+
+  // The URL of the shared cluster or sentinel group, started on first use;
+  // "" (and a failure or skip recorded) when it cannot run here.
+  std::string SharedRedisUrl() {
+#ifdef DYAD_HAVE_REDIS
+    if (GetParam() == "redis_cluster") {
+      auto& c = SharedCluster();
+      if (!c) {
+        c = std::make_unique<testing_redis::RedisTestCluster>();
+        if (!c->available()) return "";
+        const std::string error = c->Start();
+        if (!error.empty()) {
+          c.reset();
+          ADD_FAILURE() << error;
+          return "";
+        }
+      }
+      c->FlushAll();
+      return c->url();
+    }
+    auto& g = SharedSentinel();
+    if (!g) {
+      g = std::make_unique<testing_redis::RedisTestSentinel>();
+      if (!g->available()) return "";
+      const std::string error = g->Start();
+      if (!error.empty()) {
+        g.reset();
+        ADD_FAILURE() << error;
+        return "";
+      }
+    }
+    testing_redis::RedisCommand(g->PrimaryPort(), {"FLUSHALL"});
+    return g->url();
+#else
+    return "";
+#endif
+  }
+
   void SetUp() override {
     std::string url = GetParam();
+    if (GetParam() == "redis_cluster" || GetParam() == "redis_sentinel") {
+      url = SharedRedisUrl();
+      if (HasFailure()) return;
+      if (url.empty()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
+    }
     if (GetParam() == "embedded") {
       std::string error;
       root_ = TestRoot::Start(kSecret, 0, &error);
@@ -206,11 +189,13 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(KvsConformance, NameAndCaps) {
-  EXPECT_EQ(kvs_->name(), GetParam());
+  const std::string store = StoreOf(GetParam());
+  EXPECT_EQ(kvs_->name(), store);
   const KvsCaps caps = kvs_->caps();
-  EXPECT_EQ(caps.persistent, GetParam() == "redis");
-  EXPECT_EQ(caps.shared, GetParam() == "embedded" || GetParam() == "redis");
-  EXPECT_EQ(caps.native_wait, GetParam() == "memory" || GetParam() == "redis");
+  EXPECT_EQ(caps.persistent, store == "redis");
+  EXPECT_EQ(caps.shared, store == "embedded" || store == "redis");
+  EXPECT_EQ(caps.native_wait, store == "memory" || store == "redis");
+  EXPECT_EQ(caps.async_wait, store == "memory" || store == "redis");
 }
 
 TEST_P(KvsConformance, PutGetOverwrite) {
@@ -419,9 +404,94 @@ TEST_P(KvsConformance, ConcurrentPutsFromEightThreads) {
   EXPECT_EQ(last->size(), 1u);
 }
 
-// Every store compiled in (its row says so); SetUp knows how to host those
-// that need a server, and any other opens from its name.
-INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::ValuesIn(KvsBackendNames()),
+// --- asynchronous waits (KvsCaps::async_wait) ---------------------------------
+
+// Collects what StartWait callbacks report, from any thread.
+struct AsyncOutcomes {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Result<std::string>> results;
+  std::vector<std::thread::id> threads;
+  KvsWaitCallback Callback() {
+    return [this](Result<std::string> r) {
+      std::lock_guard<std::mutex> lk(mu);
+      results.push_back(std::move(r));
+      threads.push_back(std::this_thread::get_id());
+      cv.notify_all();
+    };
+  }
+  bool WaitFor(size_t n, int64_t ms) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, milliseconds(ms), [&] { return results.size() >= n; });
+  }
+};
+
+TEST_P(KvsConformance, StartWaitCallsBackOnceWithTheValue) {
+  AsyncOutcomes out;
+  Result<KvsWaitTicket> t = kvs_->StartWait("ns", "async", Deadline::AfterMs(5000), out.Callback());
+  if (!kvs_->caps().async_wait) {
+    EXPECT_EQ(t.status().code(), DYAD_RC_NOTSUP) << t.status().ToString();
+    return;
+  }
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  SleepMs(100);
+  EXPECT_FALSE(out.WaitFor(1, 0));
+  const auto put_at = SteadyClock::now();
+  ASSERT_TRUE(kvs_->Put("ns", "async", "called back").ok());
+  ASSERT_TRUE(out.WaitFor(1, 4000));
+  EXPECT_LT(MsSince(put_at), 500);
+  ASSERT_TRUE(out.results[0].ok()) << out.results[0].status().ToString();
+  EXPECT_EQ(*out.results[0], "called back");
+  // A key that exists is reported too, but never from inside StartWait.
+  ASSERT_TRUE(kvs_->StartWait("ns", "async", Deadline::AfterMs(5000), out.Callback()).ok());
+  ASSERT_TRUE(out.WaitFor(2, 4000));
+  EXPECT_EQ(out.results[1].value(), "called back");
+  EXPECT_NE(out.threads[1], std::this_thread::get_id());
+  kvs_->CancelWait(*t);  // already ended: nothing happens
+  SleepMs(50);
+  EXPECT_EQ(out.results.size(), 2u);
+}
+
+TEST_P(KvsConformance, StartWaitTimesOutAndIsCancelled) {
+  if (!kvs_->caps().async_wait) GTEST_SKIP() << "no asynchronous wait";
+  AsyncOutcomes timed, cancelled;
+  const auto start = SteadyClock::now();
+  ASSERT_TRUE(kvs_->StartWait("ns", "nobody", Deadline::AfterMs(300), timed.Callback()).ok());
+  Result<KvsWaitTicket> t =
+      kvs_->StartWait("ns", "nobody", Deadline::AfterMs(8000), cancelled.Callback());
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(timed.WaitFor(1, 3000));
+  EXPECT_GE(MsSince(start), 290);
+  EXPECT_EQ(timed.results[0].status().code(), DYAD_RC_TIMEOUT);
+  EXPECT_NE(timed.results[0].status().message().find("nobody"), std::string::npos);
+  EXPECT_FALSE(cancelled.WaitFor(1, 0));
+  kvs_->CancelWait(*t);
+  ASSERT_TRUE(cancelled.WaitFor(1, 0));  // on this thread, before CancelWait returned
+  EXPECT_EQ(cancelled.results[0].status().code(), DYAD_RC_CANCELLED);
+  ASSERT_TRUE(kvs_->Put("ns", "nobody", "late").ok());
+  SleepMs(100);
+  EXPECT_EQ(timed.results.size(), 1u);
+  EXPECT_EQ(cancelled.results.size(), 1u);
+}
+
+TEST_P(KvsConformance, ShutdownEndsStartedWaits) {
+  if (!kvs_->caps().async_wait) GTEST_SKIP() << "no asynchronous wait";
+  AsyncOutcomes out;
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(
+        kvs_->StartWait("ns", "s" + std::to_string(i % 3), Deadline::Never(), out.Callback()).ok());
+  }
+  kvs_->Shutdown();
+  ASSERT_TRUE(out.WaitFor(10, 2000));
+  for (const auto& r : out.results) EXPECT_EQ(r.status().code(), DYAD_RC_CANCELLED);
+  EXPECT_EQ(kvs_->StartWait("ns", "x", Deadline::Never(), out.Callback()).status().code(),
+            DYAD_RC_CANCELLED);
+}
+
+// Every store compiled in (its row says so) and the Redis deployments;
+// SetUp knows how to host those that need a server, and any other opens
+// from its name.
+INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::ValuesIn(ConformanceParams()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

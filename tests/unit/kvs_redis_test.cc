@@ -47,15 +47,15 @@ KvsOptions Options() {
 TEST(RedisUrl, HostPortDbAndCredentials) {
   Result<RedisConfig> c = ParseRedisUrl("redis://10.0.0.5:7000");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->host, "10.0.0.5");
-  EXPECT_EQ(c->port, 7000);
+  EXPECT_EQ(c->nodes[0].host, "10.0.0.5");
+  EXPECT_EQ(c->nodes[0].port, 7000);
   EXPECT_EQ(c->db, 0);
   EXPECT_EQ(c->password, "");
 
   c = ParseRedisUrl("redis://:s%40cret@db.example:6380/4?timeout_ms=1500&connect_timeout_ms=300");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->host, "db.example");
-  EXPECT_EQ(c->port, 6380);
+  EXPECT_EQ(c->nodes[0].host, "db.example");
+  EXPECT_EQ(c->nodes[0].port, 6380);
   EXPECT_EQ(c->db, 4);
   EXPECT_EQ(c->user, "");
   EXPECT_EQ(c->password, "s@cret");
@@ -67,11 +67,11 @@ TEST(RedisUrl, HostPortDbAndCredentials) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->user, "alice");
   EXPECT_EQ(c->password, "pw");
-  EXPECT_EQ(c->host, "::1");
+  EXPECT_EQ(c->nodes[0].host, "::1");
 
   c = ParseRedisUrl("redis://localhost");
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->port, 6379);
+  EXPECT_EQ(c->nodes[0].port, 6379);
 }
 
 TEST(RedisUrl, BadUrlsAreRefusedWithReasons) {

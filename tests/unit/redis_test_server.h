@@ -58,6 +58,33 @@ inline int FreePort() {
   return port;
 }
 
+// A port nobody listens on that can be bound, or -1.
+inline bool CanBind(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A free port whose Redis Cluster bus port (port + 10000) is free too.
+inline int FreeClusterPort() {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int p = FreePort();
+    if (p > 0 && p + 10000 <= 65535 && CanBind(p + 10000)) return p;
+    if (p > 0 && p > 55535) {
+      // Ephemeral ports are high: try below them.
+      const int q = 20000 + (p * 7919 + attempt * 104729) % 30000;
+      if (CanBind(q) && CanBind(q + 10000)) return q;
+    }
+  }
+  return -1;
+}
+
 inline bool CanConnect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return false;
@@ -70,12 +97,29 @@ inline bool CanConnect(int port) {
   return ok;
 }
 
+// Polls `ok` every 20 ms for at most `ms`.
+template <typename Pred>
+bool WaitUntil(int ms, Pred ok) {
+  for (int waited = 0; waited <= ms; waited += 20) {
+    if (ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 class RedisTestServer {
  public:
+  enum class Kind { kServer, kSentinel };
   // `extra_config` is appended to the generated redis.conf (e.g.
-  // "appendonly yes\n", "requirepass x\n").
-  explicit RedisTestServer(std::string extra_config = "") : extra_(std::move(extra_config)) {
+  // "appendonly yes\n", "requirepass x\n"). A kSentinel runs Redis
+  // Sentinel (redis-server in sentinel mode, Debian's redis-sentinel) with
+  // `extra_config` holding its "sentinel ..." lines.
+  explicit RedisTestServer(std::string extra_config = "", Kind kind = Kind::kServer)
+      : extra_(std::move(extra_config)), kind_(kind) {
     binary_ = FindRedisServer();
+    // Debian's redis-sentinel package ships the sentinel under its own name.
+    if (kind_ == Kind::kSentinel && ::access("/usr/bin/redis-sentinel", X_OK) == 0)
+      binary_ = "/usr/bin/redis-sentinel";
     char tmpl[] = "/tmp/dyad-redis-test.XXXXXX";
     if (::mkdtemp(tmpl) != nullptr) dir_ = tmpl;
   }
@@ -98,6 +142,9 @@ class RedisTestServer {
     return "redis://" + userinfo + "127.0.0.1:" + std::to_string(port_);
   }
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  // Picks the port before the first Start (e.g. one with a free cluster bus).
+  void UsePort(int port) { port_ = port; }
 
   // Starts (or restarts, on the same port and directory) the server and
   // waits until it accepts connections, at most 5 s. Returns an error text,
@@ -109,18 +156,24 @@ class RedisTestServer {
     if (port_ <= 0) port_ = FreePort();
     if (port_ <= 0) return "no free port";
     const std::string conf = dir_ + "/redis.conf";
-    {
+    // A sentinel rewrites its configuration as it learns: write it once.
+    if (kind_ == Kind::kServer || ::access(conf.c_str(), F_OK) != 0) {
       std::ofstream out(conf, std::ios::trunc);
-      out << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_
-          << "\ndaemonize no\nsave \"\"\nappendonly no\nlogfile " << dir_
-          << "/redis.log\nprotected-mode no\n"
-          << extra_;
+      out << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_ << "\ndaemonize no\nlogfile "
+          << dir_ << "/redis.log\nprotected-mode no\n";
+      if (kind_ == Kind::kServer) out << "save \"\"\nappendonly no\n";
+      out << extra_;
     }
     const pid_t pid = ::fork();
     if (pid < 0) return "fork failed";
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      ::execl(binary_.c_str(), binary_.c_str(), conf.c_str(), static_cast<char*>(nullptr));
+      if (kind_ == Kind::kSentinel) {
+        ::execl(binary_.c_str(), binary_.c_str(), conf.c_str(), "--sentinel",
+                static_cast<char*>(nullptr));
+      } else {
+        ::execl(binary_.c_str(), binary_.c_str(), conf.c_str(), static_cast<char*>(nullptr));
+      }
       ::_exit(127);
     }
     pid_ = pid;
@@ -164,6 +217,7 @@ class RedisTestServer {
 
   std::string binary_;
   std::string extra_;
+  Kind kind_;
   std::string dir_;
   int port_ = -1;
   pid_t pid_ = -1;

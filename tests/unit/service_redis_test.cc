@@ -2,7 +2,9 @@
 // metadata store (--kvs redis://127.0.0.1:PORT): what one publishes the
 // other consumes, including a consumer that waits before the producer
 // publishes, and the membership records land in Redis under the
-// "dyad.services" namespace. Skips when redis-server is not installed.
+// "dyad.services" namespace. The same exchange through a real three-master
+// Redis Cluster (--kvs redis+cluster://...). Skips when redis-server is not
+// installed.
 #include <gtest/gtest.h>
 
 #ifdef DYAD_HAVE_REDIS
@@ -24,6 +26,7 @@
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/service.h"
+#include "unit/redis_test_cluster.h"
 #include "unit/redis_test_server.h"
 #include "unit/service_pair.h"
 
@@ -106,6 +109,42 @@ TEST_F(ServicesOnRedis, TimeoutIsAClearError) {
   Result<ConsumeReply> r = Consume("never.txt", 300);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << r.status().ToString();
+}
+
+// Both services on one cluster: the records of one namespace spread over
+// the masters, and a consumer parked before the publication is woken
+// through the key's shard.
+TEST(ServicesOnRedisCluster, ExchangeFilesThroughTheCluster) {
+  testing_redis::RedisTestCluster cluster;
+  if (!cluster.available()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
+  ASSERT_EQ(cluster.Start(), "");
+  testing_services::ServicePair pair;
+  Status st = pair.Start(cluster.url(), cluster.url());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  Result<ConsumeReply> late = Status(DYAD_RC_SYSFAIL, "not run");
+  std::thread consumer([&] { late = pair.Consume("waited/late.bin", 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 12; ++i) {
+    const std::string upath = "frames/f" + std::to_string(i) + ".bin";
+    ASSERT_TRUE(pair.Publish(upath, std::string(1000 + i, static_cast<char>('a' + i))).ok());
+  }
+  ASSERT_TRUE(pair.Publish("waited/late.bin", "worth the wait").ok());
+  consumer.join();
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(ReadAll(pair.dir_b + "/waited/late.bin"), "worth the wait");
+  for (int i = 0; i < 12; ++i) {
+    const std::string upath = "frames/f" + std::to_string(i) + ".bin";
+    Result<ConsumeReply> r = pair.Consume(upath);
+    ASSERT_TRUE(r.ok()) << upath << ": " << r.status().ToString();
+    EXPECT_EQ(ReadAll(pair.dir_b + "/" + upath), std::string(1000 + i, static_cast<char>('a' + i)));
+  }
+  // The records landed on more than one master.
+  int masters_with_keys = 0;
+  for (size_t n = 0; n < cluster.size(); ++n)
+    masters_with_keys += testing_redis::RedisCommand(cluster.port(n), {"DBSIZE"}) != "0";
+  EXPECT_GE(masters_with_keys, 2);
+  pair.Stop();
 }
 
 }  // namespace

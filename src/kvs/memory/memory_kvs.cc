@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace dyad {
 namespace {
@@ -21,22 +22,127 @@ const std::string* MemoryKvs::FindLocked(const std::string& ns, const std::strin
 }
 
 Status MemoryKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
-  std::lock_guard<std::mutex> lk(mu_);
-  Entries& entries = data_[ns];
-  auto [it, inserted] = entries.try_emplace(key, value);
-  if (inserted) {
-    ++entries_;
-  } else {
-    it->second = value;
+  Completions woken;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Entries& entries = data_[ns];
+    auto [it, inserted] = entries.try_emplace(key, value);
+    if (inserted) {
+      ++entries_;
+    } else {
+      it->second = value;
+    }
+    // Notifying under the mutex is deliberate: a waiter cannot miss the
+    // notification because it re-checks the key under the same mutex before
+    // every sleep.
+    if (!slots_.empty()) {  // spares building a SlotKey when nobody waits
+      const auto slot = slots_.find(SlotKey(ns, key));
+      if (slot != slots_.end()) {
+        slot->second.cv.notify_all();
+        const std::set<KvsWaitTicket> parked = slot->second.async;
+        for (KvsWaitTicket t : parked) EndAsyncLocked(t, value, &woken);
+      }
+    }
   }
-  // Notifying under the mutex is deliberate: a waiter cannot miss the
-  // notification because it re-checks the key under the same mutex before
-  // every sleep.
-  if (!slots_.empty()) {  // spares building a SlotKey when nobody waits
-    const auto slot = slots_.find(SlotKey(ns, key));
-    if (slot != slots_.end()) slot->second.cv.notify_all();
-  }
+  Run(&woken);
   return Status::OK();
+}
+
+void MemoryKvs::Run(Completions* c) {
+  for (auto& [done, result] : *c) done(std::move(result));
+  c->clear();
+}
+
+void MemoryKvs::EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completions* out) {
+  auto it = async_.find(t);
+  if (it == async_.end()) return;
+  if (it->second.has_deadline) async_deadlines_.erase(it->second.deadline);
+  auto slot = slots_.find(it->second.slot);
+  if (slot != slots_.end()) {
+    slot->second.async.erase(t);
+    if (slot->second.waiters == 0 && slot->second.async.empty()) slots_.erase(slot);
+  }
+  out->emplace_back(std::move(it->second.done), std::move(r));
+  async_.erase(it);
+}
+
+Result<KvsWaitTicket> MemoryKvs::StartWait(const std::string& ns, const std::string& key,
+                                           Deadline deadline, KvsWaitCallback done) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (shutdown_) {
+    return Status(DYAD_RC_CANCELLED,
+                  "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
+  }
+  if (!timer_.joinable()) timer_ = std::thread(&MemoryKvs::TimerLoop, this);
+  const KvsWaitTicket t = next_ticket_++;
+  if (const std::string* v = FindLocked(ns, key)) {
+    ready_.emplace_back(std::move(done), *v);  // never from inside StartWait
+    timer_cv_.notify_one();
+    return t;
+  }
+  AsyncWaiter& w = async_[t];
+  w.slot = SlotKey(ns, key);
+  w.done = std::move(done);
+  if (!deadline.never()) {
+    w.deadline = async_deadlines_.emplace(deadline.time_point(), t);
+    w.has_deadline = true;
+    timer_cv_.notify_one();  // maybe the earliest deadline now
+  }
+  slots_[w.slot].async.insert(t);
+  return t;
+}
+
+void MemoryKvs::CancelWait(KvsWaitTicket ticket) {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    EndAsyncLocked(ticket, Status(DYAD_RC_CANCELLED, "wait cancelled"), &done);
+  }
+  Run(&done);
+}
+
+void MemoryKvs::TimerLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_timer_) {
+    Completions due;
+    due.swap(ready_);
+    const auto now = SteadyClock::now();
+    while (!async_deadlines_.empty() && async_deadlines_.begin()->first <= now) {
+      const KvsWaitTicket t = async_deadlines_.begin()->second;
+      const SlotKey slot = async_[t].slot;
+      EndAsyncLocked(t,
+                     Status(DYAD_RC_TIMEOUT, Describe(slot.first, slot.second) +
+                                                 " not published before the deadline"),
+                     &due);
+    }
+    if (!due.empty()) {
+      lk.unlock();
+      Run(&due);
+      lk.lock();
+      continue;
+    }
+    if (async_deadlines_.empty()) {
+      timer_cv_.wait(lk);
+    } else {
+      timer_cv_.wait_until(lk, async_deadlines_.begin()->first);
+    }
+  }
+}
+
+MemoryKvs::~MemoryKvs() {
+  Shutdown();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_timer_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  Completions left;  // ready but not yet run when the timer stopped
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    left.swap(ready_);
+  }
+  Run(&left);
 }
 
 Result<std::optional<std::string>> MemoryKvs::Get(const std::string& ns, const std::string& key) {
@@ -59,7 +165,7 @@ Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& ke
     std::map<SlotKey, WaitSlot>& slots;
     std::map<SlotKey, WaitSlot>::iterator it;
     ~SlotGuard() {
-      if (--it->second.waiters == 0) slots.erase(it);
+      if (--it->second.waiters == 0 && it->second.async.empty()) slots.erase(it);
     }
   } guard{slots_, slot};
 
@@ -82,7 +188,15 @@ Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& ke
       if (stop) return Status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
       continue;  // the key may have appeared while unlocked: check before sleeping
     }
-    const auto slice_end = SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs);
+    if (!cancel && deadline.never()) {
+      // Only Put and Shutdown can end this wait, and both notify.
+      slot->second.cv.wait(lk);
+      continue;
+    }
+    // Without `cancel` to poll, sleep until the deadline (Put and Shutdown
+    // notify): thousands of parked waits must not wake 4 times a second.
+    const auto slice_end = cancel ? SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs)
+                                  : deadline.time_point();
     slot->second.cv.wait_until(lk, std::min(slice_end, deadline.time_point()));
     poll_cancel = static_cast<bool>(cancel);
   }
@@ -114,9 +228,22 @@ Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::
 }
 
 void MemoryKvs::Shutdown() {
-  std::lock_guard<std::mutex> lk(mu_);
-  shutdown_ = true;
-  for (auto& [k, slot] : slots_) slot.cv.notify_all();
+  Completions cancelled;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    shutdown_ = true;
+    for (auto& [k, slot] : slots_) slot.cv.notify_all();
+    std::vector<KvsWaitTicket> parked;
+    for (const auto& [t, w] : async_) parked.push_back(t);
+    for (KvsWaitTicket t : parked) {
+      const SlotKey slot = async_[t].slot;
+      EndAsyncLocked(t,
+                     Status(DYAD_RC_CANCELLED, "wait for " + Describe(slot.first, slot.second) +
+                                                   " cancelled: the store is shutting down"),
+                     &cancelled);
+    }
+  }
+  Run(&cancelled);
 }
 
 bool MemoryKvs::shut_down() const {

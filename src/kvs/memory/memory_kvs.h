@@ -11,13 +11,20 @@
 // checked and the waiter registered under that same mutex, so a Put cannot
 // slip between the check and the sleep. `cancel` callbacks are always called
 // without the mutex held (they may block briefly or call back into us).
+// StartWait parks a callback in the same slot; Put runs the callbacks of
+// its key on its own thread after releasing the mutex, and one timer thread
+// (started by the first StartWait) runs those of keys that already existed
+// and of deadlines that passed. This is what lets a host serve thousands of
+// waits (e.g. the embedded root's) without a thread each.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -32,7 +39,8 @@ class MemoryKvs final : public Kvs {
   static constexpr int64_t kCancelPollMs = 250;
 
   MemoryKvs() = default;
-  ~MemoryKvs() override = default;
+  // Ends pending StartWaits with DYAD_RC_CANCELLED and joins the timer.
+  ~MemoryKvs() override;
   MemoryKvs(const MemoryKvs&) = delete;
   MemoryKvs& operator=(const MemoryKvs&) = delete;
 
@@ -45,6 +53,11 @@ class MemoryKvs final : public Kvs {
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
+  // `done` runs on the timer thread, or on the thread of the Put, CancelWait
+  // or Shutdown that ends the wait.
+  Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
+                                  KvsWaitCallback done) override;
+  void CancelWait(KvsWaitTicket ticket) override;
 
   // Wakes every current waiter with DYAD_RC_CANCELLED and makes later waits
   // on absent keys fail the same way at once (a key that exists is still
@@ -61,10 +74,22 @@ class MemoryKvs final : public Kvs {
   using SlotKey = std::pair<std::string, std::string>;  // namespace, key
   struct WaitSlot {
     std::condition_variable cv;
-    int waiters = 0;
+    int waiters = 0;                // blocked in Wait
+    std::set<KvsWaitTicket> async;  // parked by StartWait
   };
+  struct AsyncWaiter {
+    SlotKey slot;
+    KvsWaitCallback done;
+    std::multimap<SteadyClock::time_point, KvsWaitTicket>::iterator deadline;
+    bool has_deadline = false;
+  };
+  using Completions = std::vector<std::pair<KvsWaitCallback, Result<std::string>>>;
 
   const std::string* FindLocked(const std::string& ns, const std::string& key) const;
+  // Removes a parked StartWait; its callback and `r` go to `out`.
+  void EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completions* out);
+  void TimerLoop();
+  static void Run(Completions* c);
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entries> data_;  // guarded by mu_
@@ -73,6 +98,14 @@ class MemoryKvs final : public Kvs {
   std::map<SlotKey, WaitSlot> slots_;
   uint64_t entries_ = 0;   // guarded by mu_
   bool shutdown_ = false;  // guarded by mu_
+
+  KvsWaitTicket next_ticket_ = 1;                                          // guarded by mu_
+  std::map<KvsWaitTicket, AsyncWaiter> async_;                             // guarded by mu_
+  std::multimap<SteadyClock::time_point, KvsWaitTicket> async_deadlines_;  // guarded by mu_
+  Completions ready_;        // for the timer thread to run; guarded by mu_
+  bool stop_timer_ = false;  // guarded by mu_
+  std::condition_variable timer_cv_;
+  std::thread timer_;  // started under mu_
 };
 
 }  // namespace dyad

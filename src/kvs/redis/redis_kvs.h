@@ -1,89 +1,61 @@
-// redis_kvs.h: the metadata store kept in a Redis server (the "redis"
-// backend, URL "redis://[[USER]:PASSWORD@]HOST:PORT[/DB][?OPTIONS]").
+// redis_kvs.h: the metadata store kept in Redis (the "redis" backend): one
+// server (redis://), a Redis Cluster (redis+cluster://) or a primary
+// managed by Redis Sentinel (redis+sentinel://); URLs in redis_url.h,
+// operations guide in docs/redis.md.
 //
-// Layout: the value of (ns, key) is the Redis string "dyad:{NS}:KEY", where
-// NS is the namespace with '%', '{' and '}' percent-encoded. The encoding
-// makes the first "}" end the namespace, so two different (ns, key) pairs
-// never share a Redis key, and "{NS}" is a Redis Cluster hash tag: all keys
-// of one namespace live in one slot. Values are stored byte for byte.
+// Layout. One server and sentinel: the value of (ns, key) is the string
+// "PREFIX:{NS}:KEY", NS with '%', '{', '}' percent-encoded, so the first
+// "}" ends it (unambiguous), and "{NS}" keeps a namespace in one slot
+// should the data later move to a cluster by hand. Cluster:
+// "PREFIX:NS:KEY" with '%', ':', '{', '}' in NS encoded: no hash tag before
+// KEY, so every file key hashes on its own and the keys of one namespace
+// spread over all slots and masters. Values are stored byte for byte.
 //
-// Put runs one Lua script that SETs the key and PUBLISHes the value on the
-// channel named like the key, atomically: a reader that sees the value and a
-// subscriber that gets the message see the same write.
+// Put runs one Lua script on the key's node that SETs the key and
+// publishes the value on the channel named like the key (PUBLISH; SPUBLISH
+// in a cluster, sharded pub/sub), atomically: a subscriber that gets the
+// message never sees a value a reader could not. With sentinel, the script
+// is followed on the same connection by WAIT (wait_replicas, default 1), so
+// a publication counts as done only once a replica has it and a failover
+// cannot lose it. In a cluster, a Put redirected by ASK (its slot is being
+// migrated) also publishes on the slot's old owner, where subscribers stay
+// until the migration ends.
 //
-// Waits do not poll Redis. Each RedisKvs has one subscriber connection,
-// driven by one thread (started by the first wait that has to block), which
-// multiplexes every waiting call: a map channel -> waiters. A Wait GETs the
-// key; if absent it registers on the key's channel, and every time the
-// subscriber thread reports the channel (re)subscribed -- confirmed by Redis
-// -- the waiter GETs again. A Put before the subscription is seen by that
-// GET, a Put after it arrives as a message: no lost wake-up. Waiters sleep
-// on their own condition variable in slices of at most kCancelPollMs to
-// check the deadline and `cancel`. When the subscriber link breaks (Redis
-// restart), the thread reconnects with back-off (kBackoffFirstMs doubling to
-// kBackoffMaxMs) and re-subscribes every channel that still has waiters; the
-// new confirmations make the waiters check again, so waits survive a restart
-// until their deadline. One connection serves any number of waiters.
+// Get, Remove: one command on the key's node. List: SCAN with a literal
+// MATCH pattern on every master (a cluster has no cross-node index; List
+// serves `dyad list` and tools, never the publish/consume path), then the
+// values (MGET on one node, pipelined GETs per cluster node), sorted.
 //
-// Commands other than waits use a pool of blocking hiredis connections (at
-// most kMaxIdle kept idle), created lazily so a service may start before
-// Redis does. Every command is idempotent: one that fails on a reused (maybe
-// stale) connection is retried at once on a fresh one, and while Redis is
-// unreachable or loading, retried with back-off for connect_timeout_ms.
+// Waits: Wait reads the key once and, when absent, parks on the shared
+// subscriber (redis_subscriber.h), polling `cancel` every kCancelPollMs.
+// StartWait parks without a thread. Commands run through RedisExecutor
+// (redis_exec.h): per-node pools, MOVED/ASK, retries across restarts and
+// failovers.
 //
 // hiredis 0.14 (Debian 12) has no TLS: "rediss://" and "?tls=1" give
-// DYAD_RC_NOTSUP. Redis Cluster redirections (MOVED/ASK) are not followed.
+// DYAD_RC_NOTSUP.
 //
-// Threading: all methods are thread-safe; each concurrent command uses its
-// own pooled connection. `cancel` callbacks are called from the waiting
-// thread without any lock held. The subscriber thread never calls back into
-// user code; it is joined by the destructor.
+// Threading: all methods are thread-safe. `cancel` callbacks are called
+// from the waiting thread without any lock held.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kvs/kvs.h"
-
-struct redisContext;
+#include "kvs/redis/redis_exec.h"
+#include "kvs/redis/redis_subscriber.h"
+#include "kvs/redis/redis_topology.h"
+#include "kvs/redis/redis_url.h"
 
 namespace dyad {
 
-// What a redis:// URL says. Parsed by ParseRedisUrl; exposed for tests.
-struct RedisConfig {
-  std::string host = "127.0.0.1";
-  int port = 6379;
-  std::string user;           // ACL user; empty: the default user
-  std::string password;       // empty: no AUTH
-  std::string password_file;  // ?password_file=PATH: first line is the password
-  int db = 0;                 // SELECTed on every connection when not 0
-  int64_t connect_timeout_ms = 2000;
-  int64_t command_timeout_ms = 60000;
-  bool command_timeout_set = false;  // timeout_ms given in the URL
-  std::string prefix = "dyad";       // first component of every key
-};
-
-// Parses "redis://[[USER]:PASSWORD@]HOST:PORT[/DB][?OPTIONS]". OPTIONS are
-// "&"-separated: connect_timeout_ms=N, timeout_ms=N, password_file=PATH,
-// prefix=NAME; tls=1 and
-// the "rediss://" scheme give DYAD_RC_NOTSUP (no TLS in hiredis 0.14). USER
-// and PASSWORD may be percent-encoded.
-Result<RedisConfig> ParseRedisUrl(const std::string& url);
-
 class RedisKvs final : public Kvs {
  public:
-  static constexpr size_t kMaxIdle = 8;
   static constexpr int64_t kCancelPollMs = 250;
-  static constexpr int64_t kBackoffFirstMs = 50;
-  static constexpr int64_t kBackoffMaxMs = 1000;
   // Keys asked for per SCAN step, and values per MGET, in List.
   static constexpr int kScanCount = 1000;
   static constexpr size_t kMgetBatch = 256;
@@ -105,73 +77,42 @@ class RedisKvs final : public Kvs {
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
+  Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
+                                  KvsWaitCallback done) override;
+  void CancelWait(KvsWaitTicket ticket) override;
 
-  // Makes waits in progress (within kCancelPollMs) and later waits on absent
-  // keys return DYAD_RC_CANCELLED, and closes idle connections. Other calls
-  // keep working. Irreversible.
+  // Makes waits in progress and later waits on absent keys return
+  // DYAD_RC_CANCELLED, and closes idle connections. Other calls keep
+  // working. Irreversible.
   void Shutdown() override;
 
-  // The Redis key holding (ns, key): "PREFIX:{NS}:KEY" (see the header).
+  // The Redis key holding (ns, key) (see the header comment).
   std::string RedisKey(const std::string& ns, const std::string& key) const;
   const RedisConfig& config() const { return config_; }
   // Connections opened so far (commands and the subscriber), for tests.
-  uint64_t connections_opened() const { return connections_opened_.load(); }
+  uint64_t connections_opened() const { return exec_.connections_opened(); }
+  // Pub/sub links connected now, for tests.
+  size_t subscriber_links() const { return subscriber_.links_up(); }
 
  private:
-  struct ContextDeleter {
-    void operator()(redisContext* c) const;
-  };
-  using Context = std::unique_ptr<redisContext, ContextDeleter>;
-  class Reply;
-
   explicit RedisKvs(RedisConfig config);
 
-  // A connected, authenticated context with the db selected.
-  Result<Context> Dial(int64_t timeout_ms);
-  Result<Context> Borrow(bool* reused);
-  void Release(Context c);
-
-  // Runs one command with the retry policy; `*out` gets the reply.
-  Status Command(const std::vector<std::string>& argv, Reply* out);
-  // One GET, used by Get and Wait.
+  int SlotOf(const std::string& rkey) const;
   Result<std::optional<std::string>> GetRaw(const std::string& rkey);
-  // --- the shared subscriber (see the header comment) ---
-  struct Waiter {
-    std::condition_variable cv;
-    std::shared_ptr<const std::string> value;  // set by a message
-    uint64_t confirmed = 0;                    // channel generation seen last
-  };
-  enum class ChannelState { kNew, kSubscribing, kActive, kUnsubscribing };
-  struct ChannelEntry {
-    std::set<Waiter*> waiters;
-    ChannelState state = ChannelState::kNew;
-    // Bumped at each confirmed (re)subscription: waiters GET again.
-    uint64_t generation = 0;
-  };
-
-  void StartSubscriberLocked();  // needs smu_
-  void WakeSubscriber();
-  void SubscriberLoop();
-  // Sends SUBSCRIBE/UNSUBSCRIBE for channels whose waiters changed; false
-  // when the link broke. Needs smu_.
-  bool SyncChannelsLocked(redisContext* c);
-  // Handles one pushed reply. Needs smu_.
-  void HandlePushLocked(redisContext* c, const void* reply);
-  bool Stopping(const CancelFn& cancel, Status* why) const;
+  Status CheckReplicated(const std::vector<RedisReply>& replies) const;
+  // List's two halves.
+  Result<std::vector<std::string>> ScanKeys(const std::string& pattern, const std::string& base,
+                                            const std::string& prefix);
+  Status FetchValues(const std::vector<std::string>& keys, size_t base_len,
+                     std::vector<KvsEntry>* out);
+  Status FetchValuesCluster(const std::vector<std::string>& keys, size_t base_len,
+                            std::vector<KvsEntry>* out);
 
   const RedisConfig config_;
+  RedisTopology topology_;
+  RedisExecutor exec_;
+  RedisSubscriber subscriber_;
   std::atomic<bool> shutdown_{false};
-  std::atomic<uint64_t> connections_opened_{0};
-  std::mutex mu_;
-  std::vector<Context> idle_;  // guarded by mu_
-
-  std::mutex smu_;                                // the subscriber state below
-  std::map<std::string, ChannelEntry> channels_;  // guarded by smu_
-  Status link_error_;                             // guarded by smu_: why it is down
-  bool link_up_ = false;                          // guarded by smu_
-  std::atomic<bool> stop_subscriber_{false};
-  std::thread subscriber_;  // started under smu_
-  int wake_fd_ = -1;        // eventfd: channels changed
 };
 
 }  // namespace dyad

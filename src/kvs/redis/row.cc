@@ -7,12 +7,15 @@ const BackendRow& BackendRow_redis() {
   static const BackendRow row = {
       BackendKind::kStore,
       "redis",
-      {"redis://", "rediss://", "redis"},
+      {"redis://", "redis+cluster://", "redis+sentinel://", "rediss://", "redis"},
       {},
-      "A Redis server shared by every service: redis://[[USER]:PASSWORD@]HOST:PORT[/DB] "
-      "(docs/redis.md).",
+      "Redis shared by every service: one server (redis://[[USER]:PASSWORD@]HOST:PORT[/DB]), "
+      "a Redis Cluster (redis+cluster://HOST:PORT[,HOST:PORT...]) or a primary kept available "
+      "by Redis Sentinel (redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]); "
+      "docs/redis.md.",
       TransportCaps{},
-      KvsCapsWith({&KvsCaps::persistent, &KvsCaps::shared, &KvsCaps::native_wait}),
+      KvsCapsWith(
+          {&KvsCaps::persistent, &KvsCaps::shared, &KvsCaps::native_wait, &KvsCaps::async_wait}),
       {
           {"DYAD_REDIS_PASSWORD", ConfigKind::kString, "", "service",
            "Password for a redis:// store whose URL names none (keeps it out of command lines "
