@@ -32,21 +32,6 @@ const Factory kFactories[] = {
 
 }  // namespace
 
-KvsCaps Kvs::caps() const {
-  const BackendRow* row = FindRow(BackendKind::kStore, name());
-  return row != nullptr ? row->store_caps : KvsCaps{};
-}
-
-Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& key,
-                                     Deadline deadline, KvsWaitCallback done) {
-  (void)ns;
-  (void)key;
-  (void)deadline;
-  (void)done;
-  return Status(DYAD_RC_NOTSUP, "metadata store '" + name() +
-                                    "' has no asynchronous wait (KvsCaps::async_wait); use Wait");
-}
-
 std::vector<std::string> KvsBackendNames() { return BuiltNames(BackendKind::kStore); }
 
 Result<std::unique_ptr<Kvs>> OpenKvs(const std::string& url, const KvsOptions& options) {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "kvs/redis/redis_kvs.h"
+#include "kvs/redis/redis_url.h"
 
 using namespace dyad;
 using dyad::fuzz::Check;
@@ -13,9 +13,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string url(reinterpret_cast<const char*>(data), size);
   Result<RedisConfig> cfg = ParseRedisUrl(url);
   if (!cfg.ok()) return 0;
-  Check(cfg->port > 0 && cfg->port <= 65535);
+  Check(!cfg->nodes.empty());
+  for (const RedisAddress& node : cfg->nodes) {
+    Check(node.port > 0 && node.port <= 65535);
+    Check(!node.host.empty());
+  }
   Check(cfg->db >= 0);
   Check(cfg->connect_timeout_ms >= 0 && cfg->command_timeout_ms >= 0);
-  Check(!cfg->host.empty());
   return 0;
 }

@@ -1,0 +1,23 @@
+// kvs.cc: what every store shares (the Kvs base class).
+#include "kvs/kvs.h"
+
+#include "common/backend.h"
+
+namespace dyad {
+
+KvsCaps Kvs::caps() const {
+  const BackendRow* row = FindRow(BackendKind::kStore, name());
+  return row != nullptr ? row->store_caps : KvsCaps{};
+}
+
+Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& key,
+                                     Deadline deadline, KvsWaitCallback done) {
+  (void)ns;
+  (void)key;
+  (void)deadline;
+  (void)done;
+  return Status(DYAD_RC_NOTSUP, "metadata store '" + name() +
+                                    "' has no asynchronous wait (KvsCaps::async_wait); use Wait");
+}
+
+}  // namespace dyad
