@@ -107,8 +107,9 @@ def main():
         require(body, sub_opts | sub_pos, f"dyad(1), section 'dyad {sub}'")
 
     for entry in json.loads(run(dyad, "info", "--json"))["config"]:
+        # "tests": harness settings (emulator, test servers), not the commands'.
         pages = {"service": [service_page], "client": [dyad_page],
-                 "both": [service_page, dyad_page]}[entry["used_by"]]
+                 "both": [service_page, dyad_page], "tests": []}[entry["used_by"]]
         for text in pages:
             if not mentions(text, entry["name"]):
                 page = "dyad-service(8)" if text is service_page else "dyad(1)"

@@ -63,7 +63,7 @@ fi
 secret="$WORK/secret"
 (umask 077; head -c 32 /dev/urandom | base64 >"$secret")
 write_env() {  # name rank kvs
-  mkdir -p "$WORK/$1"
+  mkdir -p -m 700 "$WORK/$1"  # it holds the socket: 0700, as the service requires
   cat >"$WORK/$1.env" <<EOF
 # as /etc/dyad/$user.env on the $1's node
 DYAD_SERVICE_RANK=$2
