@@ -65,6 +65,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
        "through to the file system. Either way one message goes to stderr."},
+      {"DYAD_TRACE", ConfigKind::kString, "", "both",
+       "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
+       "serve spans to this file; processes may share it, and %p in the name gives one file per "
+       "process (docs/operations.md)."},
       {"DYAD_EMU_NO_NETNS", ConfigKind::kBool, "false", "tests",
        "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
        "network namespaces (automatic when namespaces cannot be created)."},
