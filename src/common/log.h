@@ -20,6 +20,9 @@ void LogSetPrefix(const std::string& prefix);
 // the file cannot be opened.
 bool LogSetInfoFile(const std::string& path);
 bool LogSetErrorFile(const std::string& path);
+// Opens the log files again by name (SIGHUP after logrotate moved them).
+// Files that cannot be reopened keep their old target; returns false then.
+bool LogReopen();
 
 void LogMessage(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
