@@ -78,8 +78,9 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_SERVICE_LISTEN", ConfigKind::kString, "0.0.0.0:7590", "service",
        "TCP address the service listens on for other services."},
       {"DYAD_SERVICE_ADVERTISE", ConfigKind::kString, "", "service",
-       "Address other services use to reach this one (default: listen address, with this "
-       "host's name when it listens on 0.0.0.0)."},
+       "Address other services use to reach this one (default: the listen address; on 0.0.0.0 "
+       "the host name, or the address of the interface that routes to the metadata store when "
+       "the name resolves to loopback; docs/operations.md)."},
       {"DYAD_KVS", ConfigKind::kString, "embedded", "service",
        "Metadata store URL: 'embedded' on the rank that hosts the store (rank 0), "
        "'embedded://ROOT_HOST:PORT' on the others; the other stores and their URL forms are in "

@@ -340,24 +340,25 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
     std::cout << arr.dump(2) << "\n";
     return kExitOk;
   }
-  size_t wpath = 4;
-  size_t wsize = 4;
+  // Files whose owner cannot serve them are marked: consuming them waits
+  // for the owner's return or fails.
+  std::vector<std::string> owner_text;
+  size_t wpath = 4, wowner = 5, wsize = 4;
   for (const auto& [key, rec] : *entries) {
+    const std::string state = owner_state(rec.owner_rank);
+    owner_text.push_back(std::to_string(rec.owner_rank) +
+                         (state == "alive" ? std::string() : " (" + state + ")"));
     wpath = std::max(wpath, rec.upath.size());
+    wowner = std::max(wowner, owner_text.back().size());
     wsize = std::max(wsize, std::to_string(rec.size).size());
   }
-  char line[64];
-  std::printf("%-*s  %-20s  %*s  %s\n", static_cast<int>(wpath), "PATH", "OWNER",
-              static_cast<int>(wsize), "SIZE", "VERSION");
-  for (const auto& [key, rec] : *entries) {
-    // Files whose owner cannot serve them are marked: consuming them waits
-    // for the owner's return or fails.
-    const std::string state = owner_state(rec.owner_rank);
-    std::snprintf(line, sizeof line, "%u%s", rec.owner_rank,
-                  state == "alive" ? "" : (" (" + state + ")").c_str());
-    std::printf("%-*s  %-20s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(), line,
-                static_cast<int>(wsize), static_cast<unsigned long long>(rec.size),
-                FormatTimeNs(rec.version).c_str());
+  std::printf("%-*s  %-*s  %*s  %s\n", static_cast<int>(wpath), "PATH", static_cast<int>(wowner),
+              "OWNER", static_cast<int>(wsize), "SIZE", "VERSION");
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const FileRecord& rec = (*entries)[i].second;
+    std::printf("%-*s  %-*s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(),
+                static_cast<int>(wowner), owner_text[i].c_str(), static_cast<int>(wsize),
+                static_cast<unsigned long long>(rec.size), FormatTimeNs(rec.version).c_str());
   }
   return kExitOk;
 }

@@ -240,7 +240,7 @@ int CmdPeers(double timeout_s, bool json) {
     std::cout << arr.dump(2) << "\n";
     return kExitOk;
   }
-  std::printf("%-5s %-7s %-22s %-16s %-8s %-16s %-19s %-12s %s\n", "RANK", "STATE", "ADDRESS",
+  std::printf("%-5s %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", "RANK", "STATE", "ADDRESS",
               "HOST", "PID", "INCARNATION", "STARTED", "LAST CONTACT", "RTT / DETAIL");
   for (const PeerInfo& p : r->peers) {
     std::string tail = p.detail;
@@ -249,7 +249,7 @@ int CmdPeers(double timeout_s, bool json) {
       std::snprintf(rtt, sizeof rtt, "%.2f ms", static_cast<double>(p.rtt_ns) / 1e6);
       tail = rtt;
     }
-    std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-12s %s\n", p.record.rank,
+    std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", p.record.rank,
                 PeerStateName(p.state), p.record.address.c_str(), p.record.hostname.c_str(),
                 p.record.pid ? std::to_string(p.record.pid).c_str() : "-",
                 Hex(p.record.incarnation).c_str(), Clock(p.record.started_ns).c_str(),
