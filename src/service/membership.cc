@@ -208,12 +208,10 @@ Status Service::CheckOwnAddress() {
 
 void Service::MembershipLoop() {
   constexpr int64_t kCheckEveryMs = 3000;
-  std::unique_lock<std::mutex> lk(async_mu_);
   uint64_t reported = 0;  // incarnation of a usurper already reported
-  while (!stopping_) {
-    async_cv_.wait_for(lk, std::chrono::milliseconds(kCheckEveryMs));
-    if (stopping_) break;
-    lk.unlock();
+  // Sleeps on the stop condition, not on the publication queue's: a
+  // notify_one meant for the queue's worker must never wake this thread.
+  while (PauseUnlessStopping(kCheckEveryMs)) {
     Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
     ServiceRecord other;
     if (v.ok() && !v->has_value()) {
@@ -228,7 +226,6 @@ void Service::MembershipLoop() {
                      "started with this rank and peers now reach the other one; stop one of them",
                      opt_.rank, DescribeHolder(other).c_str());
     }
-    lk.lock();
   }
 }
 

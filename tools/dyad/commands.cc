@@ -314,10 +314,13 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
             [](const auto& a, const auto& b) { return a.second.upath < b.second.upath; });
   std::set<uint32_t> owner_set;
   for (const auto& [key, rec] : *entries) owner_set.insert(rec.owner_rank);
-  const std::map<uint32_t, PeerState> owners =
-      OwnerStates(**client, std::vector<uint32_t>(owner_set.begin(), owner_set.end()));
-  // "down", "stale" (its address answers as another service), "unregistered".
+  std::map<uint32_t, PeerState> owners;
+  const bool known =
+      OwnerStates(**client, std::vector<uint32_t>(owner_set.begin(), owner_set.end()), &owners);
+  // "down", "stale" (its address answers as another service), "unregistered";
+  // "unknown" (unmarked) when the service cannot tell.
   auto owner_state = [&](uint32_t rank) -> std::string {
+    if (!known) return "unknown";
     auto it = owners.find(rank);
     if (it == owners.end()) return "unregistered";
     return PeerStateName(it->second);
@@ -346,8 +349,8 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
   size_t wpath = 4, wowner = 5, wsize = 4;
   for (const auto& [key, rec] : *entries) {
     const std::string state = owner_state(rec.owner_rank);
-    owner_text.push_back(std::to_string(rec.owner_rank) +
-                         (state == "alive" ? std::string() : " (" + state + ")"));
+    const bool fine = state == "alive" || state == "unknown";
+    owner_text.push_back(std::to_string(rec.owner_rank) + (fine ? "" : " (" + state + ")"));
     wpath = std::max(wpath, rec.upath.size());
     wowner = std::max(wowner, owner_text.back().size());
     wsize = std::max(wsize, std::to_string(rec.size).size());

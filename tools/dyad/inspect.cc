@@ -193,17 +193,18 @@ std::string TransfersTable(const std::vector<TransferInfo>& transfers) {
   return os.str();
 }
 
-std::map<uint32_t, PeerState> OwnerStates(Client& client, const std::vector<uint32_t>& ranks) {
-  std::map<uint32_t, PeerState> out;
-  if (ranks.empty()) return out;
+bool OwnerStates(Client& client, const std::vector<uint32_t>& ranks,
+                 std::map<uint32_t, PeerState>* states) {
+  states->clear();
+  if (ranks.empty()) return true;
   PeersRequest req;
   req.probe = true;
   req.probe_timeout_ms = 1000;
   req.ranks = ranks;
   Result<PeersReply> r = client.Peers(req);
-  if (!r.ok()) return out;
-  for (const PeerInfo& p : r->peers) out[p.record.rank] = p.state;
-  return out;
+  if (!r.ok()) return false;
+  for (const PeerInfo& p : r->peers) (*states)[p.record.rank] = p.state;
+  return true;
 }
 
 int CmdPeers(double timeout_s, bool json) {

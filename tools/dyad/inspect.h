@@ -28,8 +28,11 @@ std::string PrometheusText(const StatusReply& st);
 std::string TransfersTable(const std::vector<TransferInfo>& transfers);
 
 // Liveness of the services that own files, as the local service sees them
-// (one bounded probe each). Ranks without a registration are absent.
-std::map<uint32_t, PeerState> OwnerStates(Client& client, const std::vector<uint32_t>& ranks);
+// (one bounded probe each), into `states`; ranks without a registration are
+// absent. False when the service cannot tell (an older service without the
+// peers request, or the store unreachable).
+bool OwnerStates(Client& client, const std::vector<uint32_t>& ranks,
+                 std::map<uint32_t, PeerState>* states);
 
 // True when `dyad consume` may draw a progress bar: stdout and stderr are
 // both terminals.
