@@ -60,7 +60,6 @@ class AtomicFile {
   // Creates the temporary for `root`/`upath` (creating parent directories).
   Status Create(const std::string& root, const std::string& upath);
   int fd() const { return fd_.get(); }
-  const std::string& final_path() const { return final_path_; }
   // Sets the modification time to `version_ns` (the producer's mtime, so a
   // later check can tell whether the local copy is current), optionally
   // fsyncs, and renames over the final path.

@@ -16,10 +16,6 @@ class Deadline {
     if (ms < 0) return Never();
     return Deadline(SteadyClock::now() + std::chrono::milliseconds(ms));
   }
-  static Deadline AfterSeconds(double s) {
-    if (s <= 0) return Never();
-    return AfterMs(static_cast<int64_t>(s * 1000.0));
-  }
   bool never() const { return tp_ == SteadyClock::time_point::max(); }
   bool expired() const { return !never() && SteadyClock::now() >= tp_; }
   // Milliseconds left, clamped to [0, cap]; `cap` when there is no limit.

@@ -335,7 +335,6 @@ Result<RedisKvs::Context> RedisKvs::Dial(int64_t timeout_ms) {
   Context c(redisConnectWithTimeout(config_.host.c_str(), config_.port, ToTimeval(timeout_ms)));
   if (!c) return Status(DYAD_RC_CONNLOST, where + " unreachable: out of memory");
   if (c->err != 0) return Status(DYAD_RC_CONNLOST, where + " unreachable: " + c->errstr);
-  ++connections_opened_;
   redisSetTimeout(c.get(), ToTimeval(config_.command_timeout_ms));
   redisEnableKeepAlive(c.get());
   auto run = [&](std::vector<const char*> argv, std::vector<size_t> lens,

@@ -114,8 +114,6 @@ class RedisKvs final : public Kvs {
   // The Redis key holding (ns, key): "PREFIX:{NS}:KEY" (see the header).
   std::string RedisKey(const std::string& ns, const std::string& key) const;
   const RedisConfig& config() const { return config_; }
-  // Connections opened so far (commands and the subscriber), for tests.
-  uint64_t connections_opened() const { return connections_opened_.load(); }
 
  private:
   struct ContextDeleter {
@@ -161,7 +159,6 @@ class RedisKvs final : public Kvs {
 
   const RedisConfig config_;
   std::atomic<bool> shutdown_{false};
-  std::atomic<uint64_t> connections_opened_{0};
   std::mutex mu_;
   std::vector<Context> idle_;  // guarded by mu_
 
