@@ -65,7 +65,7 @@ struct BackendRow {
   // How users select it: DTL modes (upper case, e.g. "UCX") for transports,
   // URL forms for stores ("redis://", "memory", ...). The first is canonical.
   std::vector<const char*> selectors;
-  // Other names accepted for compatibility and mapped to this row.
+  // Modes accepted for compatibility that say what they map to (MARGO -> ofi).
   std::vector<const char*> aliases;
   const char* summary;
   TransportCaps transport_caps;
