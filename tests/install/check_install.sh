@@ -11,7 +11,7 @@ trap 'rm -rf "$WORK"' EXIT INT TERM
 
 cmake --install "$BUILD_DIR" --prefix "$WORK/prefix" >/dev/null
 P="$WORK/prefix"
-for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h \
+for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h libexec/dyad/dyad-demo \
          include/dyad/common/dyad_rc.h include/dyad/common/dyad_dtl.h include/dyad/dyad_config.hpp \
          bin/dyad bin/dyad-service lib/libdyad_client.so lib/libdyad_ctx.so \
          lib/pkgconfig/dyad.pc lib/cmake/dyad/dyadConfig.cmake; do
@@ -49,5 +49,6 @@ cmake -S "$WORK/cm" -B "$WORK/cm/build" -DCMAKE_PREFIX_PATH="$P" >/dev/null
 cmake --build "$WORK/cm/build" >/dev/null
 LD_LIBRARY_PATH="$P/lib" "$WORK/cm/build/app"
 "$P/bin/dyad" --help >/dev/null
+"$P/bin/dyad" demo --help >/dev/null  # runs <libexecdir>/dyad/dyad-demo
 "$P/bin/dyad-service" --help >/dev/null
 echo "install OK"

@@ -5,7 +5,7 @@
 // thread and one thread per connection that authenticates and feeds frames
 // to EmbeddedKvsServer, the way dyad-service does), and, when the Redis
 // backend is compiled in, against "redis" talking to a real redis-server
-// that each test starts on a free loopback port (redis_test_server.h). EmbeddedKvsTest covers
+// that each test starts on a free loopback port (tools/emu/redis_server.h). EmbeddedKvsTest covers
 // what only a remote store has: authentication, malformed input, restarts
 // of the root. Every wait in here is bounded.
 #include <gtest/gtest.h>
@@ -32,7 +32,7 @@
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
 #include "proto/protocol.h"
-#include "unit/redis_test_server.h"
+#include "emu/redis_server.h"
 
 namespace dyad {
 namespace {
@@ -174,7 +174,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
       url = root_->url();
     }
     if (GetParam() == "redis") {
-      redis_ = std::make_unique<testing_redis::RedisTestServer>();
+      redis_ = std::make_unique<emu::RedisServer>();
       if (!redis_->available()) {
         GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server); "
                         "the redis backend is compiled in but cannot be tested here";
@@ -201,7 +201,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<TestRoot> root_;
-  std::unique_ptr<testing_redis::RedisTestServer> redis_;
+  std::unique_ptr<emu::RedisServer> redis_;
   std::unique_ptr<Kvs> kvs_;
 };
 

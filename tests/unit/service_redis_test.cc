@@ -24,7 +24,7 @@
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/service.h"
-#include "unit/redis_test_server.h"
+#include "emu/redis_server.h"
 #include "unit/service_pair.h"
 
 namespace dyad {
@@ -35,7 +35,7 @@ using testing_services::ReadAll;
 class ServicesOnRedis : public ::testing::Test {
  protected:
   void SetUp() override {
-    redis_ = std::make_unique<testing_redis::RedisTestServer>();
+    redis_ = std::make_unique<emu::RedisServer>();
     if (!redis_->available()) GTEST_SKIP() << "redis-server is not installed";
     ASSERT_EQ(redis_->Start(), "");
     Status st = pair_.Start(redis_->url(), redis_->url());
@@ -58,7 +58,7 @@ class ServicesOnRedis : public ::testing::Test {
   }
 
   testing_services::ServicePair pair_;
-  std::unique_ptr<testing_redis::RedisTestServer> redis_;
+  std::unique_ptr<emu::RedisServer> redis_;
   std::string base_, dir_a_, dir_b_;
 };
 
