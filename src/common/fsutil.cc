@@ -206,6 +206,19 @@ Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data, mode_t mode) {
   return Status::OK();
 }
 
+Status PreadFully(int fd, char* out, size_t len, uint64_t offset) {
+  for (size_t got = 0; got < len;) {
+    const ssize_t r = ::pread(fd, out + got, len - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return StatusFromErrno(errno, "read source", DYAD_RC_BADFIO);
+    if (r == 0)
+      return Status(DYAD_RC_BADFIO, "source ended at byte " + std::to_string(offset + got) +
+                                        " (it shrank during the transfer)");
+    got += static_cast<size_t>(r);
+  }
+  return Status::OK();
+}
+
 size_t RemoveStaleTemporaries(const std::string& root) {
   size_t removed = 0;
   DIR* d = ::opendir(root.c_str());

@@ -89,6 +89,10 @@ class AtomicFile {
 // Returns how many were removed.
 size_t RemoveStaleTemporaries(const std::string& root);
 
+// Reads exactly `len` bytes of `fd` at `offset` (EINTR retried); a file
+// that ends sooner is DYAD_RC_BADFIO (it shrank while being sent).
+Status PreadFully(int fd, char* out, size_t len, uint64_t offset);
+
 // mtime of a stat in ns.
 uint64_t MtimeNs(const struct stat& st);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/fsutil.h"
 #include "transport/ofi/ofi_engine.h"
 #include "transport/ofi/ofi_fabric.h"
 #include "transport/ofi/ofi_pool.h"
@@ -75,7 +76,7 @@ Status OfiTransport::PushChunks(Channel& session, const FileSource& src, OfiBuff
     c.length = std::min(g.chunk, src.size - i * g.chunk);
     c.remote_addr = buf.region->registration().remote_base + slot * buf.slot_bytes;
     c.key = key;
-    DYAD_RETURN_IF_ERROR(OfiReadFully(src.fd, buf.base + slot * buf.slot_bytes,
+    DYAD_RETURN_IF_ERROR(PreadFully(src.fd, buf.base + slot * buf.slot_bytes,
                                       static_cast<size_t>(c.length), i * g.chunk));
     DYAD_RETURN_IF_ERROR(session.SendFrame(kOfiChunkFrame, c.Encode(), OfiIdle(options_.idle_ms)));
     stats->bytes += c.length;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/fsutil.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "transport/ofi/ofi_engine.h"
@@ -104,7 +105,7 @@ Result<std::string> OfiTransport::ReplyArgs(const FileSource& src) {
   if (src.size <= kOfiInlineMaxBytes) {
     args.inline_data = true;
     args.data.resize(static_cast<size_t>(src.size));
-    Status st = OfiReadFully(src.fd, args.data.data(), args.data.size(), 0);
+    Status st = PreadFully(src.fd, args.data.data(), args.data.size(), 0);
     if (!st.ok()) return st.Annotate("ofi reply for '" + src.path + "'");
     return args.Encode();
   }

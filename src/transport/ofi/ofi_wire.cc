@@ -132,18 +132,6 @@ const std::string& OfiHostId() {
   return id;
 }
 
-Status OfiReadFully(int fd, char* out, size_t len, uint64_t offset) {
-  for (size_t got = 0; got < len;) {
-    const ssize_t r = ::pread(fd, out + got, len - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return StatusFromErrno(errno, "read source", DYAD_RC_BADFIO);
-    if (r == 0)
-      return Status(DYAD_RC_BADFIO, "source ended at byte " + std::to_string(offset + got) +
-                                        " (it shrank during the transfer)");
-    got += static_cast<size_t>(r);
-  }
-  return Status::OK();
-}
 
 Status OfiFailSession(Channel& ch, const Status& st) {
   ch.MarkBroken();

@@ -90,9 +90,6 @@ inline Deadline OfiIdle(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
 }
 
-// Reads exactly `len` bytes of `fd` at `offset`; a short file is
-// DYAD_RC_BADFIO.
-Status OfiReadFully(int fd, char* out, size_t len, uint64_t offset);
 
 // See the comment above `host`. "" when unknown (never equal to another).
 const std::string& OfiHostId();

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <vector>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "transport/ucx/ucx_config.h"
 #include "transport/ucx/ucx_transfer.h"
@@ -18,20 +19,6 @@
 
 namespace dyad::ucx {
 namespace {
-
-// Reads exactly `len` bytes of `fd` at `offset`; a short file is an error.
-Status ReadFully(int fd, char* out, size_t len, uint64_t offset) {
-  for (size_t got = 0; got < len;) {
-    const ssize_t r = ::pread(fd, out + got, len - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return StatusFromErrno(errno, "read source", DYAD_RC_BADFIO);
-    if (r == 0)
-      return Status(DYAD_RC_BADFIO, "source ended at byte " + std::to_string(offset + got) +
-                                        " (it shrank during the transfer)");
-    got += static_cast<size_t>(r);
-  }
-  return Status::OK();
-}
 
 uint64_t ChunkCount(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
@@ -101,7 +88,7 @@ Status OwnerTransfer::Run(const std::string& request_args) {
 
 Status OwnerTransfer::SendInline() {
   std::string data(static_cast<size_t>(src_.size), '\0');
-  Status rs = ReadFully(src_.fd, data.data(), data.size(), 0);
+  Status rs = PreadFully(src_.fd, data.data(), data.size(), 0);
   if (!rs.ok()) return SendErrorAndFail(session_, rs.Annotate(what_));
   Status ss = session_.SendFrame(kInlineFrame, data, Idle());
   if (!ss.ok()) return FailSession(session_, ss.Annotate(what_));
@@ -146,7 +133,7 @@ Status OwnerTransfer::SendDirectChunks(char* target, const Offer& offer) {
     if (i >= offer.slots) DYAD_RETURN_IF_ERROR(RecvCredit(session_, i - offer.slots, Idle()));
     const uint64_t offset = i * slot;
     const size_t len = static_cast<size_t>(std::min(slot, src_.size - offset));
-    DYAD_RETURN_IF_ERROR(ReadFully(src_.fd, target + (i % offer.slots) * slot, len, offset));
+    DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, target + (i % offer.slots) * slot, len, offset));
     // The chunk's bytes are in place before the requester can learn of it.
     std::atomic_thread_fence(std::memory_order_release);
     DYAD_RETURN_IF_ERROR(session_.SendFrame(kChunkFrame, EncodeChunk(i, len), Idle()));
@@ -199,7 +186,7 @@ Status OwnerTransfer::SendChunks(ucp_ep_h ep, char* local_base, const Offer& off
     const uint64_t offset = i * chunk;
     const size_t len = static_cast<size_t>(std::min(chunk, src_.size - offset));
     char* local = local_base + (i % kSlots) * local_slot_bytes;
-    DYAD_RETURN_IF_ERROR(ReadFully(src_.fd, local, len, offset));
+    DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, local, len, offset));
     Result<void*> r = r_.endpoints.StartSend(ep, local, len, ChunkTag(offer.transfer_id, i));
     if (!r.ok()) return r.status();
     send = *r;
