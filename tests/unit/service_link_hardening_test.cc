@@ -101,9 +101,23 @@ class TamperingRelay {
           from_server += static_cast<uint64_t>(n);
         }
         const int to = i == 0 ? server : client;
-        if (!WriteFully(to, buf, static_cast<size_t>(n)).ok()) return;
+        if (!SendAll(to, buf, static_cast<size_t>(n))) return;
       }
     }
+  }
+
+  // send(2) with MSG_NOSIGNAL: once the consumer has refused the altered
+  // data and closed its end, the relay's next write must fail with EPIPE,
+  // not raise SIGPIPE and kill the test process.
+  static bool SendAll(int fd, const char* p, size_t len) {
+    while (len > 0) {
+      const ssize_t w = ::send(fd, p, len, MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      len -= static_cast<size_t>(w);
+    }
+    return true;
   }
 
   const SocketAddress target_;
