@@ -57,7 +57,8 @@ class OpsTest : public TwoNodeTest {
     s.socket = s.dir + "/service.sock";
     s.log = s.dir + "/service.log";
     s.ready = s.dir + "/ready";
-    EXPECT_EQ(::mkdir(s.dir.c_str(), 0755), 0);
+    // The service's socket lives here: it refuses a directory others can enter.
+    EXPECT_EQ(::mkdir(s.dir.c_str(), 0700), 0);
     EXPECT_EQ(::mkdir(s.dmd.c_str(), 0755), 0);
     return s;
   }

@@ -66,7 +66,8 @@ TEST(TransferRegistryTest, SessionProgressCountsAcknowledgedBytes) {
   EXPECT_EQ(probe(), 0u);
   std::thread reader([&] {
     std::string buf(total, '\0');
-    Channel ch(std::move(*server));
+    // A data session's body flows only after the peer authenticated.
+    Channel ch(std::move(*server), Trust::kAuthenticated);
     EXPECT_TRUE(ch.RecvAll(buf.data(), buf.size(), Deadline::AfterMs(5000)).ok());
   });
   std::string data(total, 'y');
