@@ -22,6 +22,9 @@
 
 namespace {
 
+// How long a stop may take before the service exits without waiting.
+constexpr int kStopGraceMs = 3000;
+
 // Handles signals until one stops the service (or main is done):
 // SIGHUP reopens the log files (after logrotate), SIGTERM/SIGINT stop.
 void TakeSignals(const sigset_t& set, dyad::Service& service, std::atomic<bool>& exiting,
@@ -44,22 +47,28 @@ void TakeSignals(const sigset_t& set, dyad::Service& service, std::atomic<bool>&
   }
 }
 
-// Starts the service and serves until it is stopped; the exit code.
-int Serve(dyad::Service& service, const std::atomic<int>& stop_signal) {
-  dyad::Status st = service.Start();
-  if (!st.ok()) {
-    service.Stop();
-    service.Wait();
-    if (st.code() == DYAD_RC_CANCELLED && stop_signal != 0) {
-      DYAD_LOG_INFO("stopped by a signal before start-up completed");
-      return 0;
-    }
-    DYAD_LOG_ERROR("cannot start: %s", st.ToString().c_str());
-    std::fprintf(stderr, "dyad-service: cannot start: %s\n", st.ToString().c_str());
-    return 1;
+// The exit code of a start-up that did not complete.
+int StartFailure(const dyad::Status& st, const std::atomic<int>& stop_signal) {
+  if (st.code() == DYAD_RC_CANCELLED && stop_signal != 0) {
+    DYAD_LOG_INFO("stopped by a signal before start-up completed");
+    return 0;
   }
-  service.Wait();
-  return 0;
+  DYAD_LOG_ERROR("cannot start: %s", st.ToString().c_str());
+  std::fprintf(stderr, "dyad-service: cannot start: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+// Waits for a stop already requested; `rc` once it completed. A stop is
+// bounded: sockets are shut down and store waits cancelled, so every thread
+// normally ends at once. One that does not is stuck where no shutdown
+// reaches it (libfabric's shm provider spins forever on a lock a killed
+// peer held in shared memory); exit anyway, with 3, and say so.
+int AwaitStop(dyad::Service& service, int rc) {
+  if (service.WaitFor(kStopGraceMs)) return rc;
+  DYAD_LOG_ERROR("not stopped after %d ms: a transfer is stuck inside the transport; exiting "
+                 "without waiting for it",
+                 kStopGraceMs);
+  std::_Exit(3);
 }
 
 // A setting from the environment, else its default in the configuration
@@ -230,9 +239,14 @@ int main(int argc, char** argv) {
   std::atomic<bool> exiting{false};
   std::atomic<int> stop_signal{0};
   std::thread signals([&] { TakeSignals(set, service, exiting, stop_signal); });
-  const int rc = Serve(service, stop_signal);
+  const dyad::Status st = service.Start();
+  if (st.ok()) {
+    signals.join();  // returns once a signal has stopped the service
+    return AwaitStop(service, 0);
+  }
   exiting = true;
+  service.Stop();
   pthread_kill(signals.native_handle(), SIGTERM);  // wakes the signal thread if it still waits
   signals.join();
-  return rc;
+  return AwaitStop(service, StartFailure(st, stop_signal));
 }
