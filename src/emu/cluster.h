@@ -109,9 +109,6 @@ class EmuCluster {
   const std::string& base_dir() const { return base_; }
   const std::string& secret_file() const { return secret_file_; }
   const std::string& secret() const { return secret_; }
-  // <base>/shared: one directory every node can see (the managed directory
-  // of every node with options.shared_storage).
-  const std::string& shared_dir() const { return shared_; }
 
   Status StartService(int i);
   // SIGTERM; an error if the service needed SIGKILL after `grace_ms` or
