@@ -48,7 +48,7 @@ step() { echo "== $*"; }
 step "install into $P"
 cmake --install "$BUILD_DIR" --prefix "$P" >"$WORK/install.log" 2>&1 ||
   { cat "$WORK/install.log" >&2; fail "cmake --install failed"; }
-for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h \
+for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h libexec/dyad/dyad-demo \
          include/dyad/common/dyad_rc.h include/dyad/common/dyad_dtl.h include/dyad/dyad_config.hpp \
          include/dyad/stream/dyad_stream_api.hpp bin/dyad bin/dyad-service \
          lib/libdyad_client.so lib/libdyad_ctx.so lib/libdyad_fstream.so lib/libdyad_wrapper.so \
@@ -192,4 +192,5 @@ fi
 
 "$P/bin/dyad" --version | grep -q "^dyad [0-9]" || fail "dyad --version"
 "$P/bin/dyad-service" --version | grep -q "^dyad-service [0-9]" || fail "dyad-service --version"
+"$P/bin/dyad" demo --help >/dev/null || fail "dyad demo --help (runs <libexecdir>/dyad/dyad-demo)"
 echo "install OK"

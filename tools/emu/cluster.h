@@ -183,9 +183,9 @@ class EmuCluster {
   bool torn_down_ = false;
 };
 
-// Finds a program installed beside the running one: `bin_dir`, the
-// environment override (DYAD_SERVICE_BIN for dyad-service, DYAD_BIN for
-// dyad), the directory of /proc/self/exe and its parent, then PATH.
+// Finds a program installed beside the running one: the environment
+// override DYAD_SERVICE_BIN for dyad-service, `bin_dir`, the directory of
+// /proc/self/exe and its parent, then PATH.
 // "" if not found.
 std::string FindSiblingProgram(const std::string& name, const std::string& bin_dir = "");
 
