@@ -14,15 +14,13 @@
 #include <sstream>
 #include <string>
 
-#include "client/client.h"
-#include "client/ctx_internal.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/munge/munge.h"
 #include "common/seal.h"
 #include "common/time.h"
-#include "dyad/client/dyad_client.h"
-#include "dyad/core/dyad_ctx.h"
+#include "dyad/client/dyad_client.hpp"
+#include "dyad/dyad_config.hpp"
 #include "dyad_version.h"
 #include "kvs/kvs.h"
 #include "transport/transport.h"
@@ -32,9 +30,11 @@ namespace cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
+using client::Client;
+using client::Side;
 
 // "dyad produce: a/b: DYAD_RC_NOSERVICE: dyad-service is not reachable ..."
-void PrintError(const std::string& cmd, const std::string& what, const Status& st) {
+void PrintError(const std::string& cmd, const std::string& what, const client::Status& st) {
   std::string line = "dyad " + cmd + ": ";
   if (!what.empty()) line += what + ": ";
   line += dyad_rc_name(st.code());
@@ -89,42 +89,25 @@ std::string FormatMs(uint64_t ns) {
   return buf;
 }
 
-// A client configured from the environment, for the query commands (they
-// need no managed directory).
-Result<std::shared_ptr<Client>> EnvClient() {
-  Result<ClientConfig> cfg = ClientConfig::FromEnv();
-  if (!cfg.ok()) return cfg.status();
-  return Client::Create(std::move(*cfg));
-}
-
-// Initializes the process context from the environment for produce or
-// consume and returns its client. Reports problems itself.
-std::shared_ptr<Client> InitFromEnv(const std::string& cmd, dyad_dtl_comm_mode_t mode) {
-  Result<ClientConfig> cfg = ClientConfig::FromEnv();
-  if (!cfg.ok()) {
-    PrintError(cmd, "", cfg.status());
-    return nullptr;
+// A client configured from the environment; for produce and consume it
+// must have the `side` managed directory. Reports problems itself.
+bool EnvClient(const std::string& cmd, const Side* side, Client* out) {
+  client::Status st = Client::FromEnv(out);
+  if (!st.ok()) {
+    PrintError(cmd, "", st);
+    return false;
   }
-  const bool producer = mode == DYAD_COMM_SEND;
-  if ((producer ? cfg->prod_managed_path : cfg->cons_managed_path).empty()) {
+  if (side == nullptr) return true;
+  const bool producer = *side == Side::kProducer;
+  if (!(producer ? out->has_producer_path() : out->has_consumer_path())) {
     PrintError(cmd, "",
-               Status(DYAD_RC_BADMANAGEDPATH,
-                      std::string("no ") + (producer ? "producer" : "consumer") +
-                          "-managed directory: set " +
-                          (producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER")));
-    return nullptr;
+               client::Status(DYAD_RC_BADMANAGEDPATH,
+                              std::string("no ") + (producer ? "producer" : "consumer") +
+                                  "-managed directory: set " +
+                                  (producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER")));
+    return false;
   }
-  const dyad_rc_t rc = dyad_init_env(mode, nullptr);
-  if (DYAD_IS_ERROR(rc)) {
-    PrintError(cmd, "", Status(rc, dyad_last_error()));
-    return nullptr;
-  }
-  Result<std::shared_ptr<Client>> client = capi::ClientOf(dyad_ctx_get());
-  if (!client.ok()) {
-    PrintError(cmd, "", client.status());
-    return nullptr;
-  }
-  return *client;
+  return true;
 }
 
 // What each compiled-in transport would use on this host (Transport::Probe),
@@ -251,29 +234,26 @@ int CmdInfo(InfoFormat format) {
 }
 
 int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
-  std::shared_ptr<Client> client = InitFromEnv("produce", DYAD_COMM_SEND);
-  if (client == nullptr) return kExitFailed;
+  const Side side = Side::kProducer;
+  Client client;
+  if (!EnvClient("produce", &side, &client)) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
-    // The C API ignores paths outside the managed directory (upstream);
-    // here a user named the file, so say why nothing happened.
-    Result<std::string> upath = client->Resolve(path, Side::kProducer);
-    if (!upath.ok()) {
-      PrintError("produce", path, upath.status());
-      failed = true;
-      continue;
-    }
+    // Unlike the C API, the C++ client reports a path outside the managed
+    // directory (DYAD_RC_UNTRACKED): a user named the file, so say why
+    // nothing happened.
+    std::string upath;
+    client::Status st = client.Resolve(path, side, &upath);
     const uint64_t t0 = MonoNs();
-    const dyad_rc_t rc = dyad_produce(dyad_ctx_get(), path.c_str());
+    if (st.ok()) st = client.Produce(path);
     const uint64_t dt = MonoNs() - t0;
-    if (DYAD_IS_ERROR(rc)) {
-      PrintError("produce", path, Status(rc, dyad_last_error()));
+    if (!st.ok()) {
+      PrintError("produce", path, st);
       failed = true;
       continue;
     }
-    if (verbose) std::cout << path << ": published '" << *upath << "' in " << FormatMs(dt) << "\n";
+    if (verbose) std::cout << path << ": published '" << upath << "' in " << FormatMs(dt) << "\n";
   }
-  dyad_finalize();
   return failed ? kExitFailed : kExitOk;
 }
 
@@ -283,20 +263,15 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
     std::snprintf(buf, sizeof buf, "%.3f", timeout_s);
     ::setenv("DYAD_CONSUME_TIMEOUT", buf, 1);
   }
-  std::shared_ptr<Client> client = InitFromEnv("consume", DYAD_COMM_RECV);
-  if (client == nullptr) return kExitFailed;
+  const Side side = Side::kConsumer;
+  Client client;
+  if (!EnvClient("consume", &side, &client)) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
-    Result<std::string> upath = client->Resolve(path, Side::kConsumer);
-    if (!upath.ok()) {
-      PrintError("consume", path, upath.status());
-      failed = true;
-      continue;
-    }
-    ConsumeInfo info;
-    const dyad_rc_t rc = capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), &info);
-    if (DYAD_IS_ERROR(rc)) {
-      PrintError("consume", path, Status(rc, dyad_last_error()));
+    client::ConsumeInfo info;
+    const client::Status st = client.Consume(path, &info);
+    if (!st.ok()) {
+      PrintError("consume", path, st);
       failed = true;
       continue;
     }
@@ -304,42 +279,39 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
     std::string what;
     if (info.level1) {
       what = "already complete locally (no request)";
-    } else if (info.reply.transferred) {
-      what = "transferred " + std::to_string(info.reply.bytes) + " bytes from rank " +
-             std::to_string(info.reply.record.owner_rank);
-    } else if (info.reply.joined) {
+    } else if (info.transferred) {
+      what = "transferred " + std::to_string(info.bytes) + " bytes from rank " +
+             std::to_string(info.metadata.owner_rank);
+    } else if (info.joined) {
       what = "joined a transfer already in flight";
-    } else if (info.reply.local) {
+    } else if (info.local) {
       what = "no transfer needed (same directory or shared storage)";
     } else {
       what = "present";
     }
     std::cout << path << ": " << what << " in " << FormatMs(info.elapsed_ns) << "\n";
   }
-  dyad_finalize();
   return failed ? kExitFailed : kExitOk;
 }
 
 int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,
             bool json) {
-  Result<std::shared_ptr<Client>> client = EnvClient();
-  if (!client.ok()) {
-    PrintError("ls", "", client.status());
-    return kExitFailed;
-  }
-  std::optional<std::string> nsopt;
-  if (ns_given) nsopt = ns;
-  auto entries = (*client)->List(prefix, limit, nsopt);
-  if (!entries.ok()) {
-    PrintError("ls", "", entries.status());
+  Client client;
+  if (!EnvClient("ls", nullptr, &client)) return kExitFailed;
+  std::vector<client::ListEntry> entries;
+  const client::Status st = ns_given ? client.ListNamespace(ns, prefix, limit, &entries)
+                                     : client.List(prefix, limit, &entries);
+  if (!st.ok()) {
+    PrintError("ls", "", st);
     return kExitFailed;
   }
   if (json) {
     Json arr = Json::array();
-    for (const auto& [key, rec] : *entries) {
+    for (const client::ListEntry& e : entries) {
+      const client::Metadata& rec = e.metadata;
       Json item;
-      item["path"] = rec.upath;
-      item["key"] = key;
+      item["path"] = rec.path;
+      item["key"] = e.key;
       item["owner_rank"] = rec.owner_rank;
       item["owner_incarnation"] = rec.owner_incarnation;
       item["size"] = rec.size;
@@ -353,16 +325,17 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
   }
   size_t wpath = 4;
   size_t wsize = 4;
-  for (const auto& [key, rec] : *entries) {
-    wpath = std::max(wpath, rec.upath.size());
-    wsize = std::max(wsize, std::to_string(rec.size).size());
+  for (const client::ListEntry& e : entries) {
+    wpath = std::max(wpath, e.metadata.path.size());
+    wsize = std::max(wsize, std::to_string(e.metadata.size).size());
   }
   char line[64];
   std::printf("%-*s  %5s  %*s  %s\n", static_cast<int>(wpath), "PATH", "OWNER",
               static_cast<int>(wsize), "SIZE", "VERSION");
-  for (const auto& [key, rec] : *entries) {
+  for (const client::ListEntry& e : entries) {
+    const client::Metadata& rec = e.metadata;
     std::snprintf(line, sizeof line, "%u", rec.owner_rank);
-    std::printf("%-*s  %5s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(), line,
+    std::printf("%-*s  %5s  %*llu  %s\n", static_cast<int>(wpath), rec.path.c_str(), line,
                 static_cast<int>(wsize), static_cast<unsigned long long>(rec.size),
                 FormatTimeNs(rec.version).c_str());
   }
@@ -370,33 +343,32 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
 }
 
 int CmdStatus(bool json) {
-  Result<std::shared_ptr<Client>> client = EnvClient();
-  if (!client.ok()) {
-    PrintError("status", "", client.status());
-    return kExitFailed;
-  }
-  Result<StatusReply> st = (*client)->ServiceStatus();
+  Client client;
+  if (!EnvClient("status", nullptr, &client)) return kExitFailed;
+  client::ServiceStatus status;
+  const client::Status st = client.GetServiceStatus(&status);
   if (!st.ok()) {
-    PrintError("status", "", st.status());
+    PrintError("status", "", st);
     return kExitFailed;
   }
+  const std::string socket = client.options().service_socket;
   if (json) {
     Json j;
-    j["socket"] = (*client)->pool()->socket_path();
-    j["info"] = st->info;
-    j["counters"] = st->counters;
+    j["socket"] = socket;
+    j["info"] = status.info;
+    j["counters"] = status.counters;
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
-  std::cout << "dyad-service at " << (*client)->pool()->socket_path() << "\n";
+  std::cout << "dyad-service at " << socket << "\n";
   size_t w = 0;
-  for (const auto& [k, v] : st->info) w = std::max(w, k.size());
-  for (const auto& [k, v] : st->info)
+  for (const auto& [k, v] : status.info) w = std::max(w, k.size());
+  for (const auto& [k, v] : status.info)
     std::printf("  %-*s  %s\n", static_cast<int>(w), k.c_str(), v.empty() ? "-" : v.c_str());
   std::cout << "\ncounters:\n";
   w = 0;
-  for (const auto& [k, v] : st->counters) w = std::max(w, k.size());
-  for (const auto& [k, v] : st->counters)
+  for (const auto& [k, v] : status.counters) w = std::max(w, k.size());
+  for (const auto& [k, v] : status.counters)
     std::printf("  %-*s  %12llu\n", static_cast<int>(w), k.c_str(),
                 static_cast<unsigned long long>(v));
   return kExitOk;
