@@ -1,4 +1,4 @@
-// cluster_test.cc: the emulated cluster itself (src/emu): what it creates,
+// cluster_test.cc: the emulated cluster itself (tools/emu): what it creates,
 // that it removes all of it, restarts, more than two nodes, and the sweep of
 // namespaces left behind by dead processes.
 #include <sys/stat.h>

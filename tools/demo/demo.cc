@@ -42,7 +42,7 @@ using emu::ManifestEntry;
 constexpr uint64_t kMiB = 1ull << 20;
 
 // ---------------------------------------------------------------------------
-// Worker roles: `dyad demo --role produce|consume --manifest M --result R`.
+// Worker roles: `dyad-demo --role produce|consume --manifest M --result R`.
 
 struct RoleOptions {
   std::string role;
