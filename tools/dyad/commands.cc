@@ -11,17 +11,18 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 
+#include "client/client.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/munge/munge.h"
 #include "common/seal.h"
 #include "common/time.h"
-#include "dyad/client/dyad_client.hpp"
-#include "dyad/dyad_config.hpp"
 #include "dyad_version.h"
+#include "inspect.h"
 #include "kvs/kvs.h"
 #include "transport/transport.h"
 
@@ -30,11 +31,9 @@ namespace cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-using client::Client;
-using client::Side;
 
 // "dyad produce: a/b: DYAD_RC_NOSERVICE: dyad-service is not reachable ..."
-void PrintError(const std::string& cmd, const std::string& what, const client::Status& st) {
+void PrintError(const std::string& cmd, const std::string& what, const Status& st) {
   std::string line = "dyad " + cmd + ": ";
   if (!what.empty()) line += what + ": ";
   line += dyad_rc_name(st.code());
@@ -89,25 +88,40 @@ std::string FormatMs(uint64_t ns) {
   return buf;
 }
 
-// A client configured from the environment; for produce and consume it
-// must have the `side` managed directory. Reports problems itself.
-bool EnvClient(const std::string& cmd, const Side* side, Client* out) {
-  client::Status st = Client::FromEnv(out);
-  if (!st.ok()) {
-    PrintError(cmd, "", st);
-    return false;
+// A client configured from the environment, for the query commands (they
+// need no managed directory).
+Result<std::shared_ptr<Client>> EnvClient() {
+  Result<ClientConfig> cfg = ClientConfig::FromEnv();
+  if (!cfg.ok()) return cfg.status();
+  return Client::Create(std::move(*cfg));
+}
+
+// A client from the environment for produce or consume, which needs the
+// `side` managed directory. Reports problems itself. The command uses the
+// client core directly (statically linked), not the C context: it needs
+// what the service says about peers and transfers, which the public API
+// does not carry.
+std::shared_ptr<Client> InitFromEnv(const std::string& cmd, Side side) {
+  Result<ClientConfig> cfg = ClientConfig::FromEnv();
+  if (!cfg.ok()) {
+    PrintError(cmd, "", cfg.status());
+    return nullptr;
   }
-  if (side == nullptr) return true;
-  const bool producer = *side == Side::kProducer;
-  if (!(producer ? out->has_producer_path() : out->has_consumer_path())) {
+  const bool producer = side == Side::kProducer;
+  if ((producer ? cfg->prod_managed_path : cfg->cons_managed_path).empty()) {
     PrintError(cmd, "",
-               client::Status(DYAD_RC_BADMANAGEDPATH,
-                              std::string("no ") + (producer ? "producer" : "consumer") +
-                                  "-managed directory: set " +
-                                  (producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER")));
-    return false;
+               Status(DYAD_RC_BADMANAGEDPATH,
+                      std::string("no ") + (producer ? "producer" : "consumer") +
+                          "-managed directory: set " +
+                          (producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER")));
+    return nullptr;
   }
-  return true;
+  Result<std::shared_ptr<Client>> client = Client::Create(std::move(*cfg));
+  if (!client.ok()) {
+    PrintError(cmd, "", client.status());
+    return nullptr;
+  }
+  return *client;
 }
 
 // What each compiled-in transport would use on this host (Transport::Probe),
@@ -133,6 +147,14 @@ std::string ConfiguredProtection() {
   Result<LinkProtection> p = ParseLinkProtection(text.empty() ? "integrity" : text);
   if (!p.ok()) return "invalid: " + p.status().message();
   return LinkProtectionDescription(*p);
+}
+
+// "rank 0 (10.0.0.1:7590) over tcp": who served a consume and how.
+std::string Served(const ConsumeReply& r) {
+  std::string s = "rank " + std::to_string(r.record.owner_rank);
+  if (!r.owner_address.empty()) s += " (" + r.owner_address + ")";
+  if (!r.transport.empty()) s += " over " + r.transport;
+  return s;
 }
 
 }  // namespace
@@ -234,42 +256,52 @@ int CmdInfo(InfoFormat format) {
 }
 
 int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
-  const Side side = Side::kProducer;
-  Client client;
-  if (!EnvClient("produce", &side, &client)) return kExitFailed;
+  std::shared_ptr<Client> client = InitFromEnv("produce", Side::kProducer);
+  if (client == nullptr) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
-    // Unlike the C API, the C++ client reports a path outside the managed
-    // directory (DYAD_RC_UNTRACKED): a user named the file, so say why
-    // nothing happened.
-    std::string upath;
-    client::Status st = client.Resolve(path, side, &upath);
+    // The C API ignores paths outside the managed directory (upstream);
+    // here a user named the file, so say why nothing happened.
+    Result<std::string> upath = client->Resolve(path, Side::kProducer);
+    if (!upath.ok()) {
+      PrintError("produce", path, upath.status());
+      failed = true;
+      continue;
+    }
     const uint64_t t0 = MonoNs();
-    if (st.ok()) st = client.Produce(path);
+    const Status st = client->Produce(path);
     const uint64_t dt = MonoNs() - t0;
     if (!st.ok()) {
       PrintError("produce", path, st);
       failed = true;
       continue;
     }
-    if (verbose) std::cout << path << ": published '" << upath << "' in " << FormatMs(dt) << "\n";
+    if (verbose) std::cout << path << ": published '" << *upath << "' in " << FormatMs(dt) << "\n";
   }
   return failed ? kExitFailed : kExitOk;
 }
 
-int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose) {
+int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose,
+               bool progress) {
   if (timeout_s >= 0) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3f", timeout_s);
     ::setenv("DYAD_CONSUME_TIMEOUT", buf, 1);
   }
-  const Side side = Side::kConsumer;
-  Client client;
-  if (!EnvClient("consume", &side, &client)) return kExitFailed;
+  std::shared_ptr<Client> client = InitFromEnv("consume", Side::kConsumer);
+  if (client == nullptr) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
-    client::ConsumeInfo info;
-    const client::Status st = client.Consume(path, &info);
+    Result<std::string> upath = client->Resolve(path, Side::kConsumer);
+    if (!upath.ok()) {
+      PrintError("consume", path, upath.status());
+      failed = true;
+      continue;
+    }
+    ConsumeInfo info;
+    const Status st = progress && ProgressWanted()
+                          ? ConsumeShowingProgress(*client, path, *upath, &info)
+                          : client->Consume(path, &info);
     if (!st.ok()) {
       PrintError("consume", path, st);
       failed = true;
@@ -279,12 +311,11 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
     std::string what;
     if (info.level1) {
       what = "already complete locally (no request)";
-    } else if (info.transferred) {
-      what = "transferred " + std::to_string(info.bytes) + " bytes from rank " +
-             std::to_string(info.metadata.owner_rank);
-    } else if (info.joined) {
-      what = "joined a transfer already in flight";
-    } else if (info.local) {
+    } else if (info.reply.transferred) {
+      what = "transferred " + std::to_string(info.reply.bytes) + " bytes from " + Served(info.reply);
+    } else if (info.reply.joined) {
+      what = "joined a transfer already in flight (" + Served(info.reply) + ")";
+    } else if (info.reply.local) {
       what = "no transfer needed (same directory or shared storage)";
     } else {
       what = "present";
@@ -296,81 +327,122 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
 
 int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,
             bool json) {
-  Client client;
-  if (!EnvClient("ls", nullptr, &client)) return kExitFailed;
-  std::vector<client::ListEntry> entries;
-  const client::Status st = ns_given ? client.ListNamespace(ns, prefix, limit, &entries)
-                                     : client.List(prefix, limit, &entries);
-  if (!st.ok()) {
-    PrintError("ls", "", st);
+  Result<std::shared_ptr<Client>> client = EnvClient();
+  if (!client.ok()) {
+    PrintError("ls", "", client.status());
     return kExitFailed;
   }
+  std::optional<std::string> nsopt;
+  if (ns_given) nsopt = ns;
+  auto entries = (*client)->List(prefix, limit, nsopt);
+  if (!entries.ok()) {
+    PrintError("ls", "", entries.status());
+    return kExitFailed;
+  }
+  std::sort(entries->begin(), entries->end(),
+            [](const auto& a, const auto& b) { return a.second.upath < b.second.upath; });
+  std::set<uint32_t> owner_set;
+  for (const auto& [key, rec] : *entries) owner_set.insert(rec.owner_rank);
+  std::map<uint32_t, PeerState> owners;
+  const bool known =
+      OwnerStates(**client, std::vector<uint32_t>(owner_set.begin(), owner_set.end()), &owners);
+  // "down", "stale" (its address answers as another service), "unregistered";
+  // "unknown" (unmarked) when the service cannot tell.
+  auto owner_state = [&](uint32_t rank) -> std::string {
+    if (!known) return "unknown";
+    auto it = owners.find(rank);
+    if (it == owners.end()) return "unregistered";
+    return PeerStateName(it->second);
+  };
   if (json) {
     Json arr = Json::array();
-    for (const client::ListEntry& e : entries) {
-      const client::Metadata& rec = e.metadata;
+    for (const auto& [key, rec] : *entries) {
       Json item;
-      item["path"] = rec.path;
-      item["key"] = e.key;
+      item["path"] = rec.upath;
+      item["key"] = key;
       item["owner_rank"] = rec.owner_rank;
       item["owner_incarnation"] = rec.owner_incarnation;
       item["size"] = rec.size;
       item["version"] = rec.version;
       item["version_time"] = FormatTimeNs(rec.version);
       item["published_ns"] = rec.published_ns;
+      item["owner_state"] = owner_state(rec.owner_rank);
       arr.push_back(std::move(item));
     }
     std::cout << arr.dump(2) << "\n";
     return kExitOk;
   }
-  size_t wpath = 4;
-  size_t wsize = 4;
-  for (const client::ListEntry& e : entries) {
-    wpath = std::max(wpath, e.metadata.path.size());
-    wsize = std::max(wsize, std::to_string(e.metadata.size).size());
+  // Files whose owner cannot serve them are marked: consuming them waits
+  // for the owner's return or fails.
+  std::vector<std::string> owner_text;
+  size_t wpath = 4, wowner = 5, wsize = 4;
+  for (const auto& [key, rec] : *entries) {
+    const std::string state = owner_state(rec.owner_rank);
+    const bool fine = state == "alive" || state == "unknown";
+    owner_text.push_back(std::to_string(rec.owner_rank) + (fine ? "" : " (" + state + ")"));
+    wpath = std::max(wpath, rec.upath.size());
+    wowner = std::max(wowner, owner_text.back().size());
+    wsize = std::max(wsize, std::to_string(rec.size).size());
   }
-  char line[64];
-  std::printf("%-*s  %5s  %*s  %s\n", static_cast<int>(wpath), "PATH", "OWNER",
-              static_cast<int>(wsize), "SIZE", "VERSION");
-  for (const client::ListEntry& e : entries) {
-    const client::Metadata& rec = e.metadata;
-    std::snprintf(line, sizeof line, "%u", rec.owner_rank);
-    std::printf("%-*s  %5s  %*llu  %s\n", static_cast<int>(wpath), rec.path.c_str(), line,
-                static_cast<int>(wsize), static_cast<unsigned long long>(rec.size),
-                FormatTimeNs(rec.version).c_str());
+  std::printf("%-*s  %-*s  %*s  %s\n", static_cast<int>(wpath), "PATH", static_cast<int>(wowner),
+              "OWNER", static_cast<int>(wsize), "SIZE", "VERSION");
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const FileRecord& rec = (*entries)[i].second;
+    std::printf("%-*s  %-*s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(),
+                static_cast<int>(wowner), owner_text[i].c_str(), static_cast<int>(wsize),
+                static_cast<unsigned long long>(rec.size), FormatTimeNs(rec.version).c_str());
   }
   return kExitOk;
 }
 
-int CmdStatus(bool json) {
-  Client client;
-  if (!EnvClient("status", nullptr, &client)) return kExitFailed;
-  client::ServiceStatus status;
-  const client::Status st = client.GetServiceStatus(&status);
-  if (!st.ok()) {
-    PrintError("status", "", st);
+int CmdStatus(bool json, bool prometheus) {
+  Result<std::shared_ptr<Client>> client = EnvClient();
+  if (!client.ok()) {
+    PrintError("status", "", client.status());
     return kExitFailed;
   }
-  const std::string socket = client.options().service_socket;
+  Result<StatusReply> st = (*client)->ServiceStatus();
+  if (!st.ok()) {
+    PrintError("status", "", st.status());
+    return kExitFailed;
+  }
+  if (prometheus) {
+    std::cout << PrometheusText(*st);
+    return kExitOk;
+  }
   if (json) {
     Json j;
-    j["socket"] = socket;
-    j["info"] = status.info;
-    j["counters"] = status.counters;
+    j["socket"] = (*client)->pool()->socket_path();
+    j["info"] = st->info;
+    j["counters"] = st->counters;
+    Json transfers = Json::array();
+    for (const TransferInfo& t : st->transfers) {
+      Json x;
+      x["direction"] = t.outgoing ? "out" : "in";
+      x["path"] = t.upath;
+      x["peer_rank"] = t.peer_rank;
+      x["transport"] = t.transport;
+      x["bytes_done"] = t.bytes_done == TransferInfo::kUnknownBytes ? Json(nullptr) : Json(t.bytes_done);
+      x["bytes_total"] = t.bytes_total;
+      x["elapsed_ns"] = t.elapsed_ns;
+      transfers.push_back(std::move(x));
+    }
+    j["transfers"] = std::move(transfers);
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
-  std::cout << "dyad-service at " << socket << "\n";
+  std::cout << "dyad-service at " << (*client)->pool()->socket_path() << "\n";
   size_t w = 0;
-  for (const auto& [k, v] : status.info) w = std::max(w, k.size());
-  for (const auto& [k, v] : status.info)
+  for (const auto& [k, v] : st->info) w = std::max(w, k.size());
+  for (const auto& [k, v] : st->info)
     std::printf("  %-*s  %s\n", static_cast<int>(w), k.c_str(), v.empty() ? "-" : v.c_str());
   std::cout << "\ncounters:\n";
   w = 0;
-  for (const auto& [k, v] : status.counters) w = std::max(w, k.size());
-  for (const auto& [k, v] : status.counters)
+  for (const auto& [k, v] : st->counters) w = std::max(w, k.size());
+  for (const auto& [k, v] : st->counters)
     std::printf("  %-*s  %12llu\n", static_cast<int>(w), k.c_str(),
                 static_cast<unsigned long long>(v));
+  std::cout << TransfersTable(st->transfers);
   return kExitOk;
 }
 

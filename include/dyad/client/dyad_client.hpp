@@ -1,7 +1,7 @@
 // dyad_client.hpp: the C++ client of DYAD (libdyad_ctx).
 //
-// dyad::client::Client is the client every DYAD front end is built on (the
-// C API, the C++ streams, pydyad and the `dyad` command). It knows the
+// dyad::client::Client is the client the DYAD front ends are built on (the
+// C API, the C++ streams and pydyad). It knows the
 // producer- and consumer-managed directories of its Options and talks to the
 // node's dyad-service over pooled Unix-socket connections: Produce()
 // publishes a file that is complete in the producer directory; Consume()
