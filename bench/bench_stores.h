@@ -7,7 +7,7 @@
 //     any thread, killed with it (PR_SET_PDEATHSIG) and stopped in order
 //     by the destructor;
 //   * Redis servers and clusters come from the test helpers
-//     (tests/unit/redis_test_server.h, redis_test_cluster.h);
+//     (tools/emu/redis_server.h, redis_cluster.h);
 //   * RaiseFdLimit, ThreadsOf: thousands of waits need thousands of
 //     descriptors, and their cost is counted in threads.
 #pragma once

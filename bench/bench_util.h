@@ -147,11 +147,12 @@ inline OptionResult TakeString(const NextArg& next, std::string* out) {
 
 // --- cluster -------------------------------------------------------------------
 
-// The `dyad` command beside this program ("" and a message when missing).
-inline std::string FindDyadCommand(const char* prog) {
-  const std::string dyad = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
-  if (dyad.empty()) std::fprintf(stderr, "%s: the dyad command was not found\n", prog);
-  return dyad;
+// dyad-demo, whose worker roles the benchmarks run on the nodes, beside
+// this program ("" and a message when missing).
+inline std::string FindDemoProgram(const char* prog) {
+  const std::string demo = emu::FindSiblingProgram("dyad-demo", DYAD_BUILD_BIN_DIR);
+  if (demo.empty()) std::fprintf(stderr, "%s: dyad-demo was not found\n", prog);
+  return demo;
 }
 
 // Starts `nodes` emulated nodes for a benchmark; null (after a message) on

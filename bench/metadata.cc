@@ -33,11 +33,10 @@
 #include "common/key.h"
 #include "common/net.h"
 #include "common/time.h"
+#include "emu/redis_server.h"
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/service.h"
-// The same throw-away redis-server launcher the tests use (self-contained).
-#include "../tests/unit/redis_test_server.h"
 
 namespace dyad {
 namespace {
@@ -348,9 +347,9 @@ int Run(int argc, char** argv) {
   ok = BenchKvs("embedded", base, "embedded", n, &rows) && ok;
   std::string note = "loopback, one client thread, sequential";
 #ifdef DYAD_HAVE_REDIS
-  std::unique_ptr<testing_redis::RedisTestServer> redis;
+  std::unique_ptr<emu::RedisServer> redis;
   if (want_redis) {
-    redis = std::make_unique<testing_redis::RedisTestServer>();
+    redis = std::make_unique<emu::RedisServer>();
     if (!redis->available()) {
       note += "; redis skipped: redis-server not installed";
     } else {

@@ -32,11 +32,11 @@
 #include "bench_stores.h"
 #include "bench_util.h"
 #include "common/key.h"
+#include "emu/redis_server.h"
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
-#include "unit/redis_test_server.h"
 #ifdef DYAD_HAVE_REDIS
-#include "unit/redis_test_cluster.h"
+#include "emu/redis_cluster.h"
 #endif
 
 namespace dyad::bench {
@@ -223,12 +223,12 @@ int Run(int argc, char** argv) {
   root.reset();
 #ifdef DYAD_HAVE_REDIS
   if (Wanted(stores, "redis")) {
-    testing_redis::RedisTestServer redis;
+    emu::RedisServer redis;
     if (redis.available() && redis.Start().empty())
       rows.push_back(Measure("redis", redis.url(), {redis.pid()}, n, seconds));
   }
   if (Wanted(stores, "redis-cluster")) {
-    testing_redis::RedisTestCluster cluster;
+    emu::RedisCluster cluster;
     if (cluster.available() && cluster.Start().empty()) {
       std::vector<pid_t> pids;
       for (size_t i = 0; i < cluster.size(); ++i) pids.push_back(cluster.node(i).pid());

@@ -95,8 +95,7 @@ class Runner {
 
   Result<emu::Process> Start(int node, const std::string& role, const std::string& manifest,
                              const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {dyad_,        "demo",
-                                     "--role",     role,
+    std::vector<std::string> argv = {dyad_,        "--role",     role,
                                      "--manifest", manifest,
                                      "--result",   manifest + "." + role,
                                      "--ready",    manifest + "." + role + ".ready"};
@@ -128,7 +127,7 @@ class Runner {
 };
 
 int Drive(const Args& a) {
-  const std::string dyad = FindDyadCommand("dyad-small-files");
+  const std::string dyad = FindDemoProgram("dyad-small-files");
   if (dyad.empty()) return 2;
   auto cluster = StartBenchCluster("dyad-small-files", 2, a.cl);
   if (!cluster) return 1;

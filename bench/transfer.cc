@@ -270,7 +270,7 @@ double Produce(emu::EmuCluster& c, const std::string& dyad, const std::string& d
   const std::string manifest = dir + "/p" + tag + ".m";
   (void)emu::WriteManifest(manifest, {{name, static_cast<int64_t>(bytes)}});
   auto p = c.RunOnNode(
-      node, {dyad, "demo", "--role", "produce", "--manifest", manifest, "--result", manifest + ".r"},
+      node, {dyad, "--role", "produce", "--manifest", manifest, "--result", manifest + ".r"},
       600000);
   if (!p.ok() || !p->status.success()) {
     std::fprintf(stderr, "producer failed: %s\n",
@@ -318,7 +318,7 @@ DyadRun DyadConsumeAll(emu::EmuCluster& c, const std::string& dyad, const std::s
       return run;
     manifests.push_back(manifest);
     auto p = c.SpawnOnNode(jobs[i].node,
-                           {dyad, "demo", "--role", "consume", "--manifest", manifest, "--result",
+                           {dyad, "--role", "consume", "--manifest", manifest, "--result",
                             manifest + ".r", "--no-verify", "--no-metadata"},
                            {}, manifest + ".out");
     if (!p.ok()) return run;
@@ -366,7 +366,7 @@ std::string LinkName(const emu::EmuCluster& c, const Args& a) {
 
 // --ring: scaling over nodes.
 int DriveRing(const Args& a) {
-  const std::string dyad = FindDyadCommand("dyad-transfer");
+  const std::string dyad = FindDemoProgram("dyad-transfer");
   if (dyad.empty()) return 2;
   auto cluster = StartBenchCluster("dyad-transfer", a.ring, a.cl);
   if (!cluster) return 1;
@@ -441,7 +441,7 @@ int DriveRing(const Args& a) {
 
 int Drive(const Args& a) {
   if (a.ring >= 2) return DriveRing(a);
-  const std::string dyad = FindDyadCommand("dyad-transfer");
+  const std::string dyad = FindDemoProgram("dyad-transfer");
   if (dyad.empty()) return 2;
   auto cluster = StartBenchCluster("dyad-transfer", 2, a.cl);
   if (!cluster) return 1;

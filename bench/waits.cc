@@ -36,10 +36,10 @@
 #include "bench_stores.h"
 #include "bench_util.h"
 #include "common/log.h"
+#include "emu/redis_server.h"
 #include "kvs/kvs.h"
-#include "unit/redis_test_server.h"
 #ifdef DYAD_HAVE_REDIS
-#include "unit/redis_test_cluster.h"
+#include "emu/redis_cluster.h"
 #endif
 
 namespace dyad::bench {
@@ -237,11 +237,11 @@ int Run(int argc, char** argv) {
   if (root) bench("embedded", root->url(), root->pid());
 #ifdef DYAD_HAVE_REDIS
   if (Wanted(stores, "redis")) {
-    testing_redis::RedisTestServer redis("maxclients 50000\n");
+    emu::RedisServer redis("maxclients 50000\n");
     if (redis.available() && redis.Start().empty()) bench("redis", redis.url(), redis.pid());
   }
   if (Wanted(stores, "redis-cluster")) {
-    testing_redis::RedisTestCluster cluster;
+    emu::RedisCluster cluster;
     if (cluster.available() && cluster.Start().empty())
       bench("redis-cluster", cluster.url(), cluster.node(0).pid());
   }

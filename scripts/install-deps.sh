@@ -9,6 +9,7 @@ PACKAGES="
 cmake
 make
 g++
+binutils
 pkg-config
 libssl-dev
 libcli11-dev

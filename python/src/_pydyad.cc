@@ -1,7 +1,8 @@
 // _pydyad.cc: the pybind11 extension behind the pydyad package.
 //
-// This module is a thin, typed layer over the DYAD C API (dyad_ctx.h and
-// dyad_client.h). The Python-facing API that upstream scripts use (the Dyad
+// This module is a thin, typed layer over DYAD's public API: the C API
+// (dyad_ctx.h and dyad_client.h) and, for interruption, the C++ client
+// (dyad_client.hpp); it includes no internal header. The Python-facing API that upstream scripts use (the Dyad
 // class, dyad_open, DyadFile, the enums) lives in the pure-Python package;
 // this file only does what Python cannot do well by itself:
 //
@@ -13,8 +14,8 @@
 //    get_metadata, init/finalize, which may close connections), so other
 //    Python threads keep running while a consumer waits for publication;
 //  * makes those waits interruptible by Ctrl-C: the client library polls a
-//    process-wide interrupt check (dyad::SetInterruptCheck) at least every
-//    200 ms; ours briefly takes the GIL and runs Python's pending signal
+//    process-wide interrupt check (dyad::client::SetInterruptCheck) at least
+//    every 200 ms; ours briefly takes the GIL and runs Python's pending signal
 //    handlers, so a KeyboardInterrupt raised by the SIGINT handler cancels
 //    the wait and then propagates as the KeyboardInterrupt itself;
 //  * owns dyad_metadata_t records (class Metadata), freeing them exactly once.
@@ -27,6 +28,7 @@
 #include <pybind11/stl.h>
 
 #include <dyad/client/dyad_client.h>
+#include <dyad/client/dyad_client.hpp>
 #include <dyad/client/dyad_producer.h>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/core/dyad_ctx.h>
@@ -37,9 +39,6 @@
 #include <optional>
 #include <string>
 #include <utility>
-
-#include "client/ctx_internal.h"  // dyad::capi::ClientOf (the managed paths)
-#include "client/service_pool.h"  // dyad::SetInterruptCheck
 
 namespace py = pybind11;
 
@@ -199,7 +198,7 @@ PYBIND11_MODULE(_pydyad, m) {
   if (g_dyad_error == nullptr) throw py::error_already_set();
   m.attr("DyadError") = py::reinterpret_borrow<py::object>(g_dyad_error);
 
-  dyad::SetInterruptCheck(&PythonInterruptCheck);
+  dyad::client::SetInterruptCheck(&PythonInterruptCheck);
 
   m.def("rc_name", [](int rc) { return std::string(dyad_rc_name(rc)); },
         "Symbolic name of a dyad_rc_t code.");
@@ -247,11 +246,11 @@ PYBIND11_MODULE(_pydyad, m) {
       "managed_paths",
       [] {
         py::object prod = py::none(), cons = py::none();
-        dyad::Result<std::shared_ptr<dyad::Client>> c = dyad::capi::ClientOf(dyad_ctx_get());
-        if (c.ok()) {
-          const dyad::Client& client = **c;
-          if (client.has_producer_path()) prod = FsDecode(client.producer_path().given().c_str());
-          if (client.has_consumer_path()) cons = FsDecode(client.consumer_path().given().c_str());
+        dyad::client::Client client;
+        if (dyad::client::Client::FromContext(dyad_ctx_get(), &client).ok()) {
+          const dyad::client::Options o = client.options();
+          if (!o.producer_path.empty()) prod = FsDecode(o.producer_path.c_str());
+          if (!o.consumer_path.empty()) cons = FsDecode(o.consumer_path.c_str());
         }
         return py::make_tuple(prod, cons);
       },

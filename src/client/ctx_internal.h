@@ -1,6 +1,7 @@
-// ctx_internal.h: the private side of the C API (dyad/core/dyad_ctx.h,
-// dyad/client/dyad_client.h): the definition of struct dyad_ctx and helpers
-// shared by libdyad_ctx (c_api.cc) and libdyad_client (c_client.cc).
+// ctx_internal.h: the private side of the C context (dyad/core/dyad_ctx.h):
+// the definition of struct dyad_ctx and its helpers, inside libdyad_ctx
+// (c_api.cc, client_api.cc). libdyad_client reaches the context only through
+// the public C++ client (dyad::client::Client::FromContext).
 //
 // There is exactly one context per process, a never-destroyed object that
 // every thread sees (upstream kept it thread-local). It holds a shared_ptr
@@ -12,12 +13,11 @@
 #pragma once
 
 #include <atomic>
-#include <exception>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 
+#include "client/c_guard.h"
 #include "client/client.h"
 #include "common/status.h"
 #include "dyad/common/dyad_dtl.h"
@@ -34,8 +34,6 @@ struct dyad_ctx {
 namespace dyad {
 namespace capi {
 
-// --- defined in c_api.cc (libdyad_ctx) ---------------------------------------
-
 // The process's context object (never null, never destroyed).
 dyad_ctx* Context();
 
@@ -49,38 +47,6 @@ dyad_rc_t Fail(const Status& st);
 inline dyad_rc_t Fail(dyad_rc_t code, const std::string& message) {
   return Fail(Status(code, message));
 }
-
-// True when the client was initialized without any managed directory:
-// DYAD then does nothing at all, and every call succeeds.
-inline bool Inert(const Client& c) { return !c.has_producer_path() && !c.has_consumer_path(); }
-
-// Runs `body` and turns any exception into DYAD_RC_SYSFAIL: no exception may
-// cross the C API.
-template <typename F>
-dyad_rc_t Guard(const char* what, F&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    try {
-      return Fail(DYAD_RC_SYSFAIL, std::string(what) + ": out of memory");
-    } catch (...) {
-      return DYAD_RC_SYSFAIL;
-    }
-  } catch (const std::exception& e) {
-    try {
-      return Fail(DYAD_RC_SYSFAIL, std::string(what) + ": " + e.what());
-    } catch (...) {
-      return DYAD_RC_SYSFAIL;
-    }
-  } catch (...) {
-    return DYAD_RC_SYSFAIL;
-  }
-}
-
-// --- defined in c_client.cc (libdyad_client) ---------------------------------
-
-// dyad_consume with details of what happened (`dyad consume -v`).
-dyad_rc_t ConsumeWithInfo(dyad_ctx_t* ctx, const char* fname, ConsumeInfo* info);
 
 }  // namespace capi
 }  // namespace dyad

@@ -74,6 +74,12 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_EMU_NO_NETNS", ConfigKind::kBool, "false", "tests",
        "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
        "network namespaces (automatic when namespaces cannot be created)."},
+      {"DYAD_SERVICE_BIN", ConfigKind::kString, "", "tests",
+       "`dyad demo`, the tests and the benchmarks: the dyad-service program their emulated "
+       "nodes run (default: the one beside the program, then PATH)."},
+      {"DYAD_TEST_REDIS_SERVER", ConfigKind::kString, "", "tests",
+       "The tests and the metadata benchmark: the redis-server program to start (default: "
+       "/usr/bin, /usr/local/bin or /usr/sbin)."},
       {"DYAD_SERVICE_RANK", ConfigKind::kUint, "", "service",
        "Rank of this node's service (-r overrides it); when unset, taken from FLUX_TASK_RANK, "
        "SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK; with none of them the "

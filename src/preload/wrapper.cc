@@ -272,11 +272,6 @@ class FileTable {
   std::unique_ptr<TrackedFile> Remove(int fd);
   // Remove() for every tracked descriptor in [first, last].
   std::vector<std::unique_ptr<TrackedFile>> RemoveRange(unsigned first, unsigned last);
-  bool Tracked(int fd) const {
-    if (count_.load(std::memory_order_acquire) == 0) return false;
-    std::lock_guard<std::mutex> lock(mu_);
-    return by_fd_.count(fd) != 0;
-  }
   bool WritingPath(const std::string& path) {
     if (count_.load(std::memory_order_acquire) == 0) return false;
     std::lock_guard<std::mutex> lock(mu_);

@@ -3,11 +3,13 @@
 //
 // Everything here goes through the C API (dyad_init, dyad_consume, ...) on
 // the process-wide context, so the streams behave exactly like a C program
-// with the same settings. Only the managed-path test and two settings are
-// read from the context's dyad::Client directly (libdyad_ctx exports it).
+// with the same settings. Only the managed-path test and a few settings are
+// read from the context's client directly, through the public C++ client
+// (dyad/client/dyad_client.hpp).
 #include <dyad/stream/dyad_stream_core.hpp>
 
 #include <dyad/client/dyad_client.h>
+#include <dyad/client/dyad_client.hpp>
 #include <dyad/client/dyad_producer.h>
 #include <dyad/core/dyad_ctx.h>
 #include <errno.h>
@@ -16,24 +18,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
-#include <memory>
-#include <thread>
-
-#include "client/client.h"
-#include "client/ctx_internal.h"
-#include "common/time.h"
 
 namespace dyad {
 namespace {
 
-// The client behind the process's context, or null when DYAD is off.
-std::shared_ptr<Client> CurrentClient() {
+using client::Client;
+using client::Side;
+
+// The client behind the process's context; empty (not valid()) when DYAD
+// is off.
+Client CurrentClient() {
+  Client c;
   dyad_ctx_t* ctx = dyad_ctx_get();
-  if (ctx == nullptr) return nullptr;
-  auto c = capi::ClientOf(ctx);
-  return c.ok() ? *c : nullptr;
+  if (ctx != nullptr) (void)Client::FromContext(ctx, &c);
+  return c;
 }
 
 const char* DtlName(const dyad_params& p) {
@@ -58,9 +57,9 @@ dyad_stream_core::~dyad_stream_core() = default;
 void dyad_stream_core::adopt_context() {
   m_ctx = dyad_ctx_get();
   m_initialized = m_ctx != nullptr;
-  std::shared_ptr<Client> c = m_initialized ? CurrentClient() : nullptr;
-  m_is_prod = c && c->has_producer_path();
-  m_is_cons = c && c->has_consumer_path();
+  const Client c = m_initialized ? CurrentClient() : Client();
+  m_is_prod = c.has_producer_path();
+  m_is_cons = c.has_consumer_path();
 }
 
 void dyad_stream_core::init(const bool reinit) {
@@ -93,11 +92,12 @@ void dyad_stream_core::init(const dyad_params& p) {
 }
 
 void dyad_stream_core::log_info(const std::string& msg_head) const {
-  std::shared_ptr<Client> c = m_initialized ? CurrentClient() : nullptr;
-  if (!c || !c->config().debug) return;
+  const Client c = m_initialized ? CurrentClient() : Client();
+  if (!c.valid()) return;
+  const client::Options o = c.options();
+  if (!o.debug) return;
   std::fprintf(stderr, "dyad[%d]: %s: producer=%s consumer=%s\n", static_cast<int>(::getpid()),
-               msg_head.c_str(), c->producer_path().given().c_str(),
-               c->consumer_path().given().c_str());
+               msg_head.c_str(), o.producer_path.c_str(), o.consumer_path.c_str());
 }
 
 void dyad_stream_core::finalize() {
@@ -110,15 +110,11 @@ void dyad_stream_core::finalize() {
 // Asked of the context each time: another part of the program may have
 // re-initialized it with other directories since this core was set up.
 bool dyad_stream_core::is_dyad_producer() const {
-  if (!m_initialized) return false;
-  std::shared_ptr<Client> c = CurrentClient();
-  return c && c->has_producer_path();
+  return m_initialized && CurrentClient().has_producer_path();
 }
 
 bool dyad_stream_core::is_dyad_consumer() const {
-  if (!m_initialized) return false;
-  std::shared_ptr<Client> c = CurrentClient();
-  return c && c->has_consumer_path();
+  return m_initialized && CurrentClient().has_consumer_path();
 }
 
 bool dyad_stream_core::record(dyad_rc_t rc, const char* what, const char* path) {
@@ -149,15 +145,14 @@ void dyad_stream_core::set_initialized() { adopt_context(); }
 bool dyad_stream_core::chk_initialized() const { return m_initialized && dyad_ctx_get() != nullptr; }
 
 bool dyad_stream_core::chk_fsync_write() const {
-  std::shared_ptr<Client> c = m_initialized ? CurrentClient() : nullptr;
-  return c && c->config().fsync_write;
+  const Client c = m_initialized ? CurrentClient() : Client();
+  return c.valid() && c.options().fsync_write;
 }
 
 bool dyad_stream_core::cmp_canonical_path_prefix(bool is_prod,
                                                  const char* const __restrict__ path) {
   if (path == nullptr || !m_initialized) return false;
-  std::shared_ptr<Client> c = CurrentClient();
-  return c && c->IsManaged(path, is_prod ? Side::kProducer : Side::kConsumer);
+  return CurrentClient().IsManaged(path, is_prod ? Side::kProducer : Side::kConsumer);
 }
 
 // The producer's lock of the client library (dyad_producer.h), bounded by

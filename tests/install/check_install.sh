@@ -8,6 +8,7 @@
 #  * upstream's C++ stream example built with -std=c++11 and linked exactly
 #    like upstream's tutorial Makefile (-Wl,-rpath=$PREFIX/lib -ldyad_fstream);
 #  * a CMake project using find_package(dyad) (C and C++11 programs);
+#  * a C++11 program on the public C++ client (dyad/client/dyad_client.hpp);
 #  * unmodified cp and cat under LD_PRELOAD=$PREFIX/lib/libdyad_wrapper.so;
 #  * a Python script using upstream's pydyad API from the installed package;
 # and they move files between two dyad-service processes of that prefix on
@@ -48,7 +49,8 @@ step() { echo "== $*"; }
 step "install into $P"
 cmake --install "$BUILD_DIR" --prefix "$P" >"$WORK/install.log" 2>&1 ||
   { cat "$WORK/install.log" >&2; fail "cmake --install failed"; }
-for f in include/dyad/client/dyad_client.h include/dyad/core/dyad_ctx.h \
+for f in include/dyad/client/dyad_client.h include/dyad/client/dyad_client.hpp \
+         include/dyad/core/dyad_ctx.h libexec/dyad/dyad-demo \
          include/dyad/common/dyad_rc.h include/dyad/common/dyad_dtl.h include/dyad/dyad_config.hpp \
          include/dyad/stream/dyad_stream_api.hpp bin/dyad bin/dyad-service \
          lib/libdyad_client.so lib/libdyad_ctx.so lib/libdyad_fstream.so lib/libdyad_wrapper.so \
@@ -92,12 +94,15 @@ g++ -std=c++11 -o "$WORK/stream_app" "$SRC_DIR/tests/stream_helpers/upstream_exa
 g++ -std=c++11 -o "$WORK/stream_app_pc" "$SRC_DIR/tests/stream_helpers/upstream_example.cc" \
   $(pkg-config --cflags --libs dyad-fstream) -Wl,-rpath="$libdir" ||
   fail "C++11 program (pkg-config dyad-fstream)"
+# shellcheck disable=SC2046
+g++ -std=c++11 -Wall -Wextra -Werror -o "$WORK/cpp_client_app" "$HERE/cpp_client_app.cc" \
+  $(pkg-config --cflags --libs dyad) -Wl,-rpath="$libdir" || fail "C++11 program on dyad_client.hpp"
 unset PKG_CONFIG_PATH
 cmake -S "$HERE/find_package_project" -B "$WORK/cm" -DCMAKE_PREFIX_PATH="$P" \
   -DDYAD_TEST_SOURCES="$HERE" >"$WORK/cm.log" 2>&1 && cmake --build "$WORK/cm" >>"$WORK/cm.log" 2>&1 ||
   { cat "$WORK/cm.log" >&2; fail "find_package(dyad) project"; }
 for exe in "$WORK/c_app" "$WORK/stream_app" "$WORK/stream_app_pc" "$WORK/cm/c_app" \
-           "$WORK/cm/stream_app"; do
+           "$WORK/cm/stream_app" "$WORK/cpp_client_app"; do
   if ldd "$exe" | grep -q "not found"; then ldd "$exe" >&2; fail "$exe: libraries not found"; fi
   if ldd "$exe" | grep libdyad | grep -qv "$P/lib/"; then fail "$exe: a libdyad outside $P"; fi
 done
@@ -144,6 +149,11 @@ node 1 "$WORK/cm/stream_app" consume "$CONS/b.txt" | grep -qx ok || fail "cm/str
 step "C11 (pkg-config) produces, C++11 (pkg-config dyad-fstream) consumes"
 node 0 "$WORK/c_app" produce "$PROD/c.txt" "$TEXT" >/dev/null || fail "c_app produce"
 node 1 "$WORK/stream_app_pc" consume "$CONS/c.txt" | grep -qx ok || fail "stream_app_pc consume c.txt"
+
+step "C++11 public client produces and consumes"
+node 0 "$WORK/cpp_client_app" produce "$PROD/f.txt" "$TEXT" || fail "cpp_client_app produce"
+node 1 "$WORK/cpp_client_app" consume "$CONS/f.txt" "$TEXT" | grep -qx ok ||
+  fail "cpp_client_app consume f.txt"
 
 step "unmodified cp and cat under LD_PRELOAD"
 head -c 1048577 /dev/urandom >"$WORK/payload"
@@ -192,4 +202,5 @@ fi
 
 "$P/bin/dyad" --version | grep -q "^dyad [0-9]" || fail "dyad --version"
 "$P/bin/dyad-service" --version | grep -q "^dyad-service [0-9]" || fail "dyad-service --version"
+"$P/bin/dyad" demo --help >/dev/null || fail "dyad demo --help (runs <libexecdir>/dyad/dyad-demo)"
 echo "install OK"

@@ -1,4 +1,4 @@
-// cluster_test.cc: the emulated cluster itself (src/emu): what it creates,
+// cluster_test.cc: the emulated cluster itself (tools/emu): what it creates,
 // that it removes all of it, restarts, more than two nodes, and the sweep of
 // namespaces left behind by dead processes.
 #include <sys/stat.h>
@@ -107,13 +107,13 @@ TEST(EmuClusterTest, ThreeNodesOverABridge) {
   auto c = EmuCluster::Start(3, DefaultOptions());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EmuCluster& cl = **c;
-  const std::string dyad = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
+  const std::string dyad = emu::FindSiblingProgram("dyad-demo", DYAD_BUILD_BIN_DIR);
   ASSERT_FALSE(dyad.empty());
   const std::string manifest = cl.base_dir() + "/m";
   ASSERT_TRUE(emu::WriteManifest(manifest, {{"tri/file.dat", 777777}}).ok());
   auto run = [&](int node, const std::string& role, const std::string& result) {
     auto r = cl.RunOnNode(
-        node, {dyad, "demo", "--role", role, "--manifest", manifest, "--result", result}, 60000);
+        node, {dyad, "--role", role, "--manifest", manifest, "--result", result}, 60000);
     EXPECT_TRUE(r.ok());
     if (r.ok()) {
       EXPECT_TRUE(r->status.success()) << r->output;

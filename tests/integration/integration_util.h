@@ -1,10 +1,10 @@
 // integration_util.h: the fixture every integration test builds on.
 //
-// TwoNodeTest starts an emulated two-node cluster (src/emu): node A (index 0)
+// TwoNodeTest starts an emulated two-node cluster (tools/emu): node A (index 0)
 // and node B (index 1), each with its own dyad-service, directory and (as
 // root) network namespace. Producers and consumers are separate processes
-// run inside a node: the hidden worker roles of the `dyad` command
-// (`dyad demo --role produce|consume`), which use only the public C API and
+// run inside a node: the hidden worker roles of the demo program
+// (`dyad-demo --role produce|consume`), which use only the public C API and
 // report one result line per file. The cluster is torn down after each test,
 // also when an assertion fails; every wait is bounded.
 //
@@ -124,6 +124,8 @@ class TwoNodeTest : public ::testing::Test {
   void SetUp() override {
     dyad_ = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
     ASSERT_FALSE(dyad_.empty()) << "the dyad command was not found in " << DYAD_BUILD_BIN_DIR;
+    demo_ = emu::FindSiblingProgram("dyad-demo", DYAD_BUILD_BIN_DIR);
+    ASSERT_FALSE(demo_.empty()) << "dyad-demo was not found in " << DYAD_BUILD_BIN_DIR;
     emu::ClusterOptions o = Options();
     if (o.bin_dir.empty()) o.bin_dir = DYAD_BUILD_BIN_DIR;
     auto c = EmuCluster::Start(2, o);
@@ -177,8 +179,8 @@ class TwoNodeTest : public ::testing::Test {
 
   std::vector<std::string> WorkerArgv(const std::string& role, const WorkerFiles& f,
                                       const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {dyad_,      "demo",     "--role", role,      "--manifest",
-                                     f.manifest, "--result", f.result, "--ready", f.ready};
+    std::vector<std::string> argv = {demo_,      "--role", role,      "--manifest", f.manifest,
+                                     "--result", f.result, "--ready", f.ready};
     argv.insert(argv.end(), flags.begin(), flags.end());
     return argv;
   }
@@ -383,7 +385,8 @@ class TwoNodeTest : public ::testing::Test {
   }
 
   std::unique_ptr<EmuCluster> cluster_;
-  std::string dyad_;
+  std::string dyad_;  // the dyad command
+  std::string demo_;  // dyad-demo, whose worker roles run on the nodes
   std::string work_;
   int seq_ = 0;
 };

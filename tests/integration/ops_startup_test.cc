@@ -7,8 +7,8 @@
 // reaches the error log.
 #include <sys/stat.h>
 
+#include "emu/redis_server.h"
 #include "integration/ops_util.h"
-#include "unit/redis_test_server.h"
 
 namespace dyad::it {
 namespace {
@@ -105,12 +105,12 @@ class RedisOpsTest : public OpsTest {
   // A real redis-server in node A's network (the host's loopback without
   // namespaces) with `args` added to its command line.
   void StartRedis(const std::vector<std::string>& args) {
-    const std::string bin = testing_redis::FindRedisServer();
+    const std::string bin = emu::FindRedisServer();
     if (bin.empty()) GTEST_SKIP() << "redis-server not installed";
     redis_dir_ = cluster().base_dir() + "/redis";
     ASSERT_EQ(::mkdir(redis_dir_.c_str(), 0755), 0);
     redis_addr_ = cluster().uses_netns() ? OnPort(cluster().node(kA).ip, 6399)
-                                         : "127.0.0.1:" + std::to_string(testing_redis::FreePort());
+                                         : "127.0.0.1:" + std::to_string(emu::FreePort());
     emu::SpawnOptions o;
     o.argv = {bin, "--port", redis_addr_.substr(redis_addr_.rfind(':') + 1), "--bind",
               redis_addr_.substr(0, redis_addr_.rfind(':')), "--save", "", "--appendonly", "no",

@@ -5,10 +5,10 @@
 // thread and one thread per connection that authenticates and feeds frames
 // to EmbeddedKvsServer, the way dyad-service does), and, when the Redis
 // backend is compiled in, against "redis" talking to a real redis-server
-// that each test starts on a free loopback port (redis_test_server.h), and
+// that each test starts on a free loopback port (tools/emu/redis_server.h), and
 // against the two other Redis deployments: "redis_cluster", a real
 // three-master Redis Cluster, and "redis_sentinel", a primary, a replica
-// and a Redis Sentinel (redis_test_cluster.h). Those two take seconds to
+// and a Redis Sentinel (tools/emu/redis_cluster.h). Those two take seconds to
 // start, so one of each is shared by the tests of a process (emptied
 // between tests) and ctest runs each flavour as one process
 // (tests/CMakeLists.txt). EmbeddedKvsTest covers
@@ -34,15 +34,15 @@
 #include "common/auth.h"
 #include "common/net.h"
 #include "common/wire.h"
+#include "emu/redis_server.h"
 #include "kvs/embedded/embedded_kvs.h"
 #include "kvs/embedded/embedded_server.h"
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
 #include "proto/protocol.h"
 #include "unit/embedded_test_root.h"
-#include "unit/redis_test_server.h"
 #ifdef DYAD_HAVE_REDIS
-#include "unit/redis_test_cluster.h"
+#include "emu/redis_cluster.h"
 #endif
 
 namespace dyad {
@@ -87,12 +87,12 @@ std::vector<std::string> ConformanceParams() {
 
 #ifdef DYAD_HAVE_REDIS
 // Shared by the tests of one process (see the header comment).
-std::unique_ptr<testing_redis::RedisTestCluster>& SharedCluster() {
-  static std::unique_ptr<testing_redis::RedisTestCluster> cluster;
+std::unique_ptr<emu::RedisCluster>& SharedCluster() {
+  static std::unique_ptr<emu::RedisCluster> cluster;
   return cluster;
 }
-std::unique_ptr<testing_redis::RedisTestSentinel>& SharedSentinel() {
-  static std::unique_ptr<testing_redis::RedisTestSentinel> group;
+std::unique_ptr<emu::RedisSentinel>& SharedSentinel() {
+  static std::unique_ptr<emu::RedisSentinel> group;
   return group;
 }
 #endif
@@ -113,7 +113,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "redis_cluster") {
       auto& c = SharedCluster();
       if (!c) {
-        c = std::make_unique<testing_redis::RedisTestCluster>();
+        c = std::make_unique<emu::RedisCluster>();
         if (!c->available()) return "";
         const std::string error = c->Start();
         if (!error.empty()) {
@@ -127,7 +127,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
     }
     auto& g = SharedSentinel();
     if (!g) {
-      g = std::make_unique<testing_redis::RedisTestSentinel>();
+      g = std::make_unique<emu::RedisSentinel>();
       if (!g->available()) return "";
       const std::string error = g->Start();
       if (!error.empty()) {
@@ -136,7 +136,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
         return "";
       }
     }
-    testing_redis::RedisCommand(g->PrimaryPort(), {"FLUSHALL"});
+    emu::RedisCommand(g->PrimaryPort(), {"FLUSHALL"});
     return g->url();
 #else
     return "";
@@ -157,7 +157,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
       url = root_->url();
     }
     if (GetParam() == "redis") {
-      redis_ = std::make_unique<testing_redis::RedisTestServer>();
+      redis_ = std::make_unique<emu::RedisServer>();
       if (!redis_->available()) {
         GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server); "
                         "the redis backend is compiled in but cannot be tested here";
@@ -184,7 +184,7 @@ class KvsConformance : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<TestRoot> root_;
-  std::unique_ptr<testing_redis::RedisTestServer> redis_;
+  std::unique_ptr<emu::RedisServer> redis_;
   std::unique_ptr<Kvs> kvs_;
 };
 

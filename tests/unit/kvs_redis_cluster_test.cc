@@ -19,18 +19,18 @@
 #include <thread>
 #include <vector>
 
+#include "emu/redis_cluster.h"
 #include "kvs/kvs.h"
 #include "kvs/redis/redis_kvs.h"
 #include "kvs/redis/redis_slot.h"
-#include "unit/redis_test_cluster.h"
 
 namespace dyad {
 namespace {
 
+using emu::RedisCluster;
+using emu::RedisCommand;
+using emu::WaitUntil;
 using std::chrono::milliseconds;
-using testing_redis::RedisCommand;
-using testing_redis::RedisTestCluster;
-using testing_redis::WaitUntil;
 
 int64_t MsSince(SteadyClock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start).count();
@@ -39,7 +39,7 @@ int64_t MsSince(SteadyClock::time_point start) {
 class RedisClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    cluster_ = std::make_unique<RedisTestCluster>();
+    cluster_ = std::make_unique<RedisCluster>();
     if (!cluster_->available()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
     ASSERT_EQ(cluster_->Start(), "");
     KvsOptions o;
@@ -101,7 +101,7 @@ class RedisClusterTest : public ::testing::Test {
     return -1;
   }
 
-  std::unique_ptr<RedisTestCluster> cluster_;
+  std::unique_ptr<RedisCluster> cluster_;
   std::unique_ptr<RedisKvs> kvs_;
 };
 

@@ -17,22 +17,22 @@
 #include <thread>
 #include <vector>
 
+#include "emu/redis_cluster.h"
 #include "kvs/kvs.h"
 #include "kvs/redis/redis_kvs.h"
-#include "unit/redis_test_cluster.h"
 
 namespace dyad {
 namespace {
 
+using emu::RedisCommand;
+using emu::RedisSentinel;
+using emu::WaitUntil;
 using std::chrono::milliseconds;
-using testing_redis::RedisCommand;
-using testing_redis::RedisTestSentinel;
-using testing_redis::WaitUntil;
 
 class RedisSentinelTest : public ::testing::Test {
  protected:
   void Start(int replicas) {
-    group_ = std::make_unique<RedisTestSentinel>(replicas);
+    group_ = std::make_unique<RedisSentinel>(replicas);
     if (!group_->available()) GTEST_SKIP() << "redis-server is not installed";
     ASSERT_EQ(group_->Start(), "");
   }
@@ -49,7 +49,7 @@ class RedisSentinelTest : public ::testing::Test {
   }
   void TearDown() override { group_.reset(); }
 
-  std::unique_ptr<RedisTestSentinel> group_;
+  std::unique_ptr<RedisSentinel> group_;
 };
 
 TEST_F(RedisSentinelTest, PrimaryCrashDuringWaitsLosesNothingAndWakesEveryWaiter) {
@@ -98,8 +98,7 @@ TEST_F(RedisSentinelTest, PrimaryCrashDuringWaitsLosesNothingAndWakesEveryWaiter
   })) << "the sentinel did not fail over";
   // The other replica follows the new primary, so publications can be
   // acknowledged by a replica again (wait_replicas=1).
-  ASSERT_TRUE(
-      WaitUntil(15000, [&] { return RedisTestSentinel::HasReplicasOnline(new_primary, 1); }));
+  ASSERT_TRUE(WaitUntil(15000, [&] { return RedisSentinel::HasReplicasOnline(new_primary, 1); }));
 
   for (int i = 0; i < 6; ++i) {
     Status st = kvs->Put("ns", "after/" + std::to_string(i), "p" + std::to_string(i));
@@ -139,7 +138,7 @@ TEST_F(RedisSentinelTest, ManualFailoverIsFollowedThroughSwitchMaster) {
   ASSERT_TRUE(WaitUntil(3000, [&] { return Subscribers(old_primary, channel) == 1; }));
   ASSERT_TRUE(WaitUntil(5000, [&] {
     return RedisCommand(group_->sentinel().port(),
-                        {"SENTINEL", "FAILOVER", RedisTestSentinel::kMaster}) == "OK";
+                        {"SENTINEL", "FAILOVER", RedisSentinel::kMaster}) == "OK";
   }));
   // The old primary stays up as a replica, so no link breaks: only the
   // +switch-master announcement can move the subscription, and it must,

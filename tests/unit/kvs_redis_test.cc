@@ -3,7 +3,7 @@
 // itself, database selection, password and ACL authentication, persistence
 // across a restart of Redis, and waits that span a restart. Every test
 // starts its own redis-server on a free loopback port in a temporary
-// directory (redis_test_server.h) and skips when none is installed.
+// directory (tools/emu/redis_server.h) and skips when none is installed.
 #include <gtest/gtest.h>
 
 #ifdef DYAD_HAVE_REDIS
@@ -19,16 +19,16 @@
 #include <thread>
 #include <vector>
 
+#include "emu/redis_server.h"
 #include "kvs/kvs.h"
 #include "kvs/redis/redis_kvs.h"
 #include "proto/protocol.h"
-#include "unit/redis_test_server.h"
 
 namespace dyad {
 namespace {
 
+using emu::RedisServer;
 using std::chrono::milliseconds;
-using testing_redis::RedisTestServer;
 
 int64_t MsSince(SteadyClock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start).count();
@@ -159,7 +159,7 @@ class RedisKvsTest : public ::testing::Test {
   // Starts a server with `extra` config lines; false (and a skip) when no
   // redis-server is installed.
   bool StartServer(const std::string& extra = "") {
-    server_ = std::make_unique<RedisTestServer>(extra);
+    server_ = std::make_unique<RedisServer>(extra);
     if (!server_->available()) return false;
     const std::string error = server_->Start();
     EXPECT_EQ(error, "");
@@ -172,7 +172,7 @@ class RedisKvsTest : public ::testing::Test {
   }
   void TearDown() override { server_.reset(); }
 
-  std::unique_ptr<RedisTestServer> server_;
+  std::unique_ptr<RedisServer> server_;
 };
 
 #define START_OR_SKIP(extra)                                                            \

@@ -17,11 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include "emu/redis_server.h"
 #include "kvs/kvs.h"
 #include "unit/embedded_test_root.h"
-#include "unit/redis_test_server.h"
 #ifdef DYAD_HAVE_REDIS
-#include "unit/redis_test_cluster.h"
+#include "emu/redis_cluster.h"
 #endif
 
 namespace dyad {
@@ -52,13 +52,13 @@ class WaitsAtScale : public ::testing::TestWithParam<std::string> {
       ASSERT_NE(root_, nullptr) << error;
       url = root_->url();
     } else if (p == "redis") {
-      redis_ = std::make_unique<testing_redis::RedisTestServer>();
+      redis_ = std::make_unique<emu::RedisServer>();
       if (!redis_->available()) GTEST_SKIP() << "redis-server is not installed";
       ASSERT_EQ(redis_->Start(), "");
       url = redis_->url();
     } else if (p == "redis_cluster") {
 #ifdef DYAD_HAVE_REDIS
-      cluster_ = std::make_unique<testing_redis::RedisTestCluster>();
+      cluster_ = std::make_unique<emu::RedisCluster>();
       if (!cluster_->available()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
       ASSERT_EQ(cluster_->Start(), "");
       url = cluster_->url();
@@ -99,9 +99,9 @@ class WaitsAtScale : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<testing_embedded::TestRoot> root_;
-  std::unique_ptr<testing_redis::RedisTestServer> redis_;
+  std::unique_ptr<emu::RedisServer> redis_;
 #ifdef DYAD_HAVE_REDIS
-  std::unique_ptr<testing_redis::RedisTestCluster> cluster_;
+  std::unique_ptr<emu::RedisCluster> cluster_;
 #endif
   std::unique_ptr<Kvs> kvs_;
 };
@@ -143,8 +143,8 @@ TEST_P(WaitsAtScale, StartedWaitsOnDistinctKeysAndOneKey) {
   }
   std::this_thread::sleep_for(milliseconds(500));
   PublishAll();
-  ASSERT_TRUE(testing_redis::WaitUntil(static_cast<int>(kDeadlineMs),
-                                       [&] { return done.load() == kDistinct + kShared; }));
+  ASSERT_TRUE(emu::WaitUntil(static_cast<int>(kDeadlineMs),
+                             [&] { return done.load() == kDistinct + kShared; }));
   std::lock_guard<std::mutex> lk(mu);
   Check(results);
 }

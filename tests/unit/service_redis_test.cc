@@ -23,11 +23,11 @@
 #include "common/fsutil.h"
 #include "common/key.h"
 #include "common/net.h"
+#include "emu/redis_cluster.h"
+#include "emu/redis_server.h"
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/service.h"
-#include "unit/redis_test_cluster.h"
-#include "unit/redis_test_server.h"
 #include "unit/service_pair.h"
 
 namespace dyad {
@@ -38,7 +38,7 @@ using testing_services::ReadAll;
 class ServicesOnRedis : public ::testing::Test {
  protected:
   void SetUp() override {
-    redis_ = std::make_unique<testing_redis::RedisTestServer>();
+    redis_ = std::make_unique<emu::RedisServer>();
     if (!redis_->available()) GTEST_SKIP() << "redis-server is not installed";
     ASSERT_EQ(redis_->Start(), "");
     Status st = pair_.Start(redis_->url(), redis_->url());
@@ -61,7 +61,7 @@ class ServicesOnRedis : public ::testing::Test {
   }
 
   testing_services::ServicePair pair_;
-  std::unique_ptr<testing_redis::RedisTestServer> redis_;
+  std::unique_ptr<emu::RedisServer> redis_;
   std::string base_, dir_a_, dir_b_;
 };
 
@@ -115,7 +115,7 @@ TEST_F(ServicesOnRedis, TimeoutIsAClearError) {
 // the masters, and a consumer parked before the publication is woken
 // through the key's shard.
 TEST(ServicesOnRedisCluster, ExchangeFilesThroughTheCluster) {
-  testing_redis::RedisTestCluster cluster;
+  emu::RedisCluster cluster;
   if (!cluster.available()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
   ASSERT_EQ(cluster.Start(), "");
   testing_services::ServicePair pair;
@@ -142,7 +142,7 @@ TEST(ServicesOnRedisCluster, ExchangeFilesThroughTheCluster) {
   // The records landed on more than one master.
   int masters_with_keys = 0;
   for (size_t n = 0; n < cluster.size(); ++n)
-    masters_with_keys += testing_redis::RedisCommand(cluster.port(n), {"DBSIZE"}) != "0";
+    masters_with_keys += emu::RedisCommand(cluster.port(n), {"DBSIZE"}) != "0";
   EXPECT_GE(masters_with_keys, 2);
   pair.Stop();
 }

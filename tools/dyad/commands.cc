@@ -16,14 +16,11 @@
 #include <string>
 
 #include "client/client.h"
-#include "client/ctx_internal.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/munge/munge.h"
 #include "common/seal.h"
 #include "common/time.h"
-#include "dyad/client/dyad_client.h"
-#include "dyad/core/dyad_ctx.h"
 #include "dyad_version.h"
 #include "inspect.h"
 #include "kvs/kvs.h"
@@ -99,15 +96,18 @@ Result<std::shared_ptr<Client>> EnvClient() {
   return Client::Create(std::move(*cfg));
 }
 
-// Initializes the process context from the environment for produce or
-// consume and returns its client. Reports problems itself.
-std::shared_ptr<Client> InitFromEnv(const std::string& cmd, dyad_dtl_comm_mode_t mode) {
+// A client from the environment for produce or consume, which needs the
+// `side` managed directory. Reports problems itself. The command uses the
+// client core directly (statically linked), not the C context: it needs
+// what the service says about peers and transfers, which the public API
+// does not carry.
+std::shared_ptr<Client> InitFromEnv(const std::string& cmd, Side side) {
   Result<ClientConfig> cfg = ClientConfig::FromEnv();
   if (!cfg.ok()) {
     PrintError(cmd, "", cfg.status());
     return nullptr;
   }
-  const bool producer = mode == DYAD_COMM_SEND;
+  const bool producer = side == Side::kProducer;
   if ((producer ? cfg->prod_managed_path : cfg->cons_managed_path).empty()) {
     PrintError(cmd, "",
                Status(DYAD_RC_BADMANAGEDPATH,
@@ -116,12 +116,7 @@ std::shared_ptr<Client> InitFromEnv(const std::string& cmd, dyad_dtl_comm_mode_t
                           (producer ? "DYAD_PATH_PRODUCER" : "DYAD_PATH_CONSUMER")));
     return nullptr;
   }
-  const dyad_rc_t rc = dyad_init_env(mode, nullptr);
-  if (DYAD_IS_ERROR(rc)) {
-    PrintError(cmd, "", Status(rc, dyad_last_error()));
-    return nullptr;
-  }
-  Result<std::shared_ptr<Client>> client = capi::ClientOf(dyad_ctx_get());
+  Result<std::shared_ptr<Client>> client = Client::Create(std::move(*cfg));
   if (!client.ok()) {
     PrintError(cmd, "", client.status());
     return nullptr;
@@ -261,7 +256,7 @@ int CmdInfo(InfoFormat format) {
 }
 
 int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
-  std::shared_ptr<Client> client = InitFromEnv("produce", DYAD_COMM_SEND);
+  std::shared_ptr<Client> client = InitFromEnv("produce", Side::kProducer);
   if (client == nullptr) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
@@ -274,16 +269,15 @@ int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
       continue;
     }
     const uint64_t t0 = MonoNs();
-    const dyad_rc_t rc = dyad_produce(dyad_ctx_get(), path.c_str());
+    const Status st = client->Produce(path);
     const uint64_t dt = MonoNs() - t0;
-    if (DYAD_IS_ERROR(rc)) {
-      PrintError("produce", path, Status(rc, dyad_last_error()));
+    if (!st.ok()) {
+      PrintError("produce", path, st);
       failed = true;
       continue;
     }
     if (verbose) std::cout << path << ": published '" << *upath << "' in " << FormatMs(dt) << "\n";
   }
-  dyad_finalize();
   return failed ? kExitFailed : kExitOk;
 }
 
@@ -294,7 +288,7 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
     std::snprintf(buf, sizeof buf, "%.3f", timeout_s);
     ::setenv("DYAD_CONSUME_TIMEOUT", buf, 1);
   }
-  std::shared_ptr<Client> client = InitFromEnv("consume", DYAD_COMM_RECV);
+  std::shared_ptr<Client> client = InitFromEnv("consume", Side::kConsumer);
   if (client == nullptr) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
@@ -305,12 +299,11 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
       continue;
     }
     ConsumeInfo info;
-    std::string error;
-    const dyad_rc_t rc = progress && ProgressWanted()
-                             ? ConsumeShowingProgress(path, *upath, &info, &error)
-                             : capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), &info);
-    if (DYAD_IS_ERROR(rc)) {
-      PrintError("consume", path, Status(rc, error.empty() ? dyad_last_error() : error));
+    const Status st = progress && ProgressWanted()
+                          ? ConsumeShowingProgress(*client, path, *upath, &info)
+                          : client->Consume(path, &info);
+    if (!st.ok()) {
+      PrintError("consume", path, st);
       failed = true;
       continue;
     }
@@ -329,7 +322,6 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
     }
     std::cout << path << ": " << what << " in " << FormatMs(info.elapsed_ns) << "\n";
   }
-  dyad_finalize();
   return failed ? kExitFailed : kExitOk;
 }
 

@@ -23,7 +23,7 @@ enum class InfoFormat { kText, kJson, kMarkdown };
 // with each variable's current value.
 int CmdInfo(InfoFormat format);
 
-// Publishes each file through the C API (environment configuration).
+// Publishes each file (the client core, configured from the environment).
 int CmdProduce(const std::vector<std::string>& paths, bool verbose);
 
 // Consumes each file; `timeout_s` >= 0 overrides DYAD_CONSUME_TIMEOUT

@@ -14,11 +14,9 @@
 #include <sstream>
 #include <thread>
 
-#include "client/ctx_internal.h"
 #include "commands.h"
 #include "common/backend.h"
 #include "common/time.h"
-#include "dyad/core/dyad_ctx.h"
 #include "service/stats.h"
 
 namespace dyad {
@@ -292,17 +290,16 @@ void DrawBar(const std::string& name, const TransferInfo& t) {
 
 }  // namespace
 
-dyad_rc_t ConsumeShowingProgress(const std::string& path, const std::string& upath,
-                                 ConsumeInfo* info, std::string* error) {
+Status ConsumeShowingProgress(Client& client, const std::string& path, const std::string& upath,
+                              ConsumeInfo* info) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  dyad_rc_t rc = DYAD_RC_OK;
+  Status result;
   std::thread consumer([&] {
-    const dyad_rc_t r = capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), info);
+    Status r = client.Consume(path, info);
     std::lock_guard<std::mutex> lk(mu);
-    rc = r;
-    if (DYAD_IS_ERROR(r)) *error = dyad_last_error();
+    result = std::move(r);
     done = true;
     cv.notify_all();
   });
@@ -327,7 +324,7 @@ dyad_rc_t ConsumeShowingProgress(const std::string& path, const std::string& upa
   lk.unlock();
   consumer.join();
   if (drawn) std::fputs("\r\033[K", stderr);
-  return rc;
+  return result;
 }
 
 }  // namespace cli

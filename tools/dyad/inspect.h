@@ -38,12 +38,12 @@ bool OwnerStates(Client& client, const std::vector<uint32_t>& ranks,
 // both terminals.
 bool ProgressWanted();
 
-// Consumes `path` (upath `upath`) through the process context like
-// capi::ConsumeWithInfo, drawing a progress bar on stderr while the local
-// service reports the file's transfer in flight. `error` gets the failure
-// message. Uses a second thread for the consume.
-dyad_rc_t ConsumeShowingProgress(const std::string& path, const std::string& upath,
-                                 ConsumeInfo* info, std::string* error);
+// client.Consume(path, info) (`upath` is its path relative to the consumer
+// directory), drawing a progress bar on stderr while the local service
+// reports the file's transfer in flight. Uses a second thread for the
+// consume.
+Status ConsumeShowingProgress(Client& client, const std::string& path, const std::string& upath,
+                              ConsumeInfo* info);
 
 // "1.5 MiB", "512 B".
 std::string FormatBytes(uint64_t bytes);

@@ -3,7 +3,11 @@
 // the two-node demo. See `dyad --help` and `dyad SUBCOMMAND --help`.
 //
 // Exit codes: 0 success, 1 the operation failed, 2 usage error.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -11,24 +15,45 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#include "demo.h"
 #include "inspect.h"
 #include "dyad/dyad_config.hpp"
 #include "dyad_version.h"
 
 namespace {
 
+using dyad::cli::kExitFailed;
 using dyad::cli::kExitOk;
 using dyad::cli::kExitUsage;
 
-int RunDemoWith(const std::vector<std::string>& rest) {
-  std::vector<std::string> args;
-  args.push_back("demo");
-  args.insert(args.end(), rest.begin(), rest.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return dyad::RunDemo(static_cast<int>(args.size()), argv.data());
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  std::string self(buf, static_cast<size_t>(n));
+  return self.substr(0, self.rfind('/'));
+}
+
+// `dyad demo ARGS` runs the demo program, dyad-demo (tools/demo), with ARGS:
+// the emulator it needs is no part of this command. It sits beside `dyad`
+// in the build tree and in <libexecdir>/dyad once installed.
+int RunDemo(const std::vector<std::string>& rest) {
+  const std::string dir = SelfDir();
+  const std::vector<std::string> candidates = {dir + "/dyad-demo",
+                                               dir + "/" DYAD_BIN_TO_LIBEXEC "/dyad-demo"};
+  for (const std::string& demo : candidates) {
+    if (::access(demo.c_str(), X_OK) != 0) continue;
+    std::vector<std::string> args = {demo};
+    args.insert(args.end(), rest.begin(), rest.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(demo.c_str(), argv.data());
+    std::cerr << "dyad demo: cannot run " << demo << ": " << std::strerror(errno) << "\n";
+    return kExitFailed;
+  }
+  std::cerr << "dyad demo: the demo program is not installed (looked for " << candidates[0]
+            << " and " << candidates[1] << ")\n";
+  return kExitFailed;
 }
 
 }  // namespace
@@ -49,9 +74,10 @@ int main(int argc, char** argv) {
       ->type_name("PATH");
 
   // info
-  auto* info = app.add_subcommand(
-      "info", "Show the version, compiled-in transports and metadata stores, and every "
-              "configuration variable with its default and current value");
+  auto* info =
+      app.add_subcommand("info",
+                         "Show the version, compiled-in transports and metadata stores, and every "
+                         "configuration variable with its default and current value");
   bool info_json = false;
   bool info_markdown = false;
   info->add_flag("--json", info_json, "Print as JSON");
@@ -59,18 +85,21 @@ int main(int argc, char** argv) {
                  "Print the configuration table as Markdown (docs/configuration.md)");
 
   // produce
-  auto* produce = app.add_subcommand(
-      "produce", "Publish files that are complete in the producer-managed directory "
-                 "(DYAD_PATH_PRODUCER), as dyad_produce() does");
+  auto* produce =
+      app.add_subcommand("produce",
+                         "Publish files that are complete in the producer-managed directory "
+                         "(DYAD_PATH_PRODUCER), as dyad_produce() does");
   std::vector<std::string> produce_paths;
   bool produce_verbose = false;
   produce->add_option("PATH", produce_paths, "Files to publish")->required();
-  produce->add_flag("-v,--verbose", produce_verbose, "Print each file published and the time it took");
+  produce->add_flag("-v,--verbose", produce_verbose,
+                    "Print each file published and the time it took");
 
   // consume
   auto* consume = app.add_subcommand(
-      "consume", "Wait until files are published and complete in the consumer-managed "
-                 "directory (DYAD_PATH_CONSUMER), fetching them if needed, as dyad_consume() does");
+      "consume",
+      "Wait until files are published and complete in the consumer-managed "
+      "directory (DYAD_PATH_CONSUMER), fetching them if needed, as dyad_consume() does");
   std::vector<std::string> consume_paths;
   double consume_timeout = -1;
   bool consume_verbose = false;
@@ -98,8 +127,8 @@ int main(int argc, char** argv) {
   bool ls_json = false;
   ls->add_option("PREFIX", ls_prefix,
                  "Only paths (relative to the managed directory) starting with this");
-  auto* ns_opt = ls->add_option("-n,--namespace", ls_ns,
-                                "Metadata namespace (default: DYAD_KVS_NAMESPACE)");
+  auto* ns_opt =
+      ls->add_option("-n,--namespace", ls_ns, "Metadata namespace (default: DYAD_KVS_NAMESPACE)");
   ls->add_option("--limit", ls_limit, "Show at most this many (0 = all)");
   ls->add_flag("--json", ls_json, "Print as JSON");
 
@@ -131,10 +160,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   peers->add_flag("--json", peers_json, "Print as JSON");
 
-  // demo: everything after the word goes to RunDemo untouched, --help too.
-  auto* demo = app.add_subcommand(
-      "demo", "Run a two-node producer/consumer demonstration on this machine "
-              "(`dyad demo --help` for its options)");
+  // demo: everything after the word goes to dyad-demo untouched, --help too.
+  auto* demo = app.add_subcommand("demo",
+                                  "Run a two-node producer/consumer demonstration on this machine "
+                                  "(`dyad demo --help` for its options)");
   demo->prefix_command();
   demo->set_help_flag();
 
@@ -160,7 +189,7 @@ int main(int argc, char** argv) {
   if (*ls) return dyad::cli::CmdList(ls_prefix, ls_ns, ns_opt->count() > 0, ls_limit, ls_json);
   if (*status) return dyad::cli::CmdStatus(status_json, status_prometheus);
   if (*peers) return dyad::cli::CmdPeers(peers_timeout, peers_json);
-  if (*demo) return RunDemoWith(demo->remaining());
+  if (*demo) return RunDemo(demo->remaining());
 
   std::cerr << app.help();
   return kExitUsage;

@@ -26,10 +26,8 @@ void RedisExecutor::Shutdown() {
 }
 
 Result<RedisContext> RedisExecutor::Dial(const RedisAddress& node) {
-  Result<RedisContext> c =
-      DialRedis(node, topology_->login(), config_.connect_timeout_ms, config_.command_timeout_ms);
-  if (c.ok()) ++opened_;
-  return c;
+  return DialRedis(node, topology_->login(), config_.connect_timeout_ms,
+                   config_.command_timeout_ms);
 }
 
 Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reused) {

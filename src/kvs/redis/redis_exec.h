@@ -70,7 +70,6 @@ class RedisExecutor {
 
   // Closes idle connections and stops pooling. Commands still work.
   void Shutdown();
-  uint64_t connections_opened() const { return opened_.load(); }
   RedisTopology* topology() const { return topology_; }
 
  private:
@@ -91,7 +90,6 @@ class RedisExecutor {
 
   const RedisConfig config_;
   RedisTopology* const topology_;
-  std::atomic<uint64_t> opened_{0};
   std::atomic<bool> shutdown_{false};
   std::mutex mu_;
   std::condition_variable freed_;

@@ -89,8 +89,6 @@ class RedisKvs final : public Kvs {
   // The Redis key holding (ns, key) (see the header comment).
   std::string RedisKey(const std::string& ns, const std::string& key) const;
   const RedisConfig& config() const { return config_; }
-  // Connections opened so far (commands and the subscriber), for tests.
-  uint64_t connections_opened() const { return exec_.connections_opened(); }
   // Pub/sub links connected now, for tests.
   size_t subscriber_links() const { return subscriber_.links_up(); }
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/auth.h"
+#include "common/config.h"
 #include "common/wire.h"
 #include "emu/netns.h"
 
@@ -135,11 +136,9 @@ Status RemoveTree(const std::string& path) {
 std::string FindSiblingProgram(const std::string& name, const std::string& bin_dir) {
   std::vector<std::string> candidates;
   if (!bin_dir.empty()) candidates.push_back(bin_dir + "/" + name);
-  const char* env_var = name == "dyad-service" ? "DYAD_SERVICE_BIN"
-                        : name == "dyad"       ? "DYAD_BIN"
-                                               : nullptr;
-  if (env_var) {
-    if (const char* v = std::getenv(env_var); v && *v) candidates.insert(candidates.begin(), v);
+  if (name == "dyad-service") {
+    if (std::optional<std::string> v = GetEnv("DYAD_SERVICE_BIN"); v && !v->empty())
+      candidates.insert(candidates.begin(), *v);
   }
   const std::string self = SelfExeDir();
   if (!self.empty()) {

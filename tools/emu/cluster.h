@@ -109,9 +109,6 @@ class EmuCluster {
   const std::string& base_dir() const { return base_; }
   const std::string& secret_file() const { return secret_file_; }
   const std::string& secret() const { return secret_; }
-  // <base>/shared: one directory every node can see (the managed directory
-  // of every node with options.shared_storage).
-  const std::string& shared_dir() const { return shared_; }
 
   Status StartService(int i);
   // SIGTERM; an error if the service needed SIGKILL after `grace_ms` or
@@ -186,9 +183,9 @@ class EmuCluster {
   bool torn_down_ = false;
 };
 
-// Finds a program installed beside the running one: `bin_dir`, the
-// environment override (DYAD_SERVICE_BIN for dyad-service, DYAD_BIN for
-// dyad), the directory of /proc/self/exe and its parent, then PATH.
+// Finds a program installed beside the running one: the environment
+// override DYAD_SERVICE_BIN for dyad-service, `bin_dir`, the directory of
+// /proc/self/exe and its parent, then PATH.
 // "" if not found.
 std::string FindSiblingProgram(const std::string& name, const std::string& bin_dir = "");
 

@@ -1,6 +1,7 @@
-// demo.h: `dyad demo`, a two-node DYAD run on one machine.
+// demo.h: dyad-demo (what `dyad demo` runs), a two-node DYAD run on one
+// machine.
 //
-// RunDemo starts an emulated cluster (src/emu: one network namespace, node
+// RunDemo starts an emulated cluster (tools/emu: one network namespace, node
 // directory and dyad-service per node when run as root, loopback otherwise),
 // starts a consumer on node B that blocks until files appear, then a producer
 // on node A, verifies every file and prints a summary. It always tears the
@@ -8,9 +9,9 @@
 //
 // The same entry point hosts the hidden worker roles the demo, the
 // integration tests and the benchmarks run inside emulated nodes
-// (`dyad demo --role produce|consume ...`); they use only the public C API.
+// (`dyad-demo --role produce|consume ...`); they use only the public C API.
 //
-// `argv[0]` is the subcommand ("demo") or the program path; options follow.
+// `argv[0]` is the program; options follow.
 // Call from the main thread before starting other threads (signal handling).
 #pragma once
 

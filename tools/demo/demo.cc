@@ -1,4 +1,5 @@
-// demo.cc: `dyad demo` and the worker roles it runs inside emulated nodes.
+// demo.cc: dyad-demo (`dyad demo`) and the worker roles it runs inside
+// emulated nodes.
 //
 // The demo shows DYAD's core promise end to end on one machine: a consumer
 // on node B asks for files that do not exist yet and blocks; a producer on
@@ -41,7 +42,7 @@ using emu::ManifestEntry;
 constexpr uint64_t kMiB = 1ull << 20;
 
 // ---------------------------------------------------------------------------
-// Worker roles: `dyad demo --role produce|consume --manifest M --result R`.
+// Worker roles: `dyad-demo --role produce|consume --manifest M --result R`.
 
 struct RoleOptions {
   std::string role;
@@ -275,9 +276,19 @@ std::vector<ManifestEntry> DemoFiles(const DemoOptions& o) {
 std::string SelfExe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "dyad";
+  if (n <= 0) return "dyad-demo";
   buf[n] = '\0';
   return buf;
+}
+
+// Where to look first for dyad-service: beside this program in the build
+// tree, <bindir> once installed (this program is in <libexecdir>/dyad).
+// DYAD_SERVICE_BIN and PATH still come after (emu::FindSiblingProgram).
+std::string ServiceBinDir() {
+  const std::string self = SelfExe();
+  const std::string dir = self.substr(0, self.rfind('/'));
+  if (::access((dir + "/dyad-service").c_str(), X_OK) == 0) return dir;
+  return dir + "/" DYAD_LIBEXEC_TO_BIN;
 }
 
 // Display width of a UTF-8 string (code points; good enough for a table).
@@ -323,6 +334,7 @@ int RunDemoMain(const DemoOptions& o) {
   copt.mode = o.mode;
   copt.keep = o.keep;
   copt.debug = o.debug;
+  copt.bin_dir = ServiceBinDir();
   auto started = emu::EmuCluster::Start(2, copt);
   if (!started.ok())
     return Fail("starting the emulated cluster: " + started.status().ToString(), nullptr, {});
@@ -349,7 +361,7 @@ int RunDemoMain(const DemoOptions& o) {
 
   // Consumer first: it must block until the producer publishes.
   auto consumer = cluster->SpawnOnNode(1,
-                                       {self, "demo", "--role", "consume", "--manifest", manifest,
+                                       {self, "--role", "consume", "--manifest", manifest,
                                         "--result", cons_result, "--ready", cons_ready},
                                        {}, cons_log);
   if (!consumer.ok())
@@ -382,7 +394,7 @@ int RunDemoMain(const DemoOptions& o) {
 
   const uint64_t t_start = WallNs();
   auto producer = cluster->SpawnOnNode(
-      0, {self, "demo", "--role", "produce", "--manifest", manifest, "--result", prod_result}, {},
+      0, {self, "--role", "produce", "--manifest", manifest, "--result", prod_result}, {},
       prod_log);
   if (!producer.ok())
     return Fail("starting the producer: " + producer.status().ToString(), cluster.get(), logs);
@@ -501,9 +513,7 @@ int RunDemoMain(const DemoOptions& o) {
 
 int RunDemo(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
-  size_t i = 0;
-  if (i < args.size() && args[i] != "demo" && args[i].rfind("--", 0) != 0) ++i;  // program path
-  if (i < args.size() && args[i] == "demo") ++i;
+  size_t i = 1;  // argv[0] is the program
 
   RoleOptions role;
   DemoOptions demo;

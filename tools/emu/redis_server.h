@@ -1,6 +1,7 @@
-// redis_test_server.h: a real redis-server for tests, on 127.0.0.1.
+// redis_server.h: a real redis-server on 127.0.0.1 for the tests and the
+// metadata benchmarks (part of the emulator harness, header-only).
 //
-// Each RedisTestServer owns a fresh temporary directory (its config, log,
+// Each RedisServer owns a fresh temporary directory (its config, log,
 // and persistence files) and one redis-server child process on a free
 // loopback port. The child gets PR_SET_PDEATHSIG, so it dies with the test
 // even if the test crashes; the destructor kills it (bounded) and removes the
@@ -22,17 +23,20 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "common/config.h"
+
 namespace dyad {
-namespace testing_redis {
+namespace emu {
 
 // The redis-server binary, or "" when none is installed.
 inline std::string FindRedisServer() {
-  const char* env = ::getenv("DYAD_TEST_REDIS_SERVER");
-  if (env != nullptr && ::access(env, X_OK) == 0) return env;
+  const std::optional<std::string> env = GetEnv("DYAD_TEST_REDIS_SERVER");
+  if (env && ::access(env->c_str(), X_OK) == 0) return *env;
   for (const char* p :
        {"/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"}) {
     if (::access(p, X_OK) == 0) return p;
@@ -107,14 +111,14 @@ bool WaitUntil(int ms, Pred ok) {
   return false;
 }
 
-class RedisTestServer {
+class RedisServer {
  public:
   enum class Kind { kServer, kSentinel };
   // `extra_config` is appended to the generated redis.conf (e.g.
   // "appendonly yes\n", "requirepass x\n"). A kSentinel runs Redis
   // Sentinel (redis-server in sentinel mode, Debian's redis-sentinel) with
   // `extra_config` holding its "sentinel ..." lines.
-  explicit RedisTestServer(std::string extra_config = "", Kind kind = Kind::kServer)
+  explicit RedisServer(std::string extra_config = "", Kind kind = Kind::kServer)
       : extra_(std::move(extra_config)), kind_(kind) {
     binary_ = FindRedisServer();
     // Debian's redis-sentinel package ships the sentinel under its own name.
@@ -123,7 +127,7 @@ class RedisTestServer {
     char tmpl[] = "/tmp/dyad-redis-test.XXXXXX";
     if (::mkdtemp(tmpl) != nullptr) dir_ = tmpl;
   }
-  ~RedisTestServer() {
+  ~RedisServer() {
     Kill();
     if (!dir_.empty()) {
       const std::string cmd = "rm -rf '" + dir_ + "'";
@@ -132,8 +136,8 @@ class RedisTestServer {
       }
     }
   }
-  RedisTestServer(const RedisTestServer&) = delete;
-  RedisTestServer& operator=(const RedisTestServer&) = delete;
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
 
   bool available() const { return !binary_.empty(); }
   int port() const { return port_; }
@@ -223,5 +227,5 @@ class RedisTestServer {
   pid_t pid_ = -1;
 };
 
-}  // namespace testing_redis
+}  // namespace emu
 }  // namespace dyad

@@ -1,13 +1,13 @@
-// redis_test_cluster.h: a real Redis Cluster and a real Sentinel-managed
+// redis_cluster.h: a real Redis Cluster and a real Sentinel-managed
 // primary for tests, on 127.0.0.1 (needs hiredis: include only under
 // DYAD_HAVE_REDIS).
 //
-// RedisTestCluster starts N `redis-server --cluster-enabled yes` nodes
-// (each a RedisTestServer: its own free port, temporary directory holding
+// RedisCluster starts N `redis-server --cluster-enabled yes` nodes
+// (each a RedisServer: its own free port, temporary directory holding
 // nodes.conf, PR_SET_PDEATHSIG) and joins them with
 // `redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes`, then
 // waits (bounded) until every node reports cluster_state:ok and the same
-// slot map. RedisTestSentinel starts a primary (append-only file, fsync
+// slot map. RedisSentinel starts a primary (append-only file, fsync
 // always), replicas and one Redis Sentinel (quorum 1, failure detection
 // after 1 s), and waits until the replica is in sync and the sentinel
 // knows both. Destructors kill every process and remove every directory,
@@ -28,10 +28,10 @@
 #include <thread>
 #include <vector>
 
-#include "unit/redis_test_server.h"
+#include "emu/redis_server.h"
 
 namespace dyad {
-namespace testing_redis {
+namespace emu {
 
 inline std::string FindRedisCli() {
   for (const char* p : {"/usr/bin/redis-cli", "/usr/local/bin/redis-cli"})
@@ -104,11 +104,11 @@ inline std::string RedisCommand(int port, const std::vector<std::string>& argv) 
   return out;
 }
 
-class RedisTestCluster {
+class RedisCluster {
  public:
-  explicit RedisTestCluster(int masters = 3) {
+  explicit RedisCluster(int masters = 3) {
     for (int i = 0; i < masters; ++i) {
-      nodes_.push_back(std::make_unique<RedisTestServer>(
+      nodes_.push_back(std::make_unique<RedisServer>(
           "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 2000\n"
           "appendonly no\n"));
     }
@@ -117,7 +117,7 @@ class RedisTestCluster {
   bool available() const { return nodes_[0]->available() && !FindRedisCli().empty(); }
   int port(size_t i) const { return nodes_[i]->port(); }
   size_t size() const { return nodes_.size(); }
-  RedisTestServer& node(size_t i) { return *nodes_[i]; }
+  RedisServer& node(size_t i) { return *nodes_[i]; }
   std::string url(const std::string& options = "") const {
     std::string u = "redis+cluster://";
     for (size_t i = 0; i < nodes_.size(); ++i)
@@ -174,10 +174,10 @@ class RedisTestCluster {
   }
 
  private:
-  std::vector<std::unique_ptr<RedisTestServer>> nodes_;
+  std::vector<std::unique_ptr<RedisServer>> nodes_;
 };
 
-class RedisTestSentinel {
+class RedisSentinel {
  public:
   static constexpr const char* kMaster = "dyadprimary";
   // Every data node: durable writes, and full resyncs that start at once
@@ -186,14 +186,14 @@ class RedisTestSentinel {
       "appendonly yes\nappendfsync always\nrepl-diskless-sync yes\n"
       "repl-diskless-sync-delay 0\n";
 
-  explicit RedisTestSentinel(int replicas = 1)
+  explicit RedisSentinel(int replicas = 1)
       : replicas_wanted_(replicas),
-        primary_(std::make_unique<RedisTestServer>(std::string(kServerConfig))) {}
+        primary_(std::make_unique<RedisServer>(std::string(kServerConfig))) {}
 
   bool available() const { return primary_->available(); }
-  RedisTestServer& primary() { return *primary_; }
-  RedisTestServer& replica(size_t i) { return *replicas_[i]; }
-  RedisTestServer& sentinel() { return *sentinel_; }
+  RedisServer& primary() { return *primary_; }
+  RedisServer& replica(size_t i) { return *replicas_[i]; }
+  RedisServer& sentinel() { return *sentinel_; }
   std::string url(const std::string& options = "") const {
     return "redis+sentinel://127.0.0.1:" + std::to_string(sentinel_->port()) + "/" + kMaster +
            options;
@@ -204,18 +204,18 @@ class RedisTestSentinel {
     if (!error.empty()) return error;
     const std::string primary_addr = "127.0.0.1 " + std::to_string(primary_->port());
     for (int i = 0; i < replicas_wanted_; ++i) {
-      replicas_.push_back(std::make_unique<RedisTestServer>(std::string(kServerConfig) +
-                                                            "replicaof " + primary_addr + "\n"));
+      replicas_.push_back(std::make_unique<RedisServer>(std::string(kServerConfig) + "replicaof " +
+                                                        primary_addr + "\n"));
       error = replicas_.back()->Start();
       if (!error.empty()) return error;
     }
-    sentinel_ = std::make_unique<RedisTestServer>(
+    sentinel_ = std::make_unique<RedisServer>(
         std::string("sentinel monitor ") + kMaster + " " + primary_addr + " 1\n" +
             // Short enough for a quick test, long enough that a loaded
             // machine's slow first PING does not fail over a live primary.
             "sentinel down-after-milliseconds " + kMaster + " 1000\n" +
             "sentinel failover-timeout " + kMaster + " 5000\n",
-        RedisTestServer::Kind::kSentinel);
+        RedisServer::Kind::kSentinel);
     error = sentinel_->Start();
     if (!error.empty()) return error;
     // In sync, and known to the sentinel from the replicas' own INFO (it
@@ -254,10 +254,10 @@ class RedisTestSentinel {
 
  private:
   const int replicas_wanted_;
-  std::unique_ptr<RedisTestServer> primary_;
-  std::vector<std::unique_ptr<RedisTestServer>> replicas_;
-  std::unique_ptr<RedisTestServer> sentinel_;
+  std::unique_ptr<RedisServer> primary_;
+  std::vector<std::unique_ptr<RedisServer>> replicas_;
+  std::unique_ptr<RedisServer> sentinel_;
 };
 
-}  // namespace testing_redis
+}  // namespace emu
 }  // namespace dyad
