@@ -6,6 +6,7 @@
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/placement.h"
+#include "service/reactor.h"
 #include "service/service.h"
 #include "service/transports.h"
 
@@ -122,8 +123,18 @@ void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
   LocateRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
-  Result<FileRecord> rec =
-      Locate(req.ns, req.key, req.wait, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  if (req.wait && ParkUntilPublished(ctx, req.ns, req.key, deadline,
+                                     [this, req, deadline](RequestContext& c) {
+                                       FinishLocate(c, req, deadline);
+                                     }))
+    return;
+  FinishLocate(ctx, req, deadline);
+}
+
+void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline) {
+  Channel& ch = ctx.ch;
+  Result<FileRecord> rec = Locate(req.ns, req.key, req.wait, deadline, ctx.cancel);
   if (!rec.ok()) {
     if (rec.status().code() == DYAD_RC_TIMEOUT)
       return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + req.key + "' was not published within " +
@@ -202,7 +213,18 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   ConsumeRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
-  Result<ConsumeReply> r = Consume(req, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  if (!req.have_record && ParkUntilPublished(ctx, req.ns, req.key, deadline,
+                                             [this, req, deadline](RequestContext& c) {
+                                               FinishConsume(c, req, deadline);
+                                             }))
+    return;
+  FinishConsume(ctx, req, deadline);
+}
+
+void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline) {
+  Channel& ch = ctx.ch;
+  Result<ConsumeReply> r = Consume(req, deadline, ctx.cancel);
   if (!r.ok()) {
     if (r.status().code() != DYAD_RC_CANCELLED)
       DYAD_LOG_INFO("consume '%s' failed: %s", req.upath.c_str(), r.status().ToString().c_str());
@@ -250,6 +272,11 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   StatusReply r;
   r.counters = stats_.Snapshot();
   r.counters["cache.entries"] = cache_.size();
+  if (reactor_) {
+    r.counters["connections.open"] = reactor_->live();
+    r.counters["connections.handshaking"] = reactor_->unauthenticated();
+    r.counters["requests.parked"] = reactor_->parked();
+  }
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);
