@@ -51,7 +51,7 @@ struct PeerIdentity {
 };
 
 // How long a peer has to complete the handshake. Short: until then the
-// connection is unauthenticated and holds a thread.
+// connection is unauthenticated and holds one of the few handshake slots.
 constexpr int64_t kHandshakeTimeoutMs = 5000;
 
 // A node-local credential service (MUNGE) that vouches for the uid of the

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <functional>
 #include <thread>
@@ -110,25 +111,32 @@ class Service {
   // service_parking.cc: when the requested key is not published yet, parks
   // the request (no thread waits) and runs `then` (with a context that
   // cannot park) once it is, or at the deadline; true if parked.
+  // Not parked because the key is published: `*published` gets its value.
   bool ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
-                          Deadline deadline, std::function<void(RequestContext&)> then);
+                          Deadline deadline, std::function<void(RequestContext&)> then,
+                          std::optional<std::string>* published);
 
   // Local client requests (service_requests.cc); each sends one reply.
   void HandlePublish(RequestContext& ctx, const std::string& payload);
   void HandleLocate(RequestContext& ctx, const std::string& payload);
-  void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline);
+  void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
+                    const std::optional<std::string>& published = std::nullopt);
   void HandleConsume(RequestContext& ctx, const std::string& payload);
-  void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline);
+  void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
+                     const std::optional<std::string>& published = std::nullopt);
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
-  // Cache, then global store (waiting when asked).
+  // Cache, then global store (waiting when asked). `published`: what the
+  // store has just returned for the key, if anything (not asked again).
   Result<FileRecord> Locate(const std::string& ns, const std::string& key, bool wait,
-                            Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr);
+                            Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr,
+                            const std::optional<std::string>& published = std::nullopt);
   Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline,
-                               const CancelFn& cancel);
+                               const CancelFn& cancel,
+                               const std::optional<std::string>& published = std::nullopt);
 
   Status RegisterMembership();
   Status WriteReadyFile();

@@ -15,11 +15,17 @@ namespace dyad {
 
 bool Service::ParkUntilPublished(RequestContext& ctx, const std::string& ns,
                                  const std::string& key, Deadline deadline,
-                                 std::function<void(RequestContext&)> then) {
+                                 std::function<void(RequestContext&)> then,
+                                 std::optional<std::string>* published) {
   if (ctx.parking == nullptr || deadline.expired() || cache_.Get(ns, key)) return false;
-  // Published already (or the store fails): the ordinary path answers at once.
+  // Published already (or the store fails): the ordinary path answers at
+  // once, without asking the store again.
   Result<std::optional<std::string>> now = kvs_->Get(ns, key);
-  if (!now.ok() || now->has_value()) return false;
+  if (!now.ok()) return false;
+  if (now->has_value()) {
+    *published = std::move(*now);
+    return false;
+  }
 
   std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
   KvsWaitCallback done = [this, parked, ns, key, then](Result<std::string> r) {

@@ -92,7 +92,8 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
 
 
 Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
-                                   Deadline deadline, const CancelFn& cancel, bool* from_cache) {
+                                   Deadline deadline, const CancelFn& cancel, bool* from_cache,
+                                   const std::optional<std::string>& published) {
   if (from_cache) *from_cache = false;
   if (std::optional<FileRecord> hit = cache_.Get(ns, key)) {
     stats_.Add(ServiceStats::kCacheHits);
@@ -101,7 +102,9 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
   }
   stats_.Add(ServiceStats::kCacheMisses);
   std::string value;
-  if (wait) {
+  if (published) {
+    value = *published;
+  } else if (wait) {
     Result<std::string> v = kvs_->Wait(ns, key, deadline, cancel);
     if (!v.ok()) return v.status();
     value = std::move(*v);
@@ -124,17 +127,21 @@ void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  std::optional<std::string> published;
   if (req.wait && ParkUntilPublished(ctx, req.ns, req.key, deadline,
                                      [this, req, deadline](RequestContext& c) {
                                        FinishLocate(c, req, deadline);
-                                     }))
+                                     },
+                                     &published))
     return;
-  FinishLocate(ctx, req, deadline);
+  FinishLocate(ctx, req, deadline, published);
 }
 
-void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline) {
+void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
+                           const std::optional<std::string>& published) {
   Channel& ch = ctx.ch;
-  Result<FileRecord> rec = Locate(req.ns, req.key, req.wait, deadline, ctx.cancel);
+  Result<FileRecord> rec =
+      Locate(req.ns, req.key, req.wait, deadline, ctx.cancel, nullptr, published);
   if (!rec.ok()) {
     if (rec.status().code() == DYAD_RC_TIMEOUT)
       return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + req.key + "' was not published within " +
@@ -147,7 +154,8 @@ void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadli
 }
 
 Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadline,
-                                      const CancelFn& cancel) {
+                                      const CancelFn& cancel,
+                                      const std::optional<std::string>& published) {
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return upath.status();
   if (req.cons_path.empty() || req.cons_path[0] != '/')
@@ -159,7 +167,7 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     rec.upath = *upath;
   } else {
     bool from_cache = false;
-    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache);
+    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache, published);
     if (!located.ok()) {
       if (located.status().code() == DYAD_RC_TIMEOUT) {
         // Keep the store's explanation when it says more than "not yet"
@@ -214,17 +222,20 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  std::optional<std::string> published;
   if (!req.have_record && ParkUntilPublished(ctx, req.ns, req.key, deadline,
                                              [this, req, deadline](RequestContext& c) {
                                                FinishConsume(c, req, deadline);
-                                             }))
+                                             },
+                                             &published))
     return;
-  FinishConsume(ctx, req, deadline);
+  FinishConsume(ctx, req, deadline, published);
 }
 
-void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline) {
+void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
+                            const std::optional<std::string>& published) {
   Channel& ch = ctx.ch;
-  Result<ConsumeReply> r = Consume(req, deadline, ctx.cancel);
+  Result<ConsumeReply> r = Consume(req, deadline, ctx.cancel, published);
   if (!r.ok()) {
     if (r.status().code() != DYAD_RC_CANCELLED)
       DYAD_LOG_INFO("consume '%s' failed: %s", req.upath.c_str(), r.status().ToString().c_str());
