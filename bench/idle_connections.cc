@@ -21,7 +21,9 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -148,12 +150,38 @@ void StopService(const Proc& p) {
   ::waitpid(p.pid, nullptr, 0);
 }
 
+// A connected local client. A blocking connect: on a full listen backlog it
+// waits for the service to accept (bounded by SO_SNDTIMEO), where a
+// non-blocking one would leave an unconnected socket behind.
+Result<UniqueFd> ConnectLocal(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return StatusFromErrno(errno, "socket");
+  timeval tv{10, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+    return StatusFromErrno(errno, "connect " + path);
+  return fd;
+}
+
 struct Sample {
   std::string label;
   size_t threads = 0;
   double rss = 0, p50 = 0, p99 = 0;
   int errors = 0;
+  uint64_t refused = 0;  // the service's connections.refused counter
 };
+
+uint64_t RefusedConnections(const Proc& svc) {
+  Result<std::string> body = CallLocal(svc.socket, MsgType::kStatus, "");
+  StatusReply r;
+  if (!body.ok()) return 0;
+  Decoder d(*body);
+  if (!r.DecodeFrom(d)) return 0;
+  return r.counters["connections.refused"];
+}
 
 // Publishes `k` small files on the root and consumes each through the
 // measured service; latency of each consume call.
@@ -200,6 +228,7 @@ Sample Measure(const std::string& label, const Args& a, const std::string& dir, 
     }
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
+  s.refused = RefusedConnections(svc);
   std::sort(ms.begin(), ms.end());
   if (!ms.empty()) {
     s.p50 = ms[ms.size() / 2];
@@ -219,6 +248,12 @@ int Run(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string o = argv[i];
+    if (o == "-h" || o == "--help") {
+      std::printf("dyad-idle-connections: threads, RSS and consume latency of one dyad-service "
+                  "under idle local clients and idle peers (bench/idle_connections.cc)\n");
+      Usage();
+      return 0;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (v == nullptr) return Usage();
     if (o == "--service") a.service = v;
@@ -258,9 +293,8 @@ int Run(int argc, char** argv) {
     rc = 1;
   } else {
     samples.push_back(Measure("no idle connection", a, dir, *root, *svc, 0));
-    Result<SocketAddress> ux = ParseAddress("unix:" + svc->socket);
-    for (uint64_t i = 0; i < a.clients && ux.ok(); ++i) {
-      Result<UniqueFd> fd = Connect(*ux, Deadline::AfterMs(5000));
+    for (uint64_t i = 0; i < a.clients; ++i) {
+      Result<UniqueFd> fd = ConnectLocal(svc->socket);
       if (!fd.ok()) {
         std::fprintf(stderr, "client %llu: %s\n", static_cast<unsigned long long>(i),
                      fd.status().ToString().c_str());
@@ -293,11 +327,11 @@ int Run(int argc, char** argv) {
                               a, dir, *root, *svc, 2));
   }
   std::printf("dyad-idle-connections: %s\n", a.service.c_str());
-  std::printf("%-34s %8s %10s %12s %12s %7s\n", "idle connections", "threads", "RSS MiB",
-              "consume p50", "consume p99", "errors");
+  std::printf("%-34s %8s %10s %12s %12s %7s %8s\n", "idle connections", "threads", "RSS MiB",
+              "consume p50", "consume p99", "errors", "refused");
   for (const Sample& s : samples)
-    std::printf("%-34s %8zu %10.1f %9.2f ms %9.2f ms %7d\n", s.label.c_str(), s.threads, s.rss,
-                s.p50, s.p99, s.errors);
+    std::printf("%-34s %8zu %10.1f %9.2f ms %9.2f ms %7d %8llu\n", s.label.c_str(), s.threads,
+                s.rss, s.p50, s.p99, s.errors, static_cast<unsigned long long>(s.refused));
   clients.clear();
   peers.clear();
   if (svc.ok()) StopService(*svc);
