@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -263,6 +264,45 @@ TEST_F(ReactorTest, HangUpWhileParkedEndsTheWait) {
   EXPECT_EQ(Counter(base_ + "/a.sock", "requests.parked"), 0u);
   // The waiter's connection is closed.
   EXPECT_EQ(Counter(base_ + "/a.sock", "connections.open"), others);
+}
+
+// A peer that stops in the middle of its handshake message holds no worker,
+// and the loop's timer closes it at the handshake deadline.
+TEST_F(ReactorTest, PeerSilentMidHandshakeIsClosedAtTheDeadline) {
+  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+  ASSERT_TRUE(tcp.ok());
+  std::vector<std::unique_ptr<Channel>> stalled;
+  for (int i = 0; i < 8; ++i) {  // more than the 2 peer workers
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    uint16_t type = 0;
+    std::string challenge;
+    ASSERT_TRUE(ch->RecvFrame(&type, &challenge, Deadline::AfterMs(5000)).ok());
+    EXPECT_EQ(type, static_cast<uint16_t>(MsgType::kChallenge));
+    // The header of a 200-byte authenticate message, and 10 of its bytes.
+    char part[kFrameHeaderSize + 10] = {};
+    const uint32_t magic = kFrameMagic, len = 200;
+    const uint16_t version = kWireVersion, t = static_cast<uint16_t>(MsgType::kAuthenticate);
+    std::memcpy(part, &magic, 4);
+    std::memcpy(part + 4, &version, 2);
+    std::memcpy(part + 6, &t, 2);
+    std::memcpy(part + 8, &len, 4);
+    ASSERT_TRUE(ch->SendAll(part, sizeof part, Deadline::AfterMs(2000)).ok());
+    stalled.push_back(std::move(ch));
+  }
+  EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "connections.handshaking", 8), 8u);
+  // Peer requests are still served: B's consume fetches from A.
+  ASSERT_TRUE(Publish("stalled.dat", "served while 8 handshakes stall").ok());
+  ASSERT_TRUE(Consume("stalled.dat").ok());
+  // Each stalled connection is closed by the service (read gives EOF).
+  for (auto& ch : stalled) {
+    char b;
+    Result<size_t> n = ch->RecvSome(&b, 1, Deadline::AfterMs(kHandshakeTimeoutMs + 5000));
+    ASSERT_FALSE(n.ok());
+    EXPECT_EQ(n.status().code(), DYAD_RC_CONNLOST) << n.status().ToString();
+  }
+  EXPECT_EQ(Counter(base_ + "/a.sock", "connections.handshaking"), 0u);
 }
 
 }  // namespace
