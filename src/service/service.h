@@ -13,7 +13,9 @@
 //
 // Start() returns once both listeners are open and the service is
 // registered in the metadata store; Stop() (also from a signal-handling
-// thread) cancels waits, closes connections and joins all threads.
+// thread, also while Start() is still waiting for the store) cancels waits,
+// closes connections and joins all threads. A Stop() during Start() makes
+// Start() return DYAD_RC_CANCELLED within a fraction of a second.
 #pragma once
 
 #include <atomic>
@@ -44,6 +46,7 @@ class PeerDirectory;
 class Placement;
 class Reactor;
 class ThreadedWaits;
+class TransferRegistry;
 class TransportSet;
 struct RequestContext;
 
@@ -83,7 +86,7 @@ class Service {
   Service& operator=(const Service&) = delete;
 
   Status Start();
-  // Idempotent; safe from any thread.
+  // Idempotent; safe from any thread at any time.
   void Stop();
   // Blocks until Stop() has been called and everything is joined.
   void Wait();
@@ -100,6 +103,7 @@ class Service {
  private:
   // Start's steps.
   void RaiseDescriptorLimit();
+  Status StartSteps();
   Status PrepareDirectories();
   Status OpenListeners();
   Status OpenStore();
@@ -130,6 +134,7 @@ class Service {
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
+  void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked). `published`: what the
@@ -141,13 +146,21 @@ class Service {
                                const CancelFn& cancel,
                                const std::optional<std::string>& published = std::nullopt);
 
+  // membership.cc: take the rank (refusing one a live service holds) and
+  // keep it.
   Status RegisterMembership();
+  Status ClaimRank();
+  Status CheckOwnAddress();
+  ServiceRecord OwnRecord() const;
+  // Sleeps up to `ms`; false (at once) when the service is stopping.
+  bool PauseUnlessStopping(int64_t ms);
   Status WriteReadyFile();
+  // Stops listeners, connections and threads (once; from Stop or Start).
+  void Teardown();
   void AsyncPublishLoop();
   // Re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
   void MembershipLoop();
-  void RepairMembership();
 
   ServiceOptions opt_;
   std::string prod_real_;  // canonical producer path ("" = none)
@@ -166,6 +179,7 @@ class Service {
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<FileServer> file_server_;
+  std::unique_ptr<TransferRegistry> transfers_in_flight_;
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;
@@ -188,9 +202,11 @@ class Service {
 
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
+  // Signalled when stopping starts (start-up pauses) and when it is done.
   std::condition_variable stop_cv_;
   bool stopped_ = false;
   bool started_ = false;
+  bool starting_ = false;  // Start() runs; a Stop() meanwhile leaves Teardown to it
 };
 
 }  // namespace dyad
