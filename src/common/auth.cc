@@ -221,8 +221,24 @@ Status CheckProofs(const AuthConfig& cfg, const char* role, const std::string& t
 
 }  // namespace
 
+namespace {
+
+struct AcceptState final : Authenticator::PendingAccept {
+  std::unique_ptr<EphemeralKey> eph;
+  std::string challenge_payload;
+};
+
+}  // namespace
+
 Status Authenticator::Accept(Channel& ch, const PeerIdentity& self, Deadline deadline,
                              PeerIdentity* peer) const {
+  Result<std::unique_ptr<PendingAccept>> state = AcceptBegin(ch, self, deadline);
+  if (!state.ok()) return state.status();
+  return AcceptFinish(**state, ch, deadline, peer);
+}
+
+Result<std::unique_ptr<Authenticator::PendingAccept>> Authenticator::AcceptBegin(
+    Channel& ch, const PeerIdentity& self, Deadline deadline) const {
   Result<std::unique_ptr<EphemeralKey>> eph = EphemeralKey::Generate();
   if (!eph.ok()) return eph.status();
   ChallengeMsg challenge;
@@ -236,9 +252,18 @@ Status Authenticator::Accept(Channel& ch, const PeerIdentity& self, Deadline dea
   Result<std::string> pub = (*eph)->PublicKey();
   if (!pub.ok()) return pub.status();
   mine.public_key = *pub;
-  const std::string challenge_payload = challenge.Encode();
-  DYAD_RETURN_IF_ERROR(
-      ch.SendFrame(static_cast<uint16_t>(MsgType::kChallenge), challenge_payload, deadline));
+  auto state = std::make_unique<AcceptState>();
+  state->eph = std::move(*eph);
+  state->challenge_payload = challenge.Encode();
+  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(MsgType::kChallenge),
+                                    state->challenge_payload, deadline));
+  return std::unique_ptr<PendingAccept>(std::move(state));
+}
+
+Status Authenticator::AcceptFinish(PendingAccept& pending, Channel& ch, Deadline deadline,
+                                   PeerIdentity* peer) const {
+  auto& state = static_cast<AcceptState&>(pending);
+  const std::string& challenge_payload = state.challenge_payload;
 
   std::string payload;
   DYAD_RETURN_IF_ERROR(Expect(ch, MsgType::kAuthenticate, &payload, deadline));
@@ -260,7 +285,7 @@ Status Authenticator::Accept(Channel& ch, const PeerIdentity& self, Deadline dea
     return Refuse(ch, st, Status(DYAD_RC_AUTH, who + " failed authentication (" + st.message() + ")"),
                   deadline);
   Secret dh, okm;
-  if (Status st = (*eph)->Agree(m.hello.public_key, &dh); !st.ok())
+  if (Status st = state.eph->Agree(m.hello.public_key, &dh); !st.ok())
     return Refuse(ch, st, st, deadline);
   DYAD_RETURN_IF_ERROR(DeriveSessionKeys(dh, cfg_.secret, transcript, &okm));
   ServerProofMsg proof;

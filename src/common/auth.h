@@ -51,7 +51,7 @@ struct PeerIdentity {
 };
 
 // How long a peer has to complete the handshake. Short: until then the
-// connection is unauthenticated and holds a thread.
+// connection is unauthenticated and holds one of the few handshake slots.
 constexpr int64_t kHandshakeTimeoutMs = 5000;
 
 // A node-local credential service (MUNGE) that vouches for the uid of the
@@ -98,6 +98,20 @@ class Authenticator {
   // returned. On success `ch` is kAuthenticated and protected.
   Status Accept(Channel& ch, const PeerIdentity& self, Deadline deadline,
                 PeerIdentity* peer) const;
+  // The accepting side in two steps, for event loops that must not block
+  // on a peer: AcceptBegin sends the challenge and returns the state the
+  // second step needs; the caller then collects the peer's answer (one
+  // frame, kAuthenticate) however it likes, puts its bytes back with
+  // Channel::Unread, and calls AcceptFinish, which reads it without
+  // waiting, checks it and answers. Accept() is the two steps in a row.
+  class PendingAccept {  // opaque: what AcceptBegin generated
+   public:
+    virtual ~PendingAccept() = default;
+  };
+  Result<std::unique_ptr<PendingAccept>> AcceptBegin(Channel& ch, const PeerIdentity& self,
+                                                     Deadline deadline) const;
+  Status AcceptFinish(PendingAccept& state, Channel& ch, Deadline deadline,
+                      PeerIdentity* peer) const;
   // Connecting side; the same on success.
   Status Connect(Channel& ch, const PeerIdentity& self, Deadline deadline,
                  PeerIdentity* peer) const;

@@ -94,9 +94,15 @@ std::vector<ConfigEntry> CoreEntries() {
        "Metadata store URL: 'embedded' on the rank that hosts the store (rank 0), "
        "'embedded://ROOT_HOST:PORT' on the others; the other stores and their URL forms are in "
        "the stores table (docs/configuration.md, `dyad info`)."},
-      {"DYAD_MAX_CONNECTIONS", ConfigKind::kUint, "2048", "service",
-       "Most connections (local clients and peers) a service serves at once; more are closed at "
-       "accept, counted in connections.refused and logged at most every 10 s."},
+      {"DYAD_MAX_CONNECTIONS", ConfigKind::kUint, "16384", "service",
+       "Most connections (local clients and peers) a service keeps open at once; more are closed "
+       "at accept, counted in connections.refused and logged at most every 10 s. An idle "
+       "connection costs a descriptor and a few KiB, no thread; the service lowers the cap to fit "
+       "its descriptor limit."},
+      {"DYAD_WORKERS", ConfigKind::kUint, "8", "service",
+       "Threads serving requests, in each of the service's two pools (local clients, other "
+       "services); connections wait in one event loop, and requests waiting for a publication "
+       "hold no thread."},
       {"DYAD_MAX_UNAUTHENTICATED", ConfigKind::kUint, "64", "service",
        "Most peer connections still in their handshake at once (a flood of silent connections "
        "cannot take the service's memory or descriptors)."},

@@ -241,6 +241,7 @@ int SpinBudgetUs() {
 }
 
 bool Channel::SpinFor(short events) {
+  if ((events & POLLIN) != 0 && has_unread()) return true;
   const int budget = SpinBudgetUs();
   if (budget <= 0) return false;
   const uint64_t until = MonoNs() + static_cast<uint64_t>(budget) * 1000;
@@ -335,7 +336,30 @@ Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadlin
   return Status::OK();
 }
 
+void Channel::Unread(std::string bytes) {
+  if (bytes.empty()) return;
+  if (has_unread()) {
+    bytes.insert(0, unread_, unread_pos_, std::string::npos);
+  }
+  unread_ = std::move(bytes);
+  unread_pos_ = 0;
+}
+
+std::string Channel::TakeUnread() {
+  std::string out = unread_pos_ == 0 ? std::move(unread_) : unread_.substr(unread_pos_);
+  unread_.clear();
+  unread_pos_ = 0;
+  return out;
+}
+
 Result<size_t> Channel::RecvSome(void* buf, size_t len, Deadline deadline) {
+  if (has_unread() && len > 0) {
+    const size_t n = std::min(len, unread_.size() - unread_pos_);
+    std::memcpy(buf, unread_.data() + unread_pos_, n);
+    unread_pos_ += n;
+    if (unread_pos_ == unread_.size()) TakeUnread();  // releases the buffer
+    return n;
+  }
   for (;;) {
     const ssize_t n = ::recv(fd_.get(), buf, len, MSG_DONTWAIT);
     if (n > 0) return static_cast<size_t>(n);
@@ -467,33 +491,38 @@ Status Channel::RecvHeader(char hdr[kFrameHeaderSize], uint16_t* type, size_t* l
   // dominates a round trip on virtualized and power-saving hosts.
   const bool expecting = expecting_;
   expecting_ = false;
-  if (!(expecting && SpinFor(POLLIN))) {
+  if (!has_unread() && !(expecting && SpinFor(POLLIN))) {
     // Waiting for the first byte may time out without harm (idle loops poll
     // with short deadlines); a timeout once a frame has started breaks it.
     DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
   }
   DYAD_RETURN_IF_ERROR(RecvAll(hdr, kFrameHeaderSize, deadline));
+  std::memcpy(type, hdr + 6, 2);
+  Result<size_t> wire_len = CheckHeader(hdr);
+  if (!wire_len.ok()) {
+    broken_ = true;
+    return wire_len.status();
+  }
+  *len = *wire_len - (recv_cipher_ ? kSealTagSize : 0);
+  return Status::OK();
+}
+
+Result<size_t> Channel::CheckHeader(const char hdr[kFrameHeaderSize]) const {
   uint32_t magic;
   uint16_t version;
   uint32_t wire_len;
   std::memcpy(&magic, hdr, 4);
   std::memcpy(&version, hdr + 4, 2);
-  std::memcpy(type, hdr + 6, 2);
   std::memcpy(&wire_len, hdr + 8, 4);
-  if (magic != kFrameMagic || version != kWireVersion) {
-    broken_ = true;
+  if (magic != kFrameMagic || version != kWireVersion)
     return Status(DYAD_RC_BADUNPACK, "not a DYAD peer (bad frame magic or wire version)");
-  }
   const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
-  if (wire_len < overhead || wire_len - overhead > frame_limit()) {
-    broken_ = true;
+  if (wire_len < overhead || wire_len - overhead > frame_limit())
     return Status(DYAD_RC_BADUNPACK,
                   "frame length " + std::to_string(wire_len) + " exceeds the limit of " +
                       std::to_string(frame_limit()) + " bytes" +
                       (trust_ == Trust::kUnauthenticated ? " before authentication" : ""));
-  }
-  *len = wire_len - overhead;
-  return Status::OK();
+  return static_cast<size_t>(wire_len);
 }
 
 Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
@@ -601,6 +630,7 @@ Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_
 }
 
 bool Channel::PeerClosed() const {
+  if (has_unread()) return false;  // a request is still to be read
   pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
   if (::poll(&p, 1, 0) <= 0) return false;
   if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;

@@ -185,6 +185,19 @@ class Channel {
   // True if the peer hung up (checked without blocking).
   bool PeerClosed() const;
 
+  // Bytes read from the socket by someone else (a service's event loop
+  // assembling frames without blocking) that the receive calls must see
+  // first, in order, before reading the socket again.
+  void Unread(std::string bytes);
+  // Hands back the bytes received but not consumed yet (see Unread).
+  std::string TakeUnread();
+  bool has_unread() const { return unread_pos_ < unread_.size(); }
+  // Checks a frame header as RecvFrame would (magic, version, the size
+  // limit of the current trust state) without consuming anything; returns
+  // the number of bytes that follow the header on the wire (payload and,
+  // on a protected session, the tag). Malformed: DYAD_RC_BADUNPACK.
+  Result<size_t> CheckHeader(const char hdr[12]) const;
+
  private:
   Status WaitFor(short events, Deadline deadline);
   // Reads and checks a frame header; `*len` is the payload length without
@@ -202,6 +215,8 @@ class Channel {
   std::unique_ptr<RecordCipher> recv_cipher_;
   bool broken_ = false;
   bool expecting_ = false;  // a frame was just sent; the answer is imminent
+  std::string unread_;      // see Unread(); consumed from unread_pos_
+  size_t unread_pos_ = 0;
 };
 
 // Client side of a local service's Unix socket: checks (SO_PEERCRED) that

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "common/auth.h"
@@ -23,11 +24,39 @@ namespace dyad {
 
 enum class Link { kLocal, kPeer };
 
+struct RequestContext;
+class RequestParking;
+
+// A request set aside while it waits (for a publication, say) without
+// holding a worker thread; see RequestParking.
+class ParkedRequest {
+ public:
+  virtual ~ParkedRequest() = default;
+  // Call exactly once, from any thread, when the wait is over: `finish`
+  // then runs on a worker with the request's context (which cannot be
+  // parked again) and must send the reply.
+  virtual void Resume(std::function<void(RequestContext&)> finish) = 0;
+  // What to do should the requester hang up or the service stop while the
+  // request is parked: end the wait soon (its completion still calls
+  // Resume). Runs at once if that already happened.
+  virtual void OnHangup(std::function<void()> cancel) = 0;
+};
+
+class RequestParking {
+ public:
+  virtual ~RequestParking() = default;
+  // Releases the handler's worker once the handler returns; the handler
+  // must then return without replying and arrange for Resume to be called.
+  virtual std::shared_ptr<ParkedRequest> Park() = 0;
+};
+
 struct RequestContext {
   Channel& ch;
   Link link;
   const PeerIdentity* peer;  // the authenticated peer service (kPeer), else null
   CancelFn cancel;           // true once the requester hung up or the service stops
+  // Non-null when the handler may park its request instead of blocking.
+  RequestParking* parking = nullptr;
 };
 
 using RequestHandler = std::function<void(RequestContext& ctx, const std::string& payload)>;

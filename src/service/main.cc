@@ -94,11 +94,12 @@ int main(int argc, char** argv) {
   opt.debug = dyad::EnvBool("DYAD_SYNC_DEBUG", false);
   auto mux = dyad::EnvUint("DYAD_SERVICE_MUX", 1);
   opt.service_mux = mux.ok() ? static_cast<uint32_t>(*mux) : 1;
-  // Connection caps (docs/security.md); malformed values keep the default.
+  // Connection caps (docs/security.md) and workers; malformed values keep the default.
   for (auto [name, field] : {std::pair<const char*, uint32_t*>{"DYAD_MAX_CONNECTIONS",
                                                                 &opt.max_connections},
                              {"DYAD_MAX_UNAUTHENTICATED", &opt.max_unauthenticated},
-                             {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", &opt.max_per_peer}}) {
+                             {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", &opt.max_per_peer},
+                             {"DYAD_WORKERS", &opt.workers}}) {
     auto v = dyad::EnvUint(name, *field);
     if (v.ok() && *v > 0 && *v <= UINT32_MAX) *field = static_cast<uint32_t>(*v);
   }
@@ -172,6 +173,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rpc-timeout", rpc_timeout_s,
                  "Seconds bounding non-wait requests and transfers without progress")
+      ->capture_default_str();
+  app.add_option("--workers", opt.workers,
+                 "Threads serving requests in each of the two pools, local clients and other "
+                 "services (default $DYAD_WORKERS); idle connections and requests waiting for a "
+                 "publication hold none")
+      ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
   app.add_option("--ready-file", opt.ready_file,
                  "Write rank/listen/socket/pid here once serving (for scripts and tests)");

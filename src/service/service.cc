@@ -22,6 +22,8 @@
 #include "service/file_server.h"
 #include "service/peers.h"
 #include "service/placement.h"
+#include "service/reactor.h"
+#include "service/threaded_waits.h"
 #include "service/transfers.h"
 #include "service/transports.h"
 
@@ -29,7 +31,8 @@ namespace dyad {
 
 namespace {
 
-constexpr int64_t kIdlePollMs = 500;
+// Sends the loop makes itself (refusals) on sockets whose buffer is empty.
+constexpr int64_t kRefusalReplyMs = 100;
 
 // The store URL with any password replaced, for logs and status replies.
 std::string RedactUrl(const std::string& url) {
@@ -118,13 +121,12 @@ Status Service::StartSteps() {
   RouteRequests();
   TraceSetProcessName("dyad-service rank " + std::to_string(opt_.rank) + " (" + hostname_ + ")");
 
-  // Serve peers before registering: the root must answer its own registration
+  // Serve before registering: the root must answer its own registration
   // and others may start fetching as soon as the record is visible.
-  tcp_acceptor_ = std::thread([this] { AcceptLoop(tcp_listener_.get(), false); });
+  DYAD_RETURN_IF_ERROR(StartReactor());
   DYAD_RETURN_IF_ERROR(RegisterMembership());
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
   membership_thread_ = std::thread([this] { MembershipLoop(); });
-  unix_acceptor_ = std::thread([this] { AcceptLoop(unix_listener_.get(), true); });
 
   DYAD_LOG_INFO("serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
                 "path %s, store %s, transport %s",
@@ -135,13 +137,27 @@ Status Service::StartSteps() {
 }
 
 // One descriptor per connection: use the hard limit, not the usual soft
-// 1024, so the connection cap (not EMFILE) is what refuses the excess.
+// 1024, and keep the connection cap below it, so the cap (not EMFILE) is
+// what refuses the excess.
 void Service::RaiseDescriptorLimit() {
   rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
-  rl.rlim_cur = rl.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
-    DYAD_LOG_WARN("cannot raise the descriptor limit: %s", std::strerror(errno));
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      DYAD_LOG_WARN("cannot raise the descriptor limit: %s", std::strerror(errno));
+      ::getrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+  // Room for the store's, the transports' and the files' descriptors.
+  constexpr rlim_t kReserve = 256;
+  const rlim_t fit = rl.rlim_cur > 2 * kReserve ? rl.rlim_cur - kReserve : rl.rlim_cur / 2;
+  if (opt_.max_connections > fit) {
+    DYAD_LOG_INFO("connection cap lowered from %u to %llu to fit the descriptor limit (%llu)",
+                  opt_.max_connections, static_cast<unsigned long long>(fit),
+                  static_cast<unsigned long long>(rl.rlim_cur));
+    opt_.max_connections = static_cast<uint32_t>(fit);
+  }
 }
 
 Status Service::PrepareDirectories() {
@@ -272,27 +288,17 @@ void Service::Stop() {
 
 void Service::Teardown() {
   async_cv_.notify_all();
-  // Unblock accept loops and every connection thread.
-  if (tcp_listener_.valid()) ::shutdown(tcp_listener_.get(), SHUT_RDWR);
-  if (unix_listener_.valid()) ::shutdown(unix_listener_.get(), SHUT_RDWR);
-  {
-    std::lock_guard<std::mutex> lk(conns_mu_);
-    for (auto& c : conns_)
-      if (!c->done && c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
-  }
+  // Parked waits end with DYAD_RC_CANCELLED, and their requests get that reply.
+  if (kvs_) kvs_->Shutdown();
   std::thread([this] {
-    if (tcp_acceptor_.joinable()) tcp_acceptor_.join();
-    if (unix_acceptor_.joinable()) unix_acceptor_.join();
+    if (reactor_) reactor_->Stop();  // closes every connection, drains the workers
+    if (threaded_waits_) threaded_waits_->Stop();
     if (async_thread_.joinable()) async_thread_.join();
     if (membership_thread_.joinable()) membership_thread_.join();
-    std::list<std::unique_ptr<Conn>> conns;
-    {
-      std::lock_guard<std::mutex> lk(conns_mu_);
-      conns.swap(conns_);
-    }
-    for (auto& c : conns)
-      if (c->thread.joinable()) c->thread.join();
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
+    // Closed, not left to queue connections nobody will accept.
+    unix_listener_.reset();
+    tcp_listener_.reset();
     if (!opt_.ready_file.empty()) ::unlink(opt_.ready_file.c_str());
     DYAD_LOG_INFO("stopped");
     std::lock_guard<std::mutex> lk(stop_mu_);
@@ -313,68 +319,40 @@ bool Service::WaitFor(int64_t ms) {
   return stop_cv_.wait_for(lk, std::chrono::milliseconds(ms), [this] { return stopped_; });
 }
 
-void Service::AcceptLoop(int listen_fd, bool local) {
-  while (!stopping_) {
-    Result<UniqueFd> fd = Accept(listen_fd, Deadline::AfterMs(kIdlePollMs));
-    ReapFinished();
-    if (!fd.ok()) {
-      if (fd.status().code() == DYAD_RC_TIMEOUT) continue;
-      if (stopping_) break;
-      DYAD_LOG_WARN("accept: %s", fd.status().ToString().c_str());
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
-    }
-    std::string peer_host;
-    const std::string why = Admit(fd->get(), local, &peer_host);
-    if (!why.empty()) {
-      NoteRefusal(why);
-      continue;  // closes it: refused before any byte is read
-    }
-    SpawnConnection(std::move(*fd), local, std::move(peer_host));
-  }
+Status Service::StartReactor() {
+  threaded_waits_ = std::make_unique<ThreadedWaits>(kvs_.get());
+  ReactorConfig rc;
+  rc.unix_listener = unix_listener_.get();
+  rc.tcp_listener = tcp_listener_.get();
+  rc.max_connections = opt_.max_connections;
+  rc.max_unauthenticated = opt_.max_unauthenticated;
+  rc.max_per_peer = opt_.max_per_peer;
+  rc.workers = opt_.workers;
+  rc.auth = auth_.get();
+  rc.self = PeerIdentity{opt_.rank, incarnation_};
+  ReactorHooks hooks;
+  hooks.dispatch = [this](RequestContext& ctx, uint16_t type, const std::string& payload) {
+    Serve(ctx, type, payload);
+  };
+  hooks.reply_error = [this](Channel& ch, const Status& st) {
+    SendReply(ch, st, {}, kRefusalReplyMs, &stats_);
+  };
+  hooks.refused = [this](const std::string& why) { NoteRefusal(why); };
+  reactor_ = std::make_unique<Reactor>(rc, std::move(hooks));
+  return reactor_->Start();
 }
 
-std::string Service::Admit(int fd, bool local, std::string* peer_host) {
-  if (!local) {
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-      if (ss.ss_family == AF_INET)
-        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, host, sizeof host);
-      else if (ss.ss_family == AF_INET6)
-        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, host, sizeof host);
-    }
-    *peer_host = host;
+void Service::Serve(RequestContext& ctx, uint16_t type, const std::string& payload) {
+  if (stopping_) {
+    ctx.ch.MarkBroken();
+    return;
   }
-  std::lock_guard<std::mutex> lk(conns_mu_);
-  if (live_ >= opt_.max_connections)
-    return "connection cap reached (" + std::to_string(opt_.max_connections) +
-           ", DYAD_MAX_CONNECTIONS)";
-  if (!local) {
-    if (unauthenticated_ >= opt_.max_unauthenticated)
-      return "too many connections in their handshake (" +
-             std::to_string(opt_.max_unauthenticated) + ", DYAD_MAX_UNAUTHENTICATED)";
-    if (per_peer_[*peer_host] >= opt_.max_per_peer)
-      return "too many connections in their handshake from " + *peer_host + " (" +
-             std::to_string(opt_.max_per_peer) + ", DYAD_MAX_UNAUTHENTICATED_PER_PEER)";
-    ++unauthenticated_;
-    ++per_peer_[*peer_host];
-  }
-  ++live_;
-  return std::string();
-}
-
-void Service::HandshakeOver(const std::string& peer_host) {
-  std::lock_guard<std::mutex> lk(conns_mu_);
-  --unauthenticated_;
-  auto it = per_peer_.find(peer_host);
-  if (it != per_peer_.end() && --it->second == 0) per_peer_.erase(it);
+  dispatch_->Dispatch(ctx, type, payload);
 }
 
 void Service::NoteRefusal(const std::string& why) {
   stats_.Add(ServiceStats::kConnRefused);
-  std::lock_guard<std::mutex> lk(conns_mu_);
+  std::lock_guard<std::mutex> lk(refusal_mu_);
   ++refused_since_log_;
   const uint64_t now = MonoNs();
   if (now - last_refusal_log_ns_ < 10'000'000'000ull && last_refusal_log_ns_ != 0) return;
@@ -382,108 +360,6 @@ void Service::NoteRefusal(const std::string& why) {
                 static_cast<unsigned long long>(refused_since_log_), why.c_str());
   refused_since_log_ = 0;
   last_refusal_log_ns_ = now;
-}
-
-void Service::SpawnConnection(UniqueFd fd, bool local, std::string peer_host) {
-  std::lock_guard<std::mutex> lk(conns_mu_);
-  if (stopping_) {
-    --live_;
-    if (!local) {
-      --unauthenticated_;
-      if (--per_peer_[peer_host] == 0) per_peer_.erase(peer_host);
-    }
-    return;  // closes it
-  }
-  auto conn = std::make_unique<Conn>();
-  Conn* raw = conn.get();
-  raw->fd = fd.get();
-  raw->peer_host = std::move(peer_host);
-  conns_.push_back(std::move(conn));
-  raw->thread = std::thread([this, raw, f = fd.release(), local]() mutable {
-    {
-      Channel ch{UniqueFd(f), Trust::kUnauthenticated};
-      bool handshake_done = local;
-      if (local) {
-        ServeLocal(ch);
-      } else {
-        ServePeer(ch, raw->peer_host, &handshake_done);
-      }
-      if (!handshake_done) HandshakeOver(raw->peer_host);
-      // Marked under the lock, before the descriptor closes, so Stop() never
-      // shuts down a descriptor number that was reused.
-      std::lock_guard<std::mutex> lk(conns_mu_);
-      --live_;
-      raw->done = true;
-      raw->fd = -1;
-    }
-  });
-}
-
-void Service::ReapFinished() {
-  std::list<std::unique_ptr<Conn>> finished;
-  {
-    std::lock_guard<std::mutex> lk(conns_mu_);
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      if ((*it)->done) {
-        finished.push_back(std::move(*it));
-        it = conns_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& c : finished)
-    if (c->thread.joinable()) c->thread.join();
-}
-
-void Service::ServeLocal(Channel& ch) {
-  // Only processes of this user (or root) may use the service.
-  PeerCred cred;
-  if (Status admit = AdmitLocalClient(ch, &cred); !admit.ok()) {
-    DYAD_LOG_WARN("refused local client pid %d uid %u (service runs as uid %u): %s", cred.pid,
-                  cred.uid, geteuid(), admit.ToString().c_str());
-    Reply(ch, admit);
-    return;
-  }
-  RequestContext ctx{ch, Link::kLocal, nullptr,
-                     [this, &ch] { return stopping_.load() || ch.PeerClosed(); }};
-  ServeFrames(ctx);
-}
-
-void Service::ServePeer(Channel& ch, const std::string& peer_host, bool* handshake_done) {
-  PeerIdentity peer;
-  Status st = auth_->Accept(ch, PeerIdentity{opt_.rank, incarnation_},
-                            Deadline::AfterMs(kHandshakeTimeoutMs), &peer);
-  HandshakeOver(peer_host);
-  *handshake_done = true;
-  if (!st.ok()) {
-    NoteRefusal("handshake: " + st.ToString());
-    return;
-  }
-  RequestContext ctx{ch, Link::kPeer, &peer,
-                     [this, &ch] { return stopping_.load() || ch.PeerClosed(); }};
-  ServeFrames(ctx);
-}
-
-void Service::ServeFrames(RequestContext& ctx) {
-  while (!stopping_) {
-    uint16_t type = 0;
-    std::string payload;
-    Status st = ctx.ch.RecvFrame(&type, &payload, Deadline::AfterMs(kIdlePollMs));
-    if (!st.ok()) {
-      if (st.code() == DYAD_RC_TIMEOUT && !ctx.ch.broken()) continue;
-      if (st.code() == DYAD_RC_BADUNPACK) {
-        DYAD_LOG_WARN("%s: %s",
-                      ctx.peer != nullptr ? ("peer rank " + std::to_string(ctx.peer->rank)).c_str()
-                                          : "local client",
-                      st.ToString().c_str());
-        Reply(ctx.ch, st);
-      }
-      return;
-    }
-    dispatch_->Dispatch(ctx, type, payload);
-    if (ctx.ch.broken()) return;
-  }
 }
 
 void Service::Reply(Channel& ch, const Status& st, const std::string& body) {

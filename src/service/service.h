@@ -6,9 +6,10 @@
 // root, the embedded metadata store). The service is plumbing: requests are
 // looked up in a table (Dispatcher) filled by the parts that serve them
 // (its own local handlers, the FileServer, a store it hosts); how a file
-// reaches a consumer directory is Placement's decision. Every connection is
-// served by its own thread, so a long wait or transfer never blocks another
-// request.
+// reaches a consumer directory is Placement's decision. Connections belong
+// to an event loop and requests run on bounded worker pools (reactor.h), so
+// threads and memory follow the work, not the number of connections; a
+// request that waits for a publication is parked without a thread.
 //
 // Start() returns once both listeners are open and the service is
 // registered in the metadata store; Stop() (also from a signal-handling
@@ -24,7 +25,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <functional>
 #include <thread>
 
 #include "common/auth.h"
@@ -41,6 +44,8 @@ class Dispatcher;
 class FileServer;
 class PeerDirectory;
 class Placement;
+class Reactor;
+class ThreadedWaits;
 class TransferRegistry;
 class TransportSet;
 struct RequestContext;
@@ -65,9 +70,10 @@ struct ServiceOptions {
   int64_t rpc_timeout_ms = 60000;
   // Connection caps: the excess is closed at once (counted, logged at most
   // every 10 s). Unauthenticated = peer links still in their handshake.
-  uint32_t max_connections = 2048;
+  uint32_t max_connections = 16384;
   uint32_t max_unauthenticated = 64;
   uint32_t max_per_peer = 16;   // unauthenticated ones per remote address
+  uint32_t workers = 8;         // threads of each worker pool (local clients, peers)
   std::string ready_file;
   bool debug = false;
 };
@@ -105,30 +111,40 @@ class Service {
   void RouteRequests();
   std::string StoreDescription() const;
 
-  // Connection plumbing: one thread per connection, requests dispatched
-  // through the table.
-  void AcceptLoop(int listen_fd, bool local);
-  void ServeLocal(Channel& ch);
-  void ServePeer(Channel& ch, const std::string& peer_host, bool* handshake_done);
-  void ServeFrames(RequestContext& ctx);
-  void SpawnConnection(UniqueFd fd, bool local, std::string peer_host);
-  void ReapFinished();
+  // Connection plumbing (reactor.h): the event loop hands each request here.
+  Status StartReactor();
+  void Serve(RequestContext& ctx, uint16_t type, const std::string& payload);
+  void NoteRefusal(const std::string& why);
+  // service_parking.cc: when the requested key is not published yet, parks
+  // the request (no thread waits) and runs `then` (with a context that
+  // cannot park) once it is, or at the deadline; true if parked.
+  // Not parked because the key is published: `*published` gets its value.
+  bool ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
+                          Deadline deadline, std::function<void(RequestContext&)> then,
+                          std::optional<std::string>* published);
 
   // Local client requests (service_requests.cc); each sends one reply.
   void HandlePublish(RequestContext& ctx, const std::string& payload);
   void HandleLocate(RequestContext& ctx, const std::string& payload);
+  void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
+                    const std::optional<std::string>& published = std::nullopt);
   void HandleConsume(RequestContext& ctx, const std::string& payload);
+  void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
+                     const std::optional<std::string>& published = std::nullopt);
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
   void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
-  // Cache, then global store (waiting when asked).
+  // Cache, then global store (waiting when asked). `published`: what the
+  // store has just returned for the key, if anything (not asked again).
   Result<FileRecord> Locate(const std::string& ns, const std::string& key, bool wait,
-                            Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr);
+                            Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr,
+                            const std::optional<std::string>& published = std::nullopt);
   Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline,
-                               const CancelFn& cancel);
+                               const CancelFn& cancel,
+                               const std::optional<std::string>& published = std::nullopt);
 
   // membership.cc: take the rank (refusing one a live service holds) and
   // keep it.
@@ -167,24 +183,9 @@ class Service {
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;
-  std::thread unix_acceptor_;
-  std::thread tcp_acceptor_;
-
-  struct Conn {
-    std::thread thread;
-    int fd = -1;
-    std::string peer_host;  // TCP: the remote address it counts against
-    std::atomic<bool> done{false};
-  };
-  // "" when `fd` may be served; else why it is refused. Counts it if not.
-  std::string Admit(int fd, bool local, std::string* peer_host);
-  void HandshakeOver(const std::string& peer_host);
-  void NoteRefusal(const std::string& why);
-  std::mutex conns_mu_;
-  std::list<std::unique_ptr<Conn>> conns_;
-  uint32_t live_ = 0;           // connections being served (under conns_mu_)
-  uint32_t unauthenticated_ = 0;
-  std::map<std::string, uint32_t> per_peer_;  // unauthenticated, by address
+  std::unique_ptr<Reactor> reactor_;
+  std::unique_ptr<ThreadedWaits> threaded_waits_;  // stores without Kvs::StartWait
+  std::mutex refusal_mu_;
   uint64_t refused_since_log_ = 0;
   uint64_t last_refusal_log_ns_ = 0;
 

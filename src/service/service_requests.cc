@@ -7,6 +7,7 @@
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/placement.h"
+#include "service/reactor.h"
 #include "service/service.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -97,7 +98,8 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
 
 
 Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
-                                   Deadline deadline, const CancelFn& cancel, bool* from_cache) {
+                                   Deadline deadline, const CancelFn& cancel, bool* from_cache,
+                                   const std::optional<std::string>& published) {
   if (from_cache) *from_cache = false;
   if (std::optional<FileRecord> hit = cache_.Get(ns, key)) {
     stats_.Add(ServiceStats::kCacheHits);
@@ -106,7 +108,9 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
   }
   stats_.Add(ServiceStats::kCacheMisses);
   std::string value;
-  if (wait) {
+  if (published) {
+    value = *published;
+  } else if (wait) {
     Result<std::string> v = kvs_->Wait(ns, key, deadline, cancel);
     if (!v.ok()) return v.status();
     value = std::move(*v);
@@ -128,10 +132,24 @@ void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
   LocateRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
+  const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  std::optional<std::string> published;
+  if (req.wait && ParkUntilPublished(ctx, req.ns, req.key, deadline,
+                                     [this, req, deadline](RequestContext& c) {
+                                       FinishLocate(c, req, deadline);
+                                     },
+                                     &published))
+    return;
+  FinishLocate(ctx, req, deadline, published);
+}
+
+void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
+                           const std::optional<std::string>& published) {
+  Channel& ch = ctx.ch;
   TraceSpan span("locate", "service");
   span.Arg("key", req.key);
   Result<FileRecord> rec =
-      Locate(req.ns, req.key, req.wait, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+      Locate(req.ns, req.key, req.wait, deadline, ctx.cancel, nullptr, published);
   span.Rc(rec.status());
   if (!rec.ok()) {
     if (rec.status().code() == DYAD_RC_TIMEOUT)
@@ -145,7 +163,8 @@ void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
 }
 
 Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadline,
-                                      const CancelFn& cancel) {
+                                      const CancelFn& cancel,
+                                      const std::optional<std::string>& published) {
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return upath.status();
   if (req.cons_path.empty() || req.cons_path[0] != '/')
@@ -157,7 +176,7 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     rec.upath = *upath;
   } else {
     bool from_cache = false;
-    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache);
+    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache, published);
     if (!located.ok()) {
       if (located.status().code() == DYAD_RC_TIMEOUT) {
         // Keep the store's explanation when it says more than "not yet"
@@ -211,9 +230,23 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   ConsumeRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
+  const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  std::optional<std::string> published;
+  if (!req.have_record && ParkUntilPublished(ctx, req.ns, req.key, deadline,
+                                             [this, req, deadline](RequestContext& c) {
+                                               FinishConsume(c, req, deadline);
+                                             },
+                                             &published))
+    return;
+  FinishConsume(ctx, req, deadline, published);
+}
+
+void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
+                            const std::optional<std::string>& published) {
+  Channel& ch = ctx.ch;
   TraceSpan span("consume", "service");
   span.Arg("path", req.upath);
-  Result<ConsumeReply> r = Consume(req, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  Result<ConsumeReply> r = Consume(req, deadline, ctx.cancel, published);
   span.Rc(r.status());
   if (!r.ok()) {
     // A client that hung up needs no report; every other failure is one
@@ -265,6 +298,11 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   StatusReply r;
   r.counters = stats_.Snapshot();
   r.counters["cache.entries"] = cache_.size();
+  if (reactor_) {
+    r.counters["connections.open"] = reactor_->live();
+    r.counters["connections.handshaking"] = reactor_->unauthenticated();
+    r.counters["requests.parked"] = reactor_->parked();
+  }
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);

@@ -1,8 +1,44 @@
 #include "kvs/embedded/embedded_root.h"
 
+#include "common/wire.h"
 #include "kvs/embedded/embedded_kvs.h"
 
 namespace dyad {
+
+namespace {
+
+// A peer's wait without a thread: parked until the store answers (at most
+// one slice, as in EmbeddedKvsServer), then replied to from a worker.
+void HandleWaitParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestContext& ctx,
+                      const std::string& payload) {
+  constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWait);
+  KvsRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) {  // the blocking path explains it
+    if (!server->Handle(kType, payload, ctx.ch, ctx.cancel).ok()) ctx.ch.MarkBroken();
+    return;
+  }
+  const int64_t ms = req.timeout_ms < 0
+                         ? EmbeddedKvsServer::kMaxWaitSliceMs
+                         : std::min(req.timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
+  std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
+  auto reply = [server](const Status& st, const std::string& body) {
+    return [server, st, body](RequestContext& c) {
+      if (!server->SendResult(kType, st, body, c.ch).ok()) c.ch.MarkBroken();
+    };
+  };
+  Result<KvsWaitTicket> ticket = server->store()->StartWait(
+      req.ns, req.key, Deadline::AfterMs(ms), [parked, reply](Result<std::string> r) {
+        if (!r.ok()) return parked->Resume(reply(r.status(), {}));
+        Encoder e;
+        e.Bool(true).Str(*r);
+        parked->Resume(reply(Status::OK(), e.Take()));
+      });
+  if (!ticket.ok()) return parked->Resume(reply(ticket.status(), {}));
+  parked->OnHangup([store = server->store(), t = *ticket] { store->CancelWait(t); });
+}
+
+}  // namespace
 
 EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     : store_(std::make_shared<MemoryKvs>()),
@@ -12,6 +48,8 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     // The handler keeps the server alive as long as the service routes to it.
     router.Route(Link::kPeer, type, "requests.kvs",
                  [server = server_, type](RequestContext& ctx, const std::string& payload) {
+                   if (type == MsgType::kKvsWait && ctx.parking != nullptr)
+                     return HandleWaitParked(server, ctx, payload);
                    Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch,
                                                 ctx.cancel);
                    if (!sent.ok()) ctx.ch.MarkBroken();

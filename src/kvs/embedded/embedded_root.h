@@ -5,6 +5,8 @@
 // (EmbeddedKvsServer). EmbeddedRoot is the Kvs the root itself uses: the
 // same MemoryKvs, with the server's handlers registered on the service's
 // peer link when it is opened (OpenKvs_embedded with KvsOptions::router).
+// Waits, its own and its peers', park without a thread (MemoryKvs::StartWait)
+// when the service can park requests (RequestContext::parking).
 #pragma once
 
 #include <memory>
@@ -42,6 +44,11 @@ class EmbeddedRoot final : public Kvs {
     return store_->List(ns, prefix, limit);
   }
   void Shutdown() override { store_->Shutdown(); }
+  Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
+                                  KvsWaitCallback done) override {
+    return store_->StartWait(ns, key, deadline, std::move(done));
+  }
+  void CancelWait(KvsWaitTicket ticket) override { store_->CancelWait(ticket); }
 
  private:
   std::shared_ptr<MemoryKvs> store_;

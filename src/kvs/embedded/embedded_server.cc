@@ -98,8 +98,12 @@ Status EmbeddedKvsServer::Handle(uint16_t type, const std::string& payload, Chan
                                  const CancelFn& cancel) {
   std::string body;
   Status st = Execute(type, payload, cancel, &body);
-  if (!st.ok()) body.clear();
-  std::string reply = EncodeReply(st, body);
+  return SendResult(type, st, body, ch);
+}
+
+Status EmbeddedKvsServer::SendResult(uint16_t type, const Status& st, const std::string& body,
+                                     Channel& ch) const {
+  std::string reply = EncodeReply(st, st.ok() ? body : std::string());
   if (reply.size() > kMaxFramePayload) {
     // Only a Get/Wait of a value larger than any Put can carry gets here.
     reply = EncodeReply(Status(DYAD_RC_BADPACK, "reply exceeds the frame size limit"));

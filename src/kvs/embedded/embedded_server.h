@@ -49,6 +49,10 @@ class EmbeddedKvsServer {
   // caller should close it. Errors of the request itself travel in the reply.
   Status Handle(uint16_t type, const std::string& payload, Channel& ch, const CancelFn& cancel);
 
+  // Sends the reply of a request of `type` whose outcome is `st` (and, when
+  // OK, the encoded fields `body`); the Status is that of the send.
+  Status SendResult(uint16_t type, const Status& st, const std::string& body, Channel& ch) const;
+
   // Wakes all waits in progress with DYAD_RC_CANCELLED (service shutdown).
   void Shutdown() { store_->Shutdown(); }
 

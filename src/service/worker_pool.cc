@@ -1,0 +1,62 @@
+#include "service/worker_pool.h"
+
+#include <pthread.h>
+
+#include <utility>
+
+namespace dyad {
+
+WorkerPool::WorkerPool(std::string name, size_t threads) : name_(std::move(name)) {
+  if (threads == 0) threads = 1;
+  threads_.reserve(threads);
+  for (size_t i = 0; i < threads; ++i) {
+    threads_.emplace_back([this] { Run(); });
+    pthread_setname_np(threads_.back().native_handle(), name_.substr(0, 15).c_str());
+  }
+}
+
+WorkerPool::~WorkerPool() { Stop(); }
+
+bool WorkerPool::Submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return false;
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+size_t WorkerPool::queued() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return tasks_.size();
+}
+
+void WorkerPool::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_)
+    if (t.joinable()) t.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  threads_.clear();
+}
+
+void WorkerPool::Run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace dyad

@@ -1,0 +1,309 @@
+// A service's threads follow its workers, not its connections (issue 16):
+// idle local clients, idle authenticated peers, silent peers in their
+// handshake and requests waiting for a publication hold no thread. Threads
+// are counted in /proc/self/task (both services run in this process);
+// nothing here is timed.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/auth.h"
+#include "common/key.h"
+#include "common/net.h"
+#include "proto/protocol.h"
+#include "service/service.h"
+#include "unit/service_pair.h"
+
+namespace dyad {
+namespace {
+
+using testing_services::CallLocal;
+using testing_services::ReadAll;
+using testing_services::WriteFile;
+
+size_t ThreadCount() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+// Two services with two workers per pool, A the embedded root.
+class ReactorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // 500 clients and 100 peers, both ends in this process.
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_max < 2000) GTEST_SKIP() << "descriptor limit " << rl.rlim_max << " too low";
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    char tmpl[] = "/tmp/dyad-reactor-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    base_ = tmpl;
+    ServiceOptions oa;
+    oa.rank = 0;
+    oa.prod_path = base_ + "/a";
+    oa.listen = "127.0.0.1:0";
+    oa.socket_path = base_ + "/a.sock";
+    oa.kvs_url = "embedded";
+    oa.secret = "test-secret";
+    oa.rpc_timeout_ms = 5000;
+    oa.workers = 2;
+    a_ = std::make_unique<Service>(oa);
+    ASSERT_TRUE(a_->Start().ok());
+    ServiceOptions ob = oa;
+    ob.rank = 1;
+    ob.prod_path = base_ + "/b";
+    ob.socket_path = base_ + "/b.sock";
+    ob.kvs_url = "embedded://" + a_->tcp_address();
+    b_ = std::make_unique<Service>(ob);
+    ASSERT_TRUE(b_->Start().ok());
+  }
+  void TearDown() override {
+    if (b_) b_->Stop();
+    if (a_) a_->Stop();
+    b_.reset();
+    a_.reset();
+    if (!base_.empty()) std::system(("rm -rf '" + base_ + "'").c_str());
+  }
+
+  Status Publish(const std::string& upath, const std::string& data) {
+    WriteFile(base_ + "/a/" + upath, data);
+    struct stat sb;
+    if (::stat((base_ + "/a/" + upath).c_str(), &sb) != 0) return StatusFromErrno(errno, "stat");
+    PublishRequest req;
+    req.ns = "t";
+    req.key = GenPathKey(upath, 3, 1024);
+    req.upath = upath;
+    req.prod_path = CanonicalPath(base_ + "/a");
+    req.size = data.size();
+    req.version = MtimeNs(sb);
+    Encoder e;
+    req.EncodeTo(e);
+    return CallLocal(base_ + "/a.sock", MsgType::kPublish, e.data()).status();
+  }
+
+  Result<std::string> Consume(const std::string& upath) {
+    ConsumeRequest req;
+    req.ns = "t";
+    req.key = GenPathKey(upath, 3, 1024);
+    req.upath = upath;
+    req.cons_path = CanonicalPath(base_ + "/b");
+    req.timeout_ms = 10000;
+    Encoder e;
+    req.EncodeTo(e);
+    return CallLocal(base_ + "/b.sock", MsgType::kConsume, e.data(), 20000);
+  }
+
+  uint64_t Counter(const std::string& sock, const std::string& name) {
+    Result<std::string> body = CallLocal(sock, MsgType::kStatus, "");
+    if (!body.ok()) return 0;
+    StatusReply r;
+    Decoder d(*body);
+    if (!r.DecodeFrom(d)) return 0;
+    return r.counters[name];
+  }
+
+  // Polls `sock`'s counter until it reaches `want` (bounded).
+  uint64_t AwaitCounter(const std::string& sock, const std::string& name, uint64_t want) {
+    const Deadline deadline = Deadline::AfterMs(10000);
+    uint64_t v = 0;
+    while (!deadline.expired() && (v = Counter(sock, name)) < want)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return v;
+  }
+
+  std::string base_;
+  std::unique_ptr<Service> a_, b_;
+};
+
+TEST_F(ReactorTest, IdleConnectionsHoldNoThread) {
+  // Warm up: a real exchange starts every lazily created thread.
+  ASSERT_TRUE(Publish("warm.dat", "warm").ok());
+  ASSERT_TRUE(Consume("warm.dat").ok());
+  const size_t before = ThreadCount();
+
+  std::vector<UniqueFd> clients;
+  Result<SocketAddress> ux = ParseAddress("unix:" + base_ + "/a.sock");
+  ASSERT_TRUE(ux.ok());
+  for (int i = 0; i < 500; ++i) {
+    Result<UniqueFd> fd = Connect(*ux, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    clients.push_back(std::move(*fd));
+  }
+  // Authenticated peers that then say nothing, and silent ones that never
+  // answer the challenge.
+  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+  ASSERT_TRUE(tcp.ok());
+  const Authenticator auth("test-secret");
+  std::vector<std::unique_ptr<Channel>> peers;
+  for (int i = 0; i < 100; ++i) {
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    PeerIdentity them;
+    Status st = auth.Connect(*ch, PeerIdentity{100u + i, 1}, Deadline::AfterMs(5000), &them);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    peers.push_back(std::move(ch));
+  }
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 10; ++i) {
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    silent.push_back(std::move(*fd));
+  }
+  // The status request's own connection is one more.
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "connections.open", 611), 611u);
+  EXPECT_EQ(Counter(base_ + "/a.sock", "connections.handshaking"), 10u);
+
+  // One thread per connection would add 610; allow the odd lazy thread.
+  const size_t during = ThreadCount();
+  EXPECT_LE(during, before + 3) << "threads before " << before << ", during " << during;
+
+  // Real work goes on meanwhile, and each idle connection still works.
+  ASSERT_TRUE(Publish("during.dat", "served among 610 idle connections").ok());
+  Result<std::string> r = Consume("during.dat");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ReadAll(base_ + "/b/during.dat"), "served among 610 idle connections");
+  Channel last(std::move(clients.back()), Trust::kUnauthenticated);
+  ASSERT_TRUE(TrustLocalService(last).ok());
+  std::string body;
+  EXPECT_TRUE(CallRpc(last, MsgType::kPing, "", &body, Deadline::AfterMs(5000)).ok());
+  KvsRequest kreq;
+  kreq.ns = "t";
+  kreq.key = GenPathKey("during.dat", 3, 1024);
+  Encoder ke;
+  kreq.EncodeTo(ke);
+  EXPECT_TRUE(CallRpc(*peers.front(), MsgType::kKvsGet, ke.data(), &body,
+                      Deadline::AfterMs(5000)).ok());
+}
+
+TEST_F(ReactorTest, WaitingRequestsAreParkedNotHeldByWorkers) {
+  ASSERT_TRUE(Publish("warm.dat", "warm").ok());
+  ASSERT_TRUE(Consume("warm.dat").ok());
+  const size_t before = ThreadCount();
+
+  // 40 locates waiting on the root, far more than its 2 local workers.
+  constexpr int kWaiters = 40;
+  LocateRequest req;
+  req.ns = "t";
+  req.key = GenPathKey("later.dat", 3, 1024);
+  req.wait = true;
+  req.timeout_ms = 20000;
+  Encoder e;
+  req.EncodeTo(e);
+  Result<SocketAddress> ux = ParseAddress("unix:" + base_ + "/a.sock");
+  ASSERT_TRUE(ux.ok());
+  std::vector<std::unique_ptr<Channel>> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    Result<UniqueFd> fd = Connect(*ux, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    ASSERT_TRUE(TrustLocalService(*ch).ok());
+    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kLocate), e.data(),
+                              Deadline::AfterMs(2000)).ok());
+    waiters.push_back(std::move(ch));
+  }
+  EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "requests.parked", kWaiters),
+            static_cast<uint64_t>(kWaiters));
+  EXPECT_LE(ThreadCount(), before + 3);
+
+  // The publication (a request of its own) is served while all wait, and
+  // wakes every one of them.
+  ASSERT_TRUE(Publish("later.dat", "published after the waits").ok());
+  for (auto& ch : waiters) {
+    std::string body;
+    Status st = ReceiveReply(*ch, &body, Deadline::AfterMs(10000));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    FileRecord rec;
+    Decoder d(body);
+    const std::string raw = d.Str();
+    ASSERT_TRUE(d.done());
+    ASSERT_TRUE(FileRecord::Decode(raw, &rec));
+    EXPECT_EQ(rec.upath, "later.dat");
+  }
+  EXPECT_EQ(Counter(base_ + "/a.sock", "requests.parked"), 0u);
+}
+
+TEST_F(ReactorTest, HangUpWhileParkedEndsTheWait) {
+  LocateRequest req;
+  req.ns = "t";
+  req.key = GenPathKey("never.dat", 3, 1024);
+  req.wait = true;
+  req.timeout_ms = -1;  // only the hang-up can end it
+  Encoder e;
+  req.EncodeTo(e);
+  Result<SocketAddress> ux = ParseAddress("unix:" + base_ + "/a.sock");
+  ASSERT_TRUE(ux.ok());
+  // Open besides the waiter's: the status request's own, B's links to the root.
+  const uint64_t others = Counter(base_ + "/a.sock", "connections.open");
+  {
+    Result<UniqueFd> fd = Connect(*ux, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    Channel ch(std::move(*fd), Trust::kUnauthenticated);
+    ASSERT_TRUE(TrustLocalService(ch).ok());
+    ASSERT_TRUE(ch.SendFrame(static_cast<uint16_t>(MsgType::kLocate), e.data(),
+                             Deadline::AfterMs(2000)).ok());
+    EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "requests.parked", 1), 1u);
+  }  // hangs up
+  const Deadline deadline = Deadline::AfterMs(10000);
+  while (!deadline.expired() && Counter(base_ + "/a.sock", "requests.parked") != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Counter(base_ + "/a.sock", "requests.parked"), 0u);
+  // The waiter's connection is closed.
+  EXPECT_EQ(Counter(base_ + "/a.sock", "connections.open"), others);
+}
+
+// A peer that stops in the middle of its handshake message holds no worker,
+// and the loop's timer closes it at the handshake deadline.
+TEST_F(ReactorTest, PeerSilentMidHandshakeIsClosedAtTheDeadline) {
+  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+  ASSERT_TRUE(tcp.ok());
+  std::vector<std::unique_ptr<Channel>> stalled;
+  for (int i = 0; i < 8; ++i) {  // more than the 2 peer workers
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    uint16_t type = 0;
+    std::string challenge;
+    ASSERT_TRUE(ch->RecvFrame(&type, &challenge, Deadline::AfterMs(5000)).ok());
+    EXPECT_EQ(type, static_cast<uint16_t>(MsgType::kChallenge));
+    // The header of a 200-byte authenticate message, and 10 of its bytes.
+    char part[kFrameHeaderSize + 10] = {};
+    const uint32_t magic = kFrameMagic, len = 200;
+    const uint16_t version = kWireVersion, t = static_cast<uint16_t>(MsgType::kAuthenticate);
+    std::memcpy(part, &magic, 4);
+    std::memcpy(part + 4, &version, 2);
+    std::memcpy(part + 6, &t, 2);
+    std::memcpy(part + 8, &len, 4);
+    ASSERT_TRUE(ch->SendAll(part, sizeof part, Deadline::AfterMs(2000)).ok());
+    stalled.push_back(std::move(ch));
+  }
+  EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "connections.handshaking", 8), 8u);
+  // Peer requests are still served: B's consume fetches from A.
+  ASSERT_TRUE(Publish("stalled.dat", "served while 8 handshakes stall").ok());
+  ASSERT_TRUE(Consume("stalled.dat").ok());
+  // Each stalled connection is closed by the service (read gives EOF).
+  for (auto& ch : stalled) {
+    char b;
+    Result<size_t> n = ch->RecvSome(&b, 1, Deadline::AfterMs(kHandshakeTimeoutMs + 5000));
+    ASSERT_FALSE(n.ok());
+    EXPECT_EQ(n.status().code(), DYAD_RC_CONNLOST) << n.status().ToString();
+  }
+  EXPECT_EQ(Counter(base_ + "/a.sock", "connections.handshaking"), 0u);
+}
+
+}  // namespace
+}  // namespace dyad
