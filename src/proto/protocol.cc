@@ -33,6 +33,8 @@ std::string MemberKey(uint32_t rank) { return "rank." + std::to_string(rank); }
 std::string FileRecord::Encode() const {
   Encoder e;
   e.U8(1).U32(owner_rank).U64(owner_incarnation).U64(size).U64(version).U64(published_ns).Str(upath);
+  // Appended, and only when set: records of older DYADs (no seq) decode.
+  if (seq != 0) e.U64(seq);
   return e.Take();
 }
 
@@ -46,6 +48,7 @@ bool FileRecord::Decode(const std::string& bytes, FileRecord* out) {
   r.version = d.U64();
   r.published_ns = d.U64();
   r.upath = d.Str();
+  if (!d.failed() && !d.done()) r.seq = d.U64();
   if (!d.done()) return false;
   *out = std::move(r);
   return true;

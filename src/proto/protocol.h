@@ -59,6 +59,11 @@ struct FileRecord {
   uint64_t version = 0;       // modification time (ns) of the published file
   uint64_t published_ns = 0;  // wall clock at publication
   std::string upath;          // path relative to the managed directory
+  // The owner's publication counter (per incarnation, from 1): with the
+  // owner's rank and incarnation it names this version even when a rewrite
+  // kept size and mtime (coarse clocks, touch). 0 in records of older
+  // DYADs, which encode without it.
+  uint64_t seq = 0;
 
   std::string Encode() const;
   static bool Decode(const std::string& bytes, FileRecord* out);
