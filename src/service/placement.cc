@@ -17,12 +17,18 @@ bool IsCompleteCopy(const std::string& path, uint64_t size, uint64_t version) {
 }
 
 Placement::Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-                     ServiceStats* stats)
+                     ServiceStats* stats, NodeCache* cache)
     : cfg_(std::move(config)),
       peers_(peers),
       transports_(transports),
       stats_(stats),
+      cache_(cache),
       fetcher_(peers, cfg_.rpc_timeout_ms) {}
+
+bool Placement::IsCurrentCopy(const std::string& dest, const FileRecord& rec) const {
+  if (cache_ == nullptr) return IsCompleteCopy(dest, rec.size, rec.version);
+  return cache_->IsCurrent(dest, rec);
+}
 
 Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline deadline,
                                       const CancelFn& cancel) {
@@ -65,6 +71,7 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
   const FileRecord& rec = req.record;
   const std::string dest = req.cons_root + "/" + rec.upath;
   std::shared_ptr<InFlight> flight;
+  bool current = false;
   {
     std::unique_lock<std::mutex> lk(mu_);
     auto it = inflight_.find(dest);
@@ -75,15 +82,19 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
     }
     // Checked under the lock so that a transfer finishing right now is
     // either seen here as complete or found in flight, never neither.
-    if (IsCompleteCopy(dest, rec.size, rec.version)) {
-      ConsumeReply r;
-      r.record = rec;
-      r.local = true;
-      stats_->Add(ServiceStats::kConsumeLocal);
-      return r;
+    current = IsCurrentCopy(dest, rec);
+    if (!current) {
+      flight = std::make_shared<InFlight>();
+      inflight_[dest] = flight;
     }
-    flight = std::make_shared<InFlight>();
-    inflight_[dest] = flight;
+  }
+  if (current) {
+    if (cache_ != nullptr) cache_->NoteHit(dest);  // may evict others: outside our lock
+    ConsumeReply r;
+    r.record = rec;
+    r.local = true;
+    stats_->Add(ServiceStats::kConsumeLocal);
+    return r;
   }
   Result<ConsumeReply> result = Transfer(req, route, transport);
   {
@@ -131,6 +142,10 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
     return st;
   }
   DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
+  FileRecord placed = rec;
+  placed.version = outcome.version;
+  placed.size = outcome.bytes;
+  if (cache_ != nullptr) cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed);
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);
   ConsumeReply reply;

@@ -192,7 +192,9 @@ void Service::BuildParts() {
   pc.service_mux = opt_.service_mux;
   pc.prod_real = prod_real_;
   pc.rpc_timeout_ms = opt_.rpc_timeout_ms;
-  placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_);
+  node_cache_ = std::make_unique<NodeCache>(opt_.cache_bytes, &stats_);
+  placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_,
+                                           node_cache_.get());
   file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
                                               transports_.get(), &stats_);
 }

@@ -38,6 +38,7 @@ namespace dyad {
 class Dispatcher;
 class FileServer;
 class PeerDirectory;
+class NodeCache;
 class Placement;
 class TransportSet;
 struct RequestContext;
@@ -67,6 +68,7 @@ struct ServiceOptions {
   uint32_t max_per_peer = 16;   // unauthenticated ones per remote address
   std::string ready_file;
   bool debug = false;
+  uint64_t cache_bytes = 0;     // budget of fetched copies (0 = unlimited)
 };
 
 class Service {
@@ -140,11 +142,13 @@ class Service {
   std::shared_ptr<const Authenticator> auth_;  // set by Start()
   ServiceStats stats_;
   MetadataCache cache_;
+  std::atomic<uint64_t> publish_seq_{0};  // FileRecord::seq of this incarnation
 
   std::unique_ptr<Dispatcher> dispatch_;
   std::shared_ptr<Kvs> kvs_;                // the store this service uses
   std::unique_ptr<TransportSet> transports_;
   std::unique_ptr<PeerDirectory> peers_;
+  std::unique_ptr<NodeCache> node_cache_;   // fetched copies, versions, byte budget
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<FileServer> file_server_;
 

@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
+#include "service/node_cache.h"
 #include "service/placement.h"
 #include "service/service.h"
 #include "service/transports.h"
@@ -74,7 +75,10 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   rec.version = req.version;
   rec.published_ns = WallNs();
   rec.upath = *upath;
+  rec.seq = publish_seq_.fetch_add(1, std::memory_order_relaxed) + 1;
   cache_.Put(req.ns, req.key, rec);
+  // Copies of an earlier version on this node must not be handed out again.
+  node_cache_->Supersede(req.ns, rec);
   if (req.async) {
     {
       std::lock_guard<std::mutex> lk(async_mu_);
@@ -114,6 +118,7 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
   if (!FileRecord::Decode(value, &rec))
     return Status(DYAD_RC_BADMETADATA, "malformed metadata under key '" + key + "'");
   cache_.Put(ns, key, rec);
+  node_cache_->Supersede(ns, rec);  // the store's word: other versions are stale
   return rec;
 }
 
@@ -173,13 +178,13 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     // store before declaring the copy current. Other cache hits need no
     // check, since a fetch always returns the owner's current file.
     if (from_cache && !req.shared_storage &&
-        IsCompleteCopy(req.cons_path + "/" + rec.upath, rec.size, rec.version)) {
+        placement_->IsCurrentCopy(req.cons_path + "/" + rec.upath, rec)) {
       Result<std::optional<std::string>> fresh = kvs_->Get(req.ns, req.key);
       FileRecord newer;
       if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
-          (newer.version != rec.version || newer.size != rec.size ||
-           newer.owner_rank != rec.owner_rank)) {
+          newer.upath == rec.upath && IdOf(newer) != IdOf(rec)) {
         cache_.Put(req.ns, req.key, newer);
+        node_cache_->Supersede(req.ns, newer);
         rec = newer;
       }
     }
@@ -190,6 +195,7 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
   preq.cons_root = req.cons_path;
   preq.shared_storage = req.shared_storage;
   preq.dtl_mode = req.dtl_mode;
+  preq.ns = req.ns;
   Result<ConsumeReply> r = placement_->Place(preq, deadline, cancel);
   if (!r.ok() && (r.status().code() == DYAD_RC_BADFETCH || r.status().code() == DYAD_RC_BADFIO ||
                   r.status().code() == DYAD_RC_NOTFOUND))
@@ -250,6 +256,9 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   StatusReply r;
   r.counters = stats_.Snapshot();
   r.counters["cache.entries"] = cache_.size();
+  r.counters["node_cache.bytes"] = node_cache_->bytes();
+  r.counters["node_cache.files"] = node_cache_->files();
+  r.counters["node_cache.budget"] = node_cache_->budget();
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);
