@@ -296,21 +296,27 @@ Status Client::Produce(const std::string& fname) {
     return Finish(Status(DYAD_RC_BADFIO, "'" + path + "' is not a regular file"), "produce",
                   fname);
 
+  return Finish(Publish(*upath, st, std::string()), "produce", fname);
+}
+
+Status Client::Publish(const std::string& upath, const struct stat& st,
+                       const std::string& adopted_copy) {
   PublishRequest req;
   req.ns = config_.kvs_namespace;
-  req.key = KeyOf(*upath);
-  req.upath = *upath;
+  req.key = KeyOf(upath);
+  req.upath = upath;
   req.prod_path = prod_.CurrentCanonical();
   req.size = static_cast<uint64_t>(st.st_size);
   req.version = MtimeNs(st);
   req.async = config_.async_publish;
+  req.adopted_copy = adopted_copy;
   Encoder e;
   req.EncodeTo(e);
   std::string body;
   Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(),
-                          config_.rpc_timeout_ms, "publish '" + *upath + "'");
+                          config_.rpc_timeout_ms, "publish '" + upath + "'");
   if (rs.ok() && config_.check) MarkChecked();
-  return Finish(rs, "produce", fname);
+  return rs;
 }
 
 bool Client::ConsumerDirIsPrivate() {
@@ -372,10 +378,13 @@ Status Client::ConsumeWithRecord(const std::string& fname, const FileRecord& rec
     info->upath = *upath;
   }
   // The published size and version identify the copy exactly (placement
-  // sets the mtime to the version), so a match is the published file.
+  // sets the mtime to the version), so a match is the published file;
+  // unless the record has a publication counter (every record of this
+  // DYAD): a rewrite may keep size and mtime, and only the service's index
+  // knows which version a copy is (it answers without a transfer).
   struct stat st;
   const std::string path = cons_.given() + "/" + *upath;
-  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+  if (record.seq == 0 && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
       static_cast<uint64_t>(st.st_size) == record.size && MtimeNs(st) == record.version) {
     if (info != nullptr) {
       info->level1 = true;

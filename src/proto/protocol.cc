@@ -24,6 +24,7 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kKvsList: return "kvs.list";
     case MsgType::kFetch: return "fetch";
     case MsgType::kFileData: return "file.data";
+    case MsgType::kSupersede: return "supersede";
   }
   return "unknown";
 }
@@ -100,6 +101,7 @@ bool DecodeReply(const std::string& payload, Status* st, std::string* body) {
 
 void PublishRequest::EncodeTo(Encoder& e) const {
   e.Str(ns).Str(key).Str(upath).Str(prod_path).U64(size).U64(version).Bool(async);
+  if (!adopted_copy.empty()) e.Str(adopted_copy);
 }
 bool PublishRequest::DecodeFrom(Decoder& d) {
   ns = d.Str();
@@ -109,6 +111,7 @@ bool PublishRequest::DecodeFrom(Decoder& d) {
   size = d.U64();
   version = d.U64();
   async = d.Bool();
+  if (!d.failed() && !d.done()) adopted_copy = d.Str(4096);
   return !d.failed();
 }
 
@@ -199,6 +202,17 @@ bool KvsRequest::DecodeFrom(Decoder& d) {
   timeout_ms = d.I64();
   limit = d.U32();
   return !d.failed();
+}
+
+void SupersedeNotice::EncodeTo(Encoder& e) const {
+  e.Str(ns).Str(key).Str(record.Encode()).Bool(forward);
+}
+bool SupersedeNotice::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  const std::string rec = d.Str();
+  forward = d.Bool();
+  return !d.failed() && FileRecord::Decode(rec, &record);
 }
 
 void FetchRequest::EncodeTo(Encoder& e) const {

@@ -47,6 +47,9 @@ enum class MsgType : uint16_t {
   // Owner -> requester: one chunk of file data on a protected session
   // (the tcp transport's sealed data path).
   kFileData = 51,
+  // Service -> service: a newer version of a file superseded the one the
+  // receiver holds or served (read-write ownership; service/versions.h).
+  kSupersede = 52,
 };
 
 const char* MsgTypeName(uint16_t type);
@@ -107,6 +110,10 @@ struct PublishRequest {
   uint64_t size = 0;
   uint64_t version = 0;
   bool async = false;     // DYAD_ASYNC_PUBLISH: reply before the store confirms
+  // Read-write ownership: the consumer copy (absolute, canonical) this
+  // publication was made from; it becomes a copy of the new version.
+  // Appended, and only when set.
+  std::string adopted_copy;
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };
@@ -186,6 +193,18 @@ struct KvsRequest {
 //          kKvsList body: u32 count, count x (Str key, Str value).
 
 // --- service -> owner service ----------------------------------------------
+
+// kSupersede: `record` (of `ns`, `key`) replaced earlier versions of its
+// file. `forward`: the receiver was the previous owner and passes the notice
+// on to the services that fetched the file from it. Reply: empty body.
+struct SupersedeNotice {
+  std::string ns;
+  std::string key;
+  FileRecord record;
+  bool forward = false;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
 
 struct FetchRequest {
   std::string upath;

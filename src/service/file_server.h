@@ -7,6 +7,7 @@
 // requester named. Registered on the peer link by the service. Thread-safe.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "proto/router.h"
@@ -26,6 +27,9 @@ class FileServer {
         stats_(stats) {}
 
   void Route(RequestRouter& router);
+  // Called with (upath, requester rank) for each fetch about to be served
+  // (versions.h records who holds copies). Set before serving starts.
+  void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) { on_serve_ = std::move(fn); }
   void HandleFetch(RequestContext& ctx, const std::string& payload);
 
  private:
@@ -40,6 +44,7 @@ class FileServer {
   const int64_t rpc_timeout_ms_;
   TransportSet* transports_;
   ServiceStats* stats_;
+  std::function<void(const std::string&, uint32_t)> on_serve_;
 };
 
 // Sends one reply frame (status + body) and counts errors.

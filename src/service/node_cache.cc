@@ -121,6 +121,15 @@ size_t NodeCache::Supersede(const std::string& ns, const FileRecord& rec) {
   return stale.size();
 }
 
+std::set<uint32_t> NodeCache::OwnersOf(const std::string& ns, const std::string& upath) const {
+  std::set<uint32_t> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto fit = by_file_.find(FileKey(ns, upath));
+  if (fit == by_file_.end()) return out;
+  for (const std::string& path : fit->second) out.insert(by_path_.at(path).id.owner_rank);
+  return out;
+}
+
 void NodeCache::Forget(const std::string& path) {
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = by_path_.find(path); it != by_path_.end()) DropLocked(it);

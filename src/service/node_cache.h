@@ -99,6 +99,10 @@ class NodeCache {
   // every indexed copy of that file with another version. Returns how many.
   size_t Supersede(const std::string& ns, const FileRecord& rec);
 
+  // Owner ranks of the indexed copies of (ns, upath): whom to tell when
+  // this node publishes a new version of it (service/versions.h).
+  std::set<uint32_t> OwnersOf(const std::string& ns, const std::string& upath) const;
+
   // Drops `path` from the index without touching the file (it was replaced
   // or adopted: read-write ownership made it this node's own file).
   void Forget(const std::string& path);

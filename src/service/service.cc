@@ -21,6 +21,7 @@
 #include "service/peers.h"
 #include "service/placement.h"
 #include "service/transports.h"
+#include "service/versions.h"
 
 namespace dyad {
 
@@ -197,6 +198,10 @@ void Service::BuildParts() {
                                            node_cache_.get());
   file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
                                               transports_.get(), &stats_);
+  notices_ = std::make_unique<VersionNotices>(opt_.rank, peers_.get(), opt_.rpc_timeout_ms);
+  file_server_->SetOnServe([n = notices_.get()](const std::string& upath, uint32_t rank) {
+    n->NoteReader(upath, rank);
+  });
 }
 
 std::string Service::StoreDescription() const {

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -40,6 +41,7 @@ class FileServer;
 class PeerDirectory;
 class NodeCache;
 class Placement;
+class VersionNotices;
 class TransportSet;
 struct RequestContext;
 
@@ -116,6 +118,13 @@ class Service {
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
+  // Read-write ownership (service_versions.cc).
+  void HandleSupersede(RequestContext& ctx, const std::string& payload);
+  Status AdoptCopy(const PublishRequest& req, const FileRecord& rec);
+  std::set<uint32_t> PreviousOwners(const std::string& ns, const std::string& key,
+                                    const std::string& upath);
+  void NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
+                            const FileRecord& rec);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked).
@@ -150,6 +159,7 @@ class Service {
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<NodeCache> node_cache_;   // fetched copies, versions, byte budget
   std::unique_ptr<Placement> placement_;
+  std::unique_ptr<VersionNotices> notices_;  // new versions to holders of old ones
   std::unique_ptr<FileServer> file_server_;
 
   UniqueFd unix_listener_;

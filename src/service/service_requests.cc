@@ -46,6 +46,10 @@ void Service::RouteRequests() {
   for (Link link : {Link::kLocal, Link::kPeer})
     dispatch_->Route(link, MsgType::kPing, nullptr,
                      [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
+  dispatch_->Route(Link::kPeer, MsgType::kSupersede, nullptr,
+                   [this](RequestContext& ctx, const std::string& payload) {
+                     HandleSupersede(ctx, payload);
+                   });
   file_server_->Route(*dispatch_);
 }
 
@@ -76,6 +80,11 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   rec.published_ns = WallNs();
   rec.upath = *upath;
   rec.seq = publish_seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const std::set<uint32_t> previous = PreviousOwners(req.ns, req.key, rec.upath);
+  if (!req.adopted_copy.empty()) {
+    Status ast = AdoptCopy(req, rec);
+    if (!ast.ok()) return Reply(ch, ast);
+  }
   cache_.Put(req.ns, req.key, rec);
   // Copies of an earlier version on this node must not be handed out again.
   node_cache_->Supersede(req.ns, rec);
@@ -86,10 +95,13 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
     }
     stats_.Add(ServiceStats::kAsyncPending);
     async_cv_.notify_one();
-    return Reply(ch, Status::OK());
+    Reply(ch, Status::OK());
+    // The notice carries the record: receivers need not wait for the store.
+    return NotifyPreviousOwners(previous, req, rec);
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
   if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
+  else NotifyPreviousOwners(previous, req, rec);
   Reply(ch, st);
 }
 
