@@ -113,6 +113,10 @@ size_t NodeCache::Supersede(const std::string& ns, const FileRecord& rec) {
   // A superseded copy goes even while open: readers keep the complete old
   // version they opened (the inode lives on), and nobody new may get it.
   for (const std::string& path : stale) {
+    if (Protected(path)) {
+      DropLocked(by_path_.find(path));
+      continue;
+    }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT)
       DYAD_LOG_WARN("cannot remove superseded copy '%s': %s", path.c_str(), std::strerror(errno));
     DropLocked(by_path_.find(path));
@@ -170,7 +174,9 @@ void NodeCache::EvictLocked(const std::string& keep) {
       const std::string& path = *lit;
       auto it = by_path_.find(path);
       const Entry& e = it->second;
-      if (e.consumed == waiting || path == keep || now - e.used_ns < grace_ns) continue;
+      if (e.consumed == waiting || path == keep || now - e.used_ns < grace_ns ||
+          Protected(path))
+        continue;
       if (!TryRemove(path)) continue;
       auto next = std::next(lit);
       DropLocked(it);
@@ -178,6 +184,10 @@ void NodeCache::EvictLocked(const std::string& keep) {
       stats_->Add(ServiceStats::kNodeCacheEvictions);
     }
   }
+}
+
+bool NodeCache::Protected(const std::string& path) const {
+  return !protected_root_.empty() && RelativeTo(protected_root_, path).has_value();
 }
 
 // Removes the copy unless a process holds it open (its shared flock makes

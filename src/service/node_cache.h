@@ -76,6 +76,12 @@ class NodeCache {
 
   uint64_t budget() const { return budget_; }
 
+  // Copies at or below `root` (the producer directory, when a consumer
+  // directory overlaps it) are indexed for their version but never removed
+  // by the cache: not evicted, and only forgotten when superseded, since the
+  // file there may be one this node produces. Set before use.
+  void ProtectTree(const std::string& root) { protected_root_ = root; }
+
   // True when `bytes` more of not-yet-consumed copies fit in the budget
   // (always with no budget). Does not reserve anything.
   bool Admit(uint64_t bytes) const;
@@ -122,10 +128,12 @@ class NodeCache {
   void DropLocked(std::unordered_map<std::string, Entry>::iterator it);
   void EvictLocked(const std::string& keep);
   bool TryRemove(const std::string& path) const;
+  bool Protected(const std::string& path) const;
   void PublishGauges() const;
 
   const uint64_t budget_;
   const int64_t grace_ms_;
+  std::string protected_root_;
   ServiceStats* stats_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> by_path_;

@@ -194,6 +194,7 @@ void Service::BuildParts() {
   pc.prod_real = prod_real_;
   pc.rpc_timeout_ms = opt_.rpc_timeout_ms;
   node_cache_ = std::make_unique<NodeCache>(opt_.cache_bytes, &stats_);
+  if (!prod_real_.empty()) node_cache_->ProtectTree(prod_real_);
   placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_,
                                            node_cache_.get());
   file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,

@@ -86,7 +86,10 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
     if (!ast.ok()) return Reply(ch, ast);
   }
   cache_.Put(req.ns, req.key, rec);
-  // Copies of an earlier version on this node must not be handed out again.
+  // The published file itself is no copy (it may have been one, placed in
+  // a consumer directory that is the producer directory); copies of an
+  // earlier version on this node must not be handed out again.
+  node_cache_->Forget(prod_real_ + "/" + rec.upath);
   node_cache_->Supersede(req.ns, rec);
   if (req.async) {
     {

@@ -55,15 +55,22 @@ Status Service::AdoptCopy(const PublishRequest& req, const FileRecord& rec) {
   return Status::OK();
 }
 
+// The previous owners pass the notice on to their readers; ours (when we
+// owned the previous version: a producer rewriting its file) hear it now.
 void Service::NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
                                    const FileRecord& rec) {
-  if (owners.empty()) return;
+  const std::vector<uint32_t> readers = notices_->TakeReaders(rec.upath);
+  if (owners.empty() && readers.empty()) return;
   SupersedeNotice n;
   n.ns = req.ns;
   n.key = req.key;
   n.record = rec;
   n.forward = true;
   notices_->Send(owners, n);
+  std::set<uint32_t> to(readers.begin(), readers.end());
+  for (uint32_t o : owners) to.erase(o);
+  n.forward = false;
+  notices_->Send(to, n);
 }
 
 void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {

@@ -126,6 +126,17 @@ TEST_F(Ownership, MovesAToBToAAndCSeesEachVersionInOrder) {
   EXPECT_EQ(Counter(2, "transfers.in"), before);
 }
 
+TEST_F(Ownership, AProducerRewritingItsFileReachesLevelOneReaders) {
+  WriteFile(nodes_[0].prod + "/f", "version-1");
+  ASSERT_TRUE(nodes_[0].client->Produce(nodes_[0].prod + "/f").ok());
+  EXPECT_EQ(Read(1), "version-1");
+  EXPECT_EQ(Read(2), "version-1");
+  WriteFile(nodes_[0].prod + "/f", "version-2");
+  ASSERT_TRUE(nodes_[0].client->Produce(nodes_[0].prod + "/f").ok());
+  EXPECT_EQ(Read(1), "version-2");
+  EXPECT_EQ(Read(2), "version-2");
+}
+
 TEST_F(Ownership, WithoutAProducerDirectoryTheWriterIsTold) {
   ClientConfig c;
   c.cons_managed_path = nodes_[1].cons;
