@@ -55,6 +55,12 @@ bool FileRecord::Decode(const std::string& bytes, FileRecord* out) {
   return true;
 }
 
+std::string VersionStamp(const FileRecord& rec) {
+  Encoder e;
+  e.U8(1).U32(rec.owner_rank).U64(rec.owner_incarnation).U64(rec.seq).U64(rec.size).U64(rec.version);
+  return e.Take();
+}
+
 std::string ServiceRecord::Encode() const {
   Encoder e;
   e.U8(1).U32(rank).U32(node_idx).U64(incarnation).Str(address).Str(prod_path).Str(hostname).U64(

@@ -72,6 +72,13 @@ struct FileRecord {
   static bool Decode(const std::string& bytes, FileRecord* out);
 };
 
+// Copies placed by a service carry their version in this extended
+// attribute (where the file system has user attributes), so a client that
+// knows the record (dyad_consume_w_metadata) can tell a current copy
+// without asking the service: VersionStamp(record) == the attribute.
+inline constexpr const char* kVersionXattr = "user.dyad.version";
+std::string VersionStamp(const FileRecord& rec);
+
 // Where a service can be reached; stored in the metadata store under
 // namespace kMembersNamespace, key "rank.<N>".
 struct ServiceRecord {

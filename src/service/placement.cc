@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -141,10 +142,13 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
     out.Abort();
     return st;
   }
-  DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
   FileRecord placed = rec;
   placed.version = outcome.version;
   placed.size = outcome.bytes;
+  // Best effort: without user attributes, clients ask the service instead.
+  const std::string stamp = VersionStamp(placed);
+  (void)::fsetxattr(out.fd(), kVersionXattr, stamp.data(), stamp.size(), 0);
+  DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
   if (cache_ != nullptr) cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed);
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);

@@ -137,6 +137,27 @@ TEST_F(Ownership, AProducerRewritingItsFileReachesLevelOneReaders) {
   EXPECT_EQ(Read(2), "version-2");
 }
 
+// consume_w_metadata: a copy stamped with the record's version needs no
+// message at all; a record of another version with the same size and mtime
+// is not mistaken for it.
+TEST_F(Ownership, KnownMetadataTellsVersionsApartWithoutAMessage) {
+  WriteFile(nodes_[0].prod + "/f", "version-1");
+  ASSERT_TRUE(nodes_[0].client->Produce(nodes_[0].prod + "/f").ok());
+  Client& c = *nodes_[2].client;
+  const std::string f = nodes_[2].cons + "/f";
+  Result<FileRecord> rec = c.GetMetadata(f, true);
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  ConsumeInfo info;
+  ASSERT_TRUE(c.ConsumeWithRecord(f, *rec, &info).ok());
+  EXPECT_TRUE(info.reply.transferred);
+  ASSERT_TRUE(c.ConsumeWithRecord(f, *rec, &info).ok());
+  EXPECT_TRUE(info.level1);  // stamped copy, no request
+  FileRecord other = *rec;
+  other.seq += 1;  // same size and mtime, another publication
+  ASSERT_TRUE(c.ConsumeWithRecord(f, other, &info).ok());
+  EXPECT_FALSE(info.level1);
+}
+
 TEST_F(Ownership, WithoutAProducerDirectoryTheWriterIsTold) {
   ClientConfig c;
   c.cons_managed_path = nodes_[1].cons;
