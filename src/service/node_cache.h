@@ -16,9 +16,12 @@
 //  * A copy consumed (fetched or hit) less than kGraceMs ago is not evicted:
 //    the consumer that was just told "it is there" still has to open it.
 //  * A copy a process holds open is not removed from under it: readers
-//    hold a shared flock() on it while open (the preload library, streams
-//    and pydyad do; see docs/consistency.md), and the evictor removes a
-//    copy only while it holds a non-blocking exclusive flock() on it.
+//    hold a shared flock() on it while open (the preload library does for
+//    every read-only open of a consumer file; other programs can with
+//    dyad_producer_lock_shared; docs/consistency.md), and the evictor
+//    removes a copy only while it holds a non-blocking exclusive flock().
+//  * Recency is what the service sees: a consume answered by the client's
+//    level-1 shortcut (file present, no message) does not refresh it.
 //  * When everything evictable is gone the cache may stay over budget
 //    (copies in use, or consumed within the grace period); the next
 //    NoteFetched/NoteHit tries again.
