@@ -42,10 +42,33 @@ CopyId IdOf(const FileRecord& rec) {
 NodeCache::NodeCache(uint64_t budget_bytes, ServiceStats* stats, int64_t grace_ms)
     : budget_(budget_bytes), grace_ms_(grace_ms), stats_(stats) {}
 
-bool NodeCache::Admit(uint64_t bytes) const {
+bool NodeCache::Admit(uint64_t bytes) {
   if (budget_ == 0) return true;
   std::lock_guard<std::mutex> lk(mu_);
+  if (waiting_bytes_ + bytes <= budget_) return true;
+  RefreshWaitingLocked();
   return waiting_bytes_ + bytes <= budget_;
+}
+
+void NodeCache::MarkConsumedLocked(Entry& e) {
+  if (e.consumed) return;
+  e.consumed = true;
+  waiting_bytes_ -= e.id.size;
+}
+
+// Waiting copies read since they were placed (their access time moved: the
+// first read after placement updates it even under relatime, since
+// placement leaves it older than the change time) count as consumed now.
+void NodeCache::RefreshWaitingLocked() {
+  if (waiting_bytes_ == 0) return;
+  for (auto& [path, e] : by_path_) {
+    if (e.consumed) continue;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;
+    const uint64_t atime = static_cast<uint64_t>(st.st_atim.tv_sec) * 1000000000ull +
+                           static_cast<uint64_t>(st.st_atim.tv_nsec);
+    if (atime > e.atime_ns) MarkConsumedLocked(e);
+  }
 }
 
 void NodeCache::NoteFetched(const std::string& ns, const std::string& path,
@@ -60,6 +83,8 @@ void NodeCache::NoteFetched(const std::string& ns, const std::string& path,
   e.id = IdOf(rec);
   e.id.size = static_cast<uint64_t>(st.st_size);
   e.mtime_ns = MtimeNs(st);
+  e.atime_ns = static_cast<uint64_t>(st.st_atim.tv_sec) * 1000000000ull +
+               static_cast<uint64_t>(st.st_atim.tv_nsec);
   e.used_ns = MonoNs();
   e.consumed = consumed;
   lru_.push_front(path);
@@ -76,10 +101,7 @@ void NodeCache::NoteHit(const std::string& path) {
   auto it = by_path_.find(path);
   if (it == by_path_.end()) return;
   Entry& e = it->second;
-  if (!e.consumed) {
-    e.consumed = true;
-    waiting_bytes_ -= e.id.size;
-  }
+  MarkConsumedLocked(e);
   e.used_ns = MonoNs();
   lru_.splice(lru_.begin(), lru_, e.lru);
   stats_->Add(ServiceStats::kNodeCacheHits);
@@ -166,6 +188,7 @@ void NodeCache::DropLocked(std::unordered_map<std::string, Entry>::iterator it) 
 // for their consumer) only once no consumed one is left to remove.
 void NodeCache::EvictLocked(const std::string& keep) {
   if (budget_ == 0 || bytes_ <= budget_) return;
+  RefreshWaitingLocked();
   const uint64_t now = MonoNs();
   const uint64_t grace_ns = static_cast<uint64_t>(grace_ms_) * 1000000ull;
   for (bool waiting : {false, true}) {

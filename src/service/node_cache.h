@@ -32,8 +32,11 @@
 //    after a later NoteHit/NoteFetched frees room;
 //  * after a prefetched copy is renamed into place, call
 //    NoteFetched(ns, path, record, /*consumed=*/false); such a copy counts
-//    as "waiting" until a consume hits it (NoteHit), and waiting copies are
-//    evicted only after every consumed one;
+//    as "waiting" until a consume hits it (NoteHit) or, since most consumes
+//    of a prefetched file are level-1 ones the service never sees, until
+//    its access time shows it was read (checked only when the budget is
+//    short; on a noatime mount only NoteHit ends the wait). Waiting copies
+//    are evicted only after every consumed one;
 //  * call Supersede(ns, record) for every publication notification received
 //    from the store (matching a prefetch pattern or not): copies of another
 //    version of that file are removed so the level-1 shortcut (a client
@@ -87,7 +90,7 @@ class NodeCache {
 
   // True when `bytes` more of not-yet-consumed copies fit in the budget
   // (always with no budget). Does not reserve anything.
-  bool Admit(uint64_t bytes) const;
+  bool Admit(uint64_t bytes);
 
   // A copy of `rec` was renamed into place at `path` (absolute). Replaces
   // what the index held for `path`, then evicts down to the budget.
@@ -125,10 +128,13 @@ class NodeCache {
     CopyId id;
     uint64_t mtime_ns = 0;  // of the placed file
     uint64_t used_ns = 0;   // monotonic time of the last consume
+    uint64_t atime_ns = 0;  // of the placed file, when placed
     bool consumed = true;
     std::list<std::string>::iterator lru;  // position in lru_
   };
   void DropLocked(std::unordered_map<std::string, Entry>::iterator it);
+  void MarkConsumedLocked(Entry& e);
+  void RefreshWaitingLocked();
   void EvictLocked(const std::string& keep);
   bool TryRemove(const std::string& path) const;
   bool Protected(const std::string& path) const;
