@@ -32,6 +32,7 @@
 #include "service/node_cache.h"
 #include "service/peers.h"
 #include "service/stats.h"
+#include "service/transfers.h"
 #include "service/transports.h"
 
 namespace dyad {
@@ -54,10 +55,13 @@ struct PlacementRequest {
 
 class Placement {
  public:
-  // `cache` may be null (no index: a copy is current when its size and
-  // mtime match the record, as before versions had a counter).
+  // `transfers` (may be null) lists this node's incoming transfers while
+  // they run (`dyad status`). `cache` may be null (no index: a copy is
+  // current when its size and mtime match the record, as before versions
+  // had a counter).
   Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-            ServiceStats* stats, NodeCache* cache = nullptr);
+            ServiceStats* stats, TransferRegistry* transfers = nullptr,
+            NodeCache* cache = nullptr);
 
   // True when `dest` is a copy of exactly `rec`'s version.
   bool IsCurrentCopy(const std::string& dest, const FileRecord& rec) const;
@@ -86,11 +90,15 @@ class Placement {
   Status Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
               const std::string& cons_root, FetchOutcome* outcome);
   Status CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome);
+  // What moved a file (transport, owner address) into `reply`, and the
+  // per-transport counters.
+  void NoteTransport(Route route, const Transport* transport, ConsumeReply* reply);
 
   const PlacementConfig cfg_;
   PeerDirectory* peers_;
   TransportSet* transports_;
   ServiceStats* stats_;
+  TransferRegistry* transfers_;
   NodeCache* cache_;
   Fetcher fetcher_;
   std::mutex mu_;
