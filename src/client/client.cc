@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +55,14 @@ std::optional<std::string> RealPath(const std::string& path) {
 bool Overlap(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   return RelativeTo(a, b).has_value() || RelativeTo(b, a).has_value();
+}
+
+// Whether `path` carries the version stamp of `rec` (kVersionXattr).
+bool HasStamp(const std::string& path, const FileRecord& rec) {
+  const std::string want = VersionStamp(rec);
+  char buf[64];
+  const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, buf, sizeof(buf));
+  return n == static_cast<ssize_t>(want.size()) && want.compare(0, want.size(), buf, n) == 0;
 }
 
 // mkdir -p, ignoring failures: the service reports a directory it cannot use.
@@ -297,21 +306,27 @@ Status Client::ProduceUntraced(const std::string& fname) {
     return Finish(Status(DYAD_RC_BADFIO, "'" + path + "' is not a regular file"), "produce",
                   fname);
 
+  return Finish(Publish(*upath, st, std::string()), "produce", fname);
+}
+
+Status Client::Publish(const std::string& upath, const struct stat& st,
+                       const std::string& adopted_copy) {
   PublishRequest req;
   req.ns = config_.kvs_namespace;
-  req.key = KeyOf(*upath);
-  req.upath = *upath;
+  req.key = KeyOf(upath);
+  req.upath = upath;
   req.prod_path = prod_.CurrentCanonical();
   req.size = static_cast<uint64_t>(st.st_size);
   req.version = MtimeNs(st);
   req.async = config_.async_publish;
+  req.adopted_copy = adopted_copy;
   Encoder e;
   req.EncodeTo(e);
   std::string body;
   Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(),
-                          config_.rpc_timeout_ms, "publish '" + *upath + "'");
+                          config_.rpc_timeout_ms, "publish '" + upath + "'");
   if (rs.ok() && config_.check) MarkChecked();
-  return Finish(rs, "produce", fname);
+  return rs;
 }
 
 bool Client::ConsumerDirIsPrivate() {
@@ -372,12 +387,16 @@ Status Client::ConsumeWithRecordUntraced(const std::string& fname, const FileRec
     *info = ConsumeInfo{};
     info->upath = *upath;
   }
-  // The published size and version identify the copy exactly (placement
-  // sets the mtime to the version), so a match is the published file.
+  // The copy is the record's version when it has its size and content time
+  // (placement sets the mtime) and, for records with a publication counter
+  // (a rewrite may keep size and mtime), the version stamp placement wrote
+  // on it; without one (no user attributes, or a copy this node wrote) the
+  // service's index decides, still without a transfer.
   struct stat st;
   const std::string path = cons_.given() + "/" + *upath;
   if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<uint64_t>(st.st_size) == record.size && MtimeNs(st) == record.version) {
+      static_cast<uint64_t>(st.st_size) == record.size && MtimeNs(st) == record.version &&
+      (record.seq == 0 || HasStamp(path, record))) {
     if (info != nullptr) {
       info->level1 = true;
       info->elapsed_ns = MonoNs() - start;

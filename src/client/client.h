@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <sys/stat.h>
 #include <utility>
 #include <vector>
 
@@ -147,6 +148,13 @@ class Client {
 
   // Publishes a file that is complete under the producer directory.
   Status Produce(const std::string& fname);
+  // Read-write ownership: `fname`, a file under the consumer directory that
+  // this process wrote, becomes this node's: its bytes are copied to the
+  // same path under the producer directory (under the producer lock) and
+  // published from there; older copies on other nodes are dropped before
+  // this returns (docs/consistency.md). `src_fd` (or -1) is a descriptor
+  // of the written file to copy from. Needs a producer directory.
+  Status Adopt(const std::string& fname, int src_fd = -1);
   // Returns once `fname` is complete under the consumer directory.
   Status Consume(const std::string& fname, ConsumeInfo* info = nullptr);
   // Metadata of a published file (kLocate). Without `wait`, an unpublished
@@ -181,6 +189,9 @@ class Client {
   Result<FileRecord> GetMetadataUntraced(const std::string& fname, bool wait);
   Status ConsumeRequestFor(const std::string& upath, const FileRecord* record,
                            ConsumeInfo* info);
+  Status Publish(const std::string& upath, const struct stat& st,
+                 const std::string& adopted_copy);
+  Status CopyToProducer(const std::string& upath, int src_fd, struct stat* published);
   // True when a file present in the consumer directory is known complete
   // (the directory is private to consumers; see the .cc).
   bool ConsumerDirIsPrivate();

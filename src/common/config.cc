@@ -124,6 +124,11 @@ std::vector<ConfigEntry> CoreEntries() {
        "message and file chunk carries an AES-256-GCM tag), 'encrypt' (also encrypted), 'none' "
        "(zero-copy file data and no integrity: a trusted fabric only). Peers use the stronger "
        "of their two settings (docs/security.md)."},
+      {"DYAD_CACHE_BYTES", ConfigKind::kUint, "0", "service",
+       "Byte budget for the copies the service fetches into consumer directories (0: no "
+       "limit). Past it, the least recently consumed copies are removed (never one a process "
+       "holds open, one consumed within the last second, or a file this node produced); a "
+       "removed file is fetched again by its next consume (docs/consistency.md)."},
       {"DYAD_INSECURE", ConfigKind::kBool, "false", "service",
        "Let a service without any credential listen beyond loopback (it refuses otherwise): "
        "every host reaching its port can then fetch files and use the metadata store."},

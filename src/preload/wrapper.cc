@@ -8,7 +8,14 @@
 //   * a write-capable open of a path under the producer-managed directory
 //     takes an exclusive flock() on the file (the service's fetch takes a
 //     shared one, so nobody ships a half-written file) and the last close of
-//     that file in this process releases the lock and publishes it (Produce).
+//     that file in this process releases the lock and publishes it (Produce);
+//   * a write-capable open of a path under the consumer-managed directory
+//     (when a producer directory is configured too) is handled the same way,
+//     except that the last close hands the file to this node (Adopt:
+//     read-write ownership, docs/consistency.md); one that keeps the old
+//     contents (no O_TRUNC, no O_CREAT) first consumes the current version;
+//   * a read-only consumer descriptor carries a shared flock(), so the
+//     service's byte budget never evicts a copy a process holds open.
 // Everything else is handed to the real function untouched, after a prefix
 // comparison that costs no system call for absolute names.
 //
@@ -257,6 +264,7 @@ struct TrackedFile {
   int lock_fd = -1;   // our own descriptor carrying the LOCK_EX
   int refs = 0;       // descriptors of this process open on the file
   bool owned = true;  // false in a forked child: the parent publishes
+  bool adopt = false; // a consumer file: the last close adopts it (Client::Adopt)
 };
 
 class FileTable {
@@ -339,6 +347,7 @@ void FileTable::Add(int fd, const std::string& path) {
       f->dev = st.st_dev;
       f->ino = st.st_ino;
       f->path = path;
+      f->adopt = g_client != nullptr && !g_client->IsManaged(path, Side::kProducer);
       it = by_file_.emplace(key, std::move(f)).first;
       first = true;
     }
@@ -422,6 +431,15 @@ void AtForkChild() {
 bool Finish(std::unique_ptr<TrackedFile> file) {
   if (file == nullptr) return true;
   ReentryGuard guard;  // the client's own opens must not come back here
+  if (file->adopt && file->owned && g_client != nullptr) {
+    // Copied from our descriptor while it still holds LOCK_EX: the bytes
+    // this process wrote, whatever happens to the name meanwhile.
+    Status st = g_client->Adopt(file->path, file->lock_fd);
+    if (file->lock_fd >= 0) real_close()(file->lock_fd);
+    if (st.ok()) return true;
+    Report("adopt '" + file->path + "'", st);
+    return !g_fail_on_error;
+  }
   if (file->lock_fd >= 0) real_close()(file->lock_fd);  // releases LOCK_EX
   if (!file->owned || g_client == nullptr) return true;
   Status st = g_client->Produce(file->path);
@@ -497,17 +515,44 @@ Action Classify(int dirfd, const char* path, bool write, bool special, std::stri
   Client* c = GetClient();
   if (c == nullptr) return Action::kPass;
   const Side side = write ? Side::kProducer : Side::kConsumer;
+  // A write under the consumer directory makes this node the owner, which
+  // takes a producer directory to publish from.
+  auto managed = [c, side, write](std::string_view n) {
+    return c->IsManaged(n, side) ||
+           (write && c->has_producer_path() && c->IsManaged(n, Side::kConsumer));
+  };
   if (IsAbsolute(path)) {
-    if (!MaybeManaged(path) || !c->IsManaged(std::string_view(path), side)) return Action::kPass;
+    if (!MaybeManaged(path) || !managed(std::string_view(path))) return Action::kPass;
     *name = path;
   } else {
-    if (!NameFor(dirfd, path, name) || !c->IsManaged(*name, side)) return Action::kPass;
+    if (!NameFor(dirfd, path, name) || !managed(*name)) return Action::kPass;
   }
   if (write) return Action::kProduce;
   // A directory is never published; a file this process is writing is
   // already here (reading it back must not wait for its own publication).
   if (IsDirectory(*name) || Table().WritingPath(*name)) return Action::kPass;
   return Action::kConsume;
+}
+
+// A shared flock on a consumer's read descriptor: the service's evictor
+// (NodeCache) never removes a copy it cannot lock exclusively, and a
+// process of this node writing the file (read-write ownership) holds it
+// exclusively until its close, so the reader waits for the whole new
+// version (bounded, as the producer's lock; dyad_producer.h). When the
+// evictor holds the file this instant, the descriptor still reads the
+// complete copy (its name is about to go, its bytes are not).
+void HoldCopy(int fd) {
+  if (fd < 0) return;
+  const int e = errno;
+  Status st = LockProducerFile(fd, LOCK_SH, g_client->config().rpc_timeout_ms);
+  if (!st.ok()) Report("lock a consumed file for reading", st);
+  errno = e;
+}
+
+// A write-capable open of a consumer file that keeps its contents: bring
+// the current version first. True when that is needed.
+bool ConsumeBeforeWrite(const std::string& name, int flags) {
+  return (flags & (O_TRUNC | O_CREAT)) == 0 && !g_client->IsManaged(name, Side::kProducer);
 }
 
 // Runs the consume for a read-only open. Returns 0 to go on with the real
@@ -558,7 +603,8 @@ int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
   const int entry_errno = errno;  // our checks must not change what the caller sees
   std::string name;
   const Action action = Classify(dirfd, path, WriteFlags(flags), SpecialFlags(flags), &name);
-  if (action == Action::kConsume) {
+  if (action == Action::kConsume ||
+      (action == Action::kProduce && ConsumeBeforeWrite(name, flags))) {
     if (int err = ConsumeBefore(name); err != 0) {
       errno = err;
       return -1;
@@ -569,6 +615,7 @@ int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
   const bool late_truncate = action == Action::kProduce && (flags & O_TRUNC) != 0;
   errno = entry_errno;
   const int fd = real(late_truncate ? flags & ~O_TRUNC : flags);
+  if (action == Action::kConsume) HoldCopy(fd);
   if (fd >= 0 && action == Action::kProduce) {
     const int e = errno;
     Table().Add(fd, name);
@@ -622,7 +669,8 @@ FILE* FopenCommon(const char* path, const char* mode, RealCall real) {
   const int entry_errno = errno;
   std::string name;
   const Action action = Classify(AT_FDCWD, path, WriteMode(mode), false, &name);
-  if (action == Action::kConsume) {
+  if (action == Action::kConsume ||
+      (action == Action::kProduce && mode[0] == 'r' && ConsumeBeforeWrite(name, 0))) {
     if (int err = ConsumeBefore(name); err != 0) {
       errno = err;
       return nullptr;
@@ -632,6 +680,7 @@ FILE* FopenCommon(const char* path, const char* mode, RealCall real) {
   if (action == Action::kProduce && mode[0] == 'w' && std::strchr(mode, ',') == nullptr)
     return FopenTruncateLocked(path, mode, name);
   FILE* fp = real();
+  if (fp != nullptr && action == Action::kConsume) HoldCopy(::fileno(fp));
   if (fp != nullptr && action == Action::kProduce) {
     const int e = errno;
     Table().Add(::fileno(fp), name);

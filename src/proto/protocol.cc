@@ -25,6 +25,7 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kKvsList: return "kvs.list";
     case MsgType::kFetch: return "fetch";
     case MsgType::kFileData: return "file.data";
+    case MsgType::kSupersede: return "supersede";
   }
   return "unknown";
 }
@@ -34,6 +35,8 @@ std::string MemberKey(uint32_t rank) { return "rank." + std::to_string(rank); }
 std::string FileRecord::Encode() const {
   Encoder e;
   e.U8(1).U32(owner_rank).U64(owner_incarnation).U64(size).U64(version).U64(published_ns).Str(upath);
+  // Appended, and only when set: records of older DYADs (no seq) decode.
+  if (seq != 0) e.U64(seq);
   return e.Take();
 }
 
@@ -47,9 +50,16 @@ bool FileRecord::Decode(const std::string& bytes, FileRecord* out) {
   r.version = d.U64();
   r.published_ns = d.U64();
   r.upath = d.Str();
+  if (!d.failed() && !d.done()) r.seq = d.U64();
   if (!d.done()) return false;
   *out = std::move(r);
   return true;
+}
+
+std::string VersionStamp(const FileRecord& rec) {
+  Encoder e;
+  e.U8(1).U32(rec.owner_rank).U64(rec.owner_incarnation).U64(rec.seq).U64(rec.size).U64(rec.version);
+  return e.Take();
 }
 
 std::string ServiceRecord::Encode() const {
@@ -100,6 +110,7 @@ bool DecodeReply(const std::string& payload, Status* st, std::string* body) {
 
 void PublishRequest::EncodeTo(Encoder& e) const {
   e.Str(ns).Str(key).Str(upath).Str(prod_path).U64(size).U64(version).Bool(async);
+  if (!adopted_copy.empty()) e.Str(adopted_copy);
 }
 bool PublishRequest::DecodeFrom(Decoder& d) {
   ns = d.Str();
@@ -109,6 +120,7 @@ bool PublishRequest::DecodeFrom(Decoder& d) {
   size = d.U64();
   version = d.U64();
   async = d.Bool();
+  if (!d.failed() && !d.done()) adopted_copy = d.Str(4096);
   return !d.failed();
 }
 
@@ -281,6 +293,17 @@ bool KvsRequest::DecodeFrom(Decoder& d) {
   timeout_ms = d.I64();
   limit = d.U32();
   return !d.failed();
+}
+
+void SupersedeNotice::EncodeTo(Encoder& e) const {
+  e.Str(ns).Str(key).Str(record.Encode()).Bool(forward);
+}
+bool SupersedeNotice::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  key = d.Str();
+  const std::string rec = d.Str();
+  forward = d.Bool();
+  return !d.failed() && FileRecord::Decode(rec, &record);
 }
 
 void FetchRequest::EncodeTo(Encoder& e) const {

@@ -48,6 +48,9 @@ enum class MsgType : uint16_t {
   // Owner -> requester: one chunk of file data on a protected session
   // (the tcp transport's sealed data path).
   kFileData = 51,
+  // Service -> service: a newer version of a file superseded the one the
+  // receiver holds or served (read-write ownership; service/versions.h).
+  kSupersede = 52,
 };
 
 const char* MsgTypeName(uint16_t type);
@@ -60,10 +63,22 @@ struct FileRecord {
   uint64_t version = 0;       // modification time (ns) of the published file
   uint64_t published_ns = 0;  // wall clock at publication
   std::string upath;          // path relative to the managed directory
+  // The owner's publication counter (per incarnation, from 1): with the
+  // owner's rank and incarnation it names this version even when a rewrite
+  // kept size and mtime (coarse clocks, touch). 0 in records of older
+  // DYADs, which encode without it.
+  uint64_t seq = 0;
 
   std::string Encode() const;
   static bool Decode(const std::string& bytes, FileRecord* out);
 };
+
+// Copies placed by a service carry their version in this extended
+// attribute (where the file system has user attributes), so a client that
+// knows the record (dyad_consume_w_metadata) can tell a current copy
+// without asking the service: VersionStamp(record) == the attribute.
+inline constexpr const char* kVersionXattr = "user.dyad.version";
+std::string VersionStamp(const FileRecord& rec);
 
 // Where a service can be reached; stored in the metadata store under
 // namespace kMembersNamespace, key "rank.<N>".
@@ -104,6 +119,10 @@ struct PublishRequest {
   uint64_t size = 0;
   uint64_t version = 0;
   bool async = false;     // DYAD_ASYNC_PUBLISH: reply before the store confirms
+  // Read-write ownership: the consumer copy (absolute, canonical) this
+  // publication was made from; it becomes a copy of the new version.
+  // Appended, and only when set.
+  std::string adopted_copy;
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };
@@ -241,6 +260,18 @@ struct KvsRequest {
 //          kKvsList body: u32 count, count x (Str key, Str value).
 
 // --- service -> owner service ----------------------------------------------
+
+// kSupersede: `record` (of `ns`, `key`) replaced earlier versions of its
+// file. `forward`: the receiver was the previous owner and passes the notice
+// on to the services that fetched the file from it. Reply: empty body.
+struct SupersedeNotice {
+  std::string ns;
+  std::string key;
+  FileRecord record;
+  bool forward = false;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
 
 struct FetchRequest {
   std::string upath;

@@ -112,6 +112,7 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   src.ino = st.st_ino;
   if (req.expect_version != 0 && req.expect_version != src.version)
     return SendReply(ctx.ch, Stale(*upath, "since it was published"), {}, rpc_timeout_ms_, stats_);
+  if (on_serve_ && ctx.peer != nullptr) on_serve_(*upath, ctx.peer->rank);
   Result<std::string> rargs = (*transport)->ReplyArgs(src);
   if (!rargs.ok()) return SendReply(ctx.ch, rargs.status(), {}, rpc_timeout_ms_, stats_);
   FetchReply fr;

@@ -7,6 +7,7 @@
 // requester named. Registered on the peer link by the service. Thread-safe.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "proto/router.h"
@@ -29,6 +30,9 @@ class FileServer {
         transfers_(transfers) {}
 
   void Route(RequestRouter& router);
+  // Called with (upath, requester rank) for each fetch about to be served
+  // (versions.h records who holds copies). Set before serving starts.
+  void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) { on_serve_ = std::move(fn); }
   void HandleFetch(RequestContext& ctx, const std::string& payload);
 
  private:
@@ -47,6 +51,7 @@ class FileServer {
   const int64_t rpc_timeout_ms_;
   TransportSet* transports_;
   ServiceStats* stats_;
+  std::function<void(const std::string&, uint32_t)> on_serve_;
   TransferRegistry* transfers_;
 };
 

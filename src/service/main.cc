@@ -111,6 +111,12 @@ int main(int argc, char** argv) {
   opt.munge_socket = Setting("DYAD_MUNGE_SOCKET");
   opt.insecure = dyad::EnvBool("DYAD_INSECURE", false);
   std::string protection = Setting("DYAD_LINK_PROTECTION");
+  auto cache_bytes = dyad::EnvUint("DYAD_CACHE_BYTES", 0);
+  if (!cache_bytes.ok()) {
+    std::fprintf(stderr, "dyad-service: %s\n", cache_bytes.status().message().c_str());
+    return 2;
+  }
+  opt.cache_bytes = *cache_bytes;
 
   CLI::App app{
       "dyad-service: the per-node DYAD daemon. Serves the node's application processes over a "
@@ -170,6 +176,11 @@ int main(int argc, char** argv) {
                  "Consumer directory whose incomplete temporaries are removed at start "
                  "(default $DYAD_PATH_CONSUMER)");
   app.add_option("--chunk-size", opt.chunk_size, "Transfer buffer size in bytes")
+      ->capture_default_str();
+  app.add_option("--cache-bytes", opt.cache_bytes,
+                 "Byte budget of the copies fetched into consumer directories; past it the least "
+                 "recently consumed ones that no process holds open are removed (0: no limit; "
+                 "default $DYAD_CACHE_BYTES)")
       ->capture_default_str();
   app.add_option("--rpc-timeout", rpc_timeout_s,
                  "Seconds bounding non-wait requests and transfers without progress")

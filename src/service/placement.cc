@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -18,13 +19,19 @@ bool IsCompleteCopy(const std::string& path, uint64_t size, uint64_t version) {
 }
 
 Placement::Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-                     ServiceStats* stats, TransferRegistry* transfers)
+                     ServiceStats* stats, TransferRegistry* transfers, NodeCache* cache)
     : cfg_(std::move(config)),
       peers_(peers),
       transports_(transports),
       stats_(stats),
       transfers_(transfers),
+      cache_(cache),
       fetcher_(peers, cfg_.rpc_timeout_ms, transfers) {}
+
+bool Placement::IsCurrentCopy(const std::string& dest, const FileRecord& rec) const {
+  if (cache_ == nullptr) return IsCompleteCopy(dest, rec.size, rec.version);
+  return cache_->IsCurrent(dest, rec);
+}
 
 Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline deadline,
                                       const CancelFn& cancel) {
@@ -67,6 +74,7 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
   const FileRecord& rec = req.record;
   const std::string dest = req.cons_root + "/" + rec.upath;
   std::shared_ptr<InFlight> flight;
+  bool current = false;
   {
     std::unique_lock<std::mutex> lk(mu_);
     auto it = inflight_.find(dest);
@@ -77,15 +85,19 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
     }
     // Checked under the lock so that a transfer finishing right now is
     // either seen here as complete or found in flight, never neither.
-    if (IsCompleteCopy(dest, rec.size, rec.version)) {
-      ConsumeReply r;
-      r.record = rec;
-      r.local = true;
-      stats_->Add(ServiceStats::kConsumeLocal);
-      return r;
+    current = IsCurrentCopy(dest, rec);
+    if (!current) {
+      flight = std::make_shared<InFlight>();
+      inflight_[dest] = flight;
     }
-    flight = std::make_shared<InFlight>();
-    inflight_[dest] = flight;
+  }
+  if (current) {
+    if (cache_ != nullptr) cache_->NoteHit(dest);  // may evict others: outside our lock
+    ConsumeReply r;
+    r.record = rec;
+    r.local = true;
+    stats_->Add(ServiceStats::kConsumeLocal);
+    return r;
   }
   Result<ConsumeReply> result = Transfer(req, route, transport);
   {
@@ -135,7 +147,14 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
     out.Abort();
     return st;
   }
+  FileRecord placed = rec;
+  placed.version = outcome.version;
+  placed.size = outcome.bytes;
+  // Best effort: without user attributes, clients ask the service instead.
+  const std::string stamp = VersionStamp(placed);
+  (void)::fsetxattr(out.fd(), kVersionXattr, stamp.data(), stamp.size(), 0);
   DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
+  if (cache_ != nullptr) cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed);
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);
   ConsumeReply reply;

@@ -12,7 +12,11 @@
 // node; concurrent requests wait for it and share its result) and atomic
 // (bytes land in a temporary beside the destination, renamed into place
 // when complete and stamped with the owner's version, so a later request
-// can tell a current copy without asking anyone). Thread-safe.
+// can tell a current copy without asking anyone). Copies are indexed in the
+// NodeCache, which says whether a copy is the record's version (a copy of
+// the current version costs no transfer; another version is replaced by
+// the atomic rename) and keeps them within the node's byte budget.
+// Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -25,6 +29,7 @@
 #include "common/fsutil.h"
 #include "proto/protocol.h"
 #include "service/fetcher.h"
+#include "service/node_cache.h"
 #include "service/peers.h"
 #include "service/stats.h"
 #include "service/transfers.h"
@@ -45,14 +50,21 @@ struct PlacementRequest {
   std::string cons_root;       // the consumer's directory (absolute, canonical)
   bool shared_storage = false; // DYAD_SHARED_STORAGE: synchronize only
   std::string dtl_mode;        // the client's choice ("" = this service's default)
+  std::string ns;              // the record's namespace (indexes the copy)
 };
 
 class Placement {
  public:
   // `transfers` (may be null) lists this node's incoming transfers while
-  // they run (`dyad status`).
+  // they run (`dyad status`). `cache` may be null (no index: a copy is
+  // current when its size and mtime match the record, as before versions
+  // had a counter).
   Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-            ServiceStats* stats, TransferRegistry* transfers = nullptr);
+            ServiceStats* stats, TransferRegistry* transfers = nullptr,
+            NodeCache* cache = nullptr);
+
+  // True when `dest` is a copy of exactly `rec`'s version.
+  bool IsCurrentCopy(const std::string& dest, const FileRecord& rec) const;
 
   // Returns once cons_root/record.upath is a complete copy of the record's
   // file (or needs none), waiting for a transfer already in flight.
@@ -87,6 +99,7 @@ class Placement {
   TransportSet* transports_;
   ServiceStats* stats_;
   TransferRegistry* transfers_;
+  NodeCache* cache_;
   Fetcher fetcher_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<InFlight>> inflight_;

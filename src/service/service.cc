@@ -26,6 +26,7 @@
 #include "service/threaded_waits.h"
 #include "service/transfers.h"
 #include "service/transports.h"
+#include "service/versions.h"
 
 namespace dyad {
 
@@ -243,11 +244,17 @@ void Service::BuildParts() {
   pc.prod_real = prod_real_;
   pc.rpc_timeout_ms = opt_.rpc_timeout_ms;
   transfers_in_flight_ = std::make_unique<TransferRegistry>();
+  node_cache_ = std::make_unique<NodeCache>(opt_.cache_bytes, &stats_);
+  if (!prod_real_.empty()) node_cache_->ProtectTree(prod_real_);
   placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_,
-                                           transfers_in_flight_.get());
+                                           transfers_in_flight_.get(), node_cache_.get());
   file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
                                               transports_.get(), &stats_,
                                               transfers_in_flight_.get());
+  notices_ = std::make_unique<VersionNotices>(opt_.rank, peers_.get(), opt_.rpc_timeout_ms);
+  file_server_->SetOnServe([n = notices_.get()](const std::string& upath, uint32_t rank) {
+    n->NoteReader(upath, rank);
+  });
 }
 
 std::string Service::StoreDescription() const {

@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <functional>
 #include <thread>
@@ -43,9 +44,11 @@ namespace dyad {
 class Dispatcher;
 class FileServer;
 class PeerDirectory;
+class NodeCache;
 class Placement;
 class Reactor;
 class ThreadedWaits;
+class VersionNotices;
 class TransferRegistry;
 class TransportSet;
 struct RequestContext;
@@ -76,6 +79,7 @@ struct ServiceOptions {
   uint32_t workers = 8;         // threads of each worker pool (local clients, peers)
   std::string ready_file;
   bool debug = false;
+  uint64_t cache_bytes = 0;     // budget of fetched copies (0 = unlimited)
 };
 
 class Service {
@@ -134,6 +138,13 @@ class Service {
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
+  // Read-write ownership (service_versions.cc).
+  void HandleSupersede(RequestContext& ctx, const std::string& payload);
+  Status AdoptCopy(const PublishRequest& req, const FileRecord& rec);
+  std::set<uint32_t> PreviousOwners(const std::string& ns, const std::string& key,
+                                    const std::string& upath);
+  void NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
+                            const FileRecord& rec);
   void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
@@ -172,12 +183,15 @@ class Service {
   std::shared_ptr<const Authenticator> auth_;  // set by Start()
   ServiceStats stats_;
   MetadataCache cache_;
+  std::atomic<uint64_t> publish_seq_{0};  // FileRecord::seq of this incarnation
 
   std::unique_ptr<Dispatcher> dispatch_;
   std::shared_ptr<Kvs> kvs_;                // the store this service uses
   std::unique_ptr<TransportSet> transports_;
   std::unique_ptr<PeerDirectory> peers_;
+  std::unique_ptr<NodeCache> node_cache_;   // fetched copies, versions, byte budget
   std::unique_ptr<Placement> placement_;
+  std::unique_ptr<VersionNotices> notices_;  // new versions to holders of old ones
   std::unique_ptr<FileServer> file_server_;
   std::unique_ptr<TransferRegistry> transfers_in_flight_;
 

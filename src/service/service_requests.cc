@@ -6,6 +6,7 @@
 #include "common/trace.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
+#include "service/node_cache.h"
 #include "service/placement.h"
 #include "service/reactor.h"
 #include "service/service.h"
@@ -49,6 +50,10 @@ void Service::RouteRequests() {
   for (Link link : {Link::kLocal, Link::kPeer})
     dispatch_->Route(link, MsgType::kPing, nullptr,
                      [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
+  dispatch_->Route(Link::kPeer, MsgType::kSupersede, nullptr,
+                   [this](RequestContext& ctx, const std::string& payload) {
+                     HandleSupersede(ctx, payload);
+                   });
   file_server_->Route(*dispatch_);
 }
 
@@ -80,7 +85,18 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   rec.version = req.version;
   rec.published_ns = WallNs();
   rec.upath = *upath;
+  rec.seq = publish_seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const std::set<uint32_t> previous = PreviousOwners(req.ns, req.key, rec.upath);
+  if (!req.adopted_copy.empty()) {
+    Status ast = AdoptCopy(req, rec);
+    if (!ast.ok()) return Reply(ch, ast);
+  }
   cache_.Put(req.ns, req.key, rec);
+  // The published file itself is no copy (it may have been one, placed in
+  // a consumer directory that is the producer directory); copies of an
+  // earlier version on this node must not be handed out again.
+  node_cache_->Forget(prod_real_ + "/" + rec.upath);
+  node_cache_->Supersede(req.ns, rec);
   if (req.async) {
     {
       std::lock_guard<std::mutex> lk(async_mu_);
@@ -88,10 +104,13 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
     }
     stats_.Add(ServiceStats::kAsyncPending);
     async_cv_.notify_one();
-    return Reply(ch, Status::OK());
+    Reply(ch, Status::OK());
+    // The notice carries the record: receivers need not wait for the store.
+    return NotifyPreviousOwners(previous, req, rec);
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
   if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
+  else NotifyPreviousOwners(previous, req, rec);
   span.Rc(st);
   Reply(ch, st);
 }
@@ -124,6 +143,7 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
   if (!FileRecord::Decode(value, &rec))
     return Status(DYAD_RC_BADMETADATA, "malformed metadata under key '" + key + "'");
   cache_.Put(ns, key, rec);
+  node_cache_->Supersede(ns, rec);  // the store's word: other versions are stale
   return rec;
 }
 
@@ -201,13 +221,13 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     // store before declaring the copy current. Other cache hits need no
     // check, since a fetch always returns the owner's current file.
     if (from_cache && !req.shared_storage &&
-        IsCompleteCopy(req.cons_path + "/" + rec.upath, rec.size, rec.version)) {
+        placement_->IsCurrentCopy(req.cons_path + "/" + rec.upath, rec)) {
       Result<std::optional<std::string>> fresh = kvs_->Get(req.ns, req.key);
       FileRecord newer;
       if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
-          (newer.version != rec.version || newer.size != rec.size ||
-           newer.owner_rank != rec.owner_rank)) {
+          newer.upath == rec.upath && IdOf(newer) != IdOf(rec)) {
         cache_.Put(req.ns, req.key, newer);
+        node_cache_->Supersede(req.ns, newer);
         rec = newer;
       }
     }
@@ -218,6 +238,7 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
   preq.cons_root = req.cons_path;
   preq.shared_storage = req.shared_storage;
   preq.dtl_mode = req.dtl_mode;
+  preq.ns = req.ns;
   Result<ConsumeReply> r = placement_->Place(preq, deadline, cancel);
   if (!r.ok() && (r.status().code() == DYAD_RC_BADFETCH || r.status().code() == DYAD_RC_BADFIO ||
                   r.status().code() == DYAD_RC_NOTFOUND))
@@ -303,6 +324,9 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
     r.counters["connections.handshaking"] = reactor_->unauthenticated();
     r.counters["requests.parked"] = reactor_->parked();
   }
+  r.counters["node_cache.bytes"] = node_cache_->bytes();
+  r.counters["node_cache.files"] = node_cache_->files();
+  r.counters["node_cache.budget"] = node_cache_->budget();
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);

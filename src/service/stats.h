@@ -35,6 +35,9 @@ class ServiceStats {
     kFetchRefused,
     kErrors,
     kConnRefused,
+    kNodeCacheHits,
+    kNodeCacheEvictions,
+    kNodeCacheSuperseded,
     kNumCounters
   };
 
@@ -48,7 +51,8 @@ class ServiceStats {
         "requests.status",  "requests.fetch",   "requests.kvs",          "publish.async_pending",
         "cache.hits",       "cache.misses",     "consume.local",         "consume.joined",
         "transfers.in",     "bytes.in",         "transfers.out",         "bytes.out",
-        "bytes.out.direct", "fetch.refused",    "errors",                "connections.refused"};
+        "bytes.out.direct", "fetch.refused",    "errors",                "connections.refused",
+        "node_cache.hits",  "node_cache.evictions", "node_cache.superseded"};
     return kNames[c];
   }
   // The counter called `name`, or kNumCounters when there is none.

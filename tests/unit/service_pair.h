@@ -81,6 +81,7 @@ class ServicePair {
     ob.prod_path = dir_b;
     ob.socket_path = base + "/b.sock";
     ob.kvs_url = b_kvs.empty() ? "embedded://" + a->tcp_address() : b_kvs;
+    ob.cache_bytes = b_cache_bytes;
     b = std::make_unique<Service>(ob);
     return b->Start();
   }
@@ -137,6 +138,7 @@ class ServicePair {
 
   std::string base, dir_a, dir_b;
   std::unique_ptr<Service> a, b;
+  uint64_t b_cache_bytes = 0;  // B's --cache-bytes (set before Start)
 };
 
 }  // namespace testing_services

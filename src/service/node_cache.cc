@@ -1,0 +1,231 @@
+#include "service/node_cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "common/time.h"
+
+namespace dyad {
+
+namespace {
+
+std::string FileKey(const std::string& ns, const std::string& upath) {
+  std::string k;
+  k.reserve(ns.size() + 1 + upath.size());
+  k += ns;
+  k += '\0';
+  k += upath;
+  return k;
+}
+
+}  // namespace
+
+CopyId IdOf(const FileRecord& rec) {
+  CopyId id;
+  id.owner_rank = rec.owner_rank;
+  id.owner_incarnation = rec.owner_incarnation;
+  id.seq = rec.seq;
+  id.size = rec.size;
+  id.version = rec.version;
+  return id;
+}
+
+NodeCache::NodeCache(uint64_t budget_bytes, ServiceStats* stats, int64_t grace_ms)
+    : budget_(budget_bytes), grace_ms_(grace_ms), stats_(stats) {}
+
+bool NodeCache::Admit(uint64_t bytes) {
+  if (budget_ == 0) return true;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (waiting_bytes_ + bytes <= budget_) return true;
+  RefreshWaitingLocked();
+  return waiting_bytes_ + bytes <= budget_;
+}
+
+void NodeCache::MarkConsumedLocked(Entry& e) {
+  if (e.consumed) return;
+  e.consumed = true;
+  waiting_bytes_ -= e.id.size;
+}
+
+// Waiting copies read since they were placed (their access time moved: the
+// first read after placement updates it even under relatime, since
+// placement leaves it older than the change time) count as consumed now.
+void NodeCache::RefreshWaitingLocked() {
+  if (waiting_bytes_ == 0) return;
+  for (auto& [path, e] : by_path_) {
+    if (e.consumed) continue;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;
+    const uint64_t atime = static_cast<uint64_t>(st.st_atim.tv_sec) * 1000000000ull +
+                           static_cast<uint64_t>(st.st_atim.tv_nsec);
+    if (atime > e.atime_ns) MarkConsumedLocked(e);
+  }
+}
+
+void NodeCache::NoteFetched(const std::string& ns, const std::string& path,
+                            const FileRecord& rec, bool consumed) {
+  struct stat st;
+  const bool present = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = by_path_.find(path); it != by_path_.end()) DropLocked(it);
+  if (!present) return;  // already gone (removed by someone): nothing to index
+  Entry e;
+  e.ns_upath = FileKey(ns, rec.upath);
+  e.id = IdOf(rec);
+  e.id.size = static_cast<uint64_t>(st.st_size);
+  e.mtime_ns = MtimeNs(st);
+  e.atime_ns = static_cast<uint64_t>(st.st_atim.tv_sec) * 1000000000ull +
+               static_cast<uint64_t>(st.st_atim.tv_nsec);
+  e.used_ns = MonoNs();
+  e.consumed = consumed;
+  lru_.push_front(path);
+  e.lru = lru_.begin();
+  bytes_ += e.id.size;
+  if (!consumed) waiting_bytes_ += e.id.size;
+  by_file_[e.ns_upath].insert(path);
+  by_path_.emplace(path, std::move(e));
+  EvictLocked(path);
+}
+
+void NodeCache::NoteHit(const std::string& path) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = by_path_.find(path);
+  if (it == by_path_.end()) return;
+  Entry& e = it->second;
+  MarkConsumedLocked(e);
+  e.used_ns = MonoNs();
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  stats_->Add(ServiceStats::kNodeCacheHits);
+  EvictLocked(path);
+}
+
+bool NodeCache::IsCurrent(const std::string& path, const FileRecord& rec) const {
+  CopyId id;
+  uint64_t mtime = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = by_path_.find(path);
+    if (it == by_path_.end()) return false;
+    id = it->second.id;
+    mtime = it->second.mtime_ns;
+  }
+  if (id != IdOf(rec)) return false;
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         static_cast<uint64_t>(st.st_size) == id.size && MtimeNs(st) == mtime;
+}
+
+size_t NodeCache::Supersede(const std::string& ns, const FileRecord& rec) {
+  const CopyId id = IdOf(rec);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto fit = by_file_.find(FileKey(ns, rec.upath));
+  if (fit == by_file_.end()) return 0;
+  std::vector<std::string> stale;
+  for (const std::string& path : fit->second)
+    if (by_path_.at(path).id != id) stale.push_back(path);
+  // A superseded copy goes even while open: readers keep the complete old
+  // version they opened (the inode lives on), and nobody new may get it.
+  for (const std::string& path : stale) {
+    if (Protected(path)) {
+      DropLocked(by_path_.find(path));
+      continue;
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      DYAD_LOG_WARN("cannot remove superseded copy '%s': %s", path.c_str(), std::strerror(errno));
+    DropLocked(by_path_.find(path));
+    stats_->Add(ServiceStats::kNodeCacheSuperseded);
+  }
+  return stale.size();
+}
+
+std::set<uint32_t> NodeCache::OwnersOf(const std::string& ns, const std::string& upath) const {
+  std::set<uint32_t> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto fit = by_file_.find(FileKey(ns, upath));
+  if (fit == by_file_.end()) return out;
+  for (const std::string& path : fit->second) out.insert(by_path_.at(path).id.owner_rank);
+  return out;
+}
+
+void NodeCache::Forget(const std::string& path) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = by_path_.find(path); it != by_path_.end()) DropLocked(it);
+}
+
+uint64_t NodeCache::bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return bytes_;
+}
+
+size_t NodeCache::files() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return by_path_.size();
+}
+
+void NodeCache::DropLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  Entry& e = it->second;
+  bytes_ -= e.id.size;
+  if (!e.consumed) waiting_bytes_ -= e.id.size;
+  lru_.erase(e.lru);
+  auto fit = by_file_.find(e.ns_upath);
+  if (fit != by_file_.end()) {
+    fit->second.erase(it->first);
+    if (fit->second.empty()) by_file_.erase(fit);
+  }
+  by_path_.erase(it);
+}
+
+// Least recently consumed first; copies never consumed (prefetched, waiting
+// for their consumer) only once no consumed one is left to remove.
+void NodeCache::EvictLocked(const std::string& keep) {
+  if (budget_ == 0 || bytes_ <= budget_) return;
+  RefreshWaitingLocked();
+  const uint64_t now = MonoNs();
+  const uint64_t grace_ns = static_cast<uint64_t>(grace_ms_) * 1000000ull;
+  for (bool waiting : {false, true}) {
+    for (auto lit = lru_.end(); lit != lru_.begin() && bytes_ > budget_;) {
+      --lit;
+      const std::string& path = *lit;
+      auto it = by_path_.find(path);
+      const Entry& e = it->second;
+      if (e.consumed == waiting || path == keep || now - e.used_ns < grace_ns ||
+          Protected(path))
+        continue;
+      if (!TryRemove(path)) continue;
+      auto next = std::next(lit);
+      DropLocked(it);
+      lit = next;
+      stats_->Add(ServiceStats::kNodeCacheEvictions);
+    }
+  }
+}
+
+bool NodeCache::Protected(const std::string& path) const {
+  return !protected_root_.empty() && RelativeTo(protected_root_, path).has_value();
+}
+
+// Removes the copy unless a process holds it open (its shared flock makes
+// our non-blocking exclusive one fail). A copy already gone counts as
+// removed; one we cannot open or lock for another reason stays indexed.
+bool NodeCache::TryRemove(const std::string& path) const {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return errno == ENOENT;
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    DYAD_LOG_WARN("cannot evict '%s': %s", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  DYAD_LOG_DEBUG("evicted '%s'", path.c_str());
+  return true;
+}
+
+}  // namespace dyad

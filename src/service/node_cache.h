@@ -1,0 +1,155 @@
+// node_cache.h: the index of the copies this service placed in consumer
+// directories (fetched copies), their versions, and the node's byte budget.
+//
+// Every copy Placement renames into a consumer directory is recorded here
+// with the identity of the record it is a copy of (CopyId) and the time it
+// was last consumed. The index answers "is this copy the current version?"
+// (a version is the owner's: its rank, incarnation and publication counter,
+// plus size and content time; mtime alone collides under coarse clocks and
+// touch), and keeps the fetched bytes under a budget:
+//
+//  * Budget: DYAD_CACHE_BYTES / --cache-bytes (0 = unlimited). When the
+//    indexed bytes exceed it, copies are removed least recently consumed
+//    first. Only copies are indexed, so files the node produced (its
+//    producer directory, or a consumer directory that is the producer
+//    directory) are never evicted.
+//  * A copy consumed (fetched or hit) less than kGraceMs ago is not evicted:
+//    the consumer that was just told "it is there" still has to open it.
+//  * A copy a process holds open is not removed from under it: readers
+//    hold a shared flock() on it while open (the preload library does for
+//    every read-only open of a consumer file; other programs can with
+//    dyad_producer_lock_shared; docs/consistency.md), and the evictor
+//    removes a copy only while it holds a non-blocking exclusive flock().
+//  * Recency is what the service sees: a consume answered by the client's
+//    level-1 shortcut (file present, no message) does not refresh it.
+//  * When everything evictable is gone the cache may stay over budget
+//    (copies in use, or consumed within the grace period); the next
+//    NoteFetched/NoteHit tries again.
+//
+// Contract for the prefetcher (src/service/prefetch.*):
+//  * call Admit(size) before starting a prefetch; on false, do not start it
+//    now (the budget has no room for more unconsumed copies) and try again
+//    after a later NoteHit/NoteFetched frees room;
+//  * after a prefetched copy is renamed into place, call
+//    NoteFetched(ns, path, record, /*consumed=*/false); such a copy counts
+//    as "waiting" until a consume hits it (NoteHit) or, since most consumes
+//    of a prefetched file are level-1 ones the service never sees, until
+//    its access time shows it was read (checked only when the budget is
+//    short; on a noatime mount only NoteHit ends the wait). Waiting copies
+//    are evicted only after every consumed one;
+//  * call Supersede(ns, record) for every publication notification received
+//    from the store (matching a prefetch pattern or not): copies of another
+//    version of that file are removed so the level-1 shortcut (a client
+//    that finds the file present sends no message) cannot hand them out.
+// Thread-safe; no method blocks on anything but the index's own mutex and
+// the file system calls of eviction.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "proto/protocol.h"
+#include "service/stats.h"
+
+namespace dyad {
+
+// What identifies one published version of a file.
+struct CopyId {
+  uint32_t owner_rank = 0;
+  uint64_t owner_incarnation = 0;
+  uint64_t seq = 0;      // the owner's publication counter (0: a record of an older DYAD)
+  uint64_t size = 0;
+  uint64_t version = 0;  // content time (mtime, ns) of the published file
+  bool operator==(const CopyId& o) const {
+    return owner_rank == o.owner_rank && owner_incarnation == o.owner_incarnation &&
+           seq == o.seq && size == o.size && version == o.version;
+  }
+  bool operator!=(const CopyId& o) const { return !(*this == o); }
+};
+CopyId IdOf(const FileRecord& rec);
+
+class NodeCache {
+ public:
+  static constexpr int64_t kGraceMs = 1000;
+
+  // `budget_bytes` 0: unlimited. `stats` gets the node_cache.* counters.
+  NodeCache(uint64_t budget_bytes, ServiceStats* stats, int64_t grace_ms = kGraceMs);
+
+  uint64_t budget() const { return budget_; }
+
+  // Copies at or below `root` (the producer directory, when a consumer
+  // directory overlaps it) are indexed for their version but never removed
+  // by the cache: not evicted, and only forgotten when superseded, since the
+  // file there may be one this node produces. Set before use.
+  void ProtectTree(const std::string& root) { protected_root_ = root; }
+
+  // True when `bytes` more of not-yet-consumed copies fit in the budget
+  // (always with no budget). Does not reserve anything.
+  bool Admit(uint64_t bytes);
+
+  // A copy of `rec` was renamed into place at `path` (absolute). Replaces
+  // what the index held for `path`, then evicts down to the budget.
+  // `consumed`: a consumer asked for it (false: prefetched ahead).
+  void NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
+                   bool consumed = true);
+
+  // A consume found the copy at `path` current: it becomes the most
+  // recently consumed (counted in node_cache.hits), then evicts to budget.
+  void NoteHit(const std::string& path);
+
+  // True when the index holds `path` as a copy of exactly `rec`'s version
+  // and the file still has the size and content time it was placed with
+  // (nobody rewrote it behind DYAD's back).
+  bool IsCurrent(const std::string& path, const FileRecord& rec) const;
+
+  // `rec` is a version of (ns, rec.upath) that was just published: removes
+  // every indexed copy of that file with another version. Returns how many.
+  size_t Supersede(const std::string& ns, const FileRecord& rec);
+
+  // Owner ranks of the indexed copies of (ns, upath): whom to tell when
+  // this node publishes a new version of it (service/versions.h).
+  std::set<uint32_t> OwnersOf(const std::string& ns, const std::string& upath) const;
+
+  // Drops `path` from the index without touching the file (it was replaced
+  // or adopted: read-write ownership made it this node's own file).
+  void Forget(const std::string& path);
+
+  uint64_t bytes() const;
+  size_t files() const;
+
+ private:
+  struct Entry {
+    std::string ns_upath;  // ns '\0' upath, the key of by_file_
+    CopyId id;
+    uint64_t mtime_ns = 0;  // of the placed file
+    uint64_t used_ns = 0;   // monotonic time of the last consume
+    uint64_t atime_ns = 0;  // of the placed file, when placed
+    bool consumed = true;
+    std::list<std::string>::iterator lru;  // position in lru_
+  };
+  void DropLocked(std::unordered_map<std::string, Entry>::iterator it);
+  void MarkConsumedLocked(Entry& e);
+  void RefreshWaitingLocked();
+  void EvictLocked(const std::string& keep);
+  bool TryRemove(const std::string& path) const;
+  bool Protected(const std::string& path) const;
+  void PublishGauges() const;
+
+  const uint64_t budget_;
+  const int64_t grace_ms_;
+  std::string protected_root_;
+  ServiceStats* stats_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> by_path_;
+  std::map<std::string, std::set<std::string>> by_file_;  // ns '\0' upath -> paths
+  std::list<std::string> lru_;  // front: most recently consumed
+  uint64_t bytes_ = 0;
+  uint64_t waiting_bytes_ = 0;  // of copies not consumed yet (prefetched)
+};
+
+}  // namespace dyad

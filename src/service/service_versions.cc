@@ -1,0 +1,102 @@
+// service_versions.cc: read-write ownership on the service side. A
+// publication made from a consumer copy adopts that copy (it becomes a copy
+// of the new version), and the services holding older versions are told
+// (service/versions.h, docs/consistency.md).
+#include <sys/stat.h>
+
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "service/dispatch.h"
+#include "service/file_server.h"
+#include "service/node_cache.h"
+#include "service/service.h"
+#include "service/versions.h"
+
+namespace dyad {
+
+namespace {
+
+// Whether `a` was published after `b`: by the owner's counter when one
+// incarnation of one owner published both, else by the publishers' clocks.
+bool Later(const FileRecord& a, const FileRecord& b) {
+  if (a.owner_rank == b.owner_rank && a.owner_incarnation == b.owner_incarnation)
+    return a.seq > b.seq;
+  return a.published_ns >= b.published_ns && IdOf(a) != IdOf(b);
+}
+
+}  // namespace
+
+std::set<uint32_t> Service::PreviousOwners(const std::string& ns, const std::string& key,
+                                           const std::string& upath) {
+  std::set<uint32_t> owners = node_cache_->OwnersOf(ns, upath);
+  if (std::optional<FileRecord> known = cache_.Get(ns, key); known && known->upath == upath)
+    owners.insert(known->owner_rank);
+  owners.erase(opt_.rank);
+  return owners;
+}
+
+// The copy must be `upath` below a consumer directory that is not (and is
+// not inside or around) the producer directory: a produced file is never
+// indexed as a copy, so it can never be evicted.
+Status Service::AdoptCopy(const PublishRequest& req, const FileRecord& rec) {
+  const std::string& copy = req.adopted_copy;
+  const std::string suffix = "/" + rec.upath;
+  if (copy.empty() || copy[0] != '/' || NormalizeAbsolute(copy) != copy ||
+      copy.size() <= suffix.size() ||
+      copy.compare(copy.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return Status(DYAD_RC_BADREQUEST,
+                  "adopted copy '" + copy + "' is not '" + rec.upath + "' below a directory");
+  const std::string root = copy.substr(0, copy.size() - suffix.size());
+  if (RelativeTo(prod_real_, root) || RelativeTo(root, prod_real_)) return Status::OK();
+  struct stat st;
+  if (::lstat(copy.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return Status(DYAD_RC_BADFIO, "adopted copy '" + copy + "' is not a regular file");
+  node_cache_->NoteFetched(req.ns, copy, rec);
+  return Status::OK();
+}
+
+// The previous owners pass the notice on to their readers; ours (when we
+// owned the previous version: a producer rewriting its file) hear it now.
+void Service::NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
+                                   const FileRecord& rec) {
+  const std::vector<uint32_t> readers = notices_->TakeReaders(rec.upath);
+  if (owners.empty() && readers.empty()) return;
+  SupersedeNotice n;
+  n.ns = req.ns;
+  n.key = req.key;
+  n.record = rec;
+  n.forward = true;
+  notices_->Send(owners, n);
+  std::set<uint32_t> to(readers.begin(), readers.end());
+  for (uint32_t o : owners) to.erase(o);
+  n.forward = false;
+  notices_->Send(to, n);
+}
+
+void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {
+  Channel& ch = ctx.ch;
+  SupersedeNotice n;
+  Decoder d(payload);
+  if (!n.DecodeFrom(d) || !d.done())
+    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed supersede notice"));
+  Result<std::string> upath = ValidateUpath(n.record.upath);
+  if (!upath.ok() || *upath != n.record.upath || n.ns == kMembersNamespace || n.key.empty())
+    return Reply(ch, Status(DYAD_RC_BADREQUEST, "invalid supersede notice"));
+  // Only a record we already know for this key is replaced (a notice never
+  // makes a key describe another path), and only by a later one.
+  if (std::optional<FileRecord> known = cache_.Get(n.ns, n.key);
+      known && known->upath == n.record.upath && Later(n.record, *known))
+    cache_.Put(n.ns, n.key, n.record);
+  node_cache_->Supersede(n.ns, n.record);
+  if (n.forward) {
+    const std::vector<uint32_t> readers = notices_->TakeReaders(n.record.upath);
+    std::set<uint32_t> to(readers.begin(), readers.end());
+    if (ctx.peer != nullptr) to.erase(ctx.peer->rank);
+    to.erase(n.record.owner_rank);
+    n.forward = false;
+    notices_->Send(to, n);
+  }
+  Reply(ch, Status::OK());
+}
+
+}  // namespace dyad

@@ -1,0 +1,175 @@
+// The node cache's index on real files: versions, the byte budget and its
+// eviction order, the open-file protection (a reader's shared flock), and
+// superseded copies.
+#include "service/node_cache.h"
+
+#include "common/fsutil.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace dyad {
+namespace {
+
+class NodeCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dyad-node-cache.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A copy of `size` bytes at dir_/name, and its record (seq `seq`).
+  FileRecord Place(const std::string& name, size_t size, uint64_t seq = 1) {
+    std::ofstream(Path(name), std::ios::binary) << std::string(size, 'x');
+    struct stat st;
+    EXPECT_EQ(::stat(Path(name).c_str(), &st), 0);
+    FileRecord r;
+    r.owner_rank = 3;
+    r.owner_incarnation = 77;
+    r.seq = seq;
+    r.size = size;
+    r.version = MtimeNs(st);
+    r.upath = name;
+    return r;
+  }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  bool Exists(const std::string& name) const { return ::access(Path(name).c_str(), F_OK) == 0; }
+
+  std::string dir_;
+  ServiceStats stats_;
+};
+
+TEST_F(NodeCacheTest, CurrentOnlyForTheExactVersion) {
+  NodeCache cache(0, &stats_);
+  FileRecord r = Place("f", 10, 5);
+  EXPECT_FALSE(cache.IsCurrent(Path("f"), r));  // not placed by DYAD
+  cache.NoteFetched("ns", Path("f"), r);
+  EXPECT_TRUE(cache.IsCurrent(Path("f"), r));
+  FileRecord same_time = r;  // a rewrite with equal size and mtime
+  same_time.seq = 6;
+  EXPECT_FALSE(cache.IsCurrent(Path("f"), same_time));
+  FileRecord other_owner = r;
+  other_owner.owner_rank = 4;
+  EXPECT_FALSE(cache.IsCurrent(Path("f"), other_owner));
+  // Rewritten behind DYAD's back: no longer the placed copy.
+  std::ofstream(Path("f"), std::ios::binary) << std::string(11, 'y');
+  EXPECT_FALSE(cache.IsCurrent(Path("f"), r));
+}
+
+TEST_F(NodeCacheTest, EvictsLeastRecentlyConsumedPastTheGrace) {
+  NodeCache cache(250, &stats_, /*grace_ms=*/0);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  cache.NoteHit(Path("a"));  // b is now the least recently consumed
+  cache.NoteFetched("ns", Path("c"), Place("c", 100));
+  EXPECT_TRUE(Exists("a"));
+  EXPECT_FALSE(Exists("b"));
+  EXPECT_TRUE(Exists("c"));
+  EXPECT_EQ(cache.bytes(), 200u);
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 1u);
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheHits), 1u);
+}
+
+TEST_F(NodeCacheTest, NeverRemovesAFileHeldOpen) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/0);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  int fd = ::open(Path("a").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);  // what a reader through DYAD holds
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  EXPECT_TRUE(Exists("a"));  // in use: over budget rather than pulled away
+  EXPECT_TRUE(Exists("b"));  // just placed
+  EXPECT_EQ(cache.bytes(), 200u);
+  ::close(fd);
+  cache.NoteFetched("ns", Path("c"), Place("c", 10));
+  EXPECT_FALSE(Exists("a"));
+  EXPECT_EQ(cache.bytes(), 110u);
+}
+
+TEST_F(NodeCacheTest, GraceKeepsJustConsumedCopies) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/60000);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  EXPECT_TRUE(Exists("a"));
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 0u);
+}
+
+TEST_F(NodeCacheTest, PrefetchedCopiesGoLastAndBoundAdmission) {
+  NodeCache cache(250, &stats_, /*grace_ms=*/0);
+  EXPECT_TRUE(cache.Admit(250));
+  EXPECT_FALSE(cache.Admit(251));
+  cache.NoteFetched("ns", Path("p"), Place("p", 100), /*consumed=*/false);
+  EXPECT_FALSE(cache.Admit(151));
+  EXPECT_TRUE(cache.Admit(150));
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));  // over: a goes, not p
+  EXPECT_TRUE(Exists("p"));
+  EXPECT_FALSE(Exists("a"));
+  cache.NoteHit(Path("p"));
+  EXPECT_TRUE(cache.Admit(250));
+}
+
+// Prefetched copies are mostly read through the level-1 shortcut, which the
+// service never sees: a read (access time) ends their wait too.
+TEST_F(NodeCacheTest, AReadPrefetchedCopyStopsWaiting) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/0);
+  FileRecord r = Place("p", 100);
+  struct timespec old[2] = {{1000, 0}, {0, UTIME_OMIT}};  // as placed: atime < ctime
+  ASSERT_EQ(::utimensat(AT_FDCWD, Path("p").c_str(), old, 0), 0);
+  cache.NoteFetched("ns", Path("p"), r, /*consumed=*/false);
+  EXPECT_FALSE(cache.Admit(100));
+  char c;
+  int fd = ::open(Path("p").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::read(fd, &c, 1), 1);
+  ::close(fd);
+  struct stat st;
+  ASSERT_EQ(::stat(Path("p").c_str(), &st), 0);
+  if (st.st_atim.tv_sec == 1000) GTEST_SKIP() << "this file system does not record reads (noatime)";
+  EXPECT_TRUE(cache.Admit(100));
+}
+
+TEST_F(NodeCacheTest, SupersedeRemovesOtherVersionsOnly) {
+  NodeCache cache(0, &stats_);
+  ASSERT_EQ(::mkdir(Path("c2").c_str(), 0755), 0);
+  FileRecord r = Place("f", 10, 1);
+  cache.NoteFetched("ns", Path("f"), r);
+  FileRecord r2 = Place("c2/f", 10, 1);
+  r2.upath = "f";
+  cache.NoteFetched("other-ns", Path("c2/f"), r2);
+  EXPECT_EQ(cache.Supersede("ns", r), 0u);  // the same version: kept
+  FileRecord newer = r;
+  newer.seq = 2;
+  EXPECT_EQ(cache.Supersede("ns", newer), 1u);
+  EXPECT_FALSE(Exists("f"));
+  EXPECT_TRUE(Exists("c2/f"));  // another namespace's file
+  EXPECT_EQ(cache.files(), 1u);
+}
+
+TEST(FileRecordSeq, OldRecordsDecodeAndNewOnesRoundTrip) {
+  FileRecord r;
+  r.owner_rank = 1;
+  r.upath = "x";
+  FileRecord out;
+  ASSERT_TRUE(FileRecord::Decode(r.Encode(), &out));  // seq 0: the old layout
+  EXPECT_EQ(out.seq, 0u);
+  r.seq = 42;
+  ASSERT_TRUE(FileRecord::Decode(r.Encode(), &out));
+  EXPECT_EQ(out.seq, 42u);
+  std::string bad = r.Encode() + "z";
+  EXPECT_FALSE(FileRecord::Decode(bad, &out));
+}
+
+}  // namespace
+}  // namespace dyad
