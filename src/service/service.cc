@@ -20,6 +20,7 @@
 #include "service/file_server.h"
 #include "service/peers.h"
 #include "service/placement.h"
+#include "service/prefetch.h"
 #include "service/transports.h"
 
 namespace dyad {
@@ -195,6 +196,11 @@ void Service::BuildParts() {
   placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_);
   file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
                                               transports_.get(), &stats_);
+  PrefetchConfig fc;
+  fc.max_inflight = opt_.prefetch_concurrency;
+  fc.max_per_peer = opt_.prefetch_per_peer;
+  fc.transfer_timeout_ms = opt_.rpc_timeout_ms;
+  prefetch_ = std::make_unique<Prefetcher>(fc, kvs_.get(), placement_.get(), &cache_);
 }
 
 std::string Service::StoreDescription() const {
@@ -262,6 +268,7 @@ void Service::Stop() {
     if (unix_acceptor_.joinable()) unix_acceptor_.join();
     if (async_thread_.joinable()) async_thread_.join();
     if (membership_thread_.joinable()) membership_thread_.join();
+    if (prefetch_) prefetch_->Stop();
     std::list<std::unique_ptr<Conn>> conns;
     {
       std::lock_guard<std::mutex> lk(conns_mu_);

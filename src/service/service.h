@@ -39,6 +39,7 @@ class Dispatcher;
 class FileServer;
 class PeerDirectory;
 class Placement;
+class Prefetcher;
 class TransportSet;
 struct RequestContext;
 
@@ -67,6 +68,8 @@ struct ServiceOptions {
   uint32_t max_per_peer = 16;   // unauthenticated ones per remote address
   std::string ready_file;
   bool debug = false;
+  uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
+  uint32_t prefetch_per_peer = 4;     // DYAD_PREFETCH_PER_PEER
 };
 
 class Service {
@@ -114,6 +117,9 @@ class Service {
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
+  // Prefetch declarations and batch consumes (service_batch.cc).
+  void HandlePrefetch(RequestContext& ctx, const std::string& payload);
+  void HandleConsumeBatch(RequestContext& ctx, const std::string& payload);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked).
@@ -147,6 +153,7 @@ class Service {
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<FileServer> file_server_;
+  std::unique_ptr<Prefetcher> prefetch_;
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;

@@ -6,6 +6,7 @@
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/placement.h"
+#include "service/prefetch.h"
 #include "service/service.h"
 #include "service/transports.h"
 
@@ -36,6 +37,8 @@ void Service::RouteRequests() {
       {MsgType::kList, "requests.list", &Service::HandleList},
       {MsgType::kRemove, nullptr, &Service::HandleRemove},
       {MsgType::kStatus, "requests.status", &Service::HandleStatus},
+      {MsgType::kPrefetch, nullptr, &Service::HandlePrefetch},
+      {MsgType::kConsumeBatch, nullptr, &Service::HandleConsumeBatch},
   };
   for (const auto& r : local)
     dispatch_->Route(Link::kLocal, r.type, r.counter,
@@ -250,6 +253,7 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   StatusReply r;
   r.counters = stats_.Snapshot();
   r.counters["cache.entries"] = cache_.size();
+  if (prefetch_) prefetch_->AddCounters(&r.counters);
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);

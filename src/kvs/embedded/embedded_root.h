@@ -42,6 +42,10 @@ class EmbeddedRoot final : public Kvs {
     return store_->List(ns, prefix, limit);
   }
   void Shutdown() override { store_->Shutdown(); }
+  Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override {
+    return store_->Watch(ns, std::move(on_change));
+  }
+  void Unwatch(KvsWatchTicket ticket) override { store_->Unwatch(ticket); }
 
  private:
   std::shared_ptr<MemoryKvs> store_;
