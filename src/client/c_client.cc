@@ -8,6 +8,8 @@
 // dyad::Client and the capi helpers (both in libdyad_ctx).
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "client/ctx_internal.h"
 #include "dyad/client/dyad_client.h"
@@ -30,7 +32,47 @@ dyad_rc_t Finish(const Status& st) {
   return Fail(st);
 }
 
+// The first failure of a batch (recorded as the last error), else OK.
+dyad_rc_t BatchOutcome(const std::vector<Status>& results, dyad_rc_t* rcs) {
+  const Status* first = nullptr;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const bool ok = results[i].ok() || results[i].code() == DYAD_RC_UNTRACKED;
+    if (rcs != nullptr) rcs[i] = ok ? DYAD_RC_OK : results[i].code();
+    if (!ok && first == nullptr) first = &results[i];
+  }
+  return first == nullptr ? DYAD_RC_OK : Fail(*first);
+}
+
+Status CopyNames(const char* const* fnames, size_t n, std::vector<std::string>* out) {
+  if (n > 0 && fnames == nullptr) return Status(DYAD_RC_BADBUF, "fnames is NULL");
+  for (size_t i = 0; i < n; ++i) {
+    if (fnames[i] == nullptr)
+      return Status(DYAD_RC_BADBUF, "fnames[" + std::to_string(i) + "] is NULL");
+    out->emplace_back(fnames[i]);
+  }
+  return Status::OK();
+}
+
+dyad_rc_t Prefetch(const char* what, dyad_ctx_t* ctx, const char* pattern, bool cancel) {
+  return Guard(what, [&]() -> dyad_rc_t {
+    Result<std::shared_ptr<Client>> client = ClientOf(ctx);
+    if (!client.ok()) return Fail(client.status());
+    if (pattern == nullptr) return Fail(DYAD_RC_BADBUF, std::string(what) + ": pattern is NULL");
+    if (Inert(**client)) return DYAD_RC_OK;
+    Result<uint32_t> n = (*client)->Prefetch(pattern, cancel);
+    return n.ok() ? DYAD_RC_OK : Fail(n.status());
+  });
+}
+
 }  // namespace
+
+// A background batch (dyad_consume_start); names and results live here.
+struct dyad_consume_handle {
+  std::vector<std::string> names;
+  std::vector<Status> results;
+  Status request;
+  std::thread thread;
+};
 
 namespace dyad {
 namespace capi {
@@ -122,6 +164,72 @@ dyad_rc_t dyad_consume_w_metadata(dyad_ctx_t* ctx, const char* fname,
     rec.version = mdata->version;
     if (mdata->fpath != nullptr) rec.upath = mdata->fpath;
     return Finish((*client)->ConsumeWithRecord(fname, rec));
+  });
+}
+
+dyad_rc_t dyad_prefetch(dyad_ctx_t* ctx, const char* pattern) {
+  return Prefetch("dyad_prefetch", ctx, pattern, false);
+}
+
+dyad_rc_t dyad_prefetch_cancel(dyad_ctx_t* ctx, const char* pattern) {
+  return Prefetch("dyad_prefetch_cancel", ctx, pattern, true);
+}
+
+dyad_rc_t dyad_consume_batch(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
+                             dyad_rc_t* rcs) {
+  return Guard("dyad_consume_batch", [&]() -> dyad_rc_t {
+    Result<std::shared_ptr<Client>> client = ClientOf(ctx);
+    if (!client.ok()) return Fail(client.status());
+    std::vector<std::string> names;
+    if (Status st = CopyNames(fnames, n, &names); !st.ok())
+      return Fail(st.Annotate("dyad_consume_batch"));
+    std::vector<Status> results(n, Status::OK());
+    if (!Inert(**client)) {
+      Status st = (*client)->ConsumeBatch(names, &results);
+      if (!st.ok()) return Fail(st);
+    }
+    return BatchOutcome(results, rcs);
+  });
+}
+
+dyad_rc_t dyad_consume_start(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
+                             dyad_consume_handle_t** handle) {
+  return Guard("dyad_consume_start", [&]() -> dyad_rc_t {
+    if (handle == nullptr) return Fail(DYAD_RC_BADBUF, "dyad_consume_start: handle is NULL");
+    Result<std::shared_ptr<Client>> client = ClientOf(ctx);
+    if (!client.ok()) return Fail(client.status());
+    auto h = std::make_unique<dyad_consume_handle>();
+    if (Status st = CopyNames(fnames, n, &h->names); !st.ok())
+      return Fail(st.Annotate("dyad_consume_start"));
+    h->results.assign(n, Status::OK());
+    if (!Inert(**client)) {
+      dyad_consume_handle* raw = h.get();
+      // The thread keeps the client alive until the batch ends, even if the
+      // context is finalized meanwhile.
+      raw->thread = std::thread([raw, c = *client] {
+        try {
+          raw->request = c->ConsumeBatch(raw->names, &raw->results);
+        } catch (...) {
+          raw->request = Status(DYAD_RC_SYSFAIL, "dyad_consume_start: out of memory");
+        }
+      });
+    }
+    *handle = h.release();
+    return DYAD_RC_OK;
+  });
+}
+
+dyad_rc_t dyad_consume_wait(dyad_consume_handle_t* handle, dyad_rc_t* rcs) {
+  return Guard("dyad_consume_wait", [&]() -> dyad_rc_t {
+    if (handle == nullptr) return Fail(DYAD_RC_BADBUF, "dyad_consume_wait: handle is NULL");
+    std::unique_ptr<dyad_consume_handle> h(handle);
+    if (h->thread.joinable()) h->thread.join();
+    if (!h->request.ok()) {
+      if (rcs != nullptr)
+        for (size_t i = 0; i < h->names.size(); ++i) rcs[i] = h->request.code();
+      return Fail(h->request);
+    }
+    return BatchOutcome(h->results, rcs);
   });
 }
 

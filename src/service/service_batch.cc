@@ -37,10 +37,6 @@ void Service::HandlePrefetch(RequestContext& ctx, const std::string& payload) {
     return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
                             "prefetch needs an existing absolute consumer directory, not '" +
                                 req.cons_path + "'"));
-  if (!prod_real_.empty() && req.cons_path == prod_real_)
-    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
-                            "the consumer directory is this service's producer directory: "
-                            "its files are already local"));
   if (req.pattern.size() > 4096 || req.pattern.find('\0') != std::string::npos)
     return Reply(ch, Status(DYAD_RC_BADREQUEST, "prefetch pattern too long or not text"));
   Result<uint32_t> n = prefetch_->Declare(req);

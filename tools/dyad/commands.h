@@ -30,6 +30,11 @@ int CmdProduce(const std::vector<std::string>& paths, bool verbose);
 // (0: no limit). With `verbose`, prints per-file latency and what happened.
 int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose);
 
+// Declares (or withdraws) prefetch patterns with the local dyad-service:
+// it then fetches matching files into DYAD_PATH_CONSUMER as they are
+// published (docs/prefetch.md).
+int CmdPrefetch(const std::vector<std::string>& patterns, bool cancel);
+
 // Lists published files whose relative path starts with `prefix`.
 // `ns` overrides DYAD_KVS_NAMESPACE when `ns_given`.
 int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,

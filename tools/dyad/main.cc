@@ -83,6 +83,20 @@ int main(int argc, char** argv) {
   consume->add_flag("-v,--verbose", consume_verbose,
                     "Print per-file latency and whether the file was transferred");
 
+  // prefetch
+  auto* prefetch = app.add_subcommand(
+      "prefetch", "Declare what this node's consumers will read: the local dyad-service fetches "
+                  "matching files into DYAD_PATH_CONSUMER as soon as they are published "
+                  "(already published ones at once), so later consumes are local");
+  std::vector<std::string> prefetch_patterns;
+  bool prefetch_cancel = false;
+  prefetch
+      ->add_option("PATTERN", prefetch_patterns,
+                   "Path prefix, or glob with * ? [ ] ('*' also matches '/'), under the consumer "
+                   "directory (absolute) or relative to it")
+      ->required();
+  prefetch->add_flag("--cancel", prefetch_cancel, "Withdraw these declarations");
+
   // ls
   auto* ls = app.add_subcommand("ls", "List published files: path, owner rank, size, version time");
   std::string ls_prefix;
@@ -129,6 +143,7 @@ int main(int argc, char** argv) {
   }
   if (*produce) return dyad::cli::CmdProduce(produce_paths, produce_verbose);
   if (*consume) return dyad::cli::CmdConsume(consume_paths, consume_timeout, consume_verbose);
+  if (*prefetch) return dyad::cli::CmdPrefetch(prefetch_patterns, prefetch_cancel);
   if (*ls) return dyad::cli::CmdList(ls_prefix, ls_ns, ns_opt->count() > 0, ls_limit, ls_json);
   if (*status) return dyad::cli::CmdStatus(status_json);
   if (*demo) return RunDemoWith(demo->remaining());
