@@ -44,6 +44,21 @@ void Prefetcher::SetAdmit(std::function<bool(uint64_t bytes)> admit) {
   admit_ = std::move(admit);
 }
 
+void Prefetcher::SetOnPublication(
+    std::function<void(const std::string& ns, const FileRecord& rec)> on_publication) {
+  std::lock_guard<std::mutex> lk(mu_);
+  on_publication_ = std::move(on_publication);
+}
+
+void Prefetcher::Kick() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (deferred_.empty()) return;
+  std::map<std::string, Item> deferred;
+  deferred.swap(deferred_);
+  for (auto& [dest, item] : deferred) EnqueueLocked(std::move(item));
+  cv_.notify_all();
+}
+
 Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
   Declaration d{req.ns, req.pattern, req.cons_path, req.dtl_mode};
   auto same = [&d](const Declaration& o) {
@@ -116,13 +131,14 @@ uint32_t Prefetcher::QueueListed(const std::string& ns, const Declaration* only)
 }
 
 void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
+  FileRecord rec;
+  if (!change.resync && !FileRecord::Decode(change.value, &rec)) return;  // not a file record
   std::lock_guard<std::mutex> lk(mu_);
   if (stopping_) return;
   if (change.resync) {
     resync_.insert(ns);
   } else {
-    FileRecord rec;
-    if (!FileRecord::Decode(change.value, &rec)) return;  // not a file record
+    if (on_publication_) on_publication_(ns, rec);
     MatchLocked(ns, change.key, rec);
   }
   cv_.notify_all();
@@ -141,6 +157,7 @@ void Prefetcher::EnqueueLocked(Item item) {
   auto newer = [](const Item& a, const Item& b) {
     return a.record.published_ns >= b.record.published_ns;
   };
+  deferred_.erase(dest);  // superseded by this newer entry
   if (active_.count(dest) != 0) {
     auto it = again_.find(dest);
     if (it == again_.end() || newer(item, it->second)) again_[dest] = std::move(item);
@@ -207,6 +224,8 @@ void Prefetcher::Run(Item item) {
     n_present_.fetch_add(1, std::memory_order_relaxed);
   } else if (admit && !admit(item.record.size)) {
     n_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lk(mu_);
+    deferred_.emplace(dest, item);
   } else {
     PlacementRequest preq;
     preq.record = item.record;
@@ -259,6 +278,7 @@ void Prefetcher::AddCounters(std::map<std::string, uint64_t>* out) const {
   (*out)["prefetch.refused_budget"] = n_refused_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(mu_);
   (*out)["prefetch.pending"] = pending_.size();
+  (*out)["prefetch.deferred"] = deferred_.size();
   (*out)["prefetch.declarations"] = decls_.size();
 }
 

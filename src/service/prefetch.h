@@ -18,8 +18,11 @@
 // for the same file), so prefetch never makes them wait behind it.
 //
 // Budget. Before a prefetch, `admit(bytes)` (when set: the node cache's
-// byte budget) may refuse it; the file is then left for an explicit
-// consume.
+// byte budget, NodeCache::Admit) may refuse it; the entry then waits,
+// out of the queue, until Kick() (room was freed: a consume, an eviction)
+// puts the deferred entries back. Every publication the watch reports,
+// matching or not, is also handed to `on_publication` (when set: the node
+// cache's Supersede, so a stale copy is never a level-1 hit).
 //
 // Threading: thread-safe. Watch callbacks only queue work.
 #pragma once
@@ -64,8 +67,12 @@ class Prefetcher {
   // Adds (or with req.cancel withdraws) a declaration; returns how many
   // files already published it matched (queued now).
   Result<uint32_t> Declare(const PrefetchRequest& req);
-  // The node cache's budget check (see the header comment).
+  // The node cache's hooks (see the header comment). Set before Declare.
   void SetAdmit(std::function<bool(uint64_t bytes)> admit);
+  void SetOnPublication(
+      std::function<void(const std::string& ns, const FileRecord& rec)> on_publication);
+  // Requeues the entries the budget refused (room may have been freed).
+  void Kick();
   // Ends the workers and the watches. Idempotent.
   void Stop();
 
@@ -101,6 +108,8 @@ class Prefetcher {
   std::condition_variable cv_;
   bool stopping_ = false;                                  // guarded by mu_
   std::function<bool(uint64_t)> admit_;                    // guarded by mu_
+  std::function<void(const std::string&, const FileRecord&)> on_publication_;  // set once
+  std::map<std::string, Item> deferred_;                   // refused by the budget
   std::vector<Declaration> decls_;                         // guarded by mu_
   std::map<std::string, KvsWatchTicket> watches_;          // by namespace; guarded by mu_
   std::set<std::string> resync_;                           // namespaces to list again

@@ -214,6 +214,7 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   Encoder e;
   r->EncodeTo(e);
   Reply(ch, Status::OK(), e.data());
+  if (prefetch_) prefetch_->Kick();  // a consume may have freed budget for deferred prefetches
 }
 
 void Service::HandleList(RequestContext& ctx, const std::string& payload) {
