@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -163,7 +164,12 @@ class Client {
   // concurrently. `results` gets one Status per name, in order (a missing
   // or failed file does not fail the others); the returned Status is that
   // of the request itself. Files already complete locally cost nothing.
-  Status ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results);
+  // `timeout_ms` (>= 0) replaces DYAD_CONSUME_TIMEOUT for this batch: 0
+  // takes only files already published (look-ahead), the others end with
+  // DYAD_RC_TIMEOUT at once.
+  static constexpr int64_t kConfiguredTimeout = INT64_MIN;
+  Status ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results,
+                      int64_t timeout_ms = kConfiguredTimeout);
   // Declares (or with `cancel` withdraws) that this process will read the
   // files matching `pattern`: a path prefix or glob, absolute under the
   // consumer directory or relative to it. The service then fetches each

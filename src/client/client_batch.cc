@@ -74,7 +74,8 @@ void Client::DeclareConfiguredPrefetch() {
   }
 }
 
-Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results) {
+Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results,
+                            int64_t timeout_ms) {
   results->assign(fnames.size(), Status::OK());
   if (fnames.size() > kMaxBatchItems)
     return Status(DYAD_RC_BADREQUEST, "batch of " + std::to_string(fnames.size()) +
@@ -97,13 +98,18 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
       continue;  // level 1: complete already
     if (cons.empty()) cons = EnsureConsumerDir();
     req.items.push_back(BuildConsumeRequest(*upath, cons));
+    if (timeout_ms != kConfiguredTimeout) req.items.back().timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
     sent.push_back(i);
   }
   if (req.items.empty()) return Status::OK();
   Encoder e;
   req.EncodeTo(e);
   std::string body;
-  Status st = pool_->Call(MsgType::kConsumeBatch, e.data(), &body, WaitDeadline(),
+  const Deadline deadline =
+      timeout_ms == kConfiguredTimeout || timeout_ms < 0 || config_.rpc_timeout_ms < 0
+          ? WaitDeadline()
+          : Deadline::AfterMs(SaturatingAddMs(timeout_ms, config_.rpc_timeout_ms));
+  Status st = pool_->Call(MsgType::kConsumeBatch, e.data(), &body, deadline,
                           config_.rpc_timeout_ms,
                           "consume " + std::to_string(req.items.size()) + " files");
   if (!st.ok()) {

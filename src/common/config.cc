@@ -67,7 +67,7 @@ std::vector<ConfigEntry> CoreEntries() {
        "files published earlier are included (docs/prefetch.md)."},
       {"DYAD_PREFETCH_CONCURRENCY", ConfigKind::kUint, "8", "service",
        "Most prefetch transfers a service runs at once (explicit consumes never wait for them)."},
-      {"DYAD_PREFETCH_PER_PEER", ConfigKind::kUint, "4", "service",
+      {"DYAD_PREFETCH_PER_PEER", ConfigKind::kUint, "8", "service",
        "Most prefetch transfers a service runs at once from one owner."},
       {"DYAD_SPIN_US", ConfigKind::kUint, "50", "both",
        "Microseconds to poll for an expected reply before sleeping; saves the thread wake-up "

@@ -139,6 +139,9 @@ void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
     resync_.insert(ns);
   } else {
     if (on_publication_) on_publication_(ns, rec);
+    // The node's locate cache learns the record now, so a consume that
+    // overtakes its prefetch does not ask the store again.
+    cache_->Put(ns, change.key, rec);
     MatchLocked(ns, change.key, rec);
   }
   cv_.notify_all();

@@ -49,7 +49,7 @@ namespace dyad {
 
 struct PrefetchConfig {
   uint32_t max_inflight = 8;  // DYAD_PREFETCH_CONCURRENCY
-  uint32_t max_per_peer = 4;  // DYAD_PREFETCH_PER_PEER
+  uint32_t max_per_peer = 8;  // DYAD_PREFETCH_PER_PEER
   int64_t transfer_timeout_ms = 60000;
 };
 

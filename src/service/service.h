@@ -69,7 +69,7 @@ struct ServiceOptions {
   std::string ready_file;
   bool debug = false;
   uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
-  uint32_t prefetch_per_peer = 4;     // DYAD_PREFETCH_PER_PEER
+  uint32_t prefetch_per_peer = 8;     // DYAD_PREFETCH_PER_PEER
 };
 
 class Service {
