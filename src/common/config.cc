@@ -65,6 +65,9 @@ std::vector<ConfigEntry> CoreEntries() {
        "published and later consumes are local hits: path prefixes or globs ('*' also crosses "
        "'/') under the consumer directory, separated by ':'. Declared at the first consume; "
        "files published earlier are included (docs/prefetch.md)."},
+      {"DYAD_LOOKAHEAD", ConfigKind::kUint, "0", "client",
+       "pydyad.data.DyadDataset: samples of the sampler's order fetched ahead while the current "
+       "batch trains (its lookahead argument overrides it; 0 = off)."},
       {"DYAD_PREFETCH_CONCURRENCY", ConfigKind::kUint, "8", "service",
        "Most prefetch transfers a service runs at once (explicit consumes never wait for them)."},
       {"DYAD_PREFETCH_PER_PEER", ConfigKind::kUint, "8", "service",
