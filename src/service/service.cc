@@ -291,6 +291,12 @@ void Service::Wait() {
   stop_cv_.wait(lk, [this] { return stopped_; });
 }
 
+bool Service::WaitFor(int64_t ms) {
+  std::unique_lock<std::mutex> lk(stop_mu_);
+  if (!started_) return true;
+  return stop_cv_.wait_for(lk, std::chrono::milliseconds(ms), [this] { return stopped_; });
+}
+
 void Service::AcceptLoop(int listen_fd, bool local) {
   while (!stopping_) {
     Result<UniqueFd> fd = Accept(listen_fd, Deadline::AfterMs(kIdlePollMs));

@@ -84,6 +84,9 @@ class Service {
   void Stop();
   // Blocks until Stop() has been called and everything is joined.
   void Wait();
+  // Wait(), bounded: false if the service has not stopped within `ms`
+  // (a thread stuck where no shutdown reaches it, e.g. inside a provider).
+  bool WaitFor(int64_t ms);
 
   const ServiceOptions& options() const { return opt_; }
   std::string tcp_address() const { return advertise_; }

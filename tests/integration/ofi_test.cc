@@ -73,53 +73,6 @@ class OfiTest : public TwoNodeTest {
     return status.ok() ? status->info["transport.details"] : std::string();
   }
 
-  // Kills the producer's service at full speed (no bandwidth limit) at
-  // different points of a transfer: every time the consumer gets an error
-  // and no partial file, its service keeps running, and the restarted
-  // producer serves again.
-  void KillProducerAtFullSpeed(int rounds) {
-    for (int round = 0; round < rounds; ++round) {
-      SCOPED_TRACE("round " + std::to_string(round));
-      const std::string name = "big/full-speed-" + std::to_string(round) + ".bin";
-      InterruptibleTransfer t = StartInterruptibleTransfer(name, 4096 * kMiB, false);
-      if (t.state == TransferState::kTooFast)
-        GTEST_SKIP() << "the transfer finished before it could be interrupted";
-      ASSERT_EQ(t.state, TransferState::kInProgress) << Output(t.files);
-      std::this_thread::sleep_for(std::chrono::milliseconds(40 * round));
-      ASSERT_NO_FATAL_FAILURE(KillOwnerAndExpectCleanFailure(t, name));
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";
-      ASSERT_TRUE(cluster().StartService(kA).ok());
-      ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
-    }
-    const std::vector<ManifestEntry> again = {{"after-kills.dat", 3 * 1048576 + 5}};
-    Produce(again);
-    ConsumeOk(again);
-  }
-
-  // The consumer's service dies while it reads from the producer's: the
-  // producer's service keeps running and serves the restarted consumer.
-  void KillConsumerMidTransfer() {
-    const std::string name = "big/consumer-dies.bin";
-    InterruptibleTransfer t = StartInterruptibleTransfer(name, 4096 * kMiB, false);
-    if (t.state == TransferState::kTooFast)
-      GTEST_SKIP() << "the transfer finished before it could be interrupted";
-    ASSERT_EQ(t.state, TransferState::kInProgress) << Output(t.files);
-    ASSERT_TRUE(cluster().KillService(kB).ok());
-    auto r = FinishWorker(t.consumer, t.files, 90000);
-    ASSERT_EQ(r.size(), 1u);
-    EXPECT_NE(r[0].rc, DYAD_RC_OK);
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    ASSERT_TRUE(cluster().ServiceRunning(kA)) << "the producer's service died with its peer";
-    ASSERT_TRUE(cluster().StartService(kB).ok());
-    // B is also the metadata root: restarting A registers it again there.
-    ASSERT_TRUE(cluster().StopService(kA).ok());
-    ASSERT_TRUE(cluster().StartService(kA).ok());
-    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
-    const std::vector<ManifestEntry> again = {{"after-consumer-kills.dat", 3 * 1048576 + 5}};
-    Produce(again);
-    ConsumeOk(again);
-  }
 };
 
 TEST_F(OfiTest, FileLargerThanTheBufferPoolArrivesIntact) {
@@ -203,6 +156,9 @@ class OfiSharedMemoryTest : public OfiTest {
   std::string Provider() const override { return "shm"; }
   void SetUp() override {
     started_ = ::time(nullptr);
+    // libfabric 1.17's shm takes a spinlock in the target's shared region;
+    // a peer killed while holding it leaves the owner spinning forever.
+    peer_death_may_wedge_transport_ = true;
     OfiTest::SetUp();
   }
   void TearDown() override {

@@ -57,62 +57,6 @@ class UcxTest : public TwoNodeTest {
     return status.ok() ? status->info["transport.details"] : std::string();
   }
 
-  // Kills the producer's service at full speed (no bandwidth limit) at
-  // different points of a transfer, `rounds` times: every time the
-  // consumer gets an error and no partial file, its service keeps running,
-  // and a restarted producer serves again.
-  void KillProducerAtFullSpeed(int rounds) {
-    for (int round = 0; round < rounds; ++round) {
-      SCOPED_TRACE("round " + std::to_string(round));
-      const std::string name = "big/full-speed-" + std::to_string(round) + ".bin";
-      InterruptibleTransfer t = StartInterruptibleTransfer(name, 4096 * kMiB, false);
-      if (t.state == TransferState::kTooFast)
-        GTEST_SKIP() << "the transfer finished before it could be interrupted";
-      ASSERT_EQ(t.state, TransferState::kInProgress)
-          << "no transfer in progress on node B\n" << Output(t.files);
-      std::this_thread::sleep_for(std::chrono::milliseconds(40 * round));
-      ASSERT_TRUE(cluster().KillService(kA).ok());
-      auto r = FinishWorker(t.consumer, t.files, 90000);
-      ASSERT_EQ(r.size(), 1u);
-      EXPECT_NE(r[0].rc, DYAD_RC_OK);
-      RecordProperty("consumer_error_" + std::to_string(round), r[0].message);
-      EXPECT_TRUE(PartFiles(dmd(kB)).empty()) << "a partial transfer was left behind";
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      ASSERT_TRUE(cluster().ServiceRunning(kB)) << "the consumer's service died with its peer";
-      ASSERT_TRUE(cluster().StartService(kA).ok());
-      ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
-    }
-    const std::vector<ManifestEntry> again_files = {{"after-kills.dat", 3 * 1048576 + 5}};
-    Produce(again_files);
-    ConsumeOk(again_files);
-  }
-
-  // The other direction: the consumer's service dies while the producer's
-  // service is sending to it. The producer's service must keep running,
-  // and serve the restarted consumer.
-  void KillConsumerMidTransfer() {
-    const std::string name = "big/consumer-dies.bin";
-    InterruptibleTransfer t = StartInterruptibleTransfer(name, 4096 * kMiB, false);
-    if (t.state == TransferState::kTooFast)
-      GTEST_SKIP() << "the transfer finished before it could be interrupted";
-    ASSERT_EQ(t.state, TransferState::kInProgress)
-        << "no transfer in progress on node B\n" << Output(t.files);
-    ASSERT_TRUE(cluster().KillService(kB).ok());
-    auto r = FinishWorker(t.consumer, t.files, 90000);
-    ASSERT_EQ(r.size(), 1u);
-    EXPECT_NE(r[0].rc, DYAD_RC_OK);
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    ASSERT_TRUE(cluster().ServiceRunning(kA)) << "the producer's service died with its peer";
-    ASSERT_TRUE(cluster().StartService(kB).ok());
-    // Node B is also the metadata root: the restarted root no longer knows
-    // A's registration; a restart of A registers it again.
-    ASSERT_TRUE(cluster().StopService(kA).ok());
-    ASSERT_TRUE(cluster().StartService(kA).ok());
-    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
-    const std::vector<ManifestEntry> again_files = {{"after-consumer-kills.dat", 3 * 1048576 + 5}};
-    Produce(again_files);
-    ConsumeOk(again_files);
-  }
 };
 
 TEST_F(UcxTest, FileLargerThanTheBufferPoolArrivesIntact) {

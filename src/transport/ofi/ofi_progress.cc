@@ -31,6 +31,10 @@ constexpr int kMaxBatches = 64;
 // While fi_read says EAGAIN, sleep at most this long on the CQ fd between
 // attempts (connection setup may not signal the fd).
 constexpr int64_t kBusyWaitMs = 10;
+// Polled mode (no CQ wait object) while transfers run: empty CQ reads in a
+// row before the progress thread rests, and how long it rests.
+constexpr int kPolledSpinRounds = 64;
+constexpr int kPolledRestUs = 20;
 
 // Errors that mean the peer, or the way to it, is gone.
 dyad_rc_t CodeForFabricError(int err) {
@@ -58,6 +62,7 @@ dyad_rc_t OfiFabricErrorCode(int err) { return CodeForFabricError(err < 0 ? -err
 
 void OfiFabric::ProgressLoop() {
   std::unique_lock<std::mutex> lk(mu_);
+  int empty_rounds = 0;
   while (!stopping_) {
     if (polled()) {
       // Nothing to drive while no transfer runs: a peer's read can only
@@ -66,10 +71,21 @@ void OfiFabric::ProgressLoop() {
         active_cv_.wait_for(lk, std::chrono::milliseconds(kProgressPollMs));
         continue;
       }
-      const int seen = DrainLocked();
-      lk.unlock();
-      if (seen == 0) std::this_thread::yield();
-      lk.lock();
+      // Spin while completions come; after a run of empty reads, sleep a
+      // little on the condition variable. Waiting there lets go of mu_ for
+      // long enough that threads blocked on it get in: a yield alone let
+      // this thread take the lock straight back, so on a busy machine a
+      // transfer ending (EndActivity) or Stop() could starve for seconds.
+      if (DrainLocked() > 0) {
+        empty_rounds = 0;
+      } else if (++empty_rounds < kPolledSpinRounds) {
+        lk.unlock();
+        std::this_thread::yield();
+        lk.lock();
+      } else {
+        empty_rounds = 0;
+        active_cv_.wait_for(lk, std::chrono::microseconds(kPolledRestUs));
+      }
       continue;
     }
     DrainLocked();
