@@ -78,6 +78,10 @@ Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
     auto it = std::find_if(decls_.begin(), decls_.end(), same);
     if (it != decls_.end()) {
       it->dtl_mode = d.dtl_mode;
+    } else if (decls_.size() >= cfg_.max_declarations) {
+      return Status(DYAD_RC_BADREQUEST, "too many prefetch declarations on this service (" +
+                                            std::to_string(cfg_.max_declarations) +
+                                            "); cancel some with 'dyad prefetch --cancel'");
     } else {
       decls_.push_back(d);
     }
@@ -169,6 +173,10 @@ void Prefetcher::EnqueueLocked(Item item) {
   auto it = pending_.find(dest);
   if (it != pending_.end()) {
     if (newer(item, it->second)) it->second = std::move(item);
+    return;
+  }
+  if (pending_.size() >= cfg_.max_queued) {
+    n_dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   pending_.emplace(dest, std::move(item));
@@ -279,6 +287,7 @@ void Prefetcher::AddCounters(std::map<std::string, uint64_t>* out) const {
   (*out)["prefetch.present"] = n_present_.load(std::memory_order_relaxed);
   (*out)["prefetch.failed"] = n_failed_.load(std::memory_order_relaxed);
   (*out)["prefetch.refused_budget"] = n_refused_.load(std::memory_order_relaxed);
+  (*out)["prefetch.dropped"] = n_dropped_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(mu_);
   (*out)["prefetch.pending"] = pending_.size();
   (*out)["prefetch.deferred"] = deferred_.size();

@@ -48,6 +48,11 @@
 namespace dyad {
 
 struct PrefetchConfig {
+  // Bounds on what local clients can make the service hold: distinct
+  // declarations, and files queued (beyond it new entries are dropped and
+  // counted: their consumes simply fetch them).
+  size_t max_declarations = 1024;
+  size_t max_queued = 1u << 20;
   uint32_t max_inflight = 8;  // DYAD_PREFETCH_CONCURRENCY
   uint32_t max_per_peer = 8;  // DYAD_PREFETCH_PER_PEER
   int64_t transfer_timeout_ms = 60000;
@@ -121,7 +126,8 @@ class Prefetcher {
   std::vector<std::thread> workers_;
   std::atomic<bool> stopped_{false};
 
-  std::atomic<uint64_t> n_queued_{0}, n_done_{0}, n_present_{0}, n_failed_{0}, n_refused_{0};
+  std::atomic<uint64_t> n_queued_{0}, n_done_{0}, n_present_{0}, n_failed_{0}, n_refused_{0},
+      n_dropped_{0};
 };
 
 }  // namespace dyad
