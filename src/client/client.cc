@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/key.h"
 #include "common/time.h"
+#include "common/trace.h"
 #include "common/wire.h"
 #include "dyad/common/dyad_envs.h"
 
@@ -274,7 +275,7 @@ Deadline Client::WaitDeadline() const {
   return Deadline::AfterMs(SaturatingAddMs(config_.consume_timeout_ms, config_.rpc_timeout_ms));
 }
 
-Status Client::Produce(const std::string& fname) {
+Status Client::ProduceUntraced(const std::string& fname) {
   Result<std::string> upath = Resolve(fname, Side::kProducer);
   if (!upath.ok()) return Finish(upath.status(), "produce", fname);
   const std::string path = prod_.given() + "/" + *upath;
@@ -342,7 +343,7 @@ bool Client::ConsumerDirIsPrivate() {
   return !Overlap(*served, cons);
 }
 
-Status Client::Consume(const std::string& fname, ConsumeInfo* info) {
+Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
   const uint64_t start = MonoNs();
   Result<std::string> upath = Resolve(fname, Side::kConsumer);
   if (!upath.ok()) return Finish(upath.status(), "consume", fname);
@@ -372,8 +373,8 @@ Status Client::Consume(const std::string& fname, ConsumeInfo* info) {
   return Finish(st, "consume", fname);
 }
 
-Status Client::ConsumeWithRecord(const std::string& fname, const FileRecord& record,
-                                 ConsumeInfo* info) {
+Status Client::ConsumeWithRecordUntraced(const std::string& fname, const FileRecord& record,
+                                         ConsumeInfo* info) {
   const uint64_t start = MonoNs();
   Result<std::string> upath = Resolve(fname, Side::kConsumer);
   if (!upath.ok()) return Finish(upath.status(), "consume", fname);
@@ -447,7 +448,7 @@ ConsumeRequest Client::BuildConsumeRequest(const std::string& upath,
   return req;
 }
 
-Result<FileRecord> Client::GetMetadata(const std::string& fname, bool wait) {
+Result<FileRecord> Client::GetMetadataUntraced(const std::string& fname, bool wait) {
   Result<std::string> upath = Resolve(fname, Side::kConsumer);
   if (!upath.ok()) return Finish(upath.status(), "get metadata", fname);
   LocateRequest req;
@@ -469,6 +470,50 @@ Result<FileRecord> Client::GetMetadata(const std::string& fname, bool wait) {
     return Finish(Status(DYAD_RC_BADMETADATA, "locate '" + *upath + "': malformed metadata"),
                   "get metadata", fname);
   return rec;
+}
+
+// The public operations, each one span of the DYAD_TRACE trace.
+Status Client::Produce(const std::string& fname) {
+  TraceSpan span("publish", "client");
+  Status st = ProduceUntraced(fname);
+  span.Arg("path", fname).Rc(st);
+  return st;
+}
+
+Status Client::Consume(const std::string& fname, ConsumeInfo* info) {
+  TraceSpan span("consume", "client");
+  Status st = ConsumeUntraced(fname, info);
+  span.Arg("path", fname).Rc(st);
+  return st;
+}
+
+Status Client::ConsumeWithRecord(const std::string& fname, const FileRecord& record,
+                                 ConsumeInfo* info) {
+  TraceSpan span("consume", "client");
+  Status st = ConsumeWithRecordUntraced(fname, record, info);
+  span.Arg("path", fname).Rc(st);
+  return st;
+}
+
+Result<FileRecord> Client::GetMetadata(const std::string& fname, bool wait) {
+  TraceSpan span("locate", "client");
+  Result<FileRecord> r = GetMetadataUntraced(fname, wait);
+  span.Arg("path", fname).Rc(r.status());
+  return r;
+}
+
+Result<PeersReply> Client::Peers(const PeersRequest& req) {
+  Encoder e;
+  req.EncodeTo(e);
+  std::string body;
+  const int64_t bound = req.probe ? req.probe_timeout_ms + config_.rpc_timeout_ms
+                                  : config_.rpc_timeout_ms;
+  DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kPeers, e.data(), &body, Deadline::AfterMs(bound),
+                                   config_.rpc_timeout_ms, "peers"));
+  PeersReply reply;
+  Decoder d(body);
+  if (!reply.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "peers: malformed reply");
+  return reply;
 }
 
 Result<StatusReply> Client::ServiceStatus() {

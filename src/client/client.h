@@ -181,6 +181,8 @@ class Client {
 
   // Service identity and counters (kStatus).
   Result<StatusReply> ServiceStatus();
+  // The services registered in the metadata store and their liveness (kPeers).
+  Result<PeersReply> Peers(const PeersRequest& req);
   // Published files whose path starts with `prefix` (kList); `ns` defaults
   // to the configured namespace, `limit` 0 means all.
   Result<std::vector<std::pair<std::string, FileRecord>>> List(
@@ -193,6 +195,12 @@ class Client {
  private:
   Client(ClientConfig config, std::shared_ptr<ServicePool> pool);
 
+  // The operations without their DYAD_TRACE span.
+  Status ProduceUntraced(const std::string& fname);
+  Status ConsumeUntraced(const std::string& fname, ConsumeInfo* info);
+  Status ConsumeWithRecordUntraced(const std::string& fname, const FileRecord& record,
+                                   ConsumeInfo* info);
+  Result<FileRecord> GetMetadataUntraced(const std::string& fname, bool wait);
   Status ConsumeRequestFor(const std::string& upath, const FileRecord* record,
                            ConsumeInfo* info);
   ConsumeRequest BuildConsumeRequest(const std::string& upath, const std::string& cons) const;

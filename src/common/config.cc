@@ -79,6 +79,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
        "through to the file system. Either way one message goes to stderr."},
+      {"DYAD_TRACE", ConfigKind::kString, "", "both",
+       "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
+       "serve spans to this file; processes may share it, and %p in the name gives one file per "
+       "process (docs/operations.md)."},
       {"DYAD_EMU_NO_NETNS", ConfigKind::kBool, "false", "tests",
        "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
        "network namespaces (automatic when namespaces cannot be created)."},
@@ -89,8 +93,9 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_SERVICE_LISTEN", ConfigKind::kString, "0.0.0.0:7590", "service",
        "TCP address the service listens on for other services."},
       {"DYAD_SERVICE_ADVERTISE", ConfigKind::kString, "", "service",
-       "Address other services use to reach this one (default: listen address, with this "
-       "host's name when it listens on 0.0.0.0)."},
+       "Address other services use to reach this one (default: the listen address; on 0.0.0.0 "
+       "the host name, or the address of the interface that routes to the metadata store when "
+       "the name resolves to loopback; docs/operations.md)."},
       {"DYAD_KVS", ConfigKind::kString, "embedded", "service",
        "Metadata store URL: 'embedded' on the rank that hosts the store (rank 0), "
        "'embedded://ROOT_HOST:PORT' on the others; the other stores and their URL forms are in "

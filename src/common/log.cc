@@ -19,6 +19,8 @@ std::mutex g_mu;
 std::string g_prefix = "dyad";
 int g_info_fd = 2;
 int g_error_fd = 2;
+std::string g_info_path;   // "" = stderr
+std::string g_error_path;
 
 const char* LevelName(LogLevel l) {
   switch (l) {
@@ -30,7 +32,7 @@ const char* LevelName(LogLevel l) {
   }
 }
 
-bool SetFile(int* target, const int* other, const std::string& path) {
+bool SetFile(int* target, std::string* target_path, const int* other, const std::string& path) {
   int fd = 2;
   if (!path.empty()) {
     fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -39,6 +41,7 @@ bool SetFile(int* target, const int* other, const std::string& path) {
   std::lock_guard<std::mutex> lk(g_mu);
   const int old = *target;
   *target = fd;
+  *target_path = path;
   if (old != 2 && old != *other) ::close(old);
   return true;
 }
@@ -74,8 +77,25 @@ void LogSetPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lk(g_mu);
   g_prefix = prefix;
 }
-bool LogSetInfoFile(const std::string& path) { return SetFile(&g_info_fd, &g_error_fd, path); }
-bool LogSetErrorFile(const std::string& path) { return SetFile(&g_error_fd, &g_info_fd, path); }
+bool LogSetInfoFile(const std::string& path) {
+  return SetFile(&g_info_fd, &g_info_path, &g_error_fd, path);
+}
+bool LogSetErrorFile(const std::string& path) {
+  return SetFile(&g_error_fd, &g_error_path, &g_info_fd, path);
+}
+
+bool LogReopen() {
+  std::string info, error;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    info = g_info_path;
+    error = g_error_path;
+  }
+  bool ok = true;
+  if (!info.empty()) ok = LogSetInfoFile(info) && ok;
+  if (!error.empty()) ok = LogSetErrorFile(error) && ok;
+  return ok;
+}
 
 void LogMessage(LogLevel level, const char* fmt, ...) {
   if (level < g_level.load(std::memory_order_relaxed)) return;

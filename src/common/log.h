@@ -24,6 +24,9 @@ void LogSetPrefix(const std::string& prefix);
 // the file cannot be opened.
 bool LogSetInfoFile(const std::string& path);
 bool LogSetErrorFile(const std::string& path);
+// Opens the log files again by name (SIGHUP after logrotate moved them).
+// Files that cannot be reopened keep their old target; returns false then.
+bool LogReopen();
 
 // `text` with every control character (< 0x20, 0x7f) replaced by a visible
 // escape: \n, \r, \t, else \xNN. Other bytes are kept as they are.

@@ -17,6 +17,7 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kList: return "list";
     case MsgType::kPing: return "ping";
     case MsgType::kRemove: return "remove";
+    case MsgType::kPeers: return "peers";
     case MsgType::kPrefetch: return "prefetch";
     case MsgType::kConsumeBatch: return "consume.batch";
     case MsgType::kKvsPut: return "kvs.put";
@@ -58,6 +59,7 @@ std::string ServiceRecord::Encode() const {
   Encoder e;
   e.U8(1).U32(rank).U32(node_idx).U64(incarnation).Str(address).Str(prod_path).Str(hostname).U64(
       started_ns);
+  e.U32(pid);
   return e.Take();
 }
 
@@ -72,6 +74,7 @@ bool ServiceRecord::Decode(const std::string& bytes, ServiceRecord* out) {
   r.prod_path = d.Str();
   r.hostname = d.Str();
   r.started_ns = d.U64();
+  if (!d.failed() && !d.done()) r.pid = d.U32();  // absent in records of older services
   if (!d.done()) return false;
   *out = std::move(r);
   return true;
@@ -143,6 +146,7 @@ bool ConsumeRequest::DecodeFrom(Decoder& d) {
 
 void ConsumeReply::EncodeTo(Encoder& e) const {
   e.Str(record.Encode()).Bool(transferred).Bool(joined).Bool(local).U64(bytes).U64(transfer_ns);
+  e.Str(transport).Str(owner_address);
 }
 bool ConsumeReply::DecodeFrom(Decoder& d) {
   const std::string rec = d.Str();
@@ -151,6 +155,10 @@ bool ConsumeReply::DecodeFrom(Decoder& d) {
   local = d.Bool();
   bytes = d.U64();
   transfer_ns = d.U64();
+  if (!d.failed() && !d.done()) {
+    transport = d.Str(256);
+    owner_address = d.Str(1024);
+  }
   return !d.failed() && FileRecord::Decode(rec, &record);
 }
 
@@ -174,6 +182,8 @@ void StatusReply::EncodeTo(Encoder& e) const {
   for (const auto& [k, v] : counters) e.Str(k).U64(v);
   e.U32(static_cast<uint32_t>(info.size()));
   for (const auto& [k, v] : info) e.Str(k).Str(v);
+  e.U32(static_cast<uint32_t>(transfers.size()));
+  for (const TransferInfo& t : transfers) t.EncodeTo(e);
 }
 bool StatusReply::DecodeFrom(Decoder& d) {
   uint32_t n = d.U32();
@@ -185,6 +195,81 @@ bool StatusReply::DecodeFrom(Decoder& d) {
   for (uint32_t i = 0; i < n && !d.failed(); ++i) {
     std::string k = d.Str();
     info[k] = d.Str();
+  }
+  if (d.failed() || d.done()) return !d.failed();  // a reply without the transfers section
+  n = d.U32();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    TransferInfo t;
+    if (t.DecodeFrom(d)) transfers.push_back(std::move(t));
+  }
+  return !d.failed();
+}
+
+void TransferInfo::EncodeTo(Encoder& e) const {
+  e.Bool(outgoing).Str(upath).U32(peer_rank).Str(transport).U64(bytes_done).U64(bytes_total).U64(
+      elapsed_ns);
+}
+bool TransferInfo::DecodeFrom(Decoder& d) {
+  outgoing = d.Bool();
+  upath = d.Str();
+  peer_rank = d.U32();
+  transport = d.Str(256);
+  bytes_done = d.U64();
+  bytes_total = d.U64();
+  elapsed_ns = d.U64();
+  return !d.failed();
+}
+
+void PeersRequest::EncodeTo(Encoder& e) const {
+  e.Bool(probe).I64(probe_timeout_ms).U32(static_cast<uint32_t>(ranks.size()));
+  for (uint32_t r : ranks) e.U32(r);
+}
+bool PeersRequest::DecodeFrom(Decoder& d) {
+  probe = d.Bool();
+  probe_timeout_ms = d.I64();
+  const uint32_t n = d.U32();
+  ranks.clear();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) ranks.push_back(d.U32());
+  return !d.failed();
+}
+
+const char* PeerStateName(PeerState s) {
+  switch (s) {
+    case PeerState::kUnknown: return "unknown";
+    case PeerState::kAlive: return "alive";
+    case PeerState::kDown: return "down";
+    case PeerState::kOtherIdentity: return "stale";
+    case PeerState::kRefused: return "refused";
+  }
+  return "unknown";
+}
+
+void PeerInfo::EncodeTo(Encoder& e) const {
+  e.Str(record.Encode()).U8(static_cast<uint8_t>(state)).U64(last_contact_ns).U64(rtt_ns).Str(
+      detail);
+}
+bool PeerInfo::DecodeFrom(Decoder& d) {
+  const std::string rec = d.Str();
+  const uint8_t s = d.U8();
+  last_contact_ns = d.U64();
+  rtt_ns = d.U64();
+  detail = d.Str();
+  if (d.failed() || s > static_cast<uint8_t>(PeerState::kRefused)) return false;
+  state = static_cast<PeerState>(s);
+  return ServiceRecord::Decode(rec, &record);
+}
+
+void PeersReply::EncodeTo(Encoder& e) const {
+  e.U32(static_cast<uint32_t>(peers.size()));
+  for (const PeerInfo& p : peers) p.EncodeTo(e);
+}
+bool PeersReply::DecodeFrom(Decoder& d) {
+  const uint32_t n = d.U32();
+  peers.clear();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    PeerInfo p;
+    if (!p.DecodeFrom(d)) return false;
+    peers.push_back(std::move(p));
   }
   return !d.failed();
 }

@@ -36,8 +36,9 @@ enum class MsgType : uint16_t {
   kList = 14,
   kPing = 15,
   kRemove = 16,
-  kPrefetch = 17,
-  kConsumeBatch = 18,
+  kPeers = 17,
+  kPrefetch = 18,
+  kConsumeBatch = 19,
   // Service -> root: embedded metadata store.
   kKvsPut = 30,
   kKvsGet = 31,
@@ -77,6 +78,7 @@ struct ServiceRecord {
   std::string prod_path;   // producer-managed directory it serves ("" if none)
   std::string hostname;
   uint64_t started_ns = 0;
+  uint32_t pid = 0;        // process id on `hostname` (0: unknown, an older record)
 
   std::string Encode() const;
   static bool Decode(const std::string& bytes, ServiceRecord* out);
@@ -140,6 +142,12 @@ struct ConsumeReply {
   bool local = false;        // no transfer needed (same directory / shared storage)
   uint64_t bytes = 0;
   uint64_t transfer_ns = 0;
+  // What moved the file, for `dyad consume -v`: the transport's name ("tcp",
+  // "ucx", "local"; "" when nothing moved) and the owner service's address
+  // ("" when this service owns the file). Optional trailing fields: a reply
+  // without them decodes with both empty.
+  std::string transport;
+  std::string owner_address;
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };
@@ -160,11 +168,63 @@ struct RemoveRequest {
   bool DecodeFrom(Decoder& d);
 };
 
+// One transfer in flight, as `dyad status` lists it.
+struct TransferInfo {
+  static constexpr uint64_t kUnknownBytes = ~0ull;
+  bool outgoing = false;   // true: this service sends (owner side)
+  std::string upath;
+  uint32_t peer_rank = 0;  // the other end
+  std::string transport;
+  uint64_t bytes_done = kUnknownBytes;  // kUnknownBytes when the transport cannot tell
+  uint64_t bytes_total = 0;
+  uint64_t elapsed_ns = 0;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
 // Status reply body: u32 count, then count x (name, u64 value), then the
-// service's identity strings (u32 count, count x (name, value)).
+// service's identity strings (u32 count, count x (name, value)), then
+// (optional, absent in older replies) u32 count x TransferInfo in flight.
 struct StatusReply {
   std::map<std::string, uint64_t> counters;
   std::map<std::string, std::string> info;
+  std::vector<TransferInfo> transfers;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+// kPeers: the services registered in the metadata store, each probed with
+// an authenticated ping bounded by `probe_timeout_ms` when `probe` is set.
+// `ranks` limits the answer to those ranks (empty: all).
+struct PeersRequest {
+  bool probe = true;
+  int64_t probe_timeout_ms = 2000;
+  std::vector<uint32_t> ranks;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+enum class PeerState : uint8_t {
+  kUnknown = 0,        // not probed
+  kAlive = 1,          // answered as the registered rank and incarnation
+  kDown = 2,           // did not answer within the bound
+  kOtherIdentity = 3,  // its address answers as another service (stale record)
+  kRefused = 4,        // refused our cluster credential
+};
+const char* PeerStateName(PeerState s);
+
+struct PeerInfo {
+  ServiceRecord record;
+  PeerState state = PeerState::kUnknown;
+  uint64_t last_contact_ns = 0;  // wall clock of the last authenticated exchange (0: never)
+  uint64_t rtt_ns = 0;           // round trip of the probe
+  std::string detail;            // why it is not alive, or "this service"
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
+struct PeersReply {
+  std::vector<PeerInfo> peers;  // sorted by rank
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };

@@ -1,12 +1,15 @@
 #include "service/fetcher.h"
 
 #include "common/time.h"
+#include "common/trace.h"
 
 namespace dyad {
 
 Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
                       FetchOutcome* out) {
   out->retryable = false;
+  TraceSpan span("fetch", "service");
+  span.Arg("path", rec.upath).Arg("owner", rec.owner_rank).Arg("transport", transport.name());
   const std::string what = "fetch '" + rec.upath + "' from rank " + std::to_string(rec.owner_rank);
   const Deadline setup = Deadline::AfterMs(rpc_timeout_ms_);
   Result<std::unique_ptr<Channel>> session = peers_->Acquire(rec.owner_rank, setup);
@@ -42,7 +45,13 @@ Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
     return Status(DYAD_RC_BADUNPACK, what + ": malformed reply");
   }
   TransferStats ts;
+  TransferRegistry::Entry progress;
+  if (transfers_ != nullptr)
+    progress = transfers_->Begin(false, rec.upath, rec.owner_rank, transport.name(), fr.size,
+                                 SinkProgress(sink_fd));
   st = transport.Pull(ch, fr.size, fr.transport_args, sink_fd, &ts);
+  progress.Reset();
+  span.Arg("bytes", fr.size).Rc(st);
   if (!st.ok()) {
     ch.MarkBroken();
     return Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),

@@ -11,6 +11,7 @@
 
 #include "proto/protocol.h"
 #include "service/peers.h"
+#include "service/transfers.h"
 #include "transport/transport.h"
 
 namespace dyad {
@@ -26,8 +27,9 @@ struct FetchOutcome {
 
 class Fetcher {
  public:
-  Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms)
-      : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms) {}
+  // `transfers` (may be null) lists each fetch while its bytes move.
+  Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms, TransferRegistry* transfers = nullptr)
+      : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms), transfers_(transfers) {}
 
   // Fetches `rec` from its owner with `transport` into `sink_fd`.
   Status Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out);
@@ -35,6 +37,7 @@ class Fetcher {
  private:
   PeerDirectory* peers_;
   const int64_t rpc_timeout_ms_;
+  TransferRegistry* transfers_;
 };
 
 }  // namespace dyad

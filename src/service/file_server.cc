@@ -8,6 +8,7 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/trace.h"
 
 namespace dyad {
 
@@ -55,7 +56,17 @@ Status FileServer::LockShared(RequestContext& ctx, int fd, const std::string& up
   return Status::OK();
 }
 
+TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::string& upath,
+                                             Transport& transport, uint64_t size) {
+  if (transfers_ == nullptr) return {};
+  return transfers_->Begin(true, upath, ctx.peer != nullptr ? ctx.peer->rank : 0u,
+                           transport.name(), size,
+                           transport.caps().data_on_session ? SessionProgress(ctx.ch.fd(), size)
+                                                            : nullptr);
+}
+
 void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
+  TraceSpan span("serve", "service");
   FetchRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done())
@@ -113,7 +124,12 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   SendReply(ctx.ch, Status::OK(), e.data(), rpc_timeout_ms_, stats_);
   if (ctx.ch.broken()) return;
   TransferStats ts;
+  span.Arg("path", *upath).Arg("bytes", src.size).Arg("transport", (*transport)->name());
+  if (ctx.peer != nullptr) span.Arg("to", ctx.peer->rank);
+  TransferRegistry::Entry progress = TrackSend(ctx, *upath, **transport, src.size);
   Status ps = (*transport)->Push(ctx.ch, src, req.transport_args, &ts);
+  progress.Reset();
+  span.Rc(ps);
   if (!ps.ok()) {
     ctx.ch.MarkBroken();
     stats_->Add(ServiceStats::kErrors);
@@ -131,6 +147,8 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   stats_->Add(ServiceStats::kTransfersOut);
   stats_->Add(ServiceStats::kBytesOut, src.size);
   stats_->Add(ServiceStats::kBytesOutDirect, ts.direct_bytes);
+  stats_->AddNamed("transfers.out." + (*transport)->name());
+  stats_->AddNamed("bytes.out." + (*transport)->name(), src.size);
 }
 
 }  // namespace dyad

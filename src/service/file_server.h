@@ -11,19 +11,22 @@
 
 #include "proto/router.h"
 #include "service/stats.h"
+#include "service/transfers.h"
 #include "service/transports.h"
 
 namespace dyad {
 
 class FileServer {
  public:
+  // `transfers` (may be null) lists each file while it is being sent.
   FileServer(uint32_t rank, std::string prod_real, int64_t rpc_timeout_ms,
-             TransportSet* transports, ServiceStats* stats)
+             TransportSet* transports, ServiceStats* stats, TransferRegistry* transfers = nullptr)
       : rank_(rank),
         prod_real_(std::move(prod_real)),
         rpc_timeout_ms_(rpc_timeout_ms),
         transports_(transports),
-        stats_(stats) {}
+        stats_(stats),
+        transfers_(transfers) {}
 
   void Route(RequestRouter& router);
   void HandleFetch(RequestContext& ctx, const std::string& payload);
@@ -34,12 +37,17 @@ class FileServer {
   // Waits (bounded) for the producer's exclusive lock to go; an error reply
   // has been sent when this fails.
   Status LockShared(RequestContext& ctx, int fd, const std::string& upath);
+  // Registers an outgoing transfer for `dyad status` (progress from the
+  // session when the transport streams the file there).
+  TransferRegistry::Entry TrackSend(RequestContext& ctx, const std::string& upath,
+                                    Transport& transport, uint64_t size);
 
   const uint32_t rank_;
   const std::string prod_real_;
   const int64_t rpc_timeout_ms_;
   TransportSet* transports_;
   ServiceStats* stats_;
+  TransferRegistry* transfers_;
 };
 
 // Sends one reply frame (status + body) and counts errors.

@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/auth.h"
 #include "common/backend.h"
@@ -21,6 +24,52 @@ namespace {
 
 // How long a stop may take before the service exits without waiting.
 constexpr int kStopGraceMs = 3000;
+
+// Handles signals until one stops the service (or main is done):
+// SIGHUP reopens the log files (after logrotate), SIGTERM/SIGINT stop.
+void TakeSignals(const sigset_t& set, dyad::Service& service, std::atomic<bool>& exiting,
+                 std::atomic<int>& stop_signal) {
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0 || exiting) return;
+    if (sig == SIGHUP) {
+      if (dyad::LogReopen())
+        DYAD_LOG_INFO("received SIGHUP: log files reopened");
+      else
+        DYAD_LOG_ERROR("received SIGHUP: a log file could not be reopened: %s; logging to the "
+                       "old file", std::strerror(errno));
+      continue;
+    }
+    stop_signal = sig;
+    DYAD_LOG_INFO("received %s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    service.Stop();
+    return;
+  }
+}
+
+// The exit code of a start-up that did not complete.
+int StartFailure(const dyad::Status& st, const std::atomic<int>& stop_signal) {
+  if (st.code() == DYAD_RC_CANCELLED && stop_signal != 0) {
+    DYAD_LOG_INFO("stopped by a signal before start-up completed");
+    return 0;
+  }
+  DYAD_LOG_ERROR("cannot start: %s", st.ToString().c_str());
+  std::fprintf(stderr, "dyad-service: cannot start: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+// Waits for a stop already requested; `rc` once it completed. A stop is
+// bounded: sockets are shut down and store waits cancelled, so every thread
+// normally ends at once. One that does not is stuck where no shutdown
+// reaches it (libfabric's shm provider spins forever on a lock a killed
+// peer held in shared memory); exit anyway, with 3, and say so.
+int AwaitStop(dyad::Service& service, int rc) {
+  if (service.WaitFor(kStopGraceMs)) return rc;
+  DYAD_LOG_ERROR("not stopped after %d ms: a transfer is stuck inside the transport; exiting "
+                 "without waiting for it",
+                 kStopGraceMs);
+  std::_Exit(3);
+}
 
 // A setting from the environment, else its default in the configuration
 // table (the one place defaults are written).
@@ -129,7 +178,8 @@ int main(int argc, char** argv) {
   app.add_option("--ready-file", opt.ready_file,
                  "Write rank/listen/socket/pid here once serving (for scripts and tests)");
   app.footer(
-      "Signals: SIGTERM/SIGINT stop the service cleanly.\n"
+      "Signals: SIGTERM/SIGINT stop the service cleanly (also while it waits for its metadata "
+      "store at start-up); SIGHUP reopens the -i/-e log files (for logrotate).\n"
       "Example (two nodes):\n"
       "  node0$ dyad-service -r 0 --secret-file ~/.dyad/secret /local/dmd\n"
       "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret /local/dmd\n"
@@ -177,7 +227,8 @@ int main(int argc, char** argv) {
   }
   opt.protection = *level;
 
-  // Signals are taken synchronously by this thread; all others block them.
+  // Signals are taken synchronously by one thread (all others block them),
+  // from before start-up: SIGTERM/SIGINT also end the waits of Start().
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -187,27 +238,17 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   dyad::Service service(opt);
-  dyad::Status st = service.Start();
-  if (!st.ok()) {
-    DYAD_LOG_ERROR("cannot start: %s", st.ToString().c_str());
-    std::fprintf(stderr, "dyad-service: cannot start: %s\n", st.ToString().c_str());
-    service.Stop();
-    service.Wait();
-    return 1;
+  std::atomic<bool> exiting{false};
+  std::atomic<int> stop_signal{0};
+  std::thread signals([&] { TakeSignals(set, service, exiting, stop_signal); });
+  const dyad::Status st = service.Start();
+  if (st.ok()) {
+    signals.join();  // returns once a signal has stopped the service
+    return AwaitStop(service, 0);
   }
-  int sig = 0;
-  sigwait(&set, &sig);
-  DYAD_LOG_INFO("received signal %d, stopping", sig);
+  exiting = true;
   service.Stop();
-  // A stop is bounded: sockets are shut down and store waits cancelled, so
-  // every thread normally ends at once. One that does not is stuck where no
-  // shutdown reaches it (libfabric's shm provider spins forever on a lock a
-  // killed peer held in shared memory); exit anyway, and say so.
-  if (!service.WaitFor(kStopGraceMs)) {
-    DYAD_LOG_ERROR("not stopped after %d ms: a transfer is stuck inside the transport; exiting "
-                   "without waiting for it",
-                   kStopGraceMs);
-    std::_Exit(3);
-  }
-  return 0;
+  pthread_kill(signals.native_handle(), SIGTERM);  // wakes the signal thread if it still waits
+  signals.join();
+  return AwaitStop(service, StartFailure(st, stop_signal));
 }

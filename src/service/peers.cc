@@ -1,12 +1,22 @@
 #include "service/peers.h"
 
 #include "common/log.h"
+#include "common/time.h"
 
 namespace dyad {
 
 namespace {
 constexpr size_t kMaxIdleSessionsPerPeer = 8;
+// One connection attempt of a probe: short, so a stop request is seen soon
+// and a silent address is retried rather than waited on.
+constexpr int64_t kProbeSliceMs = 250;
+
+std::string Hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
 }
+}  // namespace
 
 PeerDirectory::PeerDirectory(Kvs* kvs, const Authenticator* auth, PeerIdentity self,
                              int64_t rpc_timeout_ms)
@@ -34,6 +44,22 @@ Result<ServiceRecord> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
   return rec;
 }
 
+Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address,
+                                                     Deadline deadline, const CancelFn& cancel,
+                                                     PeerIdentity* peer) {
+  Result<SocketAddress> addr = ParseAddress(address);
+  if (!addr.ok()) return addr.status();
+  Result<UniqueFd> fd = Status(DYAD_RC_TIMEOUT, "no attempt");
+  do {
+    fd = Connect(*addr, cancel ? deadline.Min(kProbeSliceMs) : deadline);
+    if (fd.ok() || fd.status().code() != DYAD_RC_TIMEOUT) break;
+  } while (!deadline.expired() && !(cancel && cancel()));
+  if (!fd.ok()) return fd.status();
+  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+  DYAD_RETURN_IF_ERROR(auth_->Connect(*ch, self_, deadline, peer));
+  return ch;
+}
+
 Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline deadline) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -49,32 +75,99 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline 
   }
   Result<ServiceRecord> rec = Resolve(rank, false);
   if (!rec.ok()) return rec.status();
-  Result<SocketAddress> addr = ParseAddress(rec->address);
-  if (!addr.ok()) return addr.status();
-  Result<UniqueFd> fd = Connect(*addr, deadline.Min(rpc_timeout_ms_));
-  if (!fd.ok())
-    return fd.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
-                                rec->address);
-  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
   PeerIdentity peer;
-  Status st = auth_->Connect(*ch, self_, deadline.Min(rpc_timeout_ms_), &peer);
-  if (!st.ok()) return st.Annotate("authenticate with rank " + std::to_string(rank));
-  if (peer.rank != rank || peer.incarnation != rec->incarnation) {
-    // The address now belongs to another service or a restarted one.
-    Invalidate(rank);
-    return Status(DYAD_RC_STALE, "service at " + rec->address + " is rank " +
-                                     std::to_string(peer.rank) + " incarnation " +
-                                     std::to_string(peer.incarnation) + ", expected rank " +
-                                     std::to_string(rank) + " incarnation " +
-                                     std::to_string(rec->incarnation));
+  Result<std::unique_ptr<Channel>> ch = Dial(rec->address, deadline.Min(rpc_timeout_ms_), nullptr, &peer);
+  if (!ch.ok()) {
+    if (ch.status().code() == DYAD_RC_AUTH)
+      return ch.status().Annotate("authenticate with rank " + std::to_string(rank) + " at " +
+                                  rec->address + " (every service must use the same cluster "
+                                  "secret: check --secret-file / DYAD_SECRET_FILE on both)");
+    return ch.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
+                                rec->address);
   }
+  if (peer.rank != rank || peer.incarnation != rec->incarnation) return Mismatch(rank, *rec, peer);
+  Touch(rank);
   return ch;
+}
+
+// The address answered as another service. The same rank with a new
+// incarnation is a restart (routine: the caller retries with the new
+// record); another rank, still so after the record is re-read, is a
+// misconfiguration worth an ERROR.
+Status PeerDirectory::Mismatch(uint32_t rank, const ServiceRecord& rec, const PeerIdentity& peer) {
+  Invalidate(rank);
+  const std::string msg = "service at " + rec.address + " is rank " + std::to_string(peer.rank) +
+                          " incarnation " + Hex(peer.incarnation) + ", expected rank " +
+                          std::to_string(rank) + " incarnation " + Hex(rec.incarnation);
+  if (peer.rank == rank) return Status(DYAD_RC_STALE, msg);
+  Result<ServiceRecord> fresh = Resolve(rank, true);
+  if (fresh.ok() && fresh->address == rec.address) {
+    bool report = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      Peer& p = peers_[rank];
+      report = p.reported_incarnation != fresh->incarnation;
+      p.reported_incarnation = fresh->incarnation;
+    }
+    if (report)
+      DYAD_LOG_ERROR("rank %u is registered at %s (host %s), but that address is answered by rank "
+                     "%u incarnation %s: rank %u advertises an address that is not its own (check "
+                     "its --advertise / DYAD_SERVICE_ADVERTISE: a host name that resolves to a "
+                     "loopback address is a common cause), or two services listen on one "
+                     "address; fix the address and restart rank %u",
+                     rank, rec.address.c_str(), rec.hostname.c_str(), peer.rank,
+                     Hex(peer.incarnation).c_str(), rank, rank);
+  }
+  return Status(DYAD_RC_STALE, msg);
+}
+
+ProbeResult PeerDirectory::Probe(const ServiceRecord& rec, Deadline deadline,
+                                 const CancelFn& cancel) {
+  ProbeResult r;
+  const uint64_t t0 = MonoNs();
+  PeerIdentity peer;
+  Result<std::unique_ptr<Channel>> ch = Dial(rec.address, deadline, cancel, &peer);
+  if (!ch.ok()) {
+    r.state = ch.status().code() == DYAD_RC_AUTH ? PeerState::kRefused : PeerState::kDown;
+    r.status = ch.status();
+    return r;
+  }
+  r.identity = peer;
+  if (peer.rank != rec.rank || peer.incarnation != rec.incarnation) {
+    r.state = PeerState::kOtherIdentity;
+    r.status = Status(DYAD_RC_STALE, rec.address + " answers as rank " + std::to_string(peer.rank) +
+                                         " incarnation " + Hex(peer.incarnation));
+    return r;
+  }
+  std::string body;
+  Status st = CallRpc(**ch, MsgType::kPing, std::string(), &body, deadline);
+  r.rtt_ns = MonoNs() - t0;
+  if (!st.ok()) {
+    r.state = PeerState::kDown;
+    r.status = st.Annotate("ping");
+    return r;
+  }
+  r.state = PeerState::kAlive;
+  Touch(rec.rank);
+  return r;
+}
+
+void PeerDirectory::Touch(uint32_t rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  peers_[rank].last_contact_ns = WallNs();
+}
+
+uint64_t PeerDirectory::LastContact(uint32_t rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = peers_.find(rank);
+  return it == peers_.end() ? 0 : it->second.last_contact_ns;
 }
 
 void PeerDirectory::Release(uint32_t rank, std::unique_ptr<Channel> ch) {
   if (!ch || ch->broken()) return;
   std::lock_guard<std::mutex> lk(mu_);
   Peer& p = peers_[rank];
+  p.last_contact_ns = WallNs();
   if (p.idle.size() < kMaxIdleSessionsPerPeer) p.idle.push_back(std::move(ch));
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "common/trace.h"
 #include "transport/local/local_transport.h"
 
 namespace dyad {
@@ -17,12 +18,13 @@ bool IsCompleteCopy(const std::string& path, uint64_t size, uint64_t version) {
 }
 
 Placement::Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-                     ServiceStats* stats)
+                     ServiceStats* stats, TransferRegistry* transfers)
     : cfg_(std::move(config)),
       peers_(peers),
       transports_(transports),
       stats_(stats),
-      fetcher_(peers, cfg_.rpc_timeout_ms) {}
+      transfers_(transfers),
+      fetcher_(peers, cfg_.rpc_timeout_ms, transfers) {}
 
 Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline deadline,
                                       const CancelFn& cancel) {
@@ -120,12 +122,15 @@ Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight,
 Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route route,
                                          Transport* transport) {
   const FileRecord& rec = req.record;
+  TraceSpan span("place", "service");
+  span.Arg("path", rec.upath).Arg("owner", rec.owner_rank);
   const uint64_t t0 = MonoNs();
   AtomicFile out;
   Status st = out.Create(req.cons_root, rec.upath);
   if (!st.ok()) return st.Annotate("prepare '" + rec.upath + "' in consumer directory");
   FetchOutcome outcome;
   st = Move(rec, route, transport, out, req.cons_root, &outcome);
+  span.Rc(st);
   if (!st.ok()) {
     out.Abort();
     return st;
@@ -140,7 +145,18 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
   reply.transfer_ns = MonoNs() - t0;
   reply.record.version = outcome.version;
   reply.record.size = outcome.bytes;
+  NoteTransport(route, transport, &reply);
   return reply;
+}
+
+void Placement::NoteTransport(Route route, const Transport* transport, ConsumeReply* reply) {
+  reply->transport = transport != nullptr ? transport->name() : "local";
+  if (route != Route::kOwnFile) {
+    Result<ServiceRecord> owner = peers_->Resolve(reply->record.owner_rank, false);
+    if (owner.ok()) reply->owner_address = owner->address;
+  }
+  stats_->AddNamed("transfers.in." + reply->transport);
+  stats_->AddNamed("bytes.in." + reply->transport, reply->bytes);
 }
 
 Status Placement::Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
@@ -168,6 +184,10 @@ Status Placement::CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* 
   if (!S_ISREG(st.st_mode))
     return Status(DYAD_RC_BADFIO, "'" + rec.upath + "' is not a regular file");
   TransferStats ts;
+  TransferRegistry::Entry progress;
+  if (transfers_ != nullptr)
+    progress = transfers_->Begin(false, rec.upath, cfg_.rank, "local",
+                                 static_cast<uint64_t>(st.st_size), SinkProgress(sink_fd));
   DYAD_RETURN_IF_ERROR(
       LocalTransport::CopyRange(src->get(), sink_fd, static_cast<uint64_t>(st.st_size), &ts));
   outcome->version = MtimeNs(st);

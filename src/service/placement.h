@@ -27,6 +27,7 @@
 #include "service/fetcher.h"
 #include "service/peers.h"
 #include "service/stats.h"
+#include "service/transfers.h"
 #include "service/transports.h"
 
 namespace dyad {
@@ -48,8 +49,10 @@ struct PlacementRequest {
 
 class Placement {
  public:
+  // `transfers` (may be null) lists this node's incoming transfers while
+  // they run (`dyad status`).
   Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-            ServiceStats* stats);
+            ServiceStats* stats, TransferRegistry* transfers = nullptr);
 
   // Returns once cons_root/record.upath is a complete copy of the record's
   // file (or needs none), waiting for a transfer already in flight.
@@ -75,11 +78,15 @@ class Placement {
   Status Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
               const std::string& cons_root, FetchOutcome* outcome);
   Status CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome);
+  // What moved a file (transport, owner address) into `reply`, and the
+  // per-transport counters.
+  void NoteTransport(Route route, const Transport* transport, ConsumeReply* reply);
 
   const PlacementConfig cfg_;
   PeerDirectory* peers_;
   TransportSet* transports_;
   ServiceStats* stats_;
+  TransferRegistry* transfers_;
   Fetcher fetcher_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<InFlight>> inflight_;

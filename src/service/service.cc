@@ -16,10 +16,13 @@
 #include "common/munge/munge.h"
 #include "common/safety.h"
 #include "common/time.h"
+#include "common/trace.h"
+#include "service/advertise.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/peers.h"
 #include "service/placement.h"
+#include "service/transfers.h"
 #include "service/prefetch.h"
 #include "service/transports.h"
 
@@ -63,8 +66,35 @@ Service::~Service() {
 }
 
 Status Service::Start() {
-  if (started_) return Status(DYAD_RC_SYSFAIL, "service already started");
-  started_ = true;
+  {
+    std::lock_guard<std::mutex> lk(stop_mu_);
+    if (started_) return Status(DYAD_RC_SYSFAIL, "service already started");
+    started_ = true;
+    if (stopping_) {
+      stopped_ = true;
+      return Status(DYAD_RC_CANCELLED, "stopped before start-up");
+    }
+    starting_ = true;
+  }
+  Status st = StartSteps();
+  bool teardown = false;
+  {
+    std::lock_guard<std::mutex> lk(stop_mu_);
+    starting_ = false;
+    // A Stop() during start-up left the teardown to us; so does a failure.
+    if (stopping_ || !st.ok()) {
+      teardown = true;
+      stopping_ = true;
+      stop_cv_.notify_all();
+      if (kvs_) kvs_->Shutdown();
+    }
+  }
+  if (!teardown) return st;
+  Teardown();
+  return st.ok() ? Status(DYAD_RC_CANCELLED, "stopped during start-up") : st;
+}
+
+Status Service::StartSteps() {
   incarnation_ = NewIncarnation();
   started_ns_ = WallNs();
   hostname_ = HostName();
@@ -87,14 +117,12 @@ Status Service::Start() {
   DYAD_RETURN_IF_ERROR(OpenStore());
   BuildParts();
   RouteRequests();
+  TraceSetProcessName("dyad-service rank " + std::to_string(opt_.rank) + " (" + hostname_ + ")");
 
   // Serve peers before registering: the root must answer its own registration
   // and others may start fetching as soon as the record is visible.
   tcp_acceptor_ = std::thread([this] { AcceptLoop(tcp_listener_.get(), false); });
-  if (Status reg = RegisterMembership(); !reg.ok()) {
-    Stop();
-    return reg;
-  }
+  DYAD_RETURN_IF_ERROR(RegisterMembership());
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
   membership_thread_ = std::thread([this] { MembershipLoop(); });
   unix_acceptor_ = std::thread([this] { AcceptLoop(unix_listener_.get(), true); });
@@ -147,13 +175,16 @@ Status Service::OpenListeners() {
   tcp_listener_ = std::move(*tcp);
   Result<SocketAddress> bound = BoundAddress(tcp_listener_.get());
   if (!bound.ok()) return bound.status();
-  if (!opt_.advertise.empty()) {
-    advertise_ = opt_.advertise;
-  } else {
-    const std::string host =
-        (laddr->host == "0.0.0.0" || laddr->host == "*") ? hostname_ : laddr->host;
-    advertise_ = host + ":" + std::to_string(bound->port);
-  }
+  AdvertiseInput ai;
+  ai.listen_host = laddr->host;
+  ai.port = bound->port;
+  ai.hostname = hostname_;
+  ai.store_host = StoreEndpointOf(opt_.kvs_url).host;
+  ai.explicit_address = opt_.advertise;
+  Result<AdvertiseChoice> adv = ChooseAdvertiseAddress(ai, SystemNetView());
+  if (!adv.ok()) return adv.status();
+  advertise_ = adv->address;
+  if (!adv->note.empty()) DYAD_LOG_INFO("%s", adv->note.c_str());
 
   if (opt_.socket_path.empty()) return Status(DYAD_RC_BADREQUEST, "no Unix socket path");
   const size_t slash = opt_.socket_path.rfind('/');
@@ -179,7 +210,10 @@ Status Service::OpenStore() {
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs(opt_.kvs_url, kopt);
   if (!kvs.ok())
     return kvs.status().Annotate("open metadata store '" + RedactUrl(opt_.kvs_url) + "'");
+  // Published under the lock: a Stop() from another thread shuts it down.
+  std::lock_guard<std::mutex> lk(stop_mu_);
   kvs_ = std::shared_ptr<Kvs>(std::move(*kvs));
+  if (stopping_) kvs_->Shutdown();
   return Status::OK();
 }
 
@@ -193,9 +227,12 @@ void Service::BuildParts() {
   pc.service_mux = opt_.service_mux;
   pc.prod_real = prod_real_;
   pc.rpc_timeout_ms = opt_.rpc_timeout_ms;
-  placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_);
+  transfers_in_flight_ = std::make_unique<TransferRegistry>();
+  placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_,
+                                           transfers_in_flight_.get());
   file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
-                                              transports_.get(), &stats_);
+                                              transports_.get(), &stats_,
+                                              transfers_in_flight_.get());
   PrefetchConfig fc;
   fc.max_inflight = opt_.prefetch_concurrency;
   fc.max_per_peer = opt_.prefetch_per_peer;
@@ -208,30 +245,6 @@ std::string Service::StoreDescription() const {
                                             opt_.kvs_url.find("://") == std::string::npos
                                         ? " (root)"
                                         : "");
-}
-
-Status Service::RegisterMembership() {
-  ServiceRecord rec;
-  rec.rank = opt_.rank;
-  rec.node_idx = node_idx_;
-  rec.incarnation = incarnation_;
-  rec.address = advertise_;
-  rec.prod_path = prod_real_;
-  rec.hostname = hostname_;
-  rec.started_ns = started_ns_;
-  // The root may still be starting (services are launched in parallel).
-  const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(opt_.rpc_timeout_ms, 30000));
-  int64_t backoff = 100;
-  member_value_ = rec.Encode();
-  for (;;) {
-    Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
-    if (st.ok()) return st;
-    if (deadline.expired() || stopping_)
-      return st.Annotate("register rank " + std::to_string(opt_.rank) + " in the metadata store");
-    DYAD_LOG_WARN("metadata store not reachable yet (%s); retrying", st.ToString().c_str());
-    std::this_thread::sleep_for(std::chrono::milliseconds(backoff));
-    backoff = std::min<int64_t>(backoff * 2, 2000);
-  }
 }
 
 Status Service::WriteReadyFile() {
@@ -252,9 +265,19 @@ void Service::Stop() {
   {
     std::lock_guard<std::mutex> lk(stop_mu_);
     if (stopping_.exchange(true)) return;
+    stop_cv_.notify_all();  // start-up pauses
+    if (kvs_) kvs_->Shutdown();
+    if (starting_) return;  // Start() sees stopping_ and tears down itself
+    if (!started_) {        // nothing to tear down
+      stopped_ = true;
+      return;
+    }
   }
+  Teardown();
+}
+
+void Service::Teardown() {
   async_cv_.notify_all();
-  if (kvs_) kvs_->Shutdown();
   // Unblock accept loops and every connection thread.
   if (tcp_listener_.valid()) ::shutdown(tcp_listener_.get(), SHUT_RDWR);
   if (unix_listener_.valid()) ::shutdown(unix_listener_.get(), SHUT_RDWR);
@@ -472,38 +495,6 @@ void Service::ServeFrames(RequestContext& ctx) {
 
 void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
   SendReply(ch, st, body, opt_.rpc_timeout_ms, &stats_);
-}
-
-void Service::RepairMembership() {
-  Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
-  if (!v.ok() || (v->has_value() && **v == member_value_)) return;
-  ServiceRecord other;
-  if (v->has_value() && ServiceRecord::Decode(**v, &other) && other.rank == opt_.rank &&
-      other.incarnation != incarnation_) {
-    // Another service claimed this rank after us: never fight over it.
-    DYAD_LOG_ERROR("rank %u is now registered by another service (%s, host %s); this one "
-                   "(incarnation %016llx) no longer receives requests for it: stop it",
-                   opt_.rank, other.address.c_str(), other.hostname.c_str(),
-                   static_cast<unsigned long long>(incarnation_));
-    return;
-  }
-  // Missing (a restarted root) or corrupted: write it again, so peers can
-  // still resolve this rank.
-  if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
-    DYAD_LOG_WARN("membership record of rank %u was %s in the metadata store; repaired",
-                  opt_.rank, v->has_value() ? "corrupted" : "missing (root restarted?)");
-}
-
-void Service::MembershipLoop() {
-  constexpr int64_t kCheckEveryMs = 3000;
-  std::unique_lock<std::mutex> lk(async_mu_);
-  while (!stopping_) {
-    async_cv_.wait_for(lk, std::chrono::milliseconds(kCheckEveryMs));
-    if (stopping_) break;
-    lk.unlock();
-    RepairMembership();
-    lk.lock();
-  }
 }
 
 void Service::AsyncPublishLoop() {

@@ -12,7 +12,9 @@
 //
 // Start() returns once both listeners are open and the service is
 // registered in the metadata store; Stop() (also from a signal-handling
-// thread) cancels waits, closes connections and joins all threads.
+// thread, also while Start() is still waiting for the store) cancels waits,
+// closes connections and joins all threads. A Stop() during Start() makes
+// Start() return DYAD_RC_CANCELLED within a fraction of a second.
 #pragma once
 
 #include <atomic>
@@ -39,6 +41,7 @@ class Dispatcher;
 class FileServer;
 class PeerDirectory;
 class Placement;
+class TransferRegistry;
 class Prefetcher;
 class TransportSet;
 struct RequestContext;
@@ -80,7 +83,7 @@ class Service {
   Service& operator=(const Service&) = delete;
 
   Status Start();
-  // Idempotent; safe from any thread.
+  // Idempotent; safe from any thread at any time.
   void Stop();
   // Blocks until Stop() has been called and everything is joined.
   void Wait();
@@ -97,6 +100,7 @@ class Service {
  private:
   // Start's steps.
   void RaiseDescriptorLimit();
+  Status StartSteps();
   Status PrepareDirectories();
   Status OpenListeners();
   Status OpenStore();
@@ -120,6 +124,7 @@ class Service {
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
+  void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const std::string& payload);
   void HandleConsumeBatch(RequestContext& ctx, const std::string& payload);
@@ -131,13 +136,21 @@ class Service {
   Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline,
                                const CancelFn& cancel);
 
+  // membership.cc: take the rank (refusing one a live service holds) and
+  // keep it.
   Status RegisterMembership();
+  Status ClaimRank();
+  Status CheckOwnAddress();
+  ServiceRecord OwnRecord() const;
+  // Sleeps up to `ms`; false (at once) when the service is stopping.
+  bool PauseUnlessStopping(int64_t ms);
   Status WriteReadyFile();
+  // Stops listeners, connections and threads (once; from Stop or Start).
+  void Teardown();
   void AsyncPublishLoop();
   // Re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
   void MembershipLoop();
-  void RepairMembership();
 
   ServiceOptions opt_;
   std::string prod_real_;  // canonical producer path ("" = none)
@@ -156,6 +169,7 @@ class Service {
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<FileServer> file_server_;
+  std::unique_ptr<TransferRegistry> transfers_in_flight_;
   std::unique_ptr<Prefetcher> prefetch_;
 
   UniqueFd unix_listener_;
@@ -194,9 +208,11 @@ class Service {
 
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
+  // Signalled when stopping starts (start-up pauses) and when it is done.
   std::condition_variable stop_cv_;
   bool stopped_ = false;
   bool started_ = false;
+  bool starting_ = false;  // Start() runs; a Stop() meanwhile leaves Teardown to it
 };
 
 }  // namespace dyad

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/trace.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
 #include "service/service.h"
+#include "service/transfers.h"
 #include "service/transports.h"
 
 namespace dyad {
@@ -37,6 +39,7 @@ void Service::RouteRequests() {
       {MsgType::kList, "requests.list", &Service::HandleList},
       {MsgType::kRemove, nullptr, &Service::HandleRemove},
       {MsgType::kStatus, "requests.status", &Service::HandleStatus},
+      {MsgType::kPeers, nullptr, &Service::HandlePeers},
       {MsgType::kPrefetch, nullptr, &Service::HandlePrefetch},
       {MsgType::kConsumeBatch, nullptr, &Service::HandleConsumeBatch},
   };
@@ -57,6 +60,8 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
   if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
+  TraceSpan span("publish", "service");
+  span.Arg("path", req.upath);
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return Reply(ch, upath.status());
   if (prod_real_.empty())
@@ -89,6 +94,7 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
   if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
+  span.Rc(st);
   Reply(ch, st);
 }
 
@@ -125,8 +131,11 @@ void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
   LocateRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
+  TraceSpan span("locate", "service");
+  span.Arg("key", req.key);
   Result<FileRecord> rec =
       Locate(req.ns, req.key, req.wait, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  span.Rc(rec.status());
   if (!rec.ok()) {
     if (rec.status().code() == DYAD_RC_TIMEOUT)
       return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + req.key + "' was not published within " +
@@ -205,12 +214,18 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   ConsumeRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
+  TraceSpan span("consume", "service");
+  span.Arg("path", req.upath);
   Result<ConsumeReply> r = Consume(req, Deadline::AfterMs(req.timeout_ms), ctx.cancel);
+  span.Rc(r.status());
   if (!r.ok()) {
+    // A client that hung up needs no report; every other failure is one
+    // the operator may have to act on, so it reaches the error log.
     if (r.status().code() != DYAD_RC_CANCELLED)
-      DYAD_LOG_INFO("consume '%s' failed: %s", req.upath.c_str(), r.status().ToString().c_str());
+      DYAD_LOG_WARN("consume '%s' failed: %s", req.upath.c_str(), r.status().ToString().c_str());
     return Reply(ch, r.status());
   }
+  if (r->transferred) span.Arg("bytes", r->bytes).Arg("transport", r->transport);
   Encoder e;
   r->EncodeTo(e);
   Reply(ch, Status::OK(), e.data());
@@ -270,6 +285,7 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   r.info["credentials"] = auth_->credential_names();
   r.info["link_protection"] = LinkProtectionDescription(auth_->protection());
   r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
+  r.transfers = transfers_in_flight_->Snapshot();
   Encoder e;
   r.EncodeTo(e);
   Reply(ch, Status::OK(), e.data());

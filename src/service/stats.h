@@ -1,10 +1,13 @@
 // stats.h: the counters `dyad status` shows (see docs/service.md).
-// Lock-free atomics; safe to bump from any thread.
+// The fixed counters are lock-free atomics; counters named at run time (one
+// per transport: "transfers.in.tcp") sit in a small map under a mutex. Safe
+// to bump from any thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 
 namespace dyad {
@@ -55,15 +58,70 @@ class ServiceStats {
     return kNumCounters;
   }
 
+  // A counter named at run time, e.g. "bytes.in." + transport name.
+  void AddNamed(const std::string& name, uint64_t n = 1) {
+    std::lock_guard<std::mutex> lk(named_mu_);
+    named_[name] += n;
+  }
+
   std::map<std::string, uint64_t> Snapshot() const {
     std::map<std::string, uint64_t> out;
     for (int i = 0; i < kNumCounters; ++i)
       out[Name(static_cast<Counter>(i))] = Get(static_cast<Counter>(i));
+    std::lock_guard<std::mutex> lk(named_mu_);
+    for (const auto& [k, v] : named_) out[k] = v;
     return out;
+  }
+
+  // One sentence per counter, for `dyad status --prometheus` (HELP lines)
+  // and docs/operations.md. Per-transport counters are described by their
+  // family ("transfers.in.<transport>").
+  static std::string Help(const std::string& name);
+  // True for counters that go up and down (Prometheus gauges).
+  static bool IsGauge(const std::string& name) {
+    return name == "publish.async_pending" || name == "cache.entries";
   }
 
  private:
   std::atomic<uint64_t> v_[kNumCounters] = {};
+  mutable std::mutex named_mu_;
+  std::map<std::string, uint64_t> named_;
 };
+
+inline std::string ServiceStats::Help(const std::string& name) {
+  static const std::map<std::string, std::string> kHelp = {
+      {"requests.publish", "Publish requests from local clients."},
+      {"requests.locate", "Locate (metadata lookup) requests from local clients."},
+      {"requests.consume", "Consume requests from local clients."},
+      {"requests.list", "List requests from local clients."},
+      {"requests.status", "Status requests from local clients."},
+      {"requests.fetch", "Fetch requests from other services (this service as owner)."},
+      {"requests.kvs", "Embedded metadata store requests served (root only)."},
+      {"publish.async_pending", "Asynchronous publications not yet confirmed by the store."},
+      {"cache.hits", "Lookups answered by the node-local metadata cache."},
+      {"cache.misses", "Lookups that went to the metadata store."},
+      {"cache.entries", "Records in the node-local metadata cache."},
+      {"consume.local", "Consumes that needed no transfer (complete copy, same directory or "
+                        "shared storage)."},
+      {"consume.joined", "Consumes that waited for a transfer another request started."},
+      {"transfers.in", "Files received into a consumer directory of this node."},
+      {"bytes.in", "Bytes received into consumer directories of this node."},
+      {"transfers.out", "Files sent to other services."},
+      {"bytes.out", "Bytes sent to other services."},
+      {"bytes.out.direct", "Bytes sent straight into a peer's memory on the same host."},
+      {"fetch.refused", "Fetches refused (outside the producer directory, not a regular file, "
+                        "malformed)."},
+      {"errors", "Requests answered with an error."},
+  };
+  if (auto it = kHelp.find(name); it != kHelp.end()) return it->second;
+  for (const char* family : {"transfers.in.", "bytes.in.", "transfers.out.", "bytes.out."}) {
+    const std::string f = family;
+    if (name.compare(0, f.size(), f) == 0) {
+      const std::string base = f.substr(0, f.size() - 1);
+      return kHelp.at(base).substr(0, kHelp.at(base).size() - 1) + ", by transport.";
+    }
+  }
+  return "DYAD counter " + name + ".";
+}
 
 }  // namespace dyad

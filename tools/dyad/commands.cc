@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -24,6 +25,7 @@
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
 #include "dyad_version.h"
+#include "inspect.h"
 #include "kvs/kvs.h"
 #include "transport/transport.h"
 
@@ -152,6 +154,14 @@ std::string ConfiguredProtection() {
   return LinkProtectionDescription(*p);
 }
 
+// "rank 0 (10.0.0.1:7590) over tcp": who served a consume and how.
+std::string Served(const ConsumeReply& r) {
+  std::string s = "rank " + std::to_string(r.record.owner_rank);
+  if (!r.owner_address.empty()) s += " (" + r.owner_address + ")";
+  if (!r.transport.empty()) s += " over " + r.transport;
+  return s;
+}
+
 }  // namespace
 
 int CmdInfo(InfoFormat format) {
@@ -277,7 +287,8 @@ int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
   return failed ? kExitFailed : kExitOk;
 }
 
-int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose) {
+int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose,
+               bool progress) {
   if (timeout_s >= 0) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3f", timeout_s);
@@ -294,9 +305,12 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
       continue;
     }
     ConsumeInfo info;
-    const dyad_rc_t rc = capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), &info);
+    std::string error;
+    const dyad_rc_t rc = progress && ProgressWanted()
+                             ? ConsumeShowingProgress(path, *upath, &info, &error)
+                             : capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), &info);
     if (DYAD_IS_ERROR(rc)) {
-      PrintError("consume", path, Status(rc, dyad_last_error()));
+      PrintError("consume", path, Status(rc, error.empty() ? dyad_last_error() : error));
       failed = true;
       continue;
     }
@@ -305,10 +319,9 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
     if (info.level1) {
       what = "already complete locally (no request)";
     } else if (info.reply.transferred) {
-      what = "transferred " + std::to_string(info.reply.bytes) + " bytes from rank " +
-             std::to_string(info.reply.record.owner_rank);
+      what = "transferred " + std::to_string(info.reply.bytes) + " bytes from " + Served(info.reply);
     } else if (info.reply.joined) {
-      what = "joined a transfer already in flight";
+      what = "joined a transfer already in flight (" + Served(info.reply) + ")";
     } else if (info.reply.local) {
       what = "no transfer needed (same directory or shared storage)";
     } else {
@@ -353,6 +366,21 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
     PrintError("ls", "", entries.status());
     return kExitFailed;
   }
+  std::sort(entries->begin(), entries->end(),
+            [](const auto& a, const auto& b) { return a.second.upath < b.second.upath; });
+  std::set<uint32_t> owner_set;
+  for (const auto& [key, rec] : *entries) owner_set.insert(rec.owner_rank);
+  std::map<uint32_t, PeerState> owners;
+  const bool known =
+      OwnerStates(**client, std::vector<uint32_t>(owner_set.begin(), owner_set.end()), &owners);
+  // "down", "stale" (its address answers as another service), "unregistered";
+  // "unknown" (unmarked) when the service cannot tell.
+  auto owner_state = [&](uint32_t rank) -> std::string {
+    if (!known) return "unknown";
+    auto it = owners.find(rank);
+    if (it == owners.end()) return "unregistered";
+    return PeerStateName(it->second);
+  };
   if (json) {
     Json arr = Json::array();
     for (const auto& [key, rec] : *entries) {
@@ -365,30 +393,36 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
       item["version"] = rec.version;
       item["version_time"] = FormatTimeNs(rec.version);
       item["published_ns"] = rec.published_ns;
+      item["owner_state"] = owner_state(rec.owner_rank);
       arr.push_back(std::move(item));
     }
     std::cout << arr.dump(2) << "\n";
     return kExitOk;
   }
-  size_t wpath = 4;
-  size_t wsize = 4;
+  // Files whose owner cannot serve them are marked: consuming them waits
+  // for the owner's return or fails.
+  std::vector<std::string> owner_text;
+  size_t wpath = 4, wowner = 5, wsize = 4;
   for (const auto& [key, rec] : *entries) {
+    const std::string state = owner_state(rec.owner_rank);
+    const bool fine = state == "alive" || state == "unknown";
+    owner_text.push_back(std::to_string(rec.owner_rank) + (fine ? "" : " (" + state + ")"));
     wpath = std::max(wpath, rec.upath.size());
+    wowner = std::max(wowner, owner_text.back().size());
     wsize = std::max(wsize, std::to_string(rec.size).size());
   }
-  char line[64];
-  std::printf("%-*s  %5s  %*s  %s\n", static_cast<int>(wpath), "PATH", "OWNER",
-              static_cast<int>(wsize), "SIZE", "VERSION");
-  for (const auto& [key, rec] : *entries) {
-    std::snprintf(line, sizeof line, "%u", rec.owner_rank);
-    std::printf("%-*s  %5s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(), line,
-                static_cast<int>(wsize), static_cast<unsigned long long>(rec.size),
-                FormatTimeNs(rec.version).c_str());
+  std::printf("%-*s  %-*s  %*s  %s\n", static_cast<int>(wpath), "PATH", static_cast<int>(wowner),
+              "OWNER", static_cast<int>(wsize), "SIZE", "VERSION");
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const FileRecord& rec = (*entries)[i].second;
+    std::printf("%-*s  %-*s  %*llu  %s\n", static_cast<int>(wpath), rec.upath.c_str(),
+                static_cast<int>(wowner), owner_text[i].c_str(), static_cast<int>(wsize),
+                static_cast<unsigned long long>(rec.size), FormatTimeNs(rec.version).c_str());
   }
   return kExitOk;
 }
 
-int CmdStatus(bool json) {
+int CmdStatus(bool json, bool prometheus) {
   Result<std::shared_ptr<Client>> client = EnvClient();
   if (!client.ok()) {
     PrintError("status", "", client.status());
@@ -399,11 +433,28 @@ int CmdStatus(bool json) {
     PrintError("status", "", st.status());
     return kExitFailed;
   }
+  if (prometheus) {
+    std::cout << PrometheusText(*st);
+    return kExitOk;
+  }
   if (json) {
     Json j;
     j["socket"] = (*client)->pool()->socket_path();
     j["info"] = st->info;
     j["counters"] = st->counters;
+    Json transfers = Json::array();
+    for (const TransferInfo& t : st->transfers) {
+      Json x;
+      x["direction"] = t.outgoing ? "out" : "in";
+      x["path"] = t.upath;
+      x["peer_rank"] = t.peer_rank;
+      x["transport"] = t.transport;
+      x["bytes_done"] = t.bytes_done == TransferInfo::kUnknownBytes ? Json(nullptr) : Json(t.bytes_done);
+      x["bytes_total"] = t.bytes_total;
+      x["elapsed_ns"] = t.elapsed_ns;
+      transfers.push_back(std::move(x));
+    }
+    j["transfers"] = std::move(transfers);
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
@@ -418,6 +469,7 @@ int CmdStatus(bool json) {
   for (const auto& [k, v] : st->counters)
     std::printf("  %-*s  %12llu\n", static_cast<int>(w), k.c_str(),
                 static_cast<unsigned long long>(v));
+  std::cout << TransfersTable(st->transfers);
   return kExitOk;
 }
 

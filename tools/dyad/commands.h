@@ -27,8 +27,11 @@ int CmdInfo(InfoFormat format);
 int CmdProduce(const std::vector<std::string>& paths, bool verbose);
 
 // Consumes each file; `timeout_s` >= 0 overrides DYAD_CONSUME_TIMEOUT
-// (0: no limit). With `verbose`, prints per-file latency and what happened.
-int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose);
+// (0: no limit). With `verbose`, prints per-file latency and what happened
+// (which transport moved it, from which owner). With `progress`, a transfer
+// that lasts shows a progress bar when stdout and stderr are terminals.
+int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose,
+               bool progress = true);
 
 // Declares (or withdraws) prefetch patterns with the local dyad-service:
 // it then fetches matching files into DYAD_PATH_CONSUMER as they are
@@ -36,12 +39,15 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
 int CmdPrefetch(const std::vector<std::string>& patterns, bool cancel);
 
 // Lists published files whose relative path starts with `prefix`.
+// Lists published files whose relative path starts with `prefix`, sorted
+// by path, marking those whose owner service is down.
 // `ns` overrides DYAD_KVS_NAMESPACE when `ns_given`.
 int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,
             bool json);
 
-// Identity and counters of the local dyad-service.
-int CmdStatus(bool json);
+// Identity, counters and transfers in flight of the local dyad-service;
+// `prometheus` prints the counters in Prometheus' text format instead.
+int CmdStatus(bool json, bool prometheus = false);
 
 }  // namespace cli
 }  // namespace dyad

@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "demo.h"
+#include "inspect.h"
 #include "dyad/dyad_config.hpp"
 #include "dyad_version.h"
 
@@ -81,7 +82,11 @@ int main(int argc, char** argv) {
       ->type_name("SEC")
       ->check(CLI::NonNegativeNumber);
   consume->add_flag("-v,--verbose", consume_verbose,
-                    "Print per-file latency and whether the file was transferred");
+                    "Print per-file latency, whether the file was transferred, and which owner "
+                    "and transport served it");
+  bool consume_no_progress = false;
+  consume->add_flag("--no-progress", consume_no_progress,
+                    "Never draw a progress bar (drawn on a terminal while a transfer lasts)");
 
   // prefetch
   auto* prefetch = app.add_subcommand(
@@ -98,7 +103,9 @@ int main(int argc, char** argv) {
   prefetch->add_flag("--cancel", prefetch_cancel, "Withdraw these declarations");
 
   // ls
-  auto* ls = app.add_subcommand("ls", "List published files: path, owner rank, size, version time");
+  auto* ls = app.add_subcommand(
+      "ls", "List published files sorted by path: path, owner rank (marked when its service is "
+            "down), size, version time");
   std::string ls_prefix;
   std::string ls_ns;
   uint32_t ls_limit = 0;
@@ -112,12 +119,31 @@ int main(int argc, char** argv) {
 
   // status
   auto* status = app.add_subcommand(
-      "status", "Show the local dyad-service's identity and counters (docs/service.md)");
+      "status", "Show the local dyad-service's identity, counters and transfers in flight "
+                "(docs/operations.md)");
   std::string status_socket;
   bool status_json = false;
+  bool status_prometheus = false;
   status->add_option("--socket", status_socket, "Unix socket of the service to ask")
       ->type_name("PATH");
   status->add_flag("--json", status_json, "Print as JSON");
+  status->add_flag("--prometheus", status_prometheus,
+                   "Print the counters in Prometheus' text format (for node_exporter's textfile "
+                   "collector or a scrape wrapper)");
+
+  // peers
+  auto* peers = app.add_subcommand(
+      "peers", "List the services registered in the metadata store: rank, liveness (an "
+               "authenticated ping from the local service), address, host, pid, incarnation, "
+               "start time, last contact");
+  double peers_timeout = 2;
+  bool peers_json = false;
+  peers->add_option("-t,--timeout", peers_timeout,
+                    "Seconds each service has to answer the ping (0: do not ping)")
+      ->type_name("SEC")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  peers->add_flag("--json", peers_json, "Print as JSON");
 
   // demo: everything after the word goes to RunDemo untouched, --help too.
   auto* demo = app.add_subcommand(
@@ -142,10 +168,13 @@ int main(int argc, char** argv) {
                                               : dyad::cli::InfoFormat::kText);
   }
   if (*produce) return dyad::cli::CmdProduce(produce_paths, produce_verbose);
-  if (*consume) return dyad::cli::CmdConsume(consume_paths, consume_timeout, consume_verbose);
+  if (*consume)
+    return dyad::cli::CmdConsume(consume_paths, consume_timeout, consume_verbose,
+                                 !consume_no_progress);
   if (*prefetch) return dyad::cli::CmdPrefetch(prefetch_patterns, prefetch_cancel);
   if (*ls) return dyad::cli::CmdList(ls_prefix, ls_ns, ns_opt->count() > 0, ls_limit, ls_json);
-  if (*status) return dyad::cli::CmdStatus(status_json);
+  if (*status) return dyad::cli::CmdStatus(status_json, status_prometheus);
+  if (*peers) return dyad::cli::CmdPeers(peers_timeout, peers_json);
   if (*demo) return RunDemoWith(demo->remaining());
 
   std::cerr << app.help();

@@ -126,11 +126,33 @@ bool RedisTransientError(const std::string& e) {
          RedisTopologyError(e);
 }
 
+namespace {
+
+// What to do about a refusal, for the operator reading the error.
+std::string CredentialHint(const std::string& msg) {
+  if (StartsWith(msg, "NOAUTH"))
+    return "this redis requires a password: give it in the URL "
+           "(redis://[USER:]PASSWORD@HOST:PORT), with ?password_file=PATH, or in "
+           "$DYAD_REDIS_PASSWORD (docs/redis.md)";
+  if (StartsWith(msg, "WRONGPASS") || msg.find("invalid password") != std::string::npos)
+    return "the user name or password given for redis is wrong: check the URL, the "
+           "password_file or $DYAD_REDIS_PASSWORD against redis' requirepass or ACL user";
+  if (StartsWith(msg, "NOPERM"))
+    return "the redis ACL user lacks a permission DYAD needs: grant it ~dyad:* keys, &dyad:* "
+           "channels and +@all minus dangerous commands, as in docs/redis.md";
+  if (StartsWith(msg, "DENIED"))
+    return "redis is in protected mode (no password set, connection from another host): set a "
+           "password (requirepass or an ACL user) and give it to dyad-service, as in "
+           "docs/redis.md";
+  return "";
+}
+
+}  // namespace
+
 Status RedisErrorStatus(const std::string& what, const std::string& e) {
-  if (StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS") ||
-      e.find("invalid password") != std::string::npos || StartsWith(e, "NOPERM")) {
-    return Status(DYAD_RC_AUTH, what + ": redis refused: " + e);
-  }
+  // Credentials do not fix themselves: these fail at once, never retried.
+  if (const std::string hint = CredentialHint(e); !hint.empty())
+    return Status(DYAD_RC_AUTH, what + ": redis refused: " + e + " (" + hint + ")");
   if (RedisTransientError(e)) return Status(DYAD_RC_CONNLOST, what + ": redis not ready: " + e);
   return Status(DYAD_RC_BADRPC, what + ": redis error: " + e);
 }

@@ -147,6 +147,10 @@ Status RequesterTransfer::ReceiveMessages() {
       return Fail(Status(DYAD_RC_UCXCOMM_FAIL, What() + ": a spare receive could not be cancelled"),
                   true);
   }
+  // Everything arrived: the owner waits for this before its verdict (a
+  // kReply on the session), which could otherwise overtake our last
+  // messages and be read here as a frame in the middle of the transfer.
+  DYAD_RETURN_IF_ERROR(SendCredit(n_chunks_ - 1));
   lease_->MarkOk();
   return Status::OK();
 }
@@ -185,7 +189,10 @@ Status RequesterTransfer::OnSessionFrame(uint64_t i) {
   if (type == kErrorFrame)
     return Fail(DecodeErrorFrame(payload, "owner").Annotate(What()), false, true);
   if (type != kChunkFrame || i != 0)
-    return Fail(Status(DYAD_RC_BADUNPACK, What() + ": unexpected frame during the transfer"), true);
+    return Fail(Status(DYAD_RC_BADUNPACK, What() + ": unexpected frame (type " +
+                                              std::to_string(type) + ", chunk " +
+                                              std::to_string(i) + ") during the transfer"),
+                true);
   // The receives will never match (their tags are this transfer's).
   direct_ = true;
   for (void*& r : recvs_) {

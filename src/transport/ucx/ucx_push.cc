@@ -193,7 +193,11 @@ Status OwnerTransfer::SendChunks(ucp_ep_h ep, char* local_base, const Offer& off
     Count(len, /*direct=*/false);
   }
   for (void*& s : sends) DYAD_RETURN_IF_ERROR(WaitSend(&s));
-  return Status::OK();
+  // A completed send may not have arrived yet: the requester's credit for
+  // the last chunk says it has them all, so what we send on the session
+  // next (the fetch verdict) cannot overtake them.
+  DYAD_RETURN_IF_ERROR(r_.worker.WaitReadable(session_.fd(), Idle()));
+  return RecvCredit(session_, n_chunks - 1, Idle());
 }
 
 }  // namespace

@@ -1,0 +1,236 @@
+// membership.cc: how a service takes its rank in the metadata store and
+// keeps it: waiting (interruptibly) for a store that is not up yet, refusing
+// a rank that a live service holds, replacing a dead holder, checking that
+// the advertised address leads back here, and noticing later when the
+// record disappears or is taken over.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "service/advertise.h"
+#include "service/peers.h"
+#include "service/service.h"
+
+namespace dyad {
+
+namespace {
+
+// Bound on probing the current holder of our rank, or our own address.
+constexpr int64_t kProbeMs = 3000;
+
+// Failures that mean "the store is not there yet": worth waiting for. Any
+// other (a refused credential, a bad URL, a malformed answer) fails at once.
+bool StoreNotReady(const Status& st) {
+  return st.code() == DYAD_RC_CONNLOST || st.code() == DYAD_RC_TIMEOUT ||
+         st.code() == DYAD_RC_NOSERVICE;
+}
+
+std::string Hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string LocalTime(uint64_t wall_ns) {
+  if (wall_ns == 0) return "unknown";
+  const time_t secs = static_cast<time_t>(wall_ns / 1000000000ull);
+  tm t{};
+  localtime_r(&secs, &t);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &t);
+  return buf;
+}
+
+// "host node3, address 10.0.0.3:7590, pid 4242, started 2024-05-01 12:00:00"
+std::string DescribeHolder(const ServiceRecord& r) {
+  std::string s = "host " + (r.hostname.empty() ? std::string("?") : r.hostname) + ", address " +
+                  r.address;
+  if (r.pid != 0) s += ", pid " + std::to_string(r.pid);
+  return s + ", started " + LocalTime(r.started_ns) + ", incarnation " + Hex(r.incarnation);
+}
+
+// Runs `fn(kvs)` on a helper thread and waits for it unless `stopping`
+// turns true first (polled every 50 ms); then returns nullopt and leaves
+// the helper to finish on its own. A store call can block for the whole RPC
+// timeout (a root host that drops packets), and a stop request must not
+// wait for that. The helper shares nothing with the caller but `kvs` and
+// the result slot, so abandoning it is safe.
+template <typename T, typename Fn>
+std::optional<T> CallUnlessStopped(const std::shared_ptr<Kvs>& kvs,
+                                   const std::atomic<bool>& stopping, Fn fn) {
+  struct Slot {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<T> result;
+  };
+  auto slot = std::make_shared<Slot>();
+  std::thread([slot, kvs, fn] {
+    T r = fn(*kvs);
+    std::lock_guard<std::mutex> lk(slot->mu);
+    slot->result.emplace(std::move(r));
+    slot->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lk(slot->mu);
+  while (!slot->result.has_value()) {
+    if (stopping.load()) return std::nullopt;
+    slot->cv.wait_for(lk, std::chrono::milliseconds(50));
+  }
+  return std::move(slot->result);
+}
+
+Status Stopped() { return Status(DYAD_RC_CANCELLED, "stopped during start-up"); }
+
+}  // namespace
+
+ServiceRecord Service::OwnRecord() const {
+  ServiceRecord rec;
+  rec.rank = opt_.rank;
+  rec.node_idx = node_idx_;
+  rec.incarnation = incarnation_;
+  rec.address = advertise_;
+  rec.prod_path = prod_real_;
+  rec.hostname = hostname_;
+  rec.started_ns = started_ns_;
+  rec.pid = static_cast<uint32_t>(getpid());
+  return rec;
+}
+
+bool Service::PauseUnlessStopping(int64_t ms) {
+  std::unique_lock<std::mutex> lk(stop_mu_);
+  stop_cv_.wait_for(lk, std::chrono::milliseconds(ms), [this] { return stopping_.load(); });
+  return !stopping_;
+}
+
+Status Service::RegisterMembership() {
+  DYAD_RETURN_IF_ERROR(CheckOwnAddress());
+  member_value_ = OwnRecord().Encode();
+  // The root may still be starting (services are launched in parallel).
+  const int64_t wait_ms = std::max<int64_t>(opt_.rpc_timeout_ms, 30000);
+  const Deadline deadline = Deadline::AfterMs(wait_ms);
+  const std::string what = "register rank " + std::to_string(opt_.rank) +
+                           " in the metadata store " + StoreDescription();
+  int64_t pause = 100;
+  bool told = false;
+  for (;;) {
+    if (stopping_) return Stopped();
+    Status st = ClaimRank();
+    if (st.ok()) return st;
+    if (!StoreNotReady(st)) {
+      if (st.code() == DYAD_RC_AUTH && kvs_->caps().hosted_by_service)
+        return st.Annotate(what + " (every service must use the root's cluster secret: check "
+                                  "--secret-file / DYAD_SECRET_FILE on both)");
+      return st.Annotate(what);
+    }
+    if (deadline.expired())
+      return st.Annotate(what + ": gave up after " + std::to_string(wait_ms / 1000) +
+                         " s; is the store (the root dyad-service or Redis) running and "
+                         "reachable from this host?");
+    if (!told) {
+      DYAD_LOG_WARN("metadata store not reachable yet (%s); waiting up to %lld s for it "
+                    "(SIGTERM or SIGINT stops the wait)",
+                    st.ToString().c_str(), static_cast<long long>(wait_ms / 1000));
+      told = true;
+    }
+    if (!PauseUnlessStopping(pause)) return Stopped();
+    pause = std::min<int64_t>(pause * 2, 2000);
+  }
+}
+
+// Takes the rank unless a live service holds it.
+Status Service::ClaimRank() {
+  const std::string key = MemberKey(opt_.rank);
+  using Lookup = Result<std::optional<std::string>>;
+  std::optional<Lookup> cur = CallUnlessStopped<Lookup>(
+      kvs_, stopping_, [key](Kvs& kvs) { return kvs.Get(kMembersNamespace, key); });
+  if (!cur) return Stopped();
+  if (!cur->ok()) return cur->status();
+  ServiceRecord holder;
+  if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
+      holder.incarnation != incarnation_) {
+    const ProbeResult probe = peers_->Probe(holder, Deadline::AfterMs(kProbeMs),
+                                            [this] { return stopping_.load(); });
+    if (stopping_) return Stopped();
+    if (probe.state == PeerState::kAlive)
+      return Status(DYAD_RC_PERM,
+                    "rank " + std::to_string(opt_.rank) + " is held by a live dyad-service (" +
+                        DescribeHolder(holder) + "); stop that service first, or give this one "
+                        "another rank (-r / DYAD_SERVICE_RANK)");
+    if (probe.state == PeerState::kRefused)
+      return Status(DYAD_RC_AUTH, "rank " + std::to_string(opt_.rank) +
+                                      " is registered by a service that refuses this service's "
+                                      "credential (" + DescribeHolder(holder) + "): " +
+                                      probe.status.message());
+    DYAD_LOG_WARN("rank %u was registered by a service that no longer answers (%s: %s); "
+                  "replacing its registration",
+                  opt_.rank, DescribeHolder(holder).c_str(), probe.status.ToString().c_str());
+  }
+  std::optional<Status> put = CallUnlessStopped<Status>(
+      kvs_, stopping_,
+      [key, value = member_value_](Kvs& kvs) { return kvs.Put(kMembersNamespace, key, value); });
+  return put ? *put : Stopped();
+}
+
+// Peers will connect to advertise_: it must lead back here. Another service
+// answering there is fatal (two services on one address, or a wrong
+// --advertise); no answer at all is only suspicious (a firewall may treat
+// this host differently from its peers).
+Status Service::CheckOwnAddress() {
+  ServiceRecord self = OwnRecord();
+  const ProbeResult probe =
+      peers_->Probe(self, Deadline::AfterMs(kProbeMs), [this] { return stopping_.load(); });
+  if (stopping_) return Stopped();
+  switch (probe.state) {
+    case PeerState::kAlive:
+      return Status::OK();
+    case PeerState::kOtherIdentity:
+      return Status(DYAD_RC_BADREQUEST,
+                    "the address this service advertises (" + advertise_ +
+                        ") reaches another dyad-service (rank " +
+                        std::to_string(probe.identity.rank) + ", incarnation " +
+                        Hex(probe.identity.incarnation) + "): two services on one address, or a "
+                        "wrong --advertise; give this service its own --listen/--advertise");
+    case PeerState::kRefused:
+      return probe.status.Annotate("check of this service's own address " + advertise_);
+    default:
+      DYAD_LOG_WARN("this service cannot reach its own advertised address %s (%s); peers may "
+                    "not reach it either: check --advertise and the firewall",
+                    advertise_.c_str(), probe.status.ToString().c_str());
+      return Status::OK();
+  }
+}
+
+void Service::MembershipLoop() {
+  constexpr int64_t kCheckEveryMs = 3000;
+  uint64_t reported = 0;  // incarnation of a usurper already reported
+  // Sleeps on the stop condition, not on the publication queue's: a
+  // notify_one meant for the queue's worker must never wake this thread.
+  while (PauseUnlessStopping(kCheckEveryMs)) {
+    Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
+    ServiceRecord other;
+    if (v.ok() && !v->has_value()) {
+      Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
+      if (st.ok())
+        DYAD_LOG_WARN("membership record was missing from the metadata store (root restarted?); "
+                      "registered again");
+    } else if (v.ok() && (!ServiceRecord::Decode(**v, &other) || other.rank != opt_.rank)) {
+      // Corrupted (not a record of this rank): write it again.
+      if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
+        DYAD_LOG_WARN("membership record of rank %u was corrupted in the metadata store; "
+                      "repaired", opt_.rank);
+    } else if (v.ok() && other.incarnation != incarnation_ && other.incarnation != reported) {
+      reported = other.incarnation;
+      DYAD_LOG_ERROR("rank %u is now registered by another dyad-service (%s): two services were "
+                     "started with this rank and peers now reach the other one; stop one of them",
+                     opt_.rank, DescribeHolder(other).c_str());
+    }
+  }
+}
+
+}  // namespace dyad

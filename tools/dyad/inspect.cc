@@ -1,0 +1,334 @@
+#include "inspect.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "client/ctx_internal.h"
+#include "commands.h"
+#include "common/backend.h"
+#include "common/time.h"
+#include "dyad/core/dyad_ctx.h"
+#include "service/stats.h"
+
+namespace dyad {
+namespace cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string Hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string Clock(uint64_t wall_ns) {
+  if (wall_ns == 0) return "-";
+  const time_t secs = static_cast<time_t>(wall_ns / 1000000000ull);
+  tm t{};
+  localtime_r(&secs, &t);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &t);
+  return buf;
+}
+
+// "3 s ago", "-" when never.
+std::string Ago(uint64_t wall_ns) {
+  if (wall_ns == 0) return "never";
+  const uint64_t now = WallNs();
+  const uint64_t s = now > wall_ns ? (now - wall_ns) / 1000000000ull : 0;
+  return std::to_string(s) + " s ago";
+}
+
+std::string FormatRate(uint64_t bytes, uint64_t ns) {
+  if (ns == 0) return "-";
+  return FormatBytes(static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 /
+                                           static_cast<double>(ns))) + "/s";
+}
+
+Result<std::shared_ptr<Client>> EnvClient() {
+  Result<ClientConfig> cfg = ClientConfig::FromEnv();
+  if (!cfg.ok()) return cfg.status();
+  return Client::Create(std::move(*cfg));
+}
+
+// --- Prometheus ---------------------------------------------------------
+
+std::string MetricName(const std::string& counter) {
+  std::string out = "dyad_";
+  for (char c : counter) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out;
+}
+
+std::string LabelValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// Splits "transfers.in.tcp" into ("transfers.in", "tcp") when the last part
+// names a transport row.
+bool SplitTransport(const std::string& name, std::string* family, std::string* transport) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  const std::string base = name.substr(0, dot);
+  if (base != "transfers.in" && base != "bytes.in" && base != "transfers.out" &&
+      base != "bytes.out")
+    return false;
+  const std::string t = name.substr(dot + 1);
+  for (const BackendRow* row : RowsOf(BackendKind::kTransport))
+    if (t == row->name) {
+      *family = base;
+      *transport = t;
+      return true;
+    }
+  return false;
+}
+
+struct Family {
+  std::string help, type;
+  std::vector<std::pair<std::string, std::string>> samples;  // labels, value
+};
+
+}  // namespace
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::string PrometheusText(const StatusReply& st) {
+  auto info = [&](const char* k) {
+    auto it = st.info.find(k);
+    return it == st.info.end() ? std::string() : it->second;
+  };
+  const std::string rank = "rank=\"" + LabelValue(info("rank")) + "\"";
+  std::map<std::string, Family> families;  // by metric name; sorted output
+  for (const auto& [name, value] : st.counters) {
+    std::string family, transport;
+    const bool per_transport = SplitTransport(name, &family, &transport);
+    const std::string base = per_transport ? "transport." + family : name;
+    const bool gauge = ServiceStats::IsGauge(name);
+    Family& f = families[MetricName(base) + (gauge ? "" : "_total")];
+    f.help = ServiceStats::Help(per_transport ? family + "." + transport : name);
+    f.type = gauge ? "gauge" : "counter";
+    f.samples.emplace_back(
+        per_transport ? rank + ",transport=\"" + LabelValue(transport) + "\"" : rank,
+        std::to_string(value));
+  }
+  Family& idf = families["dyad_info"];
+  idf.help = "Identity of the dyad-service (value 1).";
+  idf.type = "gauge";
+  idf.samples.emplace_back(rank + ",version=\"" + LabelValue(info("version")) + "\",host=\"" +
+                               LabelValue(info("host")) + "\",address=\"" +
+                               LabelValue(info("address")) + "\",transport=\"" +
+                               LabelValue(info("transport")) + "\"",
+                           "1");
+  Family& up = families["dyad_uptime_seconds"];
+  up.help = "Seconds since the dyad-service started.";
+  up.type = "gauge";
+  up.samples.emplace_back(rank, info("uptime_s").empty() ? "0" : info("uptime_s"));
+  size_t in = 0, out = 0;
+  for (const TransferInfo& t : st.transfers) (t.outgoing ? out : in)++;
+  Family& fl = families["dyad_transfers_in_flight"];
+  fl.help = "Transfers in progress, by direction.";
+  fl.type = "gauge";
+  fl.samples.emplace_back(rank + ",direction=\"in\"", std::to_string(in));
+  fl.samples.emplace_back(rank + ",direction=\"out\"", std::to_string(out));
+
+  std::string text;
+  for (const auto& [metric, f] : families) {
+    text += "# HELP " + metric + " " + f.help + "\n# TYPE " + metric + " " + f.type + "\n";
+    for (const auto& [labels, value] : f.samples)
+      text += metric + "{" + labels + "} " + value + "\n";
+  }
+  return text;
+}
+
+std::string TransfersTable(const std::vector<TransferInfo>& transfers) {
+  if (transfers.empty()) return "";
+  std::ostringstream os;
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-4s %-5s %-9s %-24s %-12s %s\n", "DIR", "PEER", "TRANSPORT",
+                "DONE / TOTAL", "RATE", "PATH");
+  os << "\ntransfers in flight:\n" << line;
+  for (const TransferInfo& t : transfers) {
+    const bool known = t.bytes_done != TransferInfo::kUnknownBytes;
+    const std::string done =
+        (known ? FormatBytes(t.bytes_done) : std::string("?")) + " / " + FormatBytes(t.bytes_total);
+    std::snprintf(line, sizeof line, "  %-4s %-5u %-9s %-24s %-12s %s\n", t.outgoing ? "out" : "in",
+                  t.peer_rank, t.transport.c_str(), done.c_str(),
+                  known ? FormatRate(t.bytes_done, t.elapsed_ns).c_str() : "-", t.upath.c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+bool OwnerStates(Client& client, const std::vector<uint32_t>& ranks,
+                 std::map<uint32_t, PeerState>* states) {
+  states->clear();
+  if (ranks.empty()) return true;
+  PeersRequest req;
+  req.probe = true;
+  req.probe_timeout_ms = 1000;
+  req.ranks = ranks;
+  Result<PeersReply> r = client.Peers(req);
+  if (!r.ok()) return false;
+  for (const PeerInfo& p : r->peers) (*states)[p.record.rank] = p.state;
+  return true;
+}
+
+int CmdPeers(double timeout_s, bool json) {
+  Result<std::shared_ptr<Client>> client = EnvClient();
+  if (!client.ok()) {
+    std::cerr << "dyad peers: " << client.status().ToString() << "\n";
+    return kExitFailed;
+  }
+  PeersRequest req;
+  req.probe = timeout_s > 0;
+  req.probe_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  Result<PeersReply> r = (*client)->Peers(req);
+  if (!r.ok()) {
+    std::cerr << "dyad peers: " << r.status().ToString() << "\n";
+    return kExitFailed;
+  }
+  if (json) {
+    Json arr = Json::array();
+    for (const PeerInfo& p : r->peers) {
+      Json j;
+      j["rank"] = p.record.rank;
+      j["node"] = p.record.node_idx;
+      j["address"] = p.record.address;
+      j["host"] = p.record.hostname;
+      j["pid"] = p.record.pid;
+      j["incarnation"] = Hex(p.record.incarnation);
+      j["started_ns"] = p.record.started_ns;
+      j["state"] = PeerStateName(p.state);
+      j["last_contact_ns"] = p.last_contact_ns;
+      j["rtt_us"] = p.rtt_ns / 1000;
+      j["detail"] = p.detail;
+      arr.push_back(std::move(j));
+    }
+    std::cout << arr.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::printf("%-5s %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", "RANK", "STATE", "ADDRESS",
+              "HOST", "PID", "INCARNATION", "STARTED", "LAST CONTACT", "RTT / DETAIL");
+  for (const PeerInfo& p : r->peers) {
+    std::string tail = p.detail;
+    if (p.state == PeerState::kAlive && p.rtt_ns != 0) {
+      char rtt[32];
+      std::snprintf(rtt, sizeof rtt, "%.2f ms", static_cast<double>(p.rtt_ns) / 1e6);
+      tail = rtt;
+    }
+    std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", p.record.rank,
+                PeerStateName(p.state), p.record.address.c_str(), p.record.hostname.c_str(),
+                p.record.pid ? std::to_string(p.record.pid).c_str() : "-",
+                Hex(p.record.incarnation).c_str(), Clock(p.record.started_ns).c_str(),
+                Ago(p.last_contact_ns).c_str(), tail.c_str());
+  }
+  return kExitOk;
+}
+
+bool ProgressWanted() { return ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO); }
+
+namespace {
+
+size_t StderrWidth() {
+  winsize ws{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) return ws.ws_col;
+  return 80;
+}
+
+// "name [#######.............]  35%  35.0 MiB / 100.0 MiB  97.2 MiB/s"
+void DrawBar(const std::string& name, const TransferInfo& t) {
+  const size_t width = StderrWidth();
+  const bool known = t.bytes_done != TransferInfo::kUnknownBytes && t.bytes_total > 0;
+  const double frac =
+      known ? std::min(1.0, static_cast<double>(t.bytes_done) / static_cast<double>(t.bytes_total))
+            : 0.0;
+  char tail[128];
+  std::snprintf(tail, sizeof tail, " %3d%%  %s / %s  %s", static_cast<int>(frac * 100),
+                known ? FormatBytes(t.bytes_done).c_str() : "?", FormatBytes(t.bytes_total).c_str(),
+                known ? FormatRate(t.bytes_done, t.elapsed_ns).c_str() : "");
+  std::string label = name.size() > 30 ? "..." + name.substr(name.size() - 27) : name;
+  const size_t fixed = label.size() + 3 + std::string(tail).size();
+  const size_t bar = width > fixed + 10 ? std::min<size_t>(width - fixed - 1, 50) : 10;
+  const size_t filled = static_cast<size_t>(frac * static_cast<double>(bar));
+  std::string line = "\r" + label + " [" + std::string(filled, '#') + std::string(bar - filled, '.') +
+                     "]" + tail + "\033[K";
+  std::fputs(line.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+dyad_rc_t ConsumeShowingProgress(const std::string& path, const std::string& upath,
+                                 ConsumeInfo* info, std::string* error) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  dyad_rc_t rc = DYAD_RC_OK;
+  std::thread consumer([&] {
+    const dyad_rc_t r = capi::ConsumeWithInfo(dyad_ctx_get(), path.c_str(), info);
+    std::lock_guard<std::mutex> lk(mu);
+    rc = r;
+    if (DYAD_IS_ERROR(r)) *error = dyad_last_error();
+    done = true;
+    cv.notify_all();
+  });
+  // The progress comes from the service's list of transfers in flight, on a
+  // connection of its own.
+  Result<std::shared_ptr<Client>> watcher = EnvClient();
+  bool drawn = false;
+  std::unique_lock<std::mutex> lk(mu);
+  while (!done) {
+    cv.wait_for(lk, std::chrono::milliseconds(200));
+    if (done || !watcher.ok()) continue;
+    lk.unlock();
+    Result<StatusReply> st = (*watcher)->ServiceStatus();
+    lk.lock();
+    if (!st.ok() || done) continue;
+    for (const TransferInfo& t : st->transfers)
+      if (!t.outgoing && t.upath == upath) {
+        DrawBar(upath, t);
+        drawn = true;
+      }
+  }
+  lk.unlock();
+  consumer.join();
+  if (drawn) std::fputs("\r\033[K", stderr);
+  return rc;
+}
+
+}  // namespace cli
+}  // namespace dyad
