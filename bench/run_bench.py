@@ -48,6 +48,8 @@ PROFILES = {
         "ring_nodes": [2, 4],
         "ring_size": 128 * MiB,
         "ring_reps": 1,
+        "prefetch_count": 2000,
+        "dataloader": ["--samples", "256", "--sample-kib", "64", "--lookahead", "64"],
     },
     "default": {
         "transfer_sizes": [1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB, 4 * GiB],
@@ -63,6 +65,8 @@ PROFILES = {
         "ring_nodes": [2, 4],
         "ring_size": 512 * MiB,
         "ring_reps": 3,
+        "prefetch_count": 5000,
+        "dataloader": ["--samples", "512", "--sample-kib", "64", "--lookahead", "64"],
     },
 }
 
@@ -388,6 +392,42 @@ def section_small(r, prof):
     return rows, lat_files
 
 
+def section_prefetch(r, prof):
+    """Prefetch on publication (dyad-prefetch) and the DataLoader look-ahead
+    (python/bench/dataloader_bench.py), each against its baseline in the
+    same run."""
+    res = {}
+    count = prof["prefetch_count"]
+    d = r.json_of([r.prog("dyad-prefetch"), "--count", str(count), "--json"] + r.cluster_args(),
+                  300, label="prefetch 4 KiB x%d" % count)
+    if d:
+        res.update({
+            "count": count,
+            "after_fps": d["after"]["files_per_s"],
+            "tmpfs_fps": d["after"]["tmpfs_files_per_s"],
+            "ratio_after_tmpfs": d["after"]["ratio"],
+            "service_requests": d["after"]["service_requests"],
+            "stream_fps": d["streaming"]["files_per_s"],
+            "producer_fps": d["streaming"]["producer_files_per_s"],
+            "ratio_stream_producer": d["streaming"]["ratio"],
+            "failures": d["failures"],
+        })
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "python", "bench", "dataloader_bench.py")
+    if not os.path.isdir(os.path.join(r.build, "python", "pydyad")):
+        res["dataloader_skipped"] = "pydyad not built"
+        return res
+    env = {"PYTHONPATH": os.path.join(r.build, "python"), "DYAD_BUILD_DIR": r.build}
+    j = r.json_of(["/usr/bin/python3", script, "--json"] + prof["dataloader"], 600,
+                  env_extra=env, label="dataloader look-ahead")
+    if j:
+        rows = {(x["reader"], x["epoch"]): x["samples_per_s"] for x in j["rows"]}
+        e1, e2 = rows.get(("dyad node 1", 1)), rows.get(("dyad node 1", 2))
+        res.update({"dl_epoch1_sps": e1, "dl_epoch2_sps": e2, "ratio_dl": ratio(e1, e2),
+                    "dl_lookahead": j["lookahead"]})
+    return res
+
+
 def section_small_modes(r, prof, modes, small):
     """Small files over each transport other than the default (TCP): DYAD
     streaming and consume-after rates at a few sizes, against the polling
@@ -690,6 +730,21 @@ def headline(res):
                      fmt(ratio(s4.get("dyad_after_fps"), 5000.0), 2),
                      "%s files/s (upstream 250-520)" % fmt(s4.get("dyad_after_fps"), 0),
                      ">= 1"])
+    pf = res.get("prefetch") or {}
+    if pf.get("after_fps"):
+        rows.append(["4 KiB files with prefetch: consume+read / plain tmpfs read",
+                     fmt(pf.get("ratio_after_tmpfs"), 2),
+                     "%s vs %s files/s" % (fmt(pf["after_fps"], 0), fmt(pf["tmpfs_fps"], 0)),
+                     ">= 0.5"])
+        rows.append(["Streaming with prefetch: end to end / producer publish rate",
+                     fmt(pf.get("ratio_stream_producer"), 2),
+                     "%s vs %s files/s" % (fmt(pf["stream_fps"], 0), fmt(pf["producer_fps"], 0)),
+                     ">= 0.9"])
+    if pf.get("ratio_dl") is not None:
+        rows.append(["DataLoader node 1: epoch 1 (look-ahead %s) / epoch 2 (local)" %
+                     pf.get("dl_lookahead"), fmt(pf["ratio_dl"], 2),
+                     "%s vs %s samples/s" % (fmt(pf["dl_epoch1_sps"], 0),
+                                             fmt(pf["dl_epoch2_sps"], 0)), ">= 0.8"])
     hit = find_meta(res["metadata"], "service/embedded", "locate (cache hit)")
     miss = find_meta(res["metadata"], "service/embedded", "locate (cache miss)")
     if hit and miss:
@@ -817,6 +872,23 @@ def write_report(out, res, figs):
                         "ratio", "DYAD stream p50 ms", "DYAD after files/s",
                         "after / TCP after", "errors"], rows))
 
+    pf = res.get("prefetch") or {}
+    if pf:
+        L.append("\n## Prefetch on publication (dyad-prefetch, dataloader_bench.py)\n")
+        L.append("The consumer declares what it reads (dyad_prefetch) before the producer "
+                 "publishes; node B's service pulls each file as it is published, so consumes "
+                 "are local. Baselines from the same run: a plain open/read/close of the same "
+                 "files copied into tmpfs (best of 3), and the producer's own write+publish "
+                 "rate. DataLoader: node 1's epoch 1 with look-ahead against its epoch 2 "
+                 "(every sample local).\n")
+        L.append(table(["row", "measured", "baseline", "ratio", "target"], [
+            ["4 KiB x%s consumed after publication" % pf.get("count", "?"),
+             fmt(pf.get("after_fps"), 0), fmt(pf.get("tmpfs_fps"), 0),
+             fmt(pf.get("ratio_after_tmpfs"), 2), ">= 0.5"],
+            ["streaming end to end", fmt(pf.get("stream_fps"), 0), fmt(pf.get("producer_fps"), 0),
+             fmt(pf.get("ratio_stream_producer"), 2), ">= 0.9"],
+            ["DataLoader epoch 1 (samples/s)", fmt(pf.get("dl_epoch1_sps"), 0),
+             fmt(pf.get("dl_epoch2_sps"), 0), fmt(pf.get("ratio_dl"), 2), ">= 0.8"]]))
     L.append("\n## Metadata (dyad-metadata)\n")
     rows = [[m["level"], m["op"], str(m["n"]), fmt(m["p50_us"]), fmt(m["p99_us"]),
              fmt(m.get("ops_per_s"), 0)] for m in res["metadata"]]
@@ -866,13 +938,14 @@ def main():
     ap.add_argument("--tmp", help="parent of the emulated nodes' directories (e.g. /dev/shm); "
                                   "default /dev/shm when it has room, else $TMPDIR or /tmp")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: transfer, "
-                                               "small, metadata, preload, scaling")
+                                               "small, prefetch, metadata, preload, scaling")
     args = ap.parse_args()
 
     t0 = time.monotonic()
     here = os.path.dirname(os.path.abspath(__file__))
     build = os.path.abspath(args.build)
-    needed = ["dyad-transfer", "dyad-small-files", "dyad-poll-baseline", "dyad-metadata",
+    needed = ["dyad-transfer", "dyad-small-files", "dyad-poll-baseline", "dyad-prefetch",
+              "dyad-metadata",
               "dyad-preload-overhead", "dyad", "dyad-service"]
     missing = [n for n in needed if not os.access(os.path.join(build, n), os.X_OK)]
     if missing:
@@ -905,7 +978,7 @@ def main():
            "build": build, "tmp": r.tmp or env["TMPDIR"],
            "big_tmp": r.big_tmp or env["TMPDIR"], "transfer": [], "small": [], "metadata": [], "preload": [],
            "scaling_consumers": [], "scaling_nodes": [], "modes_skipped": {},
-           "small_modes": []}
+           "small_modes": [], "prefetch": {}}
     lat_files = {}
     modes = ["TCP"]
     if "transfer" not in skip:
@@ -921,6 +994,9 @@ def main():
         print("[small] many small files, DYAD vs polling a shared directory", flush=True)
         res["small"], lat_files = section_small(r, prof)
         res["small_modes"] = section_small_modes(r, prof, modes, res["small"])
+    if "prefetch" not in skip:
+        print("[prefetch] prefetch on publication and DataLoader look-ahead", flush=True)
+        res["prefetch"] = section_prefetch(r, prof)
     if "metadata" not in skip:
         print("[metadata] publish/locate latency per store", flush=True)
         res["metadata"] = section_metadata(r, prof)

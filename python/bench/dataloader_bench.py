@@ -8,6 +8,8 @@ One run, same files, same DataLoader settings (--workers processes, batch
   dyad node 0     epoch 1 reads the PFS, caches and publishes (case 4),
                   epoch 2 reads the node's own copies;
   dyad node 1     epoch 1 receives every sample from node 0 through DYAD,
+                  with the next --lookahead samples of the sampler's order
+                  fetched while the current batch trains (0: none);
                   epoch 2 reads its consumer copies.
 
 samples/s = samples / wall time of the epoch, DataLoader worker start-up
@@ -50,9 +52,15 @@ def run_epochs(args):
                 return reader(os.path.join(args.pfs, files[i])), "pfs"
         ds = Plain()
     else:
-        ds = DyadDataset(files, args.pfs, reader=reader, return_source=True)
-    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
-                                         num_workers=args.workers)
+        ds = DyadDataset(files, args.pfs, reader=reader, return_source=True,
+                         lookahead=args.lookahead)
+    if args.mode != "plain" and args.lookahead > 0:
+        sampler = ds.lookahead_sampler(torch.utils.data.RandomSampler(ds))
+        loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
+                                             num_workers=args.workers)
+    else:
+        loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
+                                             num_workers=args.workers)
     for epoch in range(args.epochs):
         t0 = time.monotonic()
         n, sources = 0, {}
@@ -74,6 +82,9 @@ def main():
     ap.add_argument("--sample-kib", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--lookahead", type=int, default=64,
+                    help="samples DyadDataset fetches ahead of the sampler (0: off)")
+    ap.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     ap.add_argument("--pfs-dir", help="parent directory for the originals (default: a temp dir)")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="dyad", help=argparse.SUPPRESS)
@@ -99,7 +110,7 @@ def main():
                                       ("dyad node 1", 1, "dyad")):
                 cmd = [sys.executable, os.path.abspath(__file__), "--role", "run", "--mode", mode,
                        "--pfs", pfs, "--batch-size", str(args.batch_size),
-                       "--workers", str(args.workers)]
+                       "--workers", str(args.workers), "--lookahead", str(args.lookahead)]
                 res = subprocess.run(cmd, env=cl.node_env(node, DYAD_CONSUME_TIMEOUT=120),
                                      stdout=subprocess.PIPE, text=True, timeout=1800)
                 if res.returncode != 0:
@@ -112,6 +123,13 @@ def main():
                         return 1
                     rows.append((label, r["epoch"] + 1, r["samples"], r["seconds"], r["sources"]))
         mib = args.samples * args.sample_kib / 1024
+        if args.json:
+            print(json.dumps({"bench": "dataloader", "samples": args.samples,
+                              "sample_kib": args.sample_kib, "lookahead": args.lookahead,
+                              "rows": [{"reader": label, "epoch": epoch,
+                                        "samples_per_s": n / secs, "sources": src}
+                                       for label, epoch, n, secs, src in rows]}))
+            return 0
         print(f"\n{args.samples} samples x {args.sample_kib} KiB ({mib:.0f} MiB), "
               f"batch {args.batch_size}, {args.workers} workers\n")
         print(f"{'reader':<12} {'epoch':>5} {'samples/s':>10} {'MiB/s':>8}  sources")

@@ -192,6 +192,34 @@ class Dyad:
         """Return once ``fname`` is complete under the consumer directory."""
         _pydyad.consume(fname)
 
+    def prefetch(self, pattern, cancel=False):
+        """Declare that this process will read the files matching ``pattern``.
+
+        ``pattern`` is a path prefix, or a glob with ``*``, ``?`` or ``[]``
+        (``*`` also matches ``/``), absolute under the consumer directory or
+        relative to it. The node's service fetches each matching file into
+        the consumer directory as soon as it is published (already published
+        ones at once), so a later :meth:`consume` is a local hit.
+        ``cancel=True`` withdraws the declaration.
+        """
+        _pydyad.prefetch(pattern, cancel)
+
+    def consume_batch(self, fnames, timeout=None, raise_errors=True):
+        """Consume many files in one request, fetched concurrently.
+
+        Returns one ``dyad_rc_t`` per name, in order (0: complete locally).
+        With ``raise_errors`` (default), the first failure raises
+        :class:`DyadError` after the whole batch ran. ``timeout`` (seconds)
+        replaces DYAD_CONSUME_TIMEOUT for this batch; 0 takes only files
+        already published.
+        """
+        return self.consume_start(fnames, timeout).wait(raise_errors)
+
+    def consume_start(self, fnames, timeout=None):
+        """Start :meth:`consume_batch` in the background; returns an
+        :class:`AsyncConsume` whose ``wait()`` gives its result."""
+        return AsyncConsume(list(fnames), _pydyad.consume_start(list(fnames), timeout))
+
     def get_metadata(self, fname, should_wait=False, raw=False):
         """Look up a file's published record.
 
@@ -230,6 +258,33 @@ class Dyad:
 
     def __repr__(self):
         return f"<pydyad.Dyad initialized={_pydyad.is_initialized()}>"
+
+
+class AsyncConsume:
+    """A batch consume running in the background (:meth:`Dyad.consume_start`)."""
+
+    def __init__(self, names, handle):
+        self.names = names
+        self._handle = handle
+        self._results = None
+
+    def wait(self, raise_errors=True):
+        """Block until every file is done (the GIL is released meanwhile);
+        returns one ``dyad_rc_t`` per name. With ``raise_errors``, the first
+        failure raises :class:`DyadError` naming its file."""
+        if self._results is None:
+            self._results = self._handle.results()
+        if raise_errors:
+            for name, (rc, message) in zip(self.names, self._results):
+                if rc != DYAD_RC_OK:
+                    err = DyadError(f"{_pydyad.rc_name(rc)}: {message or name}")
+                    err.rc = rc
+                    err.name = _pydyad.rc_name(rc)
+                    raise err
+        return [rc for rc, _ in self._results]
+
+    def __len__(self):
+        return len(self.names)
 
 
 def _opt_str(value):

@@ -27,7 +27,15 @@ needs anyway.
 Worker processes: with the default ``fork`` start method the workers share
 the parent's DYAD context; with ``spawn`` each worker initializes its own
 from the DYAD_* environment on first use.
+
+Look-ahead: ``DyadDataset(..., lookahead=K)`` and a DataLoader built with
+``sampler=ds.lookahead_sampler(base_sampler)`` fetch the next K samples of
+the sampler's order (those published by another node and not yet here) in
+batch consumes while the current batch trains, so workers find them
+already local. K defaults to $DYAD_LOOKAHEAD, else 0 (off).
 """
+
+import threading
 
 import os
 import tempfile
@@ -67,10 +75,12 @@ class DyadDataset(_Base):
       dyad_ctx: a :class:`pydyad.Dyad` (default: the process's default).
       return_source: if true, items are ``(sample, source)`` with source one
         of "local", "dyad", "pfs", for statistics.
+      lookahead: samples to fetch ahead of the sampler's position (see
+        :meth:`lookahead_sampler`; default $DYAD_LOOKAHEAD, else 0).
     """
 
     def __init__(self, files, pfs_dir, prod_dir=None, cons_dir=None, reader=None,
-                 transform=None, dyad_ctx=None, return_source=False):
+                 transform=None, dyad_ctx=None, return_source=False, lookahead=None):
         self.files = [os.fspath(f) for f in files]
         for f in self.files:
             if os.path.isabs(f) or ".." in f.split(os.sep):
@@ -85,6 +95,11 @@ class DyadDataset(_Base):
         self.transform = transform
         self.return_source = return_source
         self._ctx = dyad_ctx
+        if lookahead is None:
+            lookahead = int(os.environ.get("DYAD_LOOKAHEAD", "0") or 0)
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, not {lookahead}")
+        self.lookahead = lookahead
 
     def __len__(self):
         return len(self.files)
@@ -160,3 +175,80 @@ class DyadDataset(_Base):
         if self.transform is not None:
             sample = self.transform(sample)
         return (sample, source) if self.return_source else sample
+
+    def lookahead_sampler(self, base):
+        """Wrap the sampler ``base`` (e.g. ``RandomSampler(ds)``) so that the
+        next :attr:`lookahead` samples of its order are fetched ahead."""
+        return LookaheadSampler(self, base, self.lookahead)
+
+    def fetch_ahead(self, indices):
+        """Bring samples ``indices`` to this node in one batch consume when
+        they are published elsewhere and not local yet; samples nobody
+        published are left to :meth:`locate` (the PFS path). Returns how
+        many were consumed."""
+        names = []
+        for i in indices:
+            rel = self.files[i]
+            if os.path.isfile(os.path.join(self.prod_dir, rel)):
+                continue
+            cons = os.path.join(self.cons_dir, rel)
+            if not os.path.isfile(cons):
+                names.append(cons)
+        if not names:
+            return 0
+        rcs = self._dyad().consume_batch(names, timeout=0, raise_errors=False)
+        return sum(1 for rc in rcs if rc == 0)
+
+
+class LookaheadSampler:
+    """A sampler yielding ``base``'s order while a background thread keeps
+    the next ``k`` samples fetched (DyadDataset.fetch_ahead), in chunks.
+
+    The thread runs in the process iterating the sampler (the DataLoader's
+    main process); the copies it places are complete files in the consumer
+    directory, which the workers then read locally.
+    """
+
+    def __init__(self, dataset, base, k):
+        self.dataset = dataset
+        self.base = base
+        self.k = k
+
+    def __len__(self):
+        return len(self.base)
+
+    def __iter__(self):
+        order = list(iter(self.base))
+        if self.k <= 0:
+            yield from order
+            return
+        state = {"pos": 0, "stop": False}
+        cv = threading.Condition()
+        chunk = max(1, min(self.k // 2, 64))
+
+        def ahead():
+            start = 0
+            while start < len(order):
+                with cv:
+                    cv.wait_for(lambda: state["stop"] or start < state["pos"] + self.k)
+                    if state["stop"]:
+                        return
+                try:
+                    self.dataset.fetch_ahead(order[start:start + chunk])
+                except Exception:  # look-ahead only speeds reads up; locate() still works
+                    pass
+                start += chunk
+
+        t = threading.Thread(target=ahead, name="pydyad-lookahead", daemon=True)
+        t.start()
+        try:
+            for n, index in enumerate(order):
+                with cv:
+                    state["pos"] = n
+                    cv.notify()
+                yield index
+        finally:
+            with cv:
+                state["stop"] = True
+                cv.notify()
+            t.join()

@@ -36,9 +36,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -182,6 +185,51 @@ py::object FsDecode(const char* s) {
 
 }  // namespace
 
+// A batch consume running in the background (consume_start): the names,
+// one result per name, and the thread doing it. wait() joins it without
+// the GIL; a handle dropped unwaited is joined by its destructor.
+class AsyncConsume {
+ public:
+  AsyncConsume(std::shared_ptr<dyad::Client> client, std::vector<std::string> names,
+               int64_t timeout_ms)
+      : names_(std::move(names)), results_(names_.size(), dyad::Status::OK()) {
+    thread_ = std::thread([this, c = std::move(client), timeout_ms] {
+      try {
+        request_ = c->ConsumeBatch(names_, &results_, timeout_ms);
+      } catch (...) {
+        request_ = dyad::Status(DYAD_RC_SYSFAIL, "consume_start: out of memory");
+      }
+    });
+  }
+  ~AsyncConsume() { Join(); }
+  AsyncConsume(const AsyncConsume&) = delete;
+  AsyncConsume& operator=(const AsyncConsume&) = delete;
+
+  void Join() {
+    if (!thread_.joinable()) return;
+    py::gil_scoped_release nogil;
+    thread_.join();
+  }
+  // (rc, message) per name, in order.
+  std::vector<std::pair<int, std::string>> Results() {
+    Join();
+    std::vector<std::pair<int, std::string>> out;
+    for (const dyad::Status& st : results_) {
+      const dyad::Status& eff = request_.ok() ? st : request_;
+      const bool ok = eff.ok() || eff.code() == DYAD_RC_UNTRACKED;
+      out.emplace_back(ok ? DYAD_RC_OK : eff.code(), ok ? std::string() : eff.message());
+    }
+    return out;
+  }
+  size_t size() const { return names_.size(); }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<dyad::Status> results_;
+  dyad::Status request_;
+  std::thread thread_;
+};
+
 PYBIND11_MODULE(_pydyad, m) {
   m.doc() = "Low-level bindings of the DYAD C API; use the pydyad package instead.";
 
@@ -289,6 +337,40 @@ PYBIND11_MODULE(_pydyad, m) {
         Check(rc, "consume");
       },
       py::arg("fname"), "dyad_consume(): wait until the file is complete locally.");
+
+  m.def(
+      "prefetch",
+      [](py::handle pattern, bool cancel) {
+        std::string p = ToFsPath(pattern);
+        dyad_rc_t rc = CallBlocking([&] {
+          return cancel ? dyad_prefetch_cancel(dyad_ctx_get(), p.c_str())
+                        : dyad_prefetch(dyad_ctx_get(), p.c_str());
+        });
+        Check(rc, "prefetch");
+      },
+      py::arg("pattern"), py::arg("cancel") = false,
+      "dyad_prefetch(): the node's service fetches files matching `pattern` (prefix or glob "
+      "under the consumer directory) as they are published; cancel=True withdraws it.");
+
+  py::class_<AsyncConsume>(m, "AsyncConsume", "A batch consume started by consume_start().")
+      .def("results", &AsyncConsume::Results,
+           "Waits for the batch; (rc, message) per name, in order (rc 0: complete locally).")
+      .def("__len__", &AsyncConsume::size);
+
+  m.def(
+      "consume_start",
+      [](py::iterable fnames, std::optional<double> timeout) {
+        std::vector<std::string> names;
+        for (py::handle f : fnames) names.push_back(ToFsPath(f));
+        dyad::Result<std::shared_ptr<dyad::Client>> c = dyad::capi::ClientOf(dyad_ctx_get());
+        if (!c.ok()) Raise(dyad::capi::Fail(c.status()), "consume_start");
+        int64_t ms = dyad::Client::kConfiguredTimeout;
+        if (timeout) ms = *timeout <= 0 ? 0 : static_cast<int64_t>(*timeout * 1000.0);
+        return std::make_unique<AsyncConsume>(std::move(*c), std::move(names), ms);
+      },
+      py::arg("fnames"), py::arg("timeout") = py::none(),
+      "Starts consuming many files in one request, in the background; `timeout` (seconds) "
+      "replaces DYAD_CONSUME_TIMEOUT for them (0: only files already published).");
 
   py::class_<MetadataContents>(m, "MetadataContents",
                                "Fields of a Metadata record (Metadata.contents).")

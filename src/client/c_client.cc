@@ -9,7 +9,10 @@
 // managed directory does nothing and succeeds.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "client/c_guard.h"
 #include "dyad/client/dyad_client.h"
@@ -38,7 +41,50 @@ dyad_rc_t Finish(const Status& st) {
 // DYAD then does nothing at all, and every call succeeds.
 bool Inert(const Client& c) { return !c.has_producer_path() && !c.has_consumer_path(); }
 
+// The first failure of a batch (recorded as the last error), else OK.
+dyad_rc_t BatchOutcome(const std::vector<Status>& results, dyad_rc_t* rcs) {
+  const Status* first = nullptr;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const bool ok = results[i].ok() || results[i].code() == DYAD_RC_UNTRACKED;
+    if (rcs != nullptr) rcs[i] = ok ? DYAD_RC_OK : results[i].code();
+    if (!ok && first == nullptr) first = &results[i];
+  }
+  return first == nullptr ? DYAD_RC_OK : SetLastError(*first);
+}
+
+Status CopyNames(const char* what, const char* const* fnames, size_t n,
+                 std::vector<std::string>* out) {
+  if (n > 0 && fnames == nullptr) return Status(DYAD_RC_BADBUF, std::string(what) + ": fnames is NULL");
+  for (size_t i = 0; i < n; ++i) {
+    if (fnames[i] == nullptr)
+      return Status(DYAD_RC_BADBUF,
+                    std::string(what) + ": fnames[" + std::to_string(i) + "] is NULL");
+    out->emplace_back(fnames[i]);
+  }
+  return Status();
+}
+
+dyad_rc_t Prefetch(const char* what, dyad_ctx_t* ctx, const char* pattern, bool cancel) {
+  return Guard(what, [&]() -> dyad_rc_t {
+    Client client;
+    Status st = Client::FromContext(ctx, &client);
+    if (!st.ok()) return SetLastError(st);
+    if (pattern == nullptr) return Fail(DYAD_RC_BADBUF, std::string(what) + ": pattern is NULL");
+    if (Inert(client)) return DYAD_RC_OK;
+    st = client.Prefetch(pattern, cancel);
+    return st.ok() ? DYAD_RC_OK : SetLastError(st);
+  });
+}
+
 }  // namespace
+
+// A background batch (dyad_consume_start); names and results live here.
+struct dyad_consume_handle {
+  std::vector<std::string> names;
+  std::vector<Status> results;
+  Status request;
+  std::thread thread;
+};
 
 extern "C" {
 
@@ -126,6 +172,71 @@ dyad_rc_t dyad_consume_w_metadata(dyad_ctx_t* ctx, const char* fname,
     rec.version = mdata->version;
     if (mdata->fpath != nullptr) rec.path = mdata->fpath;
     return Finish(client.ConsumeWithMetadata(fname, rec));
+  });
+}
+
+dyad_rc_t dyad_prefetch(dyad_ctx_t* ctx, const char* pattern) {
+  return Prefetch("dyad_prefetch", ctx, pattern, false);
+}
+
+dyad_rc_t dyad_prefetch_cancel(dyad_ctx_t* ctx, const char* pattern) {
+  return Prefetch("dyad_prefetch_cancel", ctx, pattern, true);
+}
+
+dyad_rc_t dyad_consume_batch(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
+                             dyad_rc_t* rcs) {
+  return Guard("dyad_consume_batch", [&]() -> dyad_rc_t {
+    Client client;
+    Status st = Client::FromContext(ctx, &client);
+    if (!st.ok()) return SetLastError(st);
+    std::vector<std::string> names;
+    st = CopyNames("dyad_consume_batch", fnames, n, &names);
+    if (!st.ok()) return SetLastError(st);
+    std::vector<Status> results(n);
+    if (!Inert(client)) {
+      st = client.ConsumeBatch(names, &results);
+      if (!st.ok()) return SetLastError(st);
+    }
+    return BatchOutcome(results, rcs);
+  });
+}
+
+dyad_rc_t dyad_consume_start(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
+                             dyad_consume_handle_t** handle) {
+  return Guard("dyad_consume_start", [&]() -> dyad_rc_t {
+    if (handle == nullptr) return Fail(DYAD_RC_BADBUF, "dyad_consume_start: handle is NULL");
+    Client client;
+    Status st = Client::FromContext(ctx, &client);
+    if (!st.ok()) return SetLastError(st);
+    std::unique_ptr<dyad_consume_handle> h(new dyad_consume_handle);
+    st = CopyNames("dyad_consume_start", fnames, n, &h->names);
+    if (!st.ok()) return SetLastError(st);
+    h->results.assign(n, Status());
+    if (!Inert(client)) {
+      dyad_consume_handle* raw = h.get();
+      // The thread holds its own copy of the client (its connections), so a
+      // dyad_finalize meanwhile does not end the batch.
+      raw->thread = std::thread([raw, client] {
+        Client c = client;
+        raw->request = c.ConsumeBatch(raw->names, &raw->results);
+      });
+    }
+    *handle = h.release();
+    return DYAD_RC_OK;
+  });
+}
+
+dyad_rc_t dyad_consume_wait(dyad_consume_handle_t* handle, dyad_rc_t* rcs) {
+  return Guard("dyad_consume_wait", [&]() -> dyad_rc_t {
+    if (handle == nullptr) return Fail(DYAD_RC_BADBUF, "dyad_consume_wait: handle is NULL");
+    std::unique_ptr<dyad_consume_handle> h(handle);
+    if (h->thread.joinable()) h->thread.join();
+    if (!h->request.ok()) {
+      if (rcs != nullptr)
+        for (size_t i = 0; i < h->names.size(); ++i) rcs[i] = h->request.code();
+      return SetLastError(h->request);
+    }
+    return BatchOutcome(h->results, rcs);
   });
 }
 

@@ -154,6 +154,14 @@ Result<ClientConfig> ClientConfig::FromEnv() {
   Result<int64_t> rpc = EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000);
   if (!rpc.ok()) return rpc.status();
   c.rpc_timeout_ms = *rpc;
+  if (std::optional<std::string> pf = GetEnv("DYAD_PREFETCH"); pf && !pf->empty()) {
+    size_t start = 0;
+    while (start <= pf->size()) {
+      const size_t colon = std::min(pf->find(':', start), pf->size());
+      if (colon > start) c.prefetch.push_back(pf->substr(start, colon - start));
+      start = colon + 1;
+    }
+  }
   return c;
 }
 
@@ -358,6 +366,8 @@ Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
     *info = ConsumeInfo{};
     info->upath = *upath;
   }
+  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
+    DeclareConfiguredPrefetch();
   // Level 1 of the file locator: DYAD only renames complete files into a
   // consumer directory, so a regular file present in a directory no
   // producer writes to is complete, and no message is needed.
@@ -411,23 +421,7 @@ Status Client::ConsumeWithRecordUntraced(const std::string& fname, const FileRec
 
 Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* record,
                                  ConsumeInfo* info) {
-  // The service places files beneath the consumer directory and needs it to
-  // exist; consumers often start before anything created it.
-  std::string cons = cons_.CurrentCanonical();
-  if (::access(cons.c_str(), F_OK) != 0) {
-    MakeDirs(cons_.given());
-    cons = cons_.CurrentCanonical();
-  }
-  ConsumeRequest req;
-  req.ns = config_.kvs_namespace;
-  req.key = KeyOf(upath);
-  req.upath = upath;
-  req.cons_path = cons;
-  req.timeout_ms = config_.consume_timeout_ms < 0 ? -1 : config_.consume_timeout_ms;
-  req.shared_storage = config_.shared_storage;
-  // Unset, the service's own mode (its -m) applies: one DTL choice per node.
-  const bool chosen = config_.dtl_mode_chosen || config_.dtl_mode != DefaultDtlMode();
-  req.dtl_mode = chosen ? config_.dtl_mode : std::string();
+  ConsumeRequest req = BuildConsumeRequest(upath, EnsureConsumerDir());
   if (record != nullptr) {
     req.have_record = true;
     req.record = *record;
@@ -445,6 +439,32 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   if (info != nullptr) info->reply = std::move(reply);
   if (config_.check) MarkChecked();
   return Status::OK();
+}
+
+std::string Client::EnsureConsumerDir() {
+  // The service places files beneath the consumer directory and needs it to
+  // exist; consumers often start before anything created it.
+  std::string cons = cons_.CurrentCanonical();
+  if (::access(cons.c_str(), F_OK) != 0) {
+    MakeDirs(cons_.given());
+    cons = cons_.CurrentCanonical();
+  }
+  return cons;
+}
+
+ConsumeRequest Client::BuildConsumeRequest(const std::string& upath,
+                                           const std::string& cons) const {
+  ConsumeRequest req;
+  req.ns = config_.kvs_namespace;
+  req.key = KeyOf(upath);
+  req.upath = upath;
+  req.cons_path = cons;
+  req.timeout_ms = config_.consume_timeout_ms < 0 ? -1 : config_.consume_timeout_ms;
+  req.shared_storage = config_.shared_storage;
+  // Unset, the service's own mode (its -m) applies: one DTL choice per node.
+  const bool chosen = config_.dtl_mode_chosen || config_.dtl_mode != DefaultDtlMode();
+  req.dtl_mode = chosen ? config_.dtl_mode : std::string();
+  return req;
 }
 
 Result<FileRecord> Client::GetMetadataUntraced(const std::string& fname, bool wait) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -58,6 +59,9 @@ struct ClientConfig {
   std::string service_socket;   // DYAD_SERVICE_SOCKET ("" = DefaultServiceSocket())
   int64_t consume_timeout_ms = -1;  // DYAD_CONSUME_TIMEOUT (< 0: no limit)
   int64_t rpc_timeout_ms = 60000;   // DYAD_RPC_TIMEOUT (< 0: no limit)
+  // DYAD_PREFETCH: ':'-separated prefixes or globs under the consumer
+  // directory, declared to the service at the first consume.
+  std::vector<std::string> prefetch;
 
   // Reads every DYAD_* variable of the configuration table. Malformed
   // numbers or an unknown DYAD_DTL_MODE give an error naming the variable.
@@ -164,6 +168,24 @@ class Client {
   // the local copy matches the record's size and version.
   Status ConsumeWithRecord(const std::string& fname, const FileRecord& record,
                            ConsumeInfo* info = nullptr);
+  // Consumes many files in one request; the service places them
+  // concurrently. `results` gets one Status per name, in order (a missing
+  // or failed file does not fail the others); the returned Status is that
+  // of the request itself. Files already complete locally cost nothing.
+  // `timeout_ms` (>= 0) replaces DYAD_CONSUME_TIMEOUT for this batch: 0
+  // takes only files already published (look-ahead), the others end with
+  // DYAD_RC_TIMEOUT at once.
+  static constexpr int64_t kConfiguredTimeout = INT64_MIN;
+  Status ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results,
+                      int64_t timeout_ms = kConfiguredTimeout);
+  // Declares (or with `cancel` withdraws) that this process will read the
+  // files matching `pattern`: a path prefix or glob, absolute under the
+  // consumer directory or relative to it. The service then fetches each
+  // into the consumer directory as it is published (already published
+  // ones at once). Returns how many were already published.
+  Result<uint32_t> Prefetch(const std::string& pattern, bool cancel = false);
+  // `pattern` as the service wants it: relative to the consumer directory.
+  Result<std::string> PrefetchPattern(const std::string& pattern) const;
 
   // Service identity and counters (kStatus).
   Result<StatusReply> ServiceStatus();
@@ -192,6 +214,10 @@ class Client {
   Status Publish(const std::string& upath, const struct stat& st,
                  const std::string& adopted_copy);
   Status CopyToProducer(const std::string& upath, int src_fd, struct stat* published);
+  ConsumeRequest BuildConsumeRequest(const std::string& upath, const std::string& cons) const;
+  std::string EnsureConsumerDir();
+  // Sends the DYAD_PREFETCH declarations once (client_batch.cc).
+  void DeclareConfiguredPrefetch();
   // True when a file present in the consumer directory is known complete
   // (the directory is private to consumers; see the .cc).
   bool ConsumerDirIsPrivate();
@@ -209,6 +235,7 @@ class Client {
   // directory; null until known. Atomic for the same fork reason as
   // ManagedPath::resolved_.
   std::atomic<const std::string*> service_prod_path_{nullptr};
+  std::atomic<bool> prefetch_declared_{false};
 };
 
 }  // namespace dyad

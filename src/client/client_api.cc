@@ -222,6 +222,28 @@ Status Client::Consume(const std::string& path, ConsumeInfo* info) {
   });
 }
 
+Status Client::ConsumeBatch(const std::vector<std::string>& paths, std::vector<Status>* results) {
+  if (!impl_) return NoClient();
+  return Guarded("consume batch", [&] {
+    std::vector<::dyad::Status> in(paths.size(), ::dyad::Status::OK());
+    ::dyad::Status st = impl_->core->ConsumeBatch(paths, &in);
+    if (results != nullptr) {
+      results->clear();
+      for (const ::dyad::Status& r : in) results->push_back(Public(r));
+    }
+    return Public(st);
+  });
+}
+
+Status Client::Prefetch(const std::string& pattern, bool cancel, uint32_t* already_published) {
+  if (!impl_) return NoClient();
+  return Guarded("prefetch", [&] {
+    Result<uint32_t> n = impl_->core->Prefetch(pattern, cancel);
+    if (n.ok() && already_published != nullptr) *already_published = *n;
+    return Public(n.status());
+  });
+}
+
 Status Client::GetMetadata(const std::string& path, bool wait, Metadata* out) {
   if (!impl_) return NoClient();
   return Guarded("get metadata", [&] {

@@ -166,6 +166,7 @@ std::string CapsText(const BackendRow& row) {
     if (c.native_wait) on.emplace_back("native_wait");
     if (c.hosted_by_service) on.emplace_back("hosted_by_service");
     if (c.async_wait) on.emplace_back("async_wait");
+    if (c.watch) on.emplace_back("watch");
   }
   return on.empty() ? std::string("-") : Joined(on);
 }

@@ -60,6 +60,18 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_RPC_TIMEOUT", ConfigKind::kSeconds, "60", "both",
        "Bound on any single request to a service that is not a wait for publication, and on a "
        "transfer making no progress, in seconds."},
+      {"DYAD_PREFETCH", ConfigKind::kString, "", "client",
+       "What this consumer will read, so the node's service fetches it as soon as it is "
+       "published and later consumes are local hits: path prefixes or globs ('*' also crosses "
+       "'/') under the consumer directory, separated by ':'. Declared at the first consume; "
+       "files published earlier are included (docs/prefetch.md)."},
+      {"DYAD_LOOKAHEAD", ConfigKind::kUint, "0", "client",
+       "pydyad.data.DyadDataset: samples of the sampler's order fetched ahead while the current "
+       "batch trains (its lookahead argument overrides it; 0 = off)."},
+      {"DYAD_PREFETCH_CONCURRENCY", ConfigKind::kUint, "8", "service",
+       "Most prefetch transfers a service runs at once (explicit consumes never wait for them)."},
+      {"DYAD_PREFETCH_PER_PEER", ConfigKind::kUint, "8", "service",
+       "Most prefetch transfers a service runs at once from one owner."},
       {"DYAD_SPIN_US", ConfigKind::kUint, "50", "both",
        "Microseconds to poll for an expected reply before sleeping; saves the thread wake-up "
        "that dominates small-request latency. 0 disables spinning."},

@@ -20,4 +20,11 @@ Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& k
                                     "' has no asynchronous wait (KvsCaps::async_wait); use Wait");
 }
 
+Result<KvsWatchTicket> Kvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
+  (void)ns;
+  (void)on_change;
+  return Status(DYAD_RC_NOTSUP, "metadata store '" + name() +
+                                    "' cannot watch a namespace (KvsCaps::watch)");
+}
+
 }  // namespace dyad

@@ -15,6 +15,8 @@
 //    lexicographic order, at most `limit` (0 = all).
 // Optional (KvsCaps::async_wait): StartWait, the same wait without a
 // blocked thread, for callers that park thousands of waits at once.
+// Optional (KvsCaps::watch): Watch, a feed of every Put in a namespace
+// pushed by the store (prefetch on publication, service/prefetch.h).
 // All methods are thread-safe.
 #pragma once
 
@@ -44,6 +46,18 @@ using KvsEntry = std::pair<std::string, std::string>;  // key, value
 // How an asynchronous wait ends: the value, or the Status Wait would give.
 using KvsWaitCallback = std::function<void(Result<std::string>)>;
 using KvsWaitTicket = uint64_t;
+
+// One event of a watched namespace: a Put of (key, value), or `resync`:
+// changes may have been missed (a link to the store was lost, the watcher
+// fell behind, the store restarted) and the watcher should List the
+// namespace again to catch up.
+struct KvsChange {
+  std::string key;
+  std::string value;
+  bool resync = false;
+};
+using KvsWatchCallback = std::function<void(const KvsChange&)>;
+using KvsWatchTicket = uint64_t;
 
 class Kvs {
  public:
@@ -78,6 +92,16 @@ class Kvs {
   // whose `done` is running elsewhere, is left alone: `done` still runs
   // exactly once, so anything it touches must stay valid until it has.
   virtual void CancelWait(KvsWaitTicket ticket) { (void)ticket; }
+
+  // Calls `on_change` for every later Put in `ns` (not for keys already
+  // there: List them after Watch returns, and nothing is missed), on a
+  // thread of the store or of the Put, possibly concurrently for different
+  // keys; `on_change` must be quick and must not block or call Unwatch.
+  // Removals are not reported. Stores without it (KvsCaps::watch false)
+  // return DYAD_RC_NOTSUP.
+  virtual Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change);
+  // After Unwatch returns, the callback is not running and never runs again.
+  virtual void Unwatch(KvsWatchTicket ticket) { (void)ticket; }
 };
 
 struct KvsOptions {

@@ -18,11 +18,14 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kPing: return "ping";
     case MsgType::kRemove: return "remove";
     case MsgType::kPeers: return "peers";
+    case MsgType::kPrefetch: return "prefetch";
+    case MsgType::kConsumeBatch: return "consume.batch";
     case MsgType::kKvsPut: return "kvs.put";
     case MsgType::kKvsGet: return "kvs.get";
     case MsgType::kKvsWait: return "kvs.wait";
     case MsgType::kKvsRemove: return "kvs.remove";
     case MsgType::kKvsList: return "kvs.list";
+    case MsgType::kKvsWatch: return "kvs.watch";
     case MsgType::kFetch: return "fetch";
     case MsgType::kFileData: return "file.data";
     case MsgType::kSupersede: return "supersede";
@@ -304,6 +307,87 @@ bool SupersedeNotice::DecodeFrom(Decoder& d) {
   const std::string rec = d.Str();
   forward = d.Bool();
   return !d.failed() && FileRecord::Decode(rec, &record);
+}
+
+void PrefetchRequest::EncodeTo(Encoder& e) const {
+  e.Str(ns).Str(pattern).Str(cons_path).Str(dtl_mode).Bool(cancel);
+}
+bool PrefetchRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  pattern = d.Str();
+  cons_path = d.Str();
+  dtl_mode = d.Str();
+  cancel = d.Bool();
+  return !d.failed();
+}
+
+void ConsumeBatchRequest::EncodeTo(Encoder& e) const {
+  e.U32(static_cast<uint32_t>(items.size()));
+  for (const ConsumeRequest& r : items) r.EncodeTo(e);
+}
+bool ConsumeBatchRequest::DecodeFrom(Decoder& d) {
+  const uint32_t n = d.U32();
+  if (d.failed() || n > kMaxBatchItems) return false;
+  items.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    ConsumeRequest r;
+    if (!r.DecodeFrom(d)) return false;
+    items.push_back(std::move(r));
+  }
+  return !d.failed();
+}
+
+void ConsumeBatchReply::EncodeTo(Encoder& e) const {
+  e.U32(static_cast<uint32_t>(results.size()));
+  for (const ConsumeBatchResult& r : results) {
+    e.I32(r.code).Str(r.message);
+    if (r.code == DYAD_RC_OK) r.reply.EncodeTo(e);
+  }
+}
+bool ConsumeBatchReply::DecodeFrom(Decoder& d) {
+  const uint32_t n = d.U32();
+  if (d.failed() || n > kMaxBatchItems) return false;
+  results.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    ConsumeBatchResult r;
+    r.code = d.I32();
+    r.message = d.Str();
+    if (d.failed()) return false;
+    if (r.code == DYAD_RC_OK && !r.reply.DecodeFrom(d)) return false;
+    results.push_back(std::move(r));
+  }
+  return !d.failed();
+}
+
+void KvsWatchRequest::EncodeTo(Encoder& e) const {
+  e.Str(ns).U64(epoch).U64(after).I64(timeout_ms).U32(max_entries);
+}
+bool KvsWatchRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  epoch = d.U64();
+  after = d.U64();
+  timeout_ms = d.I64();
+  max_entries = d.U32();
+  return !d.failed();
+}
+
+void KvsWatchReply::EncodeTo(Encoder& e) const {
+  e.U64(epoch).U64(last).Bool(resync).U32(static_cast<uint32_t>(changes.size()));
+  for (const auto& [k, v] : changes) e.Str(k).Str(v);
+}
+bool KvsWatchReply::DecodeFrom(Decoder& d) {
+  epoch = d.U64();
+  last = d.U64();
+  resync = d.Bool();
+  const uint32_t n = d.U32();
+  if (d.failed()) return false;
+  changes.clear();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    std::string k = d.Str();
+    std::string v = d.Str();
+    changes.emplace_back(std::move(k), std::move(v));
+  }
+  return !d.failed();
 }
 
 void FetchRequest::EncodeTo(Encoder& e) const {

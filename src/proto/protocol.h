@@ -37,12 +37,15 @@ enum class MsgType : uint16_t {
   kPing = 15,
   kRemove = 16,
   kPeers = 17,
+  kPrefetch = 18,
+  kConsumeBatch = 19,
   // Service -> root: embedded metadata store.
   kKvsPut = 30,
   kKvsGet = 31,
   kKvsWait = 32,
   kKvsRemove = 33,
   kKvsList = 34,
+  kKvsWatch = 35,
   // Service -> owner service.
   kFetch = 50,
   // Owner -> requester: one chunk of file data on a protected session
@@ -245,6 +248,42 @@ struct PeersReply {
   bool DecodeFrom(Decoder& d);
 };
 
+// Declares (or, with `cancel`, withdraws) what a consumer will read: the
+// service pulls every matching publication of `ns` into `cons_path` as it
+// appears (service/prefetch.h). `pattern` is a path prefix, or a glob when
+// it holds '*', '?' or '['.
+struct PrefetchRequest {
+  std::string ns;
+  std::string pattern;
+  std::string cons_path;  // absolute, canonical
+  std::string dtl_mode;   // "" = service default
+  bool cancel = false;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// Prefetch reply body: u32 files already published that matched.
+
+// Many consumes in one request, placed concurrently by the service. The
+// reply carries one result per item, in order: a failed item does not
+// fail the others.
+struct ConsumeBatchRequest {
+  std::vector<ConsumeRequest> items;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+struct ConsumeBatchResult {
+  int32_t code = DYAD_RC_OK;
+  std::string message;
+  ConsumeReply reply;  // when code is DYAD_RC_OK
+};
+struct ConsumeBatchReply {
+  std::vector<ConsumeBatchResult> results;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// Most items one batch may carry.
+inline constexpr uint32_t kMaxBatchItems = 65536;
+
 // --- service -> root (embedded store) ------------------------------------
 
 struct KvsRequest {
@@ -258,6 +297,28 @@ struct KvsRequest {
 };
 // Replies: kKvsGet/kKvsWait body: Bool found, Str value.
 //          kKvsList body: u32 count, count x (Str key, Str value).
+
+// A long poll of a namespace's change feed (Kvs::Watch on the embedded
+// store): the puts after position `after` of feed `epoch`, waiting up to
+// `timeout_ms` for the first. epoch 0 (or a feed the root no longer has)
+// answers at once with the current position and `resync`.
+struct KvsWatchRequest {
+  std::string ns;
+  uint64_t epoch = 0;
+  uint64_t after = 0;
+  int64_t timeout_ms = 0;
+  uint32_t max_entries = 0;  // 0: the server's bound
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+struct KvsWatchReply {
+  uint64_t epoch = 0;
+  uint64_t last = 0;    // position of the last change returned (or the head)
+  bool resync = false;  // changes were missed: list the namespace again
+  std::vector<std::pair<std::string, std::string>> changes;  // key, value
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
 
 // --- service -> owner service ----------------------------------------------
 

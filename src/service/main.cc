@@ -99,7 +99,9 @@ int main(int argc, char** argv) {
                                                                 &opt.max_connections},
                              {"DYAD_MAX_UNAUTHENTICATED", &opt.max_unauthenticated},
                              {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", &opt.max_per_peer},
-                             {"DYAD_WORKERS", &opt.workers}}) {
+                             {"DYAD_WORKERS", &opt.workers},
+                             {"DYAD_PREFETCH_CONCURRENCY", &opt.prefetch_concurrency},
+                             {"DYAD_PREFETCH_PER_PEER", &opt.prefetch_per_peer}}) {
     auto v = dyad::EnvUint(name, *field);
     if (v.ok() && *v > 0 && *v <= UINT32_MAX) *field = static_cast<uint32_t>(*v);
   }

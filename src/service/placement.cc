@@ -154,7 +154,8 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
   const std::string stamp = VersionStamp(placed);
   (void)::fsetxattr(out.fd(), kVersionXattr, stamp.data(), stamp.size(), 0);
   DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
-  if (cache_ != nullptr) cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed);
+  if (cache_ != nullptr) cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed,
+                        /*consumed=*/!req.prefetched);
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);
   ConsumeReply reply;

@@ -51,6 +51,7 @@ struct PlacementRequest {
   bool shared_storage = false; // DYAD_SHARED_STORAGE: synchronize only
   std::string dtl_mode;        // the client's choice ("" = this service's default)
   std::string ns;              // the record's namespace (indexes the copy)
+  bool prefetched = false;     // fetched ahead of any consume (node cache: "waiting")
 };
 
 class Placement {

@@ -25,6 +25,7 @@
 #include "service/reactor.h"
 #include "service/threaded_waits.h"
 #include "service/transfers.h"
+#include "service/prefetch.h"
 #include "service/transports.h"
 #include "service/versions.h"
 
@@ -255,6 +256,17 @@ void Service::BuildParts() {
   file_server_->SetOnServe([n = notices_.get()](const std::string& upath, uint32_t rank) {
     n->NoteReader(upath, rank);
   });
+  PrefetchConfig fc;
+  fc.max_inflight = opt_.prefetch_concurrency;
+  fc.max_per_peer = opt_.prefetch_per_peer;
+  fc.transfer_timeout_ms = opt_.rpc_timeout_ms;
+  prefetch_ = std::make_unique<Prefetcher>(fc, kvs_.get(), placement_.get(), &cache_);
+  // The node cache's budget bounds what is fetched ahead, and every
+  // publication the prefetcher's watch sees supersedes older copies.
+  prefetch_->SetAdmit([nc = node_cache_.get()](uint64_t bytes) { return nc->Admit(bytes); });
+  prefetch_->SetOnPublication([nc = node_cache_.get()](const std::string& ns, const FileRecord& rec) {
+    nc->Supersede(ns, rec);
+  });
 }
 
 std::string Service::StoreDescription() const {
@@ -298,6 +310,7 @@ void Service::Teardown() {
   // Parked waits end with DYAD_RC_CANCELLED, and their requests get that reply.
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
+    if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
     if (reactor_) reactor_->Stop();  // closes every connection, drains the workers
     if (threaded_waits_) threaded_waits_->Stop();
     if (async_thread_.joinable()) async_thread_.join();

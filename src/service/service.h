@@ -50,6 +50,7 @@ class Reactor;
 class ThreadedWaits;
 class VersionNotices;
 class TransferRegistry;
+class Prefetcher;
 class TransportSet;
 struct RequestContext;
 
@@ -80,6 +81,8 @@ struct ServiceOptions {
   std::string ready_file;
   bool debug = false;
   uint64_t cache_bytes = 0;     // budget of fetched copies (0 = unlimited)
+  uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
+  uint32_t prefetch_per_peer = 8;     // DYAD_PREFETCH_PER_PEER
 };
 
 class Service {
@@ -146,6 +149,9 @@ class Service {
   void NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
                             const FileRecord& rec);
   void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
+  // Prefetch declarations and batch consumes (service_batch.cc).
+  void HandlePrefetch(RequestContext& ctx, const std::string& payload);
+  void HandleConsumeBatch(RequestContext& ctx, const std::string& payload);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked). `published`: what the
@@ -194,6 +200,7 @@ class Service {
   std::unique_ptr<VersionNotices> notices_;  // new versions to holders of old ones
   std::unique_ptr<FileServer> file_server_;
   std::unique_ptr<TransferRegistry> transfers_in_flight_;
+  std::unique_ptr<Prefetcher> prefetch_;
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;

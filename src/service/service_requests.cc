@@ -9,6 +9,7 @@
 #include "service/node_cache.h"
 #include "service/placement.h"
 #include "service/reactor.h"
+#include "service/prefetch.h"
 #include "service/service.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -41,6 +42,8 @@ void Service::RouteRequests() {
       {MsgType::kRemove, nullptr, &Service::HandleRemove},
       {MsgType::kStatus, "requests.status", &Service::HandleStatus},
       {MsgType::kPeers, nullptr, &Service::HandlePeers},
+      {MsgType::kPrefetch, nullptr, &Service::HandlePrefetch},
+      {MsgType::kConsumeBatch, nullptr, &Service::HandleConsumeBatch},
   };
   for (const auto& r : local)
     dispatch_->Route(Link::kLocal, r.type, r.counter,
@@ -280,6 +283,7 @@ void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Dead
   Encoder e;
   r->EncodeTo(e);
   Reply(ch, Status::OK(), e.data());
+  if (prefetch_) prefetch_->Kick();  // a consume may have freed budget for deferred prefetches
 }
 
 void Service::HandleList(RequestContext& ctx, const std::string& payload) {
@@ -327,6 +331,7 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   r.counters["node_cache.bytes"] = node_cache_->bytes();
   r.counters["node_cache.files"] = node_cache_->files();
   r.counters["node_cache.budget"] = node_cache_->budget();
+  if (prefetch_) prefetch_->AddCounters(&r.counters);
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);

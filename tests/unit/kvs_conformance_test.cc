@@ -196,6 +196,7 @@ TEST_P(KvsConformance, NameAndCaps) {
   EXPECT_EQ(caps.shared, store == "embedded" || store == "redis");
   EXPECT_EQ(caps.native_wait, store == "memory" || store == "redis");
   EXPECT_EQ(caps.async_wait, store == "memory" || store == "redis");
+  EXPECT_TRUE(caps.watch);
 }
 
 TEST_P(KvsConformance, PutGetOverwrite) {
@@ -491,6 +492,68 @@ TEST_P(KvsConformance, ShutdownEndsStartedWaits) {
 // Every store compiled in (its row says so) and the Redis deployments;
 // SetUp knows how to host those that need a server, and any other opens
 // from its name.
+// --- watches (KvsCaps::watch) --------------------------------------------------
+
+// Collects what a Watch reports, from any thread.
+struct WatchLog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<KvsChange> changes;
+  KvsWatchCallback Callback() {
+    return [this](const KvsChange& c) {
+      std::lock_guard<std::mutex> lk(mu);
+      changes.push_back(c);
+      cv.notify_all();
+    };
+  }
+  bool WaitFor(size_t n, int64_t ms) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, milliseconds(ms), [&] { return changes.size() >= n; });
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lk(mu);
+    return changes.size();
+  }
+};
+
+TEST_P(KvsConformance, WatchReportsLaterPutsOfItsNamespaceOnly) {
+  ASSERT_TRUE(kvs_->Put("w", "before", "old").ok());
+  WatchLog log;
+  Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
+  if (GetParam() == "redis_cluster") {
+    EXPECT_EQ(t.status().code(), DYAD_RC_NOTSUP) << t.status().ToString();
+    return;
+  }
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE(kvs_->Put("other", "k", "elsewhere").ok());
+  ASSERT_TRUE(kvs_->Put("w", "a", std::string("v\0a", 3)).ok());
+  ASSERT_TRUE(kvs_->Put("w", "b:with:colons", "").ok());
+  ASSERT_TRUE(kvs_->Put("w", "a", "v2").ok());
+  ASSERT_TRUE(log.WaitFor(3, 5000)) << log.size() << " changes";
+  SleepMs(100);
+  std::lock_guard<std::mutex> lk(log.mu);
+  std::vector<std::pair<std::string, std::string>> got;
+  for (const KvsChange& c : log.changes)
+    if (!c.resync) got.emplace_back(c.key, c.value);
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"a", std::string("v\0a", 3)}, {"b:with:colons", ""}, {"a", "v2"}};
+  EXPECT_EQ(got, want);
+}
+
+TEST_P(KvsConformance, UnwatchStopsTheCallbacks) {
+  WatchLog log;
+  Result<KvsWatchTicket> t = kvs_->Watch("w2", log.Callback());
+  if (!t.ok()) GTEST_SKIP() << t.status().ToString();
+  ASSERT_TRUE(kvs_->Put("w2", "k1", "1").ok());
+  ASSERT_TRUE(log.WaitFor(1, 5000));
+  kvs_->Unwatch(*t);
+  const size_t seen = log.size();
+  ASSERT_TRUE(kvs_->Put("w2", "k2", "2").ok());
+  SleepMs(300);
+  EXPECT_EQ(log.size(), seen);
+  kvs_->Unwatch(*t);  // twice: nothing happens
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, KvsConformance, ::testing::ValuesIn(ConformanceParams()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;

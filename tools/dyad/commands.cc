@@ -325,6 +325,25 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
   return failed ? kExitFailed : kExitOk;
 }
 
+int CmdPrefetch(const std::vector<std::string>& patterns, bool cancel) {
+  Result<std::shared_ptr<Client>> client = EnvClient();
+  if (!client.ok()) {
+    PrintError("prefetch", "", client.status());
+    return kExitFailed;
+  }
+  bool failed = false;
+  for (const std::string& p : patterns) {
+    Result<uint32_t> n = (*client)->Prefetch(p, cancel);
+    if (!n.ok()) {
+      PrintError("prefetch", p, n.status());
+      failed = true;
+    } else if (!cancel) {
+      std::cout << p << ": declared; " << *n << " already published file(s) queued\n";
+    }
+  }
+  return failed ? kExitFailed : kExitOk;
+}
+
 int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,
             bool json) {
   Result<std::shared_ptr<Client>> client = EnvClient();

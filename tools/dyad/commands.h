@@ -33,6 +33,12 @@ int CmdProduce(const std::vector<std::string>& paths, bool verbose);
 int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose,
                bool progress = true);
 
+// Declares (or withdraws) prefetch patterns with the local dyad-service:
+// it then fetches matching files into DYAD_PATH_CONSUMER as they are
+// published (docs/prefetch.md).
+int CmdPrefetch(const std::vector<std::string>& patterns, bool cancel);
+
+// Lists published files whose relative path starts with `prefix`.
 // Lists published files whose relative path starts with `prefix`, sorted
 // by path, marking those whose owner service is down.
 // `ns` overrides DYAD_KVS_NAMESPACE when `ns_given`.

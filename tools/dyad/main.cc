@@ -117,6 +117,20 @@ int main(int argc, char** argv) {
   consume->add_flag("--no-progress", consume_no_progress,
                     "Never draw a progress bar (drawn on a terminal while a transfer lasts)");
 
+  // prefetch
+  auto* prefetch = app.add_subcommand(
+      "prefetch", "Declare what this node's consumers will read: the local dyad-service fetches "
+                  "matching files into DYAD_PATH_CONSUMER as soon as they are published "
+                  "(already published ones at once), so later consumes are local");
+  std::vector<std::string> prefetch_patterns;
+  bool prefetch_cancel = false;
+  prefetch
+      ->add_option("PATTERN", prefetch_patterns,
+                   "Path prefix, or glob with * ? [ ] ('*' also matches '/'), under the consumer "
+                   "directory (absolute) or relative to it")
+      ->required();
+  prefetch->add_flag("--cancel", prefetch_cancel, "Withdraw these declarations");
+
   // ls
   auto* ls = app.add_subcommand(
       "ls", "List published files sorted by path: path, owner rank (marked when its service is "
@@ -186,6 +200,7 @@ int main(int argc, char** argv) {
   if (*consume)
     return dyad::cli::CmdConsume(consume_paths, consume_timeout, consume_verbose,
                                  !consume_no_progress);
+  if (*prefetch) return dyad::cli::CmdPrefetch(prefetch_patterns, prefetch_cancel);
   if (*ls) return dyad::cli::CmdList(ls_prefix, ls_ns, ns_opt->count() > 0, ls_limit, ls_json);
   if (*status) return dyad::cli::CmdStatus(status_json, status_prometheus);
   if (*peers) return dyad::cli::CmdPeers(peers_timeout, peers_json);

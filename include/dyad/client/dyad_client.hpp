@@ -178,6 +178,17 @@ class DYAD_DLL_EXPORTED Client {
   // the local copy has the record's size and version.
   Status ConsumeWithMetadata(const std::string& path, const Metadata& metadata,
                              ConsumeInfo* info = nullptr);
+  // Consumes every path of `paths` in one request: the service fetches them
+  // concurrently. `*results` gets one Status per path (a missing or failed
+  // file does not fail the others); the returned Status is the request's.
+  Status ConsumeBatch(const std::vector<std::string>& paths, std::vector<Status>* results);
+  // Declares (with `cancel`, withdraws) that this process will read the
+  // files matching `pattern`, a path prefix or glob under the consumer
+  // directory: the node's service fetches each as it is published, so a
+  // later Consume() is local (docs/prefetch.md). `*already_published`, when
+  // not null, gets how many matching files were published before.
+  Status Prefetch(const std::string& pattern, bool cancel = false,
+                  uint32_t* already_published = nullptr);
 
   // Published files whose relative path starts with `prefix`, at most
   // `limit` (0 = all), in the configured namespace or in `kvs_namespace`.

@@ -133,8 +133,11 @@ void EmbeddedKvs::DropIdle() {
 
 void EmbeddedKvs::Shutdown() {
   stopping_.store(true);
+  StopFeeds();
   DropIdle();
 }
+
+EmbeddedKvs::~EmbeddedKvs() { StopFeeds(); }
 
 void EmbeddedKvs::NoteOutage(const Status& st) {
   if (!outage_.exchange(true)) {

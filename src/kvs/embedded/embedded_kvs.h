@@ -11,12 +11,20 @@
 // survive a restart of the root. The root keeps its data in memory: after a
 // restart the store is empty until services publish again.
 //
+// Watch: one feed thread per watched namespace long-polls the root's change
+// feed (kKvsWatch, change_feed.h) on a channel of its own, from a position
+// that survives reconnections; a restarted root (or a watcher that fell
+// behind) makes it deliver a resync.
+//
 // Threading: all methods are thread-safe; each concurrent call uses its own
 // pooled channel.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <map>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +33,7 @@
 #include "common/auth.h"
 #include "common/net.h"
 #include "kvs/kvs.h"
+#include "kvs/watch.h"
 #include "proto/protocol.h"
 
 namespace dyad {
@@ -43,7 +52,7 @@ class EmbeddedKvs final : public Kvs {
   // `address` is "HOST:PORT". Does not connect: the first call does.
   static Result<std::unique_ptr<EmbeddedKvs>> Open(const std::string& address,
                                                    const KvsOptions& options);
-  ~EmbeddedKvs() override = default;
+  ~EmbeddedKvs() override;
   EmbeddedKvs(const EmbeddedKvs&) = delete;
   EmbeddedKvs& operator=(const EmbeddedKvs&) = delete;
 
@@ -56,6 +65,9 @@ class EmbeddedKvs final : public Kvs {
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
+
+  Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override;
+  void Unwatch(KvsWatchTicket ticket) override;
 
   // Makes waits in progress (within 250 ms) and later ones return
   // DYAD_RC_CANCELLED, and closes idle connections. For service shutdown.
@@ -86,6 +98,20 @@ class EmbeddedKvs final : public Kvs {
   bool SleepUnlessCancelled(int64_t ms, const Deadline& deadline, const CancelFn& cancel);
   bool Cancelled(const CancelFn& cancel) const;
 
+  // One namespace's feed (embedded_watch.cc).
+  struct Feed {
+    std::string ns;
+    std::thread thread;
+    bool stop = false;         // guarded by feed_mu_
+    bool established = false;  // first position known; guarded by feed_mu_
+    bool quiet_first = true;   // Watch is still waiting for it; guarded by feed_mu_
+    int fd = -1;               // the link in use, shut down to stop; guarded by feed_mu_
+  };
+  void FeedLoop(Feed* feed);
+  bool FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor);
+  void StopFeed(std::unique_ptr<Feed> feed);
+  void StopFeeds();
+
   void NoteOutage(const Status& st);
   void NoteRecovered();
 
@@ -100,6 +126,11 @@ class EmbeddedKvs final : public Kvs {
 
   std::atomic<bool> outage_{false};  // an outage was logged and not yet recovered
   std::atomic<bool> stopping_{false};
+
+  WatchList watchers_;
+  std::mutex feed_mu_;
+  std::condition_variable feed_cv_;
+  std::map<std::string, std::unique_ptr<Feed>> feeds_;  // guarded by feed_mu_
 };
 
 }  // namespace dyad

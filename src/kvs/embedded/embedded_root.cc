@@ -44,7 +44,7 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     : store_(std::make_shared<MemoryKvs>()),
       server_(std::make_shared<EmbeddedKvsServer>(store_)) {
   for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
-                       MsgType::kKvsList}) {
+                       MsgType::kKvsList, MsgType::kKvsWatch}) {
     // The handler keeps the server alive as long as the service routes to it.
     router.Route(Link::kPeer, type, "requests.kvs",
                  [server = server_, type](RequestContext& ctx, const std::string& payload) {

@@ -49,6 +49,10 @@ class EmbeddedRoot final : public Kvs {
     return store_->StartWait(ns, key, deadline, std::move(done));
   }
   void CancelWait(KvsWaitTicket ticket) override { store_->CancelWait(ticket); }
+  Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override {
+    return store_->Watch(ns, std::move(on_change));
+  }
+  void Unwatch(KvsWatchTicket ticket) override { store_->Unwatch(ticket); }
 
  private:
   std::shared_ptr<MemoryKvs> store_;

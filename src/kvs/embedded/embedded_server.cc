@@ -17,7 +17,8 @@ constexpr size_t kReplyHeadroom = 4096;
 
 EmbeddedKvsServer::EmbeddedKvsServer(std::shared_ptr<MemoryKvs> store, int64_t reply_timeout_ms)
     : store_(store ? std::move(store) : std::make_shared<MemoryKvs>()),
-      reply_timeout_ms_(reply_timeout_ms > 0 ? reply_timeout_ms : kDefaultReplyTimeoutMs) {}
+      reply_timeout_ms_(reply_timeout_ms > 0 ? reply_timeout_ms : kDefaultReplyTimeoutMs),
+      feeds_(std::make_unique<ChangeFeeds>(store_)) {}
 
 bool EmbeddedKvsServer::Handles(uint16_t type) {
   switch (static_cast<MsgType>(type)) {
@@ -26,6 +27,7 @@ bool EmbeddedKvsServer::Handles(uint16_t type) {
     case MsgType::kKvsWait:
     case MsgType::kKvsRemove:
     case MsgType::kKvsList:
+    case MsgType::kKvsWatch:
       return true;
     default:
       return false;
@@ -38,6 +40,7 @@ Status EmbeddedKvsServer::Execute(uint16_t type, const std::string& payload, con
     return Status(DYAD_RC_BADRPC, std::string("'") + MsgTypeName(type) + "' (type " +
                                       std::to_string(type) + ") is not a metadata store request");
   }
+  if (static_cast<MsgType>(type) == MsgType::kKvsWatch) return ExecuteWatch(payload, cancel, body);
   KvsRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) {
@@ -90,6 +93,25 @@ Status EmbeddedKvsServer::Execute(uint16_t type, const std::string& payload, con
     default:
       break;  // unreachable: Handles() admitted the type
   }
+  *body = e.Take();
+  return Status::OK();
+}
+
+Status EmbeddedKvsServer::ExecuteWatch(const std::string& payload, const CancelFn& cancel,
+                                       std::string* body) {
+  KvsWatchRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) {
+    DYAD_LOG_WARN("embedded store: malformed kvs.watch request (%zu bytes)", payload.size());
+    return Status(DYAD_RC_BADUNPACK, "malformed kvs.watch request");
+  }
+  // Bounded like a wait slice: the watcher polls again.
+  const int64_t ms =
+      req.timeout_ms < 0 ? kMaxWaitSliceMs : std::min(req.timeout_ms, kMaxWaitSliceMs);
+  Result<KvsWatchReply> r = feeds_->Poll(req, Deadline::AfterMs(ms), cancel);
+  if (!r.ok()) return r.status();
+  Encoder e;
+  r->EncodeTo(e);
   *body = e.Take();
   return Status::OK();
 }

@@ -22,6 +22,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "kvs/embedded/change_feed.h"
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
 
@@ -41,7 +42,7 @@ class EmbeddedKvsServer {
   EmbeddedKvsServer(const EmbeddedKvsServer&) = delete;
   EmbeddedKvsServer& operator=(const EmbeddedKvsServer&) = delete;
 
-  // True for the message types Handle() serves (kKvsPut .. kKvsList).
+  // True for the message types Handle() serves (kKvsPut .. kKvsWatch).
   static bool Handles(uint16_t type);
 
   // Performs one request and sends its reply on `ch`. The returned Status
@@ -54,7 +55,10 @@ class EmbeddedKvsServer {
   Status SendResult(uint16_t type, const Status& st, const std::string& body, Channel& ch) const;
 
   // Wakes all waits in progress with DYAD_RC_CANCELLED (service shutdown).
-  void Shutdown() { store_->Shutdown(); }
+  void Shutdown() {
+    store_->Shutdown();
+    feeds_->Shutdown();
+  }
 
   const std::shared_ptr<MemoryKvs>& store() const { return store_; }
 
@@ -62,9 +66,11 @@ class EmbeddedKvsServer {
   // Runs the request; on success fills `body` with the encoded reply fields.
   Status Execute(uint16_t type, const std::string& payload, const CancelFn& cancel,
                  std::string* body);
+  Status ExecuteWatch(const std::string& payload, const CancelFn& cancel, std::string* body);
 
   const std::shared_ptr<MemoryKvs> store_;
   const int64_t reply_timeout_ms_;
+  const std::unique_ptr<ChangeFeeds> feeds_;
 };
 
 }  // namespace dyad

@@ -45,7 +45,13 @@ Status MemoryKvs::Put(const std::string& ns, const std::string& key, const std::
     }
   }
   Run(&woken);
+  watchers_.Notify(ns, key, value);
   return Status::OK();
+}
+
+Result<KvsWatchTicket> MemoryKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
+  if (!on_change) return Status(DYAD_RC_BADREQUEST, "watch without a callback");
+  return watchers_.Add(ns, std::move(on_change));
 }
 
 void MemoryKvs::Run(Completions* c) {

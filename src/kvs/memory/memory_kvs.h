@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kvs/kvs.h"
+#include "kvs/watch.h"
 
 namespace dyad {
 
@@ -58,6 +59,9 @@ class MemoryKvs final : public Kvs {
   Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
                                   KvsWaitCallback done) override;
   void CancelWait(KvsWaitTicket ticket) override;
+  // `on_change` runs on the thread of the Put, after the value is stored.
+  Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override;
+  void Unwatch(KvsWatchTicket ticket) override { watchers_.Remove(ticket); }
 
   // Wakes every current waiter with DYAD_RC_CANCELLED and makes later waits
   // on absent keys fail the same way at once (a key that exists is still
@@ -106,6 +110,7 @@ class MemoryKvs final : public Kvs {
   bool stop_timer_ = false;  // guarded by mu_
   std::condition_variable timer_cv_;
   std::thread timer_;  // started under mu_
+  WatchList watchers_;
 };
 
 }  // namespace dyad

@@ -11,7 +11,7 @@ const BackendRow& BackendRow_memory() {
       {},
       "In the service's own memory, visible to that service only: a single node, or tests.",
       TransportCaps{},
-      KvsCapsWith({&KvsCaps::native_wait, &KvsCaps::async_wait}),
+      KvsCapsWith({&KvsCaps::native_wait, &KvsCaps::async_wait, &KvsCaps::watch}),
       {},
       "",
       "",

@@ -21,9 +21,12 @@ namespace {
 // SET and publish in one script, so the write and its notification are one
 // atomic step on the server: a subscriber that gets the message is never
 // ahead of a reader, and no writer can interleave between the two.
+// The namespace's watch channel (ARGV[2]) gets "<key length>:<key><value>"
+// (ARGV[3]) in the same step, for Kvs::Watch (redis_watch.h).
 constexpr const char kPutScript[] =
     "redis.call('SET', KEYS[1], ARGV[1]) "
     "redis.call('PUBLISH', KEYS[1], ARGV[1]) "
+    "redis.call('PUBLISH', ARGV[2], ARGV[3]) "
     "return 1";
 // The same in a cluster, with sharded pub/sub: the message stays on the
 // key's shard, where its subscribers are (redis_subscriber.h).
@@ -91,13 +94,15 @@ RedisKvs::RedisKvs(RedisConfig config)
     : config_(std::move(config)),
       topology_(config_),
       exec_(config_, &topology_),
-      subscriber_(config_, &exec_) {}
+      subscriber_(config_, &exec_),
+      watcher_(&exec_) {}
 
 RedisKvs::~RedisKvs() { Shutdown(); }
 
 void RedisKvs::Shutdown() {
   shutdown_.store(true);
   subscriber_.Shutdown();
+  watcher_.Shutdown();
   exec_.Shutdown();
 }
 
@@ -106,6 +111,26 @@ std::string RedisKvs::RedisKey(const std::string& ns, const std::string& key) co
     return config_.prefix + ":" + EncodeNamespace(ns, ":{}") + ":" + key;
   return config_.prefix + ":{" + EncodeNamespace(ns, "{}") + "}:" + key;
 }
+
+std::string RedisKvs::WatchChannel(const std::string& ns) const {
+  // "PREFIX:{NS}#watch": never a key's name nor a key's channel, since
+  // those always have ':' right after the namespace.
+  std::string base = RedisKey(ns, "");
+  base.pop_back();
+  return base + "#watch";
+}
+
+Result<KvsWatchTicket> RedisKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
+  if (!on_change) return Status(DYAD_RC_BADREQUEST, "watch without a callback");
+  if (config_.mode == RedisMode::kCluster)
+    return Status(DYAD_RC_NOTSUP,
+                  "a Redis Cluster cannot watch a namespace (prefetch needs the embedded store, "
+                  "one Redis server or a sentinel-managed primary; docs/prefetch.md)");
+  if (shutdown_.load()) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
+  return watcher_.Watch(ns, WatchChannel(ns), std::move(on_change));
+}
+
+void RedisKvs::Unwatch(KvsWatchTicket ticket) { watcher_.Unwatch(ticket); }
 
 int RedisKvs::SlotOf(const std::string& rkey) const {
   return config_.mode == RedisMode::kCluster ? RedisKeySlot(rkey) : -1;
@@ -127,7 +152,10 @@ Status RedisKvs::CheckReplicated(const std::vector<RedisReply>& replies) const {
 Status RedisKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
   const std::string rkey = RedisKey(ns, key);
   const bool cluster = config_.mode == RedisMode::kCluster;
-  std::vector<RedisArgv> cmds{{"EVAL", cluster ? kPutScriptSharded : kPutScript, "1", rkey, value}};
+  std::vector<RedisArgv> cmds{
+      cluster ? RedisArgv{"EVAL", kPutScriptSharded, "1", rkey, value}
+              : RedisArgv{"EVAL", kPutScript, "1", rkey, value, WatchChannel(ns),
+                          RedisWatcher::EncodeMessage(key, value)}};
   if (config_.wait_replicas > 0) {
     cmds.push_back(
         {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_replicas_ms)});

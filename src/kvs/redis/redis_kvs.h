@@ -50,6 +50,7 @@
 #include "kvs/redis/redis_subscriber.h"
 #include "kvs/redis/redis_topology.h"
 #include "kvs/redis/redis_url.h"
+#include "kvs/redis/redis_watch.h"
 
 namespace dyad {
 
@@ -80,6 +81,9 @@ class RedisKvs final : public Kvs {
   Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
                                   KvsWaitCallback done) override;
   void CancelWait(KvsWaitTicket ticket) override;
+  // One server or sentinel only (redis_watch.h); a cluster gives NOTSUP.
+  Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override;
+  void Unwatch(KvsWatchTicket ticket) override;
 
   // Makes waits in progress and later waits on absent keys return
   // DYAD_RC_CANCELLED, and closes idle connections. Other calls keep
@@ -88,6 +92,8 @@ class RedisKvs final : public Kvs {
 
   // The Redis key holding (ns, key) (see the header comment).
   std::string RedisKey(const std::string& ns, const std::string& key) const;
+  // The channel a Put also publishes on for Kvs::Watch (not in a cluster).
+  std::string WatchChannel(const std::string& ns) const;
   const RedisConfig& config() const { return config_; }
   // Pub/sub links connected now, for tests.
   size_t subscriber_links() const { return subscriber_.links_up(); }
@@ -110,6 +116,7 @@ class RedisKvs final : public Kvs {
   RedisTopology topology_;
   RedisExecutor exec_;
   RedisSubscriber subscriber_;
+  RedisWatcher watcher_;
   std::atomic<bool> shutdown_{false};
 };
 

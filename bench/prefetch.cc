@@ -1,0 +1,298 @@
+// dyad-prefetch: small files with prefetch on publication, against the
+// physical references measured in the same run.
+//
+// Two emulated nodes; the producer (a `dyad demo` worker on node A) writes
+// and publishes --count files of --size bytes; the consumer is this
+// process, a client of node B's service through the C API, reading into a
+// consumer directory of its own (so its level-1 shortcut applies: a file
+// present there is complete).
+//   after      the consumer declares the prefetch (dyad_prefetch), the
+//              producer publishes every file, then the consumer reads every
+//              file in order (dyad_consume + open/read/close): files/s,
+//              against a plain open/read/close of the same files copied into
+//              a tmpfs directory (/dev/shm), best of 3 passes;
+//   streaming  the consumer declares the prefetch and starts reading first;
+//              the producer then publishes: end-to-end files/s (producer's
+//              first write to the consumer's last read) against the
+//              producer's own write+publish rate in the same phase.
+// Every file read is verified after the timed loops. A figure printer,
+// never a pass/fail test.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "common/time.h"
+#include "dyad/client/dyad_client.h"
+#include "dyad/core/dyad_ctx.h"
+#include "emu/cluster.h"
+#include "emu/pattern.h"
+#include "emu/worker.h"
+
+namespace dyad::bench {
+namespace {
+
+struct Args {
+  uint64_t count = 5000;
+  uint64_t size = 4096;
+  std::string phases = "after,streaming";
+  ClusterArgs cl;
+  bool Has(const char* p) const { return phases.find(p) != std::string::npos; }
+};
+
+void Usage() {
+  std::printf(
+      "usage: dyad-prefetch [--count N] [--size BYTES] [--phases after,streaming]\n"
+      "                     [--mode MODE] [--loopback] [--tmp DIR] [--json]\n"
+      "Small files consumed with prefetch declared, against a plain read of the same files\n"
+      "from tmpfs and against the producer's own publish rate (default 5000 files of 4096 B).\n");
+}
+
+std::vector<emu::ManifestEntry> Files(const std::string& dir, uint64_t count, uint64_t size) {
+  std::vector<emu::ManifestEntry> v;
+  char name[96];
+  for (uint64_t i = 0; i < count; ++i) {
+    std::snprintf(name, sizeof name, "%s/d%03llu/f%06llu.dat", dir.c_str(),
+                  static_cast<unsigned long long>(i / 100), static_cast<unsigned long long>(i));
+    v.push_back({name, static_cast<int64_t>(size)});
+  }
+  return v;
+}
+
+// open/read/close of one file; false on any failure.
+bool ReadWhole(const std::string& path, std::vector<char>& buf) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = true;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) ok = false;
+    if (n <= 0) break;
+  }
+  ::close(fd);
+  return ok;
+}
+
+// The consumer's loop: consume (through DYAD or not) and read each file.
+struct Pass {
+  uint64_t first_ns = 0, last_ns = 0;
+  int failures = 0;
+};
+Pass ReadAll(const std::vector<std::string>& paths, bool consume) {
+  std::vector<char> buf(64 << 10);
+  Pass p;
+  dyad_ctx_t* ctx = dyad_ctx_get();
+  p.first_ns = WallNs();
+  for (const std::string& path : paths) {
+    if (consume && dyad_consume(ctx, path.c_str()) != DYAD_RC_OK) ++p.failures;
+    if (!ReadWhole(path, buf)) ++p.failures;
+  }
+  p.last_ns = WallNs();
+  return p;
+}
+
+int Verify(const std::string& dir, const std::vector<emu::ManifestEntry>& files) {
+  int bad = 0;
+  for (const auto& f : files)
+    if (!emu::VerifyPatternFile(dir + "/" + f.name, emu::PatternSeed(f.name), f.size).ok()) ++bad;
+  return bad;
+}
+
+// Copies every file under `from` to `to` (not timed).
+bool CopyTree(const std::string& from, const std::string& to,
+              const std::vector<emu::ManifestEntry>& files) {
+  std::vector<char> buf(1 << 20);
+  for (const auto& f : files) {
+    const std::string dst = to + "/" + f.name;
+    for (size_t pos = to.size() + 1; (pos = dst.find('/', pos)) != std::string::npos; ++pos)
+      ::mkdir(dst.substr(0, pos).c_str(), 0755);
+    const int in = ::open((from + "/" + f.name).c_str(), O_RDONLY | O_CLOEXEC);
+    const int out = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = in >= 0 && out >= 0;
+    for (ssize_t n; ok && (n = ::read(in, buf.data(), buf.size())) > 0;)
+      ok = ::write(out, buf.data(), static_cast<size_t>(n)) == n;
+    if (in >= 0) ::close(in);
+    if (out >= 0) ::close(out);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Starts the producer worker on node A and waits for it.
+Result<std::vector<emu::FileResult>> Produce(emu::EmuCluster& c, const std::string& dyad,
+                                             const std::string& manifest) {
+  auto p = c.SpawnOnNode(0, {dyad, "demo", "--role", "produce", "--manifest", manifest,
+                             "--result", manifest + ".produce"},
+                         {}, manifest + ".produce.out");
+  if (!p.ok()) return p.status();
+  auto st = p->Wait(Deadline::AfterMs(1800000));
+  if (!st.ok()) return st.status();
+  return emu::ReadResults(manifest + ".produce");
+}
+
+struct Figures {
+  double after_fps = 0, again_fps = 0, tmpfs_fps = 0, in_place_fps = 0, producer_fps = 0, stream_fps = 0, stream_producer_fps = 0;
+  unsigned long long misses = 0;  // consumes that reached the service (after phase)
+  int failures = 0;
+};
+
+void PhaseAfter(emu::EmuCluster& c, const std::string& dyad, const Args& a,
+                const std::string& cons, Figures* f) {
+  const auto files = Files("after", a.count, a.size);
+  const std::string m = c.base_dir() + "/bench-after";
+  (void)emu::WriteManifest(m, files);
+  if (dyad_prefetch(dyad_ctx_get(), (cons + "/after/").c_str()) != DYAD_RC_OK) {
+    std::fprintf(stderr, "dyad_prefetch: %s\n", dyad_last_error());
+    ++f->failures;
+    return;
+  }
+  auto pr = Produce(c, dyad, m);
+  if (!pr.ok() || pr->empty()) {
+    ++f->failures;
+    return;
+  }
+  f->producer_fps = Rate(pr->size(), pr->front().start_ns, pr->back().end_ns);
+  auto consumes = [&c]() -> uint64_t {
+    Result<uint64_t> n = c.Counter(1, "requests.consume");
+    return n.ok() ? *n : 0;
+  };
+  const uint64_t before = consumes();
+  std::vector<std::string> paths;
+  for (const auto& e : files) paths.push_back(cons + "/" + e.name);
+  const Pass p = ReadAll(paths, true);
+  f->misses = consumes() - before;
+  f->after_fps = Rate(files.size(), p.first_ns, p.last_ns);
+  f->failures += p.failures + Verify(cons, files);
+  // The same consumes again: every file local, DYAD's level-1 cost alone.
+  const Pass again = ReadAll(paths, true);
+  f->again_fps = Rate(files.size(), again.first_ns, again.last_ns);
+
+  // The same read without DYAD, in the consumer directory itself: what the
+  // directory's file system costs, apart from DYAD's level-1 check.
+  for (int i = 0; i < 3; ++i) {
+    const Pass b = ReadAll(paths, false);
+    f->in_place_fps = std::max(f->in_place_fps, Rate(files.size(), b.first_ns, b.last_ns));
+  }
+  char shm[] = "/dev/shm/dyad-bench-XXXXXX";
+  if (::mkdtemp(shm) == nullptr || !CopyTree(cons, shm, files)) {
+    ++f->failures;
+    return;
+  }
+  std::vector<std::string> plain;
+  for (const auto& e : files) plain.push_back(std::string(shm) + "/" + e.name);
+  for (int i = 0; i < 3; ++i) {
+    const Pass b = ReadAll(plain, false);
+    f->failures += b.failures;
+    f->tmpfs_fps = std::max(f->tmpfs_fps, Rate(files.size(), b.first_ns, b.last_ns));
+  }
+  const std::string rm = std::string("rm -rf '") + shm + "'";
+  if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", shm);
+}
+
+void PhaseStreaming(emu::EmuCluster& c, const std::string& dyad, const Args& a,
+                    const std::string& cons, Figures* f) {
+  const auto files = Files("stream", a.count, a.size);
+  const std::string m = c.base_dir() + "/bench-stream";
+  (void)emu::WriteManifest(m, files);
+  std::vector<std::string> paths;
+  for (const auto& e : files) paths.push_back(cons + "/" + e.name);
+  if (dyad_prefetch(dyad_ctx_get(), (cons + "/stream/").c_str()) != DYAD_RC_OK) {
+    ++f->failures;
+    return;
+  }
+  Pass p;
+  std::thread consumer([&] { p = ReadAll(paths, true); });
+  // The consumer is parked in its first consume before the producer starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto pr = Produce(c, dyad, m);
+  consumer.join();
+  if (!pr.ok() || pr->empty()) {
+    ++f->failures;
+    return;
+  }
+  f->stream_producer_fps = Rate(pr->size(), pr->front().start_ns, pr->back().end_ns);
+  f->stream_fps = Rate(files.size(), pr->front().start_ns, p.last_ns);
+  f->failures += p.failures + Verify(cons, files);
+}
+
+int Drive(const Args& a) {
+  const std::string dyad = FindDyadCommand("dyad-prefetch");
+  if (dyad.empty()) return 2;
+  auto cluster = StartBenchCluster("dyad-prefetch", 2, a.cl);
+  if (!cluster) return 1;
+  emu::EmuCluster& c = *cluster;
+  // A consumer directory of its own on node B (not B's producer directory),
+  // so a file present there is complete: the level-1 shortcut.
+  const std::string cons = c.node(1).dir + "/consumer";
+  ::mkdir(cons.c_str(), 0755);
+  for (const auto& [k, v] : c.node(1).env) ::setenv(k.c_str(), v.c_str(), 1);
+  ::unsetenv("DYAD_PATH_PRODUCER");
+  ::setenv("DYAD_PATH_CONSUMER", cons.c_str(), 1);
+  if (dyad_init_env(DYAD_COMM_RECV, nullptr) != DYAD_RC_OK) {
+    std::fprintf(stderr, "dyad_init_env: %s\n", dyad_last_error());
+    return 1;
+  }
+  Figures f;
+  if (a.Has("after")) PhaseAfter(c, dyad, a, cons, &f);
+  if (a.Has("streaming")) PhaseStreaming(c, dyad, a, cons, &f);
+  dyad_finalize();
+  const double r_after = f.tmpfs_fps > 0 ? f.after_fps / f.tmpfs_fps : 0;
+  const double r_stream = f.stream_producer_fps > 0 ? f.stream_fps / f.stream_producer_fps : 0;
+  if (a.cl.json) {
+    std::printf(
+        "{\"bench\": \"prefetch\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\",\n"
+        " \"after\": {\"files_per_s\": %.1f, \"tmpfs_files_per_s\": %.1f, \"ratio\": %.3f, "
+        "\"service_requests\": %llu, \"producer_files_per_s\": %.1f, "
+        "\"in_place_files_per_s\": %.1f},\n"
+        " \"streaming\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
+        "\"ratio\": %.3f},\n \"failures\": %d}\n",
+        static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
+        c.uses_netns() ? "veth" : "loopback", f.after_fps, f.tmpfs_fps, r_after, f.misses,
+        f.producer_fps, f.in_place_fps, f.stream_fps, f.stream_producer_fps, r_stream, f.failures);
+  } else {
+    std::printf("dyad-prefetch: %llu files of %s, link: %s\n",
+                static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
+                c.uses_netns() ? "veth pair between network namespaces" : "loopback");
+    std::printf("\n%-52s %12s %8s\n", "row", "files/s", "ratio");
+    std::printf("%-52s %12.0f %8s\n", "plain open/read/close from tmpfs (best of 3)", f.tmpfs_fps,
+                "");
+    std::printf("%-52s %12.0f %8.2f\n", "plain open/read/close in the consumer directory",
+                f.in_place_fps, f.tmpfs_fps > 0 ? f.in_place_fps / f.tmpfs_fps : 0);
+    std::printf("%-52s %12.0f %8s\n", "producer write+publish (after phase)", f.producer_fps, "");
+    std::printf("%-52s %12.0f %8.2f  (target >= 0.5; %llu reached the service)\n",
+                "consume+read after publication, prefetch declared", f.after_fps, r_after, f.misses);
+    std::printf("%-52s %12.0f %8.2f\n", "the same consume+read again (all level-1)", f.again_fps,
+                f.tmpfs_fps > 0 ? f.again_fps / f.tmpfs_fps : 0);
+    std::printf("%-52s %12.0f %8s\n", "producer write+publish (streaming phase)",
+                f.stream_producer_fps, "");
+    std::printf("%-52s %12.0f %8.2f  (target >= 0.9)\n",
+                "streaming end to end with prefetch", f.stream_fps, r_stream);
+    std::printf("failures: %d\n", f.failures);
+  }
+  return f.failures == 0 ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  Args a;
+  const int rc = ParseArgs(argc, argv, "dyad-prefetch", Usage, &a.cl,
+                           [&a](const std::string& s, const NextArg& next) {
+                             if (s == "--count") return TakeU64(next, &a.count, 1);
+                             if (s == "--size") return TakeU64(next, &a.size);
+                             if (s == "--phases") return TakeString(next, &a.phases);
+                             return OptionResult::kNotMine;
+                           });
+  return rc >= 0 ? rc : Drive(a);
+}
+
+}  // namespace
+}  // namespace dyad::bench
+
+int main(int argc, char** argv) { return dyad::bench::Main(argc, argv); }

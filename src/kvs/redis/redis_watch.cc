@@ -1,0 +1,217 @@
+// redis_watch.cc: see redis_watch.h.
+#include "kvs/redis/redis_watch.h"
+
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "common/log.h"
+
+namespace dyad {
+namespace {
+
+std::string Str(const redisReply* r) {
+  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+             ? std::string(r->str, r->len)
+             : std::string();
+}
+
+}  // namespace
+
+RedisWatcher::RedisWatcher(RedisExecutor* exec) : exec_(exec) {}
+
+RedisWatcher::~RedisWatcher() {
+  Shutdown();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+std::string RedisWatcher::EncodeMessage(const std::string& key, const std::string& value) {
+  return std::to_string(key.size()) + ":" + key + value;
+}
+
+bool RedisWatcher::DecodeMessage(const std::string& msg, std::string* key, std::string* value) {
+  const size_t colon = msg.find(':');
+  if (colon == std::string::npos || colon == 0 || colon > 10) return false;
+  size_t len = 0;
+  for (size_t i = 0; i < colon; ++i) {
+    if (msg[i] < '0' || msg[i] > '9') return false;
+    len = len * 10 + static_cast<size_t>(msg[i] - '0');
+  }
+  if (len > msg.size() - colon - 1) return false;
+  *key = msg.substr(colon + 1, len);
+  *value = msg.substr(colon + 1 + len);
+  return true;
+}
+
+void RedisWatcher::Wake() {
+  if (wake_fd_ < 0) return;
+  const uint64_t one = 1;
+  ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  (void)n;
+}
+
+Result<KvsWatchTicket> RedisWatcher::Watch(const std::string& ns, const std::string& channel,
+                                           KvsWatchCallback on_change) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stop_) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
+  if (wake_fd_ < 0) {
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return StatusFromErrno(errno, "redis watch: eventfd");
+  }
+  const KvsWatchTicket t = watchers_.Add(ns, std::move(on_change));
+  auto [it, fresh] = subs_.try_emplace(channel);
+  if (fresh) {
+    it->second.ns = ns;
+    to_subscribe_.insert(channel);
+    to_unsubscribe_.erase(channel);
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  Wake();
+  Sub& sub = it->second;
+  cv_.wait_for(lk, std::chrono::milliseconds(kConfirmMs), [&] { return sub.confirmed || stop_; });
+  if (!sub.confirmed) sub.resync_on_confirm = true;
+  return t;
+}
+
+void RedisWatcher::Unwatch(KvsWatchTicket ticket) {
+  std::optional<std::string> ns = watchers_.Remove(ticket);
+  if (!ns) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (watchers_.Watched(*ns)) return;
+  for (auto it = subs_.begin(); it != subs_.end(); ++it) {
+    if (it->second.ns != *ns) continue;
+    to_unsubscribe_.insert(it->first);
+    to_subscribe_.erase(it->first);
+    subs_.erase(it);
+    break;
+  }
+  Wake();
+}
+
+void RedisWatcher::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  Wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool RedisWatcher::SendSubscribe(redisContext* c, const char* verb, const std::string& channel) {
+  const char* argv[] = {verb, channel.data()};
+  const size_t lens[] = {std::strlen(verb), channel.size()};
+  if (redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK) return false;
+  int done = 0;
+  while (!done)
+    if (redisBufferWrite(c, &done) != REDIS_OK) return false;
+  return true;
+}
+
+void RedisWatcher::Loop() {
+  int64_t backoff = kBackoffFirstMs;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_) return;
+    }
+    Result<RedisAddress> node = exec_->topology()->NodeFor(0);
+    Result<RedisContext> c = node.ok() ? exec_->Dial(*node) : Result<RedisContext>(node.status());
+    if (c.ok()) {
+      backoff = kBackoffFirstMs;
+      {
+        // Everything wanted is (re)subscribed on this new link.
+        std::lock_guard<std::mutex> lk(mu_);
+        to_unsubscribe_.clear();
+        for (const auto& [channel, sub] : subs_) to_subscribe_.insert(channel);
+      }
+      if (Serve(c->get())) return;  // stopped
+      exec_->topology()->MarkStale();
+    } else {
+      DYAD_LOG_DEBUG("redis watch: %s", c.status().ToString().c_str());
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    // Messages published while the link was down are lost: resync once
+    // the subscriptions are confirmed again.
+    for (auto& [channel, sub] : subs_) {
+      if (sub.confirmed) sub.resync_on_confirm = true;
+      sub.confirmed = false;
+    }
+    cv_.wait_for(lk, std::chrono::milliseconds(backoff), [this] { return stop_; });
+    backoff = std::min(backoff * 2, kBackoffMaxMs);
+  }
+}
+
+bool RedisWatcher::Serve(redisContext* c) {
+  for (;;) {
+    std::vector<std::pair<const char*, std::string>> sends;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_) return true;
+      for (const auto& ch : to_subscribe_) sends.emplace_back("SUBSCRIBE", ch);
+      for (const auto& ch : to_unsubscribe_) sends.emplace_back("UNSUBSCRIBE", ch);
+      to_subscribe_.clear();
+      to_unsubscribe_.clear();
+    }
+    for (const auto& [verb, ch] : sends)
+      if (!SendSubscribe(c, verb, ch)) return false;
+    pollfd fds[2] = {{c->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int n = ::poll(fds, 2, static_cast<int>(kPollMs));
+    if (n < 0 && errno != EINTR) return false;
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      ssize_t r = ::read(wake_fd_, &v, sizeof v);
+      (void)r;
+    }
+    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (redisBufferRead(c) != REDIS_OK) {
+      DYAD_LOG_WARN("redis watch link lost: %s; reconnecting", c->errstr);
+      return false;
+    }
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReplyFromReader(c, &raw) != REDIS_OK) return false;
+      if (raw == nullptr) break;
+      RedisReply reply(static_cast<redisReply*>(raw));
+      HandlePush(reply.get());
+    }
+  }
+}
+
+void RedisWatcher::HandlePush(const redisReply* r) {
+  if (r->type == REDIS_REPLY_ERROR) {
+    DYAD_LOG_WARN("redis watch: %s", RedisErrorText(r).c_str());
+    return;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 3) return;
+  const std::string kind = Str(r->element[0]);
+  const std::string channel = Str(r->element[1]);
+  std::string ns;
+  bool resync = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = subs_.find(channel);
+    if (it == subs_.end()) return;
+    ns = it->second.ns;
+    if (kind == "subscribe") {
+      it->second.confirmed = true;
+      resync = it->second.resync_on_confirm;
+      it->second.resync_on_confirm = false;
+      cv_.notify_all();
+    }
+  }
+  if (resync) watchers_.Resync(ns);
+  if (kind != "message") return;
+  std::string key, value;
+  if (r->element[2]->type != REDIS_REPLY_STRING ||
+      !DecodeMessage(Str(r->element[2]), &key, &value))
+    return;
+  watchers_.Notify(ns, key, value);
+}
+
+}  // namespace dyad

@@ -1,0 +1,87 @@
+// watch.cc: see watch.h.
+#include "kvs/watch.h"
+
+#include <set>
+
+namespace dyad {
+
+KvsWatchTicket WatchList::Add(const std::string& ns, KvsWatchCallback cb) {
+  auto w = std::make_shared<Watcher>();
+  w->ns = ns;
+  w->cb = std::move(cb);
+  std::lock_guard<std::mutex> lk(mu_);
+  const KvsWatchTicket t = next_++;
+  all_.emplace(t, std::move(w));
+  count_.store(all_.size(), std::memory_order_release);
+  return t;
+}
+
+std::optional<std::string> WatchList::Remove(KvsWatchTicket ticket) {
+  std::shared_ptr<Watcher> w;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = all_.find(ticket);
+    if (it == all_.end()) return std::nullopt;
+    w = std::move(it->second);
+    all_.erase(it);
+    count_.store(all_.size(), std::memory_order_release);
+  }
+  std::lock_guard<std::mutex> run(w->run_mu);  // waits for a callback in progress
+  w->active = false;
+  return w->ns;
+}
+
+bool WatchList::Watched(const std::string& ns) const {
+  if (empty()) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [t, w] : all_)
+    if (w->ns == ns) return true;
+  return false;
+}
+
+std::vector<std::string> WatchList::Namespaces() const {
+  std::set<std::string> names;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [t, w] : all_) names.insert(w->ns);
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
+std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string* ns) const {
+  std::vector<std::shared_ptr<Watcher>> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [t, w] : all_)
+    if (ns == nullptr || w->ns == *ns) out.push_back(w);
+  return out;
+}
+
+void WatchList::Deliver(const std::vector<std::shared_ptr<Watcher>>& to,
+                        const KvsChange& change) {
+  for (const auto& w : to) {
+    std::lock_guard<std::mutex> run(w->run_mu);
+    if (w->active) w->cb(change);
+  }
+}
+
+void WatchList::Notify(const std::string& ns, const std::string& key, const std::string& value) {
+  if (empty()) return;
+  const auto to = Of(&ns);
+  if (to.empty()) return;
+  KvsChange c;
+  c.key = key;
+  c.value = value;
+  Deliver(to, c);
+}
+
+void WatchList::Resync(const std::string& ns) {
+  KvsChange c;
+  c.resync = true;
+  Deliver(Of(&ns), c);
+}
+
+void WatchList::ResyncAll() {
+  KvsChange c;
+  c.resync = true;
+  Deliver(Of(nullptr), c);
+}
+
+}  // namespace dyad

@@ -1,0 +1,299 @@
+// prefetch.cc: see prefetch.h.
+#include "service/prefetch.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+
+namespace dyad {
+
+bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath) {
+  if (pattern.find_first_of("*?[") != std::string::npos)
+    return ::fnmatch(pattern.c_str(), upath.c_str(), 0) == 0;
+  return upath.compare(0, pattern.size(), pattern) == 0;
+}
+
+Prefetcher::Prefetcher(PrefetchConfig config, Kvs* kvs, Placement* placement,
+                       MetadataCache* cache)
+    : cfg_(config), kvs_(kvs), placement_(placement), cache_(cache) {
+  const uint32_t n = std::max<uint32_t>(1, cfg_.max_inflight);
+  for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { Worker(); });
+}
+
+Prefetcher::~Prefetcher() { Stop(); }
+
+void Prefetcher::Stop() {
+  if (stopped_.exchange(true)) return;
+  std::map<std::string, KvsWatchTicket> watches;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+    watches.swap(watches_);
+  }
+  cv_.notify_all();
+  // Unwatch outside mu_: it waits for a callback in progress, which takes mu_.
+  for (const auto& [ns, t] : watches) kvs_->Unwatch(t);
+  for (std::thread& w : workers_)
+    if (w.joinable()) w.join();
+}
+
+void Prefetcher::SetAdmit(std::function<bool(uint64_t bytes)> admit) {
+  std::lock_guard<std::mutex> lk(mu_);
+  admit_ = std::move(admit);
+}
+
+void Prefetcher::SetOnPublication(
+    std::function<void(const std::string& ns, const FileRecord& rec)> on_publication) {
+  std::lock_guard<std::mutex> lk(mu_);
+  on_publication_ = std::move(on_publication);
+}
+
+void Prefetcher::Kick() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (deferred_.empty()) return;
+  std::map<std::string, Item> deferred;
+  deferred.swap(deferred_);
+  for (auto& [dest, item] : deferred) EnqueueLocked(std::move(item));
+  cv_.notify_all();
+}
+
+Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
+  Declaration d{req.ns, req.pattern, req.cons_path, req.dtl_mode};
+  auto same = [&d](const Declaration& o) {
+    return o.ns == d.ns && o.pattern == d.pattern && o.cons_root == d.cons_root;
+  };
+  if (req.cancel) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const size_t before = decls_.size();
+    decls_.erase(std::remove_if(decls_.begin(), decls_.end(), same), decls_.end());
+    if (decls_.size() == before)
+      return Status(DYAD_RC_NOTFOUND, "no prefetch of '" + req.pattern + "' was declared");
+    return 0u;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return Status(DYAD_RC_CANCELLED, "dyad-service is stopping");
+    auto it = std::find_if(decls_.begin(), decls_.end(), same);
+    if (it != decls_.end()) {
+      it->dtl_mode = d.dtl_mode;
+    } else if (decls_.size() >= cfg_.max_declarations) {
+      return Status(DYAD_RC_BADREQUEST, "too many prefetch declarations on this service (" +
+                                            std::to_string(cfg_.max_declarations) +
+                                            "); cancel some with 'dyad prefetch --cancel'");
+    } else {
+      decls_.push_back(d);
+    }
+  }
+  // Watch first, then list: a publication between the two is seen by both
+  // (the queue keeps one entry per file), never by neither.
+  DYAD_RETURN_IF_ERROR(EnsureWatched(req.ns));
+  return QueueListed(req.ns, &d);
+}
+
+Status Prefetcher::EnsureWatched(const std::string& ns) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (watches_.count(ns) != 0) return Status::OK();
+  }
+  Result<KvsWatchTicket> t =
+      kvs_->Watch(ns, [this, ns](const KvsChange& c) { OnChange(ns, c); });
+  if (!t.ok()) return t.status().Annotate("prefetch: watch namespace '" + ns + "'");
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stopping_ || watches_.count(ns) != 0) {
+    lk.unlock();
+    kvs_->Unwatch(*t);  // lost a race with another declaration (or Stop)
+    return Status::OK();
+  }
+  watches_[ns] = *t;
+  return Status::OK();
+}
+
+uint32_t Prefetcher::QueueListed(const std::string& ns, const Declaration* only) {
+  Result<std::vector<KvsEntry>> all = kvs_->List(ns, "", 0);
+  if (!all.ok()) {
+    DYAD_LOG_WARN("prefetch: cannot list namespace '%s': %s", ns.c_str(),
+                  all.status().ToString().c_str());
+    return 0;
+  }
+  uint32_t matched = 0;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [key, value] : *all) {
+    FileRecord rec;
+    if (!FileRecord::Decode(value, &rec)) continue;
+    if (only != nullptr) {
+      if (!PrefetchPatternMatches(only->pattern, rec.upath)) continue;
+      ++matched;
+      EnqueueLocked(Item{ns, key, only->cons_root, only->dtl_mode, rec, false});
+    } else {
+      MatchLocked(ns, key, rec);
+    }
+  }
+  cv_.notify_all();
+  return matched;
+}
+
+void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
+  FileRecord rec;
+  if (!change.resync && !FileRecord::Decode(change.value, &rec)) return;  // not a file record
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_) return;
+  if (change.resync) {
+    resync_.insert(ns);
+  } else {
+    if (on_publication_) on_publication_(ns, rec);
+    // The node's locate cache learns the record now, so a consume that
+    // overtakes its prefetch does not ask the store again.
+    cache_->Put(ns, change.key, rec);
+    MatchLocked(ns, change.key, rec);
+  }
+  cv_.notify_all();
+}
+
+void Prefetcher::MatchLocked(const std::string& ns, const std::string& key,
+                             const FileRecord& rec) {
+  for (const Declaration& d : decls_)
+    if (d.ns == ns && PrefetchPatternMatches(d.pattern, rec.upath))
+      EnqueueLocked(Item{ns, key, d.cons_root, d.dtl_mode, rec, false});
+}
+
+void Prefetcher::EnqueueLocked(Item item) {
+  if (!ValidateUpath(item.record.upath).ok()) return;  // never place outside the directory
+  const std::string dest = item.cons_root + "/" + item.record.upath;
+  auto newer = [](const Item& a, const Item& b) {
+    return a.record.published_ns >= b.record.published_ns;
+  };
+  deferred_.erase(dest);  // superseded by this newer entry
+  if (active_.count(dest) != 0) {
+    auto it = again_.find(dest);
+    if (it == again_.end() || newer(item, it->second)) again_[dest] = std::move(item);
+    return;
+  }
+  auto it = pending_.find(dest);
+  if (it != pending_.end()) {
+    if (newer(item, it->second)) it->second = std::move(item);
+    return;
+  }
+  if (pending_.size() >= cfg_.max_queued) {
+    n_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  pending_.emplace(dest, std::move(item));
+  order_.push_back(dest);
+  n_queued_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool Prefetcher::NextLocked(Item* out, std::string* resync_ns) {
+  if (!resync_.empty()) {
+    *resync_ns = *resync_.begin();
+    resync_.erase(resync_.begin());
+    return true;
+  }
+  for (auto it = order_.begin(); it != order_.end(); ++it) {
+    auto p = pending_.find(*it);
+    if (p == pending_.end()) continue;
+    uint32_t& busy = per_peer_[p->second.record.owner_rank];
+    if (busy >= std::max<uint32_t>(1, cfg_.max_per_peer)) continue;
+    ++busy;
+    *out = std::move(p->second);
+    active_.insert(*it);
+    pending_.erase(p);
+    order_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void Prefetcher::Worker() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    Item item;
+    std::string resync_ns;
+    cv_.wait(lk, [&] { return stopping_ || NextLocked(&item, &resync_ns); });
+    if (stopping_) return;
+    lk.unlock();
+    if (!resync_ns.empty()) {
+      QueueListed(resync_ns, nullptr);
+    } else {
+      Run(std::move(item));
+    }
+    lk.lock();
+  }
+}
+
+void Prefetcher::Run(Item item) {
+  const std::string dest = item.cons_root + "/" + item.record.upath;
+  std::function<bool(uint64_t)> admit;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    admit = admit_;
+  }
+  Item retry;
+  retry.key.clear();
+  if (placement_->IsCurrentCopy(dest, item.record)) {
+    n_present_.fetch_add(1, std::memory_order_relaxed);
+  } else if (admit && !admit(item.record.size)) {
+    n_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lk(mu_);
+    deferred_.emplace(dest, item);
+  } else {
+    PlacementRequest preq;
+    preq.record = item.record;
+    preq.cons_root = item.cons_root;
+    preq.dtl_mode = item.dtl_mode;
+    preq.ns = item.ns;
+    preq.prefetched = true;
+    Result<ConsumeReply> r =
+        placement_->Place(preq, Deadline::AfterMs(cfg_.transfer_timeout_ms),
+                          [this] { return stopped_.load(); });
+    if (!r.ok()) {
+      n_failed_.fetch_add(1, std::memory_order_relaxed);
+      DYAD_LOG_DEBUG("prefetch of '%s' failed: %s", item.record.upath.c_str(),
+                     r.status().ToString().c_str());
+    } else {
+      n_done_.fetch_add(1, std::memory_order_relaxed);
+      cache_->Put(item.ns, item.key, item.record);
+      // Joined an explicit consume's transfer of an older version: fetch
+      // the one this entry was queued for (once; a newer publication
+      // queues its own entry).
+      if (r->joined && !item.retried &&
+          !placement_->IsCurrentCopy(dest, item.record)) {
+        retry = item;
+        retry.retried = true;
+      }
+    }
+  }
+  Finish(dest, item.record.owner_rank, retry.key.empty() ? nullptr : &retry);
+}
+
+void Prefetcher::Finish(const std::string& dest, uint32_t owner, Item* retry) {
+  std::lock_guard<std::mutex> lk(mu_);
+  active_.erase(dest);
+  auto p = per_peer_.find(owner);
+  if (p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
+  auto again = again_.find(dest);
+  if (again != again_.end()) {
+    Item next = std::move(again->second);
+    again_.erase(again);
+    EnqueueLocked(std::move(next));
+  } else if (retry != nullptr) {
+    EnqueueLocked(std::move(*retry));
+  }
+  cv_.notify_all();
+}
+
+void Prefetcher::AddCounters(std::map<std::string, uint64_t>* out) const {
+  (*out)["prefetch.queued"] = n_queued_.load(std::memory_order_relaxed);
+  (*out)["prefetch.fetched"] = n_done_.load(std::memory_order_relaxed);
+  (*out)["prefetch.present"] = n_present_.load(std::memory_order_relaxed);
+  (*out)["prefetch.failed"] = n_failed_.load(std::memory_order_relaxed);
+  (*out)["prefetch.refused_budget"] = n_refused_.load(std::memory_order_relaxed);
+  (*out)["prefetch.dropped"] = n_dropped_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(mu_);
+  (*out)["prefetch.pending"] = pending_.size();
+  (*out)["prefetch.deferred"] = deferred_.size();
+  (*out)["prefetch.declarations"] = decls_.size();
+}
+
+}  // namespace dyad
