@@ -129,7 +129,7 @@ bool CopyTree(const std::string& from, const std::string& to,
 // Starts the producer worker on node A and waits for it.
 Result<std::vector<emu::FileResult>> Produce(emu::EmuCluster& c, const std::string& dyad,
                                              const std::string& manifest) {
-  auto p = c.SpawnOnNode(0, {dyad, "demo", "--role", "produce", "--manifest", manifest,
+  auto p = c.SpawnOnNode(0, {dyad, "--role", "produce", "--manifest", manifest,
                              "--result", manifest + ".produce"},
                          {}, manifest + ".produce.out");
   if (!p.ok()) return p.status();
@@ -224,7 +224,7 @@ void PhaseStreaming(emu::EmuCluster& c, const std::string& dyad, const Args& a,
 }
 
 int Drive(const Args& a) {
-  const std::string dyad = FindDyadCommand("dyad-prefetch");
+  const std::string dyad = FindDemoProgram("dyad-prefetch");
   if (dyad.empty()) return 2;
   auto cluster = StartBenchCluster("dyad-prefetch", 2, a.cl);
   if (!cluster) return 1;

@@ -190,15 +190,12 @@ py::object FsDecode(const char* s) {
 // the GIL; a handle dropped unwaited is joined by its destructor.
 class AsyncConsume {
  public:
-  AsyncConsume(std::shared_ptr<dyad::Client> client, std::vector<std::string> names,
-               int64_t timeout_ms)
-      : names_(std::move(names)), results_(names_.size(), dyad::Status::OK()) {
-    thread_ = std::thread([this, c = std::move(client), timeout_ms] {
-      try {
-        request_ = c->ConsumeBatch(names_, &results_, timeout_ms);
-      } catch (...) {
-        request_ = dyad::Status(DYAD_RC_SYSFAIL, "consume_start: out of memory");
-      }
+  // `timeout_ms` < 0: the configured DYAD_CONSUME_TIMEOUT.
+  AsyncConsume(dyad::client::Client client, std::vector<std::string> names, int64_t timeout_ms)
+      : names_(std::move(names)), results_(names_.size()) {
+    thread_ = std::thread([this, client, timeout_ms] {
+      dyad::client::Client c = client;
+      request_ = c.ConsumeBatch(names_, timeout_ms, &results_);
     });
   }
   ~AsyncConsume() { Join(); }
@@ -214,8 +211,8 @@ class AsyncConsume {
   std::vector<std::pair<int, std::string>> Results() {
     Join();
     std::vector<std::pair<int, std::string>> out;
-    for (const dyad::Status& st : results_) {
-      const dyad::Status& eff = request_.ok() ? st : request_;
+    for (const dyad::client::Status& st : results_) {
+      const dyad::client::Status& eff = request_.ok() ? st : request_;
       const bool ok = eff.ok() || eff.code() == DYAD_RC_UNTRACKED;
       out.emplace_back(ok ? DYAD_RC_OK : eff.code(), ok ? std::string() : eff.message());
     }
@@ -225,8 +222,8 @@ class AsyncConsume {
 
  private:
   std::vector<std::string> names_;
-  std::vector<dyad::Status> results_;
-  dyad::Status request_;
+  std::vector<dyad::client::Status> results_;
+  dyad::client::Status request_;
   std::thread thread_;
 };
 
@@ -362,11 +359,12 @@ PYBIND11_MODULE(_pydyad, m) {
       [](py::iterable fnames, std::optional<double> timeout) {
         std::vector<std::string> names;
         for (py::handle f : fnames) names.push_back(ToFsPath(f));
-        dyad::Result<std::shared_ptr<dyad::Client>> c = dyad::capi::ClientOf(dyad_ctx_get());
-        if (!c.ok()) Raise(dyad::capi::Fail(c.status()), "consume_start");
-        int64_t ms = dyad::Client::kConfiguredTimeout;
+        dyad::client::Client c;
+        dyad::client::Status st = dyad::client::Client::FromContext(dyad_ctx_get(), &c);
+        if (!st.ok()) Raise(dyad::client::SetLastError(st), "consume_start");
+        int64_t ms = -1;
         if (timeout) ms = *timeout <= 0 ? 0 : static_cast<int64_t>(*timeout * 1000.0);
-        return std::make_unique<AsyncConsume>(std::move(*c), std::move(names), ms);
+        return std::make_unique<AsyncConsume>(c, std::move(names), ms);
       },
       py::arg("fnames"), py::arg("timeout") = py::none(),
       "Starts consuming many files in one request, in the background; `timeout` (seconds) "

@@ -223,10 +223,16 @@ Status Client::Consume(const std::string& path, ConsumeInfo* info) {
 }
 
 Status Client::ConsumeBatch(const std::vector<std::string>& paths, std::vector<Status>* results) {
+  return ConsumeBatch(paths, ::dyad::Client::kConfiguredTimeout, results);
+}
+
+Status Client::ConsumeBatch(const std::vector<std::string>& paths, int64_t timeout_ms,
+                            std::vector<Status>* results) {
   if (!impl_) return NoClient();
+  if (timeout_ms < 0) timeout_ms = ::dyad::Client::kConfiguredTimeout;
   return Guarded("consume batch", [&] {
     std::vector<::dyad::Status> in(paths.size(), ::dyad::Status::OK());
-    ::dyad::Status st = impl_->core->ConsumeBatch(paths, &in);
+    ::dyad::Status st = impl_->core->ConsumeBatch(paths, &in, timeout_ms);
     if (results != nullptr) {
       results->clear();
       for (const ::dyad::Status& r : in) results->push_back(Public(r));

@@ -22,7 +22,7 @@
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
 #include "service/prefetch.h"
-#include "unit/redis_test_server.h"
+#include "emu/redis_server.h"
 #include "unit/service_pair.h"
 
 namespace dyad {
@@ -52,7 +52,7 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (GetParam() == "redis") {
 #ifdef DYAD_HAVE_REDIS
-      redis_ = std::make_unique<testing_redis::RedisTestServer>();
+      redis_ = std::make_unique<emu::RedisServer>();
       if (!redis_->available()) GTEST_SKIP() << "redis-server is not installed";
       ASSERT_EQ(redis_->Start(), "");
       ASSERT_TRUE(pair_.Start(redis_->url(), redis_->url()).ok());
@@ -111,7 +111,7 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
   uint64_t TransfersIn() { return pair_.b->stats().Get(ServiceStats::kTransfersIn); }
 
   testing_services::ServicePair pair_;
-  std::unique_ptr<testing_redis::RedisTestServer> redis_;
+  std::unique_ptr<emu::RedisServer> redis_;
   std::string cons_;
 };
 

@@ -182,6 +182,11 @@ class DYAD_DLL_EXPORTED Client {
   // concurrently. `*results` gets one Status per path (a missing or failed
   // file does not fail the others); the returned Status is the request's.
   Status ConsumeBatch(const std::vector<std::string>& paths, std::vector<Status>* results);
+  // The same with `timeout_ms` replacing consume_timeout_ms for this batch:
+  // 0 takes only files already published (look-ahead), the others end with
+  // DYAD_RC_TIMEOUT at once.
+  Status ConsumeBatch(const std::vector<std::string>& paths, int64_t timeout_ms,
+                      std::vector<Status>* results);
   // Declares (with `cancel`, withdraws) that this process will read the
   // files matching `pattern`, a path prefix or glob under the consumer
   // directory: the node's service fetches each as it is published, so a
