@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/format.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "service/advertise.h"
@@ -32,28 +33,12 @@ bool StoreNotReady(const Status& st) {
          st.code() == DYAD_RC_NOSERVICE;
 }
 
-std::string Hex(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string LocalTime(uint64_t wall_ns) {
-  if (wall_ns == 0) return "unknown";
-  const time_t secs = static_cast<time_t>(wall_ns / 1000000000ull);
-  tm t{};
-  localtime_r(&secs, &t);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &t);
-  return buf;
-}
-
 // "host node3, address 10.0.0.3:7590, pid 4242, started 2024-05-01 12:00:00"
 std::string DescribeHolder(const ServiceRecord& r) {
   std::string s = "host " + (r.hostname.empty() ? std::string("?") : r.hostname) + ", address " +
                   r.address;
   if (r.pid != 0) s += ", pid " + std::to_string(r.pid);
-  return s + ", started " + LocalTime(r.started_ns) + ", incarnation " + Hex(r.incarnation);
+  return s + ", started " + LocalDateTime(r.started_ns, "unknown") + ", incarnation " + Hex64(r.incarnation);
 }
 
 // Runs `fn(kvs)` on a helper thread and waits for it unless `stopping`
@@ -194,7 +179,7 @@ Status Service::CheckOwnAddress() {
                     "the address this service advertises (" + advertise_ +
                         ") reaches another dyad-service (rank " +
                         std::to_string(probe.identity.rank) + ", incarnation " +
-                        Hex(probe.identity.incarnation) + "): two services on one address, or a "
+                        Hex64(probe.identity.incarnation) + "): two services on one address, or a "
                         "wrong --advertise; give this service its own --listen/--advertise");
     case PeerState::kRefused:
       return probe.status.Annotate("check of this service's own address " + advertise_);

@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "common/backend.h"
+#include "common/format.h"
 #include "common/time.h"
 #include "service/stats.h"
 
@@ -24,22 +25,6 @@ namespace cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-std::string Hex(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string Clock(uint64_t wall_ns) {
-  if (wall_ns == 0) return "-";
-  const time_t secs = static_cast<time_t>(wall_ns / 1000000000ull);
-  tm t{};
-  localtime_r(&secs, &t);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &t);
-  return buf;
-}
 
 // "3 s ago", "-" when never.
 std::string Ago(uint64_t wall_ns) {
@@ -51,7 +36,7 @@ std::string Ago(uint64_t wall_ns) {
 
 std::string FormatRate(uint64_t bytes, uint64_t ns) {
   if (ns == 0) return "-";
-  return FormatBytes(static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 /
+  return HumanBytes(static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 /
                                            static_cast<double>(ns))) + "/s";
 }
 
@@ -107,22 +92,6 @@ struct Family {
 };
 
 }  // namespace
-
-std::string FormatBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 5) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0)
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  else
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
-  return buf;
-}
 
 std::string PrometheusText(const StatusReply& st) {
   auto info = [&](const char* k) {
@@ -182,7 +151,7 @@ std::string TransfersTable(const std::vector<TransferInfo>& transfers) {
   for (const TransferInfo& t : transfers) {
     const bool known = t.bytes_done != TransferInfo::kUnknownBytes;
     const std::string done =
-        (known ? FormatBytes(t.bytes_done) : std::string("?")) + " / " + FormatBytes(t.bytes_total);
+        (known ? HumanBytes(t.bytes_done) : std::string("?")) + " / " + HumanBytes(t.bytes_total);
     std::snprintf(line, sizeof line, "  %-4s %-5u %-9s %-24s %-12s %s\n", t.outgoing ? "out" : "in",
                   t.peer_rank, t.transport.c_str(), done.c_str(),
                   known ? FormatRate(t.bytes_done, t.elapsed_ns).c_str() : "-", t.upath.c_str());
@@ -228,7 +197,7 @@ int CmdPeers(double timeout_s, bool json) {
       j["address"] = p.record.address;
       j["host"] = p.record.hostname;
       j["pid"] = p.record.pid;
-      j["incarnation"] = Hex(p.record.incarnation);
+      j["incarnation"] = Hex64(p.record.incarnation);
       j["started_ns"] = p.record.started_ns;
       j["state"] = PeerStateName(p.state);
       j["last_contact_ns"] = p.last_contact_ns;
@@ -251,7 +220,7 @@ int CmdPeers(double timeout_s, bool json) {
     std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", p.record.rank,
                 PeerStateName(p.state), p.record.address.c_str(), p.record.hostname.c_str(),
                 p.record.pid ? std::to_string(p.record.pid).c_str() : "-",
-                Hex(p.record.incarnation).c_str(), Clock(p.record.started_ns).c_str(),
+                Hex64(p.record.incarnation).c_str(), LocalDateTime(p.record.started_ns, "-").c_str(),
                 Ago(p.last_contact_ns).c_str(), tail.c_str());
   }
   return kExitOk;
@@ -276,7 +245,7 @@ void DrawBar(const std::string& name, const TransferInfo& t) {
             : 0.0;
   char tail[128];
   std::snprintf(tail, sizeof tail, " %3d%%  %s / %s  %s", static_cast<int>(frac * 100),
-                known ? FormatBytes(t.bytes_done).c_str() : "?", FormatBytes(t.bytes_total).c_str(),
+                known ? HumanBytes(t.bytes_done).c_str() : "?", HumanBytes(t.bytes_total).c_str(),
                 known ? FormatRate(t.bytes_done, t.elapsed_ns).c_str() : "");
   std::string label = name.size() > 30 ? "..." + name.substr(name.size() - 27) : name;
   const size_t fixed = label.size() + 3 + std::string(tail).size();

@@ -45,8 +45,6 @@ bool ProgressWanted();
 Status ConsumeShowingProgress(Client& client, const std::string& path, const std::string& upath,
                               ConsumeInfo* info);
 
-// "1.5 MiB", "512 B".
-std::string FormatBytes(uint64_t bytes);
 
 }  // namespace cli
 }  // namespace dyad

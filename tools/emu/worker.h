@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/format.h"
 #include "common/status.h"
 
 namespace dyad::emu {
@@ -48,7 +49,7 @@ std::string UnescapeField(const std::string& s);
 double Percentile(std::vector<double> values, double p);
 double Median(std::vector<double> values);
 
-// "1.5 KiB", "256.0 MiB".
-std::string HumanBytes(uint64_t bytes);
+// "1.5 KiB", "256.0 MiB" (common/format.h).
+using ::dyad::HumanBytes;
 
 }  // namespace dyad::emu
