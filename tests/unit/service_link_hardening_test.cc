@@ -30,6 +30,7 @@ namespace {
 
 using testing_services::CallLocal;
 using testing_services::ReadAll;
+using testing_services::WriteAndPublish;
 using testing_services::WriteFile;
 
 constexpr char kSecret[] = "hardening-test-secret";
@@ -204,20 +205,7 @@ class RelayedPair : public ::testing::TestWithParam<LinkProtection> {
   }
 
   Status Publish(const std::string& upath, const std::string& data) {
-    const std::string path = base_ + "/a/" + upath;
-    WriteFile(path, data);
-    struct stat sb;
-    if (::stat(path.c_str(), &sb) != 0) return StatusFromErrno(errno, "stat " + path);
-    PublishRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.prod_path = CanonicalPath(base_ + "/a");
-    req.size = data.size();
-    req.version = MtimeNs(sb);
-    Encoder e;
-    req.EncodeTo(e);
-    return CallLocal(base_ + "/a.sock", MsgType::kPublish, e.data()).status();
+    return WriteAndPublish(base_ + "/a.sock", base_ + "/a", upath, data);
   }
 
   Result<ConsumeReply> Consume(const std::string& upath) {

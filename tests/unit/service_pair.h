@@ -49,6 +49,28 @@ inline Result<std::string> CallLocal(const std::string& sock, MsgType type,
   return body;
 }
 
+// Writes `data` to prod_dir/upath and publishes it (namespace "t", key depth
+// 3, 1024 bins) through the service listening on `sock`.
+inline Status WriteAndPublish(const std::string& sock, const std::string& prod_dir,
+                              const std::string& upath, const std::string& data,
+                              bool async = false) {
+  const std::string path = prod_dir + "/" + upath;
+  WriteFile(path, data);
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0) return StatusFromErrno(errno, "stat " + path);
+  PublishRequest req;
+  req.ns = "t";
+  req.key = GenPathKey(upath, 3, 1024);
+  req.upath = upath;
+  req.prod_path = CanonicalPath(prod_dir);
+  req.size = data.size();
+  req.version = MtimeNs(sb);
+  req.async = async;
+  Encoder e;
+  req.EncodeTo(e);
+  return CallLocal(sock, MsgType::kPublish, e.data()).status();
+}
+
 class ServicePair {
  public:
   ServicePair() = default;
@@ -101,21 +123,7 @@ class ServicePair {
   // Writes `data` to A's directory and publishes it through A.
   Status Publish(const std::string& upath, const std::string& data, bool async = false) {
     DYAD_RETURN_IF_ERROR(MakeParentDirs(dir_a, upath));
-    const std::string path = dir_a + "/" + upath;
-    WriteFile(path, data);
-    struct stat sb;
-    if (::stat(path.c_str(), &sb) != 0) return StatusFromErrno(errno, "stat " + path);
-    PublishRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.prod_path = CanonicalPath(dir_a);
-    req.size = data.size();
-    req.version = MtimeNs(sb);
-    req.async = async;
-    Encoder e;
-    req.EncodeTo(e);
-    return CallLocal(base + "/a.sock", MsgType::kPublish, e.data()).status();
+    return WriteAndPublish(base + "/a.sock", dir_a, upath, data, async);
   }
 
   // Consumes `upath` into B's directory through B.

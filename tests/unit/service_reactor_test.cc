@@ -27,6 +27,7 @@ namespace {
 
 using testing_services::CallLocal;
 using testing_services::ReadAll;
+using testing_services::WriteAndPublish;
 using testing_services::WriteFile;
 
 size_t ThreadCount() {
@@ -80,19 +81,7 @@ class ReactorTest : public ::testing::Test {
   }
 
   Status Publish(const std::string& upath, const std::string& data) {
-    WriteFile(base_ + "/a/" + upath, data);
-    struct stat sb;
-    if (::stat((base_ + "/a/" + upath).c_str(), &sb) != 0) return StatusFromErrno(errno, "stat");
-    PublishRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.prod_path = CanonicalPath(base_ + "/a");
-    req.size = data.size();
-    req.version = MtimeNs(sb);
-    Encoder e;
-    req.EncodeTo(e);
-    return CallLocal(base_ + "/a.sock", MsgType::kPublish, e.data()).status();
+    return WriteAndPublish(base_ + "/a.sock", base_ + "/a", upath, data);
   }
 
   Result<std::string> Consume(const std::string& upath) {
