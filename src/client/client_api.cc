@@ -120,6 +120,39 @@ void ToInfo(const ::dyad::ConsumeInfo& in, ConsumeInfo* out) {
   out->bytes = in.reply.bytes;
   out->metadata = ToMetadata(in.reply.record);
   out->elapsed_ns = in.elapsed_ns;
+  out->transport = in.reply.transport;
+  out->owner_address = in.reply.owner_address;
+}
+
+static_assert(static_cast<int>(PeerState::kRefused) == static_cast<int>(::dyad::PeerState::kRefused),
+              "the public PeerState mirrors the protocol's");
+
+Transfer ToTransfer(const TransferInfo& t) {
+  Transfer x;
+  x.outgoing = t.outgoing;
+  x.path = t.upath;
+  x.peer_rank = t.peer_rank;
+  x.transport = t.transport;
+  x.bytes_done = t.bytes_done == TransferInfo::kUnknownBytes ? Transfer::kUnknownBytes : t.bytes_done;
+  x.bytes_total = t.bytes_total;
+  x.elapsed_ns = t.elapsed_ns;
+  return x;
+}
+
+Peer ToPeer(const PeerInfo& p) {
+  Peer x;
+  x.rank = p.record.rank;
+  x.node = p.record.node_idx;
+  x.address = p.record.address;
+  x.host = p.record.hostname;
+  x.pid = p.record.pid;
+  x.incarnation = p.record.incarnation;
+  x.started_ns = p.record.started_ns;
+  x.state = static_cast<PeerState>(p.state);
+  x.last_contact_ns = p.last_contact_ns;
+  x.rtt_ns = p.rtt_ns;
+  x.detail = p.detail;
+  return x;
 }
 
 ::dyad::Side ToSide(Side s) {
@@ -291,11 +324,39 @@ Status Client::GetServiceStatus(ServiceStatus* out) {
     Result<StatusReply> r = impl_->core->ServiceStatus();
     if (!r.ok()) return Public(r.status());
     if (out != nullptr) {
+      out->socket = impl_->core->pool()->socket_path();
       out->info = std::move(r->info);
       out->counters = std::move(r->counters);
+      out->transfers.clear();
+      for (const TransferInfo& t : r->transfers) out->transfers.push_back(ToTransfer(t));
     }
     return Status();
   });
+}
+
+Status Client::Peers(const std::vector<uint32_t>& ranks, int64_t probe_timeout_ms,
+                     std::vector<Peer>* out) {
+  if (!impl_) return NoClient();
+  return Guarded("peers", [&] {
+    PeersRequest req;
+    req.probe = probe_timeout_ms > 0;
+    req.probe_timeout_ms = req.probe ? probe_timeout_ms : 0;
+    req.ranks = ranks;
+    Result<PeersReply> r = impl_->core->Peers(req);
+    if (!r.ok()) return Public(r.status());
+    if (out != nullptr) {
+      out->clear();
+      for (const PeerInfo& p : r->peers) out->push_back(ToPeer(p));
+    }
+    return Status();
+  });
+}
+
+// Defined here so that programs may bind it to a reference (C++11 needs it).
+const uint64_t Transfer::kUnknownBytes;
+
+const char* PeerStateName(PeerState state) {
+  return ::dyad::PeerStateName(static_cast<::dyad::PeerState>(state));
 }
 
 Status Client::Ping() {

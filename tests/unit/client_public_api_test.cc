@@ -224,6 +224,103 @@ TEST_F(PublicClientTest, MetadataListStatusAndPing) {
   EXPECT_TRUE(c.Ping().ok());
 }
 
+// What `dyad peers`, `dyad status` and `dyad consume -v` show comes through
+// the public client: peers with their state, transfers in flight, the
+// socket that answered, and who served a consume over which transport.
+TEST_F(PublicClientTest, PeersTransfersAndServedByComeThrough) {
+  Client c = Make(Opts());
+  fake_->set_handler([this](uint16_t type, const std::string& p) -> FakeService::Answer {
+    Encoder e;
+    if (type == static_cast<uint16_t>(MsgType::kPeers)) {
+      PeersReply reply;
+      PeerInfo peer;
+      peer.record.rank = 7;
+      peer.record.node_idx = 2;
+      peer.record.address = "10.0.0.7:7590";
+      peer.record.hostname = "node7";
+      peer.record.pid = 4242;
+      peer.record.incarnation = 0xabcdef;
+      peer.state = PeerState::kOtherIdentity;
+      peer.rtt_ns = 1500;
+      peer.detail = "answers as rank 8";
+      reply.peers.push_back(peer);
+      reply.EncodeTo(e);
+      return std::make_pair(Status::OK(), e.Take());
+    }
+    if (type == static_cast<uint16_t>(MsgType::kStatus)) {
+      StatusReply reply;
+      reply.info["rank"] = "1";
+      TransferInfo t;
+      t.outgoing = false;
+      t.upath = "big.dat";
+      t.peer_rank = 7;
+      t.transport = "tcp";
+      t.bytes_total = 1000;
+      reply.transfers.push_back(t);  // bytes_done unknown
+      reply.EncodeTo(e);
+      return std::make_pair(Status::OK(), e.Take());
+    }
+    if (type == static_cast<uint16_t>(MsgType::kConsume)) {
+      ConsumeReply reply;
+      reply.record.upath = "in.dat";
+      reply.record.owner_rank = 7;
+      reply.transferred = true;
+      reply.bytes = 3;
+      reply.transport = "ucx";
+      reply.owner_address = "10.0.0.7:7590";
+      reply.EncodeTo(e);
+      return std::make_pair(Status::OK(), e.Take());
+    }
+    return fake_->DefaultAnswer(type, p);
+  });
+
+  std::vector<client::Peer> peers;
+  client::Status st = c.Peers({7, 9}, 250, &peers);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_EQ(peers[0].rank, 7u);
+  EXPECT_EQ(peers[0].node, 2u);
+  EXPECT_EQ(peers[0].address, "10.0.0.7:7590");
+  EXPECT_EQ(peers[0].host, "node7");
+  EXPECT_EQ(peers[0].pid, 4242u);
+  EXPECT_EQ(peers[0].incarnation, 0xabcdefu);
+  EXPECT_EQ(peers[0].state, client::PeerState::kOtherIdentity);
+  EXPECT_STREQ(client::PeerStateName(peers[0].state), "stale");
+  EXPECT_EQ(peers[0].rtt_ns, 1500u);
+  EXPECT_EQ(peers[0].detail, "answers as rank 8");
+  PeersRequest sent;
+  Decoder d(fake_->last(MsgType::kPeers)->payload);
+  ASSERT_TRUE(sent.DecodeFrom(d));
+  EXPECT_TRUE(sent.probe);
+  EXPECT_EQ(sent.probe_timeout_ms, 250);
+  EXPECT_EQ(sent.ranks, (std::vector<uint32_t>{7, 9}));
+  // No probe asked: the service is told not to probe.
+  ASSERT_TRUE(c.Peers({}, 0, &peers).ok());
+  Decoder d2(fake_->last(MsgType::kPeers)->payload);
+  ASSERT_TRUE(sent.DecodeFrom(d2));
+  EXPECT_FALSE(sent.probe);
+  EXPECT_TRUE(sent.ranks.empty());
+
+  client::ServiceStatus status;
+  st = c.GetServiceStatus(&status);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(status.socket, fake_->path());
+  ASSERT_EQ(status.transfers.size(), 1u);
+  EXPECT_FALSE(status.transfers[0].outgoing);
+  EXPECT_EQ(status.transfers[0].path, "big.dat");
+  EXPECT_EQ(status.transfers[0].peer_rank, 7u);
+  EXPECT_EQ(status.transfers[0].transport, "tcp");
+  EXPECT_EQ(status.transfers[0].bytes_done, client::Transfer::kUnknownBytes);
+  EXPECT_EQ(status.transfers[0].bytes_total, 1000u);
+
+  client::ConsumeInfo info;
+  st = c.Consume(cons_ + "/in.dat", &info);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(info.transport, "ucx");
+  EXPECT_EQ(info.owner_address, "10.0.0.7:7590");
+  EXPECT_EQ(info.metadata.owner_rank, 7u);
+}
+
 TEST_F(PublicClientTest, FromContextSharesTheContextsClient) {
   Client c;
   EXPECT_EQ(Client::FromContext(dyad_ctx_get(), &c).code(), DYAD_RC_NOCTX);

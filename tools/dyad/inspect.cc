@@ -40,10 +40,13 @@ std::string FormatRate(uint64_t bytes, uint64_t ns) {
                                            static_cast<double>(ns))) + "/s";
 }
 
-Result<std::shared_ptr<Client>> EnvClient() {
-  Result<ClientConfig> cfg = ClientConfig::FromEnv();
-  if (!cfg.ok()) return cfg.status();
-  return Client::Create(std::move(*cfg));
+namespace dc = ::dyad::client;
+
+// A client configured from the environment.
+dc::Status EnvClient(dc::Client* out) {
+  dc::Options o;
+  dc::Status st = dc::Options::FromEnv(&o);
+  return st.ok() ? dc::Client::Create(o, out) : st;
 }
 
 // --- Prometheus ---------------------------------------------------------
@@ -93,7 +96,7 @@ struct Family {
 
 }  // namespace
 
-std::string PrometheusText(const StatusReply& st) {
+std::string PrometheusText(const dc::ServiceStatus& st) {
   auto info = [&](const char* k) {
     auto it = st.info.find(k);
     return it == st.info.end() ? std::string() : it->second;
@@ -125,7 +128,7 @@ std::string PrometheusText(const StatusReply& st) {
   up.type = "gauge";
   up.samples.emplace_back(rank, info("uptime_s").empty() ? "0" : info("uptime_s"));
   size_t in = 0, out = 0;
-  for (const TransferInfo& t : st.transfers) (t.outgoing ? out : in)++;
+  for (const dc::Transfer& t : st.transfers) (t.outgoing ? out : in)++;
   Family& fl = families["dyad_transfers_in_flight"];
   fl.help = "Transfers in progress, by direction.";
   fl.type = "gauge";
@@ -141,65 +144,56 @@ std::string PrometheusText(const StatusReply& st) {
   return text;
 }
 
-std::string TransfersTable(const std::vector<TransferInfo>& transfers) {
+std::string TransfersTable(const std::vector<dc::Transfer>& transfers) {
   if (transfers.empty()) return "";
   std::ostringstream os;
   char line[512];
   std::snprintf(line, sizeof line, "  %-4s %-5s %-9s %-24s %-12s %s\n", "DIR", "PEER", "TRANSPORT",
                 "DONE / TOTAL", "RATE", "PATH");
   os << "\ntransfers in flight:\n" << line;
-  for (const TransferInfo& t : transfers) {
-    const bool known = t.bytes_done != TransferInfo::kUnknownBytes;
+  for (const dc::Transfer& t : transfers) {
+    const bool known = t.bytes_done != dc::Transfer::kUnknownBytes;
     const std::string done =
         (known ? HumanBytes(t.bytes_done) : std::string("?")) + " / " + HumanBytes(t.bytes_total);
     std::snprintf(line, sizeof line, "  %-4s %-5u %-9s %-24s %-12s %s\n", t.outgoing ? "out" : "in",
                   t.peer_rank, t.transport.c_str(), done.c_str(),
-                  known ? FormatRate(t.bytes_done, t.elapsed_ns).c_str() : "-", t.upath.c_str());
+                  known ? FormatRate(t.bytes_done, t.elapsed_ns).c_str() : "-", t.path.c_str());
     os << line;
   }
   return os.str();
 }
 
-bool OwnerStates(Client& client, const std::vector<uint32_t>& ranks,
-                 std::map<uint32_t, PeerState>* states) {
+bool OwnerStates(dc::Client& client, const std::vector<uint32_t>& ranks,
+                 std::map<uint32_t, dc::PeerState>* states) {
   states->clear();
   if (ranks.empty()) return true;
-  PeersRequest req;
-  req.probe = true;
-  req.probe_timeout_ms = 1000;
-  req.ranks = ranks;
-  Result<PeersReply> r = client.Peers(req);
-  if (!r.ok()) return false;
-  for (const PeerInfo& p : r->peers) (*states)[p.record.rank] = p.state;
+  std::vector<dc::Peer> peers;
+  if (!client.Peers(ranks, 1000, &peers).ok()) return false;
+  for (const dc::Peer& p : peers) (*states)[p.rank] = p.state;
   return true;
 }
 
 int CmdPeers(double timeout_s, bool json) {
-  Result<std::shared_ptr<Client>> client = EnvClient();
-  if (!client.ok()) {
-    std::cerr << "dyad peers: " << client.status().ToString() << "\n";
-    return kExitFailed;
-  }
-  PeersRequest req;
-  req.probe = timeout_s > 0;
-  req.probe_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
-  Result<PeersReply> r = (*client)->Peers(req);
-  if (!r.ok()) {
-    std::cerr << "dyad peers: " << r.status().ToString() << "\n";
+  dc::Client client;
+  dc::Status st = EnvClient(&client);
+  std::vector<dc::Peer> peers;
+  if (st.ok()) st = client.Peers({}, static_cast<int64_t>(timeout_s * 1000), &peers);
+  if (!st.ok()) {
+    std::cerr << "dyad peers: " << st.ToString() << "\n";
     return kExitFailed;
   }
   if (json) {
     Json arr = Json::array();
-    for (const PeerInfo& p : r->peers) {
+    for (const dc::Peer& p : peers) {
       Json j;
-      j["rank"] = p.record.rank;
-      j["node"] = p.record.node_idx;
-      j["address"] = p.record.address;
-      j["host"] = p.record.hostname;
-      j["pid"] = p.record.pid;
-      j["incarnation"] = Hex64(p.record.incarnation);
-      j["started_ns"] = p.record.started_ns;
-      j["state"] = PeerStateName(p.state);
+      j["rank"] = p.rank;
+      j["node"] = p.node;
+      j["address"] = p.address;
+      j["host"] = p.host;
+      j["pid"] = p.pid;
+      j["incarnation"] = Hex64(p.incarnation);
+      j["started_ns"] = p.started_ns;
+      j["state"] = dc::PeerStateName(p.state);
       j["last_contact_ns"] = p.last_contact_ns;
       j["rtt_us"] = p.rtt_ns / 1000;
       j["detail"] = p.detail;
@@ -210,17 +204,17 @@ int CmdPeers(double timeout_s, bool json) {
   }
   std::printf("%-5s %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", "RANK", "STATE", "ADDRESS",
               "HOST", "PID", "INCARNATION", "STARTED", "LAST CONTACT", "RTT / DETAIL");
-  for (const PeerInfo& p : r->peers) {
+  for (const dc::Peer& p : peers) {
     std::string tail = p.detail;
-    if (p.state == PeerState::kAlive && p.rtt_ns != 0) {
+    if (p.state == dc::PeerState::kAlive && p.rtt_ns != 0) {
       char rtt[32];
       std::snprintf(rtt, sizeof rtt, "%.2f ms", static_cast<double>(p.rtt_ns) / 1e6);
       tail = rtt;
     }
-    std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", p.record.rank,
-                PeerStateName(p.state), p.record.address.c_str(), p.record.hostname.c_str(),
-                p.record.pid ? std::to_string(p.record.pid).c_str() : "-",
-                Hex64(p.record.incarnation).c_str(), LocalDateTime(p.record.started_ns, "-").c_str(),
+    std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", p.rank,
+                dc::PeerStateName(p.state), p.address.c_str(), p.host.c_str(),
+                p.pid ? std::to_string(p.pid).c_str() : "-", Hex64(p.incarnation).c_str(),
+                LocalDateTime(p.started_ns, "-").c_str(),
                 Ago(p.last_contact_ns).c_str(), tail.c_str());
   }
   return kExitOk;
@@ -237,9 +231,9 @@ size_t StderrWidth() {
 }
 
 // "name [#######.............]  35%  35.0 MiB / 100.0 MiB  97.2 MiB/s"
-void DrawBar(const std::string& name, const TransferInfo& t) {
+void DrawBar(const std::string& name, const dc::Transfer& t) {
   const size_t width = StderrWidth();
-  const bool known = t.bytes_done != TransferInfo::kUnknownBytes && t.bytes_total > 0;
+  const bool known = t.bytes_done != dc::Transfer::kUnknownBytes && t.bytes_total > 0;
   const double frac =
       known ? std::min(1.0, static_cast<double>(t.bytes_done) / static_cast<double>(t.bytes_total))
             : 0.0;
@@ -259,14 +253,14 @@ void DrawBar(const std::string& name, const TransferInfo& t) {
 
 }  // namespace
 
-Status ConsumeShowingProgress(Client& client, const std::string& path, const std::string& upath,
-                              ConsumeInfo* info) {
+dc::Status ConsumeShowingProgress(dc::Client& client, const std::string& path,
+                                  const std::string& upath, dc::ConsumeInfo* info) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  Status result;
+  dc::Status result;
   std::thread consumer([&] {
-    Status r = client.Consume(path, info);
+    dc::Status r = client.Consume(path, info);
     std::lock_guard<std::mutex> lk(mu);
     result = std::move(r);
     done = true;
@@ -274,18 +268,20 @@ Status ConsumeShowingProgress(Client& client, const std::string& path, const std
   });
   // The progress comes from the service's list of transfers in flight, on a
   // connection of its own.
-  Result<std::shared_ptr<Client>> watcher = EnvClient();
+  dc::Client watcher;
+  const bool watching = EnvClient(&watcher).ok();
   bool drawn = false;
   std::unique_lock<std::mutex> lk(mu);
   while (!done) {
     cv.wait_for(lk, std::chrono::milliseconds(200));
-    if (done || !watcher.ok()) continue;
+    if (done || !watching) continue;
     lk.unlock();
-    Result<StatusReply> st = (*watcher)->ServiceStatus();
+    dc::ServiceStatus st;
+    const bool got = watcher.GetServiceStatus(&st).ok();
     lk.lock();
-    if (!st.ok() || done) continue;
-    for (const TransferInfo& t : st->transfers)
-      if (!t.outgoing && t.upath == upath) {
+    if (!got || done) continue;
+    for (const dc::Transfer& t : st.transfers)
+      if (!t.outgoing && t.path == upath) {
         DrawBar(upath, t);
         drawn = true;
       }

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "client/client.h"
-#include "proto/protocol.h"
+#include "dyad/client/dyad_client.hpp"
 
 namespace dyad {
 namespace cli {
@@ -22,17 +21,17 @@ int CmdPeers(double timeout_s, bool json);
 // Every counter of `st` in Prometheus' text exposition format (HELP and
 // TYPE lines, "dyad_" prefix, a rank label), plus identity, uptime and
 // transfers in flight as gauges.
-std::string PrometheusText(const StatusReply& st);
+std::string PrometheusText(const client::ServiceStatus& st);
 
 // The "transfers in flight" table of `dyad status` ("" when none).
-std::string TransfersTable(const std::vector<TransferInfo>& transfers);
+std::string TransfersTable(const std::vector<client::Transfer>& transfers);
 
 // Liveness of the services that own files, as the local service sees them
 // (one bounded probe each), into `states`; ranks without a registration are
 // absent. False when the service cannot tell (an older service without the
 // peers request, or the store unreachable).
-bool OwnerStates(Client& client, const std::vector<uint32_t>& ranks,
-                 std::map<uint32_t, PeerState>* states);
+bool OwnerStates(client::Client& client, const std::vector<uint32_t>& ranks,
+                 std::map<uint32_t, client::PeerState>* states);
 
 // True when `dyad consume` may draw a progress bar: stdout and stderr are
 // both terminals.
@@ -42,9 +41,8 @@ bool ProgressWanted();
 // directory), drawing a progress bar on stderr while the local service
 // reports the file's transfer in flight. Uses a second thread for the
 // consume.
-Status ConsumeShowingProgress(Client& client, const std::string& path, const std::string& upath,
-                              ConsumeInfo* info);
-
+client::Status ConsumeShowingProgress(client::Client& client, const std::string& path,
+                                      const std::string& upath, client::ConsumeInfo* info);
 
 }  // namespace cli
 }  // namespace dyad

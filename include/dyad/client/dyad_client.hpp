@@ -112,6 +112,11 @@ struct ConsumeInfo {
   uint64_t bytes = 0;        // bytes transferred
   Metadata metadata;         // the service's record (when a request was sent)
   uint64_t elapsed_ns = 0;   // time spent in the call
+  // What moved the file: the transport's name ("tcp", "ucx", "ofi",
+  // "local"; "" when nothing moved), and the owner service's address (""
+  // when the local service owns the file).
+  std::string transport;
+  std::string owner_address;
 };
 
 // One entry of List(): the metadata key and the record.
@@ -122,9 +127,49 @@ struct ListEntry {
 
 // The local service's identity (rank, directories, transport, store, ...)
 // and counters, as `dyad status` shows them (docs/service.md).
+// A transfer the local service has in flight.
+struct DYAD_DLL_EXPORTED Transfer {
+  static const uint64_t kUnknownBytes = ~0ull;
+  bool outgoing = false;      // true: the local service sends (it owns the file)
+  std::string path;           // relative to the managed directory
+  uint32_t peer_rank = 0;     // the service at the other end
+  std::string transport;      // "tcp", "ucx", "ofi", ...
+  uint64_t bytes_done = kUnknownBytes;  // kUnknownBytes when the transport cannot tell
+  uint64_t bytes_total = 0;
+  uint64_t elapsed_ns = 0;
+};
+
 struct ServiceStatus {
+  std::string socket;  // the Unix socket of the service that answered
   std::map<std::string, std::string> info;
   std::map<std::string, uint64_t> counters;
+  std::vector<Transfer> transfers;
+};
+
+// How the local service sees another service (Peers()).
+enum class PeerState {
+  kUnknown = 0,        // not probed
+  kAlive = 1,          // answered as the registered rank and incarnation
+  kDown = 2,           // did not answer within the bound
+  kOtherIdentity = 3,  // its address answers as another service (a stale record)
+  kRefused = 4,        // refused the cluster credential
+};
+// "unknown", "alive", "down", "stale", "refused".
+DYAD_DLL_EXPORTED const char* PeerStateName(PeerState state);
+
+// A service registered in the metadata store, as the local service sees it.
+struct Peer {
+  uint32_t rank = 0;
+  uint32_t node = 0;             // node index it registered with
+  std::string address;           // host:port it serves on
+  std::string host;              // its host name
+  uint32_t pid = 0;              // 0 when unknown
+  uint64_t incarnation = 0;      // changes each time it restarts
+  uint64_t started_ns = 0;       // wall clock at its start
+  PeerState state = PeerState::kUnknown;
+  uint64_t last_contact_ns = 0;  // wall clock of the last authenticated exchange (0: never)
+  uint64_t rtt_ns = 0;           // round trip of the probe
+  std::string detail;            // why it is not alive, or "this service"
 };
 
 class DYAD_DLL_EXPORTED Client {
@@ -200,8 +245,14 @@ class DYAD_DLL_EXPORTED Client {
   Status List(const std::string& prefix, uint32_t limit, std::vector<ListEntry>* out);
   Status ListNamespace(const std::string& kvs_namespace, const std::string& prefix,
                        uint32_t limit, std::vector<ListEntry>* out);
-  // Identity and counters of the local service.
+  // Identity, counters and transfers in flight of the local service.
   Status GetServiceStatus(ServiceStatus* out);
+  // The services registered in the metadata store (only `ranks`, or all
+  // when empty), sorted by rank. With `probe_timeout_ms` > 0 the local
+  // service probes each one, bounded by that time; otherwise states are
+  // kUnknown.
+  Status Peers(const std::vector<uint32_t>& ranks, int64_t probe_timeout_ms,
+               std::vector<Peer>* out);
   // One round trip to the local service.
   Status Ping();
 
