@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/key.h"
 #include "common/net.h"
 #include "proto/protocol.h"

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/auth.h"
+#include "common/seal.h"
 
 namespace dyad {
 

@@ -1,9 +1,11 @@
 #include "common/seal.h"
 
 #include <openssl/evp.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <string>
 
@@ -184,6 +186,20 @@ Status RecordCipher::OpenFinish(const unsigned char tag[kSealTagSize]) {
     return Status(DYAD_RC_AUTH, "record " + std::to_string(opening_) +
                                     " from the peer failed its integrity check (altered, "
                                     "replayed or reordered in transit)");
+  }
+  return Status::OK();
+}
+
+Status RandomBytes(void* buf, size_t len) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    const ssize_t n = getrandom(p, len, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(errno, "getrandom");
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
   }
   return Status::OK();
 }

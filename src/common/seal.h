@@ -92,4 +92,7 @@ class RecordCipher {
   bool failed_ = false;
 };
 
+// Fills `len` bytes with cryptographically random data (getrandom).
+Status RandomBytes(void* buf, size_t len);
+
 }  // namespace dyad

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/cancel.h"
 #include "common/net.h"
 #include "proto/protocol.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/log.h"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/cancel.h"
 #include "common/net.h"
 #include "kvs/kvs.h"

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/net.h"
 #include "common/status.h"
 #include "proto/router.h"

@@ -13,7 +13,7 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
-#include "common/munge/munge.h"
+#include "proto/munge/munge.h"
 #include "common/safety.h"
 #include "common/time.h"
 #include "common/trace.h"

@@ -31,7 +31,7 @@
 #include <functional>
 #include <thread>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/net.h"
 #include "common/status.h"
 #include "kvs/kvs.h"

@@ -1,4 +1,4 @@
-// Fuzz target: the service-to-service handshake (common/auth.cc and the
+// Fuzz target: the service-to-service handshake (proto/auth.cc and the
 // message decoders of common/handshake.cc).
 //
 // Input: byte 0 picks the mode; the rest is the hostile side's bytes.
@@ -11,7 +11,7 @@
 //   5, 6:    the connecting side (Authenticator::Connect), the same two ways.
 // Whatever comes, the handshake ends with an error or, only without
 // credentials, a protected and authenticated channel; never a crash.
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/handshake.h"
 #include "fuzz/fuzz_util.h"
 

@@ -15,7 +15,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/wire.h"
 #include "emu/netns.h"
 #include "integration/integration_util.h"

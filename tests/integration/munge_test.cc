@@ -9,8 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/auth.h"
-#include "common/munge/munge.h"
+#include "proto/auth.h"
+#include "proto/munge/munge.h"
 #include "emu/process.h"
 #include "integration/integration_util.h"
 

@@ -5,7 +5,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/wire.h"
 #include "integration/integration_util.h"
 #include "proto/protocol.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/net.h"

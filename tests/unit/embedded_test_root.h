@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "kvs/embedded/embedded_server.h"

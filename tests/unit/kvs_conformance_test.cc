@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "emu/redis_server.h"

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/fsutil.h"
 #include "common/key.h"
 #include "common/net.h"

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/key.h"
 #include "common/net.h"
 #include "proto/protocol.h"

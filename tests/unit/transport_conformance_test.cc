@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/fsutil.h"
 #include "common/net.h"
 #include "common/wire.h"

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/auth.h"
+#include "common/seal.h"
 #include "common/config.h"
 #include "common/wire.h"
 #include "emu/netns.h"

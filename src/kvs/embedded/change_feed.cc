@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/auth.h"
+#include "common/seal.h"
 
 namespace dyad {
 namespace {

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/net.h"
 #include "kvs/kvs.h"
 #include "kvs/watch.h"

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "common/auth.h"
+#include "proto/auth.h"
 #include "common/status.h"
 
 namespace dyad {

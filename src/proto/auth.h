@@ -125,7 +125,4 @@ class Authenticator {
 // DYAD_SECRET). Returns "" when none is configured.
 Result<std::string> LoadClusterSecret(const std::string& file);
 
-// Fills `len` bytes with cryptographically random data.
-Status RandomBytes(void* buf, size_t len);
-
 }  // namespace dyad

@@ -1,4 +1,4 @@
-#include "common/auth.h"
+#include "proto/auth.h"
 
 #include <fcntl.h>
 #include <openssl/crypto.h>
@@ -18,20 +18,6 @@
 #include "proto/protocol.h"
 
 namespace dyad {
-
-Status RandomBytes(void* buf, size_t len) {
-  char* p = static_cast<char*>(buf);
-  while (len > 0) {
-    const ssize_t n = getrandom(p, len, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return StatusFromErrno(errno, "getrandom");
-    }
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-  return Status::OK();
-}
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "common/munge/munge.h"
+#include "proto/munge/munge.h"
 
 #include <unistd.h>
 
