@@ -87,6 +87,20 @@ class KillTest : public TwoNodeTest {
     EXPECT_TRUE(parts.empty()) << "a partial transfer was left behind: " << parts.front();
   }
 
+  // Nothing but the files consumes placed: no temporary and no foreign or
+  // torn file in the requester's consumer directory. `placed` lists what
+  // completed consumes put there (the exchanges of ExpectServesAgain are
+  // under again/).
+  void ExpectOnlyPlacedFiles(const std::vector<std::string>& placed) {
+    std::vector<std::string> all;
+    ListTree(dmd(kRequester), "", &all);
+    for (const std::string& f : all) {
+      if (f.rfind("again/", 0) == 0) continue;
+      EXPECT_NE(std::find(placed.begin(), placed.end(), f), placed.end())
+          << "unexpected file in the consumer directory: " << f;
+    }
+  }
+
   // Restarts what was killed, lifts the rate limit and runs a new exchange
   // owner -> requester, retried for at most 20 s (a restarted root holds
   // nothing until the services register again, every 3 s).
@@ -124,6 +138,7 @@ TEST_F(KillTest, RootKilledDuringATransfer) {
   std::printf("root killed mid-transfer: consume %s\n",
               completed ? "completed intact" : "failed cleanly");
   ExpectNoTemporaries();
+  ExpectOnlyPlacedFiles(completed ? std::vector<std::string>{t.name} : std::vector<std::string>{});
   EXPECT_TRUE(cluster().ServiceRunning(kOwner));
   EXPECT_TRUE(cluster().ServiceRunning(kRequester));
   ASSERT_NO_FATAL_FAILURE(ExpectServesAgain("after-root"));
@@ -177,6 +192,8 @@ TEST_F(KillTest, RandomKillsDuringTransfers) {
     if (victim != kRequester) ExpectNoTemporaries();
     ASSERT_NO_FATAL_FAILURE(ExpectServesAgain("r" + std::to_string(round)));
     ExpectNoTemporaries();
+    ExpectOnlyPlacedFiles(completed ? std::vector<std::string>{t.name}
+                                    : std::vector<std::string>{});
     // Leave the next round a clean slate on the requester.
     ::unlink(PathOn(kRequester, t.name).c_str());
   }
