@@ -109,5 +109,38 @@ TEST_F(FaultTest, RootKilledWhileConsumersWaitFailsWithinTheBoundAndRecovers) {
   EXPECT_EQ(got[0].rc, DYAD_RC_OK) << got[0].message;
 }
 
+// Issue 12, defect 10 (torn copies): a producer that rewrites a file in
+// place, without the lock, while it is being fetched gave the consumer a
+// mix of old and new bytes and success. The owner checks the file again
+// after the last byte; the consume fails as stale and nothing is placed.
+TEST_F(FaultTest, Defect10_RewriteInPlaceDuringTheTransferPlacesNothing) {
+  if (!cluster().uses_netns()) GTEST_SKIP() << "needs network namespaces (a slowed link)";
+  const std::string name = "torn/rewritten.bin";
+  InterruptibleTransfer t = StartInterruptibleTransfer(name, 64 * kMiB);
+  ASSERT_TRUE(t.limited);
+  ASSERT_EQ(t.state, TransferState::kInProgress) << Output(t.files);
+  {
+    // The producer's rewrite: new bytes in the middle, behind DYAD's back.
+    UniqueFd fd(::open(PathOn(kA, name).c_str(), O_WRONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd.valid()) << std::strerror(errno);
+    const std::string fresh(4096, 'N');
+    ASSERT_EQ(::pwrite(fd.get(), fresh.data(), fresh.size(), 32 * static_cast<off_t>(kMiB)),
+              static_cast<ssize_t>(fresh.size()));
+  }
+  auto r = FinishWorker(t.consumer, t.files, 60000);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].rc, DYAD_RC_STALE) << r[0].message;
+  EXPECT_NE(r[0].message.find("changed"), std::string::npos) << r[0].message;
+  EXPECT_FALSE(Exists(PathOn(kB, name))) << "a torn copy was placed";
+  EXPECT_TRUE(PartFiles(dmd(kB)).empty());
+  // Published again, the new version moves whole.
+  ASSERT_TRUE(cluster().LimitBandwidth(kA, "").ok());
+  Produce({{name, static_cast<int64_t>(64 * kMiB)}}, {"--no-write"});
+  auto again = Consume({{name, static_cast<int64_t>(64 * kMiB)}}, {"--no-verify"});
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].rc, DYAD_RC_OK) << again[0].message;
+  EXPECT_EQ(again[0].size, 64 * kMiB);
+}
+
 }  // namespace
 }  // namespace dyad::it

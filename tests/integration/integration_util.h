@@ -120,6 +120,8 @@ class TwoNodeTest : public ::testing::Test {
  protected:
   // Tests that need another layout override this.
   virtual emu::ClusterOptions Options() { return {}; }
+  // Tests that need more nodes override this (A and B stay nodes 0 and 1).
+  virtual int NodeCount() const { return 2; }
 
   void SetUp() override {
     dyad_ = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
@@ -128,7 +130,7 @@ class TwoNodeTest : public ::testing::Test {
     ASSERT_FALSE(demo_.empty()) << "dyad-demo was not found in " << DYAD_BUILD_BIN_DIR;
     emu::ClusterOptions o = Options();
     if (o.bin_dir.empty()) o.bin_dir = DYAD_BUILD_BIN_DIR;
-    auto c = EmuCluster::Start(2, o);
+    auto c = EmuCluster::Start(NodeCount(), o);
     // A transport this build lacks (e.g. -m UCX without libucx-dev).
     if (!c.ok() && c.status().message().find("not compiled in") != std::string::npos)
       GTEST_SKIP() << "transport not built: " << c.status().message();

@@ -359,7 +359,9 @@ std::vector<std::string> EmuCluster::ServiceArgv(int i) const {
   std::vector<std::string> a = {
       service_binary_, "-r", std::to_string(n.rank), "-l", n.address(), "-s", n.socket};
   a.push_back("-k");
-  if (root) {
+  if (!options_.kvs.empty()) {
+    a.push_back(options_.kvs);
+  } else if (root) {
     a.push_back("embedded");
     a.push_back("--root");
   } else {

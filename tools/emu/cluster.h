@@ -38,6 +38,9 @@ namespace dyad::emu {
 struct ClusterOptions {
   // Node whose service hosts the embedded metadata store.
   int root_node = 0;
+  // Metadata store URL of every service (e.g. redis://127.0.0.1:6379);
+  // "" = the embedded store hosted by root_node's service.
+  std::string kvs;
   // Transport (`dyad-service -m`, and DYAD_DTL_MODE for clients); "" = default.
   std::string mode;
   // Appended to every dyad-service command line (before the directory).

@@ -1,0 +1,69 @@
+// insecure_test.cc: emulated nodes whose services have no credential at
+// all (no cluster secret, no MUNGE) and listen on their node's network
+// address (issue 12, defect 14, in a whole cluster).
+//
+// Told --insecure they start, exchange files, and say what that means: the
+// service's log warns that anyone reaching the port can fetch files and
+// write the metadata store, and `dyad status` reports no credential. Not
+// told, the first service refuses to start and says why and how to fix it.
+// (StartupTest.Defect14_* checks the same refusal for a lone service on
+// 0.0.0.0; this checks it where the emulator's users meet it.)
+#include "integration/integration_util.h"
+
+namespace dyad::it {
+namespace {
+
+emu::ClusterOptions NoCredential() {
+  emu::ClusterOptions o;
+  o.use_secret = false;
+  return o;
+}
+
+class InsecureClusterTest : public TwoNodeTest {
+ protected:
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o = NoCredential();
+    o.extra_service_args = {"--insecure"};
+    return o;
+  }
+};
+
+TEST_F(InsecureClusterTest, ServicesWithoutCredentialExchangeAndSaySo) {
+  if (!cluster().uses_netns())
+    GTEST_SKIP() << "needs network namespaces: on loopback no --insecure is needed";
+  const std::vector<ManifestEntry> files = {{"insecure/a.dat", 200003}, {"insecure/b.dat", 7}};
+  Produce(files);
+  ConsumeOk(files);
+  for (int node : {kA, kB}) {
+    SCOPED_TRACE("node " + std::to_string(node));
+    const std::string log = cluster().ServiceLogTail(node, 1 << 20);
+    EXPECT_NE(log.find("running --insecure"), std::string::npos) << log;
+    EXPECT_NE(log.find("fetch every published file"), std::string::npos) << log;
+    EXPECT_NE(log.find("metadata store"), std::string::npos) << log;
+    Result<emu::RunResult> status = cluster().RunOnNode(node, {dyad_, "status", "--json"}, 10000);
+    ASSERT_TRUE(status.ok()) << Str(status.status());
+    EXPECT_NE(status->output.find("\"credentials\": \"none\""), std::string::npos)
+        << status->output;
+  }
+}
+
+TEST(InsecureCluster, WithoutInsecureTheServiceRefusesToStartAndSaysWhy) {
+  emu::ClusterOptions o = NoCredential();
+  o.bin_dir = DYAD_BUILD_BIN_DIR;
+  o.ready_timeout_ms = 5000;
+  Result<std::unique_ptr<EmuCluster>> c = EmuCluster::Start(2, o);
+  if (c.ok()) {
+    const bool netns = (*c)->uses_netns();
+    (*c)->Teardown();
+    ASSERT_FALSE(netns) << "services without a credential started on their nodes' addresses";
+    GTEST_SKIP() << "needs network namespaces: on loopback no credential is required";
+  }
+  const std::string why = c.status().message();
+  EXPECT_NE(why.find("refusing to listen on"), std::string::npos) << why;
+  EXPECT_NE(why.find("without a credential"), std::string::npos) << why;
+  EXPECT_NE(why.find("--secret-file"), std::string::npos) << why;
+  EXPECT_NE(why.find("--insecure"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace dyad::it
