@@ -257,31 +257,6 @@ Figures DyadAllToAll(emu::EmuCluster& c, const Args& a) {
   return f;
 }
 
-// One raw server per node and, per consumer, one connection per producer
-// (made from inside the consumer's namespace before the clock starts).
-struct RawMesh {
-  std::vector<std::unique_ptr<RawServer>> servers;
-  std::vector<std::vector<UniqueFd>> conns;  // [consumer][producer], invalid where unused
-};
-
-Status BuildMesh(emu::EmuCluster& c, const std::vector<std::pair<int, int>>& pairs, RawMesh* mesh) {
-  const int n = c.size();
-  for (int i = 0; i < n; ++i) {
-    auto s = RawServer::Start(c, i);
-    if (!s.ok()) return s.status();
-    mesh->servers.push_back(std::move(*s));
-  }
-  mesh->conns.resize(static_cast<size_t>(n));
-  for (auto& row : mesh->conns) row.resize(static_cast<size_t>(n));
-  for (const auto& [j, p] : pairs) {
-    auto fd = c.ConnectFrom(j, c.node(p).ip + ":" + std::to_string(kRawPort),
-                            Deadline::AfterMs(10000));
-    if (!fd.ok()) return fd.status();
-    mesh->conns[static_cast<size_t>(j)][static_cast<size_t>(p)] = std::move(*fd);
-  }
-  return Status::OK();
-}
-
 Figures RawAllToAll(emu::EmuCluster& c, const Args& a) {
   const int n = c.size();
   const int k = static_cast<int>(std::min<uint64_t>(a.peers, static_cast<uint64_t>(n - 1)));
@@ -317,8 +292,9 @@ Figures RawAllToAll(emu::EmuCluster& c, const Args& a) {
 constexpr int kFanProducer = 1;
 const char* const kFanFile = "fan/epoch.dat";
 
-// Runs `fetch(j)` on every node but the producer at once, after `ready`
-// (every consumer started); returns seconds from `start()` to the last end.
+// Starts `fetch(j)` for every node but the producer, lets them all reach
+// their wait, then calls `start()`; returns seconds from `start()` to the
+// last fetch's end.
 double FanOut(int n, const std::function<void()>& start, const std::function<Status(int)>& fetch,
               uint64_t* failures) {
   std::atomic<uint64_t> last_ns{0};

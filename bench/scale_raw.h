@@ -5,12 +5,16 @@
 // a u32 name length and a name relative to the node's raw directory; the
 // reply a u64 size (UINT64_MAX: cannot open) and the bytes (sendfile). No
 // DYAD, no authentication, no integrity check on the wire: the floor that
-// DYAD's figures are compared with. Names with ".." are refused.
+// DYAD's figures are compared with. Names with ".." are refused. BuildMesh
+// starts a server on every node and opens the consumer-to-producer
+// connections a pattern needs, each from inside the consumer's namespace,
+// before the clock starts.
 #pragma once
 
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -21,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/net.h"
@@ -37,7 +42,7 @@ inline Status ReadExactly(int fd, void* buf, size_t len) {
   while (len > 0) {
     const ssize_t n = ::recv(fd, p, len, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status(DYAD_RC_CONNLOST, "raw: connection closed");
+    if (n <= 0) return Status(DYAD_RC_CONNLOST, "raw: connection closed or timed out");
     p += n;
     len -= static_cast<size_t>(n);
   }
@@ -123,6 +128,34 @@ inline Status RawFetch(int fd, const std::string& name, const std::string& dest)
     DYAD_RETURN_IF_ERROR(ReadExactly(fd, buf.data(), n));
     DYAD_RETURN_IF_ERROR(WriteFully(out.get(), buf.data(), n));
     size -= n;
+  }
+  return Status::OK();
+}
+
+// One raw server per node and, per consumer, one connection per producer
+// (made from inside the consumer's namespace before the clock starts).
+struct RawMesh {
+  std::vector<std::unique_ptr<RawServer>> servers;
+  std::vector<std::vector<UniqueFd>> conns;  // [consumer][producer], invalid where unused
+};
+
+inline Status BuildMesh(emu::EmuCluster& c, const std::vector<std::pair<int, int>>& pairs, RawMesh* mesh) {
+  const int n = c.size();
+  for (int i = 0; i < n; ++i) {
+    auto s = RawServer::Start(c, i);
+    if (!s.ok()) return s.status();
+    mesh->servers.push_back(std::move(*s));
+  }
+  mesh->conns.resize(static_cast<size_t>(n));
+  for (auto& row : mesh->conns) row.resize(static_cast<size_t>(n));
+  for (const auto& [j, p] : pairs) {
+    auto fd = c.ConnectFrom(j, c.node(p).ip + ":" + std::to_string(kRawPort),
+                            Deadline::AfterMs(10000));
+    if (!fd.ok()) return fd.status();
+    // Bounds every raw read: a stuck server fails the run instead of hanging it.
+    const timeval tv{120, 0};
+    ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    mesh->conns[static_cast<size_t>(j)][static_cast<size_t>(p)] = std::move(*fd);
   }
   return Status::OK();
 }
