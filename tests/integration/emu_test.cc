@@ -286,5 +286,23 @@ TEST(EmuScaleTest, ThirtyTwoNodesExchangeBetweenFarNodes) {
   for (pid_t p : pids) EXPECT_TRUE(::kill(p, 0) != 0 && errno == ESRCH) << p;
 }
 
+// A start that fails half way (one of 16 services cannot start) removes
+// every namespace, service and directory it had made.
+TEST(EmuScaleTest, FailedStartOfManyNodesLeavesNothing) {
+  char parent[] = "/tmp/dyad-emu-scale-XXXXXX";
+  ASSERT_NE(::mkdtemp(parent), nullptr);
+  ClusterOptions o;
+  o.bin_dir = DYAD_BUILD_BIN_DIR;
+  o.tmp_parent = parent;
+  o.node_service_args[9] = {"--no-such-option"};
+  auto c = EmuCluster::Start(16, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("node 9"), std::string::npos) << c.status().ToString();
+  const std::string mine = std::string(kNetnsPrefix) + std::to_string(::getpid()) + "-";
+  for (const std::string& n : ListNetns()) EXPECT_NE(n.rfind(mine, 0), 0u) << n;
+  // The only thing left in the parent would be the cluster's directory.
+  EXPECT_EQ(::rmdir(parent), 0) << "cluster directory left in " << parent;
+}
+
 }  // namespace
 }  // namespace dyad::emu
