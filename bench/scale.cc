@@ -60,11 +60,12 @@ void Usage() {
   std::printf(
       "usage: dyad-scale [--nodes 2,8,32,64] [--files M] [--peers K] [--size BYTES]\n"
       "                  [--fanout-mib MIB] [--workers W] [--patterns all-to-all,fan-out]\n"
-      "                  [--quick] [--json] [--tmp DIR]\n"
+      "                  [--quick] [--json] [--tmp DIR] [--mode MODE] [--loopback]\n"
       "All-to-all small files and a one-to-all fan-out on N emulated nodes, through DYAD\n"
       "and through raw TCP between the same namespaces (defaults: 50 files of 4096 bytes\n"
       "per node, 4 peers, a 256 MiB fan-out, 2 workers per service pool). --quick:\n"
-      "nodes 2,8,32, 20 files, 16 MiB fan-out.\n");
+      "nodes 2,8,32, 20 files, 16 MiB fan-out. --loopback: no namespaces, and so no raw\n"
+      "baseline. Node directories under --tmp (default $TMPDIR or /tmp; /dev/shm advised).\n");
 }
 
 uint64_t NowNs() {
