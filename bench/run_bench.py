@@ -2,7 +2,8 @@
 """make bench: the whole DYAD benchmark suite on this machine, in bounded time.
 
 Runs the benchmark programs of the build directory (dyad-transfer,
-dyad-small-files, dyad-poll-baseline, dyad-metadata, dyad-preload-overhead),
+dyad-small-files, dyad-poll-baseline, dyad-metadata, dyad-preload-overhead, and
+dyad-scale through scale_section.py),
 each figure side by side with its baseline in the same invocation, and writes
 
   bench/results/<date>[-quick]/report.md     headline ratios, then per-section tables
@@ -27,6 +28,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import scale_section
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -917,6 +920,7 @@ def write_report(out, res, figs):
                    rows))
     if "scaling" in figs:
         L.append("\n![scaling](%s)\n" % figs["scaling"])
+    L.extend(scale_section.report_lines(res.get("scale"), figs))
     L.append("\nRaw program output: run.log. Every number: results.json.\n")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(L))
@@ -938,7 +942,8 @@ def main():
     ap.add_argument("--tmp", help="parent of the emulated nodes' directories (e.g. /dev/shm); "
                                   "default /dev/shm when it has room, else $TMPDIR or /tmp")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: transfer, "
-                                               "small, prefetch, metadata, preload, scaling")
+                                               "small, prefetch, metadata, preload, scaling, "
+                                               "scale")
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -1006,6 +1011,9 @@ def main():
     if "scaling" not in skip:
         print("[scaling] consumers and nodes", flush=True)
         res["scaling_consumers"], res["scaling_nodes"] = section_scaling(r, prof)
+    if "scale" not in skip:
+        print("[scale] 2 to 64 emulated nodes, DYAD vs raw TCP", flush=True)
+        res["scale"] = scale_section.run(r, args.quick)
 
     res["failures"] = r.failures
     res["elapsed_s"] = time.monotonic() - t0
@@ -1016,6 +1024,11 @@ def main():
     except Exception as e:  # a missing figure must not lose the numbers
         print("run_bench: plotting failed: %s" % e, file=sys.stderr)
         res["failures"].append("plots: %s" % e)
+    try:
+        figs.update(scale_section.plot(out, res.get("scale")))
+    except Exception as e:
+        print("run_bench: scale plot failed: %s" % e, file=sys.stderr)
+        res["failures"].append("scale plot: %s" % e)
     res["elapsed_s"] = time.monotonic() - t0
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

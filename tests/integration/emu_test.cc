@@ -1,11 +1,16 @@
-// emu_test.cc: the building blocks of the emulated cluster that need no
-// service: child processes (bounded waits, process-group kills, spawn
-// errors), the deterministic file pattern, and the worker file formats.
+// emu_test.cc: the building blocks of the emulated cluster: child processes
+// (bounded waits, process-group kills, spawn errors), the deterministic file
+// pattern, the worker file formats, and a cluster of many nodes (started in
+// parallel, one exchange between two far nodes, nothing left at teardown).
+#include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -13,7 +18,9 @@
 
 #include "common/net.h"
 #include "common/time.h"
+#include "dyad/client/dyad_client.hpp"
 #include "emu/cluster.h"
+#include "emu/netns.h"
 #include "emu/pattern.h"
 #include "emu/process.h"
 #include "emu/worker.h"
@@ -203,6 +210,98 @@ TEST(EmuWorkerTest, Percentiles) {
   EXPECT_EQ(Percentile(v, 99), 99);
   EXPECT_EQ(Percentile(v, 100), 100);
   EXPECT_EQ(Median({3, 1, 2}), 2);
+}
+
+// A client of node i's service, managing node i's directory.
+client::Client NodeClient(const EmuCluster& c, int i) {
+  client::Options o;
+  o.producer_path = c.node(i).dmd;
+  o.consumer_path = c.node(i).dmd;
+  o.service_socket = c.node(i).socket;
+  o.kvs_namespace = c.options().kvs_namespace;
+  o.consume_timeout_ms = 20000;
+  client::Client out;
+  const client::Status st = client::Client::Create(o, &out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+// 32 nodes on one bridge: every service starts (in parallel), a file
+// published on node 1 is consumed byte for byte on node 31 (neither is the
+// root, so the locate, the owner's address and the transfer all cross the
+// bridge), and teardown leaves no service, namespace or directory.
+TEST(EmuScaleTest, ThirtyTwoNodesExchangeBetweenFarNodes) {
+  constexpr int kNodes = 32;
+  ClusterOptions o;
+  o.bin_dir = DYAD_BUILD_BIN_DIR;
+  o.extra_service_args = {"--workers", "2"};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = EmuCluster::Start(kNodes, o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const double start_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("start_seconds", std::to_string(start_s));
+  EmuCluster& cl = **c;
+  ASSERT_EQ(cl.size(), kNodes);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kNodes; ++i) {
+    ASSERT_TRUE(cl.ServiceRunning(i)) << "node " << i;
+    pids.push_back(cl.ServicePid(i));
+  }
+
+  const std::string rel = "far/one.dat";
+  const uint64_t size = 3 * 65536 + 17;
+  {
+    ASSERT_EQ(::mkdir((cl.node(1).dmd + "/far").c_str(), 0755), 0);
+    UniqueFd fd(::open((cl.node(1).dmd + "/" + rel).c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_TRUE(WritePattern(fd.get(), PatternSeed(rel), size).ok());
+  }
+  client::Client producer = NodeClient(cl, 1);
+  client::Client consumer = NodeClient(cl, kNodes - 1);
+  const client::Status pub = producer.Produce(cl.node(1).dmd + "/" + rel);
+  ASSERT_TRUE(pub.ok()) << pub.ToString();
+  client::ConsumeInfo info;
+  const client::Status got = consumer.Consume(cl.node(kNodes - 1).dmd + "/" + rel, &info);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  EXPECT_TRUE(info.transferred);
+  EXPECT_EQ(info.metadata.owner_rank, 1u);
+  const Status verified =
+      VerifyPatternFile(cl.node(kNodes - 1).dmd + "/" + rel, PatternSeed(rel), size);
+  EXPECT_TRUE(verified.ok()) << verified.ToString();
+  auto out = cl.Counter(1, "bytes.out");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, size);
+
+  std::vector<std::string> names;
+  for (int i = 0; i < kNodes; ++i)
+    if (!cl.node(i).netns.empty()) names.push_back(cl.node(i).netns);
+  const std::string base = cl.base_dir();
+  c->reset();
+  struct stat st;
+  EXPECT_NE(::stat(base.c_str(), &st), 0);
+  const std::vector<std::string> left = ListNetns();
+  for (const std::string& n : names)
+    EXPECT_EQ(std::count(left.begin(), left.end(), n), 0) << n;
+  for (pid_t p : pids) EXPECT_TRUE(::kill(p, 0) != 0 && errno == ESRCH) << p;
+}
+
+// A start that fails half way (one of 16 services cannot start) removes
+// every namespace, service and directory it had made.
+TEST(EmuScaleTest, FailedStartOfManyNodesLeavesNothing) {
+  char parent[] = "/tmp/dyad-emu-scale-XXXXXX";
+  ASSERT_NE(::mkdtemp(parent), nullptr);
+  ClusterOptions o;
+  o.bin_dir = DYAD_BUILD_BIN_DIR;
+  o.tmp_parent = parent;
+  o.node_service_args[9] = {"--no-such-option"};
+  auto c = EmuCluster::Start(16, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("node 9"), std::string::npos) << c.status().ToString();
+  const std::string mine = std::string(kNetnsPrefix) + std::to_string(::getpid()) + "-";
+  for (const std::string& n : ListNetns()) EXPECT_NE(n.rfind(mine, 0), 0u) << n;
+  // The only thing left in the parent would be the cluster's directory.
+  EXPECT_EQ(::rmdir(parent), 0) << "cluster directory left in " << parent;
 }
 
 }  // namespace

@@ -96,8 +96,9 @@ struct NodeInfo {
 
 class EmuCluster {
  public:
-  // Creates the nodes and starts every service (root first), each bounded
-  // by options.ready_timeout_ms. On failure everything created is removed and
+  // Creates the nodes and starts every service: the root, then all the
+  // others at once, their readiness bounded together by
+  // options.ready_timeout_ms. On failure everything created is removed and
   // the error carries the failing service's log tail.
   static Result<std::unique_ptr<EmuCluster>> Start(int n_nodes, ClusterOptions options = {});
 
@@ -163,7 +164,9 @@ class EmuCluster {
   Status Setup(int n_nodes);
   Status SetupNetwork(int n_nodes);
   std::vector<std::string> ServiceArgv(int i) const;
-  Status WaitReady(int i);
+  // Starts node i's service without waiting for it (StartService = this + WaitReady).
+  Status SpawnService(int i);
+  Status WaitReady(int i, Deadline deadline);
   void ReleaseResources();  // namespaces and directory; any thread
 
   friend void EmergencyTeardownAll();
