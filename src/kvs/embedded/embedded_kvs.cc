@@ -79,7 +79,8 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
       address_text_(address_.ToString()),
       auth_(options.auth ? *options.auth : Authenticator(options.secret)),
       self_{options.self_rank, options.self_incarnation},
-      rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000) {}
+      rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000),
+      waits_(std::make_unique<EmbeddedWaits>(this)) {}
 
 // --- connections -------------------------------------------------------------
 
@@ -133,11 +134,27 @@ void EmbeddedKvs::DropIdle() {
 
 void EmbeddedKvs::Shutdown() {
   stopping_.store(true);
+  waits_->Shutdown();
   StopFeeds();
   DropIdle();
 }
 
-EmbeddedKvs::~EmbeddedKvs() { StopFeeds(); }
+EmbeddedKvs::~EmbeddedKvs() {
+  waits_->Shutdown();
+  StopFeeds();
+}
+
+Result<KvsWaitTicket> EmbeddedKvs::StartWait(const std::string& ns, const std::string& key,
+                                             Deadline deadline, KvsWaitCallback done) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  if (stopping_.load()) {
+    return Status(DYAD_RC_CANCELLED,
+                  "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
+  }
+  return waits_->Start(ns, key, deadline, std::move(done));
+}
+
+void EmbeddedKvs::CancelWait(KvsWaitTicket ticket) { waits_->Cancel(ticket); }
 
 void EmbeddedKvs::NoteOutage(const Status& st) {
   if (!outage_.exchange(true)) {
