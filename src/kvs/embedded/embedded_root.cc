@@ -46,14 +46,21 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
   for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
                        MsgType::kKvsList, MsgType::kKvsWatch}) {
     // The handler keeps the server alive as long as the service routes to it.
-    router.Route(Link::kPeer, type, "requests.kvs",
-                 [server = server_, type](RequestContext& ctx, const std::string& payload) {
-                   if (type == MsgType::kKvsWait && ctx.parking != nullptr)
-                     return HandleWaitParked(server, ctx, payload);
-                   Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch,
-                                                ctx.cancel);
-                   if (!sent.ok()) ctx.ch.MarkBroken();
-                 });
+    RequestHandler handler = [server = server_, type](RequestContext& ctx,
+                                                      const std::string& payload) {
+      if (type == MsgType::kKvsWait && ctx.parking != nullptr)
+        return HandleWaitParked(server, ctx, payload);
+      Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch, ctx.cancel);
+      if (!sent.ok()) ctx.ch.MarkBroken();
+    };
+    // Put, get, remove and list only touch the store's memory: the service's
+    // event loop runs them itself. Waits and watch polls wait, so they park
+    // or take a worker.
+    if (type == MsgType::kKvsWait || type == MsgType::kKvsWatch) {
+      router.Route(Link::kPeer, type, "requests.kvs", std::move(handler));
+    } else {
+      router.RouteInline(Link::kPeer, type, "requests.kvs", std::move(handler));
+    }
   }
 }
 
