@@ -132,8 +132,12 @@ class EmbeddedKvs final : public Kvs {
   const PeerIdentity self_;
   const int64_t rpc_timeout_ms_;
 
+  struct IdleChannel {
+    std::unique_ptr<Channel> ch;
+    SteadyClock::time_point since;  // released then
+  };
   std::mutex pool_mu_;
-  std::vector<std::unique_ptr<Channel>> idle_;  // guarded by pool_mu_
+  std::vector<IdleChannel> idle_;  // guarded by pool_mu_
 
   std::atomic<bool> outage_{false};  // an outage was logged and not yet recovered
   std::atomic<bool> stopping_{false};
