@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+import metadata_section  # noqa: E402  (bench/metadata_section.py)
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -807,6 +809,7 @@ def write_report(out, res, figs):
         L.append("**Failed measurements:** " + "; ".join(res["failures"]) + "\n")
     L.append("## Summary\n")
     L.append(headline(res))
+    L += ["* " + line for line in metadata_section.headline(res)]
 
     L.append("\n## Large-file transfer (two emulated nodes)\n")
     L.append("Median MB/s of the consumer's dyad_consume call versus a plain TCP sender/receiver "
@@ -917,6 +920,7 @@ def write_report(out, res, figs):
                    rows))
     if "scaling" in figs:
         L.append("\n![scaling](%s)\n" % figs["scaling"])
+    L += [""] + metadata_section.report(res)
     L.append("\nRaw program output: run.log. Every number: results.json.\n")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(L))
@@ -938,7 +942,8 @@ def main():
     ap.add_argument("--tmp", help="parent of the emulated nodes' directories (e.g. /dev/shm); "
                                   "default /dev/shm when it has room, else $TMPDIR or /tmp")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: transfer, "
-                                               "small, prefetch, metadata, preload, scaling")
+                                               "small, prefetch, metadata, preload, scaling, "
+                                               "metadata-scale")
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -1006,6 +1011,10 @@ def main():
     if "scaling" not in skip:
         print("[scaling] consumers and nodes", flush=True)
         res["scaling_consumers"], res["scaling_nodes"] = section_scaling(r, prof)
+    if "metadata-scale" not in skip and metadata_section.available(build):
+        print("[metadata-scale] store ops/s from 64 services, waits at scale, idle "
+              "connections", flush=True)
+        res["metadata_scale"] = metadata_section.run(r, args.quick)
 
     res["failures"] = r.failures
     res["elapsed_s"] = time.monotonic() - t0
