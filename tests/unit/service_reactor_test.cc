@@ -348,5 +348,61 @@ TEST_F(ReactorTest, InlineRepliesToAPeerThatDoesNotReadStallNobody) {
   }
 }
 
+// Every service waiting on the embedded store watches the root's change
+// feed (one long poll per namespace): the root parks those polls, so more
+// watchers than its peer workers still leave the workers free.
+TEST_F(ReactorTest, WatchPollsAreParkedNotHeldByWorkers) {
+  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+  ASSERT_TRUE(tcp.ok());
+  const Authenticator auth("test-secret");
+  constexpr int kWatchers = 6;  // the root has 2 peer workers
+  std::vector<std::unique_ptr<Channel>> watchers;
+  for (int i = 0; i < kWatchers; ++i) {
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    PeerIdentity them;
+    ASSERT_TRUE(auth.Connect(*ch, PeerIdentity{300u + i, 1}, Deadline::AfterMs(5000), &them).ok());
+    // The first poll learns the feed's position (a resync), the second waits.
+    KvsWatchRequest req;
+    req.ns = "t";
+    req.timeout_ms = 20000;
+    Encoder e;
+    req.EncodeTo(e);
+    std::string body;
+    ASSERT_TRUE(CallRpc(*ch, MsgType::kKvsWatch, e.data(), &body, Deadline::AfterMs(5000)).ok());
+    KvsWatchReply first;
+    Decoder d(body);
+    ASSERT_TRUE(first.DecodeFrom(d));
+    req.epoch = first.epoch;
+    req.after = first.last;
+    Encoder e2;
+    req.EncodeTo(e2);
+    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsWatch), e2.data(),
+                              Deadline::AfterMs(2000)).ok());
+    watchers.push_back(std::move(ch));
+  }
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "requests.parked", kWatchers),
+            static_cast<uint64_t>(kWatchers));
+  // A consume through B needs A's peer workers (its wait, the transfer).
+  ASSERT_TRUE(Publish("watched.dat", "published while 6 watchers poll").ok());
+  Result<std::string> r = Consume("watched.dat");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // The publication ended every poll with its change.
+  const std::string key = GenPathKey("watched.dat", 3, 1024);
+  for (auto& ch : watchers) {
+    std::string body;
+    Status st = ReceiveReply(*ch, &body, Deadline::AfterMs(10000));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    KvsWatchReply reply;
+    Decoder d(body);
+    ASSERT_TRUE(reply.DecodeFrom(d));
+    EXPECT_FALSE(reply.resync);
+    bool seen = false;
+    for (const auto& [k, v] : reply.changes) seen = seen || k == key;
+    EXPECT_TRUE(seen);
+  }
+}
+
 }  // namespace
 }  // namespace dyad
