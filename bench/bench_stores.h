@@ -128,6 +128,10 @@ class EmbeddedRootProcess {
     o.kvs_url = "embedded";
     o.secret = kStoreSecret;
     o.rpc_timeout_ms = 60000;
+    // Every client of the benchmark connects from 127.0.0.1, where a
+    // cluster's services would come from as many addresses: the cap on
+    // handshakes per remote address must not refuse them at the start.
+    o.max_per_peer = o.max_unauthenticated;
     Service svc(o);
     Status st = svc.Start();
     const std::string line = (st.ok() ? svc.tcp_address() : "error " + st.ToString()) + "\n";

@@ -16,7 +16,7 @@
 // raises its descriptor limit to the hard limit; counts beyond it are cut.
 //
 // Usage: dyad-idle-connections [--service PATH] [--clients N] [--peers M]
-//                              [--consumes K] [--tmp DIR]
+//                              [--consumes K] [--tmp DIR] [--json]
 #include <dirent.h>
 #include <signal.h>
 #include <spawn.h>
@@ -58,6 +58,7 @@ struct Args {
   std::string service = std::string(DYAD_BUILD_BIN_DIR) + "/dyad-service";
   uint64_t clients = 10000, peers = 1000, consumes = 50;
   std::string tmp = "/tmp";
+  bool json = false;
 };
 
 struct Proc {
@@ -240,7 +241,7 @@ Sample Measure(const std::string& label, const Args& a, const std::string& dir, 
 int Usage() {
   std::fprintf(stderr,
                "usage: dyad-idle-connections [--service PATH] [--clients N] [--peers M] "
-               "[--consumes K] [--tmp DIR]\n");
+               "[--consumes K] [--tmp DIR] [--json]\n");
   return 2;
 }
 
@@ -253,6 +254,10 @@ int Run(int argc, char** argv) {
                   "under idle local clients and idle peers (bench/idle_connections.cc)\n");
       Usage();
       return 0;
+    }
+    if (o == "--json") {
+      a.json = true;
+      continue;
     }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (v == nullptr) return Usage();
@@ -326,12 +331,27 @@ int Run(int argc, char** argv) {
                                   std::to_string(peers.size()) + " peers",
                               a, dir, *root, *svc, 2));
   }
-  std::printf("dyad-idle-connections: %s\n", a.service.c_str());
-  std::printf("%-34s %8s %10s %12s %12s %7s %8s\n", "idle connections", "threads", "RSS MiB",
-              "consume p50", "consume p99", "errors", "refused");
-  for (const Sample& s : samples)
-    std::printf("%-34s %8zu %10.1f %9.2f ms %9.2f ms %7d %8llu\n", s.label.c_str(), s.threads,
-                s.rss, s.p50, s.p99, s.errors, static_cast<unsigned long long>(s.refused));
+  if (a.json) {
+    std::printf("{\"benchmark\":\"idle-connections\",\"service\":\"%s\",\"results\":[",
+                a.service.c_str());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const Sample& s = samples[i];
+      std::printf("%s{\"label\":\"%s\",\"clients\":%zu,\"peers\":%zu,\"threads\":%zu,"
+                  "\"rss_mib\":%.1f,\"consume_p50_ms\":%.3f,\"consume_p99_ms\":%.3f,"
+                  "\"errors\":%d,\"refused\":%llu}",
+                  i ? "," : "", s.label.c_str(), i >= 1 ? clients.size() : 0,
+                  i >= 2 ? peers.size() : 0, s.threads, s.rss, s.p50, s.p99, s.errors,
+                  static_cast<unsigned long long>(s.refused));
+    }
+    std::printf("]}\n");
+  } else {
+    std::printf("dyad-idle-connections: %s\n", a.service.c_str());
+    std::printf("%-34s %8s %10s %12s %12s %7s %8s\n", "idle connections", "threads", "RSS MiB",
+                "consume p50", "consume p99", "errors", "refused");
+    for (const Sample& s : samples)
+      std::printf("%-34s %8zu %10.1f %9.2f ms %9.2f ms %7d %8llu\n", s.label.c_str(), s.threads,
+                  s.rss, s.p50, s.p99, s.errors, static_cast<unsigned long long>(s.refused));
+  }
   clients.clear();
   peers.clear();
   if (svc.ok()) StopService(*svc);

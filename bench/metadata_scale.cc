@@ -9,10 +9,11 @@
 // redis-server, no persistence), redis-cluster (three masters). Printed per
 // store: operations per second (puts and gets), p50/p99 latency of each,
 // the CPU seconds the store's processes used meanwhile, and operations per
-// store CPU-second. On a machine with few cores the clients and the store
-// share them, so ops/s is bounded by the clients too; ops per store
-// CPU-second is the store's own cost, the figure that carries over to a
-// cluster where clients run on other nodes. Compare stores in one run.
+// store CPU-second, and the CPU seconds of the clients (this process). On
+// a machine with few cores the clients and the store share them, so ops/s
+// is bounded by the clients too; ops per store CPU-second is the store's
+// own cost, the figure that carries over to a cluster where clients run on
+// other nodes. Compare stores in one run.
 //
 // Usage: dyad-metadata-scale [--clients N] [--seconds S] [--stores a,b,...] [--json]
 #include <sys/stat.h>
@@ -50,11 +51,17 @@ struct Row {
   double ops_per_s = 0;
   double put_p50_us = 0, put_p99_us = 0, get_p50_us = 0, get_p99_us = 0;
   double store_cpu_s = 0;
+  double client_cpu_s = 0;  // this process: the clients' own cost
 };
 
 struct ClientResult {
   std::vector<double> put_us, get_us;
   uint64_t errors = 0;
+  std::string first_error;  // reported on stderr
+
+  void Fail(const Status& st) {
+    if (errors++ == 0) first_error = st.ToString();
+  }
 };
 
 double Percentile(std::vector<double>* v, int pct) {
@@ -79,11 +86,12 @@ void Client(const std::string& url, int id, std::mutex* mu, std::condition_varia
   o.rpc_timeout_ms = 30000;
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs(url, o);
   if (!kvs.ok()) {
-    ++out->errors;
+    out->Fail(kvs.status());
     return;
   }
   // Connects before the clock starts.
-  if (!(*kvs)->Get("scale", "warm-up").ok()) ++out->errors;
+  if (Result<std::optional<std::string>> w = (*kvs)->Get("scale", "warm-up"); !w.ok())
+    out->Fail(w.status().Annotate("warm-up"));
   {
     std::unique_lock<std::mutex> lk(*mu);
     cv->wait(lk, [&] { return *go; });
@@ -98,11 +106,17 @@ void Client(const std::string& url, int id, std::mutex* mu, std::condition_varia
     rec.published_ns = WallNs();
     const std::string key = GenPathKey(rec.upath, 3, 1024);
     const auto t0 = SteadyClock::now();
-    const bool put_ok = (*kvs)->Put("scale", key, rec.Encode()).ok();
+    const Status put = (*kvs)->Put("scale", key, rec.Encode());
     const auto t1 = SteadyClock::now();
     Result<std::optional<std::string>> got = (*kvs)->Get("scale", key);
     const auto t2 = SteadyClock::now();
-    if (!put_ok || !got.ok() || !got->has_value()) ++out->errors;
+    if (!put.ok()) {
+      out->Fail(put.Annotate("put"));
+    } else if (!got.ok()) {
+      out->Fail(got.status().Annotate("get"));
+    } else if (!got->has_value()) {
+      out->Fail(Status(DYAD_RC_NOTFOUND, "get: the key just put is missing"));
+    }
     out->put_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     out->get_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
   }
@@ -120,6 +134,7 @@ Row Measure(const std::string& store, const std::string& url, const std::vector<
     threads.emplace_back(Client, url, c, &mu, &cv, &go, &stop, &results[static_cast<size_t>(c)]);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // all connected
   const double cpu0 = CpuOf(pids);
+  const double client_cpu0 = CpuOf({::getpid()});
   const auto start = SteadyClock::now();
   {
     std::lock_guard<std::mutex> lk(mu);
@@ -134,8 +149,12 @@ Row Measure(const std::string& store, const std::string& url, const std::vector<
   row.clients = clients;
   row.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
   row.store_cpu_s = CpuOf(pids) - cpu0;
+  row.client_cpu_s = CpuOf({::getpid()}) - client_cpu0;
   std::vector<double> puts, gets;
   for (ClientResult& r : results) {
+    if (r.errors != 0 && row.errors == 0)
+      std::fprintf(stderr, "%s: %llu errors, first: %s\n", store.c_str(),
+                   static_cast<unsigned long long>(r.errors), r.first_error.c_str());
     row.errors += r.errors;
     puts.insert(puts.end(), r.put_us.begin(), r.put_us.end());
     gets.insert(gets.end(), r.get_us.begin(), r.get_us.end());
@@ -157,23 +176,24 @@ void Print(const std::vector<Row>& rows, bool json) {
       std::printf(
           "%s{\"store\":\"%s\",\"clients\":%d,\"seconds\":%.2f,\"ops\":%llu,\"errors\":%llu,"
           "\"ops_per_s\":%.0f,\"put_p50_us\":%.1f,\"put_p99_us\":%.1f,\"get_p50_us\":%.1f,"
-          "\"get_p99_us\":%.1f,\"store_cpu_s\":%.2f,\"ops_per_store_cpu_s\":%.0f}",
+          "\"get_p99_us\":%.1f,\"store_cpu_s\":%.2f,\"ops_per_store_cpu_s\":%.0f,"
+          "\"client_cpu_s\":%.2f}",
           i ? "," : "", r.store.c_str(), r.clients, r.seconds,
           static_cast<unsigned long long>(r.ops), static_cast<unsigned long long>(r.errors),
           r.ops_per_s, r.put_p50_us, r.put_p99_us, r.get_p50_us, r.get_p99_us, r.store_cpu_s,
-          r.store_cpu_s > 0 ? r.ops / r.store_cpu_s : 0);
+          r.store_cpu_s > 0 ? r.ops / r.store_cpu_s : 0, r.client_cpu_s);
     }
     std::printf("]}\n");
     return;
   }
-  std::printf("%-15s %7s %9s %9s %9s %9s %9s %9s %9s %11s %6s\n", "store", "clients", "ops",
-              "ops/s", "put p50", "put p99", "get p50", "get p99", "store cpu", "ops/cpu-s",
-              "errors");
+  std::printf("%-15s %7s %9s %9s %9s %9s %9s %9s %9s %11s %10s %6s\n", "store", "clients",
+              "ops", "ops/s", "put p50", "put p99", "get p50", "get p99", "store cpu",
+              "ops/cpu-s", "client cpu", "errors");
   for (const Row& r : rows) {
-    std::printf("%-15s %7d %9llu %9.0f %8.0fu %8.0fu %8.0fu %8.0fu %8.2fs %11.0f %6llu\n",
+    std::printf("%-15s %7d %9llu %9.0f %8.0fu %8.0fu %8.0fu %8.0fu %8.2fs %11.0f %9.2fs %6llu\n",
                 r.store.c_str(), r.clients, static_cast<unsigned long long>(r.ops), r.ops_per_s,
                 r.put_p50_us, r.put_p99_us, r.get_p50_us, r.get_p99_us, r.store_cpu_s,
-                r.store_cpu_s > 0 ? r.ops / r.store_cpu_s : 0,
+                r.store_cpu_s > 0 ? r.ops / r.store_cpu_s : 0, r.client_cpu_s,
                 static_cast<unsigned long long>(r.errors));
   }
 }

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+import metadata_section  # noqa: E402  (bench/metadata_section.py)
 import scale_section
 
 MiB = 1 << 20
@@ -810,6 +811,7 @@ def write_report(out, res, figs):
         L.append("**Failed measurements:** " + "; ".join(res["failures"]) + "\n")
     L.append("## Summary\n")
     L.append(headline(res))
+    L += ["* " + line for line in metadata_section.headline(res)]
 
     L.append("\n## Large-file transfer (two emulated nodes)\n")
     L.append("Median MB/s of the consumer's dyad_consume call versus a plain TCP sender/receiver "
@@ -920,7 +922,7 @@ def write_report(out, res, figs):
                    rows))
     if "scaling" in figs:
         L.append("\n![scaling](%s)\n" % figs["scaling"])
-    L.extend(scale_section.report_lines(res.get("scale"), figs))
+                                               "scale, metadata-scale")
     L.append("\nRaw program output: run.log. Every number: results.json.\n")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(L))
@@ -943,7 +945,7 @@ def main():
                                   "default /dev/shm when it has room, else $TMPDIR or /tmp")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: transfer, "
                                                "small, prefetch, metadata, preload, scaling, "
-                                               "scale")
+                                               "scale, metadata-scale")
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -1014,6 +1016,10 @@ def main():
     if "scale" not in skip:
         print("[scale] 2 to 64 emulated nodes, DYAD vs raw TCP", flush=True)
         res["scale"] = scale_section.run(r, args.quick)
+    if "metadata-scale" not in skip and metadata_section.available(build):
+        print("[metadata-scale] store ops/s from 64 services, waits at scale, idle "
+              "connections", flush=True)
+        res["metadata_scale"] = metadata_section.run(r, args.quick)
 
     res["failures"] = r.failures
     res["elapsed_s"] = time.monotonic() - t0

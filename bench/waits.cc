@@ -5,20 +5,22 @@
 // anything is published; then one publisher Puts the keys one after
 // another. A wait's wake-up latency is from the start of the Put of its key
 // to its return (or callback). Every woken value is checked.
-// Modes: "threads", one thread per blocking Kvs::Wait (how a dyad-service
-// parks a consume today); "async", Kvs::StartWait (no thread per wait; the
-// stores with KvsCaps::async_wait). Stores: memory (in-process floor),
-// embedded (the root dyad-service in its own process; one connection and
-// one root thread per parked wait), redis (one redis-server), redis-cluster
-// (three masters). Also printed: threads and resident memory of this
-// process, and of the store's process, while the waits are parked.
+// Modes: "threads", one thread per blocking Kvs::Wait; "async",
+// Kvs::StartWait (no thread per wait: how a dyad-service parks a consume
+// on every store that has it, KvsCaps::async_wait). Stores: memory
+// (in-process floor), embedded (the root dyad-service in its own process;
+// this process is a client of it, as a non-root service is: its async
+// waits share one change feed per namespace, see
+// src/kvs/embedded/embedded_waits.h), redis (one redis-server),
+// redis-cluster (three masters). Also printed: threads and resident memory
+// of this process, and of the store's process, while the waits are parked.
 //
-// The embedded store holds one root connection and one root thread per
-// parked wait; it runs at most --embedded-waits (default 5,000) waits
-// (10,000 from one process overflow the root's listen backlog and time out).
+// In threads mode the embedded store also holds one root connection per
+// parked wait, so that mode runs at most --embedded-waits (default 5,000)
+// waits there; async mode runs the full counts.
 //
 // Usage: dyad-waits [--distinct N] [--shared M] [--embedded-waits N]
-//                   [--stores a,b,...] [--json]
+//                   [--modes threads,async] [--stores a,b,...] [--json]
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -88,7 +90,6 @@ Row RunScenario(Store& s, const std::string& mode, int keys, int waits, int run)
     ++done;
   };
   std::vector<std::thread> threads;
-  const int store_threads_before = s.pid > 0 ? ThreadsOf(s.pid) : 0;
   const auto park_start = SteadyClock::now();
   for (int i = 0; i < waits; ++i) {
     if (mode == "threads") {
@@ -103,13 +104,7 @@ Row RunScenario(Store& s, const std::string& mode, int keys, int waits, int run)
     }
   }
   row.park_ms = Ms(park_start, SteadyClock::now());
-  // Let the waits reach the store: the embedded root holds one thread per
-  // parked wait, which shows when they are all there; elsewhere, settle.
-  if (s.name == "embedded" && mode == "threads") {
-    for (int i = 0; i < 6000 && ThreadsOf(s.pid) < store_threads_before + waits * 9 / 10; ++i)
-      ::usleep(10000);
-  }
-  ::usleep(static_cast<useconds_t>(1000000 + waits * 100));
+  ::usleep(static_cast<useconds_t>(1000000 + waits * 200));
   row.threads = ThreadsOf(::getpid());
   row.rss_mib = SampleProc(::getpid()).rss_kib / 1024.0;
   if (s.pid > 0) {
@@ -177,9 +172,10 @@ bool Wanted(const std::string& list, const std::string& name) {
 
 int Run(int argc, char** argv) {
   uint64_t distinct = 10000, shared = 1000;
-  // One connection and one root thread per parked wait: see docs/redis.md.
+  // Blocking embedded waits: one root connection each (threads mode only).
   uint64_t embedded_waits = 5000;
   std::string stores = "memory,embedded,redis,redis-cluster";
+  std::string modes = "threads,async";
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -191,12 +187,14 @@ int Run(int argc, char** argv) {
       ++i;
     } else if (a == "--stores" && i + 1 < argc) {
       stores = argv[++i];
+    } else if (a == "--modes" && i + 1 < argc) {
+      modes = argv[++i];
     } else if (a == "--json") {
       json = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--distinct N] [--shared M] [--embedded-waits N] [--stores %s] "
-                   "[--json]\n",
+                   "usage: %s [--distinct N] [--shared M] [--embedded-waits N] "
+                   "[--modes threads,async] [--stores %s] [--json]\n",
                    argv[0], "memory,embedded,redis,redis-cluster");
       return 2;
     }
@@ -215,9 +213,6 @@ int Run(int argc, char** argv) {
   std::vector<Row> rows;
   int run = 0;
   auto bench = [&](const std::string& name, const std::string& url, pid_t pid) {
-    // The embedded store parks each wait on its own root connection.
-    const uint64_t n = name == "embedded" ? std::min(distinct, embedded_waits) : distinct;
-    const uint64_t m = name == "embedded" ? std::min(shared, embedded_waits) : shared;
     KvsOptions o;
     o.secret = kStoreSecret;
     o.rpc_timeout_ms = 60000;
@@ -228,7 +223,12 @@ int Run(int argc, char** argv) {
     }
     Store s{name, std::move(*kvs), pid};
     for (const char* mode : {"threads", "async"}) {
+      if (!Wanted(modes, mode)) continue;
       if (std::string(mode) == "async" && !s.kvs->caps().async_wait) continue;
+      // Blocking embedded waits hold a root connection each.
+      const bool capped = name == "embedded" && std::string(mode) == "threads";
+      const uint64_t n = capped ? std::min(distinct, embedded_waits) : distinct;
+      const uint64_t m = capped ? std::min(shared, embedded_waits) : shared;
       rows.push_back(RunScenario(s, mode, static_cast<int>(n), static_cast<int>(n), ++run));
       rows.push_back(RunScenario(s, mode, 1, static_cast<int>(m), ++run));
     }
@@ -251,9 +251,9 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "could not remove %s\n", dir.c_str());
   if (!json) {
     std::printf(
-        "dyad-waits: %llu waits on distinct keys, %llu on one key (embedded: at most "
-        "%llu); fd limit %llu; store columns: its process (redis-cluster: one of three "
-        "masters)\n",
+        "dyad-waits: %llu waits on distinct keys, %llu on one key (embedded threads mode: "
+        "at most %llu); fd limit %llu; store columns: its process (redis-cluster: one of "
+        "three masters)\n",
         static_cast<unsigned long long>(distinct), static_cast<unsigned long long>(shared),
         static_cast<unsigned long long>(embedded_waits),
         static_cast<unsigned long long>(FdLimit()));

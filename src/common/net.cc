@@ -271,6 +271,10 @@ Status Channel::WaitFor(short events, Deadline deadline) {
 
 Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
   expecting_ = true;
+  if (capture_ != nullptr) {
+    capture_->append(static_cast<const char*>(buf), len);
+    return Status::OK();
+  }
   const char* p = static_cast<const char*>(buf);
   while (len > 0) {
     const ssize_t n = ::send(fd_.get(), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -296,6 +300,10 @@ Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
 
 Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadline deadline) {
   expecting_ = true;
+  if (capture_ != nullptr) {
+    for (std::string_view p : parts) capture_->append(p.data(), p.size());
+    return Status::OK();
+  }
   iovec iov[8];
   size_t n_iov = 0;
   for (std::string_view p : parts) {
@@ -594,6 +602,10 @@ Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_l
 
 Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
                               uint64_t* sent) {
+  if (capture_ != nullptr) {
+    broken_ = true;
+    return Status(DYAD_RC_BADREQUEST, "a file range cannot be sent from an inline handler");
+  }
   expecting_ = true;
   off_t off = static_cast<off_t>(offset);
   uint64_t done = 0;

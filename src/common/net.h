@@ -167,6 +167,12 @@ class Channel {
   // buffer kept across calls is not reallocated for frames that fit.
   Status RecvFrame(uint16_t* type, std::string* payload, Deadline deadline);
 
+  // While `sink` is set, every send appends its bytes (sealed when the
+  // session is) to *sink instead of writing the socket: a service's event
+  // loop serves a request inline and then writes the reply itself without
+  // ever blocking on a peer that does not read. Not for SendFileRange.
+  void CaptureSends(std::string* sink) { capture_ = sink; }
+
   Status SendAll(const void* buf, size_t len, Deadline deadline);
   // Sends the pieces back to back (one system call when they fit).
   Status SendParts(std::initializer_list<std::string_view> parts, Deadline deadline);
@@ -215,6 +221,7 @@ class Channel {
   std::unique_ptr<RecordCipher> recv_cipher_;
   bool broken_ = false;
   bool expecting_ = false;  // a frame was just sent; the answer is imminent
+  std::string* capture_ = nullptr;  // see CaptureSends()
   std::string unread_;      // see Unread(); consumed from unread_pos_
   size_t unread_pos_ = 0;
 };

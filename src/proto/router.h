@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "proto/auth.h"
 #include "common/cancel.h"
@@ -68,6 +69,13 @@ class RequestRouter {
   // names the statistic counted per request ("requests.kvs"). A type has
   // one handler per link; registering it twice is a programming error.
   virtual void Route(Link link, MsgType type, const char* counter, RequestHandler handler) = 0;
+  // As Route, for a handler that never blocks (no network, disk, or wait:
+  // a lookup in memory, say) and never parks: the service may run it on its
+  // event loop, sparing the hand-off to a worker and back, with its reply
+  // buffered by the loop so that a peer that does not read cannot stall it.
+  virtual void RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) {
+    Route(link, type, counter, std::move(handler));
+  }
 };
 
 }  // namespace dyad

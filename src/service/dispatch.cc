@@ -8,6 +8,21 @@
 namespace dyad {
 
 void Dispatcher::Route(Link link, MsgType type, const char* counter, RequestHandler handler) {
+  Add(link, type, counter, std::move(handler), false);
+}
+
+void Dispatcher::RouteInline(Link link, MsgType type, const char* counter,
+                             RequestHandler handler) {
+  Add(link, type, counter, std::move(handler), true);
+}
+
+bool Dispatcher::RunsInline(Link link, uint16_t type) const {
+  auto it = table_.find(std::make_pair(link, type));
+  return it != table_.end() && it->second.runs_inline;
+}
+
+void Dispatcher::Add(Link link, MsgType type, const char* counter, RequestHandler handler,
+                     bool runs_inline) {
   const auto key = std::make_pair(link, static_cast<uint16_t>(type));
   if (table_.count(key) != 0) {
     DYAD_LOG_ERROR("two handlers for '%s'", MsgTypeName(key.second));
@@ -15,7 +30,7 @@ void Dispatcher::Route(Link link, MsgType type, const char* counter, RequestHand
   }
   const ServiceStats::Counter c =
       counter != nullptr ? ServiceStats::Find(counter) : ServiceStats::kNumCounters;
-  table_[key] = Entry{c, std::move(handler)};
+  table_[key] = Entry{c, std::move(handler), runs_inline};
 }
 
 void Dispatcher::Dispatch(RequestContext& ctx, uint16_t type, const std::string& payload) const {

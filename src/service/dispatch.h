@@ -4,7 +4,8 @@
 // connection threads then look each frame up (Dispatch). An unknown type
 // gets an error reply naming it, so a bad peer cannot desynchronise its
 // own link. Registration happens before any connection is served; lookups
-// need no lock afterwards.
+// need no lock afterwards. Handlers that never block may be registered
+// with RouteInline; the event loop then runs them itself (reactor.h).
 #pragma once
 
 #include <map>
@@ -22,6 +23,11 @@ class Dispatcher final : public RequestRouter {
       : rank_(rank), reply_timeout_ms_(reply_timeout_ms), stats_(stats) {}
 
   void Route(Link link, MsgType type, const char* counter, RequestHandler handler) override;
+  void RouteInline(Link link, MsgType type, const char* counter,
+                   RequestHandler handler) override;
+  // True when the handler of `type` on `link` was registered with
+  // RouteInline (it may run on the event loop).
+  bool RunsInline(Link link, uint16_t type) const;
   // Runs the handler of `type` on ctx.link, or replies that there is none.
   void Dispatch(RequestContext& ctx, uint16_t type, const std::string& payload) const;
 
@@ -29,7 +35,9 @@ class Dispatcher final : public RequestRouter {
   struct Entry {
     ServiceStats::Counter counter;
     RequestHandler handler;
+    bool runs_inline = false;
   };
+  void Add(Link link, MsgType type, const char* counter, RequestHandler handler, bool runs_inline);
   const uint32_t rank_;
   const int64_t reply_timeout_ms_;
   ServiceStats* stats_;

@@ -54,6 +54,7 @@ struct Reactor::Conn {
   bool counted_unauthenticated = false;
   Deadline handshake_deadline = Deadline::Never();
   std::string inbuf;  // bytes of the next frame(s), while the loop owns the connection
+  std::string outbuf;  // replies of inline requests the socket has not taken yet
   bool busy = false;  // on a worker or parked (the loop does not read it)
   // Parking, under mu.
   std::mutex mu;
@@ -304,6 +305,12 @@ void Reactor::Close(Conn* c) {
 }
 
 void Reactor::OnReadable(Conn* c) {
+  if (!c->outbuf.empty()) {  // armed for output only: replies still queued
+    const Flushed f = Flush(c);
+    if (f == Flushed::kClosed) return;
+    if (f == Flushed::kPending) return Arm(c, EPOLLOUT);
+    return TryFrame(c);
+  }
   size_t got = 0;
   char buf[kReadChunk];
   while (got < kReadBudget) {
@@ -326,7 +333,7 @@ void Reactor::OnReadable(Conn* c) {
 }
 
 void Reactor::TryFrame(Conn* c) {
-  if (c->inbuf.size() >= kFrameHeaderSize) {
+  while (c->inbuf.size() >= kFrameHeaderSize) {
     Result<size_t> need = c->ch.CheckHeader(c->inbuf.data());
     if (!need.ok()) {
       if (c->handshake) {
@@ -339,20 +346,75 @@ void Reactor::TryFrame(Conn* c) {
       }
       return Close(c);
     }
-    if (c->inbuf.size() >= kFrameHeaderSize + *need) {
-      c->busy = true;
-      c->ch.Unread(std::move(c->inbuf));
-      c->inbuf.clear();
-      std::shared_ptr<Conn> ref = conns_.at(c);
-      if (c->handshake) {
-        peer_pool_->Submit([this, ref] { FinishHandshake(ref); });
-      } else {
-        PoolOf(*c).Submit([this, ref] { Serve(ref); });
-      }
-      return;
+    if (c->inbuf.size() < kFrameHeaderSize + *need) break;
+    uint16_t type = 0;
+    std::memcpy(&type, c->inbuf.data() + 6, sizeof type);  // see EncodeHeader (net.cc)
+    if (!c->handshake && hooks_.runs_inline && hooks_.runs_inline(c->local, type)) {
+      if (!ServeInline(c)) return;
+      continue;  // a pipelined frame may be complete already
     }
+    c->busy = true;
+    c->ch.Unread(std::move(c->inbuf));
+    c->inbuf.clear();
+    std::shared_ptr<Conn> ref = conns_.at(c);
+    if (c->handshake) {
+      peer_pool_->Submit([this, ref] { FinishHandshake(ref); });
+    } else {
+      PoolOf(*c).Submit([this, ref] { Serve(ref); });
+    }
+    return;
   }
   Arm(c, EPOLLIN | EPOLLRDHUP);
+}
+
+bool Reactor::ServeInline(Conn* c) {
+  c->ch.Unread(std::move(c->inbuf));
+  c->inbuf.clear();
+  uint16_t type = 0;
+  // The whole frame is buffered: this never waits on the peer.
+  Status st = c->ch.RecvFrame(&type, &inline_payload_, Deadline::AfterMs(kLoopSendMs));
+  if (!st.ok()) {
+    DYAD_LOG_WARN("%s: %s",
+                  c->local ? "local client" : ("peer rank " + std::to_string(c->peer.rank)).c_str(),
+                  st.ToString().c_str());
+    Close(c);
+    return false;
+  }
+  c->ch.CaptureSends(&c->outbuf);
+  RequestContext ctx = ContextOf(*c, nullptr);
+  hooks_.dispatch(ctx, type, inline_payload_);
+  c->ch.CaptureSends(nullptr);
+  c->inbuf = c->ch.TakeUnread();
+  const bool broken = c->ch.broken();
+  const Flushed f = Flush(c);
+  if (f == Flushed::kClosed) return false;
+  if (broken) {  // the reply (an error, say) went out as far as it could
+    Close(c);
+    return false;
+  }
+  if (f == Flushed::kPending) {
+    Arm(c, EPOLLOUT);
+    return false;
+  }
+  return true;
+}
+
+Reactor::Flushed Reactor::Flush(Conn* c) {
+  size_t sent = 0;
+  while (sent < c->outbuf.size()) {
+    const ssize_t n = ::send(c->ch.fd(), c->outbuf.data() + sent, c->outbuf.size() - sent,
+                             MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    Close(c);  // reset, or gone
+    return Flushed::kClosed;
+  }
+  c->outbuf.erase(0, sent);
+  return c->outbuf.empty() ? Flushed::kAll : Flushed::kPending;
 }
 
 void Reactor::ExpireHandshakes() {

@@ -23,6 +23,13 @@
 // its worker is released, the loop watches the connection for a hang-up,
 // and the request resumes on a worker when the wait ends.
 //
+// Requests whose handler never blocks (RouteInline: the embedded store's
+// put, get, remove and list) skip the workers: the loop runs them itself
+// and writes their replies without blocking, keeping what the socket does
+// not take in the connection's output buffer (and reading nothing more from
+// that connection until it drained). A small store operation then costs a
+// read and a write, not two thread hand-offs.
+//
 // Threads: 1 (loop) + 2 x workers, whatever the number of connections.
 #pragma once
 
@@ -64,6 +71,9 @@ struct ReactorHooks {
   std::function<void(Channel&, const Status&)> reply_error;
   // A connection refused or a handshake failed: counted and logged.
   std::function<void(const std::string& why)> refused;
+  // True for request types whose handler never blocks (RouteInline): the
+  // loop serves them itself. Null: every request goes to a worker.
+  std::function<bool(bool local, uint16_t type)> runs_inline;
 };
 
 class Reactor {
@@ -99,6 +109,14 @@ class Reactor {
   // Dispatches the frame at the head of c's buffer if it is complete, else
   // waits for more bytes; closes c on a malformed header.
   void TryFrame(Conn* c);
+  // Serves the complete frame at the head of c's buffer on the loop (its
+  // handler never blocks), replies captured into c's output buffer and
+  // written without blocking. False when c was closed or must first drain
+  // its replies to a peer that is not reading (it is then armed for output
+  // only, so such a peer gets no more service until it reads).
+  bool ServeInline(Conn* c);
+  enum class Flushed { kAll, kPending, kClosed };
+  Flushed Flush(Conn* c);
   void Arm(Conn* c, uint32_t events);
   void Close(Conn* c);
   void ExpireHandshakes();
@@ -129,6 +147,7 @@ class Reactor {
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
   std::vector<Conn*> handshaking_;
   std::unordered_map<std::string, uint32_t> per_peer_;  // handshaking, by address
+  std::string inline_payload_;  // reused by ServeInline
 
   std::mutex post_mu_;
   std::vector<std::pair<Post, std::shared_ptr<Conn>>> posts_;

@@ -358,6 +358,9 @@ Status Service::StartReactor() {
     SendReply(ch, st, {}, kRefusalReplyMs, &stats_);
   };
   hooks.refused = [this](const std::string& why) { NoteRefusal(why); };
+  hooks.runs_inline = [this](bool local, uint16_t type) {
+    return dispatch_->RunsInline(local ? Link::kLocal : Link::kPeer, type);
+  };
   reactor_ = std::make_unique<Reactor>(rc, std::move(hooks));
   return reactor_->Start();
 }

@@ -3,8 +3,12 @@
 // earlier root (epoch) or one that fell behind the bounded ring.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "kvs/embedded/change_feed.h"
 #include "kvs/memory/memory_kvs.h"
@@ -83,6 +87,79 @@ TEST(ChangeFeeds, CancelAndShutdownEndAPoll) {
   feeds.Shutdown();
   Result<KvsWatchReply> s = feeds.Poll(At(first->epoch, first->last), Deadline::AfterMs(5000), nullptr);
   EXPECT_EQ(s.status().code(), DYAD_RC_CANCELLED);
+}
+
+// Parked polls (StartPoll): how the root serves its peers' watch polls
+// without a thread each. Answered now when there is something to say, else
+// by the Put that brings a change, at the deadline with nothing, or with
+// CANCELLED by CancelPoll and Shutdown. Each callback runs exactly once.
+TEST(ChangeFeeds, ParkedPollsAreAnsweredByPutDeadlineCancelAndShutdown) {
+  auto store = std::make_shared<MemoryKvs>();
+  ChangeFeeds feeds(store);
+  struct Out {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Result<KvsWatchReply>> got;
+    ChangeFeeds::PollCallback Callback() {
+      return [this](Result<KvsWatchReply> r) {
+        std::lock_guard<std::mutex> lk(mu);
+        got.push_back(std::move(r));
+        cv.notify_all();
+      };
+    }
+    bool AwaitCount(size_t n) {
+      std::unique_lock<std::mutex> lk(mu);
+      return cv.wait_for(lk, std::chrono::seconds(10), [&] { return got.size() >= n; });
+    }
+  };
+  ChangeFeeds::PollTicket t = 0;
+  Out first;
+  auto now = feeds.StartPoll(At(0, 0), Deadline::AfterMs(5000), first.Callback(), &t);
+  ASSERT_TRUE(now.has_value());  // a new watcher: resync at once
+  ASSERT_TRUE(now->ok());
+  EXPECT_TRUE((*now)->resync);
+  const uint64_t epoch = (*now)->epoch, pos = (*now)->last;
+
+  Out by_put, by_deadline, by_cancel, by_shutdown;
+  ASSERT_FALSE(feeds.StartPoll(At(epoch, pos), Deadline::AfterMs(10000), by_put.Callback(), &t));
+  ASSERT_FALSE(
+      feeds.StartPoll(At(epoch, pos), Deadline::AfterMs(200), by_deadline.Callback(), &t));
+  ASSERT_TRUE(store->Put("n", "k", "v").ok());
+  ASSERT_TRUE(by_put.AwaitCount(1));
+  ASSERT_TRUE(by_put.got[0].ok());
+  ASSERT_EQ(by_put.got[0]->changes.size(), 1u);
+  EXPECT_EQ(by_put.got[0]->changes[0].first, "k");
+  EXPECT_EQ(by_put.got[0]->last, pos + 1);
+  // Parked before the Put, so the Put answered it too.
+  ASSERT_TRUE(by_deadline.AwaitCount(1));
+  ASSERT_TRUE(by_deadline.got[0].ok());
+  EXPECT_EQ(by_deadline.got[0]->changes.size(), 1u);
+
+  Out quiet;
+  ASSERT_FALSE(feeds.StartPoll(At(epoch, pos + 1), Deadline::AfterMs(200), quiet.Callback(), &t));
+  ASSERT_TRUE(quiet.AwaitCount(1));  // the deadline: nothing new, same position
+  ASSERT_TRUE(quiet.got[0].ok());
+  EXPECT_TRUE(quiet.got[0]->changes.empty());
+  EXPECT_FALSE(quiet.got[0]->resync);
+  EXPECT_EQ(quiet.got[0]->last, pos + 1);
+
+  ASSERT_FALSE(
+      feeds.StartPoll(At(epoch, pos + 1), Deadline::AfterMs(10000), by_cancel.Callback(), &t));
+  feeds.CancelPoll(t);
+  ASSERT_EQ(by_cancel.got.size(), 1u);  // on this thread, before CancelPoll returned
+  EXPECT_EQ(by_cancel.got[0].status().code(), DYAD_RC_CANCELLED);
+  feeds.CancelPoll(t);  // answered already: nothing happens
+
+  ASSERT_FALSE(
+      feeds.StartPoll(At(epoch, pos + 1), Deadline::AfterMs(10000), by_shutdown.Callback(), &t));
+  feeds.Shutdown();
+  ASSERT_EQ(by_shutdown.got.size(), 1u);
+  EXPECT_EQ(by_shutdown.got[0].status().code(), DYAD_RC_CANCELLED);
+  Out after;
+  auto refused = feeds.StartPoll(At(epoch, pos + 1), Deadline::AfterMs(100), after.Callback(), &t);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status().code(), DYAD_RC_CANCELLED);
+  for (Out* o : {&by_put, &by_deadline, &quiet}) EXPECT_EQ(o->got.size(), 1u);
 }
 
 }  // namespace

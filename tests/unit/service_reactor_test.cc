@@ -294,5 +294,115 @@ TEST_F(ReactorTest, PeerSilentMidHandshakeIsClosedAtTheDeadline) {
   EXPECT_EQ(Counter(base_ + "/a.sock", "connections.handshaking"), 0u);
 }
 
+// The root serves its store's put/get on the event loop itself (inline):
+// a peer that sends requests and never reads the replies fills its socket,
+// and the loop must then keep serving everyone else rather than wait for
+// it; the stalled peer gets every reply, in order, once it reads.
+TEST_F(ReactorTest, InlineRepliesToAPeerThatDoesNotReadStallNobody) {
+  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+  ASSERT_TRUE(tcp.ok());
+  const Authenticator auth("test-secret");
+  auto connect_peer = [&](uint32_t rank) {
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    EXPECT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    PeerIdentity them;
+    EXPECT_TRUE(auth.Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(5000), &them).ok());
+    return ch;
+  };
+  std::unique_ptr<Channel> stalled = connect_peer(200);
+  KvsRequest put;
+  put.ns = "big";
+  put.key = "value";
+  put.value.assign(512u << 10, 'v');
+  Encoder pe;
+  put.EncodeTo(pe);
+  std::string body;
+  ASSERT_TRUE(CallRpc(*stalled, MsgType::kKvsPut, pe.data(), &body, Deadline::AfterMs(5000)).ok());
+  // 64 gets of it: 32 MiB of replies, far more than the sockets buffer.
+  KvsRequest get = put;
+  get.value.clear();
+  Encoder ge;
+  get.EncodeTo(ge);
+  constexpr int kGets = 64;
+  for (int i = 0; i < kGets; ++i)
+    ASSERT_TRUE(stalled->SendFrame(static_cast<uint16_t>(MsgType::kKvsGet), ge.data(),
+                                   Deadline::AfterMs(2000)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+
+  // Everyone else is served meanwhile: another peer's get, and a consume
+  // through B (its store requests and the transfer go to A).
+  std::unique_ptr<Channel> other = connect_peer(201);
+  ASSERT_TRUE(CallRpc(*other, MsgType::kKvsGet, ge.data(), &body, Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(Publish("meanwhile.dat", "served while a peer does not read").ok());
+  ASSERT_TRUE(Consume("meanwhile.dat").ok());
+  EXPECT_EQ(ReadAll(base_ + "/b/meanwhile.dat"), "served while a peer does not read");
+
+  // The stalled peer reads at last: every reply, whole and in order.
+  for (int i = 0; i < kGets; ++i) {
+    Status st = ReceiveReply(*stalled, &body, Deadline::AfterMs(10000));
+    ASSERT_TRUE(st.ok()) << "reply " << i << ": " << st.ToString();
+    Decoder d(body);
+    EXPECT_TRUE(d.Bool());
+    EXPECT_EQ(d.Str(kMaxFramePayload).size(), put.value.size()) << "reply " << i;
+  }
+}
+
+// Every service waiting on the embedded store watches the root's change
+// feed (one long poll per namespace): the root parks those polls, so more
+// watchers than its peer workers still leave the workers free.
+TEST_F(ReactorTest, WatchPollsAreParkedNotHeldByWorkers) {
+  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+  ASSERT_TRUE(tcp.ok());
+  const Authenticator auth("test-secret");
+  constexpr int kWatchers = 6;  // the root has 2 peer workers
+  std::vector<std::unique_ptr<Channel>> watchers;
+  for (int i = 0; i < kWatchers; ++i) {
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    ASSERT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    PeerIdentity them;
+    ASSERT_TRUE(auth.Connect(*ch, PeerIdentity{300u + i, 1}, Deadline::AfterMs(5000), &them).ok());
+    // The first poll learns the feed's position (a resync), the second waits.
+    KvsWatchRequest req;
+    req.ns = "t";
+    req.timeout_ms = 20000;
+    Encoder e;
+    req.EncodeTo(e);
+    std::string body;
+    ASSERT_TRUE(CallRpc(*ch, MsgType::kKvsWatch, e.data(), &body, Deadline::AfterMs(5000)).ok());
+    KvsWatchReply first;
+    Decoder d(body);
+    ASSERT_TRUE(first.DecodeFrom(d));
+    req.epoch = first.epoch;
+    req.after = first.last;
+    Encoder e2;
+    req.EncodeTo(e2);
+    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsWatch), e2.data(),
+                              Deadline::AfterMs(2000)).ok());
+    watchers.push_back(std::move(ch));
+  }
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "requests.parked", kWatchers),
+            static_cast<uint64_t>(kWatchers));
+  // A consume through B needs A's peer workers (its wait, the transfer).
+  ASSERT_TRUE(Publish("watched.dat", "published while 6 watchers poll").ok());
+  Result<std::string> r = Consume("watched.dat");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // The publication ended every poll with its change.
+  const std::string key = GenPathKey("watched.dat", 3, 1024);
+  for (auto& ch : watchers) {
+    std::string body;
+    Status st = ReceiveReply(*ch, &body, Deadline::AfterMs(10000));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    KvsWatchReply reply;
+    Decoder d(body);
+    ASSERT_TRUE(reply.DecodeFrom(d));
+    EXPECT_FALSE(reply.resync);
+    bool seen = false;
+    for (const auto& [k, v] : reply.changes) seen = seen || k == key;
+    EXPECT_TRUE(seen);
+  }
+}
+
 }  // namespace
 }  // namespace dyad

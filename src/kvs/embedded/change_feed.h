@@ -10,6 +10,12 @@
 // slow or disconnected watcher costs the root a bounded ring, never an
 // unbounded queue.
 //
+// A poll can also be parked (StartPoll): it then holds no thread, and is
+// answered from the thread of the Put that brings a change, from the
+// feeds' timer at its deadline, or from CancelPoll/Shutdown. The root
+// service parks every peer's poll this way, so watchers (one per namespace
+// per service) never occupy its workers.
+//
 // Threading: thread-safe; Poll is called from many connection threads.
 #pragma once
 
@@ -19,7 +25,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <functional>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/cancel.h"
 #include "common/time.h"
@@ -43,6 +53,16 @@ class ChangeFeeds {
   // Answers one kKvsWatch (see KvsWatchRequest).
   Result<KvsWatchReply> Poll(const KvsWatchRequest& req, Deadline deadline,
                              const CancelFn& cancel);
+  using PollCallback = std::function<void(Result<KvsWatchReply>)>;
+  using PollTicket = uint64_t;
+  // Poll without a thread: returns the answer when there is one now;
+  // otherwise parks the poll, sets *ticket and returns nothing, and `done`
+  // runs once later (quick, must not block). Shutting down: CANCELLED.
+  std::optional<Result<KvsWatchReply>> StartPoll(const KvsWatchRequest& req, Deadline deadline,
+                                                 PollCallback done, PollTicket* ticket);
+  // Ends a parked poll with DYAD_RC_CANCELLED (`done` runs on this thread),
+  // unless it was answered already.
+  void CancelPoll(PollTicket ticket);
   // Ends every poll in progress (service shutdown).
   void Shutdown();
 
@@ -52,8 +72,18 @@ class ChangeFeeds {
     uint64_t head = 0;  // position of the newest change
     std::deque<std::pair<std::string, std::string>> ring;  // positions head-size+1 .. head
   };
+  struct Parked {
+    KvsWatchRequest req;
+    SteadyClock::time_point deadline;
+    PollCallback done;
+  };
+  using Answers = std::vector<std::pair<PollCallback, Result<KvsWatchReply>>>;
   Feed& FeedOf(const std::string& ns);  // under mu_
   void Append(const std::string& ns, const KvsChange& c);
+  // The reply to `req` if there is one now (or `force`: at its deadline).
+  std::optional<KvsWatchReply> AnswerLocked(const KvsWatchRequest& req, Feed& f, bool force);
+  void TimerLoop();
+  static void Run(Answers* a);
 
   const std::shared_ptr<MemoryKvs> store_;
   const uint64_t epoch_;
@@ -61,6 +91,10 @@ class ChangeFeeds {
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<Feed>> feeds_;  // guarded by mu_
   bool shutdown_ = false;                               // guarded by mu_
+  PollTicket next_poll_ = 1;                            // guarded by mu_
+  std::map<PollTicket, Parked> parked_;                 // guarded by mu_
+  std::condition_variable timer_cv_;
+  std::thread timer_;  // started by the first parked poll, under mu_
 };
 
 }  // namespace dyad

@@ -22,6 +22,8 @@ constexpr int64_t kReplyGraceMs = 2000;
 constexpr int64_t kWaitDialMs = 1000;
 // Longest pause between two polls of a wait's cancel callback.
 constexpr int64_t kCancelPollMs = 250;
+// A pooled link idle for less than this is reused without checking it.
+constexpr int64_t kTrustIdleMs = 1000;
 
 // Failures that a fresh connection may cure: the root closed or reset the
 // link, refused the connection (restarting), or did not answer in time.
@@ -55,8 +57,12 @@ Status CheckFields(const std::string& ns, const std::string& key, const std::str
 // An idle pooled channel is usable only if nothing arrived on it: a hang-up
 // means the root closed it (e.g. restarted), and unexpected bytes mean the
 // link lost its request/reply framing.
-bool IdleChannelUsable(const Channel& ch) {
+bool IdleChannelUsable(const Channel& ch, SteadyClock::time_point since) {
   if (ch.broken()) return false;
+  // A link used moments ago is taken as it is (one system call less per
+  // operation): should the root have closed it just now, the call fails as
+  // on a stale link and is retried on a fresh one.
+  if (SteadyClock::now() - since < std::chrono::milliseconds(kTrustIdleMs)) return true;
   pollfd p{ch.fd(), POLLIN | POLLRDHUP, 0};
   const int n = ::poll(&p, 1, 0);
   return n == 0;
@@ -79,7 +85,8 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
       address_text_(address_.ToString()),
       auth_(options.auth ? *options.auth : Authenticator(options.secret)),
       self_{options.self_rank, options.self_incarnation},
-      rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000) {}
+      rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000),
+      waits_(std::make_unique<EmbeddedWaits>(this)) {}
 
 // --- connections -------------------------------------------------------------
 
@@ -102,12 +109,12 @@ Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* re
   {
     std::lock_guard<std::mutex> lk(pool_mu_);
     while (!idle_.empty() && !ch) {
-      std::unique_ptr<Channel> c = std::move(idle_.back());
+      IdleChannel c = std::move(idle_.back());
       idle_.pop_back();
-      if (IdleChannelUsable(*c)) {
-        ch = std::move(c);
+      if (IdleChannelUsable(*c.ch, c.since)) {
+        ch = std::move(c.ch);
       } else {
-        stale.push_back(std::move(c));
+        stale.push_back(std::move(c.ch));
       }
     }
   }
@@ -121,23 +128,39 @@ Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* re
 void EmbeddedKvs::Release(std::unique_ptr<Channel> ch) {
   if (!ch || ch->broken() || stopping_.load()) return;
   std::lock_guard<std::mutex> lk(pool_mu_);
-  if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ch));
+  if (idle_.size() < kMaxIdle) idle_.push_back(IdleChannel{std::move(ch), SteadyClock::now()});
   // Otherwise `ch` closes here: enough idle links for the usual concurrency.
 }
 
 void EmbeddedKvs::DropIdle() {
-  std::vector<std::unique_ptr<Channel>> dropped;
+  std::vector<IdleChannel> dropped;
   std::lock_guard<std::mutex> lk(pool_mu_);
   dropped.swap(idle_);
 }
 
 void EmbeddedKvs::Shutdown() {
   stopping_.store(true);
+  waits_->Shutdown();
   StopFeeds();
   DropIdle();
 }
 
-EmbeddedKvs::~EmbeddedKvs() { StopFeeds(); }
+EmbeddedKvs::~EmbeddedKvs() {
+  waits_->Shutdown();
+  StopFeeds();
+}
+
+Result<KvsWaitTicket> EmbeddedKvs::StartWait(const std::string& ns, const std::string& key,
+                                             Deadline deadline, KvsWaitCallback done) {
+  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  if (stopping_.load()) {
+    return Status(DYAD_RC_CANCELLED,
+                  "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
+  }
+  return waits_->Start(ns, key, deadline, std::move(done));
+}
+
+void EmbeddedKvs::CancelWait(KvsWaitTicket ticket) { waits_->Cancel(ticket); }
 
 void EmbeddedKvs::NoteOutage(const Status& st) {
   if (!outage_.exchange(true)) {
@@ -171,8 +194,11 @@ bool EmbeddedKvs::SleepUnlessCancelled(int64_t ms, const Deadline& deadline,
 Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body) {
   const std::string request = EncodeRequest(req);
   const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
-  const std::string context = std::string(MsgTypeName(static_cast<uint16_t>(type))) +
-                              " on the embedded store at " + address_text_;
+  // Built only for an error: this path runs for every store operation.
+  auto context = [&] {
+    return std::string(MsgTypeName(static_cast<uint16_t>(type))) + " on the embedded store at " +
+           address_text_;
+  };
   Status last;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool reused = false;
@@ -190,7 +216,7 @@ Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body)
       // The root answered (possibly with an error of the request itself).
       Release(std::move(*ch));
       NoteRecovered();
-      return st.ok() ? st : st.Annotate(context);
+      return st.ok() ? st : st.Annotate(context());
     }
     last = st;
     // A link that broke suggests the root restarted, which kills every
@@ -200,7 +226,7 @@ Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body)
     if (!reused) NoteOutage(st);
   }
   if (IsConnectionFailure(last)) NoteOutage(last);
-  return last.Annotate(context);
+  return last.Annotate(context());
 }
 
 Status EmbeddedKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {

@@ -16,6 +16,10 @@
 // that survives reconnections; a restarted root (or a watcher that fell
 // behind) makes it deliver a resync.
 //
+// StartWait: a table of waits served by the namespace's feed (one feed per
+// namespace however many waits; see embedded_waits.h), so a service parks
+// thousands of consumes on a remote root without a thread or link each.
+//
 // Threading: all methods are thread-safe; each concurrent call uses its own
 // pooled channel.
 #pragma once
@@ -32,6 +36,7 @@
 
 #include "proto/auth.h"
 #include "common/net.h"
+#include "kvs/embedded/embedded_waits.h"
 #include "kvs/kvs.h"
 #include "kvs/watch.h"
 #include "proto/protocol.h"
@@ -65,6 +70,12 @@ class EmbeddedKvs final : public Kvs {
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
+
+  // Waits without a thread or a connection each: they share the
+  // namespace's change feed (embedded_waits.h).
+  Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
+                                  KvsWaitCallback done) override;
+  void CancelWait(KvsWaitTicket ticket) override;
 
   Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override;
   void Unwatch(KvsWatchTicket ticket) override;
@@ -121,8 +132,12 @@ class EmbeddedKvs final : public Kvs {
   const PeerIdentity self_;
   const int64_t rpc_timeout_ms_;
 
+  struct IdleChannel {
+    std::unique_ptr<Channel> ch;
+    SteadyClock::time_point since;  // released then
+  };
   std::mutex pool_mu_;
-  std::vector<std::unique_ptr<Channel>> idle_;  // guarded by pool_mu_
+  std::vector<IdleChannel> idle_;  // guarded by pool_mu_
 
   std::atomic<bool> outage_{false};  // an outage was logged and not yet recovered
   std::atomic<bool> stopping_{false};
@@ -131,6 +146,9 @@ class EmbeddedKvs final : public Kvs {
   std::mutex feed_mu_;
   std::condition_variable feed_cv_;
   std::map<std::string, std::unique_ptr<Feed>> feeds_;  // guarded by feed_mu_
+
+  // Declared last: destroyed first, while the feeds it uses still exist.
+  std::unique_ptr<EmbeddedWaits> waits_;
 };
 
 }  // namespace dyad

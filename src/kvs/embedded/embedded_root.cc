@@ -1,5 +1,8 @@
 #include "kvs/embedded/embedded_root.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "common/wire.h"
 #include "kvs/embedded/embedded_kvs.h"
 
@@ -38,6 +41,42 @@ void HandleWaitParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestC
   parked->OnHangup([store = server->store(), t = *ticket] { store->CancelWait(t); });
 }
 
+// A peer's watch poll without a thread: answered now when there are
+// changes, else parked until a Put brings one or its slice ends.
+void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestContext& ctx,
+                       const std::string& payload) {
+  constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWatch);
+  KvsWatchRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done()) {  // the blocking path explains it
+    if (!server->Handle(kType, payload, ctx.ch, ctx.cancel).ok()) ctx.ch.MarkBroken();
+    return;
+  }
+  const int64_t ms = req.timeout_ms < 0
+                         ? EmbeddedKvsServer::kMaxWaitSliceMs
+                         : std::min(req.timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
+  auto send = [server](RequestContext& c, const Result<KvsWatchReply>& r) {
+    std::string body;
+    if (r.ok()) {
+      Encoder e;
+      r->EncodeTo(e);
+      body = e.Take();
+    }
+    if (!server->SendResult(kType, r.status(), body, c.ch).ok()) c.ch.MarkBroken();
+  };
+  std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
+  ChangeFeeds::PollTicket ticket = 0;
+  std::optional<Result<KvsWatchReply>> now = server->feeds().StartPoll(
+      req, Deadline::AfterMs(ms), [parked, send](Result<KvsWatchReply> r) {
+        parked->Resume([send, r = std::move(r)](RequestContext& c) { send(c, r); });
+      },
+      &ticket);
+  if (now) {
+    return parked->Resume([send, r = std::move(*now)](RequestContext& c) { send(c, r); });
+  }
+  parked->OnHangup([server, ticket] { server->feeds().CancelPoll(ticket); });
+}
+
 }  // namespace
 
 EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
@@ -46,14 +85,23 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
   for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
                        MsgType::kKvsList, MsgType::kKvsWatch}) {
     // The handler keeps the server alive as long as the service routes to it.
-    router.Route(Link::kPeer, type, "requests.kvs",
-                 [server = server_, type](RequestContext& ctx, const std::string& payload) {
-                   if (type == MsgType::kKvsWait && ctx.parking != nullptr)
-                     return HandleWaitParked(server, ctx, payload);
-                   Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch,
-                                                ctx.cancel);
-                   if (!sent.ok()) ctx.ch.MarkBroken();
-                 });
+    RequestHandler handler = [server = server_, type](RequestContext& ctx,
+                                                      const std::string& payload) {
+      if (type == MsgType::kKvsWait && ctx.parking != nullptr)
+        return HandleWaitParked(server, ctx, payload);
+      if (type == MsgType::kKvsWatch && ctx.parking != nullptr)
+        return HandleWatchParked(server, ctx, payload);
+      Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch, ctx.cancel);
+      if (!sent.ok()) ctx.ch.MarkBroken();
+    };
+    // Put, get, remove and list only touch the store's memory: the service's
+    // event loop runs them itself. Waits and watch polls wait, so they park
+    // (a worker only starts them).
+    if (type == MsgType::kKvsWait || type == MsgType::kKvsWatch) {
+      router.Route(Link::kPeer, type, "requests.kvs", std::move(handler));
+    } else {
+      router.RouteInline(Link::kPeer, type, "requests.kvs", std::move(handler));
+    }
   }
 }
 

@@ -61,6 +61,7 @@ class EmbeddedKvsServer {
   }
 
   const std::shared_ptr<MemoryKvs>& store() const { return store_; }
+  ChangeFeeds& feeds() const { return *feeds_; }
 
  private:
   // Runs the request; on success fills `body` with the encoded reply fields.
