@@ -8,6 +8,10 @@
 #include "common/log.h"
 
 namespace dyad {
+namespace {
+// Queue entries a worker looks at for one it may start.
+constexpr size_t kMaxLook = 1024;
+}  // namespace
 
 bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath) {
   if (pattern.find_first_of("*?[") != std::string::npos)
@@ -147,6 +151,8 @@ void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
     // overtakes its prefetch does not ask the store again.
     cache_->Put(ns, change.key, rec);
     MatchLocked(ns, change.key, rec);
+    cv_.notify_one();  // one entry: one worker is enough
+    return;
   }
   cv_.notify_all();
 }
@@ -192,7 +198,10 @@ bool Prefetcher::NextLocked(std::vector<Item>* out, std::string* resync_ns) {
   }
   // Entries taken by a batch stay in order_ until they reach its front.
   while (!order_.empty() && pending_.count(order_.front()) == 0) order_.pop_front();
-  for (auto it = order_.begin(); it != order_.end(); ++it) {
+  // A bounded look: with every owner at its limit, a worker woken by a
+  // publication must not walk a queue of a million files to learn so.
+  size_t looked = 0;
+  for (auto it = order_.begin(); it != order_.end() && looked < kMaxLook; ++it, ++looked) {
     auto p = pending_.find(*it);
     if (p == pending_.end()) continue;
     uint32_t& busy = per_peer_[p->second.record.owner_rank];
