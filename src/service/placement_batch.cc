@@ -93,15 +93,22 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
         settled[k] = true;
       },
       &answered);
+  // What the batch did not deliver goes one fetch each, as Place() would:
+  // files too large to go inline, all of them for an owner without batches,
+  // and all of them when the batch got no answer at all (a pooled session
+  // that outlived its peer; the single fetch retries on a fresh one). A
+  // session lost halfway is a failure of the rest: retrying each file
+  // against an owner that just failed would hold this worker for as many
+  // timeouts.
+  const bool one_by_one = st.ok() || st.code() == DYAD_RC_NOTSUP || answered == 0;
   if (!st.ok())
-    DYAD_LOG_DEBUG("%s; fetching the %zu files left one by one", st.ToString().c_str(),
-                   mine.size() - answered);
-  // What the batch did not deliver (an owner without batches, a dead
-  // session, a file too large): one fetch each, as Place() would.
+    DYAD_LOG_DEBUG("%s; %zu files left%s", st.ToString().c_str(), mine.size() - answered,
+                   one_by_one ? ", fetched one by one" : "");
   for (size_t k = 0; k < mine.size(); ++k) {
     if (settled[k]) continue;
     const size_t i = mine[k];
-    Result<ConsumeReply> r = Transfer(reqs[i], Route::kRemote, transport);
+    Result<ConsumeReply> r =
+        one_by_one ? Transfer(reqs[i], Route::kRemote, transport) : Result<ConsumeReply>(st);
     (*out)[i] = r;
     Settle(dest(i), flights[i], r);
   }
