@@ -11,6 +11,10 @@
 //              file in order (dyad_consume + open/read/close): files/s,
 //              against a plain open/read/close of the same files copied into
 //              a tmpfs directory (/dev/shm), best of 3 passes;
+//   backlog    the producer publishes every file first; the consumer then
+//              declares the prefetch: files/s of the prefetch pipeline alone
+//              (declaration to the last file placed, from node B's
+//              prefetch.fetched counter), against the producer's rate;
 //   streaming  the consumer declares the prefetch and starts reading first;
 //              the producer then publishes: end-to-end files/s (producer's
 //              first write to the consumer's last read) against the
@@ -43,14 +47,14 @@ namespace {
 struct Args {
   uint64_t count = 5000;
   uint64_t size = 4096;
-  std::string phases = "after,streaming";
+  std::string phases = "after,backlog,streaming";
   ClusterArgs cl;
   bool Has(const char* p) const { return phases.find(p) != std::string::npos; }
 };
 
 void Usage() {
   std::printf(
-      "usage: dyad-prefetch [--count N] [--size BYTES] [--phases after,streaming]\n"
+      "usage: dyad-prefetch [--count N] [--size BYTES] [--phases after,backlog,streaming]\n"
       "                     [--mode MODE] [--loopback] [--tmp DIR] [--json]\n"
       "Small files consumed with prefetch declared, against a plain read of the same files\n"
       "from tmpfs and against the producer's own publish rate (default 5000 files of 4096 B).\n");
@@ -139,7 +143,8 @@ Result<std::vector<emu::FileResult>> Produce(emu::EmuCluster& c, const std::stri
 }
 
 struct Figures {
-  double after_fps = 0, again_fps = 0, tmpfs_fps = 0, in_place_fps = 0, producer_fps = 0, stream_fps = 0, stream_producer_fps = 0;
+  double after_fps = 0, again_fps = 0, tmpfs_fps = 0, in_place_fps = 0, producer_fps = 0,
+         stream_fps = 0, stream_producer_fps = 0, backlog_fps = 0, backlog_producer_fps = 0;
   unsigned long long misses = 0;  // consumes that reached the service (after phase)
   int failures = 0;
 };
@@ -197,6 +202,40 @@ void PhaseAfter(emu::EmuCluster& c, const std::string& dyad, const Args& a,
   if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", shm);
 }
 
+void PhaseBacklog(emu::EmuCluster& c, const std::string& dyad, const Args& a,
+                  const std::string& cons, Figures* f) {
+  const auto files = Files("backlog", a.count, a.size);
+  const std::string m = c.base_dir() + "/bench-backlog";
+  (void)emu::WriteManifest(m, files);
+  auto pr = Produce(c, dyad, m);
+  if (!pr.ok() || pr->empty()) {
+    ++f->failures;
+    return;
+  }
+  f->backlog_producer_fps = Rate(pr->size(), pr->front().start_ns, pr->back().end_ns);
+  auto fetched = [&c]() -> uint64_t {
+    Result<uint64_t> n = c.Counter(1, "prefetch.fetched");
+    return n.ok() ? *n : 0;
+  };
+  const uint64_t before = fetched();
+  const uint64_t t0 = WallNs();
+  if (dyad_prefetch(dyad_ctx_get(), (cons + "/backlog/").c_str()) != DYAD_RC_OK) {
+    ++f->failures;
+    return;
+  }
+  const Deadline limit = Deadline::AfterMs(300000);
+  while (fetched() - before < files.size() && !limit.expired())
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // each look is a status call
+  if (fetched() - before < files.size()) {
+    std::fprintf(stderr, "backlog: only %llu of %zu files prefetched\n",
+                 static_cast<unsigned long long>(fetched() - before), files.size());
+    ++f->failures;
+    return;
+  }
+  f->backlog_fps = Rate(files.size(), t0, WallNs());
+  f->failures += Verify(cons, files);
+}
+
 void PhaseStreaming(emu::EmuCluster& c, const std::string& dyad, const Args& a,
                     const std::string& cons, Figures* f) {
   const auto files = Files("stream", a.count, a.size);
@@ -242,21 +281,27 @@ int Drive(const Args& a) {
   }
   Figures f;
   if (a.Has("after")) PhaseAfter(c, dyad, a, cons, &f);
+  if (a.Has("backlog")) PhaseBacklog(c, dyad, a, cons, &f);
   if (a.Has("streaming")) PhaseStreaming(c, dyad, a, cons, &f);
   dyad_finalize();
   const double r_after = f.tmpfs_fps > 0 ? f.after_fps / f.tmpfs_fps : 0;
   const double r_stream = f.stream_producer_fps > 0 ? f.stream_fps / f.stream_producer_fps : 0;
+  const double r_backlog =
+      f.backlog_producer_fps > 0 ? f.backlog_fps / f.backlog_producer_fps : 0;
   if (a.cl.json) {
     std::printf(
         "{\"bench\": \"prefetch\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\",\n"
         " \"after\": {\"files_per_s\": %.1f, \"tmpfs_files_per_s\": %.1f, \"ratio\": %.3f, "
         "\"service_requests\": %llu, \"producer_files_per_s\": %.1f, "
         "\"in_place_files_per_s\": %.1f},\n"
+        " \"backlog\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
+        "\"ratio\": %.3f},\n"
         " \"streaming\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
         "\"ratio\": %.3f},\n \"failures\": %d}\n",
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", f.after_fps, f.tmpfs_fps, r_after, f.misses,
-        f.producer_fps, f.in_place_fps, f.stream_fps, f.stream_producer_fps, r_stream, f.failures);
+        f.producer_fps, f.in_place_fps, f.backlog_fps, f.backlog_producer_fps, r_backlog,
+        f.stream_fps, f.stream_producer_fps, r_stream, f.failures);
   } else {
     std::printf("dyad-prefetch: %llu files of %s, link: %s\n",
                 static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
@@ -271,6 +316,10 @@ int Drive(const Args& a) {
                 "consume+read after publication, prefetch declared", f.after_fps, r_after, f.misses);
     std::printf("%-52s %12.0f %8.2f\n", "the same consume+read again (all level-1)", f.again_fps,
                 f.tmpfs_fps > 0 ? f.again_fps / f.tmpfs_fps : 0);
+    std::printf("%-52s %12.0f %8s\n", "producer write+publish (backlog phase)",
+                f.backlog_producer_fps, "");
+    std::printf("%-52s %12.0f %8.2f  (pipeline alone, vs the producer)\n",
+                "prefetch of files published before the declaration", f.backlog_fps, r_backlog);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (streaming phase)",
                 f.stream_producer_fps, "");
     std::printf("%-52s %12.0f %8.2f  (target >= 0.9)\n",

@@ -414,6 +414,8 @@ def section_prefetch(r, prof):
             "stream_fps": d["streaming"]["files_per_s"],
             "producer_fps": d["streaming"]["producer_files_per_s"],
             "ratio_stream_producer": d["streaming"]["ratio"],
+            "backlog_fps": d["backlog"]["files_per_s"],
+            "backlog_producer_fps": d["backlog"]["producer_files_per_s"],
             "failures": d["failures"],
         })
     here = os.path.dirname(os.path.abspath(__file__))

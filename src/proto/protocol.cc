@@ -29,6 +29,7 @@ const char* MsgTypeName(uint16_t type) {
     case MsgType::kFetch: return "fetch";
     case MsgType::kFileData: return "file.data";
     case MsgType::kSupersede: return "supersede";
+    case MsgType::kFetchBatch: return "fetch.batch";
   }
   return "unknown";
 }
@@ -409,6 +410,33 @@ bool FetchReply::DecodeFrom(Decoder& d) {
   version = d.U64();
   transport_args = d.Str();
   mode = d.U32();
+  return !d.failed();
+}
+
+void FetchBatchRequest::EncodeTo(Encoder& e) const {
+  e.U64(max_inline).U32(static_cast<uint32_t>(items.size()));
+  for (const FetchBatchItem& it : items) e.Str(it.upath).U64(it.expect_version);
+}
+bool FetchBatchRequest::DecodeFrom(Decoder& d) {
+  max_inline = d.U64();
+  const uint32_t n = d.U32();
+  if (d.failed() || n > kMaxFetchBatchItems || max_inline > kMaxFetchBatchInline) return false;
+  items.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    FetchBatchItem it;
+    it.upath = d.Str();
+    it.expect_version = d.U64();
+    if (d.failed()) return false;
+    items.push_back(std::move(it));
+  }
+  return true;
+}
+
+void FetchBatchPart::EncodeTo(Encoder& e) const { e.U64(version).U32(mode).Str(data); }
+bool FetchBatchPart::DecodeFrom(Decoder& d) {
+  version = d.U64();
+  mode = d.U32();
+  data = d.Str(kMaxFetchBatchInline);
   return !d.failed();
 }
 

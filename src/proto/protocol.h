@@ -54,6 +54,9 @@ enum class MsgType : uint16_t {
   // Service -> service: a newer version of a file superseded the one the
   // receiver holds or served (read-write ownership; service/versions.h).
   kSupersede = 52,
+  // Service -> owner service: many small files in one request, answered by
+  // one stream of replies (FetchBatchRequest).
+  kFetchBatch = 53,
 };
 
 const char* MsgTypeName(uint16_t type);
@@ -355,6 +358,36 @@ struct FetchReply {
 // After the bytes of a fetch, the owner sends one more kReply: OK when the
 // file was the same (size and version) at the end of the transfer as at its
 // start, else DYAD_RC_STALE; the requester places nothing before it.
+
+// kFetchBatch: many small files from one owner in one request, for the
+// prefetcher. The owner answers with one kReply (OK with a u32 count equal
+// to the number of items, or an error for the whole batch), then one kReply
+// per item, in order: OK with a FetchBatchPart (the file's bytes inline,
+// read under the producer's shared lock and checked unchanged after the
+// read), or that item's error. An item larger than `max_inline` gets
+// DYAD_RC_NOTSUP: the requester fetches it alone with kFetch. An owner
+// without kFetchBatch (an older DYAD) answers DYAD_RC_BADREQUEST.
+struct FetchBatchItem {
+  std::string upath;
+  uint64_t expect_version = 0;  // 0: any
+};
+struct FetchBatchRequest {
+  uint64_t max_inline = 0;  // largest file sent inline
+  std::vector<FetchBatchItem> items;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+struct FetchBatchPart {
+  uint64_t version = 0;
+  uint32_t mode = 0644;
+  std::string data;  // the whole file
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// Most items in one kFetchBatch, and the largest inline file either side
+// accepts (so one part always fits in a frame).
+inline constexpr uint32_t kMaxFetchBatchItems = 1024;
+inline constexpr uint64_t kMaxFetchBatchInline = 1u << 20;
 
 // Sends `request` of `type` and waits for the reply; on success `body` holds
 // the reply body. Transport and decoding failures mark `ch` broken.

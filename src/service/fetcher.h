@@ -1,5 +1,8 @@
 // fetcher.h: one fetch conversation with the service that owns a file.
 //
+// FetchBatch() asks one owner for many small files in one kFetchBatch and
+// hands each answer to the caller as it arrives (prefetch).
+//
 // Fetch() takes a pooled (or new) authenticated session to the owner,
 // sends the FetchRequest with the transport's arguments, and lets the
 // transport land the bytes in `sink_fd`. It decides nothing about where
@@ -8,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "proto/protocol.h"
 #include "service/peers.h"
@@ -33,6 +38,15 @@ class Fetcher {
 
   // Fetches `rec` from its owner with `transport` into `sink_fd`.
   Status Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out);
+
+  // Asks `owner` for every file of `recs` (files of at most `max_inline`
+  // bytes) in one request; `on_part(i, status, part)` is called for item i
+  // in order, with the file's bytes on success. An error return means the
+  // items from `*answered` on got no answer (DYAD_RC_NOTSUP: the owner
+  // predates kFetchBatch); the caller fetches those one by one.
+  using PartFn = std::function<void(size_t i, const Status& st, FetchBatchPart* part)>;
+  Status FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs,
+                    uint64_t max_inline, const PartFn& on_part, size_t* answered);
 
  private:
   PeerDirectory* peers_;

@@ -25,6 +25,10 @@ void FileServer::Route(RequestRouter& router) {
                [this](RequestContext& ctx, const std::string& payload) {
                  HandleFetch(ctx, payload);
                });
+  router.Route(Link::kPeer, MsgType::kFetchBatch, nullptr,
+               [this](RequestContext& ctx, const std::string& payload) {
+                 HandleFetchBatch(ctx, payload);
+               });
 }
 
 Status FileServer::Stale(const std::string& upath, const char* when) const {
@@ -40,20 +44,23 @@ void FileServer::Refuse(RequestContext& ctx, const std::string& upath, const Sta
   SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
 }
 
-Status FileServer::LockShared(RequestContext& ctx, int fd, const std::string& upath) {
+Status FileServer::WaitShared(RequestContext& ctx, int fd, const std::string& upath) {
   // A producer holds an exclusive lock while writing; wait for it, bounded,
   // so a half-written file is never served.
   const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
   while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) return Status::OK();  // no locking: serve anyway
-    if (deadline.expired() || (ctx.cancel && ctx.cancel())) {
-      Status st(DYAD_RC_TIMEOUT, "'" + upath + "' stayed locked by its producer");
-      SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
-      return st;
-    }
+    if (deadline.expired() || (ctx.cancel && ctx.cancel()))
+      return Status(DYAD_RC_TIMEOUT, "'" + upath + "' stayed locked by its producer");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return Status::OK();
+}
+
+Status FileServer::LockShared(RequestContext& ctx, int fd, const std::string& upath) {
+  Status st = WaitShared(ctx, fd, upath);
+  if (!st.ok()) SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
+  return st;
 }
 
 TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::string& upath,

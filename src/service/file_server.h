@@ -1,6 +1,6 @@
 // file_server.h: the owner's side of a fetch.
 //
-// Serves kFetch requests from authenticated peer services: only regular
+// Serves kFetch and kFetchBatch requests from authenticated peer services: only regular
 // files beneath this service's producer directory (OpenBeneath: no "..",
 // no absolute paths, no symlink out), read under the producer's shared lock
 // so a file being written is never served, with the transport the
@@ -34,6 +34,8 @@ class FileServer {
   // (versions.h records who holds copies). Set before serving starts.
   void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) { on_serve_ = std::move(fn); }
   void HandleFetch(RequestContext& ctx, const std::string& payload);
+  // kFetchBatch (file_server_batch.cc): small files inline, one reply each.
+  void HandleFetchBatch(RequestContext& ctx, const std::string& payload);
 
  private:
   void Refuse(RequestContext& ctx, const std::string& upath, const Status& st);
@@ -41,6 +43,11 @@ class FileServer {
   // Waits (bounded) for the producer's exclusive lock to go; an error reply
   // has been sent when this fails.
   Status LockShared(RequestContext& ctx, int fd, const std::string& upath);
+  // The same wait, without replying.
+  Status WaitShared(RequestContext& ctx, int fd, const std::string& upath);
+  // One item of a batch: the whole file into `part`, or why not.
+  Status ReadInline(RequestContext& ctx, const FetchBatchItem& item, uint64_t max_inline,
+                    FetchBatchPart* part);
   // Registers an outgoing transfer for `dyad status` (progress from the
   // session when the transport streams the file there).
   TransferRegistry::Entry TrackSend(RequestContext& ctx, const std::string& upath,

@@ -100,6 +100,12 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
     return r;
   }
   Result<ConsumeReply> result = Transfer(req, route, transport);
+  Settle(dest, flight, result);
+  return result;
+}
+
+void Placement::Settle(const std::string& dest, const std::shared_ptr<InFlight>& flight,
+                       const Result<ConsumeReply>& result) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     flight->done = true;
@@ -108,7 +114,6 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
     inflight_.erase(dest);
   }
   flight->cv.notify_all();
-  return result;
 }
 
 Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight,
@@ -147,6 +152,13 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
     out.Abort();
     return st;
   }
+  return Finish(req, route, transport, out, outcome, t0);
+}
+
+Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
+                                       Transport* transport, AtomicFile& out,
+                                       const FetchOutcome& outcome, uint64_t t0) {
+  const FileRecord& rec = req.record;
   FileRecord placed = rec;
   placed.version = outcome.version;
   placed.size = outcome.bytes;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/cancel.h"
 #include "common/fsutil.h"
@@ -72,6 +73,17 @@ class Placement {
   Result<ConsumeReply> Place(const PlacementRequest& req, Deadline deadline,
                              const CancelFn& cancel);
 
+  // Places several files, as Place() each (placement_batch.cc): the small
+  // files of `reqs` that another node owns travel together, one kFetchBatch
+  // per owner, when their transport carries data on the session (tcp); the
+  // rest, and any the owner's batch did not deliver, one by one. Results in
+  // the order of `reqs`. For the prefetcher: one request per owner instead
+  // of one per file.
+  std::vector<Result<ConsumeReply>> PlaceBatch(const std::vector<PlacementRequest>& reqs,
+                                               Deadline deadline, const CancelFn& cancel);
+  // Largest file PlaceBatch sends inline in a batch.
+  static constexpr uint64_t kBatchInline = 256u << 10;
+
  private:
   enum class Route { kInPlace, kOwnFile, kSameNode, kRemote };
   struct InFlight {
@@ -88,6 +100,21 @@ class Placement {
   Result<ConsumeReply> Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
                             Deadline deadline, const CancelFn& cancel);
   Result<ConsumeReply> Transfer(const PlacementRequest& req, Route route, Transport* transport);
+  // The end of every transfer: stamp, rename into place, index, count.
+  Result<ConsumeReply> Finish(const PlacementRequest& req, Route route, Transport* transport,
+                              AtomicFile& out, const FetchOutcome& outcome, uint64_t t0);
+  // Ends `flight` (registered for `dest`) with `result`, waking its joiners.
+  void Settle(const std::string& dest, const std::shared_ptr<InFlight>& flight,
+              const Result<ConsumeReply>& result);
+  // PlaceBatch's part: `mine` (indexes of `reqs`, one owner, flights
+  // registered in `flights`) through one kFetchBatch, then one by one.
+  void FetchTogether(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& mine,
+                     Transport* transport,
+                     const std::vector<std::shared_ptr<InFlight>>& flights,
+                     std::vector<Result<ConsumeReply>>* out);
+  // Writes one file received inline and places it.
+  Result<ConsumeReply> Land(const PlacementRequest& req, Transport* transport,
+                            const FetchBatchPart& part, uint64_t t0);
   Status Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
               const std::string& cons_root, FetchOutcome* outcome);
   Status CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome);

@@ -8,6 +8,10 @@
 #include "common/log.h"
 
 namespace dyad {
+namespace {
+// Queue entries a worker looks at for one it may start.
+constexpr size_t kMaxLook = 1024;
+}  // namespace
 
 bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath) {
   if (pattern.find_first_of("*?[") != std::string::npos)
@@ -147,6 +151,8 @@ void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
     // overtakes its prefetch does not ask the store again.
     cache_->Put(ns, change.key, rec);
     MatchLocked(ns, change.key, rec);
+    cv_.notify_one();  // one entry: one worker is enough
+    return;
   }
   cv_.notify_all();
 }
@@ -184,94 +190,148 @@ void Prefetcher::EnqueueLocked(Item item) {
   n_queued_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool Prefetcher::NextLocked(Item* out, std::string* resync_ns) {
+bool Prefetcher::NextLocked(std::vector<Item>* out, std::string* resync_ns) {
   if (!resync_.empty()) {
     *resync_ns = *resync_.begin();
     resync_.erase(resync_.begin());
     return true;
   }
-  for (auto it = order_.begin(); it != order_.end(); ++it) {
+  // Entries taken by a batch stay in order_ until they reach its front.
+  while (!order_.empty() && pending_.count(order_.front()) == 0) order_.pop_front();
+  // A bounded look: with every owner at its limit, a worker woken by a
+  // publication must not walk a queue of a million files to learn so.
+  size_t looked = 0;
+  for (auto it = order_.begin(); it != order_.end() && looked < kMaxLook; ++it, ++looked) {
     auto p = pending_.find(*it);
     if (p == pending_.end()) continue;
     uint32_t& busy = per_peer_[p->second.record.owner_rank];
-    if (busy >= std::max<uint32_t>(1, cfg_.max_per_peer)) continue;
+    uint32_t cap = std::max<uint32_t>(1, cfg_.max_per_peer);
+    if (p->second.record.size <= Placement::kBatchInline)
+      cap = std::min(cap, std::max<uint32_t>(1, cfg_.max_batches_per_peer));
+    if (busy >= cap) continue;
     ++busy;
-    *out = std::move(p->second);
+    out->push_back(std::move(p->second));
     active_.insert(*it);
     pending_.erase(p);
     order_.erase(it);
+    GatherLocked(out);
     return true;
   }
   return false;
 }
 
+void Prefetcher::GatherLocked(std::vector<Item>* out) {
+  auto small = [](const Item& i) { return i.record.size <= Placement::kBatchInline; };
+  if (!small(out->front())) return;
+  const Item first = out->front();  // a copy: `out` grows below
+  // A bounded look along the queue: batches form from runs of one owner's
+  // publications, which is what a producer's stream of files looks like.
+  const size_t want = std::max<uint32_t>(1, cfg_.max_batch);
+  size_t looked = 0;
+  for (auto it = order_.begin(); it != order_.end() && out->size() < want && looked < 4 * want;
+       ++it, ++looked) {
+    auto p = pending_.find(*it);
+    if (p == pending_.end()) continue;
+    const Item& c = p->second;
+    if (c.record.owner_rank != first.record.owner_rank || c.ns != first.ns ||
+        c.cons_root != first.cons_root || c.dtl_mode != first.dtl_mode || !small(c))
+      continue;
+    out->push_back(std::move(p->second));
+    active_.insert(*it);
+    pending_.erase(p);
+  }
+}
+
 void Prefetcher::Worker() {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    Item item;
+    std::vector<Item> items;
     std::string resync_ns;
-    cv_.wait(lk, [&] { return stopping_ || NextLocked(&item, &resync_ns); });
+    cv_.wait(lk, [&] { return stopping_ || NextLocked(&items, &resync_ns); });
     if (stopping_) return;
     lk.unlock();
     if (!resync_ns.empty()) {
       QueueListed(resync_ns, nullptr);
     } else {
-      Run(std::move(item));
+      Run(std::move(items));
     }
     lk.lock();
   }
 }
 
-void Prefetcher::Run(Item item) {
-  const std::string dest = item.cons_root + "/" + item.record.upath;
+void Prefetcher::Run(std::vector<Item> items) {
+  std::vector<Item> retries = PlaceAll(items);
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Item& item : items) {
+    const std::string dest = item.cons_root + "/" + item.record.upath;
+    Item* retry = nullptr;
+    for (Item& r : retries)
+      if (r.cons_root == item.cons_root && r.record.upath == item.record.upath) retry = &r;
+    FinishLocked(dest, retry);
+  }
+  auto p = per_peer_.find(items.front().record.owner_rank);
+  if (p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
+  cv_.notify_all();
+}
+
+std::vector<Prefetcher::Item> Prefetcher::PlaceAll(std::vector<Item>& items) {
   std::function<bool(uint64_t)> admit;
   {
     std::lock_guard<std::mutex> lk(mu_);
     admit = admit_;
   }
-  Item retry;
-  retry.key.clear();
-  if (placement_->IsCurrentCopy(dest, item.record)) {
-    n_present_.fetch_add(1, std::memory_order_relaxed);
-  } else if (admit && !admit(item.record.size)) {
-    n_refused_.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lk(mu_);
-    deferred_.emplace(dest, item);
-  } else {
-    PlacementRequest preq;
-    preq.record = item.record;
-    preq.cons_root = item.cons_root;
-    preq.dtl_mode = item.dtl_mode;
-    preq.ns = item.ns;
-    preq.prefetched = true;
-    Result<ConsumeReply> r =
-        placement_->Place(preq, Deadline::AfterMs(cfg_.transfer_timeout_ms),
-                          [this] { return stopped_.load(); });
+  std::vector<PlacementRequest> preqs;
+  std::vector<Item*> placed;
+  uint64_t admitted = 0;  // a batch is admitted as a whole, never past the budget
+  for (Item& item : items) {
+    const std::string dest = item.cons_root + "/" + item.record.upath;
+    if (placement_->IsCurrentCopy(dest, item.record)) {
+      n_present_.fetch_add(1, std::memory_order_relaxed);
+    } else if (admit && !admit(admitted + item.record.size)) {
+      n_refused_.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lk(mu_);
+      deferred_.emplace(dest, item);
+    } else {
+      admitted += item.record.size;
+      PlacementRequest preq;
+      preq.record = item.record;
+      preq.cons_root = item.cons_root;
+      preq.dtl_mode = item.dtl_mode;
+      preq.ns = item.ns;
+      preq.prefetched = true;
+      preqs.push_back(std::move(preq));
+      placed.push_back(&item);
+    }
+  }
+  std::vector<Item> retries;
+  if (preqs.empty()) return retries;
+  std::vector<Result<ConsumeReply>> results = placement_->PlaceBatch(
+      preqs, Deadline::AfterMs(cfg_.transfer_timeout_ms), [this] { return stopped_.load(); });
+  for (size_t k = 0; k < placed.size(); ++k) {
+    Item& item = *placed[k];
+    const Result<ConsumeReply>& r = results[k];
     if (!r.ok()) {
       n_failed_.fetch_add(1, std::memory_order_relaxed);
       DYAD_LOG_DEBUG("prefetch of '%s' failed: %s", item.record.upath.c_str(),
                      r.status().ToString().c_str());
-    } else {
-      n_done_.fetch_add(1, std::memory_order_relaxed);
-      cache_->Put(item.ns, item.key, item.record);
-      // Joined an explicit consume's transfer of an older version: fetch
-      // the one this entry was queued for (once; a newer publication
-      // queues its own entry).
-      if (r->joined && !item.retried &&
-          !placement_->IsCurrentCopy(dest, item.record)) {
-        retry = item;
-        retry.retried = true;
-      }
+      continue;
+    }
+    n_done_.fetch_add(1, std::memory_order_relaxed);
+    cache_->Put(item.ns, item.key, item.record);
+    // Joined an explicit consume's transfer of an older version: fetch
+    // the one this entry was queued for (once; a newer publication
+    // queues its own entry).
+    if (r->joined && !item.retried &&
+        !placement_->IsCurrentCopy(item.cons_root + "/" + item.record.upath, item.record)) {
+      retries.push_back(item);
+      retries.back().retried = true;
     }
   }
-  Finish(dest, item.record.owner_rank, retry.key.empty() ? nullptr : &retry);
+  return retries;
 }
 
-void Prefetcher::Finish(const std::string& dest, uint32_t owner, Item* retry) {
-  std::lock_guard<std::mutex> lk(mu_);
+void Prefetcher::FinishLocked(const std::string& dest, Item* retry) {
   active_.erase(dest);
-  auto p = per_peer_.find(owner);
-  if (p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
   auto again = again_.find(dest);
   if (again != again_.end()) {
     Item next = std::move(again->second);
@@ -280,7 +340,6 @@ void Prefetcher::Finish(const std::string& dest, uint32_t owner, Item* retry) {
   } else if (retry != nullptr) {
     EnqueueLocked(std::move(*retry));
   }
-  cv_.notify_all();
 }
 
 void Prefetcher::AddCounters(std::map<std::string, uint64_t>* out) const {

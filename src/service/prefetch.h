@@ -12,8 +12,11 @@
 // Queue. One entry per destination file, newest record wins: a file
 // re-published while queued is fetched once, at its newer version; one
 // re-published while its prefetch is in flight is fetched again after it.
-// Workers take entries in publication order, at most `max_inflight` at once
-// and at most `max_per_peer` from one owner. Explicit consumes never enter
+// Workers take entries in publication order, at most `max_inflight`
+// requests at once and at most `max_per_peer` to one owner; a request
+// carries up to `max_batch` small files of one owner together
+// (Placement::PlaceBatch: one kFetchBatch instead of a fetch per file), at
+// most `max_batches_per_peer` such requests to one owner at once. Explicit consumes never enter
 // this queue: they go straight to Placement (joining a prefetch in flight
 // for the same file), so prefetch never makes them wait behind it.
 //
@@ -55,6 +58,11 @@ struct PrefetchConfig {
   size_t max_queued = 1u << 20;
   uint32_t max_inflight = 8;  // DYAD_PREFETCH_CONCURRENCY
   uint32_t max_per_peer = 8;  // DYAD_PREFETCH_PER_PEER
+  uint32_t max_batch = 64;    // files of one owner fetched in one request
+  // Requests for small files in flight to one owner (at most max_per_peer):
+  // while they run, the owner's next publications gather into the next
+  // batch instead of leaving one file per request.
+  uint32_t max_batches_per_peer = 2;
   int64_t transfer_timeout_ms = 60000;
 };
 
@@ -99,10 +107,16 @@ class Prefetcher {
   void OnChange(const std::string& ns, const KvsChange& change);
   void MatchLocked(const std::string& ns, const std::string& key, const FileRecord& rec);
   void EnqueueLocked(Item item);
-  bool NextLocked(Item* out, std::string* resync_ns);
+  // The next request: a resync, or entries of one owner (a batch).
+  bool NextLocked(std::vector<Item>* out, std::string* resync_ns);
+  // Adds to `out` the pending entries that can share a request with
+  // out->front() (same owner, namespace, directory and transport; small).
+  void GatherLocked(std::vector<Item>* out);
   void Worker();
-  void Run(Item item);
-  void Finish(const std::string& dest, uint32_t owner, Item* retry);
+  void Run(std::vector<Item> items);
+  // Admits and places `items`; returns the entries to fetch again.
+  std::vector<Item> PlaceAll(std::vector<Item>& items);
+  void FinishLocked(const std::string& dest, Item* retry);
 
   const PrefetchConfig cfg_;
   Kvs* const kvs_;
@@ -122,7 +136,7 @@ class Prefetcher {
   std::deque<std::string> order_;                          // destinations, oldest first
   std::set<std::string> active_;                           // destinations in flight
   std::map<std::string, Item> again_;                      // newer records of active ones
-  std::map<uint32_t, uint32_t> per_peer_;                  // in flight by owner rank
+  std::map<uint32_t, uint32_t> per_peer_;                  // requests in flight by owner
   std::vector<std::thread> workers_;
   std::atomic<bool> stopped_{false};
 

@@ -83,6 +83,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Streamed<FetchRequest>(in);
 #elif defined(DYAD_FUZZ_MESSAGE_fetch_reply)
   Streamed<FetchReply>(in);
+#elif defined(DYAD_FUZZ_MESSAGE_fetch_batch_request)
+  Streamed<FetchBatchRequest>(in);
+#elif defined(DYAD_FUZZ_MESSAGE_fetch_batch_part)
+  Streamed<FetchBatchPart>(in);
 #else
 #error "define DYAD_FUZZ_MESSAGE_<message>"
 #endif

@@ -137,6 +137,17 @@ void Messages() {
   fr.version = 5;
   fr.transport_args = "/dmd/dir/data0.txt";
   Seed("fuzz_msg_fetch_reply", "a", Enc(fr));
+  FetchBatchRequest fb;
+  fb.max_inline = 256 << 10;
+  fb.items.push_back({"dir/data0.txt", 5});
+  fb.items.push_back({"dir/data1.txt", 0});
+  Seed("fuzz_msg_fetch_batch_request", "a", Enc(fb));
+  FetchBatchPart part;
+  part.version = 5;
+  part.mode = 0640;
+  part.data = "0123456789abcdef";
+  Seed("fuzz_msg_fetch_batch_part", "a", Enc(part));
+  Seed("fuzz_msg_fetch_batch_part", "empty", Enc(FetchBatchPart()));
 }
 
 Hello SampleHello(uint8_t credentials) {

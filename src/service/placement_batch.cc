@@ -1,0 +1,134 @@
+// placement_batch.cc: Placement::PlaceBatch, several files placed with one
+// request per owner (see placement.h). De-duplication is the same as for
+// Place(): each destination is registered in flight before its batch is
+// sent, so a consume of one of these files meanwhile joins the batch's
+// transfer of it instead of starting its own.
+#include <map>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/time.h"
+#include "service/placement.h"
+
+namespace dyad {
+
+std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<PlacementRequest>& reqs,
+                                                        Deadline deadline,
+                                                        const CancelFn& cancel) {
+  std::vector<Result<ConsumeReply>> out(reqs.size(), Status(DYAD_RC_SYSFAIL, "not placed"));
+  std::vector<size_t> single;
+  std::map<uint32_t, std::vector<size_t>> by_owner;
+  Transport* transport = nullptr;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const PlacementRequest& r = reqs[i];
+    Result<Route> route = Decide(r);
+    if (!route.ok()) {
+      out[i] = route.status();
+      continue;
+    }
+    Result<Transport*> t = *route == Route::kRemote && r.record.size <= kBatchInline
+                               ? transports_->ForMode(r.dtl_mode)
+                               : Result<Transport*>(Status(DYAD_RC_NOTSUP, "not batched"));
+    // Batched: remote small files whose transport streams on the session
+    // anyway (the bytes then ride in the replies); one transport per call.
+    if (t.ok() && (*t)->caps().data_on_session && (transport == nullptr || *t == transport)) {
+      transport = *t;
+      by_owner[r.record.owner_rank].push_back(i);
+    } else {
+      single.push_back(i);
+    }
+  }
+  std::vector<std::shared_ptr<InFlight>> flights(reqs.size());
+  for (const auto& [owner, group] : by_owner) {
+    std::vector<size_t> mine, hits;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (size_t i : group) {
+        const std::string dest = reqs[i].cons_root + "/" + reqs[i].record.upath;
+        if (inflight_.count(dest) != 0) {
+          single.push_back(i);  // Place() joins it
+        } else if (IsCurrentCopy(dest, reqs[i].record)) {
+          hits.push_back(i);
+        } else {
+          flights[i] = std::make_shared<InFlight>();
+          inflight_[dest] = flights[i];
+          mine.push_back(i);
+        }
+      }
+    }
+    for (size_t i : hits) {
+      if (cache_ != nullptr) cache_->NoteHit(reqs[i].cons_root + "/" + reqs[i].record.upath);
+      ConsumeReply r;
+      r.record = reqs[i].record;
+      r.local = true;
+      stats_->Add(ServiceStats::kConsumeLocal);
+      out[i] = r;
+    }
+    if (!mine.empty()) FetchTogether(reqs, mine, transport, flights, &out);
+  }
+  for (size_t i : single) out[i] = Place(reqs[i], deadline, cancel);
+  return out;
+}
+
+void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
+                              const std::vector<size_t>& mine, Transport* transport,
+                              const std::vector<std::shared_ptr<InFlight>>& flights,
+                              std::vector<Result<ConsumeReply>>* out) {
+  const uint64_t t0 = MonoNs();
+  auto dest = [&reqs](size_t i) { return reqs[i].cons_root + "/" + reqs[i].record.upath; };
+  std::vector<const FileRecord*> recs;
+  for (size_t i : mine) recs.push_back(&reqs[i].record);
+  std::vector<bool> settled(mine.size(), false);
+  size_t answered = 0;
+  const uint32_t owner = reqs[mine.front()].record.owner_rank;
+  Status st = fetcher_.FetchBatch(
+      owner, recs, kBatchInline,
+      [&](size_t k, const Status& s, FetchBatchPart* part) {
+        if (s.code() == DYAD_RC_NOTSUP) return;  // grew past the inline size: alone, below
+        const size_t i = mine[k];
+        Result<ConsumeReply> r = s.ok() ? Land(reqs[i], transport, *part, t0)
+                                        : Result<ConsumeReply>(s);
+        (*out)[i] = r;
+        Settle(dest(i), flights[i], r);
+        settled[k] = true;
+      },
+      &answered);
+  // What the batch did not deliver goes one fetch each, as Place() would:
+  // files too large to go inline, all of them for an owner without batches,
+  // and all of them when the batch got no answer at all (a pooled session
+  // that outlived its peer; the single fetch retries on a fresh one). A
+  // session lost halfway is a failure of the rest: retrying each file
+  // against an owner that just failed would hold this worker for as many
+  // timeouts.
+  const bool one_by_one = st.ok() || st.code() == DYAD_RC_NOTSUP || answered == 0;
+  if (!st.ok())
+    DYAD_LOG_DEBUG("%s; %zu files left%s", st.ToString().c_str(), mine.size() - answered,
+                   one_by_one ? ", fetched one by one" : "");
+  for (size_t k = 0; k < mine.size(); ++k) {
+    if (settled[k]) continue;
+    const size_t i = mine[k];
+    Result<ConsumeReply> r =
+        one_by_one ? Transfer(reqs[i], Route::kRemote, transport) : Result<ConsumeReply>(st);
+    (*out)[i] = r;
+    Settle(dest(i), flights[i], r);
+  }
+}
+
+Result<ConsumeReply> Placement::Land(const PlacementRequest& req, Transport* transport,
+                                     const FetchBatchPart& part, uint64_t t0) {
+  AtomicFile file;
+  Status st = file.Create(req.cons_root, req.record.upath);
+  if (!st.ok()) return st.Annotate("prepare '" + req.record.upath + "' in consumer directory");
+  st = WriteFully(file.fd(), part.data.data(), part.data.size());
+  if (!st.ok()) {
+    file.Abort();
+    return st.Annotate("write '" + req.record.upath + "' in consumer directory");
+  }
+  FetchOutcome outcome;
+  outcome.version = part.version;
+  outcome.bytes = part.data.size();
+  outcome.mode = part.mode;
+  return Finish(req, Route::kRemote, transport, file, outcome, t0);
+}
+
+}  // namespace dyad

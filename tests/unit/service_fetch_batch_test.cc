@@ -1,0 +1,122 @@
+// Batched fetches (kFetchBatch, Placement::PlaceBatch) between two
+// in-process dyad-services: the prefetcher asks the owner for many small
+// files in one request, a file too large to travel inline still arrives by
+// its own fetch, and a file changed on the owner since its publication is
+// refused (DYAD_RC_STALE) without failing the rest of its batch.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "common/fsutil.h"
+#include "service/placement.h"
+#include "unit/service_pair.h"
+
+namespace dyad {
+namespace {
+
+using testing_services::CallLocal;
+using testing_services::ReadAll;
+
+template <typename F>
+bool Eventually(F pred, int64_t ms = 10000) {
+  const Deadline d = Deadline::AfterMs(ms);
+  while (!d.expired()) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+class FetchBatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Status st = pair_.Start("embedded");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    cons_ = pair_.base + "/c";
+    ASSERT_EQ(::mkdir(cons_.c_str(), 0755), 0);
+    cons_ = CanonicalPath(cons_);
+  }
+  void TearDown() override { pair_.Stop(); }
+
+  Status Declare(const std::string& pattern) {
+    PrefetchRequest req;
+    req.ns = "t";
+    req.pattern = pattern;
+    req.cons_path = cons_;
+    Encoder e;
+    req.EncodeTo(e);
+    return CallLocal(pair_.base + "/b.sock", MsgType::kPrefetch, e.data()).status();
+  }
+  uint64_t OwnerCounter(const std::string& name) {
+    auto all = pair_.a->stats().Snapshot();
+    auto it = all.find(name);
+    return it == all.end() ? 0 : it->second;
+  }
+  uint64_t ConsumerCounter(const std::string& name) {
+    Result<std::string> body = CallLocal(pair_.base + "/b.sock", MsgType::kStatus, "");
+    if (!body.ok()) return ~0ull;
+    StatusReply r;
+    Decoder d(*body);
+    if (!r.DecodeFrom(d)) return ~0ull;
+    auto it = r.counters.find(name);
+    return it == r.counters.end() ? 0 : it->second;
+  }
+  static std::string Content(int i) { return "file " + std::to_string(i) + std::string(i, 'x'); }
+
+  testing_services::ServicePair pair_;
+  std::string cons_;
+};
+
+TEST_F(FetchBatchTest, SmallFilesTravelTogetherAndALargeOneAlone) {
+  constexpr int kFiles = 40;
+  for (int i = 0; i < kFiles; ++i)
+    ASSERT_TRUE(pair_.Publish("d/f" + std::to_string(i), Content(i)).ok());
+  const std::string large(Placement::kBatchInline + 1, 'L');
+  ASSERT_TRUE(pair_.Publish("d/large", large).ok());
+  ASSERT_TRUE(pair_.Publish("d/empty", "").ok());  // empty files are data
+  ASSERT_TRUE(Declare("d/").ok());
+
+  EXPECT_TRUE(Eventually([&] {
+    for (int i = 0; i < kFiles; ++i)
+      if (ReadAll(cons_ + "/d/f" + std::to_string(i)) != Content(i)) return false;
+    struct stat st;
+    return ReadAll(cons_ + "/d/large") == large && ::stat((cons_ + "/d/empty").c_str(), &st) == 0;
+  })) << "prefetched files did not all arrive";
+  EXPECT_EQ(pair_.b->stats().Get(ServiceStats::kTransfersIn), kFiles + 2u);
+  // Every small file rode in a batch; only the large one was fetched alone.
+  EXPECT_GE(OwnerCounter("requests.fetch_batch"), 1u);
+  EXPECT_LT(OwnerCounter("requests.fetch_batch"), kFiles / 2u);
+  EXPECT_EQ(pair_.a->stats().Get(ServiceStats::kReqFetch), 1u);
+  EXPECT_EQ(OwnerCounter("transfers.out.tcp"), kFiles + 2u);
+}
+
+TEST_F(FetchBatchTest, AFileChangedSincePublicationIsRefusedAndTheRestArrive) {
+  ASSERT_TRUE(pair_.Publish("d/a", "first").ok());
+  ASSERT_TRUE(pair_.Publish("d/changed", "published bytes").ok());
+  ASSERT_TRUE(pair_.Publish("d/b", "second").ok());
+  // Rewritten in place, never published again: a different size and mtime.
+  {
+    const std::string path = pair_.dir_a + "/d/changed";
+    ASSERT_TRUE(WriteFully(UniqueFd(::open(path.c_str(), O_WRONLY | O_TRUNC)).get(),
+                           "rewritten, not published", 24)
+                    .ok());
+    struct timespec times[2] = {{0, UTIME_OMIT}, {12345, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  }
+  ASSERT_TRUE(Declare("d/").ok());
+  EXPECT_TRUE(Eventually([&] {
+    return ReadAll(cons_ + "/d/a") == "first" && ReadAll(cons_ + "/d/b") == "second";
+  }));
+  // The stale file is counted as failed once its batch is answered.
+  EXPECT_TRUE(Eventually([&] { return ConsumerCounter("prefetch.failed") == 1; }));
+  struct stat st;
+  EXPECT_NE(::stat((cons_ + "/d/changed").c_str(), &st), 0) << "a changed file was placed";
+  EXPECT_EQ(pair_.a->stats().Get(ServiceStats::kReqFetch), 0u);
+}
+
+}  // namespace
+}  // namespace dyad
