@@ -27,6 +27,9 @@ constexpr size_t kReadBudget = 256u << 10;
 // Short sends the loop makes itself (a refusal on a fresh socket) never
 // wait long: the socket's buffer is empty.
 constexpr int64_t kLoopSendMs = 100;
+// At the cap of connections in their handshake, one that has waited this
+// long without finishing gives its place to a newcomer (Admit).
+constexpr int64_t kDisplaceAfterMs = 20;
 
 std::string RemoteHost(int fd) {
   sockaddr_storage ss{};
@@ -212,14 +215,33 @@ std::string Reactor::Admit(bool local, const std::string& peer_host) {
     return "connection cap reached (" + std::to_string(cfg_.max_connections) +
            ", DYAD_MAX_CONNECTIONS)";
   if (local) return std::string();
-  if (handshaking_.size() >= cfg_.max_unauthenticated)
-    return "too many connections in their handshake (" +
-           std::to_string(cfg_.max_unauthenticated) + ", DYAD_MAX_UNAUTHENTICATED)";
   auto it = per_peer_.find(peer_host);
   if (it != per_peer_.end() && it->second >= cfg_.max_per_peer)
     return "too many connections in their handshake from " + peer_host + " (" +
            std::to_string(cfg_.max_per_peer) + ", DYAD_MAX_UNAUTHENTICATED_PER_PEER)";
+  if (handshaking_.size() >= cfg_.max_unauthenticated && !DisplaceOldestHandshake())
+    return "too many connections in their handshake (" +
+           std::to_string(cfg_.max_unauthenticated) + ", DYAD_MAX_UNAUTHENTICATED)";
   return std::string();
+}
+
+// A real peer finishes its handshake within a round trip or two; connections
+// that stay silent can only fill the places. So at the cap the oldest
+// handshake that has waited kDisplaceAfterMs makes room for the newcomer
+// (handshaking_ is in arrival order): a flood of silent connections then
+// mostly displaces itself, and shuts a real peer out only by opening the
+// whole cap's worth of connections within the peer's own handshake time.
+bool Reactor::DisplaceOldestHandshake() {
+  for (Conn* c : handshaking_) {
+    if (c->busy) continue;  // a worker is finishing it
+    const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
+    if (waited < kDisplaceAfterMs) return false;  // the rest arrived later still
+    hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
+                   " ms (from " + c->peer_host + ")");
+    Close(c);
+    return true;
+  }
+  return false;
 }
 
 void Reactor::AcceptAll(int listen_fd, bool local) {

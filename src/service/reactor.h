@@ -104,6 +104,9 @@ class Reactor {
   void AcceptAll(int listen_fd, bool local);
   // "" when a new connection may be served, else why not.
   std::string Admit(bool local, const std::string& peer_host);
+  // Closes the oldest connection still in its handshake, if it has waited
+  // long enough that a real peer would have finished; false when none has.
+  bool DisplaceOldestHandshake();
   void Register(std::shared_ptr<Conn> conn);
   void OnReadable(Conn* c);
   // Dispatches the frame at the head of c's buffer if it is complete, else
