@@ -13,12 +13,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cerrno>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -71,9 +71,9 @@ inline bool ParseU64List(const char* s, std::vector<uint64_t>* out) {
 // Options of every benchmark that runs on an emulated cluster.
 struct ClusterArgs {
   bool json = false;
-  bool loopback = false;  // never network namespaces
-  std::string mode;       // transport; "" = the default
-  std::string tmp;        // parent of the cluster directory
+  bool loopback = false;   // never network namespaces
+  std::string mode;        // transport; "" = the default
+  std::string tmp;         // parent of the cluster directory
   std::string protection;  // services' --protection; "" = their default (integrity)
 };
 
@@ -82,8 +82,7 @@ enum class OptionResult { kNotMine, kTaken, kBad };
 // Takes option `s` (its value, if any, from `next`) when it is one of the
 // ClusterArgs options.
 inline OptionResult ParseClusterOption(const std::string& s,
-                                       const std::function<const char*()>& next,
-                                       ClusterArgs* a) {
+                                       const std::function<const char*()>& next, ClusterArgs* a) {
   if (s == "--json") {
     a->json = true;
   } else if (s == "--loopback") {
@@ -168,7 +167,8 @@ inline std::unique_ptr<emu::EmuCluster> StartBenchCluster(const char* prog, int 
   if (!a.protection.empty()) o.extra_service_args = {"--protection", a.protection};
   // DYAD_BENCH_KEEP=1 leaves the node directories and service logs behind
   // for a post-mortem (the path is printed by a failing run).
-  if (const char* k = std::getenv("DYAD_BENCH_KEEP"); k && *k && std::string(k) != "0") o.keep = true;
+  if (const char* k = std::getenv("DYAD_BENCH_KEEP"); k && *k && std::string(k) != "0")
+    o.keep = true;
   auto started = emu::EmuCluster::Start(nodes, o);
   if (!started.ok()) {
     std::fprintf(stderr, "%s: %s\n", prog, started.status().ToString().c_str());
@@ -305,8 +305,9 @@ inline ProcSample SampleProc(pid_t pid) {
   const std::string status = ReadText(base + "/status");
   auto field = [&](const char* key) -> uint64_t {
     const size_t at = status.find(key);
-    return at == std::string::npos ? 0 : std::strtoull(status.c_str() + at + std::strlen(key),
-                                                       nullptr, 10);
+    return at == std::string::npos
+               ? 0
+               : std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
   };
   s.hwm_kib = field("VmHWM:");
   s.rss_kib = field("VmRSS:");

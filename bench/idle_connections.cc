@@ -38,9 +38,9 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "proto/auth.h"
 #include "common/key.h"
 #include "common/net.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "unit/service_pair.h"
 
@@ -108,10 +108,23 @@ Result<Proc> StartService(const Args& a, const std::string& dir, int rank, const
   Proc p;
   p.socket = dir + "/" + name + ".sock";
   const std::string ready = dir + "/" + name + ".ready";
-  std::vector<std::string> argv = {a.service, "-r", std::to_string(rank), "-k", kvs,
-                                   "-l", "127.0.0.1:0", "-s", p.socket,
-                                   "--secret-file", dir + "/secret", "--ready-file", ready,
-                                   "-e", dir + "/" + name + ".err", "-i", dir + "/" + name + ".log",
+  std::vector<std::string> argv = {a.service,
+                                   "-r",
+                                   std::to_string(rank),
+                                   "-k",
+                                   kvs,
+                                   "-l",
+                                   "127.0.0.1:0",
+                                   "-s",
+                                   p.socket,
+                                   "--secret-file",
+                                   dir + "/secret",
+                                   "--ready-file",
+                                   ready,
+                                   "-e",
+                                   dir + "/" + name + ".err",
+                                   "-i",
+                                   dir + "/" + name + ".log",
                                    dir + "/" + name};
   std::vector<char*> cargv;
   for (std::string& s : argv) cargv.push_back(s.data());
@@ -250,8 +263,9 @@ int Run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string o = argv[i];
     if (o == "-h" || o == "--help") {
-      std::printf("dyad-idle-connections: threads, RSS and consume latency of one dyad-service "
-                  "under idle local clients and idle peers (bench/idle_connections.cc)\n");
+      std::printf(
+          "dyad-idle-connections: threads, RSS and consume latency of one dyad-service "
+          "under idle local clients and idle peers (bench/idle_connections.cc)\n");
       Usage();
       return 0;
     }
@@ -261,12 +275,15 @@ int Run(int argc, char** argv) {
     }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (v == nullptr) return Usage();
-    if (o == "--service") a.service = v;
-    else if (o == "--tmp") a.tmp = v;
-    else if (o == "--clients" && ParseU64(v, &a.clients)) {}
-    else if (o == "--peers" && ParseU64(v, &a.peers)) {}
-    else if (o == "--consumes" && ParseU64(v, &a.consumes) && a.consumes > 0) {}
-    else return Usage();
+    if (o == "--service")
+      a.service = v;
+    else if (o == "--tmp")
+      a.tmp = v;
+    else if (o == "--clients" && ParseU64(v, &a.clients)) {
+    } else if (o == "--peers" && ParseU64(v, &a.peers)) {
+    } else if (o == "--consumes" && ParseU64(v, &a.consumes) && a.consumes > 0) {
+    } else
+      return Usage();
     ++i;
   }
   rlimit rl{};
@@ -309,7 +326,8 @@ int Run(int argc, char** argv) {
       if (i % 2048 == 2047) Settle(svc->pid);  // let a threaded service keep up with its backlog
     }
     Settle(svc->pid);
-    samples.push_back(Measure(std::to_string(clients.size()) + " idle clients", a, dir, *root, *svc, 1));
+    samples.push_back(
+        Measure(std::to_string(clients.size()) + " idle clients", a, dir, *root, *svc, 1));
     Result<SocketAddress> tcp = ParseAddress(svc->listen);
     const Authenticator auth{std::string(kSecret)};
     for (uint64_t i = 0; i < a.peers && tcp.ok(); ++i) {
@@ -327,21 +345,21 @@ int Run(int argc, char** argv) {
       peers.push_back(std::move(ch));
     }
     Settle(svc->pid);
-    samples.push_back(Measure(std::to_string(clients.size()) + " clients + " +
-                                  std::to_string(peers.size()) + " peers",
-                              a, dir, *root, *svc, 2));
+    samples.push_back(Measure(
+        std::to_string(clients.size()) + " clients + " + std::to_string(peers.size()) + " peers", a,
+        dir, *root, *svc, 2));
   }
   if (a.json) {
     std::printf("{\"benchmark\":\"idle-connections\",\"service\":\"%s\",\"results\":[",
                 a.service.c_str());
     for (size_t i = 0; i < samples.size(); ++i) {
       const Sample& s = samples[i];
-      std::printf("%s{\"label\":\"%s\",\"clients\":%zu,\"peers\":%zu,\"threads\":%zu,"
-                  "\"rss_mib\":%.1f,\"consume_p50_ms\":%.3f,\"consume_p99_ms\":%.3f,"
-                  "\"errors\":%d,\"refused\":%llu}",
-                  i ? "," : "", s.label.c_str(), i >= 1 ? clients.size() : 0,
-                  i >= 2 ? peers.size() : 0, s.threads, s.rss, s.p50, s.p99, s.errors,
-                  static_cast<unsigned long long>(s.refused));
+      std::printf(
+          "%s{\"label\":\"%s\",\"clients\":%zu,\"peers\":%zu,\"threads\":%zu,"
+          "\"rss_mib\":%.1f,\"consume_p50_ms\":%.3f,\"consume_p99_ms\":%.3f,"
+          "\"errors\":%d,\"refused\":%llu}",
+          i ? "," : "", s.label.c_str(), i >= 1 ? clients.size() : 0, i >= 2 ? peers.size() : 0,
+          s.threads, s.rss, s.p50, s.p99, s.errors, static_cast<unsigned long long>(s.refused));
     }
     std::printf("]}\n");
   } else {

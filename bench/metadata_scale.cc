@@ -186,9 +186,9 @@ void Print(const std::vector<Row>& rows, bool json) {
     std::printf("]}\n");
     return;
   }
-  std::printf("%-15s %7s %9s %9s %9s %9s %9s %9s %9s %11s %10s %6s\n", "store", "clients",
-              "ops", "ops/s", "put p50", "put p99", "get p50", "get p99", "store cpu",
-              "ops/cpu-s", "client cpu", "errors");
+  std::printf("%-15s %7s %9s %9s %9s %9s %9s %9s %9s %11s %10s %6s\n", "store", "clients", "ops",
+              "ops/s", "put p50", "put p99", "get p50", "get p99", "store cpu", "ops/cpu-s",
+              "client cpu", "errors");
   for (const Row& r : rows) {
     std::printf("%-15s %7d %9llu %9.0f %8.0fu %8.0fu %8.0fu %8.0fu %8.2fs %11.0f %9.2fs %6llu\n",
                 r.store.c_str(), r.clients, static_cast<unsigned long long>(r.ops), r.ops_per_s,

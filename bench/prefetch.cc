@@ -133,9 +133,9 @@ bool CopyTree(const std::string& from, const std::string& to,
 // Starts the producer worker on node A and waits for it.
 Result<std::vector<emu::FileResult>> Produce(emu::EmuCluster& c, const std::string& dyad,
                                              const std::string& manifest) {
-  auto p = c.SpawnOnNode(0, {dyad, "--role", "produce", "--manifest", manifest,
-                             "--result", manifest + ".produce"},
-                         {}, manifest + ".produce.out");
+  auto p = c.SpawnOnNode(
+      0, {dyad, "--role", "produce", "--manifest", manifest, "--result", manifest + ".produce"}, {},
+      manifest + ".produce.out");
   if (!p.ok()) return p.status();
   auto st = p->Wait(Deadline::AfterMs(1800000));
   if (!st.ok()) return st.status();
@@ -149,8 +149,8 @@ struct Figures {
   int failures = 0;
 };
 
-void PhaseAfter(emu::EmuCluster& c, const std::string& dyad, const Args& a,
-                const std::string& cons, Figures* f) {
+void PhaseAfter(emu::EmuCluster& c, const std::string& dyad, const Args& a, const std::string& cons,
+                Figures* f) {
   const auto files = Files("after", a.count, a.size);
   const std::string m = c.base_dir() + "/bench-after";
   (void)emu::WriteManifest(m, files);
@@ -286,8 +286,7 @@ int Drive(const Args& a) {
   dyad_finalize();
   const double r_after = f.tmpfs_fps > 0 ? f.after_fps / f.tmpfs_fps : 0;
   const double r_stream = f.stream_producer_fps > 0 ? f.stream_fps / f.stream_producer_fps : 0;
-  const double r_backlog =
-      f.backlog_producer_fps > 0 ? f.backlog_fps / f.backlog_producer_fps : 0;
+  const double r_backlog = f.backlog_producer_fps > 0 ? f.backlog_fps / f.backlog_producer_fps : 0;
   if (a.cl.json) {
     std::printf(
         "{\"bench\": \"prefetch\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\",\n"
@@ -313,7 +312,8 @@ int Drive(const Args& a) {
                 f.in_place_fps, f.tmpfs_fps > 0 ? f.in_place_fps / f.tmpfs_fps : 0);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (after phase)", f.producer_fps, "");
     std::printf("%-52s %12.0f %8.2f  (target >= 0.5; %llu reached the service)\n",
-                "consume+read after publication, prefetch declared", f.after_fps, r_after, f.misses);
+                "consume+read after publication, prefetch declared", f.after_fps, r_after,
+                f.misses);
     std::printf("%-52s %12.0f %8.2f\n", "the same consume+read again (all level-1)", f.again_fps,
                 f.tmpfs_fps > 0 ? f.again_fps / f.tmpfs_fps : 0);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (backlog phase)",
@@ -322,8 +322,8 @@ int Drive(const Args& a) {
                 "prefetch of files published before the declaration", f.backlog_fps, r_backlog);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (streaming phase)",
                 f.stream_producer_fps, "");
-    std::printf("%-52s %12.0f %8.2f  (target >= 0.9)\n",
-                "streaming end to end with prefetch", f.stream_fps, r_stream);
+    std::printf("%-52s %12.0f %8.2f  (target >= 0.9)\n", "streaming end to end with prefetch",
+                f.stream_fps, r_stream);
     std::printf("failures: %d\n", f.failures);
   }
   return f.failures == 0 ? 0 : 1;

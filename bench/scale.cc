@@ -36,11 +36,11 @@
 
 #include "bench_stores.h"
 #include "bench_util.h"
-#include "scale_raw.h"
 #include "dyad/client/dyad_client.hpp"
 #include "emu/netns.h"
 #include "emu/pattern.h"
 #include "emu/worker.h"
+#include "scale_raw.h"
 
 namespace dyad::bench {
 namespace {
@@ -324,7 +324,8 @@ void VerifyCopies(emu::EmuCluster& c, const std::string& sub, uint64_t size, uin
   for (int j = 0; j < c.size(); ++j) {
     if (j == kFanProducer) continue;
     const std::string path = c.node(j).dmd + sub + "/" + kFanFile;
-    Status st = emu::VerifyPatternFile(path, emu::PatternSeed(kFanFile), static_cast<int64_t>(size));
+    Status st =
+        emu::VerifyPatternFile(path, emu::PatternSeed(kFanFile), static_cast<int64_t>(size));
     if (!st.ok()) {
       ++*failures;
       std::fprintf(stderr, "dyad-scale: fan-out copy on node %d: %s\n", j, st.ToString().c_str());
@@ -342,8 +343,8 @@ Fanout DyadFanOut(emu::EmuCluster& c, uint64_t size) {
   }
   const uint64_t out0 = CounterOr0(c, kFanProducer, "bytes.out");
   auto start = [&] {
-    const client::Status st = (*clients)[kFanProducer].Produce(c.node(kFanProducer).dmd + "/" +
-                                                               kFanFile);
+    const client::Status st =
+        (*clients)[kFanProducer].Produce(c.node(kFanProducer).dmd + "/" + kFanFile);
     if (!st.ok()) std::fprintf(stderr, "dyad-scale: fan-out publish: %s\n", st.ToString().c_str());
   };
   auto fetch = [&](int j) {
@@ -451,12 +452,12 @@ bool RunNodes(int n, const Args& a, Row* row) {
 double Ratio(double x, double y) { return y > 0 ? x / y : 0; }
 
 void PrintJson(const Args& a, const std::vector<Row>& rows) {
-  std::printf("{\"benchmark\":\"scale\",\"files\":%llu,\"peers\":%llu,\"size\":%llu,"
-              "\"fanout_bytes\":%llu,\"workers\":%llu,\"results\":[",
-              static_cast<unsigned long long>(a.files), static_cast<unsigned long long>(a.peers),
-              static_cast<unsigned long long>(a.size),
-              static_cast<unsigned long long>(a.fanout_mib << 20),
-              static_cast<unsigned long long>(a.workers));
+  std::printf(
+      "{\"benchmark\":\"scale\",\"files\":%llu,\"peers\":%llu,\"size\":%llu,"
+      "\"fanout_bytes\":%llu,\"workers\":%llu,\"results\":[",
+      static_cast<unsigned long long>(a.files), static_cast<unsigned long long>(a.peers),
+      static_cast<unsigned long long>(a.size), static_cast<unsigned long long>(a.fanout_mib << 20),
+      static_cast<unsigned long long>(a.workers));
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf(
@@ -466,8 +467,8 @@ void PrintJson(const Args& a, const std::vector<Row>& rows) {
         "\"raw_p99_ms\":%.3f,\"a2a_ratio\":%.3f,\"fan_mb_per_s\":%.1f,\"fan_raw_mb_per_s\":%.1f,"
         "\"fan_ratio\":%.3f,\"fan_producer_bytes_out\":%llu,\"failures\":%llu}",
         i ? "," : "", r.nodes, r.start_s, r.rss_mib, static_cast<unsigned long long>(r.dyad.files),
-        r.dyad.files_per_s, r.dyad.p50_ms, r.dyad.p99_ms, r.dyad.root_ops_per_s,
-        r.raw.files_per_s, r.raw.p50_ms, r.raw.p99_ms, Ratio(r.dyad.files_per_s, r.raw.files_per_s),
+        r.dyad.files_per_s, r.dyad.p50_ms, r.dyad.p99_ms, r.dyad.root_ops_per_s, r.raw.files_per_s,
+        r.raw.p50_ms, r.raw.p99_ms, Ratio(r.dyad.files_per_s, r.raw.files_per_s),
         r.fan_dyad.mb_per_s, r.fan_raw.mb_per_s, Ratio(r.fan_dyad.mb_per_s, r.fan_raw.mb_per_s),
         static_cast<unsigned long long>(r.fan_dyad.producer_bytes_out),
         static_cast<unsigned long long>(r.dyad.failures + r.raw.failures + r.fan_dyad.failures +

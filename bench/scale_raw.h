@@ -11,11 +11,11 @@
 // before the clock starts.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -139,7 +139,8 @@ struct RawMesh {
   std::vector<std::vector<UniqueFd>> conns;  // [consumer][producer], invalid where unused
 };
 
-inline Status BuildMesh(emu::EmuCluster& c, const std::vector<std::pair<int, int>>& pairs, RawMesh* mesh) {
+inline Status BuildMesh(emu::EmuCluster& c, const std::vector<std::pair<int, int>>& pairs,
+                        RawMesh* mesh) {
   const int n = c.size();
   for (int i = 0; i < n; ++i) {
     auto s = RawServer::Start(c, i);
@@ -149,8 +150,8 @@ inline Status BuildMesh(emu::EmuCluster& c, const std::vector<std::pair<int, int
   mesh->conns.resize(static_cast<size_t>(n));
   for (auto& row : mesh->conns) row.resize(static_cast<size_t>(n));
   for (const auto& [j, p] : pairs) {
-    auto fd = c.ConnectFrom(j, c.node(p).ip + ":" + std::to_string(kRawPort),
-                            Deadline::AfterMs(10000));
+    auto fd =
+        c.ConnectFrom(j, c.node(p).ip + ":" + std::to_string(kRawPort), Deadline::AfterMs(10000));
     if (!fd.ok()) return fd.status();
     // Bounds every raw read: a stuck server fails the run instead of hanging it.
     const timeval tv{120, 0};

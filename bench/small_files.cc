@@ -95,10 +95,15 @@ class Runner {
 
   Result<emu::Process> Start(int node, const std::string& role, const std::string& manifest,
                              const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {dyad_,        "--role",     role,
-                                     "--manifest", manifest,
-                                     "--result",   manifest + "." + role,
-                                     "--ready",    manifest + "." + role + ".ready"};
+    std::vector<std::string> argv = {dyad_,
+                                     "--role",
+                                     role,
+                                     "--manifest",
+                                     manifest,
+                                     "--result",
+                                     manifest + "." + role,
+                                     "--ready",
+                                     manifest + "." + role + ".ready"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     return c_.SpawnOnNode(node, argv, {}, manifest + "." + role + ".out");
   }
@@ -276,8 +281,7 @@ int Drive(const Args& a) {
         publish.p50_ms, publish.p99_ms, publish.failures, after.files_per_s, after.p50_ms,
         after.p99_ms, after.failures, static_cast<unsigned long long>(a.consumers),
         parallel.files_per_s, parallel.p50_ms, parallel.p99_ms, parallel.failures,
-        streaming.files_per_s, streaming.p50_ms, streaming.p99_ms,
-        streaming.failures, transfers);
+        streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures, transfers);
   } else {
     std::printf("\n%-44s %12s %10s %10s %8s\n", "phase", "files/s", "p50 ms", "p99 ms", "errors");
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "publish (dyad_produce calls, synchronous)",
@@ -301,17 +305,17 @@ int Drive(const Args& a) {
 
 int Main(int argc, char** argv) {
   Args a;
-  const int rc = ParseArgs(
-      argc, argv, "dyad-small-files", Usage, &a.cl,
-      [&a](const std::string& s, const NextArg& next) {
-        if (s == "--count") return TakeU64(next, &a.count, 1);
-        if (s == "--size") return TakeU64(next, &a.size);
-        if (s == "--consumers") return TakeU64(next, &a.consumers, 1, 64);
-        if (s == "--phases") return TakeString(next, &a.phases);
-        if (s == "--latencies") return TakeString(next, &a.latencies);
-        if (s == "--call-latencies") return TakeString(next, &a.call_latencies);
-        return OptionResult::kNotMine;
-      });
+  const int rc = ParseArgs(argc, argv, "dyad-small-files", Usage, &a.cl,
+                           [&a](const std::string& s, const NextArg& next) {
+                             if (s == "--count") return TakeU64(next, &a.count, 1);
+                             if (s == "--size") return TakeU64(next, &a.size);
+                             if (s == "--consumers") return TakeU64(next, &a.consumers, 1, 64);
+                             if (s == "--phases") return TakeString(next, &a.phases);
+                             if (s == "--latencies") return TakeString(next, &a.latencies);
+                             if (s == "--call-latencies")
+                               return TakeString(next, &a.call_latencies);
+                             return OptionResult::kNotMine;
+                           });
   return rc >= 0 ? rc : Drive(a);
 }
 

@@ -200,9 +200,8 @@ struct RawPair {
 // Runs the raw streams of `pairs` at once. `each` gets every receiver's MB/s,
 // `aggregate` all bytes over the wall time from starting the senders to the
 // last one's exit. False on any failure.
-bool RawStreams(emu::EmuCluster& c, const std::string& dir, const std::string& tag,
-                uint64_t bytes, const std::vector<RawPair>& pairs, std::vector<double>* each,
-                double* aggregate) {
+bool RawStreams(emu::EmuCluster& c, const std::string& dir, const std::string& tag, uint64_t bytes,
+                const std::vector<RawPair>& pairs, std::vector<double>* each, double* aggregate) {
   const std::string self = SelfExe();
   std::vector<emu::Process> recvs, sends;
   std::vector<std::string> results;
@@ -211,9 +210,17 @@ bool RawStreams(emu::EmuCluster& c, const std::string& dir, const std::string& t
     const std::string stem = dir + "/raw" + tag + "-" + std::to_string(i);
     const std::string ready = stem + ".ready";
     results.push_back(stem + ".result");
-    std::vector<std::string> rargv = {self,    "--role", "recv",         "--addr",
-                                      c.node(pr.to).ip + ":0", "--bytes", std::to_string(bytes),
-                                      "--ready", ready,    "--result",     results.back()};
+    std::vector<std::string> rargv = {self,
+                                      "--role",
+                                      "recv",
+                                      "--addr",
+                                      c.node(pr.to).ip + ":0",
+                                      "--bytes",
+                                      std::to_string(bytes),
+                                      "--ready",
+                                      ready,
+                                      "--result",
+                                      results.back()};
     if (!pr.dst.empty()) rargv.insert(rargv.end(), {"--file", pr.dst});
     auto recv = c.SpawnOnNode(pr.to, rargv, {}, stem + ".recv.out");
     if (!recv.ok()) return false;
@@ -305,7 +312,8 @@ struct DyadRun {
 // Consumes every job's file (already published) at once, one consumer
 // process per job.
 DyadRun DyadConsumeAll(emu::EmuCluster& c, const std::string& dyad, const std::string& dir,
-                       const std::string& tag, uint64_t bytes, const std::vector<ConsumeJob>& jobs) {
+                       const std::string& tag, uint64_t bytes,
+                       const std::vector<ConsumeJob>& jobs) {
   DyadRun run;
   std::vector<std::string> manifests;
   std::vector<emu::Process> procs;
@@ -357,11 +365,11 @@ double DyadConsume(emu::EmuCluster& c, const std::string& dyad, const std::strin
 }
 
 std::string LinkName(const emu::EmuCluster& c, const Args& a) {
-  return c.uses_netns() ? "veth pair between network namespaces"
-                        : "loopback (" +
-                              (a.cl.loopback ? std::string("--loopback")
-                                             : emu::NetnsUnavailableReason()) +
-                              ")";
+  return c.uses_netns()
+             ? "veth pair between network namespaces"
+             : "loopback (" +
+                   (a.cl.loopback ? std::string("--loopback") : emu::NetnsUnavailableReason()) +
+                   ")";
 }
 
 // --ring: scaling over nodes.
@@ -396,9 +404,8 @@ int DriveRing(const Args& a) {
       SyncFs(c.base_dir());
       std::vector<double> each;
       double agg = 0;
-      raw.push_back(RawStreams(c, work, "ring" + std::to_string(rep), a.size, pairs, &each, &agg)
-                        ? agg
-                        : 0);
+      raw.push_back(
+          RawStreams(c, work, "ring" + std::to_string(rep), a.size, pairs, &each, &agg) ? agg : 0);
       for (const auto& p : pairs) ::unlink(p.dst.c_str());
     };
     auto run_dyad = [&] {
@@ -418,8 +425,8 @@ int DriveRing(const Args& a) {
     }
     for (int i = 0; i < n; ++i) ::unlink((c.node(i).dmd + "/" + names[i]).c_str());
     if (!a.cl.json) {
-      std::printf("  rep %d: raw TCP ring %8.1f MB/s   dyad ring %8.1f MB/s\n", rep + 1,
-                  raw.back(), dy.back());
+      std::printf("  rep %d: raw TCP ring %8.1f MB/s   dyad ring %8.1f MB/s\n", rep + 1, raw.back(),
+                  dy.back());
       std::fflush(stdout);
     }
   }
@@ -574,33 +581,32 @@ int Drive(const Args& a) {
 int Main(int argc, char** argv) {
   Args a;
   uint64_t mib = 0, reps = 0, ring = 0;
-  const int rc = ParseArgs(
-      argc, argv, "dyad-transfer", Usage, &a.cl,
-      [&](const std::string& s, const NextArg& next) {
-        if (s == "--role") return TakeString(next, &a.role);
-        if (s == "--addr") return TakeString(next, &a.addr);
-        if (s == "--file") return TakeString(next, &a.file);
-        if (s == "--ready") return TakeString(next, &a.ready);
-        if (s == "--result") return TakeString(next, &a.result);
-        if (s == "--bytes") return TakeU64(next, &a.bytes);
-        if (s == "--size") return TakeU64(next, &a.size, 1);
-        if (s == "--size-mib") {
-          const OptionResult r = TakeU64(next, &mib, 1);
-          a.size = mib * kMiB;
-          return r;
-        }
-        if (s == "--reps") {
-          const OptionResult r = TakeU64(next, &reps, 1, 100);
-          a.reps = static_cast<int>(reps);
-          return r;
-        }
-        if (s == "--ring") {
-          const OptionResult r = TakeU64(next, &ring, 2, 16);
-          a.ring = static_cast<int>(ring);
-          return r;
-        }
-        return OptionResult::kNotMine;
-      });
+  const int rc = ParseArgs(argc, argv, "dyad-transfer", Usage, &a.cl,
+                           [&](const std::string& s, const NextArg& next) {
+                             if (s == "--role") return TakeString(next, &a.role);
+                             if (s == "--addr") return TakeString(next, &a.addr);
+                             if (s == "--file") return TakeString(next, &a.file);
+                             if (s == "--ready") return TakeString(next, &a.ready);
+                             if (s == "--result") return TakeString(next, &a.result);
+                             if (s == "--bytes") return TakeU64(next, &a.bytes);
+                             if (s == "--size") return TakeU64(next, &a.size, 1);
+                             if (s == "--size-mib") {
+                               const OptionResult r = TakeU64(next, &mib, 1);
+                               a.size = mib * kMiB;
+                               return r;
+                             }
+                             if (s == "--reps") {
+                               const OptionResult r = TakeU64(next, &reps, 1, 100);
+                               a.reps = static_cast<int>(reps);
+                               return r;
+                             }
+                             if (s == "--ring") {
+                               const OptionResult r = TakeU64(next, &ring, 2, 16);
+                               a.ring = static_cast<int>(ring);
+                               return r;
+                             }
+                             return OptionResult::kNotMine;
+                           });
   if (rc >= 0) return rc;
   if (a.role == "recv") return Receive(a);
   if (a.role == "send") return Send(a);

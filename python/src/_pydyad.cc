@@ -2,9 +2,9 @@
 //
 // This module is a thin, typed layer over DYAD's public API: the C API
 // (dyad_ctx.h and dyad_client.h) and, for interruption, the C++ client
-// (dyad_client.hpp); it includes no internal header. The Python-facing API that upstream scripts use (the Dyad
-// class, dyad_open, DyadFile, the enums) lives in the pure-Python package;
-// this file only does what Python cannot do well by itself:
+// (dyad_client.hpp); it includes no internal header. The Python-facing API that upstream scripts
+// use (the Dyad class, dyad_open, DyadFile, the enums) lives in the pure-Python package; this file
+// only does what Python cannot do well by itself:
 //
 //  * turns every failing dyad_rc_t into a DyadError (a RuntimeError) that
 //    carries the numeric code (.rc), its symbolic name (.name), and the
@@ -28,10 +28,10 @@
 #include <pybind11/stl.h>
 
 #include <dyad/client/dyad_client.h>
-#include <dyad/client/dyad_client.hpp>
 #include <dyad/client/dyad_producer.h>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/core/dyad_ctx.h>
+#include <dyad/client/dyad_client.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -120,9 +120,7 @@ void Check(dyad_rc_t rc, const char* op) {
 }
 
 // Converts an optional Python string into a C string that outlives the call.
-const char* OptCStr(const std::optional<std::string>& s) {
-  return s ? s->c_str() : nullptr;
-}
+const char* OptCStr(const std::optional<std::string>& s) { return s ? s->c_str() : nullptr; }
 
 // An owned dyad_metadata_t: the "raw" metadata of get_metadata(raw=True).
 // Also constructible from fields, since upstream lets callers build records
@@ -245,12 +243,15 @@ PYBIND11_MODULE(_pydyad, m) {
 
   dyad::client::SetInterruptCheck(&PythonInterruptCheck);
 
-  m.def("rc_name", [](int rc) { return std::string(dyad_rc_name(rc)); },
-        "Symbolic name of a dyad_rc_t code.");
-  m.def("rc_message", [](int rc) { return std::string(dyad_rc_message(rc)); },
-        "One-line description of a dyad_rc_t code.");
-  m.def("last_error", [] { return std::string(dyad_last_error()); },
-        "Message of this thread's last failed DYAD call.");
+  m.def(
+      "rc_name", [](int rc) { return std::string(dyad_rc_name(rc)); },
+      "Symbolic name of a dyad_rc_t code.");
+  m.def(
+      "rc_message", [](int rc) { return std::string(dyad_rc_message(rc)); },
+      "One-line description of a dyad_rc_t code.");
+  m.def(
+      "last_error", [] { return std::string(dyad_last_error()); },
+      "Message of this thread's last failed DYAD call.");
 
   m.def(
       "init",
@@ -268,24 +269,23 @@ PYBIND11_MODULE(_pydyad, m) {
         Check(rc, "dyad_init");
       },
       py::arg("debug"), py::arg("check"), py::arg("shared_storage"), py::arg("reinit"),
-      py::arg("async_publish"), py::arg("fsync_write"), py::arg("key_depth"),
-      py::arg("key_bins"), py::arg("service_mux"), py::arg("kvs_namespace"),
-      py::arg("prod_managed_path"), py::arg("cons_managed_path"),
-      py::arg("relative_to_managed_path"), py::arg("dtl_mode"), py::arg("dtl_comm_mode"),
-      "dyad_init() with explicit settings (no Flux handle).");
+      py::arg("async_publish"), py::arg("fsync_write"), py::arg("key_depth"), py::arg("key_bins"),
+      py::arg("service_mux"), py::arg("kvs_namespace"), py::arg("prod_managed_path"),
+      py::arg("cons_managed_path"), py::arg("relative_to_managed_path"), py::arg("dtl_mode"),
+      py::arg("dtl_comm_mode"), "dyad_init() with explicit settings (no Flux handle).");
 
   m.def(
       "init_env",
       [](int comm_mode) {
-        dyad_rc_t rc = CallBlocking([&] {
-          return dyad_init_env(static_cast<dyad_dtl_comm_mode_t>(comm_mode), nullptr);
-        });
+        dyad_rc_t rc = CallBlocking(
+            [&] { return dyad_init_env(static_cast<dyad_dtl_comm_mode_t>(comm_mode), nullptr); });
         Check(rc, "dyad_init_env");
       },
       py::arg("dtl_comm_mode"), "dyad_init_env(): settings from the DYAD_* variables.");
 
-  m.def("is_initialized", [] { return dyad_ctx_get() != nullptr; },
-        "Whether this process's DYAD context is initialized.");
+  m.def(
+      "is_initialized", [] { return dyad_ctx_get() != nullptr; },
+      "Whether this process's DYAD context is initialized.");
 
   m.def(
       "managed_paths",
@@ -303,8 +303,7 @@ PYBIND11_MODULE(_pydyad, m) {
       "not set or when not initialized.");
 
   m.def(
-      "finalize",
-      [] { Check(CallBlocking([] { return dyad_finalize(); }), "dyad_finalize"); },
+      "finalize", [] { Check(CallBlocking([] { return dyad_finalize(); }), "dyad_finalize"); },
       "dyad_finalize(): release this process's context (safe twice).");
 
   m.def(
@@ -382,8 +381,7 @@ PYBIND11_MODULE(_pydyad, m) {
             .cast<std::string>();
       });
 
-  py::class_<Metadata>(m, "Metadata",
-                       "An owned dyad_metadata_t record (get_metadata(raw=True)).")
+  py::class_<Metadata>(m, "Metadata", "An owned dyad_metadata_t record (get_metadata(raw=True)).")
       .def(py::init<const std::string&, uint32_t, uint64_t, uint64_t>(), py::arg("fpath"),
            py::arg("owner_rank"), py::arg("size") = 0, py::arg("version") = 0)
       .def_property_readonly("fpath",
@@ -392,14 +390,14 @@ PYBIND11_MODULE(_pydyad, m) {
                              [](const Metadata& md) { return md.Require().owner_rank; })
       .def_property_readonly("size", [](const Metadata& md) { return md.Require().size; })
       .def_property_readonly("version", [](const Metadata& md) { return md.Require().version; })
-      .def_property_readonly("contents",
-                             [](const Metadata& md) {
-                               const dyad_metadata_t& r = md.Require();
-                               return MetadataContents{py::bytes(r.fpath), r.owner_rank, r.size,
-                                                       r.version};
-                             },
-                             "The record's fields, as upstream's ctypes pointer .contents "
-                             "(fpath as bytes).")
+      .def_property_readonly(
+          "contents",
+          [](const Metadata& md) {
+            const dyad_metadata_t& r = md.Require();
+            return MetadataContents{py::bytes(r.fpath), r.owner_rank, r.size, r.version};
+          },
+          "The record's fields, as upstream's ctypes pointer .contents "
+          "(fpath as bytes).")
       .def_property_readonly("valid", &Metadata::valid)
       .def("free", &Metadata::Free, "Free the C record now (idempotent).")
       .def("__repr__", [](const Metadata& md) -> std::string {

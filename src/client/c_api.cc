@@ -95,8 +95,7 @@ dyad_rc_t Init(ClientConfig c, dyad_dtl_comm_mode_t comm_mode) {
   Result<std::shared_ptr<Client>> client = Client::Create(std::move(c));
   if (!client.ok()) {
     if (debug)
-      std::fprintf(stderr, "dyad: initialization failed: %s\n",
-                   client.status().ToString().c_str());
+      std::fprintf(stderr, "dyad: initialization failed: %s\n", client.status().ToString().c_str());
     return Fail(client.status());
   }
   Install(std::move(*client), comm_mode);
@@ -178,8 +177,7 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
                     bool relative_to_managed_path, const char* dtl_mode_str,
                     const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle) {
   return Guard("dyad_init", [&]() -> dyad_rc_t {
-    if (flux_handle != nullptr)
-      return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
+    if (flux_handle != nullptr) return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
     Status st = dyad::capi::CheckCommMode(dtl_comm_mode);
     if (!st.ok()) return Fail(st);
     st = dyad::capi::CheckPathArg(prod_managed_path, "producer");
@@ -217,8 +215,7 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
 
 dyad_rc_t dyad_init_env(const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle) {
   return Guard("dyad_init_env", [&]() -> dyad_rc_t {
-    if (flux_handle != nullptr)
-      return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
+    if (flux_handle != nullptr) return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
     Status st = dyad::capi::CheckCommMode(dtl_comm_mode);
     if (!st.ok()) return Fail(st);
     dyad::Result<ClientConfig> c = ClientConfig::FromEnv();

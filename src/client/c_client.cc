@@ -54,7 +54,8 @@ dyad_rc_t BatchOutcome(const std::vector<Status>& results, dyad_rc_t* rcs) {
 
 Status CopyNames(const char* what, const char* const* fnames, size_t n,
                  std::vector<std::string>* out) {
-  if (n > 0 && fnames == nullptr) return Status(DYAD_RC_BADBUF, std::string(what) + ": fnames is NULL");
+  if (n > 0 && fnames == nullptr)
+    return Status(DYAD_RC_BADBUF, std::string(what) + ": fnames is NULL");
   for (size_t i = 0; i < n; ++i) {
     if (fnames[i] == nullptr)
       return Status(DYAD_RC_BADBUF,
@@ -183,8 +184,7 @@ dyad_rc_t dyad_prefetch_cancel(dyad_ctx_t* ctx, const char* pattern) {
   return Prefetch("dyad_prefetch_cancel", ctx, pattern, true);
 }
 
-dyad_rc_t dyad_consume_batch(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
-                             dyad_rc_t* rcs) {
+dyad_rc_t dyad_consume_batch(dyad_ctx_t* ctx, const char* const* fnames, size_t n, dyad_rc_t* rcs) {
   return Guard("dyad_consume_batch", [&]() -> dyad_rc_t {
     Client client;
     Status st = Client::FromContext(ctx, &client);

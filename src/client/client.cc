@@ -80,8 +80,7 @@ void MakeDirs(const std::string& abs) {
 Status FsyncPath(const std::string& path, int flags) {
   UniqueFd fd(::open(path.c_str(), flags | O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return StatusFromErrno(errno, "open '" + path + "' for fsync", DYAD_RC_BADFIO);
-  if (::fsync(fd.get()) != 0)
-    return StatusFromErrno(errno, "fsync '" + path + "'", DYAD_RC_BADFIO);
+  if (::fsync(fd.get()) != 0) return StatusFromErrno(errno, "fsync '" + path + "'", DYAD_RC_BADFIO);
   return Status::OK();
 }
 
@@ -274,8 +273,8 @@ Status Client::Finish(Status st, const char* op, const std::string& fname) const
   // The library stays silent unless asked: errors travel as return codes
   // and dyad_last_error().
   if (!st.ok() && config_.debug && st.code() != DYAD_RC_UNTRACKED)
-    std::fprintf(stderr, "dyad[%d]: %s '%s': %s\n", static_cast<int>(::getpid()), op,
-                 fname.c_str(), st.ToString().c_str());
+    std::fprintf(stderr, "dyad[%d]: %s '%s': %s\n", static_cast<int>(::getpid()), op, fname.c_str(),
+                 st.ToString().c_str());
   return st;
 }
 
@@ -311,8 +310,7 @@ Status Client::ProduceUntraced(const std::string& fname) {
     return Finish(StatusFromErrno(errno, "stat '" + path + "'", DYAD_RC_BADFIO), "produce", fname);
   }
   if (!S_ISREG(st.st_mode))
-    return Finish(Status(DYAD_RC_BADFIO, "'" + path + "' is not a regular file"), "produce",
-                  fname);
+    return Finish(Status(DYAD_RC_BADFIO, "'" + path + "' is not a regular file"), "produce", fname);
 
   return Finish(Publish(*upath, st, std::string()), "produce", fname);
 }
@@ -331,8 +329,8 @@ Status Client::Publish(const std::string& upath, const struct stat& st,
   Encoder e;
   req.EncodeTo(e);
   std::string body;
-  Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(),
-                          config_.rpc_timeout_ms, "publish '" + upath + "'");
+  Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(), config_.rpc_timeout_ms,
+                          "publish '" + upath + "'");
   if (rs.ok() && config_.check) MarkChecked();
   return rs;
 }
@@ -525,8 +523,8 @@ Result<PeersReply> Client::Peers(const PeersRequest& req) {
   Encoder e;
   req.EncodeTo(e);
   std::string body;
-  const int64_t bound = req.probe ? req.probe_timeout_ms + config_.rpc_timeout_ms
-                                  : config_.rpc_timeout_ms;
+  const int64_t bound =
+      req.probe ? req.probe_timeout_ms + config_.rpc_timeout_ms : config_.rpc_timeout_ms;
   DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kPeers, e.data(), &body, Deadline::AfterMs(bound),
                                    config_.rpc_timeout_ms, "peers"));
   PeersReply reply;
@@ -554,8 +552,8 @@ Result<std::vector<std::pair<std::string, FileRecord>>> Client::List(
   Encoder e;
   req.EncodeTo(e);
   std::string body;
-  DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kList, e.data(), &body, RpcDeadline(),
-                                   config_.rpc_timeout_ms, "list"));
+  DYAD_RETURN_IF_ERROR(
+      pool_->Call(MsgType::kList, e.data(), &body, RpcDeadline(), config_.rpc_timeout_ms, "list"));
   Decoder d(body);
   const uint32_t n = d.U32();
   std::vector<std::pair<std::string, FileRecord>> out;

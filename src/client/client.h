@@ -17,6 +17,7 @@
 // (see service_pool.h for the pool).
 #pragma once
 
+#include <sys/stat.h>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -24,7 +25,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <sys/stat.h>
 #include <utility>
 #include <vector>
 
@@ -38,16 +38,16 @@ namespace dyad {
 // defaults are the documented ones (docs/configuration.md), identical for
 // every language binding.
 struct ClientConfig {
-  bool debug = false;           // DYAD_SYNC_DEBUG: log failures to stderr
-  bool check = false;           // DYAD_SYNC_CHECK: setenv DYAD_SYNC_HEALTH=ok after success
-  bool shared_storage = false;  // DYAD_SHARED_STORAGE
-  bool reinit = false;          // DYAD_REINIT (used by dyad_init only)
-  bool async_publish = false;   // DYAD_ASYNC_PUBLISH
-  bool fsync_write = false;     // DYAD_FSYNC_WRITE
-  uint32_t key_depth = 3;       // DYAD_KEY_DEPTH
-  uint32_t key_bins = 1024;     // DYAD_KEY_BINS (0 is treated as 1)
-  uint32_t service_mux = 1;     // DYAD_SERVICE_MUX (0 is treated as 1)
-  std::string kvs_namespace;    // DYAD_KVS_NAMESPACE ("" = primary namespace)
+  bool debug = false;             // DYAD_SYNC_DEBUG: log failures to stderr
+  bool check = false;             // DYAD_SYNC_CHECK: setenv DYAD_SYNC_HEALTH=ok after success
+  bool shared_storage = false;    // DYAD_SHARED_STORAGE
+  bool reinit = false;            // DYAD_REINIT (used by dyad_init only)
+  bool async_publish = false;     // DYAD_ASYNC_PUBLISH
+  bool fsync_write = false;       // DYAD_FSYNC_WRITE
+  uint32_t key_depth = 3;         // DYAD_KEY_DEPTH
+  uint32_t key_bins = 1024;       // DYAD_KEY_BINS (0 is treated as 1)
+  uint32_t service_mux = 1;       // DYAD_SERVICE_MUX (0 is treated as 1)
+  std::string kvs_namespace;      // DYAD_KVS_NAMESPACE ("" = primary namespace)
   std::string prod_managed_path;  // DYAD_PATH_PRODUCER ("" = none)
   std::string cons_managed_path;  // DYAD_PATH_CONSUMER ("" = none)
   bool relative_to_managed_path = false;  // DYAD_PATH_RELATIVE
@@ -56,7 +56,7 @@ struct ClientConfig {
   // to dyad_init). A mode other than the default is a choice anyway. Only a
   // choice overrides the local service's own mode (its -m).
   bool dtl_mode_chosen = false;
-  std::string service_socket;   // DYAD_SERVICE_SOCKET ("" = DefaultServiceSocket())
+  std::string service_socket;       // DYAD_SERVICE_SOCKET ("" = DefaultServiceSocket())
   int64_t consume_timeout_ms = -1;  // DYAD_CONSUME_TIMEOUT (< 0: no limit)
   int64_t rpc_timeout_ms = 60000;   // DYAD_RPC_TIMEOUT (< 0: no limit)
   // DYAD_PREFETCH: ':'-separated prefixes or globs under the consumer
@@ -209,10 +209,8 @@ class Client {
   Status ConsumeWithRecordUntraced(const std::string& fname, const FileRecord& record,
                                    ConsumeInfo* info);
   Result<FileRecord> GetMetadataUntraced(const std::string& fname, bool wait);
-  Status ConsumeRequestFor(const std::string& upath, const FileRecord* record,
-                           ConsumeInfo* info);
-  Status Publish(const std::string& upath, const struct stat& st,
-                 const std::string& adopted_copy);
+  Status ConsumeRequestFor(const std::string& upath, const FileRecord* record, ConsumeInfo* info);
+  Status Publish(const std::string& upath, const struct stat& st, const std::string& adopted_copy);
   Status CopyToProducer(const std::string& upath, int src_fd, struct stat* published);
   ConsumeRequest BuildConsumeRequest(const std::string& upath, const std::string& cons) const;
   std::string EnsureConsumerDir();

@@ -124,7 +124,8 @@ void ToInfo(const ::dyad::ConsumeInfo& in, ConsumeInfo* out) {
   out->owner_address = in.reply.owner_address;
 }
 
-static_assert(static_cast<int>(PeerState::kRefused) == static_cast<int>(::dyad::PeerState::kRefused),
+static_assert(static_cast<int>(PeerState::kRefused) ==
+                  static_cast<int>(::dyad::PeerState::kRefused),
               "the public PeerState mirrors the protocol's");
 
 Transfer ToTransfer(const TransferInfo& t) {
@@ -133,7 +134,8 @@ Transfer ToTransfer(const TransferInfo& t) {
   x.path = t.upath;
   x.peer_rank = t.peer_rank;
   x.transport = t.transport;
-  x.bytes_done = t.bytes_done == TransferInfo::kUnknownBytes ? Transfer::kUnknownBytes : t.bytes_done;
+  x.bytes_done =
+      t.bytes_done == TransferInfo::kUnknownBytes ? Transfer::kUnknownBytes : t.bytes_done;
   x.bytes_total = t.bytes_total;
   x.elapsed_ns = t.elapsed_ns;
   return x;
@@ -313,9 +315,8 @@ Status Client::List(const std::string& prefix, uint32_t limit, std::vector<ListE
 Status Client::ListNamespace(const std::string& kvs_namespace, const std::string& prefix,
                              uint32_t limit, std::vector<ListEntry>* out) {
   if (!impl_) return NoClient();
-  return Guarded("list", [&] {
-    return ToEntries(impl_->core->List(prefix, limit, kvs_namespace), out);
-  });
+  return Guarded("list",
+                 [&] { return ToEntries(impl_->core->List(prefix, limit, kvs_namespace), out); });
 }
 
 Status Client::GetServiceStatus(ServiceStatus* out) {
@@ -368,9 +369,7 @@ std::string Client::KeyOf(const std::string& relative_path) const {
   return impl_ ? impl_->core->KeyOf(relative_path) : std::string();
 }
 
-void SetInterruptCheck(std::function<bool()> check) {
-  ::dyad::SetInterruptCheck(std::move(check));
-}
+void SetInterruptCheck(std::function<bool()> check) { ::dyad::SetInterruptCheck(std::move(check)); }
 
 dyad_rc_t SetLastError(const Status& status) {
   if (status.ok()) return DYAD_RC_OK;

@@ -12,7 +12,8 @@ namespace dyad {
 
 Result<std::string> Client::PrefetchPattern(const std::string& pattern) const {
   if (!has_consumer_path())
-    return Status(DYAD_RC_BADMANAGEDPATH, "prefetch needs a consumer directory (DYAD_PATH_CONSUMER)");
+    return Status(DYAD_RC_BADMANAGEDPATH,
+                  "prefetch needs a consumer directory (DYAD_PATH_CONSUMER)");
   std::string rel = pattern;
   if (!pattern.empty() && pattern[0] == '/') {
     // Absolute: must lie under the consumer directory, spelled either way.
@@ -36,9 +37,10 @@ Result<std::string> Client::PrefetchPattern(const std::string& pattern) const {
                                            cons_.given() + "'");
   }
   while (rel.compare(0, 2, "./") == 0) rel.erase(0, 2);
-  if (rel == "." ) rel.clear();
+  if (rel == ".") rel.clear();
   if (rel == ".." || rel.compare(0, 3, "../") == 0 || rel.find("/../") != std::string::npos)
-    return Status(DYAD_RC_PERM, "prefetch pattern '" + pattern + "' escapes the consumer directory");
+    return Status(DYAD_RC_PERM,
+                  "prefetch pattern '" + pattern + "' escapes the consumer directory");
   return rel;
 }
 
@@ -98,7 +100,8 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
       continue;  // level 1: complete already
     if (cons.empty()) cons = EnsureConsumerDir();
     req.items.push_back(BuildConsumeRequest(*upath, cons));
-    if (timeout_ms != kConfiguredTimeout) req.items.back().timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
+    if (timeout_ms != kConfiguredTimeout)
+      req.items.back().timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
     sent.push_back(i);
   }
   if (req.items.empty()) return Status::OK();
@@ -109,8 +112,7 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
       timeout_ms == kConfiguredTimeout || timeout_ms < 0 || config_.rpc_timeout_ms < 0
           ? WaitDeadline()
           : Deadline::AfterMs(SaturatingAddMs(timeout_ms, config_.rpc_timeout_ms));
-  Status st = pool_->Call(MsgType::kConsumeBatch, e.data(), &body, deadline,
-                          config_.rpc_timeout_ms,
+  Status st = pool_->Call(MsgType::kConsumeBatch, e.data(), &body, deadline, config_.rpc_timeout_ms,
                           "consume " + std::to_string(req.items.size()) + " files");
   if (!st.ok()) {
     for (size_t i : sent) (*results)[i] = st;

@@ -58,12 +58,13 @@ Status CopyAll(int src, int dst) {
 Status Client::CopyToProducer(const std::string& upath, int src_fd, struct stat* published) {
   struct stat sst;
   if (::fstat(src_fd, &sst) != 0 || !S_ISREG(sst.st_mode))
-    return Status(DYAD_RC_BADFIO, "'" + upath + "' in the consumer directory is not a regular file");
+    return Status(DYAD_RC_BADFIO,
+                  "'" + upath + "' in the consumer directory is not a regular file");
   DYAD_RETURN_IF_ERROR(MakeParentDirs(prod_.given(), upath));
   const std::string dst = prod_.given() + "/" + upath;
-  UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, sst.st_mode & 0777));
-  if (!out.valid())
-    return StatusFromErrno(errno, "open '" + dst + "' for writing", DYAD_RC_BADFIO);
+  UniqueFd out(
+      ::open(dst.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, sst.st_mode & 0777));
+  if (!out.valid()) return StatusFromErrno(errno, "open '" + dst + "' for writing", DYAD_RC_BADFIO);
   // Truncated only under the lock: the service may be sending the previous
   // bytes of this path (under its shared lock) right now.
   DYAD_RETURN_IF_ERROR(LockProducerFile(out.get(), LOCK_EX, config_.rpc_timeout_ms));

@@ -67,9 +67,7 @@ void SetInterruptCheck(InterruptCheck check) {
 }
 
 ServicePool::ServicePool(std::string socket)
-    : socket_path_(SocketPathFrom(socket)),
-      address_(ParseAddress(socket_path_)),
-      pid_(::getpid()) {
+    : socket_path_(SocketPathFrom(socket)), address_(ParseAddress(socket_path_)), pid_(::getpid()) {
   RegisterAtFork();
   std::lock_guard<std::mutex> lk(RegistryMutex());
   Registry().insert(this);
@@ -187,13 +185,14 @@ Status ServicePool::WaitReadable(Channel& ch, Deadline deadline) {
     }
     if (n == 0 && deadline.expired()) {
       ch.MarkBroken();
-      return Status(DYAD_RC_TIMEOUT, "no reply from dyad-service at '" + socket_path_ + "' in time");
+      return Status(DYAD_RC_TIMEOUT,
+                    "no reply from dyad-service at '" + socket_path_ + "' in time");
     }
   }
 }
 
-Status ServicePool::CallOn(Channel& ch, MsgType type, const std::string& request,
-                           std::string* body, Deadline deadline) {
+Status ServicePool::CallOn(Channel& ch, MsgType type, const std::string& request, std::string* body,
+                           Deadline deadline) {
   DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(type), request, deadline));
   DYAD_RETURN_IF_ERROR(WaitReadable(ch, deadline));
   uint16_t rtype = 0;

@@ -65,9 +65,8 @@ const std::vector<const BackendRow*>& BackendRows() {
 #include "dyad_backend_rows.inc"
 #undef DYAD_BACKEND_ROW
     };
-    std::stable_partition(all.begin(), all.end(), [](const BackendRow* r) {
-      return r->kind == BackendKind::kTransport;
-    });
+    std::stable_partition(all.begin(), all.end(),
+                          [](const BackendRow* r) { return r->kind == BackendKind::kTransport; });
     return all;
   }();
   return rows;
@@ -104,9 +103,9 @@ Result<const BackendRow*> TransportRowForMode(const std::string& mode, bool requ
     for (const char* a : row->aliases) alias = alias || want == a;
     if (!match && !alias) continue;
     if (require_built && !row->built) {
-      const std::string what = alias ? "DTL mode " + want + " maps to the " +
-                                           row->selectors.front() + " transport, and "
-                                     : "DTL mode " + want + ": ";
+      const std::string what =
+          alias ? "DTL mode " + want + " maps to the " + row->selectors.front() + " transport, and "
+                : "DTL mode " + want + ": ";
       return Status(DYAD_RC_BADDTLMODE,
                     what + NotBuiltReason(*row) + "; available here: " + BuiltModes());
     }
@@ -173,8 +172,9 @@ std::string CapsText(const BackendRow& row) {
 
 std::string BackendTableMarkdown(BackendKind kind) {
   const bool transport = kind == BackendKind::kTransport;
-  std::string out = transport ? "| transport | DTL modes | capabilities | build switch | what it does |\n"
-                              : "| store | URL forms | capabilities | build switch | what it does |\n";
+  std::string out = transport
+                        ? "| transport | DTL modes | capabilities | build switch | what it does |\n"
+                        : "| store | URL forms | capabilities | build switch | what it does |\n";
   out += "| --- | --- | --- | --- | --- |\n";
   for (const BackendRow* row : RowsOf(kind)) {
     std::vector<std::string> sel(row->selectors.begin(), row->selectors.end());

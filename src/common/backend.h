@@ -36,12 +36,12 @@ struct TransportCaps {
 };
 
 struct KvsCaps {
-  bool persistent = false;       // survives restarts of the store
-  bool shared = false;           // visible to every node (false: this process only)
-  bool native_wait = false;      // waits are pushed by the store, not sliced requests
+  bool persistent = false;         // survives restarts of the store
+  bool shared = false;             // visible to every node (false: this process only)
+  bool native_wait = false;        // waits are pushed by the store, not sliced requests
   bool hosted_by_service = false;  // the root dyad-service itself hosts it
-  bool async_wait = false;       // Kvs::StartWait: waits that hold no thread
-  bool watch = false;            // Kvs::Watch: pushed feed of a namespace's puts
+  bool async_wait = false;         // Kvs::StartWait: waits that hold no thread
+  bool watch = false;              // Kvs::Watch: pushed feed of a namespace's puts
 };
 
 // Capability sets for rows, by naming the flags that are on:

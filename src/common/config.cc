@@ -49,7 +49,8 @@ std::vector<ConfigEntry> CoreEntries() {
        "of the working directory."},
       {"DYAD_SYNC_DEBUG", ConfigKind::kBool, "false", "both", "Debug logging."},
       {"DYAD_SYNC_CHECK", ConfigKind::kBool, "false", "client",
-       "Set DYAD_SYNC_HEALTH=ok in the environment after each successful produce/consume (testing aid)."},
+       "Set DYAD_SYNC_HEALTH=ok in the environment after each successful produce/consume (testing "
+       "aid)."},
       {"DYAD_REINIT", ConfigKind::kBool, "false", "client",
        "Re-initialize an already initialized context."},
       {"DYAD_SERVICE_SOCKET", ConfigKind::kString, "/tmp/dyad-<uid>/service.sock", "both",
@@ -161,10 +162,14 @@ const std::vector<ConfigEntry>& ConfigTable() {
 
 const char* ConfigKindName(ConfigKind kind) {
   switch (kind) {
-    case ConfigKind::kBool: return "bool";
-    case ConfigKind::kUint: return "integer";
-    case ConfigKind::kString: return "string";
-    case ConfigKind::kSeconds: return "seconds";
+    case ConfigKind::kBool:
+      return "bool";
+    case ConfigKind::kUint:
+      return "integer";
+    case ConfigKind::kString:
+      return "string";
+    case ConfigKind::kSeconds:
+      return "seconds";
   }
   return "?";
 }

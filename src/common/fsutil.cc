@@ -101,7 +101,8 @@ Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, 
   const long fd = ::syscall(SYS_openat2, dir.get(), rel->c_str(), &how, sizeof how);
   if (fd >= 0) return UniqueFd(static_cast<int>(fd));
   if (errno == EXDEV)
-    return Status(DYAD_RC_PERM, "path '" + upath + "' escapes the managed directory '" + root + "'");
+    return Status(DYAD_RC_PERM,
+                  "path '" + upath + "' escapes the managed directory '" + root + "'");
   if (errno != ENOSYS) return StatusFromErrno(errno, "open '" + root + "/" + *rel + "'");
 
   // Kernels before 5.6: resolve and check the prefix instead.
@@ -114,7 +115,8 @@ Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, 
   if (n <= 0) return StatusFromErrno(errno, "readlink " + proc);
   real[n] = '\0';
   if (!RelativeTo(CanonicalPath(root), real))
-    return Status(DYAD_RC_PERM, "path '" + upath + "' escapes the managed directory '" + root + "'");
+    return Status(DYAD_RC_PERM,
+                  "path '" + upath + "' escapes the managed directory '" + root + "'");
   return f;
 }
 
@@ -131,13 +133,16 @@ Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& u
       return StatusFromErrno(errno, "mkdir '" + root + "/" + rel->substr(0, slash) + "'");
     // O_NOFOLLOW: a symlink among the directories (planted, or swapped in
     // after a check) must not lead a placement out of the managed directory.
-    UniqueFd next(::openat(dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd next(
+        ::openat(dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!next.valid()) {
       const int err = errno;
       const std::string where = root + "/" + rel->substr(0, slash);
       if (err == ELOOP || err == ENOTDIR)
-        return Status(DYAD_RC_PERM, "'" + where + "' is a symlink or not a directory; DYAD only "
-                                        "places files in real directories beneath '" + root + "'");
+        return Status(DYAD_RC_PERM, "'" + where +
+                                        "' is a symlink or not a directory; DYAD only "
+                                        "places files in real directories beneath '" +
+                                        root + "'");
       return StatusFromErrno(err, "open directory '" + where + "'");
     }
     dir = std::move(next);
@@ -153,7 +158,8 @@ Status MakeParentDirs(const std::string& root, const std::string& upath) {
 AtomicFile::~AtomicFile() { Abort(); }
 
 void AtomicFile::Abort() {
-  if (!committed_ && !temp_name_.empty() && dir_.valid()) ::unlinkat(dir_.get(), temp_name_.c_str(), 0);
+  if (!committed_ && !temp_name_.empty() && dir_.valid())
+    ::unlinkat(dir_.get(), temp_name_.c_str(), 0);
   temp_name_.clear();
   fd_.reset();
 }

@@ -23,10 +23,14 @@ bool DecodeHello(Decoder& d, Hello* h) {
 
 std::string CredentialSetName(uint8_t bits) {
   switch (bits & (kCredSecret | kCredMunge)) {
-    case kCredSecret: return "cluster secret";
-    case kCredMunge: return "MUNGE";
-    case kCredSecret | kCredMunge: return "cluster secret + MUNGE";
-    default: return "none";
+    case kCredSecret:
+      return "cluster secret";
+    case kCredMunge:
+      return "MUNGE";
+    case kCredSecret | kCredMunge:
+      return "cluster secret + MUNGE";
+    default:
+      return "none";
   }
 }
 

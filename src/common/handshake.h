@@ -25,8 +25,8 @@ namespace dyad {
 
 inline constexpr char kHandshakeLabel[] = "dyad-handshake-2";
 constexpr size_t kHandshakeNonceSize = 32;
-constexpr size_t kHandshakeKeySize = 32;   // X25519 public key
-constexpr size_t kHandshakeMacSize = 32;   // HMAC-SHA256
+constexpr size_t kHandshakeKeySize = 32;  // X25519 public key
+constexpr size_t kHandshakeMacSize = 32;  // HMAC-SHA256
 constexpr size_t kMaxMungeCredential = 2048;
 
 // Credentials a service requires of its peers and presents itself.
@@ -39,7 +39,7 @@ std::string CredentialSetName(uint8_t bits);
 
 // What each side says about itself.
 struct Hello {
-  std::string nonce;       // kHandshakeNonceSize random bytes
+  std::string nonce;  // kHandshakeNonceSize random bytes
   uint32_t rank = 0;
   uint64_t incarnation = 0;
   uint8_t credentials = 0;  // CredentialBits

@@ -19,16 +19,21 @@ std::mutex g_mu;
 std::string g_prefix = "dyad";
 int g_info_fd = 2;
 int g_error_fd = 2;
-std::string g_info_path;   // "" = stderr
+std::string g_info_path;  // "" = stderr
 std::string g_error_path;
 
 const char* LevelName(LogLevel l) {
   switch (l) {
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarn: return "WARN";
-    case LogLevel::kError: return "ERROR";
-    default: return "";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kError:
+      return "ERROR";
+    default:
+      return "";
   }
 }
 
@@ -59,9 +64,15 @@ std::string EscapeControlChars(std::string_view text) {
       continue;
     }
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         out += "\\x";
         out += kHex[u >> 4];

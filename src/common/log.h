@@ -36,10 +36,10 @@ void LogMessage(LogLevel level, const char* fmt, ...) __attribute__((format(prin
 
 }  // namespace dyad
 
-#define DYAD_LOG_DEBUG(...)                                                       \
-  do {                                                                            \
-    if (::dyad::LogGetLevel() <= ::dyad::LogLevel::kDebug)                        \
-      ::dyad::LogMessage(::dyad::LogLevel::kDebug, __VA_ARGS__);                  \
+#define DYAD_LOG_DEBUG(...)                                      \
+  do {                                                           \
+    if (::dyad::LogGetLevel() <= ::dyad::LogLevel::kDebug)       \
+      ::dyad::LogMessage(::dyad::LogLevel::kDebug, __VA_ARGS__); \
   } while (0)
 #define DYAD_LOG_INFO(...) ::dyad::LogMessage(::dyad::LogLevel::kInfo, __VA_ARGS__)
 #define DYAD_LOG_WARN(...) ::dyad::LogMessage(::dyad::LogLevel::kWarn, __VA_ARGS__)

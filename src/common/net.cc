@@ -8,13 +8,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,7 +73,8 @@ Status ResolveInet(const SocketAddress& addr, sockaddr_in* out) {
   addrinfo* res = nullptr;
   const int rc = getaddrinfo(addr.host.c_str(), nullptr, &hints, &res);
   if (rc != 0 || res == nullptr)
-    return Status(DYAD_RC_BADREQUEST, "cannot resolve host '" + addr.host + "': " + gai_strerror(rc));
+    return Status(DYAD_RC_BADREQUEST,
+                  "cannot resolve host '" + addr.host + "': " + gai_strerror(rc));
   out->sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
   freeaddrinfo(res);
   return Status::OK();
@@ -102,7 +103,8 @@ Result<UniqueFd> Listen(const SocketAddress& addr, int backlog) {
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
       return StatusFromErrno(errno, "bind " + addr.ToString());
     ::chmod(addr.host.c_str(), 0600);
-    if (::listen(fd.get(), backlog) != 0) return StatusFromErrno(errno, "listen " + addr.ToString());
+    if (::listen(fd.get(), backlog) != 0)
+      return StatusFromErrno(errno, "listen " + addr.ToString());
     return fd;
   }
   sockaddr_in sa;
@@ -433,7 +435,8 @@ Status Channel::SendSealed(const char* hdr, const char* payload, char* out, size
 
 Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline deadline) {
   if (payload.size() > kMaxFramePayload)
-    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(payload.size()) + " bytes)");
+    return Status(DYAD_RC_BADPACK,
+                  "message too large (" + std::to_string(payload.size()) + " bytes)");
   char hdr[kFrameHeaderSize];
   if (send_cipher_) {
     EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size() + kSealTagSize));
@@ -455,8 +458,8 @@ Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadl
   return SendSealed(hdr, payload, payload, len, deadline);
 }
 
-Status Channel::SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset,
-                                   const char* data, size_t len, int64_t idle_ms) {
+Status Channel::SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset, const char* data,
+                                    size_t len, int64_t idle_ms) {
   if (!send_cipher_ || protection_ != LinkProtection::kIntegrity)
     return Status(DYAD_RC_BADREQUEST, "SendSealedFileRange needs an integrity-protected session");
   if (len > kMaxFramePayload)
@@ -493,7 +496,7 @@ Status Channel::RecvPayload(std::string* payload, size_t len, Deadline deadline)
 }
 
 Status Channel::RecvHeader(char hdr[kFrameHeaderSize], uint16_t* type, size_t* len,
-                          Deadline deadline) {
+                           Deadline deadline) {
   // Right after sending, the answer usually comes within microseconds:
   // spinning briefly then saves the wake-up of a sleeping thread, which
   // dominates a round trip on virtualized and power-saving hosts.
@@ -543,8 +546,8 @@ Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadlin
   if (recv_cipher_) {
     unsigned char tag[kSealTagSize];
     std::memcpy(tag, payload->data() + len, kSealTagSize);
-    Status st = recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), len,
-                                   tag);
+    Status st =
+        recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), len, tag);
     if (!st.ok()) {
       broken_ = true;
       return st;
@@ -632,7 +635,8 @@ Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_
     broken_ = true;
     if (sent) *sent = done;
     if (errno == EAGAIN)
-      return Status(DYAD_RC_TIMEOUT, "peer made no progress for " + std::to_string(idle_ms) + " ms");
+      return Status(DYAD_RC_TIMEOUT,
+                    "peer made no progress for " + std::to_string(idle_ms) + " ms");
     const dyad_rc_t code =
         (errno == EPIPE || errno == ECONNRESET) ? DYAD_RC_CONNLOST : DYAD_RC_BADFIO;
     return StatusFromErrno(errno, "sendfile", code);

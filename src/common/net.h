@@ -211,8 +211,7 @@ class Channel {
   Status RecvHeader(char hdr[12], uint16_t* type, size_t* len, Deadline deadline);
   // Reads `len` payload bytes into `payload`, growing it as they arrive.
   Status RecvPayload(std::string* payload, size_t len, Deadline deadline);
-  Status SendSealed(const char* hdr, const char* payload, char* out, size_t len,
-                    Deadline deadline);
+  Status SendSealed(const char* hdr, const char* payload, char* out, size_t len, Deadline deadline);
 
   UniqueFd fd_;
   Trust trust_ = Trust::kUnauthenticated;
@@ -220,9 +219,9 @@ class Channel {
   std::unique_ptr<RecordCipher> send_cipher_;
   std::unique_ptr<RecordCipher> recv_cipher_;
   bool broken_ = false;
-  bool expecting_ = false;  // a frame was just sent; the answer is imminent
+  bool expecting_ = false;          // a frame was just sent; the answer is imminent
   std::string* capture_ = nullptr;  // see CaptureSends()
-  std::string unread_;      // see Unread(); consumed from unread_pos_
+  std::string unread_;              // see Unread(); consumed from unread_pos_
   size_t unread_pos_ = 0;
 };
 

@@ -14,13 +14,13 @@ Status CheckListenPolicy(const SocketAddress& listen, bool has_credential, bool 
   if (has_credential) return Status::OK();
   Result<bool> loopback = IsLoopbackAddress(listen);
   if (!loopback.ok()) return loopback.status().Annotate("--listen");
-  const std::string risk =
-      "without a credential any process that can reach " + listen.ToString() +
-      " can fetch every published file and read and write the metadata store";
+  const std::string risk = "without a credential any process that can reach " + listen.ToString() +
+                           " can fetch every published file and read and write the metadata store";
   if (*loopback) {
-    DYAD_LOG_WARN("no credential configured (--secret-file / DYAD_SECRET_FILE, or --munge): %s "
-                  "(here: every local user)",
-                  risk.c_str());
+    DYAD_LOG_WARN(
+        "no credential configured (--secret-file / DYAD_SECRET_FILE, or --munge): %s "
+        "(here: every local user)",
+        risk.c_str());
     return Status::OK();
   }
   if (!insecure)
@@ -47,8 +47,8 @@ Status PrepareSocketDirectory(const std::string& dir) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) {
     if (errno == ELOOP || errno == ENOTDIR)
-      return Status(DYAD_RC_PERM, "socket directory '" + dir +
-                                      "' is a symlink or not a directory; remove it");
+      return Status(DYAD_RC_PERM,
+                    "socket directory '" + dir + "' is a symlink or not a directory; remove it");
     return StatusFromErrno(errno, "open socket directory '" + dir + "'");
   }
   struct stat st;

@@ -29,8 +29,8 @@ bool Update(EVP_CIPHER_CTX* ctx, bool sealing, const char* in, char* out, size_t
     int outl = 0;
     auto* o = out ? reinterpret_cast<unsigned char*>(out + done) : nullptr;
     const auto* i = reinterpret_cast<const unsigned char*>(in + done);
-    const int ok = sealing ? EVP_EncryptUpdate(ctx, o, &outl, i, n)
-                           : EVP_DecryptUpdate(ctx, o, &outl, i, n);
+    const int ok =
+        sealing ? EVP_EncryptUpdate(ctx, o, &outl, i, n) : EVP_DecryptUpdate(ctx, o, &outl, i, n);
     if (ok != 1) return false;
     done += static_cast<size_t>(n);
   }
@@ -41,9 +41,12 @@ bool Update(EVP_CIPHER_CTX* ctx, bool sealing, const char* in, char* out, size_t
 
 const char* LinkProtectionName(LinkProtection p) {
   switch (p) {
-    case LinkProtection::kNone: return "none";
-    case LinkProtection::kIntegrity: return "integrity";
-    case LinkProtection::kEncrypt: return "encrypt";
+    case LinkProtection::kNone:
+      return "none";
+    case LinkProtection::kIntegrity:
+      return "integrity";
+    case LinkProtection::kEncrypt:
+      return "encrypt";
   }
   return "?";
 }

@@ -51,8 +51,8 @@ class RecordCipher {
  public:
   // `key` holds kSealKeySize bytes; `mode` is kIntegrity or kEncrypt. A
   // cipher either seals (the sending direction) or opens (the receiving one).
-  static Result<std::unique_ptr<RecordCipher>> Create(const unsigned char* key,
-                                                      LinkProtection mode, bool sealing);
+  static Result<std::unique_ptr<RecordCipher>> Create(const unsigned char* key, LinkProtection mode,
+                                                      bool sealing);
   ~RecordCipher();
   RecordCipher(const RecordCipher&) = delete;
   RecordCipher& operator=(const RecordCipher&) = delete;

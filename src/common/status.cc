@@ -107,39 +107,71 @@ const char* dyad_rc_name(int rc) {
 
 const char* dyad_rc_message(int rc) {
   switch (rc) {
-    case DYAD_RC_OK: return "success";
-    case DYAD_RC_SYSFAIL: return "a system call failed";
-    case DYAD_RC_NOCTX: return "DYAD is not initialized";
-    case DYAD_RC_BADMETADATA: return "invalid metadata";
-    case DYAD_RC_BADFIO: return "file I/O failed";
-    case DYAD_RC_BADMANAGEDPATH: return "bad managed path";
-    case DYAD_RC_BADDTLMODE: return "unknown or unavailable transport (DTL) mode";
-    case DYAD_RC_UNTRACKED: return "path is not under a DYAD-managed directory";
-    case DYAD_RC_BAD_B64DECODE: return "base64 decoding failed";
-    case DYAD_RC_BAD_COMM_MODE: return "invalid communication mode";
-    case DYAD_RC_BAD_CLI_ARG_DEF: return "bad command-line option definition";
-    case DYAD_RC_BAD_CLI_PARSE: return "bad command line";
-    case DYAD_RC_BADBUF: return "invalid buffer or pointer";
-    case DYAD_RC_FLUXFAIL: return "service layer failure";
-    case DYAD_RC_BADCOMMIT: return "publishing metadata failed";
-    case DYAD_RC_NOTFOUND: return "not found";
-    case DYAD_RC_BADFETCH: return "fetching the file from its owner failed";
-    case DYAD_RC_BADRPC: return "RPC failed";
-    case DYAD_RC_BADPACK: return "message encoding failed";
-    case DYAD_RC_BADUNPACK: return "malformed message";
-    case DYAD_RC_RPC_FINISHED: return "data stream ended early";
-    case DYAD_RC_TIMEOUT: return "timed out";
-    case DYAD_RC_NOSERVICE: return "dyad-service is not reachable";
-    case DYAD_RC_CONNLOST: return "connection lost";
-    case DYAD_RC_PERM: return "permission denied";
-    case DYAD_RC_AUTH: return "authentication failed";
-    case DYAD_RC_NOTSUP: return "not supported";
-    case DYAD_RC_BADREQUEST: return "bad request";
-    case DYAD_RC_CANCELLED: return "cancelled";
-    case DYAD_RC_STALE: return "file changed since it was published";
+    case DYAD_RC_OK:
+      return "success";
+    case DYAD_RC_SYSFAIL:
+      return "a system call failed";
+    case DYAD_RC_NOCTX:
+      return "DYAD is not initialized";
+    case DYAD_RC_BADMETADATA:
+      return "invalid metadata";
+    case DYAD_RC_BADFIO:
+      return "file I/O failed";
+    case DYAD_RC_BADMANAGEDPATH:
+      return "bad managed path";
+    case DYAD_RC_BADDTLMODE:
+      return "unknown or unavailable transport (DTL) mode";
+    case DYAD_RC_UNTRACKED:
+      return "path is not under a DYAD-managed directory";
+    case DYAD_RC_BAD_B64DECODE:
+      return "base64 decoding failed";
+    case DYAD_RC_BAD_COMM_MODE:
+      return "invalid communication mode";
+    case DYAD_RC_BAD_CLI_ARG_DEF:
+      return "bad command-line option definition";
+    case DYAD_RC_BAD_CLI_PARSE:
+      return "bad command line";
+    case DYAD_RC_BADBUF:
+      return "invalid buffer or pointer";
+    case DYAD_RC_FLUXFAIL:
+      return "service layer failure";
+    case DYAD_RC_BADCOMMIT:
+      return "publishing metadata failed";
+    case DYAD_RC_NOTFOUND:
+      return "not found";
+    case DYAD_RC_BADFETCH:
+      return "fetching the file from its owner failed";
+    case DYAD_RC_BADRPC:
+      return "RPC failed";
+    case DYAD_RC_BADPACK:
+      return "message encoding failed";
+    case DYAD_RC_BADUNPACK:
+      return "malformed message";
+    case DYAD_RC_RPC_FINISHED:
+      return "data stream ended early";
+    case DYAD_RC_TIMEOUT:
+      return "timed out";
+    case DYAD_RC_NOSERVICE:
+      return "dyad-service is not reachable";
+    case DYAD_RC_CONNLOST:
+      return "connection lost";
+    case DYAD_RC_PERM:
+      return "permission denied";
+    case DYAD_RC_AUTH:
+      return "authentication failed";
+    case DYAD_RC_NOTSUP:
+      return "not supported";
+    case DYAD_RC_BADREQUEST:
+      return "bad request";
+    case DYAD_RC_CANCELLED:
+      return "cancelled";
+    case DYAD_RC_STALE:
+      return "file changed since it was published";
     // The Margo codes name the role the OFI (libfabric) transport plays.
-    case DYAD_RC_MARGOINIT_FAIL: return "OFI (libfabric) transport setup failed";
-    case DYAD_RC_MARGO_BAD_PROTO: return "libfabric provider unavailable or mismatched";
+    case DYAD_RC_MARGOINIT_FAIL:
+      return "OFI (libfabric) transport setup failed";
+    case DYAD_RC_MARGO_BAD_PROTO:
+      return "libfabric provider unavailable or mismatched";
     default:
       if (rc <= -3001 && rc >= -3199) return "UCX/Margo transport failure";
       return "unknown error";

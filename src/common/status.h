@@ -57,14 +57,13 @@ class [[nodiscard]] Status {
 dyad_rc_t RcFromWire(int32_t code);
 
 // Builds a Status from an errno value: `what` names the failed operation.
-Status StatusFromErrno(int err, const std::string& what,
-                       dyad_rc_t code = DYAD_RC_SYSFAIL);
+Status StatusFromErrno(int err, const std::string& what, dyad_rc_t code = DYAD_RC_SYSFAIL);
 
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}                  // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {}          // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {}  // NOLINT: implicit by design
   Result(dyad_rc_t code, std::string msg) : status_(code, std::move(msg)) {}
 
   bool ok() const { return status_.ok(); }
@@ -82,10 +81,10 @@ class [[nodiscard]] Result {
   std::optional<T> value_;
 };
 
-#define DYAD_RETURN_IF_ERROR(expr)      \
-  do {                                  \
-    ::dyad::Status _st = (expr);        \
-    if (!_st.ok()) return _st;          \
+#define DYAD_RETURN_IF_ERROR(expr) \
+  do {                             \
+    ::dyad::Status _st = (expr);   \
+    if (!_st.ok()) return _st;     \
   } while (0)
 
 }  // namespace dyad

@@ -40,9 +40,9 @@ class Deadline {
     const SteadyClock::time_point now = SteadyClock::now();
     // Headroom left before the clock's maximum, in whole milliseconds
     // (computed on the clock's own representation, which cannot overflow).
-    const int64_t headroom = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 SteadyClock::time_point::max() - now)
-                                 .count();
+    const int64_t headroom =
+        std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::time_point::max() - now)
+            .count();
     if (ms >= headroom) return Never();
     return Deadline(now + std::chrono::milliseconds(ms));
   }

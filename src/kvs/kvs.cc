@@ -23,8 +23,8 @@ Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& k
 Result<KvsWatchTicket> Kvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
   (void)ns;
   (void)on_change;
-  return Status(DYAD_RC_NOTSUP, "metadata store '" + name() +
-                                    "' cannot watch a namespace (KvsCaps::watch)");
+  return Status(DYAD_RC_NOTSUP,
+                "metadata store '" + name() + "' cannot watch a namespace (KvsCaps::watch)");
 }
 
 }  // namespace dyad

@@ -68,8 +68,8 @@ class Kvs {
 
   virtual Status Put(const std::string& ns, const std::string& key, const std::string& value) = 0;
   virtual Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) = 0;
-  virtual Result<std::string> Wait(const std::string& ns, const std::string& key,
-                                   Deadline deadline, const CancelFn& cancel = nullptr) = 0;
+  virtual Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
+                                   const CancelFn& cancel = nullptr) = 0;
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;
   virtual Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                              uint32_t limit = 0) = 0;
@@ -105,17 +105,17 @@ class Kvs {
 };
 
 struct KvsOptions {
-  std::string secret;                 // cluster secret for authenticated backends
+  std::string secret;  // cluster secret for authenticated backends
   // How to authenticate to a remote store (credentials and link protection);
   // when null, `secret` alone with the default protection.
   std::shared_ptr<const Authenticator> auth;
-  uint32_t self_rank = 0;             // identity presented to a remote store
+  uint32_t self_rank = 0;  // identity presented to a remote store
   uint64_t self_incarnation = 0;
-  int64_t rpc_timeout_ms = 60000;     // bound on one non-wait request
+  int64_t rpc_timeout_ms = 60000;  // bound on one non-wait request
   // Set by a dyad-service opening its store: a store the service hosts
   // (KvsCaps::hosted_by_service) registers its request handlers here.
   RequestRouter* router = nullptr;
-  bool host_root = false;             // --root: host the store on a rank other than 0
+  bool host_root = false;  // --root: host the store on a rank other than 0
 };
 
 // Opens a store from a URL through the row whose URL form matches

@@ -54,8 +54,7 @@ std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string
   return out;
 }
 
-void WatchList::Deliver(const std::vector<std::shared_ptr<Watcher>>& to,
-                        const KvsChange& change) {
+void WatchList::Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const KvsChange& change) {
   for (const auto& w : to) {
     std::lock_guard<std::mutex> run(w->run_mu);
     if (w->active) w->cb(change);

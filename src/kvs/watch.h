@@ -44,15 +44,15 @@ class WatchList {
   struct Watcher {
     std::string ns;
     KvsWatchCallback cb;
-    std::mutex run_mu;  // held while `cb` runs; Remove takes it to retire
+    std::mutex run_mu;   // held while `cb` runs; Remove takes it to retire
     bool active = true;  // guarded by run_mu
   };
   void Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const KvsChange& change);
   std::vector<std::shared_ptr<Watcher>> Of(const std::string* ns) const;
 
   mutable std::mutex mu_;
-  KvsWatchTicket next_ = 1;                                  // guarded by mu_
-  std::map<KvsWatchTicket, std::shared_ptr<Watcher>> all_;   // guarded by mu_
+  KvsWatchTicket next_ = 1;                                 // guarded by mu_
+  std::map<KvsWatchTicket, std::shared_ptr<Watcher>> all_;  // guarded by mu_
   std::atomic<size_t> count_{0};
 };
 

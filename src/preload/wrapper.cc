@@ -54,8 +54,8 @@
 #include <utility>
 #include <vector>
 
-#include "client/producer_lock.h"
 #include "client/client.h"
+#include "client/producer_lock.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "dyad/common/dyad_rc.h"
@@ -260,11 +260,11 @@ Client* GetClient() {
 struct TrackedFile {
   dev_t dev = 0;
   ino_t ino = 0;
-  std::string path;   // absolute (or managed-relative) name for Produce
-  int lock_fd = -1;   // our own descriptor carrying the LOCK_EX
-  int refs = 0;       // descriptors of this process open on the file
-  bool owned = true;  // false in a forked child: the parent publishes
-  bool adopt = false; // a consumer file: the last close adopts it (Client::Adopt)
+  std::string path;    // absolute (or managed-relative) name for Produce
+  int lock_fd = -1;    // our own descriptor carrying the LOCK_EX
+  int refs = 0;        // descriptors of this process open on the file
+  bool owned = true;   // false in a forked child: the parent publishes
+  bool adopt = false;  // a consumer file: the last close adopts it (Client::Adopt)
 };
 
 class FileTable {

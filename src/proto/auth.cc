@@ -60,16 +60,18 @@ class EphemeralKey {
   // The shared secret with the peer's public key. A malformed or low-order
   // peer key (an all-zero result) is refused.
   Status Agree(const std::string& peer_public, Secret* out) const {
-    PkeyPtr peer(EVP_PKEY_new_raw_public_key(
-                     EVP_PKEY_X25519, nullptr,
-                     reinterpret_cast<const unsigned char*>(peer_public.data()), peer_public.size()),
-                 EVP_PKEY_free);
+    PkeyPtr peer(
+        EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr,
+                                    reinterpret_cast<const unsigned char*>(peer_public.data()),
+                                    peer_public.size()),
+        EVP_PKEY_free);
     PkeyCtxPtr ctx(EVP_PKEY_CTX_new(key_.get(), nullptr), EVP_PKEY_CTX_free);
     size_t len = kHandshakeKeySize;
     out->bytes.assign(len, '\0');
     if (!peer || !ctx || EVP_PKEY_derive_init(ctx.get()) != 1 ||
         EVP_PKEY_derive_set_peer(ctx.get(), peer.get()) != 1 ||
-        EVP_PKEY_derive(ctx.get(), reinterpret_cast<unsigned char*>(out->bytes.data()), &len) != 1 ||
+        EVP_PKEY_derive(ctx.get(), reinterpret_cast<unsigned char*>(out->bytes.data()), &len) !=
+            1 ||
         len != kHandshakeKeySize)
       return Status(DYAD_RC_AUTH, "handshake: the peer's key exchange value is invalid");
     return Status::OK();
@@ -98,8 +100,8 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
 }
 
 // HKDF-SHA256(ikm = dh || secret, salt = transcript) -> both directions' keys.
-Status DeriveSessionKeys(const Secret& dh, const std::string& secret,
-                         const std::string& transcript, Secret* okm) {
+Status DeriveSessionKeys(const Secret& dh, const std::string& secret, const std::string& transcript,
+                         Secret* okm) {
   Secret ikm;
   ikm.bytes = dh.bytes + secret;
   static const char kInfo[] = "dyad-handshake-2 session keys";
@@ -111,7 +113,8 @@ Status DeriveSessionKeys(const Secret& dh, const std::string& secret,
       EVP_PKEY_CTX_set1_hkdf_salt(ctx.get(),
                                   reinterpret_cast<const unsigned char*>(transcript.data()),
                                   static_cast<int>(transcript.size())) != 1 ||
-      EVP_PKEY_CTX_set1_hkdf_key(ctx.get(), reinterpret_cast<const unsigned char*>(ikm.bytes.data()),
+      EVP_PKEY_CTX_set1_hkdf_key(ctx.get(),
+                                 reinterpret_cast<const unsigned char*>(ikm.bytes.data()),
                                  static_cast<int>(ikm.bytes.size())) != 1 ||
       EVP_PKEY_CTX_add1_hkdf_info(ctx.get(), reinterpret_cast<const unsigned char*>(kInfo),
                                   static_cast<int>(sizeof kInfo - 1)) != 1 ||
@@ -241,8 +244,8 @@ Result<std::unique_ptr<Authenticator::PendingAccept>> Authenticator::AcceptBegin
   auto state = std::make_unique<AcceptState>();
   state->eph = std::move(*eph);
   state->challenge_payload = challenge.Encode();
-  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(MsgType::kChallenge),
-                                    state->challenge_payload, deadline));
+  DYAD_RETURN_IF_ERROR(
+      ch.SendFrame(static_cast<uint16_t>(MsgType::kChallenge), state->challenge_payload, deadline));
   return std::unique_ptr<PendingAccept>(std::move(state));
 }
 
@@ -268,7 +271,8 @@ Status Authenticator::AcceptFinish(PendingAccept& pending, Channel& ch, Deadline
   const std::string transcript = HandshakeTranscript(challenge_payload, m.hello);
   if (transcript.empty()) return CryptoError("transcript hash");
   if (Status st = CheckProofs(cfg_, kClientRole, transcript, m.munge, m.mac); !st.ok())
-    return Refuse(ch, st, Status(DYAD_RC_AUTH, who + " failed authentication (" + st.message() + ")"),
+    return Refuse(ch, st,
+                  Status(DYAD_RC_AUTH, who + " failed authentication (" + st.message() + ")"),
                   deadline);
   Secret dh, okm;
   if (Status st = state.eph->Agree(m.hello.public_key, &dh); !st.ok())
@@ -293,8 +297,9 @@ Status Authenticator::Connect(Channel& ch, const PeerIdentity& self, Deadline de
   if (!ChallengeMsg::Decode(challenge_payload, &challenge, &older)) {
     ch.MarkBroken();
     if (older)
-      return Status(DYAD_RC_AUTH, "the peer speaks an older DYAD handshake; run the same DYAD "
-                                  "version on every node");
+      return Status(DYAD_RC_AUTH,
+                    "the peer speaks an older DYAD handshake; run the same DYAD "
+                    "version on every node");
     return Status(DYAD_RC_BADUNPACK, "malformed challenge from peer");
   }
   Result<std::unique_ptr<EphemeralKey>> eph = EphemeralKey::Generate();
@@ -328,8 +333,8 @@ Status Authenticator::Connect(Channel& ch, const PeerIdentity& self, Deadline de
   }
   if (challenge.hello.credentials != credentials()) {
     ch.MarkBroken();
-    return Status(DYAD_RC_AUTH, "credential mismatch: this service requires " +
-                                    credential_names() + ", the peer presents " +
+    return Status(DYAD_RC_AUTH, "credential mismatch: this service requires " + credential_names() +
+                                    ", the peer presents " +
                                     CredentialSetName(challenge.hello.credentials));
   }
   if (Status ps = CheckProofs(cfg_, kServerRole, transcript, proof.munge, proof.mac); !ps.ok()) {
@@ -362,8 +367,8 @@ Result<std::string> LoadClusterSecret(const std::string& file) {
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return StatusFromErrno(errno, "stat secret file '" + path + "'");
   if (st.st_mode & (S_IRWXG | S_IRWXO))
-    return Status(DYAD_RC_AUTH, "secret file '" + path +
-                                    "' is accessible by group or others; chmod 600 it");
+    return Status(DYAD_RC_AUTH,
+                  "secret file '" + path + "' is accessible by group or others; chmod 600 it");
   std::string secret;
   char buf[4096];
   for (;;) {

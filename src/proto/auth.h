@@ -96,8 +96,7 @@ class Authenticator {
 
   // Accepting side. `self` is sent to the peer; the peer's identity is
   // returned. On success `ch` is kAuthenticated and protected.
-  Status Accept(Channel& ch, const PeerIdentity& self, Deadline deadline,
-                PeerIdentity* peer) const;
+  Status Accept(Channel& ch, const PeerIdentity& self, Deadline deadline, PeerIdentity* peer) const;
   // The accepting side in two steps, for event loops that must not block
   // on a peer: AcceptBegin sends the challenge and returns the state the
   // second step needs; the caller then collects the peer's answer (one

@@ -7,29 +7,52 @@ namespace dyad {
 
 const char* MsgTypeName(uint16_t type) {
   switch (static_cast<MsgType>(type)) {
-    case MsgType::kReply: return "reply";
-    case MsgType::kChallenge: return "challenge";
-    case MsgType::kAuthenticate: return "authenticate";
-    case MsgType::kPublish: return "publish";
-    case MsgType::kLocate: return "locate";
-    case MsgType::kConsume: return "consume";
-    case MsgType::kStatus: return "status";
-    case MsgType::kList: return "list";
-    case MsgType::kPing: return "ping";
-    case MsgType::kRemove: return "remove";
-    case MsgType::kPeers: return "peers";
-    case MsgType::kPrefetch: return "prefetch";
-    case MsgType::kConsumeBatch: return "consume.batch";
-    case MsgType::kKvsPut: return "kvs.put";
-    case MsgType::kKvsGet: return "kvs.get";
-    case MsgType::kKvsWait: return "kvs.wait";
-    case MsgType::kKvsRemove: return "kvs.remove";
-    case MsgType::kKvsList: return "kvs.list";
-    case MsgType::kKvsWatch: return "kvs.watch";
-    case MsgType::kFetch: return "fetch";
-    case MsgType::kFileData: return "file.data";
-    case MsgType::kSupersede: return "supersede";
-    case MsgType::kFetchBatch: return "fetch.batch";
+    case MsgType::kReply:
+      return "reply";
+    case MsgType::kChallenge:
+      return "challenge";
+    case MsgType::kAuthenticate:
+      return "authenticate";
+    case MsgType::kPublish:
+      return "publish";
+    case MsgType::kLocate:
+      return "locate";
+    case MsgType::kConsume:
+      return "consume";
+    case MsgType::kStatus:
+      return "status";
+    case MsgType::kList:
+      return "list";
+    case MsgType::kPing:
+      return "ping";
+    case MsgType::kRemove:
+      return "remove";
+    case MsgType::kPeers:
+      return "peers";
+    case MsgType::kPrefetch:
+      return "prefetch";
+    case MsgType::kConsumeBatch:
+      return "consume.batch";
+    case MsgType::kKvsPut:
+      return "kvs.put";
+    case MsgType::kKvsGet:
+      return "kvs.get";
+    case MsgType::kKvsWait:
+      return "kvs.wait";
+    case MsgType::kKvsRemove:
+      return "kvs.remove";
+    case MsgType::kKvsList:
+      return "kvs.list";
+    case MsgType::kKvsWatch:
+      return "kvs.watch";
+    case MsgType::kFetch:
+      return "fetch";
+    case MsgType::kFileData:
+      return "file.data";
+    case MsgType::kSupersede:
+      return "supersede";
+    case MsgType::kFetchBatch:
+      return "fetch.batch";
   }
   return "unknown";
 }
@@ -38,7 +61,13 @@ std::string MemberKey(uint32_t rank) { return "rank." + std::to_string(rank); }
 
 std::string FileRecord::Encode() const {
   Encoder e;
-  e.U8(1).U32(owner_rank).U64(owner_incarnation).U64(size).U64(version).U64(published_ns).Str(upath);
+  e.U8(1)
+      .U32(owner_rank)
+      .U64(owner_incarnation)
+      .U64(size)
+      .U64(version)
+      .U64(published_ns)
+      .Str(upath);
   // Appended, and only when set: records of older DYADs (no seq) decode.
   if (seq != 0) e.U64(seq);
   return e.Take();
@@ -62,14 +91,25 @@ bool FileRecord::Decode(const std::string& bytes, FileRecord* out) {
 
 std::string VersionStamp(const FileRecord& rec) {
   Encoder e;
-  e.U8(1).U32(rec.owner_rank).U64(rec.owner_incarnation).U64(rec.seq).U64(rec.size).U64(rec.version);
+  e.U8(1)
+      .U32(rec.owner_rank)
+      .U64(rec.owner_incarnation)
+      .U64(rec.seq)
+      .U64(rec.size)
+      .U64(rec.version);
   return e.Take();
 }
 
 std::string ServiceRecord::Encode() const {
   Encoder e;
-  e.U8(1).U32(rank).U32(node_idx).U64(incarnation).Str(address).Str(prod_path).Str(hostname).U64(
-      started_ns);
+  e.U8(1)
+      .U32(rank)
+      .U32(node_idx)
+      .U64(incarnation)
+      .Str(address)
+      .Str(prod_path)
+      .Str(hostname)
+      .U64(started_ns);
   e.U32(pid);
   return e.Take();
 }
@@ -106,7 +146,8 @@ bool DecodeReply(const std::string& payload, Status* st, std::string* body) {
   if (d.failed()) return false;
   const size_t header = 4 + 4 + msg.size();
   const dyad_rc_t rc = RcFromWire(code);
-  if (rc != code) msg = "peer replied with unknown status code " + std::to_string(code) + ": " + msg;
+  if (rc != code)
+    msg = "peer replied with unknown status code " + std::to_string(code) + ": " + msg;
   *st = Status(rc, std::move(msg));
   body->assign(payload, header, std::string::npos);
   return true;
@@ -138,7 +179,13 @@ bool LocateRequest::DecodeFrom(Decoder& d) {
 }
 
 void ConsumeRequest::EncodeTo(Encoder& e) const {
-  e.Str(ns).Str(key).Str(upath).Str(cons_path).I64(timeout_ms).Bool(shared_storage).Bool(have_record);
+  e.Str(ns)
+      .Str(key)
+      .Str(upath)
+      .Str(cons_path)
+      .I64(timeout_ms)
+      .Bool(shared_storage)
+      .Bool(have_record);
   e.Str(have_record ? record.Encode() : std::string());
   e.Str(dtl_mode);
 }
@@ -219,8 +266,13 @@ bool StatusReply::DecodeFrom(Decoder& d) {
 }
 
 void TransferInfo::EncodeTo(Encoder& e) const {
-  e.Bool(outgoing).Str(upath).U32(peer_rank).Str(transport).U64(bytes_done).U64(bytes_total).U64(
-      elapsed_ns);
+  e.Bool(outgoing)
+      .Str(upath)
+      .U32(peer_rank)
+      .Str(transport)
+      .U64(bytes_done)
+      .U64(bytes_total)
+      .U64(elapsed_ns);
 }
 bool TransferInfo::DecodeFrom(Decoder& d) {
   outgoing = d.Bool();
@@ -248,18 +300,26 @@ bool PeersRequest::DecodeFrom(Decoder& d) {
 
 const char* PeerStateName(PeerState s) {
   switch (s) {
-    case PeerState::kUnknown: return "unknown";
-    case PeerState::kAlive: return "alive";
-    case PeerState::kDown: return "down";
-    case PeerState::kOtherIdentity: return "stale";
-    case PeerState::kRefused: return "refused";
+    case PeerState::kUnknown:
+      return "unknown";
+    case PeerState::kAlive:
+      return "alive";
+    case PeerState::kDown:
+      return "down";
+    case PeerState::kOtherIdentity:
+      return "stale";
+    case PeerState::kRefused:
+      return "refused";
   }
   return "unknown";
 }
 
 void PeerInfo::EncodeTo(Encoder& e) const {
-  e.Str(record.Encode()).U8(static_cast<uint8_t>(state)).U64(last_contact_ns).U64(rtt_ns).Str(
-      detail);
+  e.Str(record.Encode())
+      .U8(static_cast<uint8_t>(state))
+      .U64(last_contact_ns)
+      .U64(rtt_ns)
+      .Str(detail);
 }
 bool PeerInfo::DecodeFrom(Decoder& d) {
   const std::string rec = d.Str();
@@ -452,7 +512,8 @@ Status ReceiveReply(Channel& ch, std::string* body, const Deadline& deadline) {
   DYAD_RETURN_IF_ERROR(ch.RecvFrame(&rtype, &payload, deadline));
   if (rtype != static_cast<uint16_t>(MsgType::kReply)) {
     ch.MarkBroken();
-    return Status(DYAD_RC_BADRPC, std::string("expected a reply, got '") + MsgTypeName(rtype) + "'");
+    return Status(DYAD_RC_BADRPC,
+                  std::string("expected a reply, got '") + MsgTypeName(rtype) + "'");
   }
   Status st;
   if (!DecodeReply(payload, &st, body)) {

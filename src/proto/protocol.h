@@ -92,11 +92,11 @@ struct ServiceRecord {
   uint32_t rank = 0;
   uint32_t node_idx = 0;
   uint64_t incarnation = 0;
-  std::string address;     // HOST:PORT other services connect to
-  std::string prod_path;   // producer-managed directory it serves ("" if none)
+  std::string address;    // HOST:PORT other services connect to
+  std::string prod_path;  // producer-managed directory it serves ("" if none)
   std::string hostname;
   uint64_t started_ns = 0;
-  uint32_t pid = 0;        // process id on `hostname` (0: unknown, an older record)
+  uint32_t pid = 0;  // process id on `hostname` (0: unknown, an older record)
 
   std::string Encode() const;
   static bool Decode(const std::string& bytes, ServiceRecord* out);
@@ -119,12 +119,12 @@ bool DecodeReply(const std::string& payload, Status* st, std::string* body);
 
 struct PublishRequest {
   std::string ns;
-  std::string key;        // gen_path_key(upath)
+  std::string key;  // gen_path_key(upath)
   std::string upath;
   std::string prod_path;  // client's producer-managed directory (absolute, canonical)
   uint64_t size = 0;
   uint64_t version = 0;
-  bool async = false;     // DYAD_ASYNC_PUBLISH: reply before the store confirms
+  bool async = false;  // DYAD_ASYNC_PUBLISH: reply before the store confirms
   // Read-write ownership: the consumer copy (absolute, canonical) this
   // publication was made from; it becomes a copy of the new version.
   // Appended, and only when set.
@@ -152,7 +152,7 @@ struct ConsumeRequest {
   bool shared_storage = false;
   bool have_record = false;  // consume_w_metadata: skip the lookup
   FileRecord record;
-  std::string dtl_mode;      // requested transport ("" = service default)
+  std::string dtl_mode;  // requested transport ("" = service default)
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };
@@ -193,7 +193,7 @@ struct RemoveRequest {
 // One transfer in flight, as `dyad status` lists it.
 struct TransferInfo {
   static constexpr uint64_t kUnknownBytes = ~0ull;
-  bool outgoing = false;   // true: this service sends (owner side)
+  bool outgoing = false;  // true: this service sends (owner side)
   std::string upath;
   uint32_t peer_rank = 0;  // the other end
   std::string transport;
@@ -339,9 +339,9 @@ struct SupersedeNotice {
 
 struct FetchRequest {
   std::string upath;
-  std::string transport;       // "tcp", "local", ...
-  std::string transport_args;  // opaque, transport-specific
-  uint64_t expect_version = 0; // 0: any
+  std::string transport;        // "tcp", "local", ...
+  std::string transport_args;   // opaque, transport-specific
+  uint64_t expect_version = 0;  // 0: any
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };

@@ -16,9 +16,9 @@
 #include <string>
 #include <utility>
 
-#include "proto/auth.h"
 #include "common/cancel.h"
 #include "common/net.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 
 namespace dyad {

@@ -70,7 +70,9 @@ class SystemView final : public NetView {
   }
 };
 
-bool IsWildcard(const std::string& host) { return host.empty() || host == "0.0.0.0" || host == "*"; }
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "*";
+}
 
 bool AllLoopback(const std::vector<std::string>& ips) {
   return !ips.empty() && std::all_of(ips.begin(), ips.end(), IsLoopbackIp);
@@ -132,7 +134,8 @@ StoreEndpoint StoreEndpointOf(const std::string& kvs_url) {
     ep.host = rest.substr(0, colon);
     if (colon != std::string::npos) port = rest.substr(colon + 1);
   }
-  if (!port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos) {
+  if (!port.empty() && port.size() <= 5 &&
+      port.find_first_not_of("0123456789") == std::string::npos) {
     const unsigned long p = std::stoul(port);
     if (p <= 65535) ep.port = static_cast<uint16_t>(p);
   }
@@ -162,22 +165,25 @@ Result<AdvertiseChoice> ChooseAdvertiseAddress(const AdvertiseInput& in, const N
     if (src.empty() || IsLoopbackIp(src))
       return Status(DYAD_RC_BADREQUEST,
                     "no route from this host to the metadata store at " + in.store_host + " (" +
-                        store_ip + ") to choose an address to advertise from: check the "
+                        store_ip +
+                        ") to choose an address to advertise from: check the "
                         "network, or give --advertise HOST:PORT (or DYAD_SERVICE_ADVERTISE)");
     if (Contains(named, src)) return AdvertiseChoice{in.hostname + port, ""};
-    return AdvertiseChoice{
-        src + port, "host name '" + in.hostname + "' resolves to " +
-                        (named.empty() ? std::string("nothing") : Join(named)) +
-                        "; advertising " + src + ", the address of the interface that routes to "
-                        "the metadata store at " + in.store_host + " (--advertise overrides)"};
+    return AdvertiseChoice{src + port, "host name '" + in.hostname + "' resolves to " +
+                                           (named.empty() ? std::string("nothing") : Join(named)) +
+                                           "; advertising " + src +
+                                           ", the address of the interface that routes to "
+                                           "the metadata store at " +
+                                           in.store_host + " (--advertise overrides)"};
   }
   if (!named.empty() && !AllLoopback(named)) return AdvertiseChoice{in.hostname + port, ""};
   for (const std::string& ip : net.LocalAddresses()) {
     if (IsLoopbackIp(ip)) continue;
     return AdvertiseChoice{
         ip + port, "host name '" + in.hostname + "' resolves to " +
-                       (named.empty() ? std::string("nothing") : Join(named)) +
-                       "; advertising " + ip + ", the first address of an interface that is up "
+                       (named.empty() ? std::string("nothing") : Join(named)) + "; advertising " +
+                       ip +
+                       ", the first address of an interface that is up "
                        "(give --advertise HOST:PORT if other nodes reach this one elsewhere)"};
   }
   // A host with nothing but loopback: only services on this host can exist.

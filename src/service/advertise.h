@@ -51,10 +51,10 @@ struct StoreEndpoint {
 StoreEndpoint StoreEndpointOf(const std::string& kvs_url);
 
 struct AdvertiseInput {
-  std::string listen_host;  // host of --listen ("0.0.0.0" or "*": all interfaces)
-  uint16_t port = 0;        // the bound port
-  std::string hostname;     // gethostname()
-  std::string store_host;   // StoreEndpointOf(--kvs).host
+  std::string listen_host;       // host of --listen ("0.0.0.0" or "*": all interfaces)
+  uint16_t port = 0;             // the bound port
+  std::string hostname;          // gethostname()
+  std::string store_host;        // StoreEndpointOf(--kvs).host
   std::string explicit_address;  // --advertise ("" = choose)
 };
 

@@ -11,8 +11,7 @@ void Dispatcher::Route(Link link, MsgType type, const char* counter, RequestHand
   Add(link, type, counter, std::move(handler), false);
 }
 
-void Dispatcher::RouteInline(Link link, MsgType type, const char* counter,
-                             RequestHandler handler) {
+void Dispatcher::RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) {
   Add(link, type, counter, std::move(handler), true);
 }
 

@@ -23,8 +23,7 @@ class Dispatcher final : public RequestRouter {
       : rank_(rank), reply_timeout_ms_(reply_timeout_ms), stats_(stats) {}
 
   void Route(Link link, MsgType type, const char* counter, RequestHandler handler) override;
-  void RouteInline(Link link, MsgType type, const char* counter,
-                   RequestHandler handler) override;
+  void RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) override;
   // True when the handler of `type` on `link` was registered with
   // RouteInline (it may run on the event loop).
   bool RunsInline(Link link, uint16_t type) const;

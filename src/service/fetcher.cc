@@ -5,8 +5,7 @@
 
 namespace dyad {
 
-Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
-                      FetchOutcome* out) {
+Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out) {
   out->retryable = false;
   TraceSpan span("fetch", "service");
   span.Arg("path", rec.upath).Arg("owner", rec.owner_rank).Arg("transport", transport.name());
@@ -34,8 +33,10 @@ Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
   Status st = CallRpc(ch, MsgType::kFetch, e.data(), &body, setup);
   if (!st.ok()) {
     // A broken session received nothing: it was dead before we used it.
-    if (ch.broken()) out->retryable = st.code() == DYAD_RC_CONNLOST;
-    else peers_->Release(rec.owner_rank, std::move(*session));
+    if (ch.broken())
+      out->retryable = st.code() == DYAD_RC_CONNLOST;
+    else
+      peers_->Release(rec.owner_rank, std::move(*session));
     return Status(st.code(), what + ": " + st.message());
   }
   FetchReply fr;
@@ -61,8 +62,10 @@ Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
   std::string verdict;
   st = ReceiveReply(ch, &verdict, Deadline::AfterMs(rpc_timeout_ms_));
   if (!st.ok()) {
-    if (st.code() != DYAD_RC_STALE) ch.MarkBroken();
-    else peers_->Release(rec.owner_rank, std::move(*session));
+    if (st.code() != DYAD_RC_STALE)
+      ch.MarkBroken();
+    else
+      peers_->Release(rec.owner_rank, std::move(*session));
     return Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
                   what + ": " + st.message());
   }
@@ -78,11 +81,12 @@ Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>&
   *answered = 0;
   TraceSpan span("fetch.batch", "service");
   span.Arg("owner", owner).Arg("files", recs.size());
-  const std::string what = "batch fetch of " + std::to_string(recs.size()) + " files from rank " +
-                           std::to_string(owner);
+  const std::string what =
+      "batch fetch of " + std::to_string(recs.size()) + " files from rank " + std::to_string(owner);
   const Deadline setup = Deadline::AfterMs(rpc_timeout_ms_);
   Result<std::unique_ptr<Channel>> session = peers_->Acquire(owner, setup);
-  if (!session.ok()) return Status(session.status().code(), what + ": " + session.status().message());
+  if (!session.ok())
+    return Status(session.status().code(), what + ": " + session.status().message());
   Channel& ch = **session;
   FetchBatchRequest req;
   req.max_inline = max_inline;
@@ -101,8 +105,8 @@ Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>&
     uint16_t type = 0;
     std::string payload;
     Status rs = ch.RecvFrame(&type, &payload, Deadline::AfterMs(rpc_timeout_ms_));
-    if (rs.ok() && (type != static_cast<uint16_t>(MsgType::kReply) ||
-                    !DecodeReply(payload, answer, &body)))
+    if (rs.ok() &&
+        (type != static_cast<uint16_t>(MsgType::kReply) || !DecodeReply(payload, answer, &body)))
       rs = Status(DYAD_RC_BADUNPACK, "malformed reply");
     if (!rs.ok()) ch.MarkBroken();
     return rs;

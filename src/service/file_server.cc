@@ -21,19 +21,18 @@ void SendReply(Channel& ch, const Status& st, const std::string& body, int64_t t
 }
 
 void FileServer::Route(RequestRouter& router) {
-  router.Route(Link::kPeer, MsgType::kFetch, "requests.fetch",
-               [this](RequestContext& ctx, const std::string& payload) {
-                 HandleFetch(ctx, payload);
-               });
-  router.Route(Link::kPeer, MsgType::kFetchBatch, nullptr,
-               [this](RequestContext& ctx, const std::string& payload) {
-                 HandleFetchBatch(ctx, payload);
-               });
+  router.Route(
+      Link::kPeer, MsgType::kFetch, "requests.fetch",
+      [this](RequestContext& ctx, const std::string& payload) { HandleFetch(ctx, payload); });
+  router.Route(
+      Link::kPeer, MsgType::kFetchBatch, nullptr,
+      [this](RequestContext& ctx, const std::string& payload) { HandleFetchBatch(ctx, payload); });
 }
 
 Status FileServer::Stale(const std::string& upath, const char* when) const {
   return Status(DYAD_RC_STALE, "rank " + std::to_string(rank_) + ": '" + upath + "' changed " +
-                                   when + "; it must be published again (dyad_produce after the "
+                                   when +
+                                   "; it must be published again (dyad_produce after the "
                                    "producer closes it)");
 }
 
@@ -64,12 +63,11 @@ Status FileServer::LockShared(RequestContext& ctx, int fd, const std::string& up
 }
 
 TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::string& upath,
-                                             Transport& transport, uint64_t size) {
+                                              Transport& transport, uint64_t size) {
   if (transfers_ == nullptr) return {};
-  return transfers_->Begin(true, upath, ctx.peer != nullptr ? ctx.peer->rank : 0u,
-                           transport.name(), size,
-                           transport.caps().data_on_session ? SessionProgress(ctx.ch.fd(), size)
-                                                            : nullptr);
+  return transfers_->Begin(
+      true, upath, ctx.peer != nullptr ? ctx.peer->rank : 0u, transport.name(), size,
+      transport.caps().data_on_session ? SessionProgress(ctx.ch.fd(), size) : nullptr);
 }
 
 void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
@@ -92,8 +90,8 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
     const dyad_rc_t code =
         fd.status().code() == DYAD_RC_BADFIO ? DYAD_RC_BADFETCH : fd.status().code();
     return SendReply(ctx.ch,
-                     Status(code, "rank " + std::to_string(rank_) + ": published file '" +
-                                      *upath + "' cannot be read: " + fd.status().message()),
+                     Status(code, "rank " + std::to_string(rank_) + ": published file '" + *upath +
+                                      "' cannot be read: " + fd.status().message()),
                      {}, rpc_timeout_ms_, stats_);
   }
   struct stat st;

@@ -20,8 +20,8 @@ namespace dyad {
 class FileServer {
  public:
   // `transfers` (may be null) lists each file while it is being sent.
-  FileServer(uint32_t rank, std::string prod_real, int64_t rpc_timeout_ms,
-             TransportSet* transports, ServiceStats* stats, TransferRegistry* transfers = nullptr)
+  FileServer(uint32_t rank, std::string prod_real, int64_t rpc_timeout_ms, TransportSet* transports,
+             ServiceStats* stats, TransferRegistry* transfers = nullptr)
       : rank_(rank),
         prod_real_(std::move(prod_real)),
         rpc_timeout_ms_(rpc_timeout_ms),
@@ -32,7 +32,9 @@ class FileServer {
   void Route(RequestRouter& router);
   // Called with (upath, requester rank) for each fetch about to be served
   // (versions.h records who holds copies). Set before serving starts.
-  void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) { on_serve_ = std::move(fn); }
+  void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) {
+    on_serve_ = std::move(fn);
+  }
   void HandleFetch(RequestContext& ctx, const std::string& payload);
   // kFetchBatch (file_server_batch.cc): small files inline, one reply each.
   void HandleFetchBatch(RequestContext& ctx, const std::string& payload);

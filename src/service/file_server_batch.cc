@@ -14,8 +14,8 @@
 
 namespace dyad {
 
-Status FileServer::ReadInline(RequestContext& ctx, const FetchBatchItem& item,
-                              uint64_t max_inline, FetchBatchPart* part) {
+Status FileServer::ReadInline(RequestContext& ctx, const FetchBatchItem& item, uint64_t max_inline,
+                              FetchBatchPart* part) {
   const uint32_t peer = ctx.peer != nullptr ? ctx.peer->rank : 0u;
   Result<std::string> upath = ValidateUpath(item.upath);
   if (!upath.ok()) {
@@ -70,8 +70,9 @@ void FileServer::HandleFetchBatch(RequestContext& ctx, const std::string& payloa
   if (!req.DecodeFrom(d) || !d.done())
     return Refuse(ctx, "", Status(DYAD_RC_BADUNPACK, "malformed batch fetch request"));
   if (prod_real_.empty())
-    return Refuse(ctx, "", Status(DYAD_RC_NOTFOUND,
-                                  "rank " + std::to_string(rank_) + " serves no producer directory"));
+    return Refuse(ctx, "",
+                  Status(DYAD_RC_NOTFOUND,
+                         "rank " + std::to_string(rank_) + " serves no producer directory"));
   Encoder head;
   head.U32(static_cast<uint32_t>(req.items.size()));
   SendReply(ctx.ch, Status::OK(), head.data(), rpc_timeout_ms_, stats_);

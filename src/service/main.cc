@@ -12,11 +12,11 @@
 #include <string>
 #include <thread>
 
-#include "proto/auth.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "dyad_version.h"
+#include "proto/auth.h"
 #include "service/rank.h"
 #include "service/service.h"
 
@@ -36,8 +36,10 @@ void TakeSignals(const sigset_t& set, dyad::Service& service, std::atomic<bool>&
       if (dyad::LogReopen())
         DYAD_LOG_INFO("received SIGHUP: log files reopened");
       else
-        DYAD_LOG_ERROR("received SIGHUP: a log file could not be reopened: %s; logging to the "
-                       "old file", std::strerror(errno));
+        DYAD_LOG_ERROR(
+            "received SIGHUP: a log file could not be reopened: %s; logging to the "
+            "old file",
+            std::strerror(errno));
       continue;
     }
     stop_signal = sig;
@@ -65,9 +67,10 @@ int StartFailure(const dyad::Status& st, const std::atomic<int>& stop_signal) {
 // peer held in shared memory); exit anyway, with 3, and say so.
 int AwaitStop(dyad::Service& service, int rc) {
   if (service.WaitFor(kStopGraceMs)) return rc;
-  DYAD_LOG_ERROR("not stopped after %d ms: a transfer is stuck inside the transport; exiting "
-                 "without waiting for it",
-                 kStopGraceMs);
+  DYAD_LOG_ERROR(
+      "not stopped after %d ms: a transfer is stuck inside the transport; exiting "
+      "without waiting for it",
+      kStopGraceMs);
   std::_Exit(3);
 }
 
@@ -95,13 +98,13 @@ int main(int argc, char** argv) {
   auto mux = dyad::EnvUint("DYAD_SERVICE_MUX", 1);
   opt.service_mux = mux.ok() ? static_cast<uint32_t>(*mux) : 1;
   // Connection caps (docs/security.md) and workers; malformed values keep the default.
-  for (auto [name, field] : {std::pair<const char*, uint32_t*>{"DYAD_MAX_CONNECTIONS",
-                                                                &opt.max_connections},
-                             {"DYAD_MAX_UNAUTHENTICATED", &opt.max_unauthenticated},
-                             {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", &opt.max_per_peer},
-                             {"DYAD_WORKERS", &opt.workers},
-                             {"DYAD_PREFETCH_CONCURRENCY", &opt.prefetch_concurrency},
-                             {"DYAD_PREFETCH_PER_PEER", &opt.prefetch_per_peer}}) {
+  for (auto [name, field] :
+       {std::pair<const char*, uint32_t*>{"DYAD_MAX_CONNECTIONS", &opt.max_connections},
+        {"DYAD_MAX_UNAUTHENTICATED", &opt.max_unauthenticated},
+        {"DYAD_MAX_UNAUTHENTICATED_PER_PEER", &opt.max_per_peer},
+        {"DYAD_WORKERS", &opt.workers},
+        {"DYAD_PREFETCH_CONCURRENCY", &opt.prefetch_concurrency},
+        {"DYAD_PREFETCH_PER_PEER", &opt.prefetch_per_peer}}) {
     auto v = dyad::EnvUint(name, *field);
     if (v.ok() && *v > 0 && *v <= UINT32_MAX) *field = static_cast<uint32_t>(*v);
   }
@@ -134,7 +137,8 @@ int main(int argc, char** argv) {
     if (dyad::TransportRowForMode(m, true).ok()) modes += (modes.empty() ? "" : ", ") + m;
   app.add_option("-m,--mode", opt.dtl_mode,
                  "Transport for fetches, also the default of this node's clients (a client's "
-                 "DYAD_DTL_MODE overrides it): " + modes + " (default " + dyad::DefaultDtlMode() + ")");
+                 "DYAD_DTL_MODE overrides it): " +
+                     modes + " (default " + dyad::DefaultDtlMode() + ")");
   app.add_option("-i,--info_log", info_log, "Write info and debug messages to this file");
   app.add_option("-e,--error_log", error_log, "Write warnings and errors to this file");
   app.add_option("-r,--rank", rank_arg,
@@ -200,7 +204,8 @@ int main(int argc, char** argv) {
       "store at start-up); SIGHUP reopens the -i/-e log files (for logrotate).\n"
       "Example (two nodes):\n"
       "  node0$ dyad-service -r 0 --secret-file ~/.dyad/secret /local/dmd\n"
-      "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret /local/dmd\n"
+      "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret "
+      "/local/dmd\n"
       "Security (docs/security.md): services refuse to listen beyond loopback without a credential "
       "(--secret-file or --munge) unless --insecure; the socket directory must be the service "
       "user's, mode 0700.");

@@ -35,10 +35,11 @@ bool StoreNotReady(const Status& st) {
 
 // "host node3, address 10.0.0.3:7590, pid 4242, started 2024-05-01 12:00:00"
 std::string DescribeHolder(const ServiceRecord& r) {
-  std::string s = "host " + (r.hostname.empty() ? std::string("?") : r.hostname) + ", address " +
-                  r.address;
+  std::string s =
+      "host " + (r.hostname.empty() ? std::string("?") : r.hostname) + ", address " + r.address;
   if (r.pid != 0) s += ", pid " + std::to_string(r.pid);
-  return s + ", started " + LocalDateTime(r.started_ns, "unknown") + ", incarnation " + Hex64(r.incarnation);
+  return s + ", started " + LocalDateTime(r.started_ns, "unknown") + ", incarnation " +
+         Hex64(r.incarnation);
 }
 
 // Runs `fn(kvs)` on a helper thread and waits for it unless `stopping`
@@ -99,8 +100,8 @@ Status Service::RegisterMembership() {
   // The root may still be starting (services are launched in parallel).
   const int64_t wait_ms = std::max<int64_t>(opt_.rpc_timeout_ms, 30000);
   const Deadline deadline = Deadline::AfterMs(wait_ms);
-  const std::string what = "register rank " + std::to_string(opt_.rank) +
-                           " in the metadata store " + StoreDescription();
+  const std::string what =
+      "register rank " + std::to_string(opt_.rank) + " in the metadata store " + StoreDescription();
   int64_t pause = 100;
   bool told = false;
   for (;;) {
@@ -109,8 +110,9 @@ Status Service::RegisterMembership() {
     if (st.ok()) return st;
     if (!StoreNotReady(st)) {
       if (st.code() == DYAD_RC_AUTH && kvs_->caps().hosted_by_service)
-        return st.Annotate(what + " (every service must use the root's cluster secret: check "
-                                  "--secret-file / DYAD_SECRET_FILE on both)");
+        return st.Annotate(what +
+                           " (every service must use the root's cluster secret: check "
+                           "--secret-file / DYAD_SECRET_FILE on both)");
       return st.Annotate(what);
     }
     if (deadline.expired())
@@ -118,9 +120,10 @@ Status Service::RegisterMembership() {
                          " s; is the store (the root dyad-service or Redis) running and "
                          "reachable from this host?");
     if (!told) {
-      DYAD_LOG_WARN("metadata store not reachable yet (%s); waiting up to %lld s for it "
-                    "(SIGTERM or SIGINT stops the wait)",
-                    st.ToString().c_str(), static_cast<long long>(wait_ms / 1000));
+      DYAD_LOG_WARN(
+          "metadata store not reachable yet (%s); waiting up to %lld s for it "
+          "(SIGTERM or SIGINT stops the wait)",
+          st.ToString().c_str(), static_cast<long long>(wait_ms / 1000));
       told = true;
     }
     if (!PauseUnlessStopping(pause)) return Stopped();
@@ -139,22 +142,23 @@ Status Service::ClaimRank() {
   ServiceRecord holder;
   if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
       holder.incarnation != incarnation_) {
-    const ProbeResult probe = peers_->Probe(holder, Deadline::AfterMs(kProbeMs),
-                                            [this] { return stopping_.load(); });
+    const ProbeResult probe =
+        peers_->Probe(holder, Deadline::AfterMs(kProbeMs), [this] { return stopping_.load(); });
     if (stopping_) return Stopped();
     if (probe.state == PeerState::kAlive)
-      return Status(DYAD_RC_PERM,
-                    "rank " + std::to_string(opt_.rank) + " is held by a live dyad-service (" +
-                        DescribeHolder(holder) + "); stop that service first, or give this one "
-                        "another rank (-r / DYAD_SERVICE_RANK)");
+      return Status(DYAD_RC_PERM, "rank " + std::to_string(opt_.rank) +
+                                      " is held by a live dyad-service (" + DescribeHolder(holder) +
+                                      "); stop that service first, or give this one "
+                                      "another rank (-r / DYAD_SERVICE_RANK)");
     if (probe.state == PeerState::kRefused)
       return Status(DYAD_RC_AUTH, "rank " + std::to_string(opt_.rank) +
                                       " is registered by a service that refuses this service's "
-                                      "credential (" + DescribeHolder(holder) + "): " +
-                                      probe.status.message());
-    DYAD_LOG_WARN("rank %u was registered by a service that no longer answers (%s: %s); "
-                  "replacing its registration",
-                  opt_.rank, DescribeHolder(holder).c_str(), probe.status.ToString().c_str());
+                                      "credential (" +
+                                      DescribeHolder(holder) + "): " + probe.status.message());
+    DYAD_LOG_WARN(
+        "rank %u was registered by a service that no longer answers (%s: %s); "
+        "replacing its registration",
+        opt_.rank, DescribeHolder(holder).c_str(), probe.status.ToString().c_str());
   }
   std::optional<Status> put = CallUnlessStopped<Status>(
       kvs_, stopping_,
@@ -179,14 +183,16 @@ Status Service::CheckOwnAddress() {
                     "the address this service advertises (" + advertise_ +
                         ") reaches another dyad-service (rank " +
                         std::to_string(probe.identity.rank) + ", incarnation " +
-                        Hex64(probe.identity.incarnation) + "): two services on one address, or a "
+                        Hex64(probe.identity.incarnation) +
+                        "): two services on one address, or a "
                         "wrong --advertise; give this service its own --listen/--advertise");
     case PeerState::kRefused:
       return probe.status.Annotate("check of this service's own address " + advertise_);
     default:
-      DYAD_LOG_WARN("this service cannot reach its own advertised address %s (%s); peers may "
-                    "not reach it either: check --advertise and the firewall",
-                    advertise_.c_str(), probe.status.ToString().c_str());
+      DYAD_LOG_WARN(
+          "this service cannot reach its own advertised address %s (%s); peers may "
+          "not reach it either: check --advertise and the firewall",
+          advertise_.c_str(), probe.status.ToString().c_str());
       return Status::OK();
   }
 }
@@ -202,18 +208,22 @@ void Service::MembershipLoop() {
     if (v.ok() && !v->has_value()) {
       Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
       if (st.ok())
-        DYAD_LOG_WARN("membership record was missing from the metadata store (root restarted?); "
-                      "registered again");
+        DYAD_LOG_WARN(
+            "membership record was missing from the metadata store (root restarted?); "
+            "registered again");
     } else if (v.ok() && (!ServiceRecord::Decode(**v, &other) || other.rank != opt_.rank)) {
       // Corrupted (not a record of this rank): write it again.
       if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
-        DYAD_LOG_WARN("membership record of rank %u was corrupted in the metadata store; "
-                      "repaired", opt_.rank);
+        DYAD_LOG_WARN(
+            "membership record of rank %u was corrupted in the metadata store; "
+            "repaired",
+            opt_.rank);
     } else if (v.ok() && other.incarnation != incarnation_ && other.incarnation != reported) {
       reported = other.incarnation;
-      DYAD_LOG_ERROR("rank %u is now registered by another dyad-service (%s): two services were "
-                     "started with this rank and peers now reach the other one; stop one of them",
-                     opt_.rank, DescribeHolder(other).c_str());
+      DYAD_LOG_ERROR(
+          "rank %u is now registered by another dyad-service (%s): two services were "
+          "started with this rank and peers now reach the other one; stop one of them",
+          opt_.rank, DescribeHolder(other).c_str());
     }
   }
 }

@@ -71,8 +71,8 @@ void NodeCache::RefreshWaitingLocked() {
   }
 }
 
-void NodeCache::NoteFetched(const std::string& ns, const std::string& path,
-                            const FileRecord& rec, bool consumed) {
+void NodeCache::NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
+                            bool consumed) {
   struct stat st;
   const bool present = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   std::lock_guard<std::mutex> lk(mu_);
@@ -197,8 +197,7 @@ void NodeCache::EvictLocked(const std::string& keep) {
       const std::string& path = *lit;
       auto it = by_path_.find(path);
       const Entry& e = it->second;
-      if (e.consumed == waiting || path == keep || now - e.used_ns < grace_ns ||
-          Protected(path))
+      if (e.consumed == waiting || path == keep || now - e.used_ns < grace_ns || Protected(path))
         continue;
       if (!TryRemove(path)) continue;
       auto next = std::next(lit);

@@ -62,12 +62,12 @@ namespace dyad {
 struct CopyId {
   uint32_t owner_rank = 0;
   uint64_t owner_incarnation = 0;
-  uint64_t seq = 0;      // the owner's publication counter (0: a record of an older DYAD)
+  uint64_t seq = 0;  // the owner's publication counter (0: a record of an older DYAD)
   uint64_t size = 0;
   uint64_t version = 0;  // content time (mtime, ns) of the published file
   bool operator==(const CopyId& o) const {
-    return owner_rank == o.owner_rank && owner_incarnation == o.owner_incarnation &&
-           seq == o.seq && size == o.size && version == o.version;
+    return owner_rank == o.owner_rank && owner_incarnation == o.owner_incarnation && seq == o.seq &&
+           size == o.size && version == o.version;
   }
   bool operator!=(const CopyId& o) const { return !(*this == o); }
 };
@@ -147,7 +147,7 @@ class NodeCache {
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> by_path_;
   std::map<std::string, std::set<std::string>> by_file_;  // ns '\0' upath -> paths
-  std::list<std::string> lru_;  // front: most recently consumed
+  std::list<std::string> lru_;                            // front: most recently consumed
   uint64_t bytes_ = 0;
   uint64_t waiting_bytes_ = 0;  // of copies not consumed yet (prefetched)
 };

@@ -35,7 +35,8 @@ Result<ServiceRecord> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
                                         " is registered (is it running?)");
   ServiceRecord rec;
   if (!ServiceRecord::Decode(**v, &rec))
-    return Status(DYAD_RC_BADMETADATA, "malformed membership record for rank " + std::to_string(rank));
+    return Status(DYAD_RC_BADMETADATA,
+                  "malformed membership record for rank " + std::to_string(rank));
   std::lock_guard<std::mutex> lk(mu_);
   Peer& p = peers_[rank];
   if (p.have_record && p.record.incarnation != rec.incarnation) p.idle.clear();
@@ -44,9 +45,8 @@ Result<ServiceRecord> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
   return rec;
 }
 
-Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address,
-                                                     Deadline deadline, const CancelFn& cancel,
-                                                     PeerIdentity* peer) {
+Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address, Deadline deadline,
+                                                     const CancelFn& cancel, PeerIdentity* peer) {
   Result<SocketAddress> addr = ParseAddress(address);
   if (!addr.ok()) return addr.status();
   Result<UniqueFd> fd = Status(DYAD_RC_TIMEOUT, "no attempt");
@@ -76,11 +76,13 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline 
   Result<ServiceRecord> rec = Resolve(rank, false);
   if (!rec.ok()) return rec.status();
   PeerIdentity peer;
-  Result<std::unique_ptr<Channel>> ch = Dial(rec->address, deadline.Min(rpc_timeout_ms_), nullptr, &peer);
+  Result<std::unique_ptr<Channel>> ch =
+      Dial(rec->address, deadline.Min(rpc_timeout_ms_), nullptr, &peer);
   if (!ch.ok()) {
     if (ch.status().code() == DYAD_RC_AUTH)
       return ch.status().Annotate("authenticate with rank " + std::to_string(rank) + " at " +
-                                  rec->address + " (every service must use the same cluster "
+                                  rec->address +
+                                  " (every service must use the same cluster "
                                   "secret: check --secret-file / DYAD_SECRET_FILE on both)");
     return ch.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
                                 rec->address);
@@ -110,13 +112,14 @@ Status PeerDirectory::Mismatch(uint32_t rank, const ServiceRecord& rec, const Pe
       p.reported_incarnation = fresh->incarnation;
     }
     if (report)
-      DYAD_LOG_ERROR("rank %u is registered at %s (host %s), but that address is answered by rank "
-                     "%u incarnation %s: rank %u advertises an address that is not its own (check "
-                     "its --advertise / DYAD_SERVICE_ADVERTISE: a host name that resolves to a "
-                     "loopback address is a common cause), or two services listen on one "
-                     "address; fix the address and restart rank %u",
-                     rank, rec.address.c_str(), rec.hostname.c_str(), peer.rank,
-                     Hex(peer.incarnation).c_str(), rank, rank);
+      DYAD_LOG_ERROR(
+          "rank %u is registered at %s (host %s), but that address is answered by rank "
+          "%u incarnation %s: rank %u advertises an address that is not its own (check "
+          "its --advertise / DYAD_SERVICE_ADVERTISE: a host name that resolves to a "
+          "loopback address is a common cause), or two services listen on one "
+          "address; fix the address and restart rank %u",
+          rank, rec.address.c_str(), rec.hostname.c_str(), peer.rank, Hex(peer.incarnation).c_str(),
+          rank, rank);
   }
   return Status(DYAD_RC_STALE, msg);
 }

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/cancel.h"
 #include "common/net.h"
 #include "kvs/kvs.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 
 namespace dyad {

@@ -46,8 +46,8 @@ Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline dead
   }
   Transport* transport = nullptr;
   if (*route != Route::kOwnFile) {
-    Result<Transport*> t = *route == Route::kSameNode ? transports_->SameNode()
-                                                       : transports_->ForMode(req.dtl_mode);
+    Result<Transport*> t =
+        *route == Route::kSameNode ? transports_->SameNode() : transports_->ForMode(req.dtl_mode);
     if (!t.ok()) return t.status();
     transport = *t;
   }
@@ -116,9 +116,8 @@ void Placement::Settle(const std::string& dest, const std::shared_ptr<InFlight>&
   flight->cv.notify_all();
 }
 
-Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight,
-                                     const FileRecord& rec, Deadline deadline,
-                                     const CancelFn& cancel) {
+Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
+                                     Deadline deadline, const CancelFn& cancel) {
   stats_->Add(ServiceStats::kConsumeJoined);
   std::unique_lock<std::mutex> lk(mu_);
   while (!flight->done) {
@@ -166,7 +165,8 @@ Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
   const std::string stamp = VersionStamp(placed);
   (void)::fsetxattr(out.fd(), kVersionXattr, stamp.data(), stamp.size(), 0);
   DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
-  if (cache_ != nullptr) cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed,
+  if (cache_ != nullptr)
+    cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed,
                         /*consumed=*/!req.prefetched);
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);

@@ -48,11 +48,11 @@ struct PlacementConfig {
 
 struct PlacementRequest {
   FileRecord record;
-  std::string cons_root;       // the consumer's directory (absolute, canonical)
-  bool shared_storage = false; // DYAD_SHARED_STORAGE: synchronize only
-  std::string dtl_mode;        // the client's choice ("" = this service's default)
-  std::string ns;              // the record's namespace (indexes the copy)
-  bool prefetched = false;     // fetched ahead of any consume (node cache: "waiting")
+  std::string cons_root;        // the consumer's directory (absolute, canonical)
+  bool shared_storage = false;  // DYAD_SHARED_STORAGE: synchronize only
+  std::string dtl_mode;         // the client's choice ("" = this service's default)
+  std::string ns;               // the record's namespace (indexes the copy)
+  bool prefetched = false;      // fetched ahead of any consume (node cache: "waiting")
 };
 
 class Placement {
@@ -62,8 +62,7 @@ class Placement {
   // current when its size and mtime match the record, as before versions
   // had a counter).
   Placement(PlacementConfig config, PeerDirectory* peers, TransportSet* transports,
-            ServiceStats* stats, TransferRegistry* transfers = nullptr,
-            NodeCache* cache = nullptr);
+            ServiceStats* stats, TransferRegistry* transfers = nullptr, NodeCache* cache = nullptr);
 
   // True when `dest` is a copy of exactly `rec`'s version.
   bool IsCurrentCopy(const std::string& dest, const FileRecord& rec) const;
@@ -94,9 +93,8 @@ class Placement {
   };
 
   Result<Route> Decide(const PlacementRequest& req);
-  Result<ConsumeReply> Deduplicated(const PlacementRequest& req, Route route,
-                                    Transport* transport, Deadline deadline,
-                                    const CancelFn& cancel);
+  Result<ConsumeReply> Deduplicated(const PlacementRequest& req, Route route, Transport* transport,
+                                    Deadline deadline, const CancelFn& cancel);
   Result<ConsumeReply> Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
                             Deadline deadline, const CancelFn& cancel);
   Result<ConsumeReply> Transfer(const PlacementRequest& req, Route route, Transport* transport);
@@ -109,8 +107,7 @@ class Placement {
   // PlaceBatch's part: `mine` (indexes of `reqs`, one owner, flights
   // registered in `flights`) through one kFetchBatch, then one by one.
   void FetchTogether(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& mine,
-                     Transport* transport,
-                     const std::vector<std::shared_ptr<InFlight>>& flights,
+                     Transport* transport, const std::vector<std::shared_ptr<InFlight>>& flights,
                      std::vector<Result<ConsumeReply>>* out);
   // Writes one file received inline and places it.
   Result<ConsumeReply> Land(const PlacementRequest& req, Transport* transport,

@@ -13,8 +13,7 @@
 namespace dyad {
 
 std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<PlacementRequest>& reqs,
-                                                        Deadline deadline,
-                                                        const CancelFn& cancel) {
+                                                        Deadline deadline, const CancelFn& cancel) {
   std::vector<Result<ConsumeReply>> out(reqs.size(), Status(DYAD_RC_SYSFAIL, "not placed"));
   std::vector<size_t> single;
   std::map<uint32_t, std::vector<size_t>> by_owner;
@@ -86,8 +85,8 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
       [&](size_t k, const Status& s, FetchBatchPart* part) {
         if (s.code() == DYAD_RC_NOTSUP) return;  // grew past the inline size: alone, below
         const size_t i = mine[k];
-        Result<ConsumeReply> r = s.ok() ? Land(reqs[i], transport, *part, t0)
-                                        : Result<ConsumeReply>(s);
+        Result<ConsumeReply> r =
+            s.ok() ? Land(reqs[i], transport, *part, t0) : Result<ConsumeReply>(s);
         (*out)[i] = r;
         Settle(dest(i), flights[i], r);
         settled[k] = true;

@@ -19,8 +19,7 @@ bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath
   return upath.compare(0, pattern.size(), pattern) == 0;
 }
 
-Prefetcher::Prefetcher(PrefetchConfig config, Kvs* kvs, Placement* placement,
-                       MetadataCache* cache)
+Prefetcher::Prefetcher(PrefetchConfig config, Kvs* kvs, Placement* placement, MetadataCache* cache)
     : cfg_(config), kvs_(kvs), placement_(placement), cache_(cache) {
   const uint32_t n = std::max<uint32_t>(1, cfg_.max_inflight);
   for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { Worker(); });
@@ -101,8 +100,7 @@ Status Prefetcher::EnsureWatched(const std::string& ns) {
     std::lock_guard<std::mutex> lk(mu_);
     if (watches_.count(ns) != 0) return Status::OK();
   }
-  Result<KvsWatchTicket> t =
-      kvs_->Watch(ns, [this, ns](const KvsChange& c) { OnChange(ns, c); });
+  Result<KvsWatchTicket> t = kvs_->Watch(ns, [this, ns](const KvsChange& c) { OnChange(ns, c); });
   if (!t.ok()) return t.status().Annotate("prefetch: watch namespace '" + ns + "'");
   std::unique_lock<std::mutex> lk(mu_);
   if (stopping_ || watches_.count(ns) != 0) {
@@ -157,8 +155,7 @@ void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
   cv_.notify_all();
 }
 
-void Prefetcher::MatchLocked(const std::string& ns, const std::string& key,
-                             const FileRecord& rec) {
+void Prefetcher::MatchLocked(const std::string& ns, const std::string& key, const FileRecord& rec) {
   for (const Declaration& d : decls_)
     if (d.ns == ns && PrefetchPatternMatches(d.pattern, rec.upath))
       EnqueueLocked(Item{ns, key, d.cons_root, d.dtl_mode, rec, false});

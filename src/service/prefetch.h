@@ -125,18 +125,18 @@ class Prefetcher {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                                  // guarded by mu_
-  std::function<bool(uint64_t)> admit_;                    // guarded by mu_
+  bool stopping_ = false;                                                      // guarded by mu_
+  std::function<bool(uint64_t)> admit_;                                        // guarded by mu_
   std::function<void(const std::string&, const FileRecord&)> on_publication_;  // set once
-  std::map<std::string, Item> deferred_;                   // refused by the budget
-  std::vector<Declaration> decls_;                         // guarded by mu_
-  std::map<std::string, KvsWatchTicket> watches_;          // by namespace; guarded by mu_
-  std::set<std::string> resync_;                           // namespaces to list again
-  std::map<std::string, Item> pending_;                    // by destination path
-  std::deque<std::string> order_;                          // destinations, oldest first
-  std::set<std::string> active_;                           // destinations in flight
-  std::map<std::string, Item> again_;                      // newer records of active ones
-  std::map<uint32_t, uint32_t> per_peer_;                  // requests in flight by owner
+  std::map<std::string, Item> deferred_;           // refused by the budget
+  std::vector<Declaration> decls_;                 // guarded by mu_
+  std::map<std::string, KvsWatchTicket> watches_;  // by namespace; guarded by mu_
+  std::set<std::string> resync_;                   // namespaces to list again
+  std::map<std::string, Item> pending_;            // by destination path
+  std::deque<std::string> order_;                  // destinations, oldest first
+  std::set<std::string> active_;                   // destinations in flight
+  std::map<std::string, Item> again_;              // newer records of active ones
+  std::map<uint32_t, uint32_t> per_peer_;          // requests in flight by owner
   std::vector<std::thread> workers_;
   std::atomic<bool> stopped_{false};
 

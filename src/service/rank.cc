@@ -7,9 +7,8 @@
 
 namespace dyad {
 
-const char* const kLauncherRankVariables[] = {"FLUX_TASK_RANK", "SLURM_PROCID",
-                                              "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
-                                              nullptr};
+const char* const kLauncherRankVariables[] = {
+    "FLUX_TASK_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", nullptr};
 
 namespace {
 
@@ -42,24 +41,23 @@ Result<uint32_t> ParseRank(const std::string& text, const std::string& source) {
   return static_cast<uint32_t>(v);
 }
 
-Result<uint32_t> ResolveServiceRank(const std::optional<std::string>& cli,
-                                    const GetEnvFn& env) {
+Result<uint32_t> ResolveServiceRank(const std::optional<std::string>& cli, const GetEnvFn& env) {
   if (cli) return ParseRank(*cli, "-r/--rank");
-  if (const char* v = env("DYAD_SERVICE_RANK"))
-    return ParseRank(v, "DYAD_SERVICE_RANK");
+  if (const char* v = env("DYAD_SERVICE_RANK")) return ParseRank(v, "DYAD_SERVICE_RANK");
   for (const char* const* var = kLauncherRankVariables; *var != nullptr; ++var) {
     if (const char* v = env(*var)) {
       Result<uint32_t> r = ParseRank(v, std::string(*var) + ", set by the launcher");
       if (!r.ok())
-        return r.status().Annotate("cannot take the rank from the launcher (give -r/--rank N "
-                                   "to override it)");
+        return r.status().Annotate(
+            "cannot take the rank from the launcher (give -r/--rank N "
+            "to override it)");
       return r;
     }
   }
   return Status(DYAD_RC_BAD_CLI_PARSE,
                 "no rank: give -r/--rank N (0 for the service that hosts the embedded "
-                "metadata store), or set " + AllSources() +
-                    " (launchers such as flux, srun and mpirun set one per task)");
+                "metadata store), or set " +
+                    AllSources() + " (launchers such as flux, srun and mpirun set one per task)");
 }
 
 }  // namespace dyad

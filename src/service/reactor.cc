@@ -56,9 +56,9 @@ struct Reactor::Conn {
   std::unique_ptr<Authenticator::PendingAccept> handshake;  // set while in the handshake
   bool counted_unauthenticated = false;
   Deadline handshake_deadline = Deadline::Never();
-  std::string inbuf;  // bytes of the next frame(s), while the loop owns the connection
+  std::string inbuf;   // bytes of the next frame(s), while the loop owns the connection
   std::string outbuf;  // replies of inline requests the socket has not taken yet
-  bool busy = false;  // on a worker or parked (the loop does not read it)
+  bool busy = false;   // on a worker or parked (the loop does not read it)
   // Parking, under mu.
   std::mutex mu;
   bool running = false;  // a handler is running on a worker
@@ -220,8 +220,8 @@ std::string Reactor::Admit(bool local, const std::string& peer_host) {
     return "too many connections in their handshake from " + peer_host + " (" +
            std::to_string(cfg_.max_per_peer) + ", DYAD_MAX_UNAUTHENTICATED_PER_PEER)";
   if (handshaking_.size() >= cfg_.max_unauthenticated && !DisplaceOldestHandshake())
-    return "too many connections in their handshake (" +
-           std::to_string(cfg_.max_unauthenticated) + ", DYAD_MAX_UNAUTHENTICATED)";
+    return "too many connections in their handshake (" + std::to_string(cfg_.max_unauthenticated) +
+           ", DYAD_MAX_UNAUTHENTICATED)";
   return std::string();
 }
 
@@ -361,9 +361,10 @@ void Reactor::TryFrame(Conn* c) {
       if (c->handshake) {
         hooks_.refused("handshake: " + need.status().ToString());
       } else {
-        DYAD_LOG_WARN("%s: %s",
-                      c->local ? "local client" : ("peer rank " + std::to_string(c->peer.rank)).c_str(),
-                      need.status().ToString().c_str());
+        DYAD_LOG_WARN(
+            "%s: %s",
+            c->local ? "local client" : ("peer rank " + std::to_string(c->peer.rank)).c_str(),
+            need.status().ToString().c_str());
         hooks_.reply_error(c->ch, need.status());
       }
       return Close(c);

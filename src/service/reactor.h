@@ -44,9 +44,9 @@
 #include <utility>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "proto/auth.h"
 #include "proto/router.h"
 #include "service/worker_pool.h"
 
@@ -150,7 +150,7 @@ class Reactor {
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
   std::vector<Conn*> handshaking_;
   std::unordered_map<std::string, uint32_t> per_peer_;  // handshaking, by address
-  std::string inline_payload_;  // reused by ServeInline
+  std::string inline_payload_;                          // reused by ServeInline
 
   std::mutex post_mu_;
   std::vector<std::pair<Post, std::shared_ptr<Conn>>> posts_;

@@ -13,19 +13,19 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
-#include "proto/munge/munge.h"
 #include "common/safety.h"
 #include "common/time.h"
 #include "common/trace.h"
+#include "proto/munge/munge.h"
 #include "service/advertise.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/peers.h"
 #include "service/placement.h"
+#include "service/prefetch.h"
 #include "service/reactor.h"
 #include "service/threaded_waits.h"
 #include "service/transfers.h"
-#include "service/prefetch.h"
 #include "service/transports.h"
 #include "service/versions.h"
 
@@ -130,11 +130,12 @@ Status Service::StartSteps() {
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
   membership_thread_ = std::thread([this] { MembershipLoop(); });
 
-  DYAD_LOG_INFO("serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
-                "path %s, store %s, transport %s",
-                opt_.rank, static_cast<unsigned long long>(incarnation_), advertise_.c_str(),
-                opt_.socket_path.c_str(), prod_real_.empty() ? "(none)" : prod_real_.c_str(),
-                StoreDescription().c_str(), transports_->Default().name().c_str());
+  DYAD_LOG_INFO(
+      "serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
+      "path %s, store %s, transport %s",
+      opt_.rank, static_cast<unsigned long long>(incarnation_), advertise_.c_str(),
+      opt_.socket_path.c_str(), prod_real_.empty() ? "(none)" : prod_real_.c_str(),
+      StoreDescription().c_str(), transports_->Default().name().c_str());
   return WriteReadyFile();
 }
 
@@ -235,9 +236,8 @@ Status Service::OpenStore() {
 }
 
 void Service::BuildParts() {
-  peers_ = std::make_unique<PeerDirectory>(kvs_.get(), auth_.get(),
-                                           PeerIdentity{opt_.rank, incarnation_},
-                                           opt_.rpc_timeout_ms);
+  peers_ = std::make_unique<PeerDirectory>(
+      kvs_.get(), auth_.get(), PeerIdentity{opt_.rank, incarnation_}, opt_.rpc_timeout_ms);
   PlacementConfig pc;
   pc.rank = opt_.rank;
   pc.node_idx = node_idx_;
@@ -249,9 +249,9 @@ void Service::BuildParts() {
   if (!prod_real_.empty()) node_cache_->ProtectTree(prod_real_);
   placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_,
                                            transfers_in_flight_.get(), node_cache_.get());
-  file_server_ = std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms,
-                                              transports_.get(), &stats_,
-                                              transfers_in_flight_.get());
+  file_server_ =
+      std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms, transports_.get(),
+                                   &stats_, transfers_in_flight_.get());
   notices_ = std::make_unique<VersionNotices>(opt_.rank, peers_.get(), opt_.rpc_timeout_ms);
   file_server_->SetOnServe([n = notices_.get()](const std::string& upath, uint32_t rank) {
     n->NoteReader(upath, rank);
@@ -264,16 +264,17 @@ void Service::BuildParts() {
   // The node cache's budget bounds what is fetched ahead, and every
   // publication the prefetcher's watch sees supersedes older copies.
   prefetch_->SetAdmit([nc = node_cache_.get()](uint64_t bytes) { return nc->Admit(bytes); });
-  prefetch_->SetOnPublication([nc = node_cache_.get()](const std::string& ns, const FileRecord& rec) {
-    nc->Supersede(ns, rec);
-  });
+  prefetch_->SetOnPublication(
+      [nc = node_cache_.get()](const std::string& ns, const FileRecord& rec) {
+        nc->Supersede(ns, rec);
+      });
 }
 
 std::string Service::StoreDescription() const {
-  return RedactUrl(opt_.kvs_url) + (kvs_ && kvs_->caps().hosted_by_service &&
-                                            opt_.kvs_url.find("://") == std::string::npos
-                                        ? " (root)"
-                                        : "");
+  return RedactUrl(opt_.kvs_url) +
+         (kvs_ && kvs_->caps().hosted_by_service && opt_.kvs_url.find("://") == std::string::npos
+              ? " (root)"
+              : "");
 }
 
 Status Service::WriteReadyFile() {
@@ -311,7 +312,7 @@ void Service::Teardown() {
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
     if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
-    if (reactor_) reactor_->Stop();  // closes every connection, drains the workers
+    if (reactor_) reactor_->Stop();    // closes every connection, drains the workers
     if (threaded_waits_) threaded_waits_->Stop();
     if (async_thread_.joinable()) async_thread_.join();
     if (membership_thread_.joinable()) membership_thread_.join();

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -28,13 +29,12 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <functional>
 #include <thread>
 
-#include "proto/auth.h"
 #include "common/net.h"
 #include "common/status.h"
 #include "kvs/kvs.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "service/metadata_cache.h"
 #include "service/stats.h"
@@ -57,30 +57,30 @@ struct RequestContext;
 struct ServiceOptions {
   uint32_t rank = 0;
   uint32_t service_mux = 1;
-  std::string prod_path;       // producer-managed directory served ("" = none)
-  std::string cons_path;       // consumer directory to clean at start ("" = none)
+  std::string prod_path;  // producer-managed directory served ("" = none)
+  std::string cons_path;  // consumer directory to clean at start ("" = none)
   std::string listen = "0.0.0.0:7590";
-  std::string advertise;       // "" = derived from listen
-  std::string socket_path;     // Unix socket for local clients
+  std::string advertise;    // "" = derived from listen
+  std::string socket_path;  // Unix socket for local clients
   std::string kvs_url = "embedded";
-  bool host_root = false;      // host the embedded store
-  std::string dtl_mode;        // "" = the default of DYAD_DTL_MODE
+  bool host_root = false;  // host the embedded store
+  std::string dtl_mode;    // "" = the default of DYAD_DTL_MODE
   std::string secret;
-  bool munge = false;          // MUNGE credentials for peers (with or instead of the secret)
-  std::string munge_socket;    // munged's socket ("" = libmunge's default)
+  bool munge = false;        // MUNGE credentials for peers (with or instead of the secret)
+  std::string munge_socket;  // munged's socket ("" = libmunge's default)
   LinkProtection protection = LinkProtection::kIntegrity;  // of the links between services
-  bool insecure = false;       // allow listening beyond loopback without any credential
+  bool insecure = false;  // allow listening beyond loopback without any credential
   size_t chunk_size = 4u << 20;
   int64_t rpc_timeout_ms = 60000;
   // Connection caps: the excess is closed at once (counted, logged at most
   // every 10 s). Unauthenticated = peer links still in their handshake.
   uint32_t max_connections = 16384;
   uint32_t max_unauthenticated = 64;
-  uint32_t max_per_peer = 16;   // unauthenticated ones per remote address
-  uint32_t workers = 8;         // threads of each worker pool (local clients, peers)
+  uint32_t max_per_peer = 16;  // unauthenticated ones per remote address
+  uint32_t workers = 8;        // threads of each worker pool (local clients, peers)
   std::string ready_file;
   bool debug = false;
-  uint64_t cache_bytes = 0;     // budget of fetched copies (0 = unlimited)
+  uint64_t cache_bytes = 0;           // budget of fetched copies (0 = unlimited)
   uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
   uint32_t prefetch_per_peer = 8;     // DYAD_PREFETCH_PER_PEER
 };
@@ -159,8 +159,7 @@ class Service {
   Result<FileRecord> Locate(const std::string& ns, const std::string& key, bool wait,
                             Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr,
                             const std::optional<std::string>& published = std::nullopt);
-  Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline,
-                               const CancelFn& cancel,
+  Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline, const CancelFn& cancel,
                                const std::optional<std::string>& published = std::nullopt);
 
   // membership.cc: take the rank (refusing one a live service holds) and
@@ -192,10 +191,10 @@ class Service {
   std::atomic<uint64_t> publish_seq_{0};  // FileRecord::seq of this incarnation
 
   std::unique_ptr<Dispatcher> dispatch_;
-  std::shared_ptr<Kvs> kvs_;                // the store this service uses
+  std::shared_ptr<Kvs> kvs_;  // the store this service uses
   std::unique_ptr<TransportSet> transports_;
   std::unique_ptr<PeerDirectory> peers_;
-  std::unique_ptr<NodeCache> node_cache_;   // fetched copies, versions, byte budget
+  std::unique_ptr<NodeCache> node_cache_;  // fetched copies, versions, byte budget
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<VersionNotices> notices_;  // new versions to holders of old ones
   std::unique_ptr<FileServer> file_server_;

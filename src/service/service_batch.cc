@@ -29,8 +29,8 @@ void Service::HandlePrefetch(RequestContext& ctx, const std::string& payload) {
   if (!req.DecodeFrom(d) || !d.done())
     return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed prefetch"));
   if (req.ns == kMembersNamespace)
-    return Reply(ch, Status(DYAD_RC_PERM, "namespace '" + std::string(kMembersNamespace) +
-                                              "' holds no files"));
+    return Reply(ch, Status(DYAD_RC_PERM,
+                            "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
   struct stat st;
   if (req.cons_path.empty() || req.cons_path[0] != '/' || ::stat(req.cons_path.c_str(), &st) != 0 ||
       !S_ISDIR(st.st_mode))
@@ -42,8 +42,8 @@ void Service::HandlePrefetch(RequestContext& ctx, const std::string& payload) {
   Result<uint32_t> n = prefetch_->Declare(req);
   if (!n.ok()) return Reply(ch, n.status());
   if (!req.cancel)
-    DYAD_LOG_DEBUG("prefetch of '%s' into %s declared (%u already published)",
-                   req.pattern.c_str(), req.cons_path.c_str(), *n);
+    DYAD_LOG_DEBUG("prefetch of '%s' into %s declared (%u already published)", req.pattern.c_str(),
+                   req.cons_path.c_str(), *n);
   Encoder e;
   e.U32(*n);
   Reply(ch, Status::OK(), e.data());
@@ -76,7 +76,8 @@ void Service::HandleConsumeBatch(RequestContext& ctx, const std::string& payload
       }
     }
   };
-  const size_t helpers = std::min(kBatchParallelism, req.items.size()) - (req.items.empty() ? 0 : 1);
+  const size_t helpers =
+      std::min(kBatchParallelism, req.items.size()) - (req.items.empty() ? 0 : 1);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < helpers; ++i) threads.emplace_back(work);
   work();

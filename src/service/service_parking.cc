@@ -13,9 +13,8 @@
 
 namespace dyad {
 
-bool Service::ParkUntilPublished(RequestContext& ctx, const std::string& ns,
-                                 const std::string& key, Deadline deadline,
-                                 std::function<void(RequestContext&)> then,
+bool Service::ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
+                                 Deadline deadline, std::function<void(RequestContext&)> then,
                                  std::optional<std::string>* published) {
   if (ctx.parking == nullptr || deadline.expired() || cache_.Get(ns, key)) return false;
   // Published already (or the store fails): the ordinary path answers at

@@ -8,8 +8,8 @@
 #include "service/file_server.h"
 #include "service/node_cache.h"
 #include "service/placement.h"
-#include "service/reactor.h"
 #include "service/prefetch.h"
+#include "service/reactor.h"
 #include "service/service.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -51,12 +51,12 @@ void Service::RouteRequests() {
                        (this->*h)(ctx, payload);
                      });
   for (Link link : {Link::kLocal, Link::kPeer})
-    dispatch_->Route(link, MsgType::kPing, nullptr,
-                     [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
-  dispatch_->Route(Link::kPeer, MsgType::kSupersede, nullptr,
-                   [this](RequestContext& ctx, const std::string& payload) {
-                     HandleSupersede(ctx, payload);
-                   });
+    dispatch_->Route(
+        link, MsgType::kPing, nullptr,
+        [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
+  dispatch_->Route(
+      Link::kPeer, MsgType::kSupersede, nullptr,
+      [this](RequestContext& ctx, const std::string& payload) { HandleSupersede(ctx, payload); });
   file_server_->Route(*dispatch_);
 }
 
@@ -64,17 +64,19 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   Channel& ch = ctx.ch;
   PublishRequest req;
   Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
+  if (!req.DecodeFrom(d) || !d.done())
+    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
   if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
   TraceSpan span("publish", "service");
   span.Arg("path", req.upath);
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return Reply(ch, upath.status());
   if (prod_real_.empty())
-    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
-                            "this dyad-service serves no producer directory; start it with the "
-                            "producer path (dyad-service ... " +
-                                (req.prod_path.empty() ? std::string("DIR") : req.prod_path) + ")"));
+    return Reply(ch,
+                 Status(DYAD_RC_BADMANAGEDPATH,
+                        "this dyad-service serves no producer directory; start it with the "
+                        "producer path (dyad-service ... " +
+                            (req.prod_path.empty() ? std::string("DIR") : req.prod_path) + ")"));
   if (req.prod_path != prod_real_)
     return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
                             "producer path '" + req.prod_path +
@@ -112,12 +114,13 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
     return NotifyPreviousOwners(previous, req, rec);
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
-  if (!st.ok()) st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
-  else NotifyPreviousOwners(previous, req, rec);
+  if (!st.ok())
+    st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
+  else
+    NotifyPreviousOwners(previous, req, rec);
   span.Rc(st);
   Reply(ch, st);
 }
-
 
 Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
                                    Deadline deadline, const CancelFn& cancel, bool* from_cache,
@@ -154,14 +157,14 @@ void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
   Channel& ch = ctx.ch;
   LocateRequest req;
   Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
+  if (!req.DecodeFrom(d) || !d.done())
+    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
   std::optional<std::string> published;
-  if (req.wait && ParkUntilPublished(ctx, req.ns, req.key, deadline,
-                                     [this, req, deadline](RequestContext& c) {
-                                       FinishLocate(c, req, deadline);
-                                     },
-                                     &published))
+  if (req.wait &&
+      ParkUntilPublished(
+          ctx, req.ns, req.key, deadline,
+          [this, req, deadline](RequestContext& c) { FinishLocate(c, req, deadline); }, &published))
     return;
   FinishLocate(ctx, req, deadline, published);
 }
@@ -199,13 +202,14 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     rec.upath = *upath;
   } else {
     bool from_cache = false;
-    Result<FileRecord> located = Locate(req.ns, req.key, true, deadline, cancel, &from_cache, published);
+    Result<FileRecord> located =
+        Locate(req.ns, req.key, true, deadline, cancel, &from_cache, published);
     if (!located.ok()) {
       if (located.status().code() == DYAD_RC_TIMEOUT) {
         // Keep the store's explanation when it says more than "not yet"
         // (e.g. that the root was unreachable during the wait).
-        std::string msg = "'" + *upath + "' was not published within " +
-                          std::to_string(req.timeout_ms) + " ms";
+        std::string msg =
+            "'" + *upath + "' was not published within " + std::to_string(req.timeout_ms) + " ms";
         if (located.status().cause() != DYAD_RC_OK) msg += " (" + located.status().message() + ")";
         return Status(DYAD_RC_TIMEOUT, msg);
       }
@@ -253,14 +257,15 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   Channel& ch = ctx.ch;
   ConsumeRequest req;
   Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
+  if (!req.DecodeFrom(d) || !d.done())
+    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
   std::optional<std::string> published;
-  if (!req.have_record && ParkUntilPublished(ctx, req.ns, req.key, deadline,
-                                             [this, req, deadline](RequestContext& c) {
-                                               FinishConsume(c, req, deadline);
-                                             },
-                                             &published))
+  if (!req.have_record &&
+      ParkUntilPublished(
+          ctx, req.ns, req.key, deadline,
+          [this, req, deadline](RequestContext& c) { FinishConsume(c, req, deadline); },
+          &published))
     return;
   FinishConsume(ctx, req, deadline, published);
 }
@@ -290,7 +295,8 @@ void Service::HandleList(RequestContext& ctx, const std::string& payload) {
   Channel& ch = ctx.ch;
   ListRequest req;
   Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed list"));
+  if (!req.DecodeFrom(d) || !d.done())
+    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed list"));
   Result<std::vector<KvsEntry>> all = kvs_->List(req.ns, "", 0);
   if (!all.ok()) return Reply(ch, all.status());
   std::vector<std::pair<std::string, std::string>> out;
@@ -311,7 +317,8 @@ void Service::HandleRemove(RequestContext& ctx, const std::string& payload) {
   Channel& ch = ctx.ch;
   RemoveRequest req;
   Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed remove"));
+  if (!req.DecodeFrom(d) || !d.done())
+    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed remove"));
   if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
   cache_.Erase(req.ns, req.key);
   Reply(ch, kvs_->Remove(req.ns, req.key));

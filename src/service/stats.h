@@ -46,13 +46,29 @@ class ServiceStats {
   uint64_t Get(Counter c) const { return v_[c].load(std::memory_order_relaxed); }
 
   static const char* Name(Counter c) {
-    static const char* const kNames[kNumCounters] = {
-        "requests.publish", "requests.locate",  "requests.consume",      "requests.list",
-        "requests.status",  "requests.fetch",   "requests.kvs",          "publish.async_pending",
-        "cache.hits",       "cache.misses",     "consume.local",         "consume.joined",
-        "transfers.in",     "bytes.in",         "transfers.out",         "bytes.out",
-        "bytes.out.direct", "fetch.refused",    "errors",                "connections.refused",
-        "node_cache.hits",  "node_cache.evictions", "node_cache.superseded"};
+    static const char* const kNames[kNumCounters] = {"requests.publish",
+                                                     "requests.locate",
+                                                     "requests.consume",
+                                                     "requests.list",
+                                                     "requests.status",
+                                                     "requests.fetch",
+                                                     "requests.kvs",
+                                                     "publish.async_pending",
+                                                     "cache.hits",
+                                                     "cache.misses",
+                                                     "consume.local",
+                                                     "consume.joined",
+                                                     "transfers.in",
+                                                     "bytes.in",
+                                                     "transfers.out",
+                                                     "bytes.out",
+                                                     "bytes.out.direct",
+                                                     "fetch.refused",
+                                                     "errors",
+                                                     "connections.refused",
+                                                     "node_cache.hits",
+                                                     "node_cache.evictions",
+                                                     "node_cache.superseded"};
     return kNames[c];
   }
   // The counter called `name`, or kNumCounters when there is none.
@@ -105,16 +121,18 @@ inline std::string ServiceStats::Help(const std::string& name) {
       {"cache.hits", "Lookups answered by the node-local metadata cache."},
       {"cache.misses", "Lookups that went to the metadata store."},
       {"cache.entries", "Records in the node-local metadata cache."},
-      {"consume.local", "Consumes that needed no transfer (complete copy, same directory or "
-                        "shared storage)."},
+      {"consume.local",
+       "Consumes that needed no transfer (complete copy, same directory or "
+       "shared storage)."},
       {"consume.joined", "Consumes that waited for a transfer another request started."},
       {"transfers.in", "Files received into a consumer directory of this node."},
       {"bytes.in", "Bytes received into consumer directories of this node."},
       {"transfers.out", "Files sent to other services."},
       {"bytes.out", "Bytes sent to other services."},
       {"bytes.out.direct", "Bytes sent straight into a peer's memory on the same host."},
-      {"fetch.refused", "Fetches refused (outside the producer directory, not a regular file, "
-                        "malformed)."},
+      {"fetch.refused",
+       "Fetches refused (outside the producer directory, not a regular file, "
+       "malformed)."},
       {"errors", "Requests answered with an error."},
   };
   if (auto it = kHelp.find(name); it != kHelp.end()) return it->second;

@@ -9,7 +9,6 @@
 #include <dyad/stream/dyad_stream_core.hpp>
 
 #include <dyad/client/dyad_client.h>
-#include <dyad/client/dyad_client.hpp>
 #include <dyad/client/dyad_producer.h>
 #include <dyad/core/dyad_ctx.h>
 #include <errno.h>
@@ -17,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <dyad/client/dyad_client.hpp>
 
 #include <cstdio>
 
@@ -76,12 +76,11 @@ void dyad_stream_core::init(const bool reinit) {
 }
 
 void dyad_stream_core::init(const dyad_params& p) {
-  const dyad_rc_t rc =
-      dyad_init(p.m_debug, p.m_check, p.m_shared_storage, p.m_reinit, p.m_async_publish,
-                p.m_fsync_write, p.m_key_depth, p.m_key_bins, p.m_service_mux,
-                OrNull(p.m_kvs_namespace), OrNull(p.m_prod_managed_path),
-                OrNull(p.m_cons_managed_path), p.m_relative_to_managed_path, DtlName(p),
-                DYAD_COMM_RECV, nullptr);
+  const dyad_rc_t rc = dyad_init(p.m_debug, p.m_check, p.m_shared_storage, p.m_reinit,
+                                 p.m_async_publish, p.m_fsync_write, p.m_key_depth, p.m_key_bins,
+                                 p.m_service_mux, OrNull(p.m_kvs_namespace),
+                                 OrNull(p.m_prod_managed_path), OrNull(p.m_cons_managed_path),
+                                 p.m_relative_to_managed_path, DtlName(p), DYAD_COMM_RECV, nullptr);
   if (DYAD_IS_ERROR(rc)) {
     m_last_rc = rc;
     m_last_error = dyad_last_error();
@@ -142,7 +141,9 @@ bool dyad_stream_core::close_sync(const char* path) {
 
 void dyad_stream_core::set_initialized() { adopt_context(); }
 
-bool dyad_stream_core::chk_initialized() const { return m_initialized && dyad_ctx_get() != nullptr; }
+bool dyad_stream_core::chk_initialized() const {
+  return m_initialized && dyad_ctx_get() != nullptr;
+}
 
 bool dyad_stream_core::chk_fsync_write() const {
   const Client c = m_initialized ? CurrentClient() : Client();

@@ -52,8 +52,8 @@ Result<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
   if (!row.ok()) return row.status();
   for (const Factory& f : kFactories)
     if (std::string((*row)->name) == f.name) return f.create(options);
-  return Status(DYAD_RC_BADDTLMODE, std::string("transport '") + (*row)->name +
-                                        "' is marked built but has no factory");
+  return Status(DYAD_RC_BADDTLMODE,
+                std::string("transport '") + (*row)->name + "' is marked built but has no factory");
 }
 
 Result<const BackendRow*> SameNodeTransportRow() {

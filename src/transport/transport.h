@@ -116,9 +116,9 @@ Result<const BackendRow*> SameNodeTransportRow();
 
 // A backend's source defines its factory with this (inside namespace dyad);
 // registry.cc finds it through CMake's list of built backends.
-#define DYAD_DEFINE_TRANSPORT_FACTORY(name, Class)                                      \
+#define DYAD_DEFINE_TRANSPORT_FACTORY(name, Class)                                       \
   Result<std::unique_ptr<Transport>> CreateTransport_##name(const TransportOptions& o) { \
-    return std::unique_ptr<Transport>(std::make_unique<Class>(o));                      \
+    return std::unique_ptr<Transport>(std::make_unique<Class>(o));                       \
   }
 
 }  // namespace dyad

@@ -150,7 +150,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 3:
     case 4: {
-      const LinkProtection level = mode == 3 ? LinkProtection::kIntegrity : LinkProtection::kEncrypt;
+      const LinkProtection level =
+          mode == 3 ? LinkProtection::kIntegrity : LinkProtection::kEncrypt;
       dyad::fuzz::FedChannel fed(rest, Trust::kAuthenticated);
       dyad::fuzz::FixedCiphers keys(level);
       fed.channel().Protect(level, nullptr, std::move(keys.recv));

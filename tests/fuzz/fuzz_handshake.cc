@@ -11,9 +11,9 @@
 //   5, 6:    the connecting side (Authenticator::Connect), the same two ways.
 // Whatever comes, the handshake ends with an error or, only without
 // credentials, a protected and authenticated channel; never a crash.
-#include "proto/auth.h"
 #include "common/handshake.h"
 #include "fuzz/fuzz_util.h"
+#include "proto/auth.h"
 
 using namespace dyad;
 using dyad::fuzz::Check;
@@ -64,13 +64,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (data[0] % 7) {
-    case 0: RoundTrip<ChallengeMsg>(rest); break;
-    case 1: RoundTrip<AuthenticateMsg>(rest); break;
-    case 2: RoundTrip<ServerProofMsg>(rest); break;
-    case 3: Drive(rest, true, true); break;
-    case 4: Drive(rest, true, false); break;
-    case 5: Drive(rest, false, true); break;
-    default: Drive(rest, false, false); break;
+    case 0:
+      RoundTrip<ChallengeMsg>(rest);
+      break;
+    case 1:
+      RoundTrip<AuthenticateMsg>(rest);
+      break;
+    case 2:
+      RoundTrip<ServerProofMsg>(rest);
+      break;
+    case 3:
+      Drive(rest, true, true);
+      break;
+    case 4:
+      Drive(rest, true, false);
+      break;
+    case 5:
+      Drive(rest, false, true);
+      break;
+    default:
+      Drive(rest, false, false);
+      break;
   }
   return 0;
 }

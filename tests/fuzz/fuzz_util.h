@@ -45,7 +45,8 @@ class FedChannel {
  private:
   void Feed(std::string_view bytes) {
     while (!bytes.empty()) {
-      const ssize_t n = ::send(peer_.get(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      const ssize_t n =
+          ::send(peer_.get(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n <= 0) return;  // the buffer is full: the rest is simply not sent
       bytes.remove_prefix(static_cast<size_t>(n));
     }

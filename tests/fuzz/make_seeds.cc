@@ -237,8 +237,9 @@ void KvsServer() {
 
 void Text() {
   const std::vector<std::pair<char, std::string>> config = {
-      {0, "true"}, {0, "off"}, {1, "42"}, {1, "18446744073709551615"}, {2, "2.5"},
-      {2, "inf"},  {2, "1e300"}, {3, "encrypt"}, {3, "Integrity"}, {4, "DYAD_KVS"}};
+      {0, "true"},      {0, "off"},     {1, "42"},    {1, "18446744073709551615"},
+      {2, "2.5"},       {2, "inf"},     {2, "1e300"}, {3, "encrypt"},
+      {3, "Integrity"}, {4, "DYAD_KVS"}};
   int i = 0;
   for (const auto& [mode, value] : config)
     Seed("fuzz_config", std::to_string(i++), std::string(1, mode) + value);

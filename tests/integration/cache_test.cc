@@ -43,8 +43,8 @@ class CacheTest : public TwoNodeTest {
   // Under the library, with a consumer directory apart from the producer's
   // (the cluster's default shares one, where nothing is a copy).
   Env PreloadEnv(int node) {
-    return {{"LD_PRELOAD", lib_}, {"DYAD_CONSUME_TIMEOUT", "30"},
-            {"DYAD_PATH_CONSUMER", cons_[node]}};
+    return {
+        {"LD_PRELOAD", lib_}, {"DYAD_CONSUME_TIMEOUT", "30"}, {"DYAD_PATH_CONSUMER", cons_[node]}};
   }
   std::string RunOk(int node, const std::vector<std::string>& argv) {
     auto r = cluster().RunOnNode(node, argv, 60000, PreloadEnv(node));

@@ -112,8 +112,8 @@ TEST(EmuClusterTest, ThreeNodesOverABridge) {
   const std::string manifest = cl.base_dir() + "/m";
   ASSERT_TRUE(emu::WriteManifest(manifest, {{"tri/file.dat", 777777}}).ok());
   auto run = [&](int node, const std::string& role, const std::string& result) {
-    auto r = cl.RunOnNode(
-        node, {dyad, "--role", role, "--manifest", manifest, "--result", result}, 60000);
+    auto r = cl.RunOnNode(node, {dyad, "--role", role, "--manifest", manifest, "--result", result},
+                          60000);
     EXPECT_TRUE(r.ok());
     if (r.ok()) {
       EXPECT_TRUE(r->status.success()) << r->output;

@@ -281,8 +281,7 @@ TEST(EmuScaleTest, ThirtyTwoNodesExchangeBetweenFarNodes) {
   struct stat st;
   EXPECT_NE(::stat(base.c_str(), &st), 0);
   const std::vector<std::string> left = ListNetns();
-  for (const std::string& n : names)
-    EXPECT_EQ(std::count(left.begin(), left.end(), n), 0) << n;
+  for (const std::string& n : names) EXPECT_EQ(std::count(left.begin(), left.end(), n), 0) << n;
   for (pid_t p : pids) EXPECT_TRUE(::kill(p, 0) != 0 && errno == ESRCH) << p;
 }
 

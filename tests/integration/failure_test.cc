@@ -36,9 +36,10 @@ TEST_F(FailureTest, ConsumerServiceKilledMidTransferLeavesNoPartialFile) {
   const uint64_t size = 1024 * kMiB;
   InterruptibleTransfer t = StartInterruptibleTransfer(name, size);
   if (t.state == TransferState::kTooFast)
-    GTEST_SKIP() << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
-  ASSERT_EQ(t.state, TransferState::kInProgress)
-      << "no transfer in progress on node B\n" << Output(t.files);
+    GTEST_SKIP()
+        << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
+  ASSERT_EQ(t.state, TransferState::kInProgress) << "no transfer in progress on node B\n"
+                                                 << Output(t.files);
   emu::Process& consumer = t.consumer;
   const WorkerFiles& cf = t.files;
   const bool limited = t.limited;
@@ -78,9 +79,10 @@ TEST_F(ProducerCrashTest, ProducerServiceKilledMidTransfer) {
   const uint64_t size = 1024 * kMiB;
   InterruptibleTransfer t = StartInterruptibleTransfer(name, size);
   if (t.state == TransferState::kTooFast)
-    GTEST_SKIP() << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
-  ASSERT_EQ(t.state, TransferState::kInProgress)
-      << "no transfer in progress on node B\n" << Output(t.files);
+    GTEST_SKIP()
+        << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
+  ASSERT_EQ(t.state, TransferState::kInProgress) << "no transfer in progress on node B\n"
+                                                 << Output(t.files);
   const bool limited = t.limited;
   ASSERT_NO_FATAL_FAILURE(KillOwnerAndExpectCleanFailure(t, name));
 

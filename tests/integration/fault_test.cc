@@ -28,10 +28,10 @@ Status OnNode(EmuCluster& c, int i, const std::vector<std::string>& argv) {
 // retransmits and queues throughout the transfers.
 Status MakeLinkLossy(EmuCluster& c, int i) {
   DYAD_RETURN_IF_ERROR(OnNode(c, i, {"nft", "add", "table", "inet", "dyadfault"}));
-  DYAD_RETURN_IF_ERROR(OnNode(
-      c, i, {"nft", "add chain inet dyadfault in { type filter hook input priority 0; }"}));
-  DYAD_RETURN_IF_ERROR(OnNode(
-      c, i, {"nft", "add rule inet dyadfault in numgen random mod 100 < 3 drop"}));
+  DYAD_RETURN_IF_ERROR(
+      OnNode(c, i, {"nft", "add chain inet dyadfault in { type filter hook input priority 0; }"}));
+  DYAD_RETURN_IF_ERROR(
+      OnNode(c, i, {"nft", "add rule inet dyadfault in numgen random mod 100 < 3 drop"}));
   return c.LimitBandwidth(i, "200mbit");
 }
 
@@ -42,7 +42,8 @@ TEST_F(FaultTest, PacketLossStillMovesEveryByteIntact) {
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
   std::vector<ManifestEntry> files;
-  for (int i = 0; i < 12; ++i) files.push_back({"lossy/f" + std::to_string(i), (i * 97003) % 900000});
+  for (int i = 0; i < 12; ++i)
+    files.push_back({"lossy/f" + std::to_string(i), (i * 97003) % 900000});
   files.push_back({"lossy/big.bin", 24 * static_cast<int64_t>(kMiB) + 5});
   Produce(files);
   ConsumeOk(files);  // every byte verified against the producer's pattern
@@ -85,8 +86,7 @@ TEST_F(FaultTest, RootKilledWhileConsumersWaitFailsWithinTheBoundAndRecovers) {
   // Node A hosts the embedded store. A consumer on B waits (bounded) for a
   // file nobody publishes; the root dies meanwhile.
   WorkerFiles f = NewWorkerFiles({{"wait/never.dat", 1000}});
-  emu::Process waiting =
-      StartWorker(kB, "consume", f, {}, {{"DYAD_CONSUME_TIMEOUT", "6"}});
+  emu::Process waiting = StartWorker(kB, "consume", f, {}, {{"DYAD_CONSUME_TIMEOUT", "6"}});
   ASSERT_TRUE(WaitWorkerReady(waiting, f));
   ASSERT_TRUE(cluster().KillService(kA).ok());
   const uint64_t killed = MonoNs();

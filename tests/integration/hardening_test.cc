@@ -15,10 +15,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "proto/auth.h"
 #include "common/wire.h"
 #include "emu/netns.h"
 #include "integration/integration_util.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 
 namespace dyad::it {
@@ -82,8 +82,8 @@ TEST_F(HardeningTest, Defect1_PeersAnnouncingHugeFramesDoNotInflateTheService) {
   // 100 unauthenticated peers, each announcing the largest frame.
   constexpr int kPeers = 100;
   std::vector<UniqueFd> hostile;
-  const std::string announce = FrameHeader(static_cast<uint16_t>(MsgType::kAuthenticate),
-                                           kMaxFramePayload);
+  const std::string announce =
+      FrameHeader(static_cast<uint16_t>(MsgType::kAuthenticate), kMaxFramePayload);
   for (int i = 0; i < kPeers; ++i) {
     auto fd = cluster().ConnectFrom(kB, a, Deadline::AfterMs(5000));
     ASSERT_TRUE(fd.ok()) << Str(fd.status());
@@ -169,8 +169,16 @@ class StartupTest : public ::testing::Test {
 
   std::vector<std::string> ServiceArgv(const std::string& listen, const std::string& socket_dir,
                                        const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {service_, "-r", "0", "-k", "memory", "-l", listen,
-                                     "-s", socket_dir + "/service.sock", "--ready-file",
+    std::vector<std::string> argv = {service_,
+                                     "-r",
+                                     "0",
+                                     "-k",
+                                     "memory",
+                                     "-l",
+                                     listen,
+                                     "-s",
+                                     socket_dir + "/service.sock",
+                                     "--ready-file",
                                      base_ + "/ready"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back(base_ + "/dmd");
@@ -263,10 +271,9 @@ pid_t StartSquatter(const std::string& socket_path, uid_t uid) {
   fake.EncodeTo(body);
   const std::string consume_reply = EncodeReply(Status::OK(), body.data());
   const std::string ok_reply = EncodeReply(Status::OK());
-  const std::string consume_frame =
-      FrameHeader(static_cast<uint16_t>(MsgType::kReply),
-                  static_cast<uint32_t>(consume_reply.size())) +
-      consume_reply;
+  const std::string consume_frame = FrameHeader(static_cast<uint16_t>(MsgType::kReply),
+                                                static_cast<uint32_t>(consume_reply.size())) +
+                                    consume_reply;
   const std::string ok_frame =
       FrameHeader(static_cast<uint16_t>(MsgType::kReply), static_cast<uint32_t>(ok_reply.size())) +
       ok_reply;

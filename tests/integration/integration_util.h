@@ -17,8 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -329,8 +329,7 @@ class TwoNodeTest : public ::testing::Test {
     if (!stop.ok() && peer_death_may_wedge_transport_) {
       // A known provider limitation (docs/ofi.md): the stop is still
       // bounded, and the service says why it exited without waiting.
-      EXPECT_NE(cluster().ServiceLogTail(kA).find("stuck inside the transport"),
-                std::string::npos)
+      EXPECT_NE(cluster().ServiceLogTail(kA).find("stuck inside the transport"), std::string::npos)
           << stop.ToString();
       RecordProperty("forced_stop", stop.ToString());
     } else {

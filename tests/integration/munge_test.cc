@@ -9,10 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "proto/auth.h"
-#include "proto/munge/munge.h"
 #include "emu/process.h"
 #include "integration/integration_util.h"
+#include "proto/auth.h"
+#include "proto/munge/munge.h"
 
 namespace dyad::it {
 namespace {
@@ -150,16 +150,16 @@ TEST_F(MungeTest, PeersWithAnotherMungeKeyOrWithoutMungeAreRefused) {
   cfg.munge = *svc;
   {
     Channel ch = ConnectToA();
-    Status st = Authenticator(cfg).Connect(ch, PeerIdentity{5, 55}, Deadline::AfterMs(10000),
-                                           nullptr);
+    Status st =
+        Authenticator(cfg).Connect(ch, PeerIdentity{5, 55}, Deadline::AfterMs(10000), nullptr);
     EXPECT_EQ(st.code(), DYAD_RC_AUTH) << Str(st);
     EXPECT_NE(st.message().find("MUNGE credential refused"), std::string::npos) << Str(st);
   }
   // Someone holding a secret (any) but no MUNGE credential.
   {
     Channel ch = ConnectToA();
-    Status st = Authenticator(std::string("a-secret")).Connect(ch, PeerIdentity{5, 56},
-                                                              Deadline::AfterMs(10000), nullptr);
+    Status st = Authenticator(std::string("a-secret"))
+                    .Connect(ch, PeerIdentity{5, 56}, Deadline::AfterMs(10000), nullptr);
     EXPECT_EQ(st.code(), DYAD_RC_AUTH) << Str(st);
     EXPECT_NE(st.message().find("credential mismatch"), std::string::npos) << Str(st);
   }
@@ -170,8 +170,8 @@ TEST_F(MungeTest, PeersWithAnotherMungeKeyOrWithoutMungeAreRefused) {
     AuthConfig good;
     good.munge = *own;
     Channel ch = ConnectToA();
-    Status st = Authenticator(good).Connect(ch, PeerIdentity{5, 57}, Deadline::AfterMs(10000),
-                                            nullptr);
+    Status st =
+        Authenticator(good).Connect(ch, PeerIdentity{5, 57}, Deadline::AfterMs(10000), nullptr);
     EXPECT_TRUE(st.ok()) << Str(st);
     EXPECT_EQ(ch.protection(), LinkProtection::kIntegrity);
   }

@@ -72,7 +72,6 @@ class OfiTest : public TwoNodeTest {
     EXPECT_TRUE(status.ok()) << Str(status.status());
     return status.ok() ? status->info["transport.details"] : std::string();
   }
-
 };
 
 TEST_F(OfiTest, FileLargerThanTheBufferPoolArrivesIntact) {

@@ -69,8 +69,9 @@ TEST_F(OpsTest, SigtermEndsAStoreCallThatHangsWithinASecond) {
   const std::string& ip = cluster().node(kA).ip;
   const std::string silent = ip.substr(0, ip.rfind('.') + 1) + "200";
   ExtraService s = NewExtra("hanging");
-  Start(kB, s, ServiceArgv(s, 7, OnPort(cluster().node(kB).ip, kExtraPort),
-                           "embedded://" + OnPort(silent, 7590), {"--rpc-timeout", "60"}));
+  Start(kB, s,
+        ServiceArgv(s, 7, OnPort(cluster().node(kB).ip, kExtraPort),
+                    "embedded://" + OnPort(silent, 7590), {"--rpc-timeout", "60"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   ASSERT_FALSE(s.process.Exited()) << ReadText(s.log);
   const uint64_t t0 = MonoNs();
@@ -112,9 +113,19 @@ class RedisOpsTest : public OpsTest {
     redis_addr_ = cluster().uses_netns() ? OnPort(cluster().node(kA).ip, 6399)
                                          : "127.0.0.1:" + std::to_string(emu::FreePort());
     emu::SpawnOptions o;
-    o.argv = {bin, "--port", redis_addr_.substr(redis_addr_.rfind(':') + 1), "--bind",
-              redis_addr_.substr(0, redis_addr_.rfind(':')), "--save", "", "--appendonly", "no",
-              "--dir", redis_dir_, "--logfile", redis_dir_ + "/redis.log"};
+    o.argv = {bin,
+              "--port",
+              redis_addr_.substr(redis_addr_.rfind(':') + 1),
+              "--bind",
+              redis_addr_.substr(0, redis_addr_.rfind(':')),
+              "--save",
+              "",
+              "--appendonly",
+              "no",
+              "--dir",
+              redis_dir_,
+              "--logfile",
+              redis_dir_ + "/redis.log"};
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.netns = cluster().node(kA).netns;
     auto p = emu::Process::Spawn(o);
@@ -178,8 +189,8 @@ TEST_F(OpsTest, HostNameResolvingToLoopbackStillAdvertisesAReachableAddress) {
   ExtraService s = NewExtra("loopback-name");
   const std::string hosts = s.dir + "/hosts";
   WriteText(hosts, "127.0.0.1 localhost\n127.0.1.1 dyad-lonely-node\n");
-  std::vector<std::string> argv = ServiceArgv(s, b.rank, "0.0.0.0:" + std::to_string(b.port),
-                                              RootStore());
+  std::vector<std::string> argv =
+      ServiceArgv(s, b.rank, "0.0.0.0:" + std::to_string(b.port), RootStore());
   argv[std::find(argv.begin(), argv.end(), "-s") - argv.begin() + 1] = b.socket;
   argv.back() = b.dmd;
   std::string cmd = "mount --bind " + hosts + " /etc/hosts && hostname dyad-lonely-node && exec";
@@ -247,8 +258,7 @@ TEST_F(OpsTest, FailedConsumeIsLoggedAtWarn) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_NE(r[0].rc, DYAD_RC_OK);
   const std::string log = ReadText(cluster().node(kB).service_log);
-  EXPECT_NE(log.find("WARN dyad-service[rank 1]: consume 'vanished.dat' failed"),
-            std::string::npos)
+  EXPECT_NE(log.find("WARN dyad-service[rank 1]: consume 'vanished.dat' failed"), std::string::npos)
       << log;
 }
 

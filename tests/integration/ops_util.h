@@ -74,10 +74,22 @@ class OpsTest : public TwoNodeTest {
   std::vector<std::string> ServiceArgv(const ExtraService& s, uint32_t rank,
                                        const std::string& listen, const std::string& kvs,
                                        const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {ServiceBinary(), "-r",   std::to_string(rank), "-l",
-                                  listen,          "-s",   s.socket,             "-k",
-                                  kvs,             "-i",   s.log,                "-e",
-                                  s.log,           "--ready-file", s.ready,      "--secret-file",
+    std::vector<std::string> a = {ServiceBinary(),
+                                  "-r",
+                                  std::to_string(rank),
+                                  "-l",
+                                  listen,
+                                  "-s",
+                                  s.socket,
+                                  "-k",
+                                  kvs,
+                                  "-i",
+                                  s.log,
+                                  "-e",
+                                  s.log,
+                                  "--ready-file",
+                                  s.ready,
+                                  "--secret-file",
                                   cluster().secret_file()};
     a.insert(a.end(), extra.begin(), extra.end());
     a.push_back(s.dmd);

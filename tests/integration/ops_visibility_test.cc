@@ -193,8 +193,8 @@ TEST_F(TraceTest, TraceHasTheSpansOfEveryProcessAndService) {
     spans.insert(key);
     pid_of[key] = e["pid"].get<int64_t>();
   }
-  for (const char* want : {"client/publish", "client/consume", "service/publish",
-                           "service/consume", "service/fetch", "service/serve", "service/place"})
+  for (const char* want : {"client/publish", "client/consume", "service/publish", "service/consume",
+                           "service/fetch", "service/serve", "service/place"})
     EXPECT_TRUE(spans.count(want)) << want << " missing from\n" << text;
   EXPECT_EQ(pid_of["service/serve"], cluster().ServicePid(kA));
   EXPECT_EQ(pid_of["service/fetch"], cluster().ServicePid(kB));

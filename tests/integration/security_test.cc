@@ -5,9 +5,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include "proto/auth.h"
 #include "common/wire.h"
 #include "integration/integration_util.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 
 namespace dyad::it {

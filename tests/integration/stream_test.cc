@@ -10,9 +10,9 @@
 // program would. Every wait is bounded; the fixture tears the cluster down
 // even when an assertion fails.
 #include <dyad/core/dyad_ctx.h>
-#include <dyad/stream/dyad_stream_api.hpp>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <dyad/stream/dyad_stream_api.hpp>
 
 #include <atomic>
 #include <optional>
@@ -67,13 +67,11 @@ class StreamTest : public TwoNodeTest {
 TEST_F(StreamTest, ConsumerStartedFirstBlocksUntilProducerCloses) {
   const int n = 100000;  // about 3.5 MB: more than any stream buffer
   const std::string out = work_ + "/reader.out";
-  auto reader = cluster().SpawnOnNode(kB, {worker_, "read", PathOn(kB, "s/first.txt"),
-                                           std::to_string(n)},
-                                      {}, out);
+  auto reader = cluster().SpawnOnNode(
+      kB, {worker_, "read", PathOn(kB, "s/first.txt"), std::to_string(n)}, {}, out);
   ASSERT_TRUE(reader.ok()) << Str(reader.status());
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  ASSERT_FALSE(reader->Exited()) << "the reader did not wait for the producer:\n"
-                                 << ReadAll(out);
+  ASSERT_FALSE(reader->Exited()) << "the reader did not wait for the producer:\n" << ReadAll(out);
   EXPECT_FALSE(Exists(PathOn(kB, "s/first.txt")));
 
   ::mkdir(PathOn(kA, "s").c_str(), 0755);
@@ -99,7 +97,10 @@ TEST_F(StreamTest, WideStreamsRoundTripUtf8) {
   RunOk(kB, {worker_, "wread", PathOn(kB, "wide.txt"), "50"});
   // The bytes on disk are UTF-8 (the imbued locale survived open()).
   const std::string bytes = ReadAll(PathOn(kB, "wide.txt"));
-  EXPECT_EQ(bytes.rfind("Gr\xc3\xbc\xc3\x9f" "e \xe4\xb8\x96\xe7\x95\x8c \xe2\x9c\x93 0\n", 0), 0u)
+  EXPECT_EQ(bytes.rfind("Gr\xc3\xbc\xc3\x9f"
+                        "e \xe4\xb8\x96\xe7\x95\x8c \xe2\x9c\x93 0\n",
+                        0),
+            0u)
       << bytes.substr(0, 40);
 }
 
@@ -121,8 +122,8 @@ TEST_F(StreamTest, WriterTruncatesOnlyUnderTheLockInBothPaths) {
   RunOk(kA, {worker_, "truncwait", PathOn(kA, "tw-adopt.txt")});
   RunOk(kA, {portable_, "truncwait", PathOn(kA, "tw-portable.txt")});
   // What was published is the new version.
-  auto c = cluster().RunOnNode(kB, {dyad_, "consume", PathOn(kB, "tw-portable.txt"), "--timeout",
-                                    "30"}, 60000);
+  auto c = cluster().RunOnNode(
+      kB, {dyad_, "consume", PathOn(kB, "tw-portable.txt"), "--timeout", "30"}, 60000);
   ASSERT_TRUE(c.ok()) << Str(c.status());
   ASSERT_TRUE(c->status.success()) << c->output;
   EXPECT_EQ(ReadAll(PathOn(kB, "tw-portable.txt")), "new version\n");
@@ -260,8 +261,10 @@ class ScopedEnv {
   }
   ~ScopedEnv() {
     for (const auto& [k, v] : saved_) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1);
-      else ::unsetenv(k.c_str());
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
     }
   }
 

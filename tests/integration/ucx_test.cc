@@ -56,7 +56,6 @@ class UcxTest : public TwoNodeTest {
     EXPECT_TRUE(status.ok()) << Str(status.status());
     return status.ok() ? status->info["transport.details"] : std::string();
   }
-
 };
 
 TEST_F(UcxTest, FileLargerThanTheBufferPoolArrivesIntact) {
@@ -85,8 +84,8 @@ TEST_F(UcxTest, ProducerServiceKilledMidTransferGivesAnErrorNotAHang) {
   if (t.state == TransferState::kTooFast)
     GTEST_SKIP()
         << "the transfer finished before it could be interrupted (loopback, no bandwidth limit)";
-  ASSERT_EQ(t.state, TransferState::kInProgress)
-      << "no transfer in progress on node B\n" << Output(t.files);
+  ASSERT_EQ(t.state, TransferState::kInProgress) << "no transfer in progress on node B\n"
+                                                 << Output(t.files);
   const bool limited = t.limited;
   ASSERT_NO_FATAL_FAILURE(KillOwnerAndExpectCleanFailure(t, name));
 
@@ -198,8 +197,7 @@ TEST_F(UcxSharedMemoryOffTest, SwitchedOffMeansMessages) {
   ConsumeOk(files);
   EXPECT_EQ(Counter(kA, "bytes.out"), 5 * kMiB + 1);
   EXPECT_EQ(Counter(kA, "bytes.out.direct"), 0u);
-  EXPECT_NE(Details(kA).find("direct path off (DYAD_UCX_SHM)"), std::string::npos)
-      << Details(kA);
+  EXPECT_NE(Details(kA).find("direct path off (DYAD_UCX_SHM)"), std::string::npos) << Details(kA);
 }
 
 }  // namespace

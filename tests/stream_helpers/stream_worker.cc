@@ -18,12 +18,12 @@
 //                                            shared lock before truncating
 //
 // Single-threaded.
-#include <dyad/stream/dyad_stream_api.hpp>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <dyad/stream/dyad_stream_api.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -80,10 +80,12 @@ int CheckLines(In& in, int n) {
   std::string line;
   int i = 0;
   while (getline(in, line)) {  // dyad::getline, by argument-dependent lookup
-    if (i >= n || line != Line(i)) return Fail("line " + std::to_string(i) + ": '" + line + "'", in.core());
+    if (i >= n || line != Line(i))
+      return Fail("line " + std::to_string(i) + ": '" + line + "'", in.core());
     ++i;
   }
-  if (i != n) return Fail("read " + std::to_string(i) + " lines, expected " + std::to_string(n), in.core());
+  if (i != n)
+    return Fail("read " + std::to_string(i) + " lines, expected " + std::to_string(n), in.core());
   std::cout << "ok read " << i << std::endl;
   return 0;
 }
@@ -114,7 +116,8 @@ int WideRead(const char* path, int n) {
   std::wstring line;
   int i = 0;
   while (std::getline(ifs.get_stream(), line)) {
-    if (i >= n || line != WideLine(i)) return Fail("wide line " + std::to_string(i) + " differs", ifs.core());
+    if (i >= n || line != WideLine(i))
+      return Fail("wide line " + std::to_string(i) + " differs", ifs.core());
     ++i;
   }
   if (i != n) return Fail("read " + std::to_string(i) + " wide lines", ifs.core());

@@ -63,9 +63,9 @@ TEST_F(ClientConfigTest, BooleansFalseOnlyFor0FalseNoOff) {
 }
 
 TEST_F(ClientConfigTest, EveryBooleanVariableIsRead) {
-  for (const char* name : {"DYAD_SYNC_DEBUG", "DYAD_SYNC_CHECK", "DYAD_SHARED_STORAGE",
-                           "DYAD_REINIT", "DYAD_ASYNC_PUBLISH", "DYAD_FSYNC_WRITE",
-                           "DYAD_PATH_RELATIVE"})
+  for (const char* name :
+       {"DYAD_SYNC_DEBUG", "DYAD_SYNC_CHECK", "DYAD_SHARED_STORAGE", "DYAD_REINIT",
+        "DYAD_ASYNC_PUBLISH", "DYAD_FSYNC_WRITE", "DYAD_PATH_RELATIVE"})
     setenv(name, "", 1);
   Result<ClientConfig> c = ClientConfig::FromEnv();
   ASSERT_TRUE(c.ok());

@@ -23,8 +23,7 @@ std::string Row(const ConfigEntry& e) {
 
 TEST(ConfigurationDoc, MirrorsTheConfigTable) {
   const std::filesystem::path doc =
-      std::filesystem::path(DYAD_SOURCE_DIR) / "docs" /
-      "configuration.md";
+      std::filesystem::path(DYAD_SOURCE_DIR) / "docs" / "configuration.md";
   std::ifstream in(doc);
   if (!in) GTEST_SKIP() << doc << " not found (out-of-tree sources?)";
   std::stringstream ss;
@@ -45,8 +44,7 @@ TEST(ConfigurationDoc, MirrorsTheConfigTable) {
 // The backend tables are generated from the rows too.
 TEST(ConfigurationDoc, ListsEveryBackendRow) {
   const std::filesystem::path doc =
-      std::filesystem::path(DYAD_SOURCE_DIR) / "docs" /
-      "configuration.md";
+      std::filesystem::path(DYAD_SOURCE_DIR) / "docs" / "configuration.md";
   std::ifstream in(doc);
   if (!in) GTEST_SKIP() << doc << " not found (out-of-tree sources?)";
   std::stringstream ss;
@@ -60,8 +58,7 @@ TEST(ConfigurationDoc, ListsEveryBackendRow) {
 // Every DYAD_ variable the sources read is in the configuration table, and
 // only the table's accessors (common/config.cc) call getenv for them.
 TEST(ConfigurationTable, HoldsEveryVariableTheSourcesRead) {
-  const std::filesystem::path root =
-      std::filesystem::path(DYAD_SOURCE_DIR);
+  const std::filesystem::path root = std::filesystem::path(DYAD_SOURCE_DIR);
   if (!std::filesystem::exists(root / "src")) GTEST_SKIP() << "sources not found";
   const std::regex read(
       R"re((getenv|GetEnv|EnvBool|EnvUint|EnvUint32|EnvTimeoutMs)\(\s*"(DYAD_[A-Z0-9_]+)")re");

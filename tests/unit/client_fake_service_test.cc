@@ -264,8 +264,7 @@ TEST_F(FakeServiceTest, ConnectionsArePooledAndReused) {
   });
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
-  for (int i = 0; i < 12; ++i)
-    threads.emplace_back([&] { ok += c->Ping().ok(); });
+  for (int i = 0; i < 12; ++i) threads.emplace_back([&] { ok += c->Ping().ok(); });
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 12);
   EXPECT_GT(fake_->connections(), 1);
@@ -371,21 +370,18 @@ TEST_F(FakeServiceTest, CApiMetadataRoundTrip) {
     return std::make_pair(Status::OK(), e.Take());
   });
   dyad_metadata_t* md = nullptr;
-  ASSERT_EQ(dyad_get_metadata(dyad_ctx_get(), (cons_ + "/m/f.dat").c_str(), true, &md),
-            DYAD_RC_OK);
+  ASSERT_EQ(dyad_get_metadata(dyad_ctx_get(), (cons_ + "/m/f.dat").c_str(), true, &md), DYAD_RC_OK);
   ASSERT_NE(md, nullptr);
   EXPECT_STREQ(md->fpath, "m/f.dat");
   EXPECT_EQ(md->owner_rank, 5u);
   EXPECT_EQ(md->size, 10u);
   EXPECT_EQ(md->version, rec.version);
   // The local copy matches the record: no consume request at all.
-  EXPECT_EQ(dyad_consume_w_metadata(dyad_ctx_get(), (cons_ + "/m/f.dat").c_str(), md),
-            DYAD_RC_OK);
+  EXPECT_EQ(dyad_consume_w_metadata(dyad_ctx_get(), (cons_ + "/m/f.dat").c_str(), md), DYAD_RC_OK);
   EXPECT_EQ(fake_->count(MsgType::kConsume), 0u);
   // A stale local copy (other version) is fetched with the record attached.
   md->version += 1;
-  EXPECT_EQ(dyad_consume_w_metadata(dyad_ctx_get(), (cons_ + "/m/f.dat").c_str(), md),
-            DYAD_RC_OK);
+  EXPECT_EQ(dyad_consume_w_metadata(dyad_ctx_get(), (cons_ + "/m/f.dat").c_str(), md), DYAD_RC_OK);
   ASSERT_EQ(fake_->count(MsgType::kConsume), 1u);
   ConsumeRequest req = Decode<ConsumeRequest>(fake_->last(MsgType::kConsume)->payload);
   EXPECT_TRUE(req.have_record);

@@ -6,8 +6,8 @@
 // the same metadata keys and talk the same transport. The stream classes
 // themselves are tested in tests/integration/stream_test.cc (they need
 // libdyad_fstream and, for most behaviour, running services).
-#include <dyad/stream/dyad_params.hpp>
 #include <gtest/gtest.h>
+#include <dyad/stream/dyad_params.hpp>
 
 #include "client/client.h"
 #include "client_test_util.h"

@@ -190,7 +190,8 @@ class FakeService {
       if (!fd.ok()) continue;
       const int id = ++nconn_;
       auto shared = std::make_shared<UniqueFd>(std::move(*fd));
-      conns_.emplace_back([this, id, shared] { Serve(id, Channel(std::move(*shared), Trust::kLocalPeer)); });
+      conns_.emplace_back(
+          [this, id, shared] { Serve(id, Channel(std::move(*shared), Trust::kLocalPeer)); });
     }
   }
 

@@ -14,12 +14,12 @@
 #include <string>
 #include <thread>
 
-#include "proto/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/seal.h"
 #include "common/time.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 
 namespace dyad {
@@ -173,9 +173,7 @@ TEST(FrameLimits, LargeFramesArriveWholeOnTrustedChannels) {
   Pair p(Trust::kLocalPeer, Trust::kLocalPeer);
   std::string big(3u << 20, 'x');
   for (size_t i = 0; i < big.size(); i += 4093) big[i] = static_cast<char>(i);
-  std::thread sender([&] {
-    EXPECT_TRUE(p.a->SendFrame(7, big, Deadline::AfterMs(5000)).ok());
-  });
+  std::thread sender([&] { EXPECT_TRUE(p.a->SendFrame(7, big, Deadline::AfterMs(5000)).ok()); });
   uint16_t type = 0;
   std::string payload = "previous contents";
   ASSERT_TRUE(p.b->RecvFrame(&type, &payload, Deadline::AfterMs(5000)).ok());
@@ -375,8 +373,8 @@ TEST(Handshake, AnythingButTheHandshakeIsRefusedBeforeAuthentication) {
   std::string payload;
   ASSERT_TRUE(p.b->RecvFrame(&type, &payload, Deadline::AfterMs(2000)).ok());
   EXPECT_EQ(type, static_cast<uint16_t>(MsgType::kChallenge));
-  ASSERT_TRUE(p.b->SendFrame(static_cast<uint16_t>(MsgType::kFetch), "x", Deadline::AfterMs(2000))
-                  .ok());
+  ASSERT_TRUE(
+      p.b->SendFrame(static_cast<uint16_t>(MsgType::kFetch), "x", Deadline::AfterMs(2000)).ok());
   t.join();
   EXPECT_EQ(server.code(), DYAD_RC_AUTH) << server.ToString();
   EXPECT_TRUE(p.a->broken());

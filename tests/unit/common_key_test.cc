@@ -13,9 +13,7 @@ TEST(GenPathKey, MatchesUpstreamVector) {
   EXPECT_EQ(GenPathKey("1/data0.txt", 3, 1024), "263.2ce.2e1.1/data0.txt");
 }
 
-TEST(GenPathKey, DepthZeroIsThePathItself) {
-  EXPECT_EQ(GenPathKey("a/b.txt", 0, 1024), "a/b.txt");
-}
+TEST(GenPathKey, DepthZeroIsThePathItself) { EXPECT_EQ(GenPathKey("a/b.txt", 0, 1024), "a/b.txt"); }
 
 TEST(GenPathKey, OneBinGivesZeroes) {
   EXPECT_EQ(GenPathKey("x", 4, 1), "0.0.0.0.x");

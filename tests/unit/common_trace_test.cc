@@ -3,10 +3,10 @@
 // threads), each event whole on its own line, complete events with
 // microsecond ts/dur, a process name per pid, and arguments escaped.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <map>
@@ -30,8 +30,12 @@ TEST(TraceTest, JsonQuoteEscapesWhatWouldBreakTheFile) {
   EXPECT_EQ(JsonQuote("plain/path.dat"), "\"plain/path.dat\"");
   EXPECT_EQ(JsonQuote("a\"b\\c"), "\"a\\\"b\\\\c\"");
   EXPECT_EQ(JsonQuote(std::string("new\nline\t\x01", 10)), "\"new\\u000aline\\u0009\\u0001\"");
-  EXPECT_EQ(JsonQuote("donn\xc3\xa9" "es"), "\"donn\xc3\xa9" "es\"");  // UTF-8 kept
-  auto parsed = nlohmann::json::parse(JsonQuote("bytes \xff\xfe \xc3 and \xc3\xa9"), nullptr, false);
+  EXPECT_EQ(JsonQuote("donn\xc3\xa9"
+                      "es"),
+            "\"donn\xc3\xa9"
+            "es\"");  // UTF-8 kept
+  auto parsed =
+      nlohmann::json::parse(JsonQuote("bytes \xff\xfe \xc3 and \xc3\xa9"), nullptr, false);
   ASSERT_FALSE(parsed.is_discarded());
   EXPECT_EQ(parsed.get<std::string>(), "bytes \xc3\xbf\xc3\xbe \xc3\x83 and \xc3\xa9");
 }

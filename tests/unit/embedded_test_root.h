@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "kvs/embedded/embedded_server.h"
+#include "proto/auth.h"
 
 namespace dyad {
 namespace testing_embedded {

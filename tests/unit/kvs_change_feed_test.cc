@@ -47,7 +47,8 @@ TEST(ChangeFeeds, NewWatcherResyncsThenFollowsPutsInOrder) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     (void)store->Put("n", "c", "3");
   });
-  Result<KvsWatchReply> waited = feeds.Poll(At(epoch, next->last), Deadline::AfterMs(5000), nullptr);
+  Result<KvsWatchReply> waited =
+      feeds.Poll(At(epoch, next->last), Deadline::AfterMs(5000), nullptr);
   later.join();
   ASSERT_TRUE(waited.ok());
   ASSERT_EQ(waited->changes.size(), 1u);
@@ -70,7 +71,8 @@ TEST(ChangeFeeds, WatcherBehindTheRingResyncs) {
   EXPECT_EQ(behind->last, first->last + ChangeFeeds::kRingEntries + 10);
   // From the new position it follows again, in bounded batches.
   ASSERT_TRUE(store->Put("n", "after", "v").ok());
-  Result<KvsWatchReply> again = feeds.Poll(At(behind->epoch, behind->last), Deadline::AfterMs(10), nullptr);
+  Result<KvsWatchReply> again =
+      feeds.Poll(At(behind->epoch, behind->last), Deadline::AfterMs(10), nullptr);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(again->resync);
   ASSERT_EQ(again->changes.size(), 1u);
@@ -85,7 +87,8 @@ TEST(ChangeFeeds, CancelAndShutdownEndAPoll) {
       feeds.Poll(At(first->epoch, first->last), Deadline::AfterMs(5000), [] { return true; });
   EXPECT_EQ(c.status().code(), DYAD_RC_CANCELLED);
   feeds.Shutdown();
-  Result<KvsWatchReply> s = feeds.Poll(At(first->epoch, first->last), Deadline::AfterMs(5000), nullptr);
+  Result<KvsWatchReply> s =
+      feeds.Poll(At(first->epoch, first->last), Deadline::AfterMs(5000), nullptr);
   EXPECT_EQ(s.status().code(), DYAD_RC_CANCELLED);
 }
 
@@ -122,8 +125,7 @@ TEST(ChangeFeeds, ParkedPollsAreAnsweredByPutDeadlineCancelAndShutdown) {
 
   Out by_put, by_deadline, by_cancel, by_shutdown;
   ASSERT_FALSE(feeds.StartPoll(At(epoch, pos), Deadline::AfterMs(10000), by_put.Callback(), &t));
-  ASSERT_FALSE(
-      feeds.StartPoll(At(epoch, pos), Deadline::AfterMs(200), by_deadline.Callback(), &t));
+  ASSERT_FALSE(feeds.StartPoll(At(epoch, pos), Deadline::AfterMs(200), by_deadline.Callback(), &t));
   ASSERT_TRUE(store->Put("n", "k", "v").ok());
   ASSERT_TRUE(by_put.AwaitCount(1));
   ASSERT_TRUE(by_put.got[0].ok());

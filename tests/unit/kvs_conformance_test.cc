@@ -31,7 +31,6 @@
 #include <thread>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "emu/redis_server.h"
@@ -39,6 +38,7 @@
 #include "kvs/embedded/embedded_server.h"
 #include "kvs/kvs.h"
 #include "kvs/memory/memory_kvs.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "unit/embedded_test_root.h"
 #ifdef DYAD_HAVE_REDIS

@@ -64,7 +64,8 @@ class NodeCacheServices : public ::testing::Test {
     req.version = MtimeNs(sb);
     Encoder e;
     req.EncodeTo(e);
-    Result<std::string> r = CallLocal(pair_.base + "/" + node + ".sock", MsgType::kPublish, e.data());
+    Result<std::string> r =
+        CallLocal(pair_.base + "/" + node + ".sock", MsgType::kPublish, e.data());
     ASSERT_TRUE(r.ok()) << r.status().ToString();
   }
 
@@ -97,7 +98,9 @@ class NodeCacheServices : public ::testing::Test {
     }
     return r.counters;
   }
-  bool InCons(const std::string& upath) { return ::access((cons_ + "/" + upath).c_str(), F_OK) == 0; }
+  bool InCons(const std::string& upath) {
+    return ::access((cons_ + "/" + upath).c_str(), F_OK) == 0;
+  }
 
   testing_services::ServicePair pair_;
   std::string cons_;
@@ -158,7 +161,7 @@ TEST_F(NodeCacheServices, ProducedFilesAreNeverEvicted) {
   std::this_thread::sleep_for(std::chrono::milliseconds(NodeCache::kGraceMs + 100));
   ASSERT_TRUE(Consume("b").transferred);
   EXPECT_FALSE(InCons("a"));
-  EXPECT_FALSE(InCons("p1"));  // the copy may go...
+  EXPECT_FALSE(InCons("p1"));                       // the copy may go...
   EXPECT_EQ(ReadAll(pair_.dir_b + "/p1"), kBlobA);  // ...the produced file never
   EXPECT_EQ(ReadAll(pair_.dir_b + "/p2"), kBlobA);
   EXPECT_TRUE(InCons("b"));  // just consumed: over budget rather than pulled away
@@ -170,7 +173,7 @@ TEST_F(NodeCacheServices, RewriteWithTheSameMtimeStillTransfers) {
   const uint64_t t = 1700000000ull * 1000000000ull;  // a coarse clock: whole seconds
   Publish("f", std::string(1000, '1'), t);
   ASSERT_TRUE(Consume("f").transferred);
-  EXPECT_FALSE(Consume("f").transferred);  // current copy: no transfer
+  EXPECT_FALSE(Consume("f").transferred);   // current copy: no transfer
   Publish("f", std::string(1000, '2'), t);  // same size, same mtime (touch -d)
   EXPECT_TRUE(Consume("f").transferred);
   EXPECT_EQ(ReadAll(cons_ + "/f"), std::string(1000, '2'));

@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/fsutil.h"
 #include "common/key.h"
 #include "common/net.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "service/service.h"
 #include "unit/service_pair.h"

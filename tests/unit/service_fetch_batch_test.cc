@@ -3,8 +3,8 @@
 // files in one request, a file too large to travel inline still arrives by
 // its own fetch, and a file changed on the owner since its publication is
 // refused (DYAD_RC_STALE) without failing the rest of its batch.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -108,9 +108,8 @@ TEST_F(FetchBatchTest, AFileChangedSincePublicationIsRefusedAndTheRestArrive) {
     ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
   }
   ASSERT_TRUE(Declare("d/").ok());
-  EXPECT_TRUE(Eventually([&] {
-    return ReadAll(cons_ + "/d/a") == "first" && ReadAll(cons_ + "/d/b") == "second";
-  }));
+  EXPECT_TRUE(Eventually(
+      [&] { return ReadAll(cons_ + "/d/a") == "first" && ReadAll(cons_ + "/d/b") == "second"; }));
   // The stale file is counted as failed once its batch is answered.
   EXPECT_TRUE(Eventually([&] { return ConsumerCounter("prefetch.failed") == 1; }));
   struct stat st;

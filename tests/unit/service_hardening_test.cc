@@ -1,8 +1,8 @@
 // Regression tests for the defects of issue 12 on the fetch path: each test
 // is named after the defect and failed on the code before the fix.
 #include <fcntl.h>
-#include <sys/socket.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -35,8 +35,8 @@ inline void WriteFile(const std::string& path, const std::string& data) {
 }
 
 // One request on a fresh connection to a service's Unix socket.
-inline Result<std::string> CallLocal(const std::string& sock, MsgType type,
-                                     const std::string& req, int64_t timeout_ms = 10000) {
+inline Result<std::string> CallLocal(const std::string& sock, MsgType type, const std::string& req,
+                                     int64_t timeout_ms = 10000) {
   Result<SocketAddress> addr = ParseAddress("unix:" + sock);
   if (!addr.ok()) return addr.status();
   Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));

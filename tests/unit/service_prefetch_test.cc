@@ -21,8 +21,8 @@
 #include "common/key.h"
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
-#include "service/prefetch.h"
 #include "emu/redis_server.h"
+#include "service/prefetch.h"
 #include "unit/service_pair.h"
 
 namespace dyad {
@@ -138,8 +138,7 @@ TEST_P(PrefetchTest, FilesPublishedBeforeAndAfterTheDeclarationArriveUnasked) {
 
   EXPECT_TRUE(Eventually([&] {
     return Holds("d/early0", "e0") && Holds("d/early1", std::string(100000, '1')) &&
-           IsEmptyFile(cons_ + "/d/late0") &&
-           Holds("d/sub/late1", std::string(70000, 'L'));
+           IsEmptyFile(cons_ + "/d/late0") && Holds("d/sub/late1", std::string(70000, 'L'));
   })) << "prefetched files did not all arrive";
   EXPECT_EQ(TransfersIn(), 4u);
   // A later consume is local: no transfer, no waiting for one.

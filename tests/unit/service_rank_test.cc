@@ -32,8 +32,10 @@ Result<uint32_t> Resolve(std::optional<std::string> cli, std::map<std::string, s
 }
 
 TEST(ServiceRank, ParsesPlainDecimal) {
-  for (auto [text, want] : {std::pair<const char*, uint32_t>{"0", 0}, {"17", 17},
-                            {"007", 7}, {"4294967295", 4294967295u}}) {
+  for (auto [text, want] : {std::pair<const char*, uint32_t>{"0", 0},
+                            {"17", 17},
+                            {"007", 7},
+                            {"4294967295", 4294967295u}}) {
     Result<uint32_t> r = ParseRank(text, "test");
     ASSERT_TRUE(r.ok()) << text << ": " << r.status().ToString();
     EXPECT_EQ(*r, want);

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/key.h"
 #include "common/net.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
@@ -175,8 +175,8 @@ TEST_F(ReactorTest, IdleConnectionsHoldNoThread) {
   kreq.key = GenPathKey("during.dat", 3, 1024);
   Encoder ke;
   kreq.EncodeTo(ke);
-  EXPECT_TRUE(CallRpc(*peers.front(), MsgType::kKvsGet, ke.data(), &body,
-                      Deadline::AfterMs(5000)).ok());
+  EXPECT_TRUE(
+      CallRpc(*peers.front(), MsgType::kKvsGet, ke.data(), &body, Deadline::AfterMs(5000)).ok());
 }
 
 TEST_F(ReactorTest, WaitingRequestsAreParkedNotHeldByWorkers) {
@@ -201,8 +201,9 @@ TEST_F(ReactorTest, WaitingRequestsAreParkedNotHeldByWorkers) {
     ASSERT_TRUE(fd.ok());
     auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
     ASSERT_TRUE(TrustLocalService(*ch).ok());
-    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kLocate), e.data(),
-                              Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(
+        ch->SendFrame(static_cast<uint16_t>(MsgType::kLocate), e.data(), Deadline::AfterMs(2000))
+            .ok());
     waiters.push_back(std::move(ch));
   }
   EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "requests.parked", kWaiters),
@@ -243,8 +244,9 @@ TEST_F(ReactorTest, HangUpWhileParkedEndsTheWait) {
     ASSERT_TRUE(fd.ok());
     Channel ch(std::move(*fd), Trust::kUnauthenticated);
     ASSERT_TRUE(TrustLocalService(ch).ok());
-    ASSERT_TRUE(ch.SendFrame(static_cast<uint16_t>(MsgType::kLocate), e.data(),
-                             Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(
+        ch.SendFrame(static_cast<uint16_t>(MsgType::kLocate), e.data(), Deadline::AfterMs(2000))
+            .ok());
     EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "requests.parked", 1), 1u);
   }  // hangs up
   const Deadline deadline = Deadline::AfterMs(10000);
@@ -326,8 +328,10 @@ TEST_F(ReactorTest, InlineRepliesToAPeerThatDoesNotReadStallNobody) {
   get.EncodeTo(ge);
   constexpr int kGets = 64;
   for (int i = 0; i < kGets; ++i)
-    ASSERT_TRUE(stalled->SendFrame(static_cast<uint16_t>(MsgType::kKvsGet), ge.data(),
-                                   Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(
+        stalled
+            ->SendFrame(static_cast<uint16_t>(MsgType::kKvsGet), ge.data(), Deadline::AfterMs(2000))
+            .ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 
   // Everyone else is served meanwhile: another peer's get, and a consume
@@ -378,8 +382,9 @@ TEST_F(ReactorTest, WatchPollsAreParkedNotHeldByWorkers) {
     req.after = first.last;
     Encoder e2;
     req.EncodeTo(e2);
-    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsWatch), e2.data(),
-                              Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(
+        ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsWatch), e2.data(), Deadline::AfterMs(2000))
+            .ok());
     watchers.push_back(std::move(ch));
   }
   EXPECT_GE(AwaitCounter(base_ + "/a.sock", "requests.parked", kWatchers),

@@ -44,10 +44,10 @@
 #include <thread>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/fsutil.h"
 #include "common/net.h"
 #include "common/wire.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "transport/local/local_transport.h"
 #include "transport/transport.h"
@@ -99,9 +99,7 @@ void RemoveTree(const std::string& path) {
 // the test ends, also when it fails.
 struct ScopedTempDir {
   explicit ScopedTempDir(const std::string& tag) : path(MakeTempDir(BaseTempDir(), tag)) {}
-  ~ScopedTempDir() {
-    RemoveTree(path);
-  }
+  ~ScopedTempDir() { RemoveTree(path); }
   ScopedTempDir(const ScopedTempDir&) = delete;
   ScopedTempDir& operator=(const ScopedTempDir&) = delete;
   const std::string path;
@@ -458,9 +456,12 @@ struct Param {
 
 std::string ParamName(const testing::TestParamInfo<Param>& info) {
   switch (info.param.link) {
-    case LinkKind::kSocketPair: return info.param.transport + "_socketpair";
-    case LinkKind::kLoopback: return info.param.transport + "_loopback";
-    case LinkKind::kSealed: return info.param.transport + "_sealed";
+    case LinkKind::kSocketPair:
+      return info.param.transport + "_socketpair";
+    case LinkKind::kLoopback:
+      return info.param.transport + "_loopback";
+    case LinkKind::kSealed:
+      return info.param.transport + "_sealed";
   }
   return info.param.transport;
 }
@@ -696,7 +697,8 @@ TEST_P(TransportConformance, OwnerClosesMidTransfer) {
     if (owner_status.ok() && GetParam().link == LinkKind::kSealed &&
         GetParam().transport == "tcp") {
       std::string part(100 * kKiB, '\0');
-      if (::pread(opened.fd.get(), part.data(), part.size(), 0) != static_cast<ssize_t>(part.size()))
+      if (::pread(opened.fd.get(), part.data(), part.size(), 0) !=
+          static_cast<ssize_t>(part.size()))
         owner_status = StatusFromErrno(errno, "pread");
       else
         owner_status = link_.owner->SendFrame(static_cast<uint16_t>(MsgType::kFileData), part,
@@ -867,13 +869,13 @@ TEST(TransportRegistry, EveryListedNameCreatesThatTransport) {
 
 TEST(TransportRegistry, ModesMapCaseInsensitively) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"FLUX_RPC", "tcp"}, {"flux_rpc", "tcp"}, {"TCP", "tcp"},    {"Tcp", "tcp"},
+      {"FLUX_RPC", "tcp"}, {"flux_rpc", "tcp"}, {"TCP", "tcp"},     {"Tcp", "tcp"},
       {"", "tcp"},         {"LOCAL", "local"},  {"local", "local"},
 #ifdef DYAD_HAVE_UCX
       {"UCX", "ucx"},      {"ucx", "ucx"},
 #endif
 #ifdef DYAD_HAVE_OFI
-      {"OFI", "ofi"},      {"ofi", "ofi"},      {"MARGO", "ofi"},  {"margo", "ofi"},
+      {"OFI", "ofi"},      {"ofi", "ofi"},      {"MARGO", "ofi"},   {"margo", "ofi"},
 #endif
   };
   for (const auto& [mode, want] : cases) {
@@ -889,12 +891,16 @@ TEST(TransportRegistry, ModesMapCaseInsensitively) {
 TEST(TransportRegistry, MissingModesExplainThemselves) {
   const std::vector<std::pair<std::string, std::string>> cases = {
 #ifndef DYAD_HAVE_UCX
-      {"UCX", "DYAD_ENABLE_UCX=ON"}, {"ucx", "libucx-dev"},
+      {"UCX", "DYAD_ENABLE_UCX=ON"},
+      {"ucx", "libucx-dev"},
 #endif
 #ifndef DYAD_HAVE_OFI
-      {"OFI", "DYAD_ENABLE_OFI=ON"}, {"ofi", "libfabric-dev"}, {"MARGO", "maps to the OFI"},
+      {"OFI", "DYAD_ENABLE_OFI=ON"},
+      {"ofi", "libfabric-dev"},
+      {"MARGO", "maps to the OFI"},
 #endif
-      {"bogus", "TCP"}, {"CARRIER_PIGEON", "FLUX_RPC"}};
+      {"bogus", "TCP"},
+      {"CARRIER_PIGEON", "FLUX_RPC"}};
   for (const auto& [mode, hint] : cases) {
     Result<std::string> got = TransportNameForMode(mode);
     ASSERT_FALSE(got.ok()) << mode;

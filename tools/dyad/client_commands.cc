@@ -165,7 +165,8 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
       continue;
     }
     if (verbose)
-      std::cout << path << ": " << WhatHappened(info) << " in " << FormatMs(info.elapsed_ns) << "\n";
+      std::cout << path << ": " << WhatHappened(info) << " in " << FormatMs(info.elapsed_ns)
+                << "\n";
   }
   return failed ? kExitFailed : kExitOk;
 }

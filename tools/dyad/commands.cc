@@ -15,11 +15,11 @@
 
 #include "common/backend.h"
 #include "common/config.h"
-#include "proto/munge/munge.h"
 #include "common/seal.h"
 #include "common/time.h"
 #include "dyad_version.h"
 #include "kvs/kvs.h"
+#include "proto/munge/munge.h"
 #include "transport/transport.h"
 
 namespace dyad {
@@ -157,8 +157,9 @@ int CmdInfo(InfoFormat format) {
     for (const char* x : row->selectors) sel += (sel.empty() ? "" : ", ") + std::string(x);
     for (const char* x : row->aliases) sel += ", " + std::string(x) + " (alias)";
     std::cout << (t ? "transport " : "store     ") << row->name << " ["
-              << (row->built ? "built" : "not built: " + std::string(row->build_switch) + "=OFF or " +
-                                             row->needs + " missing")
+              << (row->built ? "built"
+                             : "not built: " + std::string(row->build_switch) + "=OFF or " +
+                                   row->needs + " missing")
               << "]\n    " << (t ? "DTL modes: " : "URL forms: ") << sel
               << "   capabilities: " << CapsText(*row) << "\n"
               << Wrap(row->summary, width, "    ") << "\n";

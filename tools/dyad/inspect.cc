@@ -36,8 +36,9 @@ std::string Ago(uint64_t wall_ns) {
 
 std::string FormatRate(uint64_t bytes, uint64_t ns) {
   if (ns == 0) return "-";
-  return HumanBytes(static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 /
-                                           static_cast<double>(ns))) + "/s";
+  return HumanBytes(
+             static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 / static_cast<double>(ns))) +
+         "/s";
 }
 
 namespace dc = ::dyad::client;
@@ -214,8 +215,8 @@ int CmdPeers(double timeout_s, bool json) {
     std::printf("%-5u %-7s %-22s %-16s %-8s %-16s %-19s %-13s %s\n", p.rank,
                 dc::PeerStateName(p.state), p.address.c_str(), p.host.c_str(),
                 p.pid ? std::to_string(p.pid).c_str() : "-", Hex64(p.incarnation).c_str(),
-                LocalDateTime(p.started_ns, "-").c_str(),
-                Ago(p.last_contact_ns).c_str(), tail.c_str());
+                LocalDateTime(p.started_ns, "-").c_str(), Ago(p.last_contact_ns).c_str(),
+                tail.c_str());
   }
   return kExitOk;
 }
@@ -245,8 +246,8 @@ void DrawBar(const std::string& name, const dc::Transfer& t) {
   const size_t fixed = label.size() + 3 + std::string(tail).size();
   const size_t bar = width > fixed + 10 ? std::min<size_t>(width - fixed - 1, 50) : 10;
   const size_t filled = static_cast<size_t>(frac * static_cast<double>(bar));
-  std::string line = "\r" + label + " [" + std::string(filled, '#') + std::string(bar - filled, '.') +
-                     "]" + tail + "\033[K";
+  std::string line = "\r" + label + " [" + std::string(filled, '#') +
+                     std::string(bar - filled, '.') + "]" + tail + "\033[K";
   std::fputs(line.c_str(), stderr);
   std::fflush(stderr);
 }

@@ -15,9 +15,9 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#include "inspect.h"
 #include "dyad/dyad_config.hpp"
 #include "dyad_version.h"
+#include "inspect.h"
 
 namespace {
 
@@ -119,9 +119,10 @@ int main(int argc, char** argv) {
 
   // prefetch
   auto* prefetch = app.add_subcommand(
-      "prefetch", "Declare what this node's consumers will read: the local dyad-service fetches "
-                  "matching files into DYAD_PATH_CONSUMER as soon as they are published "
-                  "(already published ones at once), so later consumes are local");
+      "prefetch",
+      "Declare what this node's consumers will read: the local dyad-service fetches "
+      "matching files into DYAD_PATH_CONSUMER as soon as they are published "
+      "(already published ones at once), so later consumes are local");
   std::vector<std::string> prefetch_patterns;
   bool prefetch_cancel = false;
   prefetch
@@ -133,8 +134,9 @@ int main(int argc, char** argv) {
 
   // ls
   auto* ls = app.add_subcommand(
-      "ls", "List published files sorted by path: path, owner rank (marked when its service is "
-            "down), size, version time");
+      "ls",
+      "List published files sorted by path: path, owner rank (marked when its service is "
+      "down), size, version time");
   std::string ls_prefix;
   std::string ls_ns;
   uint32_t ls_limit = 0;
@@ -147,9 +149,10 @@ int main(int argc, char** argv) {
   ls->add_flag("--json", ls_json, "Print as JSON");
 
   // status
-  auto* status = app.add_subcommand(
-      "status", "Show the local dyad-service's identity, counters and transfers in flight "
-                "(docs/operations.md)");
+  auto* status =
+      app.add_subcommand("status",
+                         "Show the local dyad-service's identity, counters and transfers in flight "
+                         "(docs/operations.md)");
   std::string status_socket;
   bool status_json = false;
   bool status_prometheus = false;
@@ -162,13 +165,15 @@ int main(int argc, char** argv) {
 
   // peers
   auto* peers = app.add_subcommand(
-      "peers", "List the services registered in the metadata store: rank, liveness (an "
-               "authenticated ping from the local service), address, host, pid, incarnation, "
-               "start time, last contact");
+      "peers",
+      "List the services registered in the metadata store: rank, liveness (an "
+      "authenticated ping from the local service), address, host, pid, incarnation, "
+      "start time, last contact");
   double peers_timeout = 2;
   bool peers_json = false;
-  peers->add_option("-t,--timeout", peers_timeout,
-                    "Seconds each service has to answer the ping (0: do not ping)")
+  peers
+      ->add_option("-t,--timeout", peers_timeout,
+                   "Seconds each service has to answer the ping (0: do not ping)")
       ->type_name("SEC")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

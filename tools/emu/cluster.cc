@@ -16,8 +16,8 @@
 #include <sstream>
 #include <thread>
 
-#include "common/seal.h"
 #include "common/config.h"
+#include "common/seal.h"
 #include "common/wire.h"
 #include "emu/netns.h"
 
@@ -340,9 +340,8 @@ std::vector<std::string> EmuCluster::ServiceArgv(int i) const {
     a.push_back(secret_file_);
   }
   for (const std::string& s :
-       {std::string("--ready-file"), n.ready_file,
-        std::string("-i"), n.service_log, std::string("-e"), n.service_log,
-        std::string("--cons-path"), n.dmd})
+       {std::string("--ready-file"), n.ready_file, std::string("-i"), n.service_log,
+        std::string("-e"), n.service_log, std::string("--cons-path"), n.dmd})
     a.push_back(s);
   if (!options_.mode.empty()) {
     a.push_back("-m");
@@ -551,8 +550,7 @@ void EmuCluster::ReleaseResources() {
   if (!netns_names_.empty()) {
     // One process for all of them; the batch file lives in the tree removed
     // just after (or in /tmp when the tree is gone already).
-    const std::string scratch =
-        (base_.empty() ? std::string("/tmp") : base_) + "/ip-delete.batch";
+    const std::string scratch = (base_.empty() ? std::string("/tmp") : base_) + "/ip-delete.batch";
     Status st = DeleteNetnsBatch(netns_names_, scratch);
     if (!st.ok()) std::fprintf(stderr, "dyad emu: %s\n", st.ToString().c_str());
   }

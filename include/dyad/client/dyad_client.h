@@ -18,10 +18,10 @@
 #ifndef DYAD_CLIENT_DYAD_CLIENT_H
 #define DYAD_CLIENT_DYAD_CLIENT_H
 
-#include <dyad/dyad_config.hpp>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/common/dyad_structures.h>
 #include <dyad/core/dyad_ctx.h>
+#include <dyad/dyad_config.hpp>
 
 #ifdef __cplusplus
 #include <cstddef>
@@ -35,47 +35,47 @@ extern "C" {
 
 /* Metadata of a published file. The first two fields are upstream's. */
 struct dyad_metadata {
-    char *fpath;         /* path relative to the managed directory */
-    uint32_t owner_rank; /* rank of the dyad-service that owns the file */
-    uint64_t size;       /* size in bytes when published */
-    uint64_t version;    /* modification stamp (ns) of the published copy */
+  char* fpath;         /* path relative to the managed directory */
+  uint32_t owner_rank; /* rank of the dyad-service that owns the file */
+  uint64_t size;       /* size in bytes when published */
+  uint64_t version;    /* modification stamp (ns) of the published copy */
 };
 typedef struct dyad_metadata dyad_metadata_t;
 
-DYAD_DLL_EXPORTED dyad_rc_t dyad_produce(dyad_ctx_t *ctx, const char *fname);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_produce(dyad_ctx_t* ctx, const char* fname);
 
-DYAD_DLL_EXPORTED dyad_rc_t dyad_get_metadata(dyad_ctx_t *ctx, const char *fname, bool should_wait,
-                                              dyad_metadata_t **mdata);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_get_metadata(dyad_ctx_t* ctx, const char* fname, bool should_wait,
+                                              dyad_metadata_t** mdata);
 
-DYAD_DLL_EXPORTED dyad_rc_t dyad_free_metadata(dyad_metadata_t **mdata);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_free_metadata(dyad_metadata_t** mdata);
 
-DYAD_DLL_EXPORTED dyad_rc_t dyad_consume(dyad_ctx_t *ctx, const char *fname);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_consume(dyad_ctx_t* ctx, const char* fname);
 
-DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_w_metadata(dyad_ctx_t *ctx, const char *fname,
-                                                    const dyad_metadata_t *mdata);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_w_metadata(dyad_ctx_t* ctx, const char* fname,
+                                                    const dyad_metadata_t* mdata);
 
 /* Declares that this process will read the files matching `pattern`: a
  * path prefix, or a glob when it holds '*', '?' or '[' ('*' also matches
  * '/'), absolute under the consumer directory or relative to it. Files
  * already published are fetched at once, later ones as they are published.
  * The declaration lasts until dyad_prefetch_cancel() or the service stops. */
-DYAD_DLL_EXPORTED dyad_rc_t dyad_prefetch(dyad_ctx_t *ctx, const char *pattern);
-DYAD_DLL_EXPORTED dyad_rc_t dyad_prefetch_cancel(dyad_ctx_t *ctx, const char *pattern);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_prefetch(dyad_ctx_t* ctx, const char* pattern);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_prefetch_cancel(dyad_ctx_t* ctx, const char* pattern);
 
 /* Consumes `n` files in one request. `rcs` (NULL, or room for `n` codes)
  * gets each file's result; the return value is DYAD_RC_OK when all
  * succeeded, else the first failure's code (dyad_last_error() names it). */
-DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_batch(dyad_ctx_t *ctx, const char *const *fnames,
-                                               size_t n, dyad_rc_t *rcs);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_batch(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
+                                               dyad_rc_t* rcs);
 
 /* The same in the background: dyad_consume_start() returns at once (the
  * names are copied); dyad_consume_wait() blocks until every file is done,
  * fills `rcs` as dyad_consume_batch does, and frees the handle. Every
  * started handle must be waited for exactly once. */
 typedef struct dyad_consume_handle dyad_consume_handle_t;
-DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_start(dyad_ctx_t *ctx, const char *const *fnames,
-                                               size_t n, dyad_consume_handle_t **handle);
-DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_wait(dyad_consume_handle_t *handle, dyad_rc_t *rcs);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_start(dyad_ctx_t* ctx, const char* const* fnames, size_t n,
+                                               dyad_consume_handle_t** handle);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_consume_wait(dyad_consume_handle_t* handle, dyad_rc_t* rcs);
 
 #ifdef __cplusplus
 }

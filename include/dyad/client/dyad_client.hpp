@@ -25,9 +25,9 @@
 #ifndef DYAD_CLIENT_DYAD_CLIENT_HPP
 #define DYAD_CLIENT_DYAD_CLIENT_HPP
 
-#include <dyad/dyad_config.hpp>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/common/dyad_structures.h>
+#include <dyad/dyad_config.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -65,17 +65,17 @@ class Status {
 // Every setting of a client, with the documented defaults
 // (docs/configuration.md), the same in every language binding.
 struct DYAD_DLL_EXPORTED Options {
-  bool debug = false;           // DYAD_SYNC_DEBUG: failures on stderr
-  bool check = false;           // DYAD_SYNC_CHECK: setenv DYAD_CHECK=ok after success
-  bool shared_storage = false;  // DYAD_SHARED_STORAGE
-  bool async_publish = false;   // DYAD_ASYNC_PUBLISH
-  bool fsync_write = false;     // DYAD_FSYNC_WRITE
-  uint32_t key_depth = 3;       // DYAD_KEY_DEPTH
-  uint32_t key_bins = 1024;     // DYAD_KEY_BINS (0 counts as 1)
-  uint32_t service_mux = 1;     // DYAD_SERVICE_MUX (0 counts as 1)
-  std::string kvs_namespace;    // DYAD_KVS_NAMESPACE ("" = the primary namespace)
-  std::string producer_path;    // DYAD_PATH_PRODUCER ("" = none)
-  std::string consumer_path;    // DYAD_PATH_CONSUMER ("" = none)
+  bool debug = false;                     // DYAD_SYNC_DEBUG: failures on stderr
+  bool check = false;                     // DYAD_SYNC_CHECK: setenv DYAD_CHECK=ok after success
+  bool shared_storage = false;            // DYAD_SHARED_STORAGE
+  bool async_publish = false;             // DYAD_ASYNC_PUBLISH
+  bool fsync_write = false;               // DYAD_FSYNC_WRITE
+  uint32_t key_depth = 3;                 // DYAD_KEY_DEPTH
+  uint32_t key_bins = 1024;               // DYAD_KEY_BINS (0 counts as 1)
+  uint32_t service_mux = 1;               // DYAD_SERVICE_MUX (0 counts as 1)
+  std::string kvs_namespace;              // DYAD_KVS_NAMESPACE ("" = the primary namespace)
+  std::string producer_path;              // DYAD_PATH_PRODUCER ("" = none)
+  std::string consumer_path;              // DYAD_PATH_CONSUMER ("" = none)
   bool relative_to_managed_path = false;  // DYAD_PATH_RELATIVE
   // DYAD_DTL_MODE, any case. "" chooses nothing: the local service's own
   // mode applies.
@@ -130,10 +130,10 @@ struct ListEntry {
 // A transfer the local service has in flight.
 struct DYAD_DLL_EXPORTED Transfer {
   static const uint64_t kUnknownBytes = ~0ull;
-  bool outgoing = false;      // true: the local service sends (it owns the file)
-  std::string path;           // relative to the managed directory
-  uint32_t peer_rank = 0;     // the service at the other end
-  std::string transport;      // "tcp", "ucx", "ofi", ...
+  bool outgoing = false;                // true: the local service sends (it owns the file)
+  std::string path;                     // relative to the managed directory
+  uint32_t peer_rank = 0;               // the service at the other end
+  std::string transport;                // "tcp", "ucx", "ofi", ...
   uint64_t bytes_done = kUnknownBytes;  // kUnknownBytes when the transport cannot tell
   uint64_t bytes_total = 0;
   uint64_t elapsed_ns = 0;
@@ -160,12 +160,12 @@ DYAD_DLL_EXPORTED const char* PeerStateName(PeerState state);
 // A service registered in the metadata store, as the local service sees it.
 struct Peer {
   uint32_t rank = 0;
-  uint32_t node = 0;             // node index it registered with
-  std::string address;           // host:port it serves on
-  std::string host;              // its host name
-  uint32_t pid = 0;              // 0 when unknown
-  uint64_t incarnation = 0;      // changes each time it restarts
-  uint64_t started_ns = 0;       // wall clock at its start
+  uint32_t node = 0;         // node index it registered with
+  std::string address;       // host:port it serves on
+  std::string host;          // its host name
+  uint32_t pid = 0;          // 0 when unknown
+  uint64_t incarnation = 0;  // changes each time it restarts
+  uint64_t started_ns = 0;   // wall clock at its start
   PeerState state = PeerState::kUnknown;
   uint64_t last_contact_ns = 0;  // wall clock of the last authenticated exchange (0: never)
   uint64_t rtt_ns = 0;           // round trip of the probe
@@ -208,9 +208,7 @@ class DYAD_DLL_EXPORTED Client {
   // True exactly when Resolve() would succeed; a few string comparisons for
   // normalized absolute names (no allocation, no system call).
   bool IsManaged(const char* path, Side side) const;
-  bool IsManaged(const std::string& path, Side side) const {
-    return IsManaged(path.c_str(), side);
-  }
+  bool IsManaged(const std::string& path, Side side) const { return IsManaged(path.c_str(), side); }
 
   // Publishes a file that is complete (closed) under the producer directory.
   Status Produce(const std::string& path);
@@ -243,8 +241,8 @@ class DYAD_DLL_EXPORTED Client {
   // Published files whose relative path starts with `prefix`, at most
   // `limit` (0 = all), in the configured namespace or in `kvs_namespace`.
   Status List(const std::string& prefix, uint32_t limit, std::vector<ListEntry>* out);
-  Status ListNamespace(const std::string& kvs_namespace, const std::string& prefix,
-                       uint32_t limit, std::vector<ListEntry>* out);
+  Status ListNamespace(const std::string& kvs_namespace, const std::string& prefix, uint32_t limit,
+                       std::vector<ListEntry>* out);
   // Identity, counters and transfers in flight of the local service.
   Status GetServiceStatus(ServiceStatus* out);
   // The services registered in the metadata store (only `ranks`, or all

@@ -13,9 +13,9 @@
 #ifndef DYAD_CLIENT_DYAD_PRODUCER_H
 #define DYAD_CLIENT_DYAD_PRODUCER_H
 
-#include <dyad/dyad_config.hpp>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/core/dyad_ctx.h>
+#include <dyad/dyad_config.hpp>
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,11 +24,11 @@ extern "C" {
 /* Takes the exclusive producer lock on `fd`. `ctx` gives the bound (NULL:
  * the default of DYAD_RPC_TIMEOUT). DYAD_RC_TIMEOUT when another holder kept
  * it that long, DYAD_RC_BADFIO (errno set) when the file cannot be locked. */
-DYAD_DLL_EXPORTED dyad_rc_t dyad_producer_lock(const dyad_ctx_t *ctx, int fd);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_producer_lock(const dyad_ctx_t* ctx, int fd);
 
 /* Takes a shared lock on `fd`: a reader in the producer directory of its own
  * node, which a local producer may rewrite. Same bound and codes. */
-DYAD_DLL_EXPORTED dyad_rc_t dyad_producer_lock_shared(const dyad_ctx_t *ctx, int fd);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_producer_lock_shared(const dyad_ctx_t* ctx, int fd);
 
 /* Releases either lock. */
 DYAD_DLL_EXPORTED dyad_rc_t dyad_producer_unlock(int fd);

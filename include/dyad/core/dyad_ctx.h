@@ -13,10 +13,10 @@
 #ifndef DYAD_CORE_DYAD_CTX_H
 #define DYAD_CORE_DYAD_CTX_H
 
-#include <dyad/dyad_config.hpp>
 #include <dyad/common/dyad_dtl.h>
 #include <dyad/common/dyad_rc.h>
 #include <dyad/common/dyad_structures.h>
+#include <dyad/dyad_config.hpp>
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,8 +24,8 @@ extern "C" {
 #include <stdbool.h>
 #endif
 
-DYAD_DLL_EXPORTED dyad_ctx_t *dyad_ctx_get(void);
-DYAD_DLL_EXPORTED void dyad_ctx_init(dyad_dtl_comm_mode_t dtl_comm_mode, void *flux_handle);
+DYAD_DLL_EXPORTED dyad_ctx_t* dyad_ctx_get(void);
+DYAD_DLL_EXPORTED void dyad_ctx_init(dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle);
 DYAD_DLL_EXPORTED void dyad_ctx_fini(void);
 
 /* Initializes the process's context with explicit settings (see docs/configuration.md).
@@ -33,19 +33,18 @@ DYAD_DLL_EXPORTED void dyad_ctx_fini(void);
 DYAD_DLL_EXPORTED dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit,
                                       bool async_publish, bool fsync_write, unsigned int key_depth,
                                       unsigned int key_bins, unsigned int service_mux,
-                                      const char *kvs_namespace, const char *prod_managed_path,
-                                      const char *cons_managed_path,
-                                      bool relative_to_managed_path, const char *dtl_mode_str,
-                                      const dyad_dtl_comm_mode_t dtl_comm_mode,
-                                      void *flux_handle);
+                                      const char* kvs_namespace, const char* prod_managed_path,
+                                      const char* cons_managed_path, bool relative_to_managed_path,
+                                      const char* dtl_mode_str,
+                                      const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle);
 
 /* Initializes the context from the DYAD_* environment variables. */
 DYAD_DLL_EXPORTED dyad_rc_t dyad_init_env(const dyad_dtl_comm_mode_t dtl_comm_mode,
-                                          void *flux_handle);
+                                          void* flux_handle);
 
-DYAD_DLL_EXPORTED dyad_rc_t dyad_set_prod_path(const char *path);
-DYAD_DLL_EXPORTED dyad_rc_t dyad_set_cons_path(const char *path);
-DYAD_DLL_EXPORTED dyad_rc_t dyad_set_and_init_dtl_mode(const char *dtl_mode_name,
+DYAD_DLL_EXPORTED dyad_rc_t dyad_set_prod_path(const char* path);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_set_cons_path(const char* path);
+DYAD_DLL_EXPORTED dyad_rc_t dyad_set_and_init_dtl_mode(const char* dtl_mode_name,
                                                        dyad_dtl_comm_mode_t dtl_comm_mode);
 
 /* Releases everything the context holds but keeps the context object. */

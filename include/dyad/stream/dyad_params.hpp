@@ -12,8 +12,8 @@
 #ifndef DYAD_STREAM_DYAD_PARAMS_HPP
 #define DYAD_STREAM_DYAD_PARAMS_HPP
 
-#include <dyad/dyad_config.hpp>
 #include <dyad/common/dyad_dtl.h>
+#include <dyad/dyad_config.hpp>
 
 #include <string>
 

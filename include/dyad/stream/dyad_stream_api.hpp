@@ -79,8 +79,7 @@ namespace dyad {
 // path's own members.
 template <typename _Path, typename _Result = _Path,
           typename _Path2 = decltype(std::declval<_Path&>().make_preferred().filename())>
-using dyad_if_fs_path =
-    typename std::enable_if<std::is_same<_Path, _Path2>::value, _Result>::type;
+using dyad_if_fs_path = typename std::enable_if<std::is_same<_Path, _Path2>::value, _Result>::type;
 
 namespace stream_detail {
 
@@ -221,18 +220,18 @@ class basic_dyad_file {
 
   // --- output (for streams that write) ----------------------------------
   template <typename T>
-  auto operator<<(T&& value)
-      -> decltype(std::declval<Stream&>() << std::forward<T>(value), std::declval<basic_dyad_file&>()) {
+  auto operator<<(T&& value) -> decltype(std::declval<Stream&>() << std::forward<T>(value),
+                                         std::declval<basic_dyad_file&>()) {
     m_stream << std::forward<T>(value);
     return *this;
   }
-  basic_dyad_file& operator<<(std::basic_ostream<CharT, Traits>& (*manip)(
-      std::basic_ostream<CharT, Traits>&)) {
+  basic_dyad_file& operator<<(
+      std::basic_ostream<CharT, Traits>& (*manip)(std::basic_ostream<CharT, Traits>&)) {
     manip(m_stream);
     return *this;
   }
-  basic_dyad_file& operator<<(std::basic_ios<CharT, Traits>& (*manip)(
-      std::basic_ios<CharT, Traits>&)) {
+  basic_dyad_file& operator<<(
+      std::basic_ios<CharT, Traits>& (*manip)(std::basic_ios<CharT, Traits>&)) {
     manip(m_stream);
     return *this;
   }
@@ -264,13 +263,13 @@ class basic_dyad_file {
 
   // --- input (for streams that read) ------------------------------------
   template <typename T>
-  auto operator>>(T&& value)
-      -> decltype(std::declval<Stream&>() >> std::forward<T>(value), std::declval<basic_dyad_file&>()) {
+  auto operator>>(T&& value) -> decltype(std::declval<Stream&>() >> std::forward<T>(value),
+                                         std::declval<basic_dyad_file&>()) {
     m_stream >> std::forward<T>(value);
     return *this;
   }
-  basic_dyad_file& operator>>(std::basic_istream<CharT, Traits>& (*manip)(
-      std::basic_istream<CharT, Traits>&)) {
+  basic_dyad_file& operator>>(
+      std::basic_istream<CharT, Traits>& (*manip)(std::basic_istream<CharT, Traits>&)) {
     manip(m_stream);
     return *this;
   }
@@ -459,9 +458,8 @@ template <typename _CharT, typename _Traits = std::char_traits<_CharT>>
 class basic_ifstream_dyad
     : public stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_ifstream<_CharT, _Traits>,
                                             std::ios_base::in, std::ios_base::in> {
-  using base =
-      stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_ifstream<_CharT, _Traits>,
-                                     std::ios_base::in, std::ios_base::in>;
+  using base = stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_ifstream<_CharT, _Traits>,
+                                              std::ios_base::in, std::ios_base::in>;
 
  public:
   using basic_ifstream = std::basic_ifstream<_CharT, _Traits>;
@@ -476,9 +474,8 @@ template <typename _CharT, typename _Traits = std::char_traits<_CharT>>
 class basic_ofstream_dyad
     : public stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_ofstream<_CharT, _Traits>,
                                             std::ios_base::out, std::ios_base::out> {
-  using base =
-      stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_ofstream<_CharT, _Traits>,
-                                     std::ios_base::out, std::ios_base::out>;
+  using base = stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_ofstream<_CharT, _Traits>,
+                                              std::ios_base::out, std::ios_base::out>;
 
  public:
   using basic_ofstream = std::basic_ofstream<_CharT, _Traits>;
@@ -494,10 +491,9 @@ class basic_fstream_dyad
     : public stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_fstream<_CharT, _Traits>,
                                             std::ios_base::in | std::ios_base::out,
                                             std::ios_base::openmode{}> {
-  using base =
-      stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_fstream<_CharT, _Traits>,
-                                     std::ios_base::in | std::ios_base::out,
-                                     std::ios_base::openmode{}>;
+  using base = stream_detail::basic_dyad_file<_CharT, _Traits, std::basic_fstream<_CharT, _Traits>,
+                                              std::ios_base::in | std::ios_base::out,
+                                              std::ios_base::openmode{}>;
 
  public:
   using basic_fstream = std::basic_fstream<_CharT, _Traits>;

@@ -17,8 +17,8 @@
 #ifndef DYAD_STREAM_DYAD_STREAM_CORE_HPP
 #define DYAD_STREAM_DYAD_STREAM_CORE_HPP
 
-#include <dyad/dyad_config.hpp>
 #include <dyad/common/dyad_rc.h>
+#include <dyad/dyad_config.hpp>
 #include <dyad/stream/dyad_params.hpp>
 
 #include <ios>
@@ -103,8 +103,7 @@ namespace stream_detail {
 // mode std::filebuf refuses.
 DYAD_DLL_EXPORTED int open_flags_for_mode(std::ios_base::openmode mode, bool* truncate);
 // Opens `path` as a stream opened with `mode` would (without truncating).
-DYAD_DLL_EXPORTED int open_for_mode(const char* path, std::ios_base::openmode mode,
-                                    bool* truncate);
+DYAD_DLL_EXPORTED int open_for_mode(const char* path, std::ios_base::openmode mode, bool* truncate);
 // Takes the exclusive lock (bounded) and truncates when asked; false with
 // errno on failure (the fd stays open).
 DYAD_DLL_EXPORTED bool lock_and_truncate(const dyad_stream_core& core, int fd, bool truncate);

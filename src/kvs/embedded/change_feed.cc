@@ -61,8 +61,7 @@ ChangeFeeds::Feed& ChangeFeeds::FeedOf(const std::string& ns) {
   feeds_.emplace(ns, std::move(feed));
   // The watch calls back on Put threads, which take mu_: registering under
   // mu_ is safe because Watch itself does not call back.
-  Result<KvsWatchTicket> t =
-      store_->Watch(ns, [this, ns](const KvsChange& c) { Append(ns, c); });
+  Result<KvsWatchTicket> t = store_->Watch(ns, [this, ns](const KvsChange& c) { Append(ns, c); });
   if (t.ok()) ref.ticket = *t;
   return ref;
 }
@@ -126,7 +125,8 @@ std::optional<Result<KvsWatchReply>> ChangeFeeds::StartPoll(const KvsWatchReques
                                                             Deadline deadline, PollCallback done,
                                                             PollTicket* ticket) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (shutdown_) return Result<KvsWatchReply>(Status(DYAD_RC_CANCELLED, "metadata store is stopping"));
+  if (shutdown_)
+    return Result<KvsWatchReply>(Status(DYAD_RC_CANCELLED, "metadata store is stopping"));
   Feed& f = FeedOf(req.ns);
   std::optional<KvsWatchReply> now = AnswerLocked(req, f, deadline.expired());
   if (now) return Result<KvsWatchReply>(std::move(*now));

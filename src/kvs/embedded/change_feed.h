@@ -22,10 +22,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -51,8 +51,7 @@ class ChangeFeeds {
   ChangeFeeds& operator=(const ChangeFeeds&) = delete;
 
   // Answers one kKvsWatch (see KvsWatchRequest).
-  Result<KvsWatchReply> Poll(const KvsWatchRequest& req, Deadline deadline,
-                             const CancelFn& cancel);
+  Result<KvsWatchReply> Poll(const KvsWatchRequest& req, Deadline deadline, const CancelFn& cancel);
   using PollCallback = std::function<void(Result<KvsWatchReply>)>;
   using PollTicket = uint64_t;
   // Poll without a thread: returns the answer when there is one now;
@@ -69,7 +68,7 @@ class ChangeFeeds {
  private:
   struct Feed {
     KvsWatchTicket ticket = 0;
-    uint64_t head = 0;  // position of the newest change
+    uint64_t head = 0;                                     // position of the newest change
     std::deque<std::pair<std::string, std::string>> ring;  // positions head-size+1 .. head
   };
   struct Parked {

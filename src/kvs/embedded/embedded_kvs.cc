@@ -368,8 +368,8 @@ Result<std::string> EmbeddedKvs::Wait(const std::string& ns, const std::string& 
       std::string msg =
           Describe(ns, key) + " not published within " + std::to_string(budget_ms) + " ms";
       if (last_failure.ok()) return Status(DYAD_RC_TIMEOUT, msg);
-      msg += " (embedded store at " + address_text_ + " unreachable: " + last_failure.message() +
-             ")";
+      msg +=
+          " (embedded store at " + address_text_ + " unreachable: " + last_failure.message() + ")";
       return Status(DYAD_RC_TIMEOUT, msg).WithCause(DYAD_RC_CONNLOST);
     }
     // +1: RemainingMs rounds down, and a slice ending just before the

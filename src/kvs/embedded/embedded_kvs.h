@@ -28,17 +28,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "proto/auth.h"
 #include "common/net.h"
 #include "kvs/embedded/embedded_waits.h"
 #include "kvs/kvs.h"
 #include "kvs/watch.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 
 namespace dyad {

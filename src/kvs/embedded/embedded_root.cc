@@ -67,7 +67,8 @@ void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, Request
   std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
   ChangeFeeds::PollTicket ticket = 0;
   std::optional<Result<KvsWatchReply>> now = server->feeds().StartPoll(
-      req, Deadline::AfterMs(ms), [parked, send](Result<KvsWatchReply> r) {
+      req, Deadline::AfterMs(ms),
+      [parked, send](Result<KvsWatchReply> r) {
         parked->Resume([send, r = std::move(r)](RequestContext& c) { send(c, r); });
       },
       &ticket);
@@ -80,8 +81,7 @@ void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, Request
 }  // namespace
 
 EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
-    : store_(std::make_shared<MemoryKvs>()),
-      server_(std::make_shared<EmbeddedKvsServer>(store_)) {
+    : store_(std::make_shared<MemoryKvs>()), server_(std::make_shared<EmbeddedKvsServer>(store_)) {
   for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
                        MsgType::kKvsList, MsgType::kKvsWatch}) {
     // The handler keeps the server alive as long as the service routes to it.

@@ -214,8 +214,9 @@ void EmbeddedWaits::ExpireAndDropIdle(std::unique_lock<std::mutex>& lk, Completi
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const KvsWaitTicket t = deadlines_.begin()->second;
     const SlotKey slot = waiters_.at(t).slot;
-    EndLocked(t, Status(DYAD_RC_TIMEOUT, Describe(slot.first, slot.second) +
-                                             " not published before the deadline"),
+    EndLocked(t,
+              Status(DYAD_RC_TIMEOUT,
+                     Describe(slot.first, slot.second) + " not published before the deadline"),
               out);
   }
   std::vector<std::pair<std::string, KvsWatchTicket>> idle;

@@ -72,7 +72,7 @@ class EmbeddedWaits {
     std::multimap<SteadyClock::time_point, KvsWaitTicket>::iterator due;
     bool has_deadline = false;
   };
-  struct Space {  // one watched namespace
+  struct Space {               // one watched namespace
     KvsWatchTicket watch = 0;  // 0 until the helper has started the watch
     size_t waits = 0;
     SteadyClock::time_point idle_since;

@@ -12,8 +12,8 @@ const BackendRow& BackendRow_embedded() {
       "Hosted by one dyad-service, the root (`embedded`, usually rank 0); every other service "
       "names the root (`embedded://ROOT_HOST:PORT`). Zero extra processes; not persistent.",
       TransportCaps{},
-      KvsCapsWith({&KvsCaps::shared, &KvsCaps::hosted_by_service, &KvsCaps::async_wait,
-                   &KvsCaps::watch}),
+      KvsCapsWith(
+          {&KvsCaps::shared, &KvsCaps::hosted_by_service, &KvsCaps::async_wait, &KvsCaps::watch}),
       {},
       "",
       "",

@@ -152,10 +152,10 @@ Status RedisKvs::CheckReplicated(const std::vector<RedisReply>& replies) const {
 Status RedisKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
   const std::string rkey = RedisKey(ns, key);
   const bool cluster = config_.mode == RedisMode::kCluster;
-  std::vector<RedisArgv> cmds{
-      cluster ? RedisArgv{"EVAL", kPutScriptSharded, "1", rkey, value}
-              : RedisArgv{"EVAL", kPutScript, "1", rkey, value, WatchChannel(ns),
-                          RedisWatcher::EncodeMessage(key, value)}};
+  std::vector<RedisArgv> cmds{cluster ? RedisArgv{"EVAL", kPutScriptSharded, "1", rkey, value}
+                                      : RedisArgv{"EVAL", kPutScript, "1", rkey, value,
+                                                  WatchChannel(ns),
+                                                  RedisWatcher::EncodeMessage(key, value)}};
   if (config_.wait_replicas > 0) {
     cmds.push_back(
         {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_replicas_ms)});

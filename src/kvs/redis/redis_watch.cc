@@ -208,8 +208,7 @@ void RedisWatcher::HandlePush(const redisReply* r) {
   if (resync) watchers_.Resync(ns);
   if (kind != "message") return;
   std::string key, value;
-  if (r->element[2]->type != REDIS_REPLY_STRING ||
-      !DecodeMessage(Str(r->element[2]), &key, &value))
+  if (r->element[2]->type != REDIS_REPLY_STRING || !DecodeMessage(Str(r->element[2]), &key, &value))
     return;
   watchers_.Notify(ns, key, value);
 }

@@ -69,8 +69,8 @@ class RedisWatcher {
   WatchList watchers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, Sub> subs_;       // by channel; guarded by mu_
-  std::set<std::string> to_subscribe_;    // channels not sent on this link yet
+  std::map<std::string, Sub> subs_;     // by channel; guarded by mu_
+  std::set<std::string> to_subscribe_;  // channels not sent on this link yet
   std::set<std::string> to_unsubscribe_;
   bool stop_ = false;
   int wake_fd_ = -1;

@@ -14,9 +14,8 @@ const BackendRow& BackendRow_redis() {
       "by Redis Sentinel (redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]); "
       "docs/redis.md.",
       TransportCaps{},
-      KvsCapsWith(
-          {&KvsCaps::persistent, &KvsCaps::shared, &KvsCaps::native_wait, &KvsCaps::async_wait,
-           &KvsCaps::watch}),
+      KvsCapsWith({&KvsCaps::persistent, &KvsCaps::shared, &KvsCaps::native_wait,
+                   &KvsCaps::async_wait, &KvsCaps::watch}),
       {
           {"DYAD_REDIS_PASSWORD", ConfigKind::kString, "", "service",
            "Password for a redis:// store whose URL names none (keeps it out of command lines "

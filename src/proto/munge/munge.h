@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "proto/auth.h"
 #include "common/status.h"
+#include "proto/auth.h"
 
 namespace dyad {
 

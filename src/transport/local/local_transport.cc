@@ -131,7 +131,6 @@ class ScopedFilePosition {
 
 LocalTransport::LocalTransport(const TransportOptions& options) : options_(options) {}
 
-
 // The reply names the file by where the owner resolved it (its root and the
 // path beneath) and by what it is (device, inode): the requester opens it
 // beneath the same root, never following a symlink out of it, and accepts

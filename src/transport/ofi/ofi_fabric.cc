@@ -267,8 +267,7 @@ std::string OfiFabric::Details() {
                    : "by CQ wait fd") +
          "; address " + std::to_string(address_.size()) + " bytes; peers cached " +
          std::to_string(peers_.size()) + "; reads " + std::to_string(reads_) + " (" +
-         std::to_string(read_errors_) + " failed, " + std::to_string(eagain_) +
-         " busy retries)";
+         std::to_string(read_errors_) + " failed, " + std::to_string(eagain_) + " busy retries)";
 }
 
 }  // namespace dyad

@@ -2,8 +2,8 @@
 // registered slots from the file, announce them, let the requester read.
 #include <algorithm>
 
-#include "common/log.h"
 #include "common/fsutil.h"
+#include "common/log.h"
 #include "transport/ofi/ofi_engine.h"
 #include "transport/ofi/ofi_fabric.h"
 #include "transport/ofi/ofi_pool.h"
@@ -77,7 +77,7 @@ Status OfiTransport::PushChunks(Channel& session, const FileSource& src, OfiBuff
     c.remote_addr = buf.region->registration().remote_base + slot * buf.slot_bytes;
     c.key = key;
     DYAD_RETURN_IF_ERROR(PreadFully(src.fd, buf.base + slot * buf.slot_bytes,
-                                      static_cast<size_t>(c.length), i * g.chunk));
+                                    static_cast<size_t>(c.length), i * g.chunk));
     DYAD_RETURN_IF_ERROR(session.SendFrame(kOfiChunkFrame, c.Encode(), OfiIdle(options_.idle_ms)));
     stats->bytes += c.length;
     stats->chunks += 1;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/fsutil.h"
 #include "common/config.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "transport/ofi/ofi_engine.h"
 #include "transport/ofi/ofi_fabric.h"

@@ -43,8 +43,8 @@
 #include <mutex>
 #include <string>
 
-#include "transport/ofi/ofi_provider.h"
 #include "transport/ofi/ofi_pool.h"
+#include "transport/ofi/ofi_provider.h"
 #include "transport/transport.h"
 
 namespace dyad {
@@ -97,6 +97,5 @@ class OfiTransport final : public Transport {
   mutable std::mutex start_mu_;
   mutable std::unique_ptr<Engine> engine_;
 };
-
 
 }  // namespace dyad

@@ -132,7 +132,6 @@ const std::string& OfiHostId() {
   return id;
 }
 
-
 Status OfiFailSession(Channel& ch, const Status& st) {
   ch.MarkBroken();
   ::shutdown(ch.fd(), SHUT_RDWR);

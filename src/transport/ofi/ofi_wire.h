@@ -90,7 +90,6 @@ inline Deadline OfiIdle(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
 }
 
-
 // See the comment above `host`. "" when unknown (never equal to another).
 const std::string& OfiHostId();
 

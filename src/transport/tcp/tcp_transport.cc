@@ -324,22 +324,21 @@ class StreamReceiver {
 
 TcpTransport::TcpTransport(const TransportOptions& options) : options_(options) {}
 
-
 size_t TcpTransport::SealedChunk() const {
   const size_t chunk = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
   return std::min(chunk, kSealedChunkBytes);
 }
 
 Status TcpTransport::PushSealed(Channel& session, const FileSource& src, TransferStats* stats) {
-  std::unique_ptr<char[]> buf(new char[static_cast<size_t>(
-      std::min<uint64_t>(SealedChunk(), src.size))]);
+  std::unique_ptr<char[]> buf(
+      new char[static_cast<size_t>(std::min<uint64_t>(SealedChunk(), src.size))]);
   uint64_t offset = 0;
   while (offset < src.size) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(SealedChunk(), src.size - offset));
     size_t have = 0;
     while (have < len) {
-      const ssize_t n = ::pread(src.fd, buf.get() + have, len - have,
-                                static_cast<off_t>(offset + have));
+      const ssize_t n =
+          ::pread(src.fd, buf.get() + have, len - have, static_cast<off_t>(offset + have));
       if (n > 0) {
         have += static_cast<size_t>(n);
         continue;
@@ -353,16 +352,16 @@ Status TcpTransport::PushSealed(Channel& session, const FileSource& src, Transfe
     // Integrity only: the bytes just read are what the tag covers, and the
     // kernel sends them from the page cache (no copy into the socket).
     // Encrypted: sealed in place and sent from the buffer.
-    Status st = session.protection() == LinkProtection::kIntegrity
-                    ? session.SendSealedFileRange(static_cast<uint16_t>(MsgType::kFileData),
-                                                  src.fd, offset, buf.get(), len,
-                                                  std::max<int64_t>(0, options_.idle_ms))
-                    : session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData),
-                                               buf.get(), len, IdleDeadline(options_.idle_ms));
+    Status st =
+        session.protection() == LinkProtection::kIntegrity
+            ? session.SendSealedFileRange(static_cast<uint16_t>(MsgType::kFileData), src.fd, offset,
+                                          buf.get(), len, std::max<int64_t>(0, options_.idle_ms))
+            : session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData), buf.get(), len,
+                                       IdleDeadline(options_.idle_ms));
     if (!st.ok()) {
-      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' (sent " +
-                                              std::to_string(offset) + " of " +
-                                              std::to_string(src.size) + " bytes)"));
+      return FailSession(
+          session, st.Annotate("tcp push of '" + src.path + "' (sent " + std::to_string(offset) +
+                               " of " + std::to_string(src.size) + " bytes)"));
     }
     offset += len;
     stats->bytes = offset;
@@ -388,9 +387,9 @@ Status TcpTransport::PullSealed(Channel& session, uint64_t size, int sink_fd,
   while (got < size) {
     size_t len = 0;
     const size_t max_len = static_cast<size_t>(std::min<uint64_t>(kMaxFramePayload, size - got));
-    Status st = session.RecvFrameStreaming(static_cast<uint16_t>(MsgType::kFileData), &len, max_len,
-                                           buf.get(), buf_len, write,
-                                           IdleDeadline(options_.idle_ms));
+    Status st =
+        session.RecvFrameStreaming(static_cast<uint16_t>(MsgType::kFileData), &len, max_len,
+                                   buf.get(), buf_len, write, IdleDeadline(options_.idle_ms));
     if (!st.ok()) return st.Annotate(Progress(got, size));
     if (len == 0)
       return Status(DYAD_RC_BADUNPACK, "empty file data chunk (" + Progress(got, size) + ")");

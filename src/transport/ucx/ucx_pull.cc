@@ -189,10 +189,10 @@ Status RequesterTransfer::OnSessionFrame(uint64_t i) {
   if (type == kErrorFrame)
     return Fail(DecodeErrorFrame(payload, "owner").Annotate(What()), false, true);
   if (type != kChunkFrame || i != 0)
-    return Fail(Status(DYAD_RC_BADUNPACK, What() + ": unexpected frame (type " +
-                                              std::to_string(type) + ", chunk " +
-                                              std::to_string(i) + ") during the transfer"),
-                true);
+    return Fail(
+        Status(DYAD_RC_BADUNPACK, What() + ": unexpected frame (type " + std::to_string(type) +
+                                      ", chunk " + std::to_string(i) + ") during the transfer"),
+        true);
   // The receives will never match (their tags are this transfer's).
   direct_ = true;
   for (void*& r : recvs_) {

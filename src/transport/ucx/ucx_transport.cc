@@ -36,7 +36,6 @@ UcxTransport::UcxTransport(const TransportOptions& options)
 
 UcxTransport::~UcxTransport() = default;
 
-
 // "same-host direct path on; messages all eager (no RMA network); buffers
 // mapped: 1 receive, 1 send of 8388608 bytes (at most 4 each)"
 std::string UcxTransport::Details() const {
