@@ -4,7 +4,7 @@
 # when something is missing. Run as root (or with sudo available).
 set -eu
 
-# build and core tests
+# build and core tests (clang-format: the source-format test)
 PACKAGES="
 cmake
 make
@@ -22,6 +22,7 @@ procps
 coreutils
 tar
 strace
+clang-format
 "
 # optional backends (each is compiled in when found): UCX, libfabric, Redis
 # (libfabric-bin: fi_info, which the OFI tests use to tell a provider that
