@@ -38,19 +38,29 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "common/fsutil.h"
 #include "common/key.h"
 #include "common/net.h"
+#include "emu/cluster.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
-#include "unit/service_pair.h"
 
 extern char** environ;
 
 namespace dyad::bench {
 namespace {
 
-using testing_services::CallLocal;
-using testing_services::WriteFile;
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+// One request to the service on Unix socket `sock` (the wire protocol only,
+// so any build of dyad-service can be measured).
+Result<std::string> CallLocal(const std::string& sock, MsgType type, const std::string& req,
+                              int64_t timeout_ms = 10000) {
+  return emu::CallLocalService(sock, type, req, Deadline::AfterMs(timeout_ms));
+}
 
 constexpr const char* kSecret = "idle-connections-bench-secret";
 

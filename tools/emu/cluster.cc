@@ -151,18 +151,24 @@ std::string FindSiblingProgram(const std::string& name, const std::string& bin_d
   return FindProgram(name);
 }
 
-Result<StatusReply> QueryServiceStatus(const std::string& socket_path, Deadline deadline) {
+Result<std::string> CallLocalService(const std::string& socket_path, MsgType type,
+                                     const std::string& request, Deadline deadline) {
   auto addr = ParseAddress("unix:" + socket_path);
   if (!addr.ok()) return addr.status();
   auto fd = Connect(*addr, deadline);
-  if (!fd.ok()) return fd.status().Annotate("status of service at " + socket_path);
+  if (!fd.ok()) return fd.status();
   Channel ch(std::move(*fd), Trust::kUnauthenticated);
   DYAD_RETURN_IF_ERROR(TrustLocalService(ch));
   std::string body;
-  Status st = CallRpc(ch, MsgType::kStatus, "", &body, deadline);
-  if (!st.ok()) return st.Annotate("status of service at " + socket_path);
+  DYAD_RETURN_IF_ERROR(CallRpc(ch, type, request, &body, deadline));
+  return body;
+}
+
+Result<StatusReply> QueryServiceStatus(const std::string& socket_path, Deadline deadline) {
+  Result<std::string> body = CallLocalService(socket_path, MsgType::kStatus, "", deadline);
+  if (!body.ok()) return body.status().Annotate("status of service at " + socket_path);
   StatusReply reply;
-  Decoder d(body);
+  Decoder d(*body);
   if (!reply.DecodeFrom(d))
     return Status(DYAD_RC_BADUNPACK, "malformed status reply from " + socket_path);
   return reply;

@@ -195,6 +195,11 @@ class EmuCluster {
 // "" if not found.
 std::string FindSiblingProgram(const std::string& name, const std::string& bin_dir = "");
 
+// One request of `type` on a fresh connection to the service listening on
+// Unix socket `socket_path`; the reply's body.
+Result<std::string> CallLocalService(const std::string& socket_path, MsgType type,
+                                     const std::string& request, Deadline deadline);
+
 // Status RPC to the service listening on Unix socket `socket_path`.
 Result<StatusReply> QueryServiceStatus(const std::string& socket_path,
                                        Deadline deadline = Deadline::AfterMs(10000));
