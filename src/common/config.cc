@@ -70,9 +70,11 @@ std::vector<ConfigEntry> CoreEntries() {
        "pydyad.data.DyadDataset: samples of the sampler's order fetched ahead while the current "
        "batch trains (its lookahead argument overrides it; 0 = off)."},
       {"DYAD_PREFETCH_CONCURRENCY", ConfigKind::kUint, "8", "service",
-       "Most prefetch transfers a service runs at once (explicit consumes never wait for them)."},
+       "Most prefetch fetches a service runs at once (explicit consumes never wait for them); "
+       "a fetch is one file, or a batch of up to 64 files of at most 256 KiB from one owner."},
       {"DYAD_PREFETCH_PER_PEER", ConfigKind::kUint, "8", "service",
-       "Most prefetch transfers a service runs at once from one owner."},
+       "Most prefetch fetches a service runs at once from one owner (batches from one owner: "
+       "at most 2, so that new publications gather into the next batch)."},
       {"DYAD_SPIN_US", ConfigKind::kUint, "50", "both",
        "Microseconds to poll for an expected reply before sleeping; saves the thread wake-up "
        "that dominates small-request latency. 0 disables spinning."},
