@@ -19,17 +19,8 @@ namespace dyad {
 namespace {
 
 using testing_services::CallLocal;
+using testing_services::Eventually;
 using testing_services::ReadAll;
-
-template <typename F>
-bool Eventually(F pred, int64_t ms = 10000) {
-  const Deadline d = Deadline::AfterMs(ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
 
 class FetchBatchTest : public ::testing::Test {
  protected:

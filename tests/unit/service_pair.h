@@ -8,10 +8,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "common/fsutil.h"
 #include "common/key.h"
@@ -32,6 +34,17 @@ inline std::string ReadAll(const std::string& path) {
 inline void WriteFile(const std::string& path, const std::string& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << data;
+}
+
+// Polls `pred` every 10 ms for at most `ms`.
+template <typename F>
+bool Eventually(F pred, int64_t ms = 10000) {
+  const Deadline d = Deadline::AfterMs(ms);
+  while (!d.expired()) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
 }
 
 // One request on a fresh connection to a service's Unix socket.

@@ -29,18 +29,8 @@ namespace dyad {
 namespace {
 
 using testing_services::CallLocal;
+using testing_services::Eventually;
 using testing_services::ReadAll;
-
-// Polls `pred` every 10 ms for at most `ms`.
-template <typename F>
-bool Eventually(F pred, int64_t ms = 10000) {
-  const Deadline d = Deadline::AfterMs(ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
 
 bool IsEmptyFile(const std::string& path) {
   struct stat st;
