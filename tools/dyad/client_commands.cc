@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -61,12 +62,9 @@ std::string FormatTimeNs(uint64_t ns) {
 // A client configured from the environment. With `side`, the command needs
 // that managed directory and says so when it is not set. Reports problems
 // itself; false on failure.
-bool ClientFromEnv(const std::string& cmd, const dc::Options* options, const dc::Side* side,
-                   dc::Client* out) {
+bool ClientFromEnv(const std::string& cmd, const dc::Side* side, dc::Client* out) {
   dc::Options o;
-  if (options != nullptr) {
-    o = *options;
-  } else if (dc::Status st = dc::Options::FromEnv(&o); !st.ok()) {
+  if (dc::Status st = dc::Options::FromEnv(&o); !st.ok()) {
     PrintError(cmd, "", st);
     return false;
   }
@@ -110,7 +108,7 @@ std::string WhatHappened(const dc::ConsumeInfo& info) {
 int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
   const dc::Side side = dc::Side::kProducer;
   dc::Client client;
-  if (!ClientFromEnv("produce", nullptr, &side, &client)) return kExitFailed;
+  if (!ClientFromEnv("produce", &side, &client)) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
     // The C API ignores paths outside the managed directory (upstream);
@@ -136,17 +134,16 @@ int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
 
 int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool verbose,
                bool progress) {
-  dc::Options options;
-  if (dc::Status st = dc::Options::FromEnv(&options); !st.ok()) {
-    PrintError("consume", "", st);
-    return kExitFailed;
+  // --timeout is DYAD_CONSUME_TIMEOUT for this command, parsed the same way
+  // (0: no limit; huge values saturate).
+  if (timeout_s >= 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f", timeout_s);
+    ::setenv("DYAD_CONSUME_TIMEOUT", buf, 1);
   }
-  // 0 means no limit, as DYAD_CONSUME_TIMEOUT=0 does.
-  if (timeout_s >= 0) options.consume_timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
-  if (timeout_s == 0) options.consume_timeout_ms = -1;
   const dc::Side side = dc::Side::kConsumer;
   dc::Client client;
-  if (!ClientFromEnv("consume", &options, &side, &client)) return kExitFailed;
+  if (!ClientFromEnv("consume", &side, &client)) return kExitFailed;
   bool failed = false;
   for (const std::string& path : paths) {
     std::string upath;
@@ -173,7 +170,7 @@ int CmdConsume(const std::vector<std::string>& paths, double timeout_s, bool ver
 
 int CmdPrefetch(const std::vector<std::string>& patterns, bool cancel) {
   dc::Client client;
-  if (!ClientFromEnv("prefetch", nullptr, nullptr, &client)) return kExitFailed;
+  if (!ClientFromEnv("prefetch", nullptr, &client)) return kExitFailed;
   bool failed = false;
   for (const std::string& p : patterns) {
     uint32_t queued = 0;
@@ -238,7 +235,7 @@ void PrintListTable(const std::vector<dc::ListEntry>& entries,
 int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uint32_t limit,
             bool json) {
   dc::Client client;
-  if (!ClientFromEnv("ls", nullptr, nullptr, &client)) return kExitFailed;
+  if (!ClientFromEnv("ls", nullptr, &client)) return kExitFailed;
   std::vector<dc::ListEntry> entries;
   const dc::Status st = ns_given ? client.ListNamespace(ns, prefix, limit, &entries)
                                  : client.List(prefix, limit, &entries);
@@ -271,7 +268,7 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
 
 int CmdStatus(bool json, bool prometheus) {
   dc::Client client;
-  if (!ClientFromEnv("status", nullptr, nullptr, &client)) return kExitFailed;
+  if (!ClientFromEnv("status", nullptr, &client)) return kExitFailed;
   dc::ServiceStatus st;
   if (dc::Status rc = client.GetServiceStatus(&st); !rc.ok()) {
     PrintError("status", "", rc);
