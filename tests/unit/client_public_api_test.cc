@@ -289,14 +289,18 @@ TEST_F(PublicClientTest, PeersTransfersAndServedByComeThrough) {
   EXPECT_EQ(peers[0].rtt_ns, 1500u);
   EXPECT_EQ(peers[0].detail, "answers as rank 8");
   PeersRequest sent;
-  Decoder d(fake_->last(MsgType::kPeers)->payload);
+  // last() returns a copy: keep its payload alive while it is decoded.
+  std::string payload = fake_->last(MsgType::kPeers)->payload;
+  Decoder d(payload);
   ASSERT_TRUE(sent.DecodeFrom(d));
   EXPECT_TRUE(sent.probe);
   EXPECT_EQ(sent.probe_timeout_ms, 250);
   EXPECT_EQ(sent.ranks, (std::vector<uint32_t>{7, 9}));
   // No probe asked: the service is told not to probe.
   ASSERT_TRUE(c.Peers({}, 0, &peers).ok());
-  Decoder d2(fake_->last(MsgType::kPeers)->payload);
+  payload = fake_->last(MsgType::kPeers)->payload;
+  Decoder d2(payload);
+  sent = PeersRequest();
   ASSERT_TRUE(sent.DecodeFrom(d2));
   EXPECT_FALSE(sent.probe);
   EXPECT_TRUE(sent.ranks.empty());
