@@ -924,7 +924,8 @@ def write_report(out, res, figs):
                    rows))
     if "scaling" in figs:
         L.append("\n![scaling](%s)\n" % figs["scaling"])
-                                               "scale, metadata-scale")
+    L.extend(scale_section.report_lines(res.get("scale"), figs))
+    L += [""] + metadata_section.report(res)
     L.append("\nRaw program output: run.log. Every number: results.json.\n")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(L))
