@@ -68,29 +68,32 @@ struct Reactor::Conn {
   std::function<void()> on_hangup;
 };
 
-// The handle a parked request's waiter keeps.
+// The handle a parked request's waiter keeps. Resume and OnHangup may run at
+// once on different threads (a store's callback resumes the request while
+// the handler that parked it is still registering its cancel), so the
+// connection pointer never changes after construction and `resumed_` says
+// whether the request is done.
 class Reactor::Parked final : public ParkedRequest {
  public:
   Parked(Reactor* r, std::shared_ptr<Conn> c) : r_(r), c_(std::move(c)) {}
   void Resume(std::function<void(RequestContext&)> finish) override {
-    std::shared_ptr<Conn> c = std::move(c_);
-    if (!c) return;  // resumed twice: a programming error, ignored
-    {
-      std::lock_guard<std::mutex> lk(c->mu);
-      c->on_hangup = nullptr;
-      if (c->running) {  // the parking handler has not returned yet
-        c->pending_resume = std::move(finish);
-        return;
-      }
-      c->parked = false;
-    }
-    r_->parked_.fetch_sub(1);
-    r_->Resume(c, std::move(finish));
-  }
-  void OnHangup(std::function<void()> cancel) override {
-    if (!c_) return;
+    if (resumed_.exchange(true)) return;  // resumed twice: a programming error, ignored
     {
       std::lock_guard<std::mutex> lk(c_->mu);
+      c_->on_hangup = nullptr;
+      if (c_->running) {  // the parking handler has not returned yet
+        c_->pending_resume = std::move(finish);
+        return;
+      }
+      c_->parked = false;
+    }
+    r_->parked_.fetch_sub(1);
+    r_->Resume(c_, std::move(finish));
+  }
+  void OnHangup(std::function<void()> cancel) override {
+    {
+      std::lock_guard<std::mutex> lk(c_->mu);
+      if (resumed_) return;  // done (checked under the lock Resume takes): nothing to cancel
       if (!c_->hung_up && !r_->stopping_) {
         c_->on_hangup = std::move(cancel);
         return;
@@ -101,7 +104,8 @@ class Reactor::Parked final : public ParkedRequest {
 
  private:
   Reactor* const r_;
-  std::shared_ptr<Conn> c_;
+  const std::shared_ptr<Conn> c_;
+  std::atomic<bool> resumed_{false};
 };
 
 class Reactor::Parking final : public RequestParking {
