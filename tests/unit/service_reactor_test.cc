@@ -85,6 +85,20 @@ class ReactorTest : public ::testing::Test {
     return WriteAndPublish(base_ + "/a.sock", base_ + "/a", upath, data);
   }
 
+  // An authenticated peer session to A, as service `rank` would open it.
+  std::unique_ptr<Channel> ConnectPeer(uint32_t rank) {
+    Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
+    EXPECT_TRUE(tcp.ok());
+    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
+    EXPECT_TRUE(fd.ok());
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    PeerIdentity them;
+    EXPECT_TRUE(Authenticator("test-secret")
+                    .Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(5000), &them)
+                    .ok());
+    return ch;
+  }
+
   Result<std::string> Consume(const std::string& upath) {
     ConsumeRequest req;
     req.ns = "t";
@@ -302,18 +316,7 @@ TEST_F(ReactorTest, PeerSilentMidHandshakeIsClosedAtTheDeadline) {
 // and the loop must then keep serving everyone else rather than wait for
 // it; the stalled peer gets every reply, in order, once it reads.
 TEST_F(ReactorTest, InlineRepliesToAPeerThatDoesNotReadStallNobody) {
-  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
-  ASSERT_TRUE(tcp.ok());
-  const Authenticator auth("test-secret");
-  auto connect_peer = [&](uint32_t rank) {
-    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
-    EXPECT_TRUE(fd.ok());
-    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
-    PeerIdentity them;
-    EXPECT_TRUE(auth.Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(5000), &them).ok());
-    return ch;
-  };
-  std::unique_ptr<Channel> stalled = connect_peer(200);
+  std::unique_ptr<Channel> stalled = ConnectPeer(200);
   KvsRequest put;
   put.ns = "big";
   put.key = "value";
@@ -337,7 +340,7 @@ TEST_F(ReactorTest, InlineRepliesToAPeerThatDoesNotReadStallNobody) {
 
   // Everyone else is served meanwhile: another peer's get, and a consume
   // through B (its store requests and the transfer go to A).
-  std::unique_ptr<Channel> other = connect_peer(201);
+  std::unique_ptr<Channel> other = ConnectPeer(201);
   ASSERT_TRUE(CallRpc(*other, MsgType::kKvsGet, ge.data(), &body, Deadline::AfterMs(5000)).ok());
   ASSERT_TRUE(Publish("meanwhile.dat", "served while a peer does not read").ok());
   ASSERT_TRUE(Consume("meanwhile.dat").ok());
@@ -418,19 +421,8 @@ TEST_F(ReactorTest, WatchPollsAreParkedNotHeldByWorkers) {
 // the root must answer every poll and stay up; the window is narrow, so this
 // stress did not reproduce the crash on the old code in 5 runs.
 TEST_F(ReactorTest, WatchPollResumedWhileItParksDoesNotCrashTheRoot) {
-  Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
-  ASSERT_TRUE(tcp.ok());
-  const Authenticator auth("test-secret");
-  auto connect_peer = [&](uint32_t rank) {
-    Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
-    EXPECT_TRUE(fd.ok());
-    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
-    PeerIdentity them;
-    EXPECT_TRUE(auth.Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(5000), &them).ok());
-    return ch;
-  };
-  std::unique_ptr<Channel> watcher = connect_peer(400);
-  std::unique_ptr<Channel> putter = connect_peer(401);
+  std::unique_ptr<Channel> watcher = ConnectPeer(400);
+  std::unique_ptr<Channel> putter = ConnectPeer(401);
   std::atomic<bool> stop{false};
   std::atomic<int> puts{0};
   std::thread writer([&] {
