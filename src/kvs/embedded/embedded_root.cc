@@ -10,20 +10,31 @@ namespace dyad {
 
 namespace {
 
+// Decodes a parkable request into `req`. A malformed one is left to the
+// blocking path, which explains it to the peer; false then.
+template <typename Request>
+bool DecodeOrExplain(const std::shared_ptr<EmbeddedKvsServer>& server, uint16_t type,
+                     RequestContext& ctx, const std::string& payload, Request* req) {
+  Decoder d(payload);
+  if (req->DecodeFrom(d) && d.done()) return true;
+  if (!server->Handle(type, payload, ctx.ch, ctx.cancel).ok()) ctx.ch.MarkBroken();
+  return false;
+}
+
+// A parked request waits at most one slice, as in EmbeddedKvsServer.
+int64_t SliceMs(int64_t timeout_ms) {
+  return timeout_ms < 0 ? EmbeddedKvsServer::kMaxWaitSliceMs
+                        : std::min(timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
+}
+
 // A peer's wait without a thread: parked until the store answers (at most
 // one slice, as in EmbeddedKvsServer), then replied to from a worker.
 void HandleWaitParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestContext& ctx,
                       const std::string& payload) {
   constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWait);
   KvsRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) {  // the blocking path explains it
-    if (!server->Handle(kType, payload, ctx.ch, ctx.cancel).ok()) ctx.ch.MarkBroken();
-    return;
-  }
-  const int64_t ms = req.timeout_ms < 0
-                         ? EmbeddedKvsServer::kMaxWaitSliceMs
-                         : std::min(req.timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
+  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) return;
+  const int64_t ms = SliceMs(req.timeout_ms);
   std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
   auto reply = [server](const Status& st, const std::string& body) {
     return [server, st, body](RequestContext& c) {
@@ -47,14 +58,8 @@ void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, Request
                        const std::string& payload) {
   constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWatch);
   KvsWatchRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done()) {  // the blocking path explains it
-    if (!server->Handle(kType, payload, ctx.ch, ctx.cancel).ok()) ctx.ch.MarkBroken();
-    return;
-  }
-  const int64_t ms = req.timeout_ms < 0
-                         ? EmbeddedKvsServer::kMaxWaitSliceMs
-                         : std::min(req.timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
+  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) return;
+  const int64_t ms = SliceMs(req.timeout_ms);
   auto send = [server](RequestContext& c, const Result<KvsWatchReply>& r) {
     std::string body;
     if (r.ok()) {
