@@ -35,6 +35,13 @@ struct TransportCaps {
   bool same_node_only = false;      // only between services sharing a node
 };
 
+// Files up to this size, on a transport whose bytes travel on the fetch
+// session (data_on_session), are read into memory and sent with the
+// channel's ordinary sends, never sendfile(2): the owner can then gather
+// its reply, the bytes and its verdict into one write, so the requester
+// wakes once per small file instead of once per frame.
+constexpr uint64_t kGatheredFileBytes = 64u << 10;
+
 struct KvsCaps {
   bool persistent = false;         // survives restarts of the store
   bool shared = false;             // visible to every node (false: this process only)

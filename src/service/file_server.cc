@@ -127,21 +127,30 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   fr.mode = st.st_mode & 0777;
   Encoder e;
   fr.EncodeTo(e);
+  // A small file on the session goes out in one write: the reply, the
+  // bytes (read into memory, backend.h) and the verdict, which can then be
+  // decided before anything leaves.
+  std::string gathered;
+  const bool gather = (*transport)->caps().data_on_session && src.size <= kGatheredFileBytes;
+  if (gather) ctx.ch.CaptureSends(&gathered);
   SendReply(ctx.ch, Status::OK(), e.data(), rpc_timeout_ms_, stats_);
-  if (ctx.ch.broken()) return;
+  if (ctx.ch.broken()) return ctx.ch.CaptureSends(nullptr);
   TransferStats ts;
   span.Arg("path", *upath).Arg("bytes", src.size).Arg("transport", (*transport)->name());
   if (ctx.peer != nullptr) span.Arg("to", ctx.peer->rank);
   TransferRegistry::Entry progress = TrackSend(ctx, *upath, **transport, src.size);
-  Status ps = (*transport)->Push(ctx.ch, src, req.transport_args, &ts);
-  progress.Reset();
-  span.Rc(ps);
-  if (!ps.ok()) {
+  auto failed = [&](const Status& why) {
+    span.Rc(why);
     ctx.ch.MarkBroken();
     stats_->Add(ServiceStats::kErrors);
     DYAD_LOG_WARN("sending '%s' to rank %u failed: %s", upath->c_str(),
-                  ctx.peer != nullptr ? ctx.peer->rank : 0u, ps.ToString().c_str());
-    return;
+                  ctx.peer != nullptr ? ctx.peer->rank : 0u, why.ToString().c_str());
+  };
+  Status ps = (*transport)->Push(ctx.ch, src, req.transport_args, &ts);
+  progress.Reset();
+  if (!ps.ok()) {
+    ctx.ch.CaptureSends(nullptr);
+    return failed(ps);
   }
   // The verdict: the requester places the copy only if the file is still
   // the one whose bytes were sent.
@@ -149,6 +158,12 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
                     MtimeNs(st) == src.version;
   SendReply(ctx.ch, same ? Status::OK() : Stale(*upath, "while it was sent"), {}, rpc_timeout_ms_,
             stats_);
+  if (gather) {
+    ctx.ch.CaptureSends(nullptr);
+    ps = ctx.ch.SendAll(gathered.data(), gathered.size(), Deadline::AfterMs(rpc_timeout_ms_));
+  }
+  if (!ps.ok()) return failed(ps);
+  span.Rc(ps);
   if (!same) return;
   stats_->Add(ServiceStats::kTransfersOut);
   stats_->Add(ServiceStats::kBytesOut, src.size);

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -30,6 +31,10 @@ constexpr int64_t kLoopSendMs = 100;
 // At the cap of connections in their handshake, one that has waited this
 // long without finishing gives its place to a newcomer (Admit).
 constexpr int64_t kDisplaceAfterMs = 20;
+// Requests a worker serves back to back on one connection (NextFrameArrives)
+// before it hands the connection back to the loop, so that one busy client
+// cannot keep a worker forever.
+constexpr uint32_t kMaxServedInARow = 64;
 
 std::string RemoteHost(int fd) {
   sockaddr_storage ss{};
@@ -527,6 +532,14 @@ void Reactor::FinishHandshake(const std::shared_ptr<Conn>& c) {
 }
 
 void Reactor::Serve(const std::shared_ptr<Conn>& c) {
+  for (uint32_t served = 1;; ++served) {
+    if (!ServeOne(c)) return;  // parked, or handed back after a failure
+    if (served >= kMaxServedInARow || !NextFrameArrives(*c)) break;
+  }
+  PostBack(Post::kReturn, c);
+}
+
+bool Reactor::ServeOne(const std::shared_ptr<Conn>& c) {
   uint16_t type = 0;
   std::string payload;
   // The whole frame is buffered: this never waits on the peer.
@@ -536,7 +549,8 @@ void Reactor::Serve(const std::shared_ptr<Conn>& c) {
                   c->local ? "local client" : ("peer rank " + std::to_string(c->peer.rank)).c_str(),
                   st.ToString().c_str());
     c->ch.MarkBroken();
-    return PostBack(Post::kReturn, c);
+    PostBack(Post::kReturn, c);
+    return false;
   }
   Parking parking(this, c);
   {
@@ -548,23 +562,70 @@ void Reactor::Serve(const std::shared_ptr<Conn>& c) {
   if (!parking.parked()) {
     std::lock_guard<std::mutex> lk(c->mu);
     c->running = false;
+    return true;
+  }
+  std::function<void(RequestContext&)> finish;
+  {
+    std::lock_guard<std::mutex> lk(c->mu);
+    c->running = false;
+    if (c->pending_resume) {
+      finish = std::move(c->pending_resume);
+      c->pending_resume = nullptr;
+    } else {
+      c->parked = true;
+    }
+  }
+  if (!finish) {
+    PostBack(Post::kWatchParked, c);
   } else {
-    std::function<void(RequestContext&)> finish;
-    {
-      std::lock_guard<std::mutex> lk(c->mu);
-      c->running = false;
-      if (c->pending_resume) {
-        finish = std::move(c->pending_resume);
-        c->pending_resume = nullptr;
-      } else {
-        c->parked = true;
+    parked_.fetch_sub(1);
+    Resume(c, std::move(finish));
+  }
+  return false;
+}
+
+bool Reactor::NextFrameArrives(Conn& c) {
+  // Lingering holds this worker, so only while another one is idle: work
+  // the loop submits meanwhile still starts at once.
+  if (cfg_.linger_us <= 0 || stopping_.load() || c.ch.broken() || PoolOf(c).idle() == 0)
+    return false;
+  std::string bytes = c.ch.TakeUnread();  // frames the client pipelined
+  const int64_t until = static_cast<int64_t>(MonoNs() / 1000) + cfg_.linger_us;
+  for (;;) {
+    if (bytes.size() >= kFrameHeaderSize) {
+      Result<size_t> need = c.ch.CheckHeader(bytes.data());
+      // A malformed header goes back to the loop, which reports and closes.
+      if (!need.ok()) break;
+      if (bytes.size() >= kFrameHeaderSize + *need) {
+        uint16_t type = 0;
+        std::memcpy(&type, bytes.data() + 6, sizeof type);  // see EncodeHeader (net.cc)
+        // Requests the loop serves itself stay there: no hand-off to save.
+        if (hooks_.runs_inline && hooks_.runs_inline(c.local, type)) break;
+        c.ch.Unread(std::move(bytes));
+        return true;
       }
     }
-    if (!finish) return PostBack(Post::kWatchParked, c);
-    parked_.fetch_sub(1);
-    return Resume(c, std::move(finish));
+    const int64_t left_us = until - static_cast<int64_t>(MonoNs() / 1000);
+    if (left_us <= 0) break;
+    pollfd p{c.ch.fd(), POLLIN | POLLRDHUP, 0};
+    const timespec ts{static_cast<time_t>(left_us / 1000000), static_cast<long>(left_us % 1000000) * 1000};
+    const int r = ::ppoll(&p, 1, &ts, nullptr);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    char buf[kReadChunk];
+    const ssize_t n = ::recv(c.ch.fd(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      bytes.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    c.ch.MarkBroken();  // closed by the peer, or reset: the loop closes it
+    break;
   }
-  PostBack(Post::kReturn, c);
+  // Nothing complete in time: the loop owns the connection again, with
+  // whatever part of a frame arrived (a slow peer costs a buffer, not a thread).
+  c.ch.Unread(std::move(bytes));
+  return false;
 }
 
 void Reactor::Resume(const std::shared_ptr<Conn>& c, std::function<void(RequestContext&)> finish) {

@@ -78,6 +78,7 @@ struct ServiceOptions {
   uint32_t max_unauthenticated = 64;
   uint32_t max_per_peer = 16;  // unauthenticated ones per remote address
   uint32_t workers = 8;        // threads of each worker pool (local clients, peers)
+  int64_t linger_us = 300;     // ReactorConfig::linger_us (0: hand back at once)
   std::string ready_file;
   bool debug = false;
   uint64_t cache_bytes = 0;           // budget of fetched copies (0 = unlimited)

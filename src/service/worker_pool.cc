@@ -50,7 +50,9 @@ void WorkerPool::Run() {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lk(mu_);
+      idle_.fetch_add(1, std::memory_order_relaxed);
       cv_.wait(lk, [this] { return stopping_ || !tasks_.empty(); });
+      idle_.fetch_sub(1, std::memory_order_relaxed);
       if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();

@@ -7,6 +7,7 @@
 // by its own deadline. Stop() runs what is queued, then joins.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -34,6 +35,8 @@ class WorkerPool {
   size_t size() const { return threads_.size(); }
   // Tasks queued, not yet started.
   size_t queued() const;
+  // Threads waiting for a task (a snapshot: one may be taking a task now).
+  size_t idle() const { return idle_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
@@ -43,6 +46,7 @@ class WorkerPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
+  std::atomic<size_t> idle_{0};
   std::vector<std::thread> threads_;
 };
 

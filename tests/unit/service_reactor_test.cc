@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -467,6 +468,85 @@ TEST_F(ReactorTest, WatchPollResumedWhileItParksDoesNotCrashTheRoot) {
   ASSERT_TRUE(Publish("after-race.dat", "still serving").ok());
   Result<std::string> r = Consume("after-race.dat");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
+}
+
+// A local client's Unix-socket session to B, its credentials checked.
+std::unique_ptr<Channel> ConnectLocal(const std::string& sock) {
+  Result<SocketAddress> addr = ParseAddress("unix:" + sock);
+  EXPECT_TRUE(addr.ok());
+  Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
+  EXPECT_TRUE(fd.ok());
+  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+  EXPECT_TRUE(TrustLocalService(*ch).ok());
+  return ch;
+}
+
+// The bytes of one request frame as `ch` would send it.
+std::string FrameBytes(Channel& ch, MsgType type, const std::string& payload) {
+  std::string frame;
+  ch.CaptureSends(&frame);
+  EXPECT_TRUE(ch.SendFrame(static_cast<uint16_t>(type), payload, Deadline::AfterMs(1000)).ok());
+  ch.CaptureSends(nullptr);
+  return frame;
+}
+
+// After answering, a worker waits a moment for the same client's next
+// request (ReactorConfig::linger_us). A client that then sends half a frame
+// and goes silent must not keep the worker: with every worker offered such
+// a client, a new client is still answered, and the silent ones are served
+// once their frames complete.
+TEST_F(ReactorTest, ClientSilentMidFrameAfterAnAnswerHoldsNoWorker) {
+  std::vector<std::unique_ptr<Channel>> stalled;
+  std::vector<std::string> rest;
+  for (int i = 0; i < 8; ++i) {
+    std::unique_ptr<Channel> ch = ConnectLocal(base_ + "/b.sock");
+    std::string body;
+    ASSERT_TRUE(CallRpc(*ch, MsgType::kStatus, "", &body, Deadline::AfterMs(5000)).ok());
+    const std::string frame = FrameBytes(*ch, MsgType::kStatus, "");
+    ASSERT_EQ(::send(ch->fd(), frame.data(), 5, MSG_NOSIGNAL), 5);
+    rest.push_back(frame.substr(5));
+    stalled.push_back(std::move(ch));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<std::string> fresh = CallLocal(base_ + "/b.sock", MsgType::kStatus, "", 5000);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  for (size_t i = 0; i < stalled.size(); ++i) {
+    ASSERT_EQ(::send(stalled[i]->fd(), rest[i].data(), rest[i].size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(rest[i].size()));
+    std::string body;
+    EXPECT_TRUE(ReceiveReply(*stalled[i], &body, Deadline::AfterMs(5000)).ok()) << i;
+  }
+}
+
+// Requests a client sends back to back (several in one write) are answered
+// in order on its connection, whoever serves them: the worker that lingers
+// or the loop.
+TEST_F(ReactorTest, PipelinedRequestsAreAnsweredInOrder) {
+  ASSERT_TRUE(Publish("one.dat", "first file").ok());
+  std::unique_ptr<Channel> ch = ConnectLocal(base_ + "/a.sock");
+  LocateRequest found, missing;
+  found.ns = missing.ns = "t";
+  found.key = GenPathKey("one.dat", 3, 1024);
+  missing.key = GenPathKey("none.dat", 3, 1024);
+  found.timeout_ms = missing.timeout_ms = 1000;
+  Encoder ef, em;
+  found.EncodeTo(ef);
+  missing.EncodeTo(em);
+  std::string burst;
+  for (int i = 0; i < 20; ++i)
+    burst += FrameBytes(*ch, MsgType::kLocate, (i % 2 == 0 ? ef : em).data());
+  ASSERT_EQ(::send(ch->fd(), burst.data(), burst.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(burst.size()));
+  for (int i = 0; i < 20; ++i) {
+    std::string body;
+    Status st = ReceiveReply(*ch, &body, Deadline::AfterMs(5000));
+    if (i % 2 == 0) {
+      EXPECT_TRUE(st.ok()) << i << ": " << st.ToString();
+    } else {
+      EXPECT_EQ(st.code(), DYAD_RC_NOTFOUND) << i << ": " << st.ToString();
+    }
+  }
 }
 
 }  // namespace

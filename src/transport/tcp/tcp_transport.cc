@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "common/backend.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "proto/protocol.h"
@@ -370,6 +372,24 @@ Status TcpTransport::PushSealed(Channel& session, const FileSource& src, Transfe
   return Status::OK();
 }
 
+Status TcpTransport::PushFromMemory(Channel& session, const FileSource& src,
+                                    TransferStats* stats) {
+  // One frame (sealed sessions) or the bare bytes, through ordinary sends
+  // the file server may gather with its reply and verdict (backend.h).
+  const size_t len = static_cast<size_t>(src.size);
+  std::unique_ptr<char[]> buf(new char[len]);
+  if (Status rs = PreadFully(src.fd, buf.get(), len, 0); !rs.ok())
+    return FailSession(session, rs.Annotate("tcp push of '" + src.path + "'"));
+  Status st = session.protection() != LinkProtection::kNone
+                  ? session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData), buf.get(),
+                                             len, IdleDeadline(options_.idle_ms))
+                  : session.SendAll(buf.get(), len, IdleDeadline(options_.idle_ms));
+  if (!st.ok()) return FailSession(session, st.Annotate("tcp push of '" + src.path + "'"));
+  stats->bytes = src.size;
+  stats->chunks = 1;
+  return Status::OK();
+}
+
 Status TcpTransport::PullSealed(Channel& session, uint64_t size, int sink_fd,
                                 TransferStats* stats) {
   // Each chunk is written as it streams in and verified at its end: the
@@ -412,6 +432,7 @@ Status TcpTransport::Push(Channel& session, const FileSource& src, const std::st
         session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
   }
   ScopedSigpipeBlock no_sigpipe;
+  if (src.size <= kGatheredFileBytes) return PushFromMemory(session, src, stats);
   if (session.protection() != LinkProtection::kNone) return PushSealed(session, src, stats);
   // Sent in slices of chunk_size so stats count pipeline chunks; each slice
   // is still one zero-copy sendfile loop inside the Channel.

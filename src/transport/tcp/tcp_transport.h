@@ -54,6 +54,8 @@ class TcpTransport final : public Transport {
   static constexpr size_t kSealedReadBytes = 256u << 10;
 
  private:
+  // Files up to kGatheredFileBytes (common/backend.h).
+  Status PushFromMemory(Channel& session, const FileSource& src, TransferStats* stats);
   Status PushSealed(Channel& session, const FileSource& src, TransferStats* stats);
   Status PullSealed(Channel& session, uint64_t size, int sink_fd, TransferStats* stats);
   size_t SealedChunk() const;
