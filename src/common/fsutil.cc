@@ -126,6 +126,21 @@ Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& u
   if (!rel.ok()) return rel.status();
   UniqueFd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir.valid()) return StatusFromErrno(errno, "open managed directory '" + root + "'");
+  const size_t last = rel->rfind('/');
+  if (last != std::string::npos) {
+    // Usually the directories exist: one openat2 that refuses every symlink
+    // (and anything resolving outside `root`) opens them all. Otherwise the
+    // walk below creates them one at a time with the same refusals.
+    open_how how{};
+    how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    const std::string parent = rel->substr(0, last);
+    const long fd = ::syscall(SYS_openat2, dir.get(), parent.c_str(), &how, sizeof how);
+    if (fd >= 0) {
+      if (leaf != nullptr) *leaf = rel->substr(last + 1);
+      return UniqueFd(static_cast<int>(fd));
+    }
+  }
   size_t pos = 0;
   for (size_t slash; (slash = rel->find('/', pos)) != std::string::npos; pos = slash + 1) {
     const std::string name = rel->substr(pos, slash - pos);

@@ -2,9 +2,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -608,7 +608,8 @@ bool Reactor::NextFrameArrives(Conn& c) {
     const int64_t left_us = until - static_cast<int64_t>(MonoNs() / 1000);
     if (left_us <= 0) break;
     pollfd p{c.ch.fd(), POLLIN | POLLRDHUP, 0};
-    const timespec ts{static_cast<time_t>(left_us / 1000000), static_cast<long>(left_us % 1000000) * 1000};
+    const timespec ts{static_cast<time_t>(left_us / 1000000),
+                      static_cast<long>(left_us % 1000000) * 1000};
     const int r = ::ppoll(&p, 1, &ts, nullptr);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;

@@ -372,8 +372,7 @@ Status TcpTransport::PushSealed(Channel& session, const FileSource& src, Transfe
   return Status::OK();
 }
 
-Status TcpTransport::PushFromMemory(Channel& session, const FileSource& src,
-                                    TransferStats* stats) {
+Status TcpTransport::PushFromMemory(Channel& session, const FileSource& src, TransferStats* stats) {
   // One frame (sealed sessions) or the bare bytes, through ordinary sends
   // the file server may gather with its reply and verdict (backend.h).
   const size_t len = static_cast<size_t>(src.size);
