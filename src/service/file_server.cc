@@ -20,10 +20,11 @@ void SendReply(Channel& ch, const Status& st, const std::string& body, int64_t t
   if (!s.ok()) DYAD_LOG_DEBUG("reply not delivered: %s", s.ToString().c_str());
 }
 
-void FileServer::Route(RequestRouter& router) {
+void FileServer::Route(RequestRouter& router, bool batches) {
   router.Route(
       Link::kPeer, MsgType::kFetch, "requests.fetch",
       [this](RequestContext& ctx, const std::string& payload) { HandleFetch(ctx, payload); });
+  if (!batches) return;
   router.Route(
       Link::kPeer, MsgType::kFetchBatch, nullptr,
       [this](RequestContext& ctx, const std::string& payload) { HandleFetchBatch(ctx, payload); });

@@ -29,7 +29,10 @@ class FileServer {
         stats_(stats),
         transfers_(transfers) {}
 
-  void Route(RequestRouter& router);
+  // Registers the fetch handlers; without `batches` this owner answers
+  // kFetchBatch as one from before batched fetches did (it serves no such
+  // request), and requesters fall back to one fetch per file.
+  void Route(RequestRouter& router, bool batches = true);
   // Called with (upath, requester rank) for each fetch about to be served
   // (versions.h records who holds copies). Set before serving starts.
   void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) {

@@ -79,6 +79,9 @@ struct ServiceOptions {
   uint32_t max_per_peer = 16;  // unauthenticated ones per remote address
   uint32_t workers = 8;        // threads of each worker pool (local clients, peers)
   int64_t linger_us = 300;     // ReactorConfig::linger_us (0: hand back at once)
+  // False: answer batched fetches as a service from before them did (no
+  // such request), so that a mixed-version cluster can be checked.
+  bool serve_fetch_batch = true;
   std::string ready_file;
   bool debug = false;
   uint64_t cache_bytes = 0;           // budget of fetched copies (0 = unlimited)

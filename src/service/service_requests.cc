@@ -57,7 +57,7 @@ void Service::RouteRequests() {
   dispatch_->Route(
       Link::kPeer, MsgType::kSupersede, nullptr,
       [this](RequestContext& ctx, const std::string& payload) { HandleSupersede(ctx, payload); });
-  file_server_->Route(*dispatch_);
+  file_server_->Route(*dispatch_, opt_.serve_fetch_batch);
 }
 
 void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {

@@ -108,5 +108,39 @@ TEST_F(FetchBatchTest, AFileChangedSincePublicationIsRefusedAndTheRestArrive) {
   EXPECT_EQ(pair_.a->stats().Get(ServiceStats::kReqFetch), 0u);
 }
 
+// An owner from before batched fetches answers kFetchBatch with
+// BADREQUEST (it serves no such request): the prefetcher must then fetch
+// each file on its own, and every file still arrives.
+TEST(FetchBatchOlderOwnerTest, EveryFileArrivesOneFetchEach) {
+  testing_services::ServicePair pair;
+  pair.a_serves_batches = false;
+  Status st = pair.Start("embedded");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::string cons = pair.base + "/c";
+  ASSERT_EQ(::mkdir(cons.c_str(), 0755), 0);
+  cons = CanonicalPath(cons);
+  constexpr int kFiles = 12;
+  for (int i = 0; i < kFiles; ++i)
+    ASSERT_TRUE(pair.Publish("old/f" + std::to_string(i), "older owner " + std::to_string(i)).ok());
+  PrefetchRequest req;
+  req.ns = "t";
+  req.pattern = "old/";
+  req.cons_path = cons;
+  Encoder e;
+  req.EncodeTo(e);
+  ASSERT_TRUE(CallLocal(pair.base + "/b.sock", MsgType::kPrefetch, e.data()).ok());
+  EXPECT_TRUE(Eventually([&] {
+    for (int i = 0; i < kFiles; ++i)
+      if (ReadAll(cons + "/old/f" + std::to_string(i)) != "older owner " + std::to_string(i))
+        return false;
+    return true;
+  })) << "prefetched files did not all arrive from an owner without batches";
+  EXPECT_EQ(pair.a->stats().Get(ServiceStats::kReqFetch), static_cast<uint64_t>(kFiles));
+  // The batch was asked for, and refused (an error reply is counted).
+  EXPECT_GE(pair.a->stats().Get(ServiceStats::kErrors), 1u);
+  EXPECT_EQ(pair.b->stats().Get(ServiceStats::kTransfersIn), static_cast<uint64_t>(kFiles));
+  pair.Stop();
+}
+
 }  // namespace
 }  // namespace dyad

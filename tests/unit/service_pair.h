@@ -109,6 +109,7 @@ class ServicePair {
     oa.secret = "test-secret";
     oa.rpc_timeout_ms = 5000;
     oa.service_mux = mux;
+    oa.serve_fetch_batch = a_serves_batches;
     a = std::make_unique<Service>(oa);
     DYAD_RETURN_IF_ERROR(a->Start());
     ServiceOptions ob = oa;
@@ -159,7 +160,8 @@ class ServicePair {
 
   std::string base, dir_a, dir_b;
   std::unique_ptr<Service> a, b;
-  uint64_t b_cache_bytes = 0;  // B's --cache-bytes (set before Start)
+  uint64_t b_cache_bytes = 0;    // B's --cache-bytes (set before Start)
+  bool a_serves_batches = true;  // false: A answers kFetchBatch as an older owner
 };
 
 }  // namespace testing_services
