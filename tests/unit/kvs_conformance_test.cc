@@ -520,10 +520,6 @@ TEST_P(KvsConformance, WatchReportsLaterPutsOfItsNamespaceOnly) {
   ASSERT_TRUE(kvs_->Put("w", "before", "old").ok());
   WatchLog log;
   Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
-  if (GetParam() == "redis_cluster") {
-    EXPECT_EQ(t.status().code(), DYAD_RC_NOTSUP) << t.status().ToString();
-    return;
-  }
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_TRUE(kvs_->Put("other", "k", "elsewhere").ok());
   ASSERT_TRUE(kvs_->Put("w", "a", std::string("v\0a", 3)).ok());
