@@ -4,8 +4,11 @@
 // consume is local, a prefetch racing an explicit consume costs one
 // transfer, a re-publication during a prefetch ends with the newer bytes,
 // and a batch reports each path's own result. Run on the embedded store
-// and, when redis-server is installed, on Redis. The C API's prefetch and
-// start/wait forms run against the same services.
+// and, when redis-server is installed, on one Redis server and on a real
+// three-master Redis Cluster (tools/emu/redis_cluster.h), where the
+// namespace's files spread over every master and the watch messages cross
+// the cluster bus. The C API's prefetch and start/wait forms run against
+// the same services.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -22,6 +25,9 @@
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
 #include "emu/redis_server.h"
+#ifdef DYAD_HAVE_REDIS
+#include "emu/redis_cluster.h"
+#endif
 #include "service/prefetch.h"
 #include "unit/service_pair.h"
 
@@ -49,6 +55,15 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
 #else
       GTEST_SKIP() << "built without Redis";
 #endif
+    } else if (GetParam() == "redis_cluster") {
+#ifdef DYAD_HAVE_REDIS
+      cluster_ = std::make_unique<emu::RedisCluster>();
+      if (!cluster_->available()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
+      ASSERT_EQ(cluster_->Start(), "");
+      ASSERT_TRUE(pair_.Start(cluster_->url(), cluster_->url()).ok());
+#else
+      GTEST_SKIP() << "built without Redis";
+#endif
     } else {
       Status st = pair_.Start("embedded");
       ASSERT_TRUE(st.ok()) << st.ToString();
@@ -60,6 +75,9 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
   void TearDown() override {
     pair_.Stop();
     redis_.reset();
+#ifdef DYAD_HAVE_REDIS
+    cluster_.reset();
+#endif
   }
 
   Result<uint32_t> Declare(const std::string& pattern, bool cancel = false) {
@@ -102,6 +120,9 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
 
   testing_services::ServicePair pair_;
   std::unique_ptr<emu::RedisServer> redis_;
+#ifdef DYAD_HAVE_REDIS
+  std::unique_ptr<emu::RedisCluster> cluster_;
+#endif
   std::string cons_;
 };
 
@@ -283,7 +304,8 @@ TEST_P(PrefetchTest, CApiPrefetchAndAsynchronousBatch) {
     ::unsetenv(v);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, PrefetchTest, ::testing::Values("embedded", "redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, PrefetchTest,
+                         ::testing::Values("embedded", "redis", "redis_cluster"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
