@@ -24,7 +24,13 @@ std::string Str(const redisReply* r) {
 
 }  // namespace
 
-RedisWatcher::RedisWatcher(RedisExecutor* exec) : exec_(exec) {}
+// The first node tried differs from service to service (the clock and
+// this object's address): the watch links of many services spread over a
+// cluster's nodes instead of all landing on the first.
+RedisWatcher::RedisWatcher(RedisExecutor* exec)
+    : exec_(exec),
+      next_node_(static_cast<size_t>(SteadyClock::now().time_since_epoch().count()) ^
+                 reinterpret_cast<uintptr_t>(this)) {}
 
 RedisWatcher::~RedisWatcher() {
   Shutdown();

@@ -17,11 +17,11 @@
 // Redis Cluster: the Put script's PUBLISH on the watch channel is classic
 // pub/sub, which the cluster carries over its bus to every node, so the
 // link may subscribe on any node. It takes the nodes the topology knows
-// (then the URL's seeds) in turn: when its node dies, the next is dialled
-// at once (a failed dial backs off, 50 ms doubling to 1 s), and the
-// re-subscription brings the resync above. Sharded pub/sub is not used for
-// watches: the watch channel's shard is not the key's, so its SPUBLISH
-// could not share the SET's atomic script (docs/redis.md).
+// (then the URL's seeds) in turn, from an arbitrary first one: when its
+// node dies, the next is dialled at once (a failed dial backs off, 50 ms
+// doubling to 1 s), and the re-subscription brings the resync above. Sharded pub/sub is not used
+// for watches: the watch channel's shard is not the key's, so its SPUBLISH could not share the
+// SET's atomic script (docs/redis.md).
 //
 // Threading: thread-safe; one thread (started by the first Watch) does all
 // the link's I/O and runs the callbacks.
