@@ -5,16 +5,20 @@
 // through ASK, and the subscriptions move) that loses no wake-up, a
 // wait that survives the restart of the master serving its key, and a
 // namespace watch that moves to another node when its node is killed
-// (with a resync for the gap) and keeps reporting later puts. Each test
+// (with a resync for the gap), or stops answering (SIGSTOP: found by the
+// watcher's PING), and keeps reporting later puts. Each test
 // starts a real three-master cluster (redis-server --cluster-enabled yes,
 // redis-cli --cluster create) on free loopback ports, removed at the end.
 #include <gtest/gtest.h>
 
 #ifdef DYAD_HAVE_REDIS
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
@@ -102,9 +106,9 @@ class RedisClusterTest : public ::testing::Test {
   }
   // The node index whose local subscribers include `channel` (classic
   // PUBSUB NUMSUB counts one node's own), or size() when none.
-  size_t SubscribedNode(const std::string& channel) {
+  size_t SubscribedNode(const std::string& channel, size_t skip = SIZE_MAX) {
     for (size_t i = 0; i < cluster_->size(); ++i) {
-      if (!cluster_->node(i).running()) continue;
+      if (!cluster_->node(i).running() || i == skip) continue;
       const std::string r = RedisCommand(cluster_->port(i), {"PUBSUB", "NUMSUB", channel});
       if (std::atoi(r.c_str() + r.rfind(',') + 1) == 1) return i;
     }
@@ -326,6 +330,38 @@ TEST_F(RedisClusterTest, WatchMovesToAnotherNodeWhenItsNodeIsKilled) {
   const auto start = SteadyClock::now();
   kvs_->Shutdown();
   EXPECT_LT(MsSince(start), 3000);
+}
+
+TEST_F(RedisClusterTest, WatchLeavesANodeThatStopsAnswering) {
+  for (size_t i = 0; i < cluster_->size(); ++i)
+    ASSERT_EQ(
+        RedisCommand(cluster_->port(i), {"CONFIG", "SET", "cluster-require-full-coverage", "no"}),
+        "OK");
+  WatchLog log;
+  Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string channel = kvs_->WatchChannel("w");
+  size_t watched = cluster_->size();
+  ASSERT_TRUE(
+      WaitUntil(3000, [&] { return (watched = SubscribedNode(channel)) < cluster_->size(); }));
+  std::string key;
+  for (int i = 0; key.empty() && i < 1000; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    if (cluster_->OwnerOf(kvs_->RedisKey("w", k)) != cluster_->port(watched)) key = k;
+  }
+  ASSERT_FALSE(key.empty());
+
+  // The link stays open but nothing answers: only the PING finds out
+  // (2 s of silence, 2 s more without a reply).
+  ASSERT_EQ(::kill(cluster_->node(watched).pid(), SIGSTOP), 0);
+  EXPECT_TRUE(log.WaitFor([](const KvsChange& c) { return c.resync; },
+                          4 * RedisWatcher::kHeartbeatMs + 10000));
+  EXPECT_TRUE(WaitUntil(3000, [&] { return SubscribedNode(channel, watched) < cluster_->size(); }));
+  ASSERT_TRUE(kvs_->Put("w", key, "while stopped").ok());
+  EXPECT_TRUE(log.WaitFor(
+      [&](const KvsChange& c) { return !c.resync && c.key == key && c.value == "while stopped"; },
+      3000));
+  ::kill(cluster_->node(watched).pid(), SIGCONT);
 }
 
 }  // namespace
