@@ -97,6 +97,9 @@ class Kvs {
   // there: List them after Watch returns, and nothing is missed), on a
   // thread of the store or of the Put, possibly concurrently for different
   // keys; `on_change` must be quick and must not block or call Unwatch.
+  // The Puts of one key are reported in their order; those of different
+  // keys in any order (a Redis Cluster delivers them from different
+  // masters; while a cluster slot migrates, one key's too).
   // Removals are not reported. Stores without it (KvsCaps::watch false)
   // return DYAD_RC_NOTSUP.
   virtual Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change);

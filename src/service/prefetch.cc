@@ -4,6 +4,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/log.h"
 
@@ -11,6 +12,9 @@ namespace dyad {
 namespace {
 // Queue entries a worker looks at for one it may start.
 constexpr size_t kMaxLook = 1024;
+// Pause before listing a namespace again after a listing failed (a store
+// node down): the resync stays owed, so nothing published is missed.
+constexpr int64_t kRelistPauseMs = 1000;
 }  // namespace
 
 bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath) {
@@ -92,7 +96,14 @@ Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
   // Watch first, then list: a publication between the two is seen by both
   // (the queue keeps one entry per file), never by neither.
   DYAD_RETURN_IF_ERROR(EnsureWatched(req.ns));
-  return QueueListed(req.ns, &d);
+  Result<uint32_t> listed = QueueListed(req.ns, &d);
+  if (listed.ok()) return *listed;
+  // The declaration stands; the files already there come with a resync
+  // (a full listing, retried until it works).
+  std::lock_guard<std::mutex> lk(mu_);
+  resync_.insert(req.ns);
+  cv_.notify_one();
+  return 0u;
 }
 
 Status Prefetcher::EnsureWatched(const std::string& ns) {
@@ -112,12 +123,12 @@ Status Prefetcher::EnsureWatched(const std::string& ns) {
   return Status::OK();
 }
 
-uint32_t Prefetcher::QueueListed(const std::string& ns, const Declaration* only) {
+Result<uint32_t> Prefetcher::QueueListed(const std::string& ns, const Declaration* only) {
   Result<std::vector<KvsEntry>> all = kvs_->List(ns, "", 0);
   if (!all.ok()) {
-    DYAD_LOG_WARN("prefetch: cannot list namespace '%s': %s", ns.c_str(),
-                  all.status().ToString().c_str());
-    return 0;
+    DYAD_LOG_WARN("prefetch: cannot list namespace '%s' (trying again in %lld ms): %s", ns.c_str(),
+                  static_cast<long long>(kRelistPauseMs), all.status().ToString().c_str());
+    return all.status();
   }
   uint32_t matched = 0;
   std::lock_guard<std::mutex> lk(mu_);
@@ -248,7 +259,14 @@ void Prefetcher::Worker() {
     if (stopping_) return;
     lk.unlock();
     if (!resync_ns.empty()) {
-      QueueListed(resync_ns, nullptr);
+      if (!QueueListed(resync_ns, nullptr).ok()) {
+        // Still owed: this worker pauses (bounded), then puts it back.
+        lk.lock();
+        cv_.wait_for(lk, std::chrono::milliseconds(kRelistPauseMs), [this] { return stopping_; });
+        if (stopping_) return;
+        if (watches_.count(resync_ns) != 0) resync_.insert(resync_ns);  // still declared
+        continue;
+      }
     } else {
       Run(std::move(items));
     }

@@ -103,7 +103,9 @@ class Prefetcher {
   };
 
   Status EnsureWatched(const std::string& ns);
-  uint32_t QueueListed(const std::string& ns, const Declaration* only);
+  // Lists `ns` and queues its matching files (of `only`, or of every
+  // declaration); the number `only` matched.
+  Result<uint32_t> QueueListed(const std::string& ns, const Declaration* only);
   void OnChange(const std::string& ns, const KvsChange& change);
   void MatchLocked(const std::string& ns, const std::string& key, const FileRecord& rec);
   void EnqueueLocked(Item item);

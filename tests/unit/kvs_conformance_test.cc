@@ -520,10 +520,6 @@ TEST_P(KvsConformance, WatchReportsLaterPutsOfItsNamespaceOnly) {
   ASSERT_TRUE(kvs_->Put("w", "before", "old").ok());
   WatchLog log;
   Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
-  if (GetParam() == "redis_cluster") {
-    EXPECT_EQ(t.status().code(), DYAD_RC_NOTSUP) << t.status().ToString();
-    return;
-  }
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_TRUE(kvs_->Put("other", "k", "elsewhere").ok());
   ASSERT_TRUE(kvs_->Put("w", "a", std::string("v\0a", 3)).ok());
@@ -537,7 +533,19 @@ TEST_P(KvsConformance, WatchReportsLaterPutsOfItsNamespaceOnly) {
     if (!c.resync) got.emplace_back(c.key, c.value);
   const std::vector<std::pair<std::string, std::string>> want = {
       {"a", std::string("v\0a", 3)}, {"b:with:colons", ""}, {"a", "v2"}};
-  EXPECT_EQ(got, want);
+  // The contract orders the Puts of one key, not those of different keys
+  // (a cluster carries them from different masters): compare each key's
+  // own sequence.
+  for (const char* key : {"a", "b:with:colons"}) {
+    auto only = [&](const std::vector<std::pair<std::string, std::string>>& all) {
+      std::vector<std::pair<std::string, std::string>> out;
+      for (const auto& kv : all)
+        if (kv.first == key) out.push_back(kv);
+      return out;
+    };
+    EXPECT_EQ(only(got), only(want)) << key;
+  }
+  EXPECT_EQ(got.size(), want.size());
 }
 
 TEST_P(KvsConformance, UnwatchStopsTheCallbacks) {

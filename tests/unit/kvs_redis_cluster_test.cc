@@ -2,18 +2,27 @@
 // kvs_conformance_test.cc as "redis_cluster"): keys of one namespace
 // spread over every master, MOVED followed after a slot changes owner, a
 // slot migration during waits (the publication lands on the new owner
-// through ASK, and the subscriptions move) that loses no wake-up, and a
-// wait that survives the restart of the master serving its key. Each test
+// through ASK, and the subscriptions move) that loses no wake-up, a
+// wait that survives the restart of the master serving its key, and a
+// namespace watch that moves to another node when its node is killed
+// (with a resync for the gap), or stops answering (SIGSTOP: found by the
+// watcher's PING), and keeps reporting later puts. Each test
 // starts a real three-master cluster (redis-server --cluster-enabled yes,
 // redis-cli --cluster create) on free loopback ports, removed at the end.
 #include <gtest/gtest.h>
 
 #ifdef DYAD_HAVE_REDIS
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -94,6 +103,16 @@ class RedisClusterTest : public ::testing::Test {
                              {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", dst_id}),
                 "OK");
     }
+  }
+  // The node index whose local subscribers include `channel` (classic
+  // PUBSUB NUMSUB counts one node's own), or size() when none.
+  size_t SubscribedNode(const std::string& channel, size_t skip = SIZE_MAX) {
+    for (size_t i = 0; i < cluster_->size(); ++i) {
+      if (!cluster_->node(i).running() || i == skip) continue;
+      const std::string r = RedisCommand(cluster_->port(i), {"PUBSUB", "NUMSUB", channel});
+      if (std::atoi(r.c_str() + r.rfind(',') + 1) == 1) return i;
+    }
+    return cluster_->size();
   }
   int OtherMaster(int port) {
     for (size_t i = 0; i < cluster_->size(); ++i)
@@ -248,6 +267,101 @@ TEST_F(RedisClusterTest, AsyncWaitsOnEveryMasterShareOneLinkPerMaster) {
     ASSERT_TRUE(kvs_->Put("ns", "a/" + std::to_string(i), "v" + std::to_string(i)).ok());
   ASSERT_TRUE(WaitUntil(5000, [&] { return woke.load() == kWaits; }));
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// What a watch reported, from the watcher's thread.
+struct WatchLog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<KvsChange> changes;
+  KvsWatchCallback Callback() {
+    return [this](const KvsChange& c) {
+      std::lock_guard<std::mutex> lk(mu);
+      changes.push_back(c);
+      cv.notify_all();
+    };
+  }
+  // Waits (bounded) for a change `want` accepts.
+  bool WaitFor(const std::function<bool(const KvsChange&)>& want, int64_t ms) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, milliseconds(ms),
+                       [&] { return std::any_of(changes.begin(), changes.end(), want); });
+  }
+};
+
+TEST_F(RedisClusterTest, WatchMovesToAnotherNodeWhenItsNodeIsKilled) {
+  // No replicas here: the surviving masters go on serving their slots only
+  // if the cluster does not insist on every slot being covered.
+  for (size_t i = 0; i < cluster_->size(); ++i)
+    ASSERT_EQ(
+        RedisCommand(cluster_->port(i), {"CONFIG", "SET", "cluster-require-full-coverage", "no"}),
+        "OK");
+  WatchLog log;
+  Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string channel = kvs_->WatchChannel("w");
+  size_t watched = cluster_->size();
+  ASSERT_TRUE(
+      WaitUntil(3000, [&] { return (watched = SubscribedNode(channel)) < cluster_->size(); }));
+  // Keys the other masters serve, so they can be put after the kill.
+  std::vector<std::string> keys;
+  for (int i = 0; keys.size() < 2 && i < 1000; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    if (cluster_->OwnerOf(kvs_->RedisKey("w", k)) != cluster_->port(watched)) keys.push_back(k);
+  }
+  ASSERT_EQ(keys.size(), 2u);
+  auto is = [](const std::string& key, const std::string& value) {
+    return [=](const KvsChange& c) { return !c.resync && c.key == key && c.value == value; };
+  };
+  ASSERT_TRUE(kvs_->Put("w", keys[0], "before").ok());
+  ASSERT_TRUE(log.WaitFor(is(keys[0], "before"), 3000));
+
+  cluster_->node(watched).Kill();
+  // The watch re-subscribes on a live node and owes a listing for the gap.
+  ASSERT_TRUE(log.WaitFor([](const KvsChange& c) { return c.resync; }, 5000));
+  size_t now_on = cluster_->size();
+  ASSERT_TRUE(
+      WaitUntil(3000, [&] { return (now_on = SubscribedNode(channel)) < cluster_->size(); }));
+  EXPECT_NE(now_on, watched);
+  ASSERT_TRUE(kvs_->Put("w", keys[1], "after").ok());
+  EXPECT_TRUE(log.WaitFor(is(keys[1], "after"), 3000));
+
+  // Shutdown joins the watcher promptly, a dead node known or not.
+  const auto start = SteadyClock::now();
+  kvs_->Shutdown();
+  EXPECT_LT(MsSince(start), 3000);
+}
+
+TEST_F(RedisClusterTest, WatchLeavesANodeThatStopsAnswering) {
+  for (size_t i = 0; i < cluster_->size(); ++i)
+    ASSERT_EQ(
+        RedisCommand(cluster_->port(i), {"CONFIG", "SET", "cluster-require-full-coverage", "no"}),
+        "OK");
+  WatchLog log;
+  Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string channel = kvs_->WatchChannel("w");
+  size_t watched = cluster_->size();
+  ASSERT_TRUE(
+      WaitUntil(3000, [&] { return (watched = SubscribedNode(channel)) < cluster_->size(); }));
+  std::string key;
+  for (int i = 0; key.empty() && i < 1000; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    if (cluster_->OwnerOf(kvs_->RedisKey("w", k)) != cluster_->port(watched)) key = k;
+  }
+  ASSERT_FALSE(key.empty());
+
+  // The link stays open but nothing answers: only the PING finds out
+  // (2 s of silence, 2 s more without a reply).
+  ASSERT_EQ(::kill(cluster_->node(watched).pid(), SIGSTOP), 0);
+  EXPECT_TRUE(log.WaitFor([](const KvsChange& c) { return c.resync; },
+                          4 * RedisWatcher::kHeartbeatMs + 10000));
+  EXPECT_TRUE(WaitUntil(3000, [&] { return SubscribedNode(channel, watched) < cluster_->size(); }));
+  ASSERT_TRUE(kvs_->Put("w", key, "while stopped").ok());
+  EXPECT_TRUE(log.WaitFor(
+      [&](const KvsChange& c) { return !c.resync && c.key == key && c.value == "while stopped"; },
+      3000));
+  ::kill(cluster_->node(watched).pid(), SIGCONT);
 }
 
 }  // namespace

@@ -4,8 +4,13 @@
 // consume is local, a prefetch racing an explicit consume costs one
 // transfer, a re-publication during a prefetch ends with the newer bytes,
 // and a batch reports each path's own result. Run on the embedded store
-// and, when redis-server is installed, on Redis. The C API's prefetch and
-// start/wait forms run against the same services.
+// and, when redis-server is installed, on one Redis server and on a real
+// three-master Redis Cluster (tools/emu/redis_cluster.h), where the
+// namespace's files spread over every master and the watch messages cross
+// the cluster bus; there, a declaration made while a master is down gets
+// its earlier files once the master is back (the failed listing stays
+// owed). The C API's prefetch and start/wait forms run against the same
+// services.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -22,6 +27,10 @@
 #include "dyad/client/dyad_client.h"
 #include "dyad/core/dyad_ctx.h"
 #include "emu/redis_server.h"
+#ifdef DYAD_HAVE_REDIS
+#include "emu/redis_cluster.h"
+#include "kvs/redis/redis_kvs.h"
+#endif
 #include "service/prefetch.h"
 #include "unit/service_pair.h"
 
@@ -49,6 +58,16 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
 #else
       GTEST_SKIP() << "built without Redis";
 #endif
+    } else if (GetParam() == "redis_cluster") {
+#ifdef DYAD_HAVE_REDIS
+      cluster_ = std::make_unique<emu::RedisCluster>();
+      if (!cluster_->available()) GTEST_SKIP() << "redis-server or redis-cli is not installed";
+      ASSERT_EQ(cluster_->Start(), "");
+      const std::string url = cluster_->url(ClusterUrlOptions());
+      ASSERT_TRUE(pair_.Start(url, url).ok());
+#else
+      GTEST_SKIP() << "built without Redis";
+#endif
     } else {
       Status st = pair_.Start("embedded");
       ASSERT_TRUE(st.ok()) << st.ToString();
@@ -57,9 +76,13 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(::mkdir(cons_.c_str(), 0755), 0);
     cons_ = CanonicalPath(cons_);
   }
+  virtual std::string ClusterUrlOptions() const { return ""; }
   void TearDown() override {
     pair_.Stop();
     redis_.reset();
+#ifdef DYAD_HAVE_REDIS
+    cluster_.reset();
+#endif
   }
 
   Result<uint32_t> Declare(const std::string& pattern, bool cancel = false) {
@@ -102,6 +125,9 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
 
   testing_services::ServicePair pair_;
   std::unique_ptr<emu::RedisServer> redis_;
+#ifdef DYAD_HAVE_REDIS
+  std::unique_ptr<emu::RedisCluster> cluster_;
+#endif
   std::string cons_;
 };
 
@@ -283,8 +309,60 @@ TEST_P(PrefetchTest, CApiPrefetchAndAsynchronousBatch) {
     ::unsetenv(v);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, PrefetchTest, ::testing::Values("embedded", "redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, PrefetchTest,
+                         ::testing::Values("embedded", "redis", "redis_cluster"),
                          [](const auto& info) { return info.param; });
+
+#ifdef DYAD_HAVE_REDIS
+// A cluster master down when the consumer declares: the declaration's
+// listing fails (a listing needs every master), stays owed, and is retried
+// until the master is back; then the earlier files arrive. Commands give
+// up after 1 s here (retry_ms) so the declaration answers quickly.
+class PrefetchClusterOutageTest : public PrefetchTest {
+ protected:
+  std::string ClusterUrlOptions() const override { return "?retry_ms=1000"; }
+};
+
+TEST_P(PrefetchClusterOutageTest, ListingFailedWhileAMasterWasDownIsRetriedUntilItIsBack) {
+  Result<std::unique_ptr<RedisKvs>> keys = RedisKvs::Open(cluster_->url(), {});
+  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+  auto owner = [&](const std::string& upath) {
+    return cluster_->OwnerOf((*keys)->RedisKey("t", GenPathKey(upath, 3, 1024)));
+  };
+  // Early files kept by masters that stay up (these nodes keep no data
+  // across a kill), and a victim that holds none of them.
+  const std::vector<std::string> early = {"d/e0", "d/e1"};
+  size_t victim = 0;
+  while (victim < cluster_->size() &&
+         (cluster_->port(victim) == owner(early[0]) || cluster_->port(victim) == owner(early[1])))
+    ++victim;
+  ASSERT_LT(victim, cluster_->size());
+  for (const std::string& f : early) ASSERT_TRUE(pair_.Publish(f, "x" + f).ok());
+  // Their watch messages are delivered (to nobody) before the watch starts:
+  // only the listing can bring these files.
+  std::vector<int> all;
+  for (size_t i = 0; i < cluster_->size(); ++i) all.push_back(cluster_->port(i));
+  ASSERT_TRUE(
+      emu::BusDrained(all, {owner(early[0]), owner(early[1])}, (*keys)->WatchChannel("t"), 3000));
+
+  cluster_->node(victim).Kill();
+  Result<uint32_t> n = Declare("d/");
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 0u);  // not listed: a master is unreachable
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(Holds("d/e0", "xd/e0"));
+
+  ASSERT_EQ(cluster_->node(victim).Start(), "");
+  ASSERT_TRUE(cluster_->WaitHealthy(15000));
+  EXPECT_TRUE(Eventually([&] { return Holds("d/e0", "xd/e0") && Holds("d/e1", "xd/e1"); }))
+      << "the owed listing did not bring the earlier files";
+  ASSERT_TRUE(pair_.Publish("d/late", "after").ok());
+  EXPECT_TRUE(Eventually([&] { return Holds("d/late", "after"); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cluster, PrefetchClusterOutageTest, ::testing::Values("redis_cluster"),
+                         [](const auto& info) { return info.param; });
+#endif  // DYAD_HAVE_REDIS
 
 }  // namespace
 }  // namespace dyad

@@ -11,7 +11,9 @@
 // always), replicas and one Redis Sentinel (quorum 1, failure detection
 // after 1 s), and waits until the replica is in sync and the sentinel
 // knows both. Destructors kill every process and remove every directory,
-// also when a test fails half-way.
+// also when a test fails half-way. BusDrained waits until the cluster bus
+// has delivered earlier classic publications (PUBLISH reaches other nodes
+// asynchronously).
 //
 // Threading: use from one thread (the test body).
 #pragma once
@@ -102,6 +104,49 @@ inline std::string RedisCommand(int port, const std::vector<std::string>& argv) 
   if (r != nullptr) freeReplyObject(r);
   redisFree(c);
   return out;
+}
+
+// Returns once each node at `ports` has passed on every message that the
+// masters at `from` published on `channel` before the call: each of those
+// masters publishes a marker, and the cluster bus carries one master's
+// messages to a node in order. False on an error or after `ms` per read.
+inline bool BusDrained(const std::vector<int>& ports, const std::vector<int>& from,
+                       const std::string& channel, int ms) {
+  const timeval tv{ms / 1000, (ms % 1000) * 1000};
+  std::vector<redisContext*> subs;
+  bool ok = true;
+  for (int port : ports) {
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == nullptr || c->err != 0) {
+      if (c != nullptr) redisFree(c);
+      ok = false;
+      break;
+    }
+    redisSetTimeout(c, tv);
+    subs.push_back(c);
+    void* r = redisCommand(c, "SUBSCRIBE %b", channel.data(), channel.size());
+    ok = ok && r != nullptr;
+    if (r != nullptr) freeReplyObject(r);
+  }
+  if (ok)
+    for (int port : from) RedisCommand(port, {"PUBLISH", channel, "marker"});
+  for (redisContext* c : subs) {
+    for (size_t got = 0; ok && got < from.size();) {
+      void* raw = nullptr;
+      if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
+        ok = false;
+        break;
+      }
+      const redisReply* r = static_cast<redisReply*>(raw);
+      if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+          r->element[2]->type == REDIS_REPLY_STRING &&
+          std::string(r->element[2]->str, r->element[2]->len) == "marker")
+        ++got;
+      freeReplyObject(raw);
+    }
+    redisFree(c);
+  }
+  return ok;
 }
 
 class RedisCluster {

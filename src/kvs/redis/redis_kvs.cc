@@ -28,11 +28,15 @@ constexpr const char kPutScript[] =
     "redis.call('PUBLISH', KEYS[1], ARGV[1]) "
     "redis.call('PUBLISH', ARGV[2], ARGV[3]) "
     "return 1";
-// The same in a cluster, with sharded pub/sub: the message stays on the
-// key's shard, where its subscribers are (redis_subscriber.h).
+// The same in a cluster. The key's own channel is sharded (SPUBLISH): the
+// message stays on the key's shard, where its waiters are subscribed
+// (redis_subscriber.h). The watch channel stays classic: the cluster
+// propagates that PUBLISH to every node, so a namespace watcher may listen
+// on any node (redis_watch.h), and it leaves in the same atomic step.
 constexpr const char kPutScriptSharded[] =
     "redis.call('SET', KEYS[1], ARGV[1]) "
     "redis.call('SPUBLISH', KEYS[1], ARGV[1]) "
+    "redis.call('PUBLISH', ARGV[2], ARGV[3]) "
     "return 1";
 
 bool StartsWith(const std::string& s, const std::string& prefix) {
@@ -122,10 +126,6 @@ std::string RedisKvs::WatchChannel(const std::string& ns) const {
 
 Result<KvsWatchTicket> RedisKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
   if (!on_change) return Status(DYAD_RC_BADREQUEST, "watch without a callback");
-  if (config_.mode == RedisMode::kCluster)
-    return Status(DYAD_RC_NOTSUP,
-                  "a Redis Cluster cannot watch a namespace (prefetch needs the embedded store, "
-                  "one Redis server or a sentinel-managed primary; docs/prefetch.md)");
   if (shutdown_.load()) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
   return watcher_.Watch(ns, WatchChannel(ns), std::move(on_change));
 }
@@ -152,10 +152,8 @@ Status RedisKvs::CheckReplicated(const std::vector<RedisReply>& replies) const {
 Status RedisKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
   const std::string rkey = RedisKey(ns, key);
   const bool cluster = config_.mode == RedisMode::kCluster;
-  std::vector<RedisArgv> cmds{cluster ? RedisArgv{"EVAL", kPutScriptSharded, "1", rkey, value}
-                                      : RedisArgv{"EVAL", kPutScript, "1", rkey, value,
-                                                  WatchChannel(ns),
-                                                  RedisWatcher::EncodeMessage(key, value)}};
+  std::vector<RedisArgv> cmds{{"EVAL", cluster ? kPutScriptSharded : kPutScript, "1", rkey, value,
+                               WatchChannel(ns), RedisWatcher::EncodeMessage(key, value)}};
   if (config_.wait_replicas > 0) {
     cmds.push_back(
         {"WAIT", std::to_string(config_.wait_replicas), std::to_string(config_.wait_replicas_ms)});

@@ -13,7 +13,9 @@
 //
 // Put runs one Lua script on the key's node that SETs the key and
 // publishes the value on the channel named like the key (PUBLISH; SPUBLISH
-// in a cluster, sharded pub/sub), atomically: a subscriber that gets the
+// in a cluster, sharded pub/sub), and "<key length>:<key><value>" on the
+// namespace's watch channel (classic PUBLISH everywhere: a cluster carries
+// it to every node; redis_watch.h), atomically: a subscriber that gets the
 // message never sees a value a reader could not. With sentinel, the script
 // is followed on the same connection by WAIT (wait_replicas, default 1), so
 // a publication counts as done only once a replica has it and a failover
@@ -81,7 +83,7 @@ class RedisKvs final : public Kvs {
   Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
                                   KvsWaitCallback done) override;
   void CancelWait(KvsWaitTicket ticket) override;
-  // One server or sentinel only (redis_watch.h); a cluster gives NOTSUP.
+  // Every deployment: one server, sentinel and cluster (redis_watch.h).
   Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override;
   void Unwatch(KvsWatchTicket ticket) override;
 
@@ -92,7 +94,8 @@ class RedisKvs final : public Kvs {
 
   // The Redis key holding (ns, key) (see the header comment).
   std::string RedisKey(const std::string& ns, const std::string& key) const;
-  // The channel a Put also publishes on for Kvs::Watch (not in a cluster).
+  // The channel a Put also publishes on for Kvs::Watch (classic pub/sub,
+  // also in a cluster).
   std::string WatchChannel(const std::string& ns) const;
   const RedisConfig& config() const { return config_; }
   // Pub/sub links connected now, for tests.

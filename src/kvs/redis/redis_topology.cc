@@ -94,6 +94,26 @@ Result<std::vector<RedisAddress>> RedisTopology::Masters() {
   return out;
 }
 
+Result<std::vector<RedisAddress>> RedisTopology::AnyNodes() {
+  if (config_.mode != RedisMode::kCluster) {
+    Result<RedisAddress> node = NodeFor(0);
+    if (!node.ok()) return node.status();
+    return std::vector<RedisAddress>{*node};
+  }
+  if (stale_.load()) {
+    Status st = Refresh();
+    (void)st;  // the seeds and the old view are still worth a try
+  }
+  std::vector<RedisAddress> out;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out = cluster_.nodes;
+  }
+  for (const RedisAddress& seed : config_.nodes)
+    if (std::find(out.begin(), out.end(), seed) == out.end()) out.push_back(seed);
+  return out;
+}
+
 void RedisTopology::NoteMoved(int slot, const RedisAddress& node) {
   if (slot < 0 || slot >= kRedisSlots) return;
   std::lock_guard<std::mutex> lk(mu_);

@@ -52,6 +52,11 @@ class RedisTopology {
   std::optional<RedisAddress> CachedNodeFor(int slot) const;
   // Every master (cluster) or the one primary/server.
   Result<std::vector<RedisAddress>> Masters();
+  // Cluster: every master known now then the URL's seeds not among them,
+  // looking the topology up first when stale (a failed lookup keeps the
+  // old view); nodes that may be down are included. Elsewhere: NodeFor.
+  // For links that any node can serve (the namespace watcher).
+  Result<std::vector<RedisAddress>> AnyNodes();
 
   // A MOVED reply: `slot` is served by `node` now.
   void NoteMoved(int slot, const RedisAddress& node);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/time.h"
 
 namespace dyad {
 namespace {
@@ -23,7 +24,13 @@ std::string Str(const redisReply* r) {
 
 }  // namespace
 
-RedisWatcher::RedisWatcher(RedisExecutor* exec) : exec_(exec) {}
+// The first node tried differs from service to service (the clock and
+// this object's address): the watch links of many services spread over a
+// cluster's nodes instead of all landing on the first.
+RedisWatcher::RedisWatcher(RedisExecutor* exec)
+    : exec_(exec),
+      next_node_(static_cast<size_t>(SteadyClock::now().time_since_epoch().count()) ^
+                 reinterpret_cast<uintptr_t>(this)) {}
 
 RedisWatcher::~RedisWatcher() {
   Shutdown();
@@ -103,14 +110,29 @@ void RedisWatcher::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool RedisWatcher::SendSubscribe(redisContext* c, const char* verb, const std::string& channel) {
-  const char* argv[] = {verb, channel.data()};
-  const size_t lens[] = {std::strlen(verb), channel.size()};
-  if (redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK) return false;
+bool RedisWatcher::SendCommand(redisContext* c, const char* verb, const std::string& arg) {
+  const char* argv[] = {verb, arg.data()};
+  const size_t lens[] = {std::strlen(verb), arg.size()};
+  // PING goes without its argument (a subscribed link answers it too).
+  if (redisAppendCommandArgv(c, arg.empty() ? 1 : 2, argv, lens) != REDIS_OK) return false;
   int done = 0;
   while (!done)
     if (redisBufferWrite(c, &done) != REDIS_OK) return false;
   return true;
+}
+
+Result<RedisContext> RedisWatcher::DialNext() {
+  // Any node serves the watch channels (a cluster propagates PUBLISH to
+  // every node), so each attempt takes the next one known: a dead node
+  // costs one bounded connect, then the link moves on.
+  Result<std::vector<RedisAddress>> nodes = exec_->topology()->AnyNodes();
+  if (!nodes.ok()) return nodes.status();
+  if (nodes->empty()) return Status(DYAD_RC_CONNLOST, "redis watch: no node known");
+  const RedisAddress& node = (*nodes)[next_node_++ % nodes->size()];
+  Result<RedisContext> c = exec_->Dial(node);
+  if (!c.ok()) return c.status().Annotate("redis watch: " + node.ToString());
+  DYAD_LOG_DEBUG("redis watch: subscribing on %s", node.ToString().c_str());
+  return c;
 }
 
 void RedisWatcher::Loop() {
@@ -120,10 +142,10 @@ void RedisWatcher::Loop() {
       std::lock_guard<std::mutex> lk(mu_);
       if (stop_) return;
     }
-    Result<RedisAddress> node = exec_->topology()->NodeFor(0);
-    Result<RedisContext> c = node.ok() ? exec_->Dial(*node) : Result<RedisContext>(node.status());
+    Result<RedisContext> c = DialNext();
+    bool retry_now = false;
     if (c.ok()) {
-      backoff = kBackoffFirstMs;
+      const auto up_at = SteadyClock::now();
       {
         // Everything wanted is (re)subscribed on this new link.
         std::lock_guard<std::mutex> lk(mu_);
@@ -132,6 +154,12 @@ void RedisWatcher::Loop() {
       }
       if (Serve(c->get())) return;  // stopped
       exec_->topology()->MarkStale();
+      // A link that served a while and went away: the next node is tried
+      // at once. One that drops as soon as it is up backs off like a
+      // failed dial, so a flapping node or a cluster that is down is not
+      // hammered.
+      retry_now = SteadyClock::now() - up_at >= std::chrono::milliseconds(kBackoffMaxMs);
+      if (retry_now) backoff = kBackoffFirstMs;
     } else {
       DYAD_LOG_DEBUG("redis watch: %s", c.status().ToString().c_str());
     }
@@ -142,12 +170,18 @@ void RedisWatcher::Loop() {
       if (sub.confirmed) sub.resync_on_confirm = true;
       sub.confirmed = false;
     }
+    if (retry_now) continue;
     cv_.wait_for(lk, std::chrono::milliseconds(backoff), [this] { return stop_; });
     backoff = std::min(backoff * 2, kBackoffMaxMs);
   }
 }
 
 bool RedisWatcher::Serve(redisContext* c) {
+  // A node that stops answering without closing the link (hung, or the
+  // network dropped it) is found by a PING after kHeartbeatMs of silence,
+  // unanswered for as long again.
+  auto heard = SteadyClock::now();
+  bool pinged = false;
   for (;;) {
     std::vector<std::pair<const char*, std::string>> sends;
     {
@@ -158,8 +192,19 @@ bool RedisWatcher::Serve(redisContext* c) {
       to_subscribe_.clear();
       to_unsubscribe_.clear();
     }
+    const int64_t silent_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - heard).count();
+    if (silent_ms >= (pinged ? 2 : 1) * kHeartbeatMs) {
+      if (pinged) {
+        DYAD_LOG_WARN("redis watch: no answer to PING within %lld ms; reconnecting",
+                      static_cast<long long>(kHeartbeatMs));
+        return false;
+      }
+      sends.emplace_back("PING", "");
+      pinged = true;
+    }
     for (const auto& [verb, ch] : sends)
-      if (!SendSubscribe(c, verb, ch)) return false;
+      if (!SendCommand(c, verb, ch)) return false;
     pollfd fds[2] = {{c->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int n = ::poll(fds, 2, static_cast<int>(kPollMs));
     if (n < 0 && errno != EINTR) return false;
@@ -173,6 +218,8 @@ bool RedisWatcher::Serve(redisContext* c) {
       DYAD_LOG_WARN("redis watch link lost: %s; reconnecting", c->errstr);
       return false;
     }
+    heard = SteadyClock::now();
+    pinged = false;
     for (;;) {
       void* raw = nullptr;
       if (redisGetReplyFromReader(c, &raw) != REDIS_OK) return false;

@@ -1,5 +1,5 @@
-// redis_watch.h: Kvs::Watch for the Redis store (one server or a
-// sentinel-managed primary).
+// redis_watch.h: Kvs::Watch for the Redis store (one server, a
+// sentinel-managed primary or a Redis Cluster).
 //
 // Every Put's script also publishes "<key length>:<key><value>" on the
 // namespace's watch channel (RedisKvs::WatchChannel), atomically with the
@@ -11,9 +11,17 @@
 // Redis confirmed the subscription (or after kConfirmMs, with a resync
 // promised once it is confirmed).
 //
-// A Redis Cluster has no cheap cluster-wide publication from inside a
-// script (classic PUBLISH is broadcast to every master; sharded channels
-// must share the key's slot), so Watch there gives DYAD_RC_NOTSUP.
+// A link that goes silent is PINGed after kHeartbeatMs and dropped when
+// the PING is not answered within as long again.
+//
+// Redis Cluster: the Put script's PUBLISH on the watch channel is classic
+// pub/sub, which the cluster carries over its bus to every node, so the
+// link may subscribe on any node. It takes the nodes the topology knows
+// (then the URL's seeds) in turn, from an arbitrary first one: when its
+// node dies, the next is dialled at once (a failed dial backs off, 50 ms
+// doubling to 1 s), and the re-subscription brings the resync above. Sharded pub/sub is not used
+// for watches: the watch channel's shard is not the key's, so its SPUBLISH could not share the
+// SET's atomic script (docs/redis.md).
 //
 // Threading: thread-safe; one thread (started by the first Watch) does all
 // the link's I/O and runs the callbacks.
@@ -38,6 +46,8 @@ class RedisWatcher {
   static constexpr int64_t kConfirmMs = 2000;
   static constexpr int64_t kBackoffFirstMs = 50;
   static constexpr int64_t kBackoffMaxMs = 1000;
+  // Silence after which the link is PINGed, and then declared dead.
+  static constexpr int64_t kHeartbeatMs = 2000;
 
   explicit RedisWatcher(RedisExecutor* exec);
   ~RedisWatcher();
@@ -61,7 +71,10 @@ class RedisWatcher {
   };
   void Loop();
   bool Serve(redisContext* c);  // false: the link failed
-  bool SendSubscribe(redisContext* c, const char* verb, const std::string& channel);
+  // Sends `verb arg` (`verb` alone when arg is empty) and flushes it.
+  bool SendCommand(redisContext* c, const char* verb, const std::string& arg);
+  // A link to the next node to subscribe on (see the header comment).
+  Result<RedisContext> DialNext();
   void HandlePush(const redisReply* r);
   void Wake();
 
@@ -74,6 +87,7 @@ class RedisWatcher {
   std::set<std::string> to_unsubscribe_;
   bool stop_ = false;
   int wake_fd_ = -1;
+  size_t next_node_ = 0;  // DialNext's rotation; the loop thread's own
   std::thread thread_;
 };
 
