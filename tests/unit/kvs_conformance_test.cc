@@ -41,6 +41,7 @@
 #include "proto/auth.h"
 #include "proto/protocol.h"
 #include "unit/embedded_test_root.h"
+#include "unit/watch_log.h"
 #ifdef DYAD_HAVE_REDIS
 #include "emu/redis_cluster.h"
 #endif
@@ -494,27 +495,7 @@ TEST_P(KvsConformance, ShutdownEndsStartedWaits) {
 // from its name.
 // --- watches (KvsCaps::watch) --------------------------------------------------
 
-// Collects what a Watch reports, from any thread.
-struct WatchLog {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<KvsChange> changes;
-  KvsWatchCallback Callback() {
-    return [this](const KvsChange& c) {
-      std::lock_guard<std::mutex> lk(mu);
-      changes.push_back(c);
-      cv.notify_all();
-    };
-  }
-  bool WaitFor(size_t n, int64_t ms) {
-    std::unique_lock<std::mutex> lk(mu);
-    return cv.wait_for(lk, milliseconds(ms), [&] { return changes.size() >= n; });
-  }
-  size_t size() {
-    std::lock_guard<std::mutex> lk(mu);
-    return changes.size();
-  }
-};
+using testing_kvs::WatchLog;
 
 TEST_P(KvsConformance, WatchReportsLaterPutsOfItsNamespaceOnly) {
   ASSERT_TRUE(kvs_->Put("w", "before", "old").ok());

@@ -32,6 +32,7 @@
 #include "kvs/kvs.h"
 #include "kvs/redis/redis_kvs.h"
 #include "kvs/redis/redis_slot.h"
+#include "unit/watch_log.h"
 
 namespace dyad {
 namespace {
@@ -60,6 +61,37 @@ class RedisClusterTest : public ::testing::Test {
   void TearDown() override {
     kvs_.reset();
     cluster_.reset();
+  }
+
+  // No replicas here: the surviving masters go on serving their slots with
+  // one master gone only if the cluster does not insist on full coverage.
+  void AllowPartialCoverage() {
+    for (size_t i = 0; i < cluster_->size(); ++i)
+      EXPECT_EQ(
+          RedisCommand(cluster_->port(i), {"CONFIG", "SET", "cluster-require-full-coverage", "no"}),
+          "OK");
+  }
+
+  // Starts a watch of namespace "w" into `log`; the index of the node its
+  // link subscribed on, or size() if none did in time.
+  size_t WatchOnSomeNode(testing_kvs::WatchLog* log) {
+    Result<KvsWatchTicket> t = kvs_->Watch("w", log->Callback());
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    size_t on = cluster_->size();
+    if (t.ok())
+      WaitUntil(3000,
+                [&] { return (on = SubscribedNode(kvs_->WatchChannel("w"))) < cluster_->size(); });
+    return on;
+  }
+
+  // Up to `n` keys of namespace "w" that the node `avoid` does not serve.
+  std::vector<std::string> KeysNotOn(size_t avoid, size_t n) {
+    std::vector<std::string> keys;
+    for (int i = 0; keys.size() < n && i < 1000; ++i) {
+      const std::string k = "k" + std::to_string(i);
+      if (cluster_->OwnerOf(kvs_->RedisKey("w", k)) != cluster_->port(avoid)) keys.push_back(k);
+    }
+    return keys;
   }
 
   std::future<Result<std::string>> WaitAsync(const std::string& key, int64_t ms = 10000) {
@@ -269,46 +301,16 @@ TEST_F(RedisClusterTest, AsyncWaitsOnEveryMasterShareOneLinkPerMaster) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// What a watch reported, from the watcher's thread.
-struct WatchLog {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<KvsChange> changes;
-  KvsWatchCallback Callback() {
-    return [this](const KvsChange& c) {
-      std::lock_guard<std::mutex> lk(mu);
-      changes.push_back(c);
-      cv.notify_all();
-    };
-  }
-  // Waits (bounded) for a change `want` accepts.
-  bool WaitFor(const std::function<bool(const KvsChange&)>& want, int64_t ms) {
-    std::unique_lock<std::mutex> lk(mu);
-    return cv.wait_for(lk, milliseconds(ms),
-                       [&] { return std::any_of(changes.begin(), changes.end(), want); });
-  }
-};
+using testing_kvs::WatchLog;
 
 TEST_F(RedisClusterTest, WatchMovesToAnotherNodeWhenItsNodeIsKilled) {
-  // No replicas here: the surviving masters go on serving their slots only
-  // if the cluster does not insist on every slot being covered.
-  for (size_t i = 0; i < cluster_->size(); ++i)
-    ASSERT_EQ(
-        RedisCommand(cluster_->port(i), {"CONFIG", "SET", "cluster-require-full-coverage", "no"}),
-        "OK");
+  AllowPartialCoverage();
   WatchLog log;
-  Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const size_t watched = WatchOnSomeNode(&log);
+  ASSERT_LT(watched, cluster_->size());
   const std::string channel = kvs_->WatchChannel("w");
-  size_t watched = cluster_->size();
-  ASSERT_TRUE(
-      WaitUntil(3000, [&] { return (watched = SubscribedNode(channel)) < cluster_->size(); }));
   // Keys the other masters serve, so they can be put after the kill.
-  std::vector<std::string> keys;
-  for (int i = 0; keys.size() < 2 && i < 1000; ++i) {
-    const std::string k = "k" + std::to_string(i);
-    if (cluster_->OwnerOf(kvs_->RedisKey("w", k)) != cluster_->port(watched)) keys.push_back(k);
-  }
+  const std::vector<std::string> keys = KeysNotOn(watched, 2);
   ASSERT_EQ(keys.size(), 2u);
   auto is = [](const std::string& key, const std::string& value) {
     return [=](const KvsChange& c) { return !c.resync && c.key == key && c.value == value; };
@@ -333,23 +335,14 @@ TEST_F(RedisClusterTest, WatchMovesToAnotherNodeWhenItsNodeIsKilled) {
 }
 
 TEST_F(RedisClusterTest, WatchLeavesANodeThatStopsAnswering) {
-  for (size_t i = 0; i < cluster_->size(); ++i)
-    ASSERT_EQ(
-        RedisCommand(cluster_->port(i), {"CONFIG", "SET", "cluster-require-full-coverage", "no"}),
-        "OK");
+  AllowPartialCoverage();
   WatchLog log;
-  Result<KvsWatchTicket> t = kvs_->Watch("w", log.Callback());
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const size_t watched = WatchOnSomeNode(&log);
+  ASSERT_LT(watched, cluster_->size());
   const std::string channel = kvs_->WatchChannel("w");
-  size_t watched = cluster_->size();
-  ASSERT_TRUE(
-      WaitUntil(3000, [&] { return (watched = SubscribedNode(channel)) < cluster_->size(); }));
-  std::string key;
-  for (int i = 0; key.empty() && i < 1000; ++i) {
-    const std::string k = "k" + std::to_string(i);
-    if (cluster_->OwnerOf(kvs_->RedisKey("w", k)) != cluster_->port(watched)) key = k;
-  }
-  ASSERT_FALSE(key.empty());
+  const std::vector<std::string> keys = KeysNotOn(watched, 1);
+  ASSERT_EQ(keys.size(), 1u);
+  const std::string key = keys[0];
 
   // The link stays open but nothing answers: only the PING finds out
   // (2 s of silence, 2 s more without a reply).
