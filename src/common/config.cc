@@ -76,8 +76,9 @@ std::vector<ConfigEntry> CoreEntries() {
        "Most prefetch fetches a service runs at once from one owner (batches from one owner: "
        "at most 2, so that new publications gather into the next batch)."},
       {"DYAD_SPIN_US", ConfigKind::kUint, "50", "both",
-       "Microseconds to poll for an expected reply before sleeping; saves the thread wake-up "
-       "that dominates small-request latency. 0 disables spinning."},
+       "Microseconds to poll for an expected reply before sleeping (and, in dyad-service, for a "
+       "client's next request after answering it); saves the thread wake-up that dominates "
+       "small-request latency. 0 disables spinning."},
       {"DYAD_PRELOAD_ON_ERROR", ConfigKind::kString, "fail", "client",
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "

@@ -66,7 +66,8 @@ struct ReactorConfig {
   // next request before handing it back to the loop, while another worker
   // is idle: a client issuing requests back to back (a consumer reading
   // file after file) then costs one thread wake-up per request instead of
-  // three (loop, worker, loop). 0 disables.
+  // three (loop, worker, loop). It first polls for DYAD_SPIN_US without
+  // sleeping (yielding the CPU), then sleeps in ppoll. 0 disables.
   int64_t linger_us = 300;
 };
 
