@@ -88,17 +88,22 @@ std::optional<std::string> RelativeTo(const std::string& root, const std::string
   return path.substr(start);
 }
 
+// openat2(2) relative to `dir`: a descriptor, or -1 with errno set.
+static long Openat2(int dir, const std::string& path, int flags, mode_t mode, uint64_t resolve) {
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = resolve;
+  return ::syscall(SYS_openat2, dir, path.c_str(), &how, sizeof how);
+}
+
 Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, int flags,
                              mode_t mode) {
   Result<std::string> rel = ValidateUpath(upath);
   if (!rel.ok()) return rel.status();
   UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!dir.valid()) return StatusFromErrno(errno, "open managed directory '" + root + "'");
-  open_how how{};
-  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
-  how.mode = (flags & O_CREAT) ? mode : 0;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-  const long fd = ::syscall(SYS_openat2, dir.get(), rel->c_str(), &how, sizeof how);
+  const long fd = Openat2(dir.get(), *rel, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
   if (fd >= 0) return UniqueFd(static_cast<int>(fd));
   if (errno == EXDEV)
     return Status(DYAD_RC_PERM,
@@ -131,11 +136,8 @@ Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& u
     // Usually the directories exist: one openat2 that refuses every symlink
     // (and anything resolving outside `root`) opens them all. Otherwise the
     // walk below creates them one at a time with the same refusals.
-    open_how how{};
-    how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    const std::string parent = rel->substr(0, last);
-    const long fd = ::syscall(SYS_openat2, dir.get(), parent.c_str(), &how, sizeof how);
+    const long fd = Openat2(dir.get(), rel->substr(0, last), O_RDONLY | O_DIRECTORY, 0,
+                            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     if (fd >= 0) {
       if (leaf != nullptr) *leaf = rel->substr(last + 1);
       return UniqueFd(static_cast<int>(fd));

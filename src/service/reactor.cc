@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "common/log.h"
 #include "common/time.h"
@@ -35,6 +36,18 @@ constexpr int64_t kDisplaceAfterMs = 20;
 // before it hands the connection back to the loop, so that one busy client
 // cannot keep a worker forever.
 constexpr uint32_t kMaxServedInARow = 64;
+
+// What the head of `buf` holds for `ch`: a whole frame (its type), not yet
+// one (nullopt), or a malformed header (its error).
+Result<std::optional<uint16_t>> HeadFrame(const Channel& ch, const std::string& buf) {
+  if (buf.size() < kFrameHeaderSize) return std::optional<uint16_t>();
+  Result<size_t> need = ch.CheckHeader(buf.data());
+  if (!need.ok()) return need.status();
+  if (buf.size() < kFrameHeaderSize + *need) return std::optional<uint16_t>();
+  uint16_t type = 0;
+  std::memcpy(&type, buf.data() + 6, sizeof type);  // see EncodeHeader (net.cc)
+  return std::optional<uint16_t>(type);
+}
 
 std::string RemoteHost(int fd) {
   sockaddr_storage ss{};
@@ -350,10 +363,8 @@ void Reactor::OnReadable(Conn* c) {
       c->inbuf.append(buf, static_cast<size_t>(n));
       got += static_cast<size_t>(n);
       // Stop reading once a frame is complete: the rest waits in the socket.
-      if (c->inbuf.size() >= kFrameHeaderSize) {
-        Result<size_t> need = c->ch.CheckHeader(c->inbuf.data());
-        if (!need.ok() || c->inbuf.size() >= kFrameHeaderSize + *need) break;
-      }
+      Result<std::optional<uint16_t>> head = HeadFrame(c->ch, c->inbuf);
+      if (!head.ok() || head->has_value()) break;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -364,23 +375,22 @@ void Reactor::OnReadable(Conn* c) {
 }
 
 void Reactor::TryFrame(Conn* c) {
-  while (c->inbuf.size() >= kFrameHeaderSize) {
-    Result<size_t> need = c->ch.CheckHeader(c->inbuf.data());
-    if (!need.ok()) {
+  for (;;) {
+    Result<std::optional<uint16_t>> head = HeadFrame(c->ch, c->inbuf);
+    if (!head.ok()) {
       if (c->handshake) {
-        hooks_.refused("handshake: " + need.status().ToString());
+        hooks_.refused("handshake: " + head.status().ToString());
       } else {
         DYAD_LOG_WARN(
             "%s: %s",
             c->local ? "local client" : ("peer rank " + std::to_string(c->peer.rank)).c_str(),
-            need.status().ToString().c_str());
-        hooks_.reply_error(c->ch, need.status());
+            head.status().ToString().c_str());
+        hooks_.reply_error(c->ch, head.status());
       }
       return Close(c);
     }
-    if (c->inbuf.size() < kFrameHeaderSize + *need) break;
-    uint16_t type = 0;
-    std::memcpy(&type, c->inbuf.data() + 6, sizeof type);  // see EncodeHeader (net.cc)
+    if (!head->has_value()) break;
+    const uint16_t type = **head;
     if (!c->handshake && hooks_.runs_inline && hooks_.runs_inline(c->local, type)) {
       if (!ServeInline(c)) return;
       continue;  // a pipelined frame may be complete already
@@ -596,18 +606,14 @@ bool Reactor::NextFrameArrives(Conn& c) {
   if (bytes.empty()) (void)c.ch.SpinFor(POLLIN);
   const int64_t until = static_cast<int64_t>(MonoNs() / 1000) + cfg_.linger_us;
   for (;;) {
-    if (bytes.size() >= kFrameHeaderSize) {
-      Result<size_t> need = c.ch.CheckHeader(bytes.data());
-      // A malformed header goes back to the loop, which reports and closes.
-      if (!need.ok()) break;
-      if (bytes.size() >= kFrameHeaderSize + *need) {
-        uint16_t type = 0;
-        std::memcpy(&type, bytes.data() + 6, sizeof type);  // see EncodeHeader (net.cc)
-        // Requests the loop serves itself stay there: no hand-off to save.
-        if (hooks_.runs_inline && hooks_.runs_inline(c.local, type)) break;
-        c.ch.Unread(std::move(bytes));
-        return true;
-      }
+    Result<std::optional<uint16_t>> head = HeadFrame(c.ch, bytes);
+    // A malformed header goes back to the loop, which reports and closes.
+    if (!head.ok()) break;
+    if (head->has_value()) {
+      // Requests the loop serves itself stay there: no hand-off to save.
+      if (hooks_.runs_inline && hooks_.runs_inline(c.local, **head)) break;
+      c.ch.Unread(std::move(bytes));
+      return true;
     }
     const int64_t left_us = until - static_cast<int64_t>(MonoNs() / 1000);
     if (left_us <= 0) break;
