@@ -519,6 +519,26 @@ TEST_F(ReactorTest, ClientSilentMidFrameAfterAnAnswerHoldsNoWorker) {
   }
 }
 
+// A malformed header arriving while a worker lingers on the connection is
+// handed to the loop, which refuses it and closes the connection; the
+// service goes on serving others.
+TEST_F(ReactorTest, MalformedHeaderAfterAnAnswerIsRefusedAndClosed) {
+  std::unique_ptr<Channel> ch = ConnectLocal(base_ + "/b.sock");
+  std::string body;
+  ASSERT_TRUE(CallRpc(*ch, MsgType::kStatus, "", &body, Deadline::AfterMs(5000)).ok());
+  const std::string garbage(kFrameHeaderSize, '\xff');
+  ASSERT_EQ(::send(ch->fd(), garbage.data(), garbage.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(garbage.size()));
+  Status st = ReceiveReply(*ch, &body, Deadline::AfterMs(5000));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
+  char byte = 0;
+  EXPECT_TRUE(testing_services::Eventually([&] {
+    return ::recv(ch->fd(), &byte, 1, MSG_DONTWAIT) == 0;  // closed by the service
+  }));
+  EXPECT_TRUE(CallLocal(base_ + "/b.sock", MsgType::kStatus, "", 5000).ok());
+}
+
 // Requests a client sends back to back (several in one write) are answered
 // in order on its connection, whoever serves them: the worker that lingers
 // or the loop.
