@@ -458,25 +458,16 @@ Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadl
   return SendSealed(hdr, payload, payload, len, deadline);
 }
 
-Status Channel::SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset, const char* data,
-                                    size_t len, int64_t idle_ms) {
-  if (!send_cipher_ || protection_ != LinkProtection::kIntegrity)
-    return Status(DYAD_RC_BADREQUEST, "SendSealedFileRange needs an integrity-protected session");
+Status Channel::SealFrame(uint16_t type, char* payload, size_t len, char hdr[kFrameHeaderSize],
+                          unsigned char tag[kSealTagSize]) {
+  if (!send_cipher_) return Status(DYAD_RC_BADREQUEST, "SealFrame needs a protected session");
   if (len > kMaxFramePayload)
     return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
-  char hdr[kFrameHeaderSize];
   EncodeHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
-  unsigned char tag[kSealTagSize];
-  Status st = send_cipher_->Seal(std::string_view(hdr, kFrameHeaderSize), data, nullptr, len, tag);
-  if (!st.ok()) {
-    broken_ = true;
-    return st;
-  }
-  const Deadline deadline = idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
-  DYAD_RETURN_IF_ERROR(SendParts({std::string_view(hdr, kFrameHeaderSize)}, deadline));
-  DYAD_RETURN_IF_ERROR(SendFileRange(file_fd, offset, len, idle_ms));
-  return SendParts({std::string_view(reinterpret_cast<const char*>(tag), kSealTagSize)},
-                   idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never());
+  char* out = protection_ == LinkProtection::kEncrypt ? payload : nullptr;
+  Status st = send_cipher_->Seal(std::string_view(hdr, kFrameHeaderSize), payload, out, len, tag);
+  if (!st.ok()) broken_ = true;
+  return st;
 }
 
 Status Channel::RecvPayload(std::string* payload, size_t len, Deadline deadline) {

@@ -142,14 +142,13 @@ class Channel {
   // As SendFrame, but may overwrite `payload` (encrypting it in place saves
   // a copy of large payloads such as file chunks).
   Status SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline);
-  // Integrity-protected sessions only: sends `len` bytes of `file_fd` from
-  // `offset` as one sealed frame of `type` whose tag is computed over
-  // `data`, the same bytes already read into memory; the bytes themselves go
-  // out with sendfile(2), saving the copy into the socket. Should the file
-  // change between the read and the send, the peer's check fails: a changed
-  // file is never delivered as the one read.
-  Status SendSealedFileRange(uint16_t type, int file_fd, uint64_t offset, const char* data,
-                             size_t len, int64_t idle_ms);
+  // Protected sessions only: seals one frame of `type` around `len` bytes
+  // of `payload` for a caller that sends the pieces itself (WireQueue): the
+  // header into `hdr`, the tag into `tag`, and on an encrypting session the
+  // ciphertext over `payload` in place. Frames must go out in the order
+  // they were sealed, with nothing sent on the session in between.
+  Status SealFrame(uint16_t type, char* payload, size_t len, char hdr[kFrameHeaderSize],
+                   unsigned char tag[kSealTagSize]);
   // Receives one frame of type `want_type` whose payload is handed to
   // `sink` piece by piece as it arrives (at most `buf_len` bytes at a time,
   // through `buf`), so a large payload is never held whole and the socket

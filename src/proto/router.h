@@ -34,8 +34,8 @@ class ParkedRequest {
  public:
   virtual ~ParkedRequest() = default;
   // Call exactly once, from any thread, when the wait is over: `finish`
-  // then runs on a worker with the request's context (which cannot be
-  // parked again) and must send the reply.
+  // then runs on a worker with the request's context and must send the
+  // reply (or park the request again).
   virtual void Resume(std::function<void(RequestContext&)> finish) = 0;
   // What to do should the requester hang up or the service stop while the
   // request is parked: end the wait soon (its completion still calls
@@ -49,6 +49,15 @@ class RequestParking {
   // Releases the handler's worker once the handler returns; the handler
   // must then return without replying and arrange for Resume to be called.
   virtual std::shared_ptr<ParkedRequest> Park() = 0;
+  // Parks the request until its connection can take more bytes (a
+  // response the requester is slow to read, common/wire_queue.h): `more`
+  // then runs on a worker with the request's context. Should the requester
+  // hang up, the service stop, or no room come within `timeout_ms`,
+  // `give_up` runs there instead, and the connection is closed after it.
+  // The handler returns at once after this, sending nothing more.
+  virtual void ParkUntilWritable(std::function<void(RequestContext&)> more,
+                                 std::function<void(RequestContext&)> give_up,
+                                 int64_t timeout_ms) = 0;
 };
 
 struct RequestContext {

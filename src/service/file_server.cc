@@ -9,6 +9,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/trace.h"
+#include "common/wire_queue.h"
 
 namespace dyad {
 
@@ -71,8 +72,67 @@ TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::st
       transport.caps().data_on_session ? SessionProgress(ctx.ch.fd(), size) : nullptr);
 }
 
+void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) {
+  for (;;) {
+    bool flush = false;
+    while (!r->ended && !flush && r->out.Gathering(kGatheredFileBytes)) {
+      Result<Fill> f = r->fill(ctx, r->out);
+      if (!f.ok()) {
+        ctx.ch.MarkBroken();
+        return r->done(ctx, f.status());
+      }
+      r->ended = *f == Fill::kEnd;
+      flush = *f == Fill::kFlush;
+    }
+    if (r->ended && r->out.empty()) return r->done(ctx, Status::OK());
+    // A requester that takes no bytes for kParkAfterMs costs no thread: the
+    // request waits on the event loop for room. Without a loop to park on,
+    // the idle bound is the only limit.
+    Result<WireQueue::Pumped> p =
+        r->out.Pump(ctx.ch, ctx.parking != nullptr ? kParkAfterMs : rpc_timeout_ms_);
+    if (!p.ok()) return r->done(ctx, p.status());
+    if (*p == WireQueue::Pumped::kAllSent) continue;
+    const Status idle(DYAD_RC_TIMEOUT, "the requester took no bytes for " +
+                                           std::to_string(rpc_timeout_ms_) +
+                                           " ms (--rpc-timeout), or hung up");
+    if (ctx.parking == nullptr) {
+      ctx.ch.MarkBroken();
+      return r->done(ctx, idle);
+    }
+    stats_->AddNamed("fetch.parked_for_room");
+    ctx.parking->ParkUntilWritable([this, r](RequestContext& c) { Drive(c, r); },
+                                   [r, idle](RequestContext& c) { r->done(c, idle); },
+                                   rpc_timeout_ms_);
+    return;
+  }
+}
+
 void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
-  TraceSpan span("serve", "service");
+  auto r = std::make_shared<Response>();
+  // Every reply goes through the response's queue, in order.
+  ctx.ch.CaptureSends(&r->captured);
+  PrepareFetch(ctx, payload, r.get());
+  ctx.ch.CaptureSends(nullptr);
+  r->out.Bytes(std::move(r->captured));
+  Drive(ctx, r);
+}
+
+// What a fetch being sent holds on to.
+struct FileServer::Sending {
+  UniqueFd fd;
+  FileSource src;
+  Transport* transport = nullptr;
+  std::string request_args;
+  uint64_t queued = 0;  // bytes of the file queued so far (QueueChunk)
+  bool pushed = false;  // Push done (transports that send whole files)
+  bool same = false;    // the verdict
+  TransferStats ts;
+  TransferRegistry::Entry progress;
+  std::unique_ptr<TraceSpan> span;
+};
+
+void FileServer::PrepareFetch(RequestContext& ctx, const std::string& payload, Response* r) {
+  auto span = std::make_unique<TraceSpan>("serve", "service");
   FetchRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done())
@@ -107,70 +167,85 @@ void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   if (fstat(fd->get(), &st) != 0)
     return SendReply(ctx.ch, StatusFromErrno(errno, "stat '" + *upath + "'"), {}, rpc_timeout_ms_,
                      stats_);
-  FileSource src;
-  src.fd = fd->get();
-  src.size = static_cast<uint64_t>(st.st_size);
-  src.version = MtimeNs(st);
-  src.path = prod_real_ + "/" + *upath;
-  src.root = prod_real_;
-  src.upath = *upath;
-  src.dev = st.st_dev;
-  src.ino = st.st_ino;
-  if (req.expect_version != 0 && req.expect_version != src.version)
+  auto s = std::make_shared<Sending>();
+  s->src.fd = fd->get();
+  s->src.size = static_cast<uint64_t>(st.st_size);
+  s->src.version = MtimeNs(st);
+  s->src.path = prod_real_ + "/" + *upath;
+  s->src.root = prod_real_;
+  s->src.upath = *upath;
+  s->src.dev = st.st_dev;
+  s->src.ino = st.st_ino;
+  if (req.expect_version != 0 && req.expect_version != s->src.version)
     return SendReply(ctx.ch, Stale(*upath, "since it was published"), {}, rpc_timeout_ms_, stats_);
   if (on_serve_ && ctx.peer != nullptr) on_serve_(*upath, ctx.peer->rank);
-  Result<std::string> rargs = (*transport)->ReplyArgs(src);
+  Result<std::string> rargs = (*transport)->ReplyArgs(s->src);
   if (!rargs.ok()) return SendReply(ctx.ch, rargs.status(), {}, rpc_timeout_ms_, stats_);
   FetchReply fr;
-  fr.size = src.size;
-  fr.version = src.version;
+  fr.size = s->src.size;
+  fr.version = s->src.version;
   fr.transport_args = *rargs;
   fr.mode = st.st_mode & 0777;
   Encoder e;
   fr.EncodeTo(e);
-  // A small file on the session goes out in one write: the reply, the
-  // bytes (read into memory, backend.h) and the verdict, which can then be
-  // decided before anything leaves.
-  std::string gathered;
-  const bool gather = (*transport)->caps().data_on_session && src.size <= kGatheredFileBytes;
-  if (gather) ctx.ch.CaptureSends(&gathered);
   SendReply(ctx.ch, Status::OK(), e.data(), rpc_timeout_ms_, stats_);
-  if (ctx.ch.broken()) return ctx.ch.CaptureSends(nullptr);
-  TransferStats ts;
-  span.Arg("path", *upath).Arg("bytes", src.size).Arg("transport", (*transport)->name());
-  if (ctx.peer != nullptr) span.Arg("to", ctx.peer->rank);
-  TransferRegistry::Entry progress = TrackSend(ctx, *upath, **transport, src.size);
-  auto failed = [&](const Status& why) {
-    span.Rc(why);
-    ctx.ch.MarkBroken();
-    stats_->Add(ServiceStats::kErrors);
-    DYAD_LOG_WARN("sending '%s' to rank %u failed: %s", upath->c_str(),
-                  ctx.peer != nullptr ? ctx.peer->rank : 0u, why.ToString().c_str());
-  };
-  Status ps = (*transport)->Push(ctx.ch, src, req.transport_args, &ts);
-  progress.Reset();
-  if (!ps.ok()) {
-    ctx.ch.CaptureSends(nullptr);
-    return failed(ps);
+  s->fd = std::move(*fd);
+  s->transport = *transport;
+  s->request_args = std::move(req.transport_args);
+  span->Arg("path", *upath).Arg("bytes", s->src.size).Arg("transport", s->transport->name());
+  if (ctx.peer != nullptr) span->Arg("to", ctx.peer->rank);
+  s->span = std::move(span);
+  s->progress = TrackSend(ctx, *upath, *s->transport, s->src.size);
+  r->fill = [this, s](RequestContext& c, WireQueue& out) { return FillFetch(c, *s, out); };
+  r->done = [this, s](RequestContext& c, const Status& why) { FetchDone(c, *s, why); };
+}
+
+Result<FileServer::Fill> FileServer::FillFetch(RequestContext& ctx, Sending& s, WireQueue& out) {
+  if (s.transport->queues_chunks() && s.queued < s.src.size) {
+    DYAD_RETURN_IF_ERROR(s.transport->QueueChunk(ctx.ch, s.src, &s.queued, &out));
+    ++s.ts.chunks;
+    s.ts.bytes = s.queued;
+    return Fill::kQueued;
+  }
+  if (!s.transport->queues_chunks() && !s.pushed) {
+    // The transport writes the session itself: the reply must be out first.
+    if (!out.empty()) return Fill::kFlush;
+    DYAD_RETURN_IF_ERROR(s.transport->Push(ctx.ch, s.src, s.request_args, &s.ts));
+    s.pushed = true;
   }
   // The verdict: the requester places the copy only if the file is still
-  // the one whose bytes were sent.
-  const bool same = fstat(fd->get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == src.size &&
-                    MtimeNs(st) == src.version;
-  SendReply(ctx.ch, same ? Status::OK() : Stale(*upath, "while it was sent"), {}, rpc_timeout_ms_,
-            stats_);
-  if (gather) {
-    ctx.ch.CaptureSends(nullptr);
-    ps = ctx.ch.SendAll(gathered.data(), gathered.size(), Deadline::AfterMs(rpc_timeout_ms_));
+  // the one whose bytes were sent (sendfile reads them as they leave, so
+  // this comes once they all have).
+  if (out.has_file()) return Fill::kFlush;
+  struct stat st;
+  s.same = fstat(s.fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == s.src.size &&
+           MtimeNs(st) == s.src.version;
+  std::string verdict;
+  ctx.ch.CaptureSends(&verdict);
+  SendReply(ctx.ch, s.same ? Status::OK() : Stale(s.src.upath, "while it was sent"), {},
+            rpc_timeout_ms_, stats_);
+  ctx.ch.CaptureSends(nullptr);
+  out.Bytes(std::move(verdict));
+  return Fill::kEnd;
+}
+
+void FileServer::FetchDone(RequestContext& ctx, Sending& s, const Status& why) {
+  s.progress.Reset();
+  s.span->Rc(why);
+  if (!why.ok()) {
+    ctx.ch.MarkBroken();
+    stats_->Add(ServiceStats::kErrors);
+    DYAD_LOG_WARN("sending '%s' to rank %u failed: %s", s.src.upath.c_str(),
+                  ctx.peer != nullptr ? ctx.peer->rank : 0u, why.ToString().c_str());
+    return;
   }
-  if (!ps.ok()) return failed(ps);
-  span.Rc(ps);
-  if (!same) return;
+  if (!s.same) return;
+  const std::string& name = s.transport->name();
   stats_->Add(ServiceStats::kTransfersOut);
-  stats_->Add(ServiceStats::kBytesOut, src.size);
-  stats_->Add(ServiceStats::kBytesOutDirect, ts.direct_bytes);
-  stats_->AddNamed("transfers.out." + (*transport)->name());
-  stats_->AddNamed("bytes.out." + (*transport)->name(), src.size);
+  stats_->Add(ServiceStats::kBytesOut, s.src.size);
+  stats_->Add(ServiceStats::kBytesOutDirect, s.ts.direct_bytes);
+  stats_->AddNamed("transfers.out." + name);
+  stats_->AddNamed("bytes.out." + name, s.src.size);
 }
 
 }  // namespace dyad

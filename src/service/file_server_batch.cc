@@ -7,6 +7,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <cinttypes>
+#include <memory>
+
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/trace.h"
@@ -62,42 +65,80 @@ Status FileServer::ReadInline(RequestContext& ctx, const FetchBatchItem& item, u
   return Status::OK();
 }
 
-void FileServer::HandleFetchBatch(RequestContext& ctx, const std::string& payload) {
-  TraceSpan span("serve.batch", "service");
-  stats_->AddNamed("requests.fetch_batch");
+// A batch being answered: the request, the next item, and what was sent.
+struct FileServer::Batch {
   FetchBatchRequest req;
+  size_t next = 0;
+  uint64_t files = 0;
+  uint64_t bytes = 0;
+  FetchBatchPart part;
+  std::unique_ptr<TraceSpan> span;
+};
+
+void FileServer::HandleFetchBatch(RequestContext& ctx, const std::string& payload) {
+  stats_->AddNamed("requests.fetch_batch");
+  auto r = std::make_shared<Response>();
+  // Every reply goes through the response's queue, in order; files are read
+  // one at a time as the requester takes the replies before them.
+  ctx.ch.CaptureSends(&r->captured);
+  PrepareBatch(ctx, payload, r.get());
+  ctx.ch.CaptureSends(nullptr);
+  r->out.Bytes(std::move(r->captured));
+  Drive(ctx, r);
+}
+
+void FileServer::PrepareBatch(RequestContext& ctx, const std::string& payload, Response* r) {
+  auto b = std::make_shared<Batch>();
+  b->span = std::make_unique<TraceSpan>("serve.batch", "service");
   Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
+  if (!b->req.DecodeFrom(d) || !d.done())
     return Refuse(ctx, "", Status(DYAD_RC_BADUNPACK, "malformed batch fetch request"));
   if (prod_real_.empty())
     return Refuse(ctx, "",
                   Status(DYAD_RC_NOTFOUND,
                          "rank " + std::to_string(rank_) + " serves no producer directory"));
   Encoder head;
-  head.U32(static_cast<uint32_t>(req.items.size()));
+  head.U32(static_cast<uint32_t>(b->req.items.size()));
   SendReply(ctx.ch, Status::OK(), head.data(), rpc_timeout_ms_, stats_);
-  uint64_t files = 0, bytes = 0;
-  FetchBatchPart part;
-  for (const FetchBatchItem& item : req.items) {
-    if (ctx.ch.broken()) break;  // the requester is gone: stop reading files for it
-    Status st = ReadInline(ctx, item, req.max_inline, &part);
-    if (!st.ok()) {
-      SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
-      continue;
-    }
+  r->fill = [this, b](RequestContext& c, WireQueue& out) { return FillBatch(c, *b, out); };
+  r->done = [this, b](RequestContext& c, const Status& why) { BatchDone(c, *b, why); };
+}
+
+Result<FileServer::Fill> FileServer::FillBatch(RequestContext& ctx, Batch& b, WireQueue& out) {
+  if (b.next == b.req.items.size()) return Fill::kEnd;
+  const FetchBatchItem& item = b.req.items[b.next++];
+  Status st = ReadInline(ctx, item, b.req.max_inline, &b.part);
+  std::string reply;
+  ctx.ch.CaptureSends(&reply);
+  if (st.ok()) {
     Encoder e;
-    part.EncodeTo(e);
+    b.part.EncodeTo(e);
     SendReply(ctx.ch, Status::OK(), e.data(), rpc_timeout_ms_, stats_);
-    ++files;
-    bytes += part.data.size();
+    ++b.files;
+    b.bytes += b.part.data.size();
+  } else {
+    SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
   }
-  span.Arg("files", files).Arg("bytes", bytes);
-  if (ctx.peer != nullptr) span.Arg("to", ctx.peer->rank);
+  ctx.ch.CaptureSends(nullptr);
+  out.Bytes(std::move(reply));
+  return Fill::kQueued;
+}
+
+void FileServer::BatchDone(RequestContext& ctx, Batch& b, const Status& why) {
+  b.span->Arg("files", b.files).Arg("bytes", b.bytes);
+  if (ctx.peer != nullptr) b.span->Arg("to", ctx.peer->rank);
+  b.span->Rc(why);
+  if (!why.ok()) {
+    stats_->Add(ServiceStats::kErrors);
+    DYAD_LOG_WARN("answering a batch fetch of rank %u failed after %" PRIu64 " files: %s",
+                  ctx.peer != nullptr ? ctx.peer->rank : 0u, b.files, why.ToString().c_str());
+    return;
+  }
   // Counted like single fetches, under the session transport that carried them.
-  stats_->Add(ServiceStats::kTransfersOut, files);
-  stats_->Add(ServiceStats::kBytesOut, bytes);
-  stats_->AddNamed("transfers.out.tcp", files);
-  stats_->AddNamed("bytes.out.tcp", bytes);
+  stats_->Add(ServiceStats::kTransfersOut, b.files);
+  stats_->Add(ServiceStats::kBytesOut, b.bytes);
+  stats_->AddNamed("transfers.out.tcp", b.files);
+  stats_->AddNamed("bytes.out.tcp", b.bytes);
 }
 
 }  // namespace dyad

@@ -84,6 +84,10 @@ struct Reactor::Conn {
   bool hung_up = false;
   std::function<void(RequestContext&)> pending_resume;  // Resume() before the handler returned
   std::function<void()> on_hangup;
+  // Parked until the socket takes more bytes (ParkUntilWritable).
+  bool want_write = false;
+  Deadline write_deadline = Deadline::Never();
+  std::function<void()> on_writable;
 };
 
 // The handle a parked request's waiter keeps. Resume and OnHangup may run at
@@ -99,6 +103,8 @@ class Reactor::Parked final : public ParkedRequest {
     {
       std::lock_guard<std::mutex> lk(c_->mu);
       c_->on_hangup = nullptr;
+      c_->on_writable = nullptr;
+      c_->want_write = false;
       if (c_->running) {  // the parking handler has not returned yet
         c_->pending_resume = std::move(finish);
         return;
@@ -133,6 +139,24 @@ class Reactor::Parking final : public RequestParking {
     parked_ = true;
     r_->parked_.fetch_add(1);
     return std::make_shared<Parked>(r_, c_);
+  }
+  void ParkUntilWritable(std::function<void(RequestContext&)> more,
+                         std::function<void(RequestContext&)> give_up,
+                         int64_t timeout_ms) override {
+    std::shared_ptr<ParkedRequest> p = Park();
+    {
+      std::lock_guard<std::mutex> lk(c_->mu);
+      c_->want_write = true;
+      c_->write_deadline = Deadline::AfterMs(timeout_ms);
+      c_->on_writable = [p, more = std::move(more)]() mutable { p->Resume(std::move(more)); };
+    }
+    // The loop closes the connection once the response is abandoned.
+    p->OnHangup([p, give_up = std::move(give_up)]() mutable {
+      p->Resume([give_up = std::move(give_up)](RequestContext& ctx) {
+        give_up(ctx);
+        ctx.ch.MarkBroken();
+      });
+    });
   }
   bool parked() const { return parked_; }
 
@@ -202,13 +226,14 @@ void Reactor::Loop() {
         Conn* c = reinterpret_cast<Conn*>(events[i].data.ptr);
         if (conns_.count(c) == 0) continue;
         if (c->busy) {
-          OnHangupWhileParked(c);
+          OnEventWhileParked(c, events[i].events);
         } else {
           OnReadable(c);
         }
       }
     }
     ExpireHandshakes();
+    ExpireWriteParks();
   }
   // Stopping: wake every connection's user, then let the workers finish.
   {
@@ -344,6 +369,8 @@ void Reactor::Close(Conn* c) {
     unauthenticated_ = handshaking_.size();
   }
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->ch.fd(), nullptr);
+  write_parked_.erase(std::remove(write_parked_.begin(), write_parked_.end(), c),
+                      write_parked_.end());
   conns_.erase(c);  // closes the descriptor unless a worker still holds it
   live_ = conns_.size();
 }
@@ -493,7 +520,53 @@ void Reactor::DrainPosts() {
       continue;
     }
     std::lock_guard<std::mutex> lk(c->mu);  // kWatchParked
-    if (c->parked) Arm(c.get(), EPOLLRDHUP);
+    if (!c->parked) continue;
+    if (!c->want_write) {
+      Arm(c.get(), EPOLLRDHUP);
+      continue;
+    }
+    if (std::find(write_parked_.begin(), write_parked_.end(), c.get()) == write_parked_.end())
+      write_parked_.push_back(c.get());
+    Arm(c.get(), EPOLLOUT | EPOLLRDHUP);
+  }
+}
+
+void Reactor::OnEventWhileParked(Conn* c, uint32_t events) {
+  std::function<void()> writable;
+  {
+    std::lock_guard<std::mutex> lk(c->mu);
+    const bool gone = (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) != 0;
+    if (c->want_write && !gone && (events & EPOLLOUT) != 0) {
+      writable = std::move(c->on_writable);
+      c->on_writable = nullptr;
+      c->want_write = false;
+    }
+  }
+  write_parked_.erase(std::remove(write_parked_.begin(), write_parked_.end(), c),
+                      write_parked_.end());
+  if (writable) return writable();  // resumes the response on a worker
+  OnHangupWhileParked(c);
+}
+
+void Reactor::ExpireWriteParks() {
+  for (size_t i = 0; i < write_parked_.size();) {
+    Conn* c = write_parked_[i];
+    bool waiting, expired;
+    {
+      std::lock_guard<std::mutex> lk(c->mu);
+      waiting = c->want_write;
+      expired = waiting && c->write_deadline.expired();
+    }
+    if (waiting && !expired) {
+      ++i;
+      continue;
+    }
+    write_parked_.erase(write_parked_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!expired) continue;  // resumed meanwhile
+    DYAD_LOG_WARN(
+        "%s took no bytes of its response within its bound; closing",
+        c->local ? "local client" : ("peer rank " + std::to_string(c->peer.rank)).c_str());
+    OnHangupWhileParked(c);  // its give_up step runs, then the connection closes
   }
 }
 
@@ -562,13 +635,18 @@ bool Reactor::ServeOne(const std::shared_ptr<Conn>& c) {
     PostBack(Post::kReturn, c);
     return false;
   }
+  return RunHandler(c, [&](RequestContext& ctx) { hooks_.dispatch(ctx, type, payload); });
+}
+
+bool Reactor::RunHandler(const std::shared_ptr<Conn>& c,
+                         const std::function<void(RequestContext&)>& handler) {
   Parking parking(this, c);
   {
     std::lock_guard<std::mutex> lk(c->mu);
     c->running = true;
   }
   RequestContext ctx = ContextOf(*c, &parking);
-  hooks_.dispatch(ctx, type, payload);
+  handler(ctx);
   if (!parking.parked()) {
     std::lock_guard<std::mutex> lk(c->mu);
     c->running = false;
@@ -643,9 +721,7 @@ void Reactor::Resume(const std::shared_ptr<Conn>& c, std::function<void(RequestC
   // From a store's thread, the loop (a hang-up) or a worker: the finish
   // step runs on the pool of the connection's link.
   PoolOf(*c).Submit([this, c, finish = std::move(finish)] {
-    RequestContext ctx = ContextOf(*c, nullptr);
-    finish(ctx);
-    PostBack(Post::kReturn, c);
+    if (RunHandler(c, finish)) PostBack(Post::kReturn, c);  // else parked again
   });
 }
 

@@ -134,12 +134,21 @@ class Reactor {
   void DrainPosts();
   void OnReturned(Conn* c);
   void OnHangupWhileParked(Conn* c);
+  // An event on a parked connection: room for a response parked until the
+  // socket takes more resumes it; anything else is a hang-up.
+  void OnEventWhileParked(Conn* c, uint32_t events);
+  // Ends the responses whose requester took no bytes within their bound.
+  void ExpireWriteParks();
 
   // Worker side.
   void Serve(const std::shared_ptr<Conn>& c);
   // Serves the frame buffered in c; true when c stays with this worker
   // (answered), false when it was parked or handed back to the loop.
   bool ServeOne(const std::shared_ptr<Conn>& c);
+  // Runs `handler` with a context that may park the request; true when it
+  // did not (c stays with this worker), false when it parked.
+  bool RunHandler(const std::shared_ptr<Conn>& c,
+                  const std::function<void(RequestContext&)>& handler);
   // Waits up to linger_us for c's next complete frame and leaves it
   // buffered in c's channel; false hands c back (its partial frame kept).
   bool NextFrameArrives(Conn& c);
@@ -162,6 +171,7 @@ class Reactor {
   // Loop thread only.
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
   std::vector<Conn*> handshaking_;
+  std::vector<Conn*> write_parked_;  // parked until writable, for their deadlines
   std::unordered_map<std::string, uint32_t> per_peer_;  // handshaking, by address
   std::string inline_payload_;                          // reused by ServeInline
 

@@ -29,6 +29,7 @@
 #include "common/backend.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "common/wire_queue.h"
 
 namespace dyad {
 
@@ -88,6 +89,20 @@ class Transport {
   // `request_args` are the requester's transport_args.
   virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,
                       TransferStats* stats) = 0;
+
+  // Owner, transports that stream on the session (caps().data_on_session):
+  // queues the next chunk of `src` from `*offset` on (wire-ready: framed and
+  // sealed as Push would send it) and advances `*offset`. The caller sends
+  // the queue as the requester takes it (common/wire_queue.h), so a
+  // requester that stops reading holds no thread, then queues the next
+  // chunk; chunks must be sent in the order they were queued. Errors mark
+  // the session broken. Others: DYAD_RC_NOTSUP (use Push).
+  virtual Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
+                            WireQueue* out) {
+    (void)session, (void)src, (void)offset, (void)out;
+    return Status(DYAD_RC_NOTSUP, name() + " sends only whole files (Push)");
+  }
+  virtual bool queues_chunks() const { return false; }
 
   // Owner: transport_args to put into the FetchReply (before Push).
   virtual Result<std::string> ReplyArgs(const FileSource& src) {

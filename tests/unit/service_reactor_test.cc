@@ -4,6 +4,7 @@
 // are counted in /proc/self/task (both services run in this process);
 // nothing here is timed.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -22,6 +23,7 @@
 #include "proto/auth.h"
 #include "proto/protocol.h"
 #include "service/service.h"
+#include "transport/tcp/tcp_transport.h"
 #include "unit/service_pair.h"
 
 namespace dyad {
@@ -567,6 +569,93 @@ TEST_F(ReactorTest, PipelinedRequestsAreAnsweredInOrder) {
       EXPECT_EQ(st.code(), DYAD_RC_NOTFOUND) << i << ": " << st.ToString();
     }
   }
+}
+
+// A requester that stops reading a large response holds no worker (issue
+// 16): A's two peer workers face three requesters that asked for more than
+// their sockets hold (two 16 MiB files and a batch of 12 MiB) and do not
+// read, and a fourth that never will. Others are served meanwhile; each
+// stalled requester that reads at last gets every byte, sealed and in
+// order; the one that never reads is closed after A's bound.
+TEST_F(ReactorTest, ResponsesToPeersThatDoNotReadHoldNoWorker) {
+  std::string big(16u << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131) >> 7);
+  ASSERT_TRUE(Publish("big.dat", big).ok());
+  FetchBatchRequest batch;
+  batch.max_inline = 64u << 10;
+  for (int i = 0; i < 200; ++i) {
+    const std::string name = "part" + std::to_string(i) + ".dat";
+    ASSERT_TRUE(Publish(name, std::string(60u << 10, static_cast<char>('a' + i % 26))).ok());
+    batch.items.push_back(FetchBatchItem{name, 0});
+  }
+  auto send = [](Channel& ch, MsgType type, const std::string& body) {
+    return ch.SendFrame(static_cast<uint16_t>(type), body, Deadline::AfterMs(2000));
+  };
+  FetchRequest fetch;
+  fetch.upath = "big.dat";
+  fetch.transport = "tcp";
+  Encoder fe, be;
+  fetch.EncodeTo(fe);
+  batch.EncodeTo(be);
+  std::vector<std::unique_ptr<Channel>> stalled;
+  for (uint32_t rank = 300; rank < 304; ++rank) {
+    stalled.push_back(ConnectPeer(rank));
+    ASSERT_TRUE(send(*stalled.back(), rank == 302 ? MsgType::kFetchBatch : MsgType::kFetch,
+                     rank == 302 ? be.data() : fe.data())
+                    .ok());
+  }
+  // All four fill their sockets and wait on A's loop for room.
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "fetch.parked_for_room", 4), 4u);
+
+  // Meanwhile B's consume is served by one of A's two peer workers.
+  ASSERT_TRUE(Publish("meanwhile.dat", "served while four requesters do not read").ok());
+  ASSERT_TRUE(Consume("meanwhile.dat").ok());
+  EXPECT_EQ(ReadAll(base_ + "/b/meanwhile.dat"), "served while four requesters do not read");
+
+  // The first two read at last: reply, 16 MiB, verdict.
+  TcpTransport tcp(TransportOptions{});
+  for (int i = 0; i < 2; ++i) {
+    std::string body;
+    ASSERT_TRUE(ReceiveReply(*stalled[i], &body, Deadline::AfterMs(5000)).ok());
+    FetchReply fr;
+    Decoder d(body);
+    ASSERT_TRUE(fr.DecodeFrom(d));
+    ASSERT_EQ(fr.size, big.size());
+    const std::string sink = base_ + "/sink" + std::to_string(i);
+    UniqueFd fd(::open(sink.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600));
+    ASSERT_TRUE(fd.valid());
+    Status pulled = tcp.Pull(*stalled[i], fr.size, fr.transport_args, fd.get(), nullptr);
+    ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+    Status verdict = ReceiveReply(*stalled[i], &body, Deadline::AfterMs(5000));
+    ASSERT_TRUE(verdict.ok()) << verdict.ToString();
+    EXPECT_TRUE(ReadAll(sink) == big) << "requester " << i << " got other bytes";
+  }
+  // The batch: its count, then every part whole and in order.
+  std::string body;
+  ASSERT_TRUE(ReceiveReply(*stalled[2], &body, Deadline::AfterMs(5000)).ok());
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(ReceiveReply(*stalled[2], &body, Deadline::AfterMs(5000)).ok()) << "part " << i;
+    FetchBatchPart part;
+    Decoder d(body);
+    ASSERT_TRUE(part.DecodeFrom(d)) << "part " << i;
+    EXPECT_EQ(part.data, std::string(60u << 10, static_cast<char>('a' + i % 26))) << "part " << i;
+  }
+
+  // The fourth never reads: A gives up after its bound (5 s, counted as an
+  // error) and closes it, so reading it now ends once the bytes already on
+  // their way are drained.
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "errors", 1), 1u);
+  std::vector<char> sink(1u << 20);
+  Status end;
+  const Deadline deadline = Deadline::AfterMs(20000);
+  while (!deadline.expired()) {
+    Result<size_t> n = stalled[3]->RecvSome(sink.data(), sink.size(), Deadline::AfterMs(10000));
+    if (!n.ok()) {
+      end = n.status();
+      break;
+    }
+  }
+  EXPECT_EQ(end.code(), DYAD_RC_CONNLOST) << end.ToString();
 }
 
 }  // namespace

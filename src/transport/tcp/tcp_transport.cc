@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/time.h"
+#include "common/wire_queue.h"
 #include "proto/protocol.h"
 
 namespace dyad {
@@ -52,67 +53,6 @@ bool ConnectionError(int err) {
   return err == ECONNRESET || err == EPIPE || err == ENOTCONN || err == ECONNABORTED ||
          err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETRESET;
 }
-
-// sendfile(2) on a socket whose peer is gone raises SIGPIPE, and unlike
-// send() it has no MSG_NOSIGNAL. A library must not rely on the process
-// ignoring SIGPIPE, so Push blocks it on the calling thread and consumes any
-// SIGPIPE it caused before restoring the mask (the error still arrives as
-// EPIPE).
-class ScopedSigpipeBlock {
- public:
-  ScopedSigpipeBlock() {
-    sigemptyset(&pipe_set_);
-    sigaddset(&pipe_set_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
-    sigemptyset(&old_mask_);
-    pthread_sigmask(SIG_BLOCK, &pipe_set_, &old_mask_);
-  }
-  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
-  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
-  ~ScopedSigpipeBlock() {
-    if (!was_pending_) {
-      sigset_t pending;
-      sigemptyset(&pending);
-      if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
-        const timespec zero{0, 0};
-        while (sigtimedwait(&pipe_set_, nullptr, &zero) < 0 && errno == EINTR) {
-        }
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
-  }
-
- private:
-  sigset_t pipe_set_;
-  sigset_t old_mask_;
-  bool was_pending_ = false;
-};
-
-// splice(2) from a TCP socket ignores SPLICE_F_NONBLOCK and blocks (with no
-// bound) until data arrives when the socket itself is blocking, as session
-// sockets are. While splicing, the socket is switched to O_NONBLOCK so every
-// wait happens in our bounded poll; the Channel's own calls work either way
-// (they pass MSG_DONTWAIT), and the previous flags are restored on exit.
-class ScopedNonBlocking {
- public:
-  explicit ScopedNonBlocking(int fd) : fd_(fd), old_flags_(::fcntl(fd, F_GETFL)) {
-    ok_ = old_flags_ >= 0 &&
-          ((old_flags_ & O_NONBLOCK) != 0 || ::fcntl(fd, F_SETFL, old_flags_ | O_NONBLOCK) == 0);
-  }
-  ScopedNonBlocking(const ScopedNonBlocking&) = delete;
-  ScopedNonBlocking& operator=(const ScopedNonBlocking&) = delete;
-  ~ScopedNonBlocking() {
-    if (ok_ && (old_flags_ & O_NONBLOCK) == 0) ::fcntl(fd_, F_SETFL, old_flags_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  const int fd_;
-  const int old_flags_;
-  bool ok_ = false;
-};
 
 // Receives exactly `size` bytes from a session into a sink fd. Used by one
 // Pull call on one thread.
@@ -331,61 +271,68 @@ size_t TcpTransport::SealedChunk() const {
   return std::min(chunk, kSealedChunkBytes);
 }
 
-Status TcpTransport::PushSealed(Channel& session, const FileSource& src, TransferStats* stats) {
-  std::unique_ptr<char[]> buf(
-      new char[static_cast<size_t>(std::min<uint64_t>(SealedChunk(), src.size))]);
-  uint64_t offset = 0;
-  while (offset < src.size) {
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(SealedChunk(), src.size - offset));
-    size_t have = 0;
-    while (have < len) {
-      const ssize_t n =
-          ::pread(src.fd, buf.get() + have, len - have, static_cast<off_t>(offset + have));
-      if (n > 0) {
-        have += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      const Status st = n == 0 ? Status(DYAD_RC_BADFIO, "file shrank while being sent")
-                               : StatusFromErrno(errno, "read", DYAD_RC_BADFIO);
-      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' at byte " +
-                                              std::to_string(offset + have)));
-    }
-    // Integrity only: the bytes just read are what the tag covers, and the
-    // kernel sends them from the page cache (no copy into the socket).
-    // Encrypted: sealed in place and sent from the buffer.
-    Status st =
-        session.protection() == LinkProtection::kIntegrity
-            ? session.SendSealedFileRange(static_cast<uint16_t>(MsgType::kFileData), src.fd, offset,
-                                          buf.get(), len, std::max<int64_t>(0, options_.idle_ms))
-            : session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData), buf.get(), len,
-                                       IdleDeadline(options_.idle_ms));
-    if (!st.ok()) {
-      return FailSession(
-          session, st.Annotate("tcp push of '" + src.path + "' (sent " + std::to_string(offset) +
-                               " of " + std::to_string(src.size) + " bytes)"));
-    }
-    offset += len;
-    stats->bytes = offset;
-    ++stats->chunks;
+Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
+                                WireQueue* out) {
+  if (*offset >= src.size) return Status::OK();
+  if (src.fd < 0) {
+    // The FetchReply already promised bytes the requester will wait for.
+    return FailSession(
+        session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
   }
-  return Status::OK();
-}
-
-Status TcpTransport::PushFromMemory(Channel& session, const FileSource& src, TransferStats* stats) {
-  // One frame (sealed sessions) or the bare bytes, through ordinary sends
-  // the file server may gather with its reply and verdict (backend.h).
-  const size_t len = static_cast<size_t>(src.size);
-  std::unique_ptr<char[]> buf(new char[len]);
-  if (Status rs = PreadFully(src.fd, buf.get(), len, 0); !rs.ok())
-    return FailSession(session, rs.Annotate("tcp push of '" + src.path + "'"));
-  Status st = session.protection() != LinkProtection::kNone
-                  ? session.SendFrameInPlace(static_cast<uint16_t>(MsgType::kFileData), buf.get(),
-                                             len, IdleDeadline(options_.idle_ms))
-                  : session.SendAll(buf.get(), len, IdleDeadline(options_.idle_ms));
-  if (!st.ok()) return FailSession(session, st.Annotate("tcp push of '" + src.path + "'"));
-  stats->bytes = src.size;
-  stats->chunks = 1;
+  const bool sealed = session.protection() != LinkProtection::kNone;
+  const bool small = src.size <= kGatheredFileBytes;
+  if (!sealed && !small) {
+    // Sent in slices of chunk_size so stats count pipeline chunks; each
+    // slice is one zero-copy sendfile loop.
+    const uint64_t slice = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
+    const uint64_t len = std::min(slice, src.size - *offset);
+    out->FileRange(src.fd, *offset, len);
+    *offset += len;
+    return Status::OK();
+  }
+  // A small file is one piece of memory (one frame when sealed) that the
+  // file server gathers with its reply and verdict (backend.h); a large one
+  // goes in sealed frames of at most SealedChunk() bytes.
+  const size_t len =
+      static_cast<size_t>(small ? src.size : std::min<uint64_t>(SealedChunk(), src.size - *offset));
+  const size_t head = sealed ? kFrameHeaderSize : 0;
+  const size_t tail = sealed ? kSealTagSize : 0;
+  // Integrity only: the tag covers the bytes just read, and the kernel sends
+  // them again from the page cache (no copy into the socket); should the
+  // file change in between, the requester's check fails.
+  const bool by_sendfile = !small && session.protection() == LinkProtection::kIntegrity;
+  thread_local std::unique_ptr<char[]> scratch;
+  thread_local size_t scratch_len = 0;
+  std::string frame;
+  char* data;
+  if (by_sendfile) {
+    if (scratch_len < len) {
+      scratch.reset(new char[len]);
+      scratch_len = len;
+    }
+    frame.resize(head + tail);
+    data = scratch.get();
+  } else {
+    frame.resize(head + len + tail);
+    data = frame.data() + head;
+  }
+  if (Status rs = PreadFully(src.fd, data, len, *offset); !rs.ok())
+    return FailSession(
+        session, rs.Annotate("tcp push of '" + src.path + "' at byte " + std::to_string(*offset)));
+  if (sealed) {
+    unsigned char* tag = reinterpret_cast<unsigned char*>(frame.data() + frame.size() - tail);
+    Status st =
+        session.SealFrame(static_cast<uint16_t>(MsgType::kFileData), data, len, frame.data(), tag);
+    if (!st.ok()) return FailSession(session, st.Annotate("tcp push of '" + src.path + "'"));
+  }
+  if (by_sendfile) {
+    out->Bytes(frame.substr(0, head));
+    out->FileRange(src.fd, *offset, len);
+    out->Bytes(frame.substr(head));
+  } else {
+    out->Bytes(std::move(frame));
+  }
+  *offset += len;
   return Status::OK();
 }
 
@@ -421,36 +368,30 @@ Status TcpTransport::PullSealed(Channel& session, uint64_t size, int sink_fd,
 
 Status TcpTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
                           TransferStats* stats) {
+  (void)request_args;
   TransferStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = TransferStats();
-  if (src.size == 0) return Status::OK();
-  if (src.fd < 0) {
-    // The FetchReply already promised bytes the requester will wait for.
-    return FailSession(
-        session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
-  }
-  ScopedSigpipeBlock no_sigpipe;
-  if (src.size <= kGatheredFileBytes) return PushFromMemory(session, src, stats);
-  if (session.protection() != LinkProtection::kNone) return PushSealed(session, src, stats);
-  // Sent in slices of chunk_size so stats count pipeline chunks; each slice
-  // is still one zero-copy sendfile loop inside the Channel.
-  const uint64_t slice = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
-  const int64_t idle_ms = std::max<int64_t>(0, options_.idle_ms);
+  WireQueue out;
   uint64_t offset = 0;
-  while (offset < src.size) {
-    const uint64_t len = std::min(slice, src.size - offset);
-    uint64_t sent = 0;
-    Status st = session.SendFileRange(src.fd, offset, len, idle_ms, &sent);
-    offset += sent;
-    stats->bytes = offset;
-    if (!st.ok()) {
-      return FailSession(
-          session, st.Annotate("tcp push of '" + src.path + "' (sent " + std::to_string(offset) +
-                               " of " + std::to_string(src.size) + " bytes)"));
+  while (offset < src.size || !out.empty()) {
+    while (offset < src.size && out.Gathering(kGatheredFileBytes)) {
+      DYAD_RETURN_IF_ERROR(QueueChunk(session, src, &offset, &out));
+      ++stats->chunks;
     }
-    ++stats->chunks;
+    // options.idle_ms bounds each wait for room (<= 0: no bound).
+    Result<WireQueue::Pumped> p = out.Pump(session, options_.idle_ms > 0 ? options_.idle_ms : 1000);
+    Status st = p.status();
+    if (st.ok() && *p == WireQueue::Pumped::kStalled && options_.idle_ms > 0)
+      st = Status(DYAD_RC_TIMEOUT,
+                  "peer made no progress for " + std::to_string(options_.idle_ms) + " ms");
+    stats->bytes = std::min<uint64_t>(out.sent(), src.size);
+    if (!st.ok())
+      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' (sent " +
+                                              std::to_string(out.sent()) + " bytes of " +
+                                              std::to_string(src.size) + ")"));
   }
+  stats->bytes = src.size;
   return Status::OK();
 }
 

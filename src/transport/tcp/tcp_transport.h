@@ -17,8 +17,10 @@
 // the peer close before `size` bytes). Any failure marks the session broken,
 // since the byte stream is then out of step with the framing.
 // options.idle_ms bounds the time without progress on either side (<= 0: no
-// bound). Push blocks SIGPIPE on its own thread while sending, so a vanished
-// peer is an error, never a signal, whatever the process's disposition.
+// bound). Pushing blocks SIGPIPE on the sending thread (WireQueue), so a
+// vanished peer is an error, never a signal, whatever the process's
+// disposition. Push sends the whole file; QueueChunk hands the file server
+// one chunk at a time, which it sends as the requester takes it.
 //
 // Threading: a TcpTransport holds only immutable options; one instance is
 // shared by every concurrent transfer of a service. Each call uses only its
@@ -42,6 +44,9 @@ class TcpTransport final : public Transport {
               TransferStats* stats) override;
   Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
               TransferStats* stats) override;
+  Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
+                    WireQueue* out) override;
+  bool queues_chunks() const override { return true; }
 
   // Transfers of at most this many bytes are received with one small recv
   // buffer instead of splice: setting up a pipe costs more than it saves.
@@ -54,9 +59,6 @@ class TcpTransport final : public Transport {
   static constexpr size_t kSealedReadBytes = 256u << 10;
 
  private:
-  // Files up to kGatheredFileBytes (common/backend.h).
-  Status PushFromMemory(Channel& session, const FileSource& src, TransferStats* stats);
-  Status PushSealed(Channel& session, const FileSource& src, TransferStats* stats);
   Status PullSealed(Channel& session, uint64_t size, int sink_fd, TransferStats* stats);
   size_t SealedChunk() const;
 
