@@ -48,10 +48,13 @@ class WireQueue {
 
   enum class Pumped { kAllSent, kStalled };
   // Writes what is queued: kAllSent once the queue is empty, kStalled when
-  // the socket stayed full for `stall_ms` (<= 0: do not wait at all). The
-  // queue keeps whatever is unsent. A socket error, a file that shrank, or
-  // a peer that hung up marks `ch` broken and is returned.
-  Result<Pumped> Pump(Channel& ch, int64_t stall_ms);
+  // the socket stayed full for `stall_ms` (<= 0: do not wait at all) or,
+  // when `wait_budget_ns` is given, once the waits for room have used it up
+  // (each wait is subtracted from it): a requester that reads, but slowly,
+  // then stalls the caller no longer than one that does not read at all.
+  // The queue keeps whatever is unsent. A socket error, a file that shrank,
+  // or a peer that hung up marks `ch` broken and is returned.
+  Result<Pumped> Pump(Channel& ch, int64_t stall_ms, int64_t* wait_budget_ns = nullptr);
 
  private:
   struct Piece {

@@ -73,6 +73,10 @@ TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::st
 }
 
 void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) {
+  // This worker waits for the requester at most kParkAfterMs in all, however
+  // the waits are spread: one that reads a byte now and then gets no more
+  // of a thread than one that does not read.
+  int64_t wait_budget_ns = kParkAfterMs * 1000000;
   for (;;) {
     bool flush = false;
     while (!r->ended && !flush && r->out.Gathering(kGatheredFileBytes)) {
@@ -85,11 +89,12 @@ void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) 
       flush = *f == Fill::kFlush;
     }
     if (r->ended && r->out.empty()) return r->done(ctx, Status::OK());
-    // A requester that takes no bytes for kParkAfterMs costs no thread: the
-    // request waits on the event loop for room. Without a loop to park on,
-    // the idle bound is the only limit.
-    Result<WireQueue::Pumped> p =
-        r->out.Pump(ctx.ch, ctx.parking != nullptr ? kParkAfterMs : rpc_timeout_ms_);
+    // A requester slower than this worker costs no thread for longer than
+    // kParkAfterMs: the request then waits on the event loop for room.
+    // Without a loop to park on, the idle bound is the only limit.
+    Result<WireQueue::Pumped> p = ctx.parking != nullptr
+                                      ? r->out.Pump(ctx.ch, kParkAfterMs, &wait_budget_ns)
+                                      : r->out.Pump(ctx.ch, rpc_timeout_ms_);
     if (!p.ok()) return r->done(ctx, p.status());
     if (*p == WireQueue::Pumped::kAllSent) continue;
     const Status idle(DYAD_RC_TIMEOUT, "the requester took no bytes for " +

@@ -44,8 +44,9 @@ class FileServer {
   // kFetchBatch (file_server_batch.cc): small files inline, one reply each.
   void HandleFetchBatch(RequestContext& ctx, const std::string& payload);
 
-  // A response waits on the event loop, holding no worker, once its
-  // requester has taken no bytes for this long (RequestParking). Each park
+  // A response waits on the event loop, holding no worker, once its worker
+  // has waited this long in all for the requester to take bytes
+  // (RequestParking). Each park
   // costs hand-offs between threads, and on a loaded node a requester that
   // does read can leave the socket full for tens of milliseconds: 10 ms
   // cost a fast requester ~10 % of its throughput on 2 busy cores.

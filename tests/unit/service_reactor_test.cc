@@ -132,6 +132,25 @@ class ReactorTest : public ::testing::Test {
     return v;
   }
 
+  // Reads a fetch's reply, bytes and verdict from `ch` and checks them.
+  void ExpectFetched(Channel& ch, const std::string& want, const std::string& who) {
+    std::string body;
+    Status st = ReceiveReply(ch, &body, Deadline::AfterMs(5000));
+    ASSERT_TRUE(st.ok()) << who << ": " << st.ToString();
+    FetchReply fr;
+    Decoder d(body);
+    ASSERT_TRUE(fr.DecodeFrom(d)) << who;
+    ASSERT_EQ(fr.size, want.size()) << who;
+    const std::string sink = base_ + "/sink";
+    UniqueFd fd(::open(sink.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600));
+    ASSERT_TRUE(fd.valid());
+    st = TcpTransport(TransportOptions{}).Pull(ch, fr.size, fr.transport_args, fd.get(), nullptr);
+    ASSERT_TRUE(st.ok()) << who << ": " << st.ToString();
+    st = ReceiveReply(ch, &body, Deadline::AfterMs(5000));
+    ASSERT_TRUE(st.ok()) << who << ": verdict " << st.ToString();
+    EXPECT_TRUE(ReadAll(sink) == want) << who << " got other bytes";
+  }
+
   std::string base_;
   std::unique_ptr<Service> a_, b_;
 };
@@ -613,23 +632,7 @@ TEST_F(ReactorTest, ResponsesToPeersThatDoNotReadHoldNoWorker) {
   EXPECT_EQ(ReadAll(base_ + "/b/meanwhile.dat"), "served while four requesters do not read");
 
   // The first two read at last: reply, 16 MiB, verdict.
-  TcpTransport tcp(TransportOptions{});
-  for (int i = 0; i < 2; ++i) {
-    std::string body;
-    ASSERT_TRUE(ReceiveReply(*stalled[i], &body, Deadline::AfterMs(5000)).ok());
-    FetchReply fr;
-    Decoder d(body);
-    ASSERT_TRUE(fr.DecodeFrom(d));
-    ASSERT_EQ(fr.size, big.size());
-    const std::string sink = base_ + "/sink" + std::to_string(i);
-    UniqueFd fd(::open(sink.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600));
-    ASSERT_TRUE(fd.valid());
-    Status pulled = tcp.Pull(*stalled[i], fr.size, fr.transport_args, fd.get(), nullptr);
-    ASSERT_TRUE(pulled.ok()) << pulled.ToString();
-    Status verdict = ReceiveReply(*stalled[i], &body, Deadline::AfterMs(5000));
-    ASSERT_TRUE(verdict.ok()) << verdict.ToString();
-    EXPECT_TRUE(ReadAll(sink) == big) << "requester " << i << " got other bytes";
-  }
+  for (int i = 0; i < 2; ++i) ExpectFetched(*stalled[i], big, "requester " + std::to_string(i));
   // The batch: its count, then every part whole and in order.
   std::string body;
   ASSERT_TRUE(ReceiveReply(*stalled[2], &body, Deadline::AfterMs(5000)).ok());
@@ -656,6 +659,58 @@ TEST_F(ReactorTest, ResponsesToPeersThatDoNotReadHoldNoWorker) {
     }
   }
   EXPECT_EQ(end.code(), DYAD_RC_CONNLOST) << end.ToString();
+}
+
+// A requester that reads, but only a trickle (16 KiB every 30 ms: its
+// 16 MiB would take half a minute), gets no more of a worker than a silent
+// one: each of A's two peer workers gives it back after waiting 100 ms in
+// all, and B's consume is served while two such requesters trickle.
+TEST_F(ReactorTest, RequestersThatReadATrickleHoldNoWorker) {
+  std::string big(16u << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 7) >> 5);
+  ASSERT_TRUE(Publish("big.dat", big).ok());
+  FetchRequest fetch;
+  fetch.upath = "big.dat";
+  fetch.transport = "tcp";
+  Encoder fe;
+  fetch.EncodeTo(fe);
+  std::vector<std::unique_ptr<Channel>> slow;
+  std::atomic<bool> trickle{true};
+  std::vector<std::thread> readers;
+  std::vector<std::string> got(2);
+  for (uint32_t i = 0; i < 2; ++i) {
+    slow.push_back(ConnectPeer(400 + i));
+    ASSERT_TRUE(
+        slow.back()
+            ->SendFrame(static_cast<uint16_t>(MsgType::kFetch), fe.data(), Deadline::AfterMs(2000))
+            .ok());
+  }
+  // Let both fill their sockets before the trickle starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (uint32_t i = 0; i < 2; ++i) {
+    readers.emplace_back([&, i] {
+      char buf[16u << 10];
+      while (trickle.load()) {
+        // Raw bytes off the socket: what they are is checked below.
+        const ssize_t n = ::recv(slow[i]->fd(), buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) got[i].append(buf, static_cast<size_t>(n));
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      }
+    });
+  }
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "fetch.parked_for_room", 2), 2u);
+  ASSERT_TRUE(Publish("meanwhile.dat", "served while two requesters trickle").ok());
+  Result<std::string> consumed = Consume("meanwhile.dat");
+  trickle = false;
+  for (auto& t : readers) t.join();
+  ASSERT_TRUE(consumed.ok()) << consumed.status().ToString();
+  EXPECT_EQ(ReadAll(base_ + "/b/meanwhile.dat"), "served while two requesters trickle");
+  // Each trickler then reads the rest at full speed: every byte, sealed and
+  // in order, with what it had already read put back in front.
+  for (int i = 0; i < 2; ++i) {
+    slow[i]->Unread(std::move(got[i]));
+    ExpectFetched(*slow[i], big, "trickler " + std::to_string(i));
+  }
 }
 
 }  // namespace
