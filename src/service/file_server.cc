@@ -112,14 +112,18 @@ void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) 
   }
 }
 
-void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
+void FileServer::Respond(RequestContext& ctx, const std::string& payload, Prepare prepare) {
   auto r = std::make_shared<Response>();
   // Every reply goes through the response's queue, in order.
   ctx.ch.CaptureSends(&r->captured);
-  PrepareFetch(ctx, payload, r.get());
+  (this->*prepare)(ctx, payload, r.get());
   ctx.ch.CaptureSends(nullptr);
   r->out.Bytes(std::move(r->captured));
   Drive(ctx, r);
+}
+
+void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
+  Respond(ctx, payload, &FileServer::PrepareFetch);
 }
 
 // What a fetch being sent holds on to.

@@ -71,6 +71,10 @@ class FileServer {
     };
     bool ended = false;  // fill said kEnd
   };
+  // Prepares a response to `payload` (its first replies are captured), then
+  // drives it.
+  using Prepare = void (FileServer::*)(RequestContext&, const std::string&, Response*);
+  void Respond(RequestContext& ctx, const std::string& payload, Prepare prepare);
   // Sends `r`, filling its queue as it goes, parking the request while the
   // requester takes nothing; ends with r's done step.
   void Drive(RequestContext& ctx, const std::shared_ptr<Response>& r);

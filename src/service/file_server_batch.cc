@@ -77,14 +77,9 @@ struct FileServer::Batch {
 
 void FileServer::HandleFetchBatch(RequestContext& ctx, const std::string& payload) {
   stats_->AddNamed("requests.fetch_batch");
-  auto r = std::make_shared<Response>();
-  // Every reply goes through the response's queue, in order; files are read
-  // one at a time as the requester takes the replies before them.
-  ctx.ch.CaptureSends(&r->captured);
-  PrepareBatch(ctx, payload, r.get());
-  ctx.ch.CaptureSends(nullptr);
-  r->out.Bytes(std::move(r->captured));
-  Drive(ctx, r);
+  // Files are read one at a time, as the requester takes the replies
+  // before them.
+  Respond(ctx, payload, &FileServer::PrepareBatch);
 }
 
 void FileServer::PrepareBatch(RequestContext& ctx, const std::string& payload, Response* r) {
