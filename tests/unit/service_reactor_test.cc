@@ -713,5 +713,31 @@ TEST_F(ReactorTest, RequestersThatReadATrickleHoldNoWorker) {
   }
 }
 
+// A requester that hangs up while its response waits for room ends that
+// response at once (its file closed, the error counted), not at A's 5 s
+// bound, and A keeps serving.
+TEST_F(ReactorTest, HangUpWhileAResponseWaitsForRoomEndsIt) {
+  ASSERT_TRUE(Publish("big.dat", std::string(16u << 20, 'h')).ok());
+  FetchRequest fetch;
+  fetch.upath = "big.dat";
+  fetch.transport = "tcp";
+  Encoder fe;
+  fetch.EncodeTo(fe);
+  std::unique_ptr<Channel> gone = ConnectPeer(500);
+  ASSERT_TRUE(
+      gone->SendFrame(static_cast<uint16_t>(MsgType::kFetch), fe.data(), Deadline::AfterMs(2000))
+          .ok());
+  ASSERT_GE(AwaitCounter(base_ + "/a.sock", "fetch.parked_for_room", 1), 1u);
+  const uint64_t errors = Counter(base_ + "/a.sock", "errors");
+  const auto hung_up = std::chrono::steady_clock::now();
+  gone.reset();  // closes the socket with its unread bytes: a reset
+  EXPECT_GE(AwaitCounter(base_ + "/a.sock", "errors", errors + 1), errors + 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - hung_up, std::chrono::milliseconds(4000))
+      << "ended by the bound, not by the hang-up";
+  ASSERT_TRUE(Publish("after.dat", "served after a hang-up").ok());
+  ASSERT_TRUE(Consume("after.dat").ok());
+  EXPECT_EQ(ReadAll(base_ + "/b/after.dat"), "served after a hang-up");
+}
+
 }  // namespace
 }  // namespace dyad
