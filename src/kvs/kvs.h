@@ -99,7 +99,10 @@ class Kvs {
   // keys; `on_change` must be quick and must not block or call Unwatch.
   // The Puts of one key are reported in their order; those of different
   // keys in any order (a Redis Cluster delivers them from different
-  // masters; while a cluster slot migrates, one key's too).
+  // masters; while a cluster slot migrates, one key's too). A Redis
+  // Cluster may also report a Put made just before Watch: its publication
+  // crosses the cluster bus after the subscription. Callers treat a change
+  // as "this key has (had) this value", which such a report still is.
   // Removals are not reported. Stores without it (KvsCaps::watch false)
   // return DYAD_RC_NOTSUP.
   virtual Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change);

@@ -510,8 +510,13 @@ TEST_P(KvsConformance, WatchReportsLaterPutsOfItsNamespaceOnly) {
   SleepMs(100);
   std::lock_guard<std::mutex> lk(log.mu);
   std::vector<std::pair<std::string, std::string>> got;
-  for (const KvsChange& c : log.changes)
-    if (!c.resync) got.emplace_back(c.key, c.value);
+  for (const KvsChange& c : log.changes) {
+    if (c.resync) continue;
+    // A cluster may carry the Put made just before Watch across its bus
+    // after the subscription (kvs.h); nowhere else may it be reported.
+    if (GetParam() == "redis_cluster" && c.key == "before" && c.value == "old") continue;
+    got.emplace_back(c.key, c.value);
+  }
   const std::vector<std::pair<std::string, std::string>> want = {
       {"a", std::string("v\0a", 3)}, {"b:with:colons", ""}, {"a", "v2"}};
   // The contract orders the Puts of one key, not those of different keys
