@@ -89,6 +89,9 @@ Status ReadReplyAhead(Channel& ch, const Deadline& deadline) {
   char buf[kReplyReadAhead];
   const uint64_t spin_until = MonoNs() + static_cast<uint64_t>(SpinBudgetUs()) * 1000;
   bool spinning = SpinBudgetUs() > 0;
+  // No reply comes back within one system call of its request: yield
+  // first (on an idle CPU this returns at once), then look.
+  if (spinning) sched_yield();
   for (;;) {
     const ssize_t n = ::recv(ch.fd(), buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) {
