@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,7 +63,8 @@ class ShapingRoot {
       if (!fd.ok()) continue;
       const int conn = ++connections_;
       Channel ch(std::move(*fd), Trust::kUnauthenticated);
-      if (!Authenticator(kSecret).Accept(ch, PeerIdentity{0, 1}, Deadline::AfterMs(2000), nullptr)
+      if (!Authenticator(kSecret)
+               .Accept(ch, PeerIdentity{0, 1}, Deadline::AfterMs(2000), nullptr)
                .ok())
         continue;
       for (int req = 1; !stop_; ++req) {

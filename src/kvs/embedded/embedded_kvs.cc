@@ -1,8 +1,7 @@
 #include "kvs/embedded/embedded_kvs.h"
+#include "kvs/embedded/exchange.h"
 
 #include <poll.h>
-#include <sched.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,7 +10,6 @@
 #include <utility>
 
 #include "common/log.h"
-#include "common/time.h"
 #include "common/wire.h"
 
 namespace dyad {
@@ -69,68 +67,6 @@ bool IdleChannelUsable(const Channel& ch, SteadyClock::time_point since) {
   pollfd p{ch.fd(), POLLIN | POLLRDHUP, 0};
   const int n = ::poll(&p, 1, 0);
   return n == 0;
-}
-
-// Bytes of a reply read in one system call: every reply but a long
-// listing's fits.
-constexpr size_t kReplyReadAhead = 4096;
-
-// Reads the start of the reply to the request just sent on `ch` with one
-// recv where Channel::RecvFrame alone takes three (poll, header, payload),
-// and hands it back to `ch` (Unread), from which ReceiveReply then takes
-// the frame. Waits as RecvFrame would: first DYAD_SPIN_US of non-blocking
-// reads, yielding the CPU between them (the answer usually comes within
-// microseconds, and a sleeping thread's wake-up costs more), then poll
-// until `deadline`. Reading ahead is safe on this link only: the root sends
-// exactly one reply per request, so whatever arrives belongs to this reply
-// (anything after it makes the link unusable for the pool, see
-// IdleChannelUsable). A timeout breaks the link, as the reply may still come.
-Status ReadReplyAhead(Channel& ch, const Deadline& deadline) {
-  char buf[kReplyReadAhead];
-  const uint64_t spin_until = MonoNs() + static_cast<uint64_t>(SpinBudgetUs()) * 1000;
-  bool spinning = SpinBudgetUs() > 0;
-  // No reply comes back within one system call of its request: yield
-  // first (on an idle CPU this returns at once), then look.
-  if (spinning) sched_yield();
-  for (;;) {
-    const ssize_t n = ::recv(ch.fd(), buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) {
-      ch.Unread(std::string(buf, static_cast<size_t>(n)));
-      return Status::OK();
-    }
-    if (n == 0) {
-      ch.MarkBroken();
-      return Status(DYAD_RC_CONNLOST, "peer closed the connection");
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      ch.MarkBroken();
-      return StatusFromErrno(errno, "recv", DYAD_RC_CONNLOST);
-    }
-    if (spinning) {
-      spinning = MonoNs() < spin_until;
-      sched_yield();
-      continue;
-    }
-    pollfd p{ch.fd(), POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
-    if (r < 0 && errno != EINTR) {
-      ch.MarkBroken();
-      return StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST);
-    }
-    if (r == 0 && deadline.expired()) {
-      ch.MarkBroken();
-      return Status(DYAD_RC_TIMEOUT, "timed out waiting for the reply");
-    }
-  }
-}
-
-// One request and its reply on `ch`.
-Status Exchange(Channel& ch, MsgType type, const std::string& request, std::string* body,
-                const Deadline& deadline) {
-  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(type), request, deadline));
-  DYAD_RETURN_IF_ERROR(ReadReplyAhead(ch, deadline));
-  return ReceiveReply(ch, body, deadline);
 }
 
 }  // namespace
@@ -276,7 +212,7 @@ Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body)
       std::this_thread::sleep_for(std::chrono::milliseconds(deadline.RemainingMs(kBackoffFirstMs)));
       continue;
     }
-    Status st = Exchange(**ch, type, request, body, deadline);
+    Status st = EmbeddedExchange(**ch, type, request, body, deadline);
     if (!(*ch)->broken()) {
       // The root answered (possibly with an error of the request itself).
       Release(std::move(*ch));
