@@ -1,5 +1,4 @@
 #include "kvs/embedded/embedded_kvs.h"
-#include "kvs/embedded/exchange.h"
 
 #include <poll.h>
 
@@ -11,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "kvs/embedded/exchange.h"
 
 namespace dyad {
 namespace {
