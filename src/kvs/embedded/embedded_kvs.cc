@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "kvs/embedded/exchange.h"
 
 namespace dyad {
 namespace {
@@ -58,7 +59,7 @@ Status CheckFields(const std::string& ns, const std::string& key, const std::str
 // means the root closed it (e.g. restarted), and unexpected bytes mean the
 // link lost its request/reply framing.
 bool IdleChannelUsable(const Channel& ch, SteadyClock::time_point since) {
-  if (ch.broken()) return false;
+  if (ch.broken() || ch.has_unread()) return false;
   // A link used moments ago is taken as it is (one system call less per
   // operation): should the root have closed it just now, the call fails as
   // on a stale link and is retried on a fresh one.
@@ -105,8 +106,8 @@ Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
 Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* reused) {
   *reused = false;
   std::unique_ptr<Channel> ch;
-  std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock
   {
+    std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock, before dialling
     std::lock_guard<std::mutex> lk(pool_mu_);
     while (!idle_.empty() && !ch) {
       IdleChannel c = std::move(idle_.back());
@@ -211,7 +212,7 @@ Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body)
       std::this_thread::sleep_for(std::chrono::milliseconds(deadline.RemainingMs(kBackoffFirstMs)));
       continue;
     }
-    Status st = CallRpc(**ch, type, request, body, deadline);
+    Status st = EmbeddedExchange(**ch, type, request, body, deadline);
     if (!(*ch)->broken()) {
       // The root answered (possibly with an error of the request itself).
       Release(std::move(*ch));

@@ -4,8 +4,11 @@
 // Every operation is one request/reply on an authenticated TCP Channel to
 // the root's EmbeddedKvsServer. Channels come from a small pool (at most
 // kMaxIdle kept idle) and are dialled lazily, so a service may start before
-// its root does. All operations are idempotent: a call that loses its
-// connection is retried once on a fresh one. A Wait is a loop of bounded
+// its root does. A reply is read with one system call where it fits
+// (reading ahead is safe here: the root sends one reply per request, and a
+// link with bytes after its reply leaves the pool). All operations are
+// idempotent: a call that loses its connection is retried once on a fresh
+// one. A Wait is a loop of bounded
 // server-side waits (slices); across connection failures it keeps retrying
 // with back-off until the caller's deadline, so consumers that are waiting
 // survive a restart of the root. The root keeps its data in memory: after a

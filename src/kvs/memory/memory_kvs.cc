@@ -16,22 +16,14 @@ std::string Describe(const std::string& ns, const std::string& key) {
 const std::string* MemoryKvs::FindLocked(const std::string& ns, const std::string& key) const {
   const auto nit = data_.find(ns);
   if (nit == data_.end()) return nullptr;
-  const auto kit = nit->second.find(key);
-  if (kit == nit->second.end()) return nullptr;
-  return &kit->second;
+  return nit->second.Find(key);
 }
 
 Status MemoryKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
   Completions woken;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    Entries& entries = data_[ns];
-    auto [it, inserted] = entries.try_emplace(key, value);
-    if (inserted) {
-      ++entries_;
-    } else {
-      it->second = value;
-    }
+    if (data_[ns].Put(key, value)) ++entries_;
     // Notifying under the mutex is deliberate: a waiter cannot miss the
     // notification because it re-checks the key under the same mutex before
     // every sleep.
@@ -212,7 +204,7 @@ Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
   std::lock_guard<std::mutex> lk(mu_);
   const auto nit = data_.find(ns);
   if (nit == data_.end()) return Status::OK();
-  if (nit->second.erase(key) > 0) --entries_;
+  if (nit->second.Erase(key)) --entries_;
   if (nit->second.empty()) data_.erase(nit);
   return Status::OK();
 }
@@ -220,16 +212,15 @@ Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
 Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::string& prefix,
                                               uint32_t limit) {
   std::vector<KvsEntry> out;
-  std::lock_guard<std::mutex> lk(mu_);
-  const auto nit = data_.find(ns);
-  if (nit == data_.end()) return out;
-  // Keys sharing a prefix are contiguous in an ordered map, starting at the
-  // first key not less than the prefix.
-  for (auto it = nit->second.lower_bound(prefix); it != nit->second.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    if (limit != 0 && out.size() >= limit) break;
-    out.emplace_back(it->first, it->second);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto nit = data_.find(ns);
+    if (nit == data_.end()) return out;
+    nit->second.Collect(prefix, limit, &out);
   }
+  // Ordering a whole namespace's listing is the costly part: done here,
+  // where puts and gets are not waiting for it.
+  SortByKey(&out);
   return out;
 }
 

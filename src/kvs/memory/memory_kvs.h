@@ -1,6 +1,7 @@
 // memory_kvs.h: the in-process metadata store (the "memory" backend).
 //
-// Holds every namespace as an ordered map in this process. It serves tests
+// Holds every namespace as a KeyTable (key_table.h: hashed, so a put or get
+// costs the same whatever the store holds) in this process. It serves tests
 // and single-service runs directly, and it is the storage engine of the
 // embedded root store (EmbeddedKvsServer), which the root dyad-service
 // exposes to the other services of the cluster.
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "kvs/kvs.h"
+#include "kvs/memory/key_table.h"
 #include "kvs/watch.h"
 
 namespace dyad {
@@ -74,7 +76,6 @@ class MemoryKvs final : public Kvs {
   uint64_t EntryCount() const;
 
  private:
-  using Entries = std::map<std::string, std::string>;
   using SlotKey = std::pair<std::string, std::string>;  // namespace, key
   struct WaitSlot {
     std::condition_variable cv;
@@ -96,7 +97,7 @@ class MemoryKvs final : public Kvs {
   static void Run(Completions* c);
 
   mutable std::mutex mu_;
-  std::unordered_map<std::string, Entries> data_;  // guarded by mu_
+  std::unordered_map<std::string, KeyTable> data_;  // guarded by mu_
   // Present only while some thread waits for that key; guarded by mu_.
   // std::map keeps slot addresses stable while other slots come and go.
   std::map<SlotKey, WaitSlot> slots_;
