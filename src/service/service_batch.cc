@@ -108,15 +108,15 @@ void Service::HandleConsumeBatch(RequestContext& ctx, const std::string& payload
         ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms), ctx.cancel);
     if (rec.ok()) {
       records[i] = std::move(*rec);
-    } else if (rec.status().code() == DYAD_RC_NOTFOUND) {
+    } else {
       std::lock_guard<std::mutex> lk(mu);
       unpublished.push_back(i);
-    } else {
-      settle(i, rec.status());
     }
   });
-  // Files not published yet: each consumed as alone (waiting for its
-  // publication within its timeout), beside the placement of the others.
+  // Files not published yet (or whose record could not be read now): each
+  // consumed as alone, waiting for its publication within its timeout and
+  // reporting what a single consume would, beside the placement of the
+  // others.
   std::thread waiting;
   if (!unpublished.empty())
     waiting = std::thread([&] {
