@@ -22,10 +22,11 @@ The nodes' DYAD directories (what a compute node keeps on node-local tmpfs
 or NVMe) go under --node-dir: by default /dev/shm when it has room, as for
 every cluster benchmark of `make bench`, else the temporary directory. On
 the development VM the temporary directory is an ext4 without a journal,
-where creating a file costs 0.3 ms of CPU in a directory near many recent
-deletions (the inode allocator skips recently deleted inodes one by one);
-epoch 1 on node 1 creates one file per sample, so there it measures the
-disk's recent history more than DYAD (pass --node-dir /tmp to see it).
+where creating a file costs up to 0.3 ms of CPU while other programs
+delete many files there (the inode allocator skips recently deleted
+inodes one by one); epoch 1 on node 1 creates one file per sample, so
+there its rate depends on what others deleted in the last seconds (pass
+--node-dir /tmp to see it).
 
   PYTHONPATH=build/python DYAD_BUILD_DIR=build /usr/bin/python3 \\
       python/bench/dataloader_bench.py --samples 512 --sample-kib 256
