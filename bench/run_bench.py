@@ -424,7 +424,8 @@ def section_prefetch(r, prof):
         res["dataloader_skipped"] = "pydyad not built"
         return res
     env = {"PYTHONPATH": os.path.join(r.build, "python"), "DYAD_BUILD_DIR": r.build}
-    j = r.json_of(["/usr/bin/python3", script, "--json"] + prof["dataloader"], 600,
+    node_dir = ["--node-dir", r.tmp] if r.tmp else []  # the nodes' directories, as for the others
+    j = r.json_of(["/usr/bin/python3", script, "--json"] + node_dir + prof["dataloader"], 600,
                   env_extra=env, label="dataloader look-ahead")
     if j:
         rows = {(x["reader"], x["epoch"]): x["samples_per_s"] for x in j["rows"]}

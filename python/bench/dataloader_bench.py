@@ -18,6 +18,16 @@ directory in the page cache, so the shared-dir row is a best case no real
 parallel file system reaches; pass --pfs-dir to put the originals on a real
 shared mount. Each row runs in a fresh process of the node it names.
 
+The nodes' DYAD directories (what a compute node keeps on node-local tmpfs
+or NVMe) go under --node-dir: by default /dev/shm when it has room, as for
+every cluster benchmark of `make bench`, else the temporary directory. On
+the development VM the temporary directory is an ext4 without a journal,
+where creating a file costs up to 0.3 ms of CPU while other programs
+delete many files there (the inode allocator skips recently deleted
+inodes one by one); epoch 1 on node 1 creates one file per sample, so
+there its rate depends on what others deleted in the last seconds (pass
+--node-dir /tmp to see it).
+
   PYTHONPATH=build/python DYAD_BUILD_DIR=build /usr/bin/python3 \\
       python/bench/dataloader_bench.py --samples 512 --sample-kib 256
 """
@@ -75,6 +85,18 @@ def run_epochs(args):
                           "checksum": checksum}), flush=True)
 
 
+def default_node_dir(need):
+    """/dev/shm when it is writable with `need` bytes and 1 GiB to spare,
+    else None (the temporary directory)."""
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize > need + (1 << 30) and os.access("/dev/shm", os.W_OK):
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default=os.environ.get("DYAD_BUILD_DIR"))
@@ -86,6 +108,8 @@ def main():
                     help="samples DyadDataset fetches ahead of the sampler (0: off)")
     ap.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     ap.add_argument("--pfs-dir", help="parent directory for the originals (default: a temp dir)")
+    ap.add_argument("--node-dir", help="parent directory for the nodes' DYAD directories "
+                                       "(default: /dev/shm when it has room, else a temp dir)")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="dyad", help=argparse.SUPPRESS)
     ap.add_argument("--pfs", help=argparse.SUPPRESS)
@@ -105,7 +129,9 @@ def main():
             np.save(os.path.join(pfs, f"s{i:06d}.npy"), np.full(n_floats, i, dtype=np.float32))
         expected = float(sum(range(args.samples)))
         rows = []
-        with LocalCluster(nodes=2, build_dir=args.build_dir, namespace="dataloader-bench") as cl:
+        node_dir = args.node_dir or default_node_dir(3 * args.samples * args.sample_kib * 1024)
+        with LocalCluster(nodes=2, build_dir=args.build_dir, namespace="dataloader-bench",
+                          base_dir=node_dir) as cl:
             for label, node, mode in (("shared dir", 0, "plain"), ("dyad node 0", 0, "dyad"),
                                       ("dyad node 1", 1, "dyad")):
                 cmd = [sys.executable, os.path.abspath(__file__), "--role", "run", "--mode", mode,
@@ -126,12 +152,14 @@ def main():
         if args.json:
             print(json.dumps({"bench": "dataloader", "samples": args.samples,
                               "sample_kib": args.sample_kib, "lookahead": args.lookahead,
+                              "node_dir": node_dir or tempfile.gettempdir(),
                               "rows": [{"reader": label, "epoch": epoch,
                                         "samples_per_s": n / secs, "sources": src}
                                        for label, epoch, n, secs, src in rows]}))
             return 0
         print(f"\n{args.samples} samples x {args.sample_kib} KiB ({mib:.0f} MiB), "
-              f"batch {args.batch_size}, {args.workers} workers\n")
+              f"batch {args.batch_size}, {args.workers} workers, "
+              f"node directories in {node_dir or tempfile.gettempdir()}\n")
         print(f"{'reader':<12} {'epoch':>5} {'samples/s':>10} {'MiB/s':>8}  sources")
         for label, epoch, n, secs, src in rows:
             srcs = ", ".join(f"{k} {v}" for k, v in sorted(src.items()))

@@ -74,12 +74,15 @@ class Placement {
 
   // Places several files, as Place() each (placement_batch.cc): the small
   // files of `reqs` that another node owns travel together, one kFetchBatch
-  // per owner, when their transport carries data on the session (tcp); the
-  // rest, and any the owner's batch did not deliver, one by one. Results in
-  // the order of `reqs`. For the prefetcher: one request per owner instead
-  // of one per file.
+  // per owner (up to kMaxFetchBatchItems each), when their transport
+  // carries data on the session (tcp); the rest, and any the owner's batch
+  // did not deliver, one by one. Up to `parallelism` of these batches and
+  // single files at once (threads of the call). Results in the order of
+  // `reqs`. For the prefetcher and batch consumes: one request per owner
+  // instead of one per file.
   std::vector<Result<ConsumeReply>> PlaceBatch(const std::vector<PlacementRequest>& reqs,
-                                               Deadline deadline, const CancelFn& cancel);
+                                               Deadline deadline, const CancelFn& cancel,
+                                               size_t parallelism = 1);
   // Largest file PlaceBatch sends inline in a batch.
   static constexpr uint64_t kBatchInline = 256u << 10;
 
@@ -104,6 +107,12 @@ class Placement {
   // Ends `flight` (registered for `dest`) with `result`, waking its joiners.
   void Settle(const std::string& dest, const std::shared_ptr<InFlight>& flight,
               const Result<ConsumeReply>& result);
+  // One owner's group of PlaceBatch: copies already current, the rest
+  // through FetchTogether, joining transfers already in flight.
+  void PlaceGroup(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& group,
+                  Transport* transport, Deadline deadline, const CancelFn& cancel,
+                  std::vector<std::shared_ptr<InFlight>>* flights,
+                  std::vector<Result<ConsumeReply>>* out);
   // PlaceBatch's part: `mine` (indexes of `reqs`, one owner, flights
   // registered in `flights`) through one kFetchBatch, then one by one.
   void FetchTogether(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& mine,

@@ -3,7 +3,10 @@
 // Place(): each destination is registered in flight before its batch is
 // sent, so a consume of one of these files meanwhile joins the batch's
 // transfer of it instead of starting its own.
+#include <algorithm>
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -13,10 +16,14 @@
 namespace dyad {
 
 std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<PlacementRequest>& reqs,
-                                                        Deadline deadline, const CancelFn& cancel) {
+                                                        Deadline deadline, const CancelFn& cancel,
+                                                        size_t parallelism) {
   std::vector<Result<ConsumeReply>> out(reqs.size(), Status(DYAD_RC_SYSFAIL, "not placed"));
+  // The work, as tasks: a group (up to one kFetchBatch) of small files one
+  // owner sends together, or one file placed alone.
+  std::vector<std::vector<size_t>> groups;
   std::vector<size_t> single;
-  std::map<uint32_t, std::vector<size_t>> by_owner;
+  std::map<uint32_t, size_t> open_group;  // owner -> its group being filled
   Transport* transport = nullptr;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const PlacementRequest& r = reqs[i];
@@ -30,43 +37,73 @@ std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<Placem
                                : Result<Transport*>(Status(DYAD_RC_NOTSUP, "not batched"));
     // Batched: remote small files whose transport streams on the session
     // anyway (the bytes then ride in the replies); one transport per call.
-    if (t.ok() && (*t)->caps().data_on_session && (transport == nullptr || *t == transport)) {
-      transport = *t;
-      by_owner[r.record.owner_rank].push_back(i);
-    } else {
+    if (!t.ok() || !(*t)->caps().data_on_session || (transport != nullptr && *t != transport)) {
       single.push_back(i);
+      continue;
     }
+    transport = *t;
+    auto g = open_group.find(r.record.owner_rank);
+    if (g == open_group.end() || groups[g->second].size() >= kMaxFetchBatchItems) {
+      g = open_group.insert_or_assign(r.record.owner_rank, groups.size()).first;
+      groups.emplace_back();
+    }
+    groups[g->second].push_back(i);
   }
   std::vector<std::shared_ptr<InFlight>> flights(reqs.size());
-  for (const auto& [owner, group] : by_owner) {
-    std::vector<size_t> mine, hits;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (size_t i : group) {
-        const std::string dest = reqs[i].cons_root + "/" + reqs[i].record.upath;
-        if (inflight_.count(dest) != 0) {
-          single.push_back(i);  // Place() joins it
-        } else if (IsCurrentCopy(dest, reqs[i].record)) {
-          hits.push_back(i);
-        } else {
-          flights[i] = std::make_shared<InFlight>();
-          inflight_[dest] = flights[i];
-          mine.push_back(i);
-        }
+  // Singles go last: one that joins a transfer of this batch (the same
+  // file twice) then finds it done, or in flight on another thread.
+  const size_t tasks = groups.size() + single.size();
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < tasks; k = next++) {
+      if (k < groups.size()) {
+        PlaceGroup(reqs, groups[k], transport, deadline, cancel, &flights, &out);
+      } else {
+        const size_t i = single[k - groups.size()];
+        out[i] = Place(reqs[i], deadline, cancel);
       }
     }
-    for (size_t i : hits) {
-      if (cache_ != nullptr) cache_->NoteHit(reqs[i].cons_root + "/" + reqs[i].record.upath);
-      ConsumeReply r;
-      r.record = reqs[i].record;
-      r.local = true;
-      stats_->Add(ServiceStats::kConsumeLocal);
-      out[i] = r;
-    }
-    if (!mine.empty()) FetchTogether(reqs, mine, transport, flights, &out);
-  }
-  for (size_t i : single) out[i] = Place(reqs[i], deadline, cancel);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t h = 1; h < std::min(parallelism, tasks); ++h) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
   return out;
+}
+
+void Placement::PlaceGroup(const std::vector<PlacementRequest>& reqs,
+                           const std::vector<size_t>& group, Transport* transport,
+                           Deadline deadline, const CancelFn& cancel,
+                           std::vector<std::shared_ptr<InFlight>>* flights,
+                           std::vector<Result<ConsumeReply>>* out) {
+  std::vector<size_t> mine, hits, joins;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i : group) {
+      const std::string dest = reqs[i].cons_root + "/" + reqs[i].record.upath;
+      if (inflight_.count(dest) != 0) {
+        joins.push_back(i);
+      } else if (IsCurrentCopy(dest, reqs[i].record)) {
+        hits.push_back(i);
+      } else {
+        (*flights)[i] = std::make_shared<InFlight>();
+        inflight_[dest] = (*flights)[i];
+        mine.push_back(i);
+      }
+    }
+  }
+  for (size_t i : hits) {
+    if (cache_ != nullptr) cache_->NoteHit(reqs[i].cons_root + "/" + reqs[i].record.upath);
+    ConsumeReply r;
+    r.record = reqs[i].record;
+    r.local = true;
+    stats_->Add(ServiceStats::kConsumeLocal);
+    (*out)[i] = r;
+  }
+  if (!mine.empty()) FetchTogether(reqs, mine, transport, *flights, out);
+  // In flight elsewhere (another consume, a prefetch, or this batch's own
+  // copy of the same file): wait for it as Place() would.
+  for (size_t i : joins) (*out)[i] = Place(reqs[i], deadline, cancel);
 }
 
 void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,

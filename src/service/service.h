@@ -46,6 +46,7 @@ class FileServer;
 class PeerDirectory;
 class NodeCache;
 class Placement;
+struct PlacementRequest;
 class Reactor;
 class ThreadedWaits;
 class VersionNotices;
@@ -156,6 +157,11 @@ class Service {
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const std::string& payload);
   void HandleConsumeBatch(RequestContext& ctx, const std::string& payload);
+  // The batch's items whose record is known, placed together; each result
+  // goes to settle(index in items, result).
+  void PlacePublished(const std::vector<ConsumeRequest>& items,
+                      const std::vector<std::optional<FileRecord>>& records, const CancelFn& cancel,
+                      const std::function<void(size_t, const Result<ConsumeReply>&)>& settle);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked). `published`: what the
@@ -165,6 +171,16 @@ class Service {
                             const std::optional<std::string>& published = std::nullopt);
   Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline, const CancelFn& cancel,
                                const std::optional<std::string>& published = std::nullopt);
+  // Consume()'s parts: the record to place (the request's own, else located:
+  // waiting for publication until `deadline` only when `wait`; a cached
+  // record the local copy already matches is confirmed with the store),
+  // what to ask the placement, and after a failed placement, forgetting a
+  // cached record that pointed at a copy that failed.
+  Result<FileRecord> ConsumeRecord(const ConsumeRequest& req, bool wait, Deadline deadline,
+                                   const CancelFn& cancel,
+                                   const std::optional<std::string>& published = std::nullopt);
+  PlacementRequest PlacementFor(const ConsumeRequest& req, const FileRecord& rec) const;
+  void ForgetFailedRecord(const ConsumeRequest& req, const Result<ConsumeReply>& r);
 
   // membership.cc: take the rank (refusing one a live service holds) and
   // keep it.

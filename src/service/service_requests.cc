@@ -191,6 +191,16 @@ void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadli
 Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadline,
                                       const CancelFn& cancel,
                                       const std::optional<std::string>& published) {
+  Result<FileRecord> rec = ConsumeRecord(req, true, deadline, cancel, published);
+  if (!rec.ok()) return rec.status();
+  Result<ConsumeReply> r = placement_->Place(PlacementFor(req, *rec), deadline, cancel);
+  ForgetFailedRecord(req, r);
+  return r;
+}
+
+Result<FileRecord> Service::ConsumeRecord(const ConsumeRequest& req, bool wait, Deadline deadline,
+                                          const CancelFn& cancel,
+                                          const std::optional<std::string>& published) {
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return upath.status();
   if (req.cons_path.empty() || req.cons_path[0] != '/')
@@ -203,7 +213,7 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
   } else {
     bool from_cache = false;
     Result<FileRecord> located =
-        Locate(req.ns, req.key, true, deadline, cancel, &from_cache, published);
+        Locate(req.ns, req.key, wait, deadline, cancel, &from_cache, published);
     if (!located.ok()) {
       if (located.status().code() == DYAD_RC_TIMEOUT) {
         // Keep the store's explanation when it says more than "not yet"
@@ -240,17 +250,23 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
     }
   }
 
+  return rec;
+}
+
+PlacementRequest Service::PlacementFor(const ConsumeRequest& req, const FileRecord& rec) const {
   PlacementRequest preq;
   preq.record = rec;
   preq.cons_root = req.cons_path;
   preq.shared_storage = req.shared_storage;
   preq.dtl_mode = req.dtl_mode;
   preq.ns = req.ns;
-  Result<ConsumeReply> r = placement_->Place(preq, deadline, cancel);
+  return preq;
+}
+
+void Service::ForgetFailedRecord(const ConsumeRequest& req, const Result<ConsumeReply>& r) {
   if (!r.ok() && (r.status().code() == DYAD_RC_BADFETCH || r.status().code() == DYAD_RC_BADFIO ||
                   r.status().code() == DYAD_RC_NOTFOUND))
     cache_.Erase(req.ns, req.key);  // do not keep pointing at a copy that failed
-  return r;
 }
 
 void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {

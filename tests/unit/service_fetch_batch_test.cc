@@ -2,7 +2,8 @@
 // in-process dyad-services: the prefetcher asks the owner for many small
 // files in one request, a file too large to travel inline still arrives by
 // its own fetch, and a file changed on the owner since its publication is
-// refused (DYAD_RC_STALE) without failing the rest of its batch.
+// refused (DYAD_RC_STALE) without failing the rest of its batch; a batch
+// consume fetches an owner's small files in one request too.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "common/fsutil.h"
+#include "common/key.h"
 #include "service/placement.h"
 #include "unit/service_pair.h"
 
@@ -106,6 +108,64 @@ TEST_F(FetchBatchTest, AFileChangedSincePublicationIsRefusedAndTheRestArrive) {
   struct stat st;
   EXPECT_NE(::stat((cons_ + "/d/changed").c_str(), &st), 0) << "a changed file was placed";
   EXPECT_EQ(pair_.a->stats().Get(ServiceStats::kReqFetch), 0u);
+}
+
+// A batch consume (kConsumeBatch, e.g. a DataLoader's look-ahead) rides the
+// same batched fetch: one request to the owner for its small files, the
+// large one alone, a path named twice placed once, a copy already current
+// not fetched again, and an unpublished path its own timeout.
+TEST_F(FetchBatchTest, ABatchConsumeFetchesAnOwnersSmallFilesInOneRequest) {
+  constexpr int kFiles = 24;
+  for (int i = 0; i < kFiles; ++i)
+    ASSERT_TRUE(pair_.Publish("d/f" + std::to_string(i), Content(i)).ok());
+  const std::string large(Placement::kBatchInline + 1, 'L');
+  ASSERT_TRUE(pair_.Publish("d/large", large).ok());
+  auto item = [&](const std::string& upath, int64_t timeout_ms) {
+    ConsumeRequest r;
+    r.ns = "t";
+    r.key = GenPathKey(upath, 3, 1024);
+    r.upath = upath;
+    r.cons_path = cons_;
+    r.timeout_ms = timeout_ms;
+    return r;
+  };
+  auto consume = [&](const ConsumeBatchRequest& batch) {
+    Encoder e;
+    batch.EncodeTo(e);
+    Result<std::string> body =
+        CallLocal(pair_.base + "/b.sock", MsgType::kConsumeBatch, e.data(), 30000);
+    EXPECT_TRUE(body.ok()) << body.status().ToString();
+    const std::string payload = body.ok() ? *body : std::string();
+    ConsumeBatchReply reply;
+    Decoder d(payload);
+    EXPECT_TRUE(reply.DecodeFrom(d) && d.done());
+    return reply;
+  };
+  ConsumeBatchRequest batch;
+  for (int i = 0; i < kFiles; ++i) batch.items.push_back(item("d/f" + std::to_string(i), 0));
+  batch.items.push_back(item("d/large", 0));
+  batch.items.push_back(item("d/f3", 0));  // named twice
+  batch.items.push_back(item("d/never", 200));
+  ConsumeBatchReply reply = consume(batch);
+  ASSERT_EQ(reply.results.size(), batch.items.size());
+  for (size_t i = 0; i + 1 < reply.results.size(); ++i)
+    EXPECT_EQ(reply.results[i].code, DYAD_RC_OK) << i << ": " << reply.results[i].message;
+  EXPECT_EQ(reply.results.back().code, DYAD_RC_TIMEOUT);
+  EXPECT_NE(reply.results.back().message.find("d/never"), std::string::npos);
+  for (int i = 0; i < kFiles; ++i)
+    EXPECT_EQ(ReadAll(cons_ + "/d/f" + std::to_string(i)), Content(i));
+  EXPECT_EQ(ReadAll(cons_ + "/d/large"), large);
+  EXPECT_EQ(OwnerCounter("requests.fetch_batch"), 1u);
+  EXPECT_EQ(pair_.a->stats().Get(ServiceStats::kReqFetch), 1u);  // the large file
+  EXPECT_EQ(pair_.b->stats().Get(ServiceStats::kTransfersIn), kFiles + 1u);
+
+  // Again, with one file republished: only that one moves.
+  ASSERT_TRUE(pair_.Publish("d/f5", "new bytes").ok());
+  batch.items.pop_back();
+  reply = consume(batch);
+  for (const ConsumeBatchResult& r : reply.results) EXPECT_EQ(r.code, DYAD_RC_OK) << r.message;
+  EXPECT_EQ(ReadAll(cons_ + "/d/f5"), "new bytes");
+  EXPECT_EQ(pair_.b->stats().Get(ServiceStats::kTransfersIn), kFiles + 2u);
 }
 
 // An owner from before batched fetches answers kFetchBatch with
