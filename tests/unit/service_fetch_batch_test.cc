@@ -121,13 +121,7 @@ TEST_F(FetchBatchTest, ABatchConsumeFetchesAnOwnersSmallFilesInOneRequest) {
   const std::string large(Placement::kBatchInline + 1, 'L');
   ASSERT_TRUE(pair_.Publish("d/large", large).ok());
   auto item = [&](const std::string& upath, int64_t timeout_ms) {
-    ConsumeRequest r;
-    r.ns = "t";
-    r.key = GenPathKey(upath, 3, 1024);
-    r.upath = upath;
-    r.cons_path = cons_;
-    r.timeout_ms = timeout_ms;
-    return r;
+    return testing_services::ConsumeRequestOf(upath, cons_, timeout_ms);
   };
   auto consume = [&](const ConsumeBatchRequest& batch) {
     Encoder e;

@@ -84,6 +84,19 @@ inline Status WriteAndPublish(const std::string& sock, const std::string& prod_d
   return CallLocal(sock, MsgType::kPublish, e.data()).status();
 }
 
+// A consume of `upath` (namespace "t", the key WriteAndPublish gives it)
+// into `cons_path`.
+inline ConsumeRequest ConsumeRequestOf(const std::string& upath, const std::string& cons_path,
+                                       int64_t timeout_ms = 10000) {
+  ConsumeRequest req;
+  req.ns = "t";
+  req.key = GenPathKey(upath, 3, 1024);
+  req.upath = upath;
+  req.cons_path = cons_path;
+  req.timeout_ms = timeout_ms;
+  return req;
+}
+
 class ServicePair {
  public:
   ServicePair() = default;
@@ -142,14 +155,8 @@ class ServicePair {
 
   // Consumes `upath` into B's directory through B.
   Result<ConsumeReply> Consume(const std::string& upath, int64_t timeout_ms = 10000) {
-    ConsumeRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.cons_path = CanonicalPath(dir_b);
-    req.timeout_ms = timeout_ms;
     Encoder e;
-    req.EncodeTo(e);
+    ConsumeRequestOf(upath, CanonicalPath(dir_b), timeout_ms).EncodeTo(e);
     Result<std::string> body = CallLocal(base + "/b.sock", MsgType::kConsume, e.data(), 60000);
     if (!body.ok()) return body.status();
     ConsumeReply r;

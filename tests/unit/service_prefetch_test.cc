@@ -100,13 +100,7 @@ class PrefetchTest : public ::testing::TestWithParam<std::string> {
   }
 
   ConsumeRequest ConsumeOf(const std::string& upath, int64_t timeout_ms = 10000) {
-    ConsumeRequest req;
-    req.ns = "t";
-    req.key = GenPathKey(upath, 3, 1024);
-    req.upath = upath;
-    req.cons_path = cons_;
-    req.timeout_ms = timeout_ms;
-    return req;
+    return testing_services::ConsumeRequestOf(upath, cons_, timeout_ms);
   }
   Result<ConsumeReply> Consume(const std::string& upath) {
     Encoder e;
