@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <optional>
 
 #include "common/time.h"
@@ -118,7 +119,9 @@ Result<WireQueue::Pumped> WireQueue::Pump(Channel& ch, int64_t stall_ms, int64_t
       return wrote.status();
     }
     if (*wrote) continue;
-    int64_t wait_ns = stall_ms * 1000000;
+    // Bounds of centuries (a "never" configured as a huge timeout) saturate.
+    constexpr int64_t kMaxMs = INT64_MAX / 1000000;
+    int64_t wait_ns = stall_ms >= kMaxMs ? INT64_MAX : stall_ms * 1000000;
     if (wait_budget_ns != nullptr) wait_ns = std::min(wait_ns, *wait_budget_ns);
     if (wait_ns <= 0) return Pumped::kStalled;
     const uint64_t start = MonoNs();
