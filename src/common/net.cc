@@ -636,6 +636,11 @@ Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_
   return Status::OK();
 }
 
+bool IsConnectionLost(int err) {
+  return err == ECONNRESET || err == EPIPE || err == ENOTCONN || err == ECONNABORTED ||
+         err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETRESET;
+}
+
 bool Channel::PeerClosed() const {
   if (has_unread()) return false;  // a request is still to be read
   pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};

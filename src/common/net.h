@@ -234,6 +234,10 @@ Status TrustLocalService(Channel& ch);
 // (when not null) receives the peer's credentials either way.
 Status AdmitLocalClient(Channel& ch, PeerCred* cred);
 
+// True for the errno values that mean the peer or the path to it is gone
+// (reset, closed, unreachable), as opposed to a local failure.
+bool IsConnectionLost(int err);
+
 // Writes all of `len` bytes to a file descriptor (retries short writes/EINTR).
 Status WriteFully(int fd, const void* buf, size_t len);
 

@@ -20,13 +20,8 @@ namespace {
 // Memory pieces written by one sendmsg (a sealed frame is three).
 constexpr size_t kMaxIov = 8;
 
-bool Lost(int err) {
-  return err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ECONNABORTED ||
-         err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETRESET;
-}
-
 Status SendError(int err, const char* what) {
-  return StatusFromErrno(err, what, Lost(err) ? DYAD_RC_CONNLOST : DYAD_RC_BADFIO);
+  return StatusFromErrno(err, what, IsConnectionLost(err) ? DYAD_RC_CONNLOST : DYAD_RC_BADFIO);
 }
 
 }  // namespace

@@ -112,6 +112,15 @@ void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) 
   }
 }
 
+void FileServer::QueueReply(Channel& ch, WireQueue& out, const Status& st,
+                            const std::string& body) {
+  std::string frame;
+  ch.CaptureSends(&frame);
+  SendReply(ch, st, body, rpc_timeout_ms_, stats_);
+  ch.CaptureSends(nullptr);
+  out.Bytes(std::move(frame));
+}
+
 void FileServer::Respond(RequestContext& ctx, const std::string& payload, Prepare prepare) {
   auto r = std::make_shared<Response>();
   // Every reply goes through the response's queue, in order.
@@ -229,12 +238,7 @@ Result<FileServer::Fill> FileServer::FillFetch(RequestContext& ctx, Sending& s, 
   struct stat st;
   s.same = fstat(s.fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == s.src.size &&
            MtimeNs(st) == s.src.version;
-  std::string verdict;
-  ctx.ch.CaptureSends(&verdict);
-  SendReply(ctx.ch, s.same ? Status::OK() : Stale(s.src.upath, "while it was sent"), {},
-            rpc_timeout_ms_, stats_);
-  ctx.ch.CaptureSends(nullptr);
-  out.Bytes(std::move(verdict));
+  QueueReply(ctx.ch, out, s.same ? Status::OK() : Stale(s.src.upath, "while it was sent"), {});
   return Fill::kEnd;
 }
 

@@ -71,6 +71,8 @@ class FileServer {
     };
     bool ended = false;  // fill said kEnd
   };
+  // Queues one reply frame (sealed as the session seals) on `out`.
+  void QueueReply(Channel& ch, WireQueue& out, const Status& st, const std::string& body);
   // Prepares a response to `payload` (its first replies are captured), then
   // drives it.
   using Prepare = void (FileServer::*)(RequestContext&, const std::string&, Response*);

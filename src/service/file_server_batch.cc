@@ -103,19 +103,15 @@ Result<FileServer::Fill> FileServer::FillBatch(RequestContext& ctx, Batch& b, Wi
   if (b.next == b.req.items.size()) return Fill::kEnd;
   const FetchBatchItem& item = b.req.items[b.next++];
   Status st = ReadInline(ctx, item, b.req.max_inline, &b.part);
-  std::string reply;
-  ctx.ch.CaptureSends(&reply);
-  if (st.ok()) {
-    Encoder e;
-    b.part.EncodeTo(e);
-    SendReply(ctx.ch, Status::OK(), e.data(), rpc_timeout_ms_, stats_);
-    ++b.files;
-    b.bytes += b.part.data.size();
-  } else {
-    SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
+  if (!st.ok()) {
+    QueueReply(ctx.ch, out, st, {});
+    return Fill::kQueued;
   }
-  ctx.ch.CaptureSends(nullptr);
-  out.Bytes(std::move(reply));
+  Encoder e;
+  b.part.EncodeTo(e);
+  QueueReply(ctx.ch, out, Status::OK(), e.data());
+  ++b.files;
+  b.bytes += b.part.data.size();
   return Fill::kQueued;
 }
 

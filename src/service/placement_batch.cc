@@ -3,15 +3,13 @@
 // Place(): each destination is registered in flight before its batch is
 // sent, so a consume of one of these files meanwhile joins the batch's
 // transfer of it instead of starting its own.
-#include <algorithm>
-#include <atomic>
 #include <map>
-#include <thread>
 
 #include "common/log.h"
 #include "common/net.h"
 #include "common/time.h"
 #include "service/placement.h"
+#include "service/worker_pool.h"
 
 namespace dyad {
 
@@ -52,22 +50,12 @@ std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<Placem
   std::vector<std::shared_ptr<InFlight>> flights(reqs.size());
   // Singles go last: one that joins a transfer of this batch (the same
   // file twice) then finds it done, or in flight on another thread.
-  const size_t tasks = groups.size() + single.size();
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t k = next++; k < tasks; k = next++) {
-      if (k < groups.size()) {
-        PlaceGroup(reqs, groups[k], transport, deadline, cancel, &flights, &out);
-      } else {
-        const size_t i = single[k - groups.size()];
-        out[i] = Place(reqs[i], deadline, cancel);
-      }
-    }
-  };
-  std::vector<std::thread> helpers;
-  for (size_t h = 1; h < std::min(parallelism, tasks); ++h) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
+  ForEachParallel(groups.size() + single.size(), parallelism, [&](size_t k) {
+    if (k < groups.size())
+      return PlaceGroup(reqs, groups[k], transport, deadline, cancel, &flights, &out);
+    const size_t i = single[k - groups.size()];
+    out[i] = Place(reqs[i], deadline, cancel);
+  });
   return out;
 }
 

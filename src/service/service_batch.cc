@@ -15,6 +15,7 @@
 #include "service/placement.h"
 #include "service/prefetch.h"
 #include "service/service.h"
+#include "service/worker_pool.h"
 
 namespace dyad {
 
@@ -34,18 +35,6 @@ size_t LocateParallelism() {
   static const size_t n =
       std::clamp<size_t>(std::thread::hardware_concurrency(), 2, kBatchParallelism);
   return n;
-}
-
-// Calls fn(0) .. fn(n - 1) on up to `threads` threads, this one included.
-void ForEachParallel(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> helpers;
-  for (size_t h = 1; h < std::min(threads, n); ++h) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
 }
 
 }  // namespace

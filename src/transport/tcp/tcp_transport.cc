@@ -49,11 +49,6 @@ bool SpliceUnsupported(int err) {
   return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP || err == ENOTSUP;
 }
 
-bool ConnectionError(int err) {
-  return err == ECONNRESET || err == EPIPE || err == ENOTCONN || err == ECONNABORTED ||
-         err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETRESET;
-}
-
 // Receives exactly `size` bytes from a session into a sink fd. Used by one
 // Pull call on one thread.
 class StreamReceiver {
@@ -99,7 +94,7 @@ class StreamReceiver {
   }
 
   Status SocketError(int err, const char* what) const {
-    const dyad_rc_t code = ConnectionError(err) ? DYAD_RC_CONNLOST : DYAD_RC_SYSFAIL;
+    const dyad_rc_t code = IsConnectionLost(err) ? DYAD_RC_CONNLOST : DYAD_RC_SYSFAIL;
     return StatusFromErrno(err, std::string(what) + " (" + Progress(got_, size_) + ")", code);
   }
 
