@@ -10,6 +10,17 @@ KvsCaps Kvs::caps() const {
   return row != nullptr ? row->store_caps : KvsCaps{};
 }
 
+Result<KvsValues> Kvs::MultiGet(const std::string& ns, const std::vector<std::string>& keys) {
+  KvsValues out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) {
+    Result<std::optional<std::string>> v = Get(ns, key);
+    if (!v.ok()) return v.status();
+    out.push_back(std::move(*v));
+  }
+  return out;
+}
+
 Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& key,
                                      Deadline deadline, KvsWaitCallback done) {
   (void)ns;

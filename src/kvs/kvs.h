@@ -13,6 +13,8 @@
 //    (DYAD_RC_CANCELLED); there is no lost wake-up between check and wait;
 //  * namespaces are disjoint; List returns keys starting with a prefix, in
 //    lexicographic order, at most `limit` (0 = all).
+// MultiGet reads many keys of a namespace as Get would, in as few round
+// trips as the store allows (a default loops over Get).
 // Optional (KvsCaps::async_wait): StartWait, the same wait without a
 // blocked thread, for callers that park thousands of waits at once.
 // Optional (KvsCaps::watch): Watch, a feed of every Put in a namespace
@@ -42,6 +44,7 @@ namespace dyad {
 class RequestRouter;
 
 using KvsEntry = std::pair<std::string, std::string>;  // key, value
+using KvsValues = std::vector<std::optional<std::string>>;
 
 // How an asynchronous wait ends: the value, or the Status Wait would give.
 using KvsWaitCallback = std::function<void(Result<std::string>)>;
@@ -73,6 +76,14 @@ class Kvs {
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;
   virtual Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                              uint32_t limit = 0) = 0;
+  // The values of `keys` in `ns`, in their order (nullopt: absent), as one
+  // Get each would give, but in as few round trips as the store allows:
+  // one request to the embedded root, one MGET per 256 keys on one Redis
+  // server, one pipeline per master of a Redis Cluster. Each value is as
+  // current as a Get made during the call; the set is no snapshot. An error
+  // means no values (the caller may Get one by one). This default loops
+  // over Get.
+  virtual Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys);
   // Wakes every wait in progress with DYAD_RC_CANCELLED and refuses new
   // ones (the owning service is stopping). Idempotent.
   virtual void Shutdown() {}

@@ -45,6 +45,8 @@ const char* MsgTypeName(uint16_t type) {
       return "kvs.list";
     case MsgType::kKvsWatch:
       return "kvs.watch";
+    case MsgType::kKvsMultiGet:
+      return "kvs.multi_get";
     case MsgType::kFetch:
       return "fetch";
     case MsgType::kFileData:
@@ -417,6 +419,20 @@ bool ConsumeBatchReply::DecodeFrom(Decoder& d) {
     if (r.code == DYAD_RC_OK && !r.reply.DecodeFrom(d)) return false;
     results.push_back(std::move(r));
   }
+  return !d.failed();
+}
+
+void KvsMultiGetRequest::EncodeTo(Encoder& e) const {
+  e.Str(ns).U32(static_cast<uint32_t>(keys.size()));
+  for (const std::string& k : keys) e.Str(k);
+}
+bool KvsMultiGetRequest::DecodeFrom(Decoder& d) {
+  ns = d.Str();
+  const uint32_t n = d.U32();
+  if (d.failed() || n > kMaxMultiGetKeys) return false;
+  keys.clear();
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) keys.push_back(d.Str());
   return !d.failed();
 }
 

@@ -46,6 +46,9 @@ enum class MsgType : uint16_t {
   kKvsRemove = 33,
   kKvsList = 34,
   kKvsWatch = 35,
+  // Added after the first release: an older root refuses it (no route),
+  // and clients then read key by key (EmbeddedKvs::MultiGet).
+  kKvsMultiGet = 36,
   // Service -> owner service.
   kFetch = 50,
   // Owner -> requester: one chunk of file data on a protected session
@@ -300,6 +303,20 @@ struct KvsRequest {
 };
 // Replies: kKvsGet/kKvsWait body: Bool found, Str value.
 //          kKvsList body: u32 count, count x (Str key, Str value).
+
+// kKvsMultiGet: the values of many keys of one namespace. Reply body: u32
+// answered, then answered x (Bool found, Str value) for the first
+// `answered` keys, in order: the root answers fewer than asked (at least
+// one) when the values would not fit in one frame, and the client asks
+// again for the rest.
+struct KvsMultiGetRequest {
+  std::string ns;
+  std::vector<std::string> keys;
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+// Most keys one kKvsMultiGet may name.
+inline constexpr uint32_t kMaxMultiGetKeys = 4096;
 
 // A long poll of a namespace's change feed (Kvs::Watch on the embedded
 // store): the puts after position `after` of feed `epoch`, waiting up to

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -35,6 +36,50 @@ size_t LocateParallelism() {
   static const size_t n =
       std::clamp<size_t>(std::thread::hardware_concurrency(), 2, kBatchParallelism);
   return n;
+}
+
+// What the batch's store reads said about its items.
+struct BatchRecords {
+  std::vector<std::optional<std::string>> value;  // the published record read
+  std::vector<bool> absent;                       // read, and not published
+  size_t unread = 0;  // items whose read failed: ConsumeRecord reads each
+};
+
+// One MultiGet per namespace for the items whose record is neither carried
+// by the request nor in the node's metadata cache, instead of one store
+// round trip per item. A failed read leaves its items to ConsumeRecord,
+// which reads (and reports) each on its own.
+BatchRecords ReadBatchRecords(Kvs& kvs, const MetadataCache& cache,
+                              const std::vector<ConsumeRequest>& items) {
+  BatchRecords out;
+  out.value.resize(items.size());
+  out.absent.assign(items.size(), false);
+  std::map<std::string, std::vector<size_t>> by_ns;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ConsumeRequest& item = items[i];
+    if (item.have_record || item.ns == kMembersNamespace || cache.Get(item.ns, item.key)) continue;
+    by_ns[item.ns].push_back(i);
+  }
+  for (const auto& [ns, idx] : by_ns) {
+    std::vector<std::string> keys;
+    keys.reserve(idx.size());
+    for (size_t i : idx) keys.push_back(items[i].key);
+    Result<KvsValues> values = kvs.MultiGet(ns, keys);
+    if (!values.ok()) {
+      DYAD_LOG_DEBUG("batch consume: reading %zu records of namespace '%s' at once failed (%s)",
+                     keys.size(), ns.c_str(), values.status().ToString().c_str());
+      out.unread += idx.size();
+      continue;
+    }
+    for (size_t k = 0; k < idx.size(); ++k) {
+      if ((*values)[k]) {
+        out.value[idx[k]] = std::move((*values)[k]);
+      } else {
+        out.absent[idx[k]] = true;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -84,17 +129,21 @@ void Service::HandleConsumeBatch(RequestContext& ctx, const std::string& payload
       out.message = "'" + items[i].upath + "': " + r.status().message();
     }
   };
-  // Every item's record, from the locate cache or one read of the store,
-  // without waiting; several at once, since each read is a round trip.
+  // Every item's record, from the locate cache or the batch's store reads,
+  // without waiting; items whose batched read failed read their own,
+  // several at once, since each read is a round trip.
+  BatchRecords read = ReadBatchRecords(*kvs_, cache_, items);
   std::vector<std::optional<FileRecord>> records(items.size());
   std::vector<size_t> unpublished;
   std::mutex mu;
-  ForEachParallel(items.size(), LocateParallelism(), [&](size_t i) {
+  ForEachParallel(items.size(), read.unread > 0 ? LocateParallelism() : 1, [&](size_t i) {
     if (items[i].ns == kMembersNamespace)
       return settle(i, Status(DYAD_RC_PERM,
                               "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
     Result<FileRecord> rec =
-        ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms), ctx.cancel);
+        read.absent[i] ? Result<FileRecord>(Status(DYAD_RC_NOTFOUND, "not published"))
+                       : ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms),
+                                       ctx.cancel, read.value[i]);
     if (rec.ok()) {
       records[i] = std::move(*rec);
     } else {

@@ -38,6 +38,7 @@ class ServiceStats {
     kNodeCacheHits,
     kNodeCacheEvictions,
     kNodeCacheSuperseded,
+    kReqKvsMultiGet,
     kNumCounters
   };
 
@@ -68,7 +69,8 @@ class ServiceStats {
                                                      "connections.refused",
                                                      "node_cache.hits",
                                                      "node_cache.evictions",
-                                                     "node_cache.superseded"};
+                                                     "node_cache.superseded",
+                                                     "requests.kvs.multi_get"};
     return kNames[c];
   }
   // The counter called `name`, or kNumCounters when there is none.
@@ -116,7 +118,10 @@ inline std::string ServiceStats::Help(const std::string& name) {
       {"requests.list", "List requests from local clients."},
       {"requests.status", "Status requests from local clients."},
       {"requests.fetch", "Fetch requests from other services (this service as owner)."},
-      {"requests.kvs", "Embedded metadata store requests served (root only)."},
+      {"requests.kvs",
+       "Embedded metadata store requests served (root only), batched reads excepted."},
+      {"requests.kvs.multi_get",
+       "Batched reads of many keys served by the embedded store (root only)."},
       {"publish.async_pending", "Asynchronous publications not yet confirmed by the store."},
       {"cache.hits", "Lookups answered by the node-local metadata cache."},
       {"cache.misses", "Lookups that went to the metadata store."},

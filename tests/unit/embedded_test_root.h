@@ -53,6 +53,10 @@ class TestRoot {
   std::string url() const { return "embedded://127.0.0.1:" + std::to_string(port_); }
   EmbeddedKvsServer& server() { return server_; }
   int connections() const { return connections_.load(); }
+  // Answers requests of `type` as a root of a release without them does
+  // (its service has no route: DYAD_RC_BADREQUEST), counting them.
+  void Refuse(MsgType type) { refused_type_.store(static_cast<int>(type)); }
+  int refused() const { return refused_.load(); }
 
   // Stops accepting, cancels server-side waits, cuts every connection and
   // joins all threads. Bounded: each thread polls `stop_` every 100 ms.
@@ -107,6 +111,16 @@ class TestRoot {
           uint16_t type = 0;
           std::string payload;
           if (!ch.RecvFrame(&type, &payload, Deadline::AfterMs(5000)).ok()) break;
+          if (type == refused_type_.load()) {
+            ++refused_;
+            const std::string reply =
+                EncodeReply(Status(DYAD_RC_BADREQUEST, "rank 0 serves no such requests"));
+            if (!ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), reply,
+                              Deadline::AfterMs(5000))
+                     .ok())
+              break;
+            continue;
+          }
           if (!server_.Handle(type, payload, ch, cancel).ok() || ch.broken()) break;
         }
       }
@@ -124,6 +138,8 @@ class TestRoot {
   std::atomic<bool> stop_{false};
   bool stopped_ = false;
   std::atomic<int> connections_{0};
+  std::atomic<int> refused_type_{-1};
+  std::atomic<int> refused_{0};
   std::thread accept_thread_;
   std::mutex mu_;
   std::vector<std::thread> conn_threads_;  // guarded by mu_

@@ -380,6 +380,66 @@ TEST_P(KvsConformance, BinaryAndLargeValuesRoundTrip) {
   EXPECT_TRUE((*listed)[0].second == big);
 }
 
+// MultiGet answers what one Get per key would, in the keys' order: absent
+// keys, other namespaces, duplicates, empty and binary values, no keys.
+TEST_P(KvsConformance, MultiGetAnswersLikeOneGetPerKey) {
+  ASSERT_TRUE(kvs_->Put("ns", "a", "1").ok());
+  ASSERT_TRUE(kvs_->Put("ns", "empty", "").ok());
+  ASSERT_TRUE(kvs_->Put("other", "b", "not this one").ok());
+  const std::string binary("v\0\xff", 3);
+  ASSERT_TRUE(kvs_->Put("ns", "b", binary).ok());
+  Result<KvsValues> got = kvs_->MultiGet("ns", {"b", "missing", "a", "empty", "a"});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  const KvsValues want = {binary, std::nullopt, std::string("1"), std::string(""),
+                          std::string("1")};
+  EXPECT_EQ(*got, want);
+  Result<KvsValues> none = kvs_->MultiGet("ns", {});
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());
+  Result<KvsValues> elsewhere = kvs_->MultiGet("never-used-namespace", {"a"});
+  ASSERT_TRUE(elsewhere.ok());
+  EXPECT_EQ(*elsewhere, KvsValues{std::nullopt});
+}
+
+// More keys than one request, MGET or pipeline carries (4096 on the
+// embedded store, 256 per MGET on Redis), spread over a cluster's slots.
+TEST_P(KvsConformance, MultiGetOfManyKeys) {
+  constexpr int kKeys = 4200;
+  std::vector<std::string> keys;
+  KvsValues want;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back("d/" + std::to_string(i));
+    if (i % 10 != 0) {  // few puts: a sentinel's wait for its replica makes each slow
+      want.push_back(std::nullopt);
+      continue;
+    }
+    want.push_back("value " + std::to_string(i));
+    ASSERT_TRUE(kvs_->Put("many", keys.back(), *want.back()).ok());
+  }
+  Result<KvsValues> got = kvs_->MultiGet("many", keys);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), want.size());
+  for (int i = 0; i < kKeys; ++i) ASSERT_EQ((*got)[i], want[i]) << keys[i];
+}
+
+// Values whose sum exceeds one frame (16 MiB) still all arrive: the
+// embedded root answers as many as fit and the client asks for the rest.
+TEST_P(KvsConformance, MultiGetOfValuesLargerThanAFrame) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 17; ++i) {
+    keys.push_back("big" + std::to_string(i));
+    ASSERT_TRUE(
+        kvs_->Put("ns", keys.back(), std::string(1u << 20, static_cast<char>('a' + i))).ok());
+  }
+  Result<KvsValues> got = kvs_->MultiGet("ns", keys);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), keys.size());
+  for (int i = 0; i < 17; ++i) {
+    ASSERT_TRUE((*got)[i].has_value());
+    EXPECT_TRUE(*(*got)[i] == std::string(1u << 20, static_cast<char>('a' + i))) << i;
+  }
+}
+
 TEST_P(KvsConformance, ConcurrentPutsFromEightThreads) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 100;
@@ -655,6 +715,59 @@ class EmbeddedKvsTest : public ::testing::Test {
 
   std::unique_ptr<TestRoot> root_;
 };
+
+// A root from before kKvsMultiGet refuses it; the client then reads key by
+// key (same answers) and does not ask again at every call.
+TEST_F(EmbeddedKvsTest, MultiGetFromARootWithoutItReadsKeyByKey) {
+  StartRoot();
+  root_->Refuse(MsgType::kKvsMultiGet);
+  std::unique_ptr<Kvs> kvs = OpenClient();
+  ASSERT_NE(kvs, nullptr);
+  ASSERT_TRUE(kvs->Put("ns", "a", "1").ok());
+  ASSERT_TRUE(kvs->Put("ns", "c", "3").ok());
+  for (int round = 0; round < 3; ++round) {
+    Result<KvsValues> got = kvs->MultiGet("ns", {"a", "b", "c"});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, (KvsValues{std::string("1"), std::nullopt, std::string("3")}));
+  }
+  EXPECT_EQ(root_->refused(), 1);
+}
+
+// Malformed batched reads get an error reply; the link keeps working.
+TEST_F(EmbeddedKvsTest, MalformedMultiGetGetsAnErrorReply) {
+  StartRoot();
+  std::unique_ptr<Channel> ch = RawLink();
+  ASSERT_NE(ch, nullptr);
+  Encoder too_many;
+  too_many.Str("ns").U32(kMaxMultiGetKeys + 1);
+  for (const std::string& payload : {std::string("\x01"), too_many.data()}) {
+    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsMultiGet), payload,
+                              Deadline::AfterMs(2000))
+                    .ok());
+    uint16_t type = 0;
+    std::string reply;
+    ASSERT_TRUE(ch->RecvFrame(&type, &reply, Deadline::AfterMs(2000)).ok());
+    Status st;
+    std::string body;
+    ASSERT_TRUE(DecodeReply(reply, &st, &body));
+    EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK);
+  }
+  KvsMultiGetRequest req;
+  req.ns = "ns";
+  req.keys = {"x"};
+  Encoder good;
+  req.EncodeTo(good);
+  ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsMultiGet), good.data(),
+                            Deadline::AfterMs(2000))
+                  .ok());
+  uint16_t type = 0;
+  std::string reply;
+  ASSERT_TRUE(ch->RecvFrame(&type, &reply, Deadline::AfterMs(2000)).ok());
+  Status st;
+  std::string body;
+  ASSERT_TRUE(DecodeReply(reply, &st, &body));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
 
 TEST_F(EmbeddedKvsTest, WrongSecretIsRefused) {
   StartRoot();

@@ -3,7 +3,8 @@
 // files in one request, a file too large to travel inline still arrives by
 // its own fetch, and a file changed on the owner since its publication is
 // refused (DYAD_RC_STALE) without failing the rest of its batch; a batch
-// consume fetches an owner's small files in one request too.
+// consume reads its records in one store request and fetches an owner's
+// small files in one request too.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -140,6 +141,7 @@ TEST_F(FetchBatchTest, ABatchConsumeFetchesAnOwnersSmallFilesInOneRequest) {
   batch.items.push_back(item("d/large", 0));
   batch.items.push_back(item("d/f3", 0));  // named twice
   batch.items.push_back(item("d/never", 200));
+  const uint64_t kvs_requests = OwnerCounter("requests.kvs");  // a hosts the store
   ConsumeBatchReply reply = consume(batch);
   ASSERT_EQ(reply.results.size(), batch.items.size());
   for (size_t i = 0; i + 1 < reply.results.size(); ++i)
@@ -152,6 +154,10 @@ TEST_F(FetchBatchTest, ABatchConsumeFetchesAnOwnersSmallFilesInOneRequest) {
   EXPECT_EQ(OwnerCounter("requests.fetch_batch"), 1u);
   EXPECT_EQ(pair_.a->stats().Get(ServiceStats::kReqFetch), 1u);  // the large file
   EXPECT_EQ(pair_.b->stats().Get(ServiceStats::kTransfersIn), kFiles + 1u);
+  // The records came in one batched store read, not one read per file (the
+  // few other store requests: d/never's wait, b's background traffic).
+  EXPECT_EQ(OwnerCounter("requests.kvs.multi_get"), 1u);
+  EXPECT_LT(OwnerCounter("requests.kvs") - kvs_requests, kFiles / 2u);
 
   // Again, with one file republished: only that one moves.
   ASSERT_TRUE(pair_.Publish("d/f5", "new bytes").ok());

@@ -193,7 +193,10 @@ bool EmbeddedKvs::SleepUnlessCancelled(int64_t ms, const Deadline& deadline,
 // --- requests ----------------------------------------------------------------
 
 Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body) {
-  const std::string request = EncodeRequest(req);
+  return CallEncoded(type, EncodeRequest(req), body);
+}
+
+Status EmbeddedKvs::CallEncoded(MsgType type, const std::string& request, std::string* body) {
   const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
   // Built only for an error: this path runs for every store operation.
   auto context = [&] {

@@ -56,6 +56,8 @@ class EmbeddedKvs final : public Kvs {
   static constexpr int64_t kBackoffMaxMs = 2000;
   // Largest ns, key or value the root accepts (its request decoder's bound).
   static constexpr size_t kMaxFieldBytes = 1u << 20;
+  // How long a root that refused kKvsMultiGet is read key by key.
+  static constexpr int64_t kMultiGetRetryMs = 60000;
 
   // `address` is "HOST:PORT". Does not connect: the first call does.
   static Result<std::unique_ptr<EmbeddedKvs>> Open(const std::string& address,
@@ -68,6 +70,11 @@ class EmbeddedKvs final : public Kvs {
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
+  // One kKvsMultiGet per up to kMaxMultiGetKeys keys (or per frame of
+  // values). A root from before kKvsMultiGet refuses it: then one kKvsGet
+  // per key, and the root is asked again kMultiGetRetryMs later (it may
+  // have been upgraded meanwhile). embedded_multi_get.cc.
+  Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override;
   Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                            const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;
@@ -102,6 +109,14 @@ class EmbeddedKvs final : public Kvs {
 
   // One non-wait request with the retry policy; `body` gets the reply body.
   Status Call(MsgType type, const KvsRequest& req, std::string* body);
+  Status CallEncoded(MsgType type, const std::string& request, std::string* body);
+  // One kKvsMultiGet for keys [next, ...) of `keys` (as many as one request
+  // carries); appends the values answered to `out`.
+  Status MultiGetStep(const std::string& ns, const std::vector<std::string>& keys, size_t next,
+                      KvsValues* out);
+  // Whether the root is taken to lack kKvsMultiGet now (it refused one in
+  // the last kMultiGetRetryMs).
+  bool MultiGetRefused() const;
   // One server-side wait of at most `slice_ms` on `ch`, polling `cancel`
   // while the reply is pending. Sets `*cancelled` (and breaks `ch`) when
   // the caller cancelled.
@@ -144,6 +159,8 @@ class EmbeddedKvs final : public Kvs {
 
   std::atomic<bool> outage_{false};  // an outage was logged and not yet recovered
   std::atomic<bool> stopping_{false};
+  // Steady-clock ms when the root last refused kKvsMultiGet (0: never).
+  std::atomic<int64_t> multi_get_refused_ms_{0};
 
   WatchList watchers_;
   std::mutex feed_mu_;

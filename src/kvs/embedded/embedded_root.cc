@@ -88,7 +88,7 @@ void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, Request
 EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     : store_(std::make_shared<MemoryKvs>()), server_(std::make_shared<EmbeddedKvsServer>(store_)) {
   for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
-                       MsgType::kKvsList, MsgType::kKvsWatch}) {
+                       MsgType::kKvsList, MsgType::kKvsWatch, MsgType::kKvsMultiGet}) {
     // The handler keeps the server alive as long as the service routes to it.
     RequestHandler handler = [server = server_, type](RequestContext& ctx,
                                                       const std::string& payload) {
@@ -102,8 +102,12 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     // Put, get, remove and list only touch the store's memory: the service's
     // event loop runs them itself. Waits and watch polls wait, so they park
     // (a worker only starts them).
+    // Batched reads have a counter of their own: `dyad status` then tells
+    // how many reads were batched.
     if (type == MsgType::kKvsWait || type == MsgType::kKvsWatch) {
       router.Route(Link::kPeer, type, "requests.kvs", std::move(handler));
+    } else if (type == MsgType::kKvsMultiGet) {
+      router.RouteInline(Link::kPeer, type, "requests.kvs.multi_get", std::move(handler));
     } else {
       router.RouteInline(Link::kPeer, type, "requests.kvs", std::move(handler));
     }

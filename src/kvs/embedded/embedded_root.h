@@ -32,6 +32,9 @@ class EmbeddedRoot final : public Kvs {
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override {
     return store_->Get(ns, key);
   }
+  Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override {
+    return store_->MultiGet(ns, keys);
+  }
   Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                            const CancelFn& cancel = nullptr) override {
     return store_->Wait(ns, key, deadline, cancel);

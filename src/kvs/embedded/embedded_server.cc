@@ -28,6 +28,7 @@ bool EmbeddedKvsServer::Handles(uint16_t type) {
     case MsgType::kKvsRemove:
     case MsgType::kKvsList:
     case MsgType::kKvsWatch:
+    case MsgType::kKvsMultiGet:
       return true;
     default:
       return false;
@@ -41,6 +42,7 @@ Status EmbeddedKvsServer::Execute(uint16_t type, const std::string& payload, con
                                       std::to_string(type) + ") is not a metadata store request");
   }
   if (static_cast<MsgType>(type) == MsgType::kKvsWatch) return ExecuteWatch(payload, cancel, body);
+  if (static_cast<MsgType>(type) == MsgType::kKvsMultiGet) return ExecuteMultiGet(payload, body);
   KvsRequest req;
   Decoder d(payload);
   if (!req.DecodeFrom(d) || !d.done()) {
@@ -113,6 +115,31 @@ Status EmbeddedKvsServer::ExecuteWatch(const std::string& payload, const CancelF
   Encoder e;
   r->EncodeTo(e);
   *body = e.Take();
+  return Status::OK();
+}
+
+Status EmbeddedKvsServer::ExecuteMultiGet(const std::string& payload, std::string* body) {
+  KvsMultiGetRequest req;
+  Decoder d(payload);
+  if (!req.DecodeFrom(d) || !d.done() || req.keys.empty()) {
+    DYAD_LOG_WARN("embedded store: malformed kvs.multi_get request (%zu bytes)", payload.size());
+    return Status(DYAD_RC_BADUNPACK, "malformed kvs.multi_get request");
+  }
+  Result<KvsValues> r = store_->MultiGet(req.ns, req.keys);
+  if (!r.ok()) return r.status();
+  // As many values as fit in one frame, at least one (a single value too
+  // large for a frame fails in SendResult as a Get of it would).
+  Encoder values;
+  uint32_t answered = 0;
+  for (const std::optional<std::string>& v : *r) {
+    const size_t size = 1 + 4 + (v ? v->size() : 0);
+    if (answered > 0 && values.data().size() + size + kReplyHeadroom > kMaxFramePayload) break;
+    values.Bool(v.has_value()).Str(v ? *v : std::string());
+    ++answered;
+  }
+  Encoder e;
+  e.U32(answered);
+  *body = e.Take() + values.Take();
   return Status::OK();
 }
 

@@ -1,7 +1,7 @@
 // embedded_server.h: the root side of the "embedded" metadata store.
 //
 // The root dyad-service hosts the cluster's store in a MemoryKvs and serves
-// the kKvsPut/Get/Wait/Remove/List requests other services send over their
+// the kKvsPut/Get/MultiGet/Wait/Remove/List requests other services send over their
 // authenticated TCP links (proto/protocol.h). The service owns the sockets
 // and the per-connection threads; for each frame whose type Handles()
 // accepts it calls Handle(), which performs the request and sends exactly
@@ -67,6 +67,7 @@ class EmbeddedKvsServer {
   // Runs the request; on success fills `body` with the encoded reply fields.
   Status Execute(uint16_t type, const std::string& payload, const CancelFn& cancel,
                  std::string* body);
+  Status ExecuteMultiGet(const std::string& payload, std::string* body);
   Status ExecuteWatch(const std::string& payload, const CancelFn& cancel, std::string* body);
 
   const std::shared_ptr<MemoryKvs> store_;

@@ -150,6 +150,17 @@ Result<std::optional<std::string>> MemoryKvs::Get(const std::string& ns, const s
   return std::optional<std::string>(*v);
 }
 
+Result<KvsValues> MemoryKvs::MultiGet(const std::string& ns, const std::vector<std::string>& keys) {
+  KvsValues out;
+  out.reserve(keys.size());
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const std::string& key : keys) {
+    const std::string* v = FindLocked(ns, key);
+    out.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(*v));
+  }
+  return out;
+}
+
 Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& key,
                                     Deadline deadline, const CancelFn& cancel) {
   const int64_t budget_ms = deadline.RemainingMs();

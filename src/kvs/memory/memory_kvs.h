@@ -51,6 +51,8 @@ class MemoryKvs final : public Kvs {
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
+  // Under one hold of the lock: a snapshot of those keys.
+  Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override;
   Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                            const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;

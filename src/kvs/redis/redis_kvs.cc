@@ -224,14 +224,31 @@ Result<std::vector<std::string>> RedisKvs::ScanKeys(const std::string& pattern,
   return std::vector<std::string>(keys.begin(), keys.end());
 }
 
+Result<KvsValues> RedisKvs::MultiGet(const std::string& ns, const std::vector<std::string>& keys) {
+  std::vector<std::string> rkeys;
+  rkeys.reserve(keys.size());
+  for (const std::string& key : keys) rkeys.push_back(RedisKey(ns, key));
+  return GetMany(rkeys);
+}
+
 Status RedisKvs::FetchValues(const std::vector<std::string>& keys, size_t base_len,
                              std::vector<KvsEntry>* out) {
-  if (config_.mode == RedisMode::kCluster) return FetchValuesCluster(keys, base_len, out);
-  for (size_t start = 0; start < keys.size(); start += kMgetBatch) {
-    const size_t end = std::min(keys.size(), start + kMgetBatch);
+  Result<KvsValues> values = GetMany(keys);
+  if (!values.ok()) return values.status();
+  for (size_t i = 0; i < keys.size(); ++i)  // a key removed since the SCAN is left out
+    if ((*values)[i]) out->emplace_back(keys[i].substr(base_len), std::move(*(*values)[i]));
+  return Status::OK();
+}
+
+Result<KvsValues> RedisKvs::GetMany(const std::vector<std::string>& rkeys) {
+  if (config_.mode == RedisMode::kCluster) return GetManyCluster(rkeys);
+  KvsValues values;
+  values.reserve(rkeys.size());
+  for (size_t start = 0; start < rkeys.size(); start += kMgetBatch) {
+    const size_t end = std::min(rkeys.size(), start + kMgetBatch);
     RedisArgv argv{"MGET"};
-    argv.insert(argv.end(), keys.begin() + static_cast<long>(start),
-                keys.begin() + static_cast<long>(end));
+    argv.insert(argv.end(), rkeys.begin() + static_cast<long>(start),
+                rkeys.begin() + static_cast<long>(end));
     std::vector<RedisReply> replies;
     DYAD_RETURN_IF_ERROR(exec_.Run(-1, {argv}, &replies));
     const redisReply* r = replies[0].get();
@@ -240,42 +257,42 @@ Status RedisKvs::FetchValues(const std::vector<std::string>& keys, size_t base_l
     }
     for (size_t i = 0; i < r->elements; ++i) {
       const redisReply* v = r->element[i];
-      if (v->type != REDIS_REPLY_STRING) continue;  // removed since the SCAN
-      out->emplace_back(keys[start + i].substr(base_len), std::string(v->str, v->len));
+      values.push_back(v->type == REDIS_REPLY_STRING
+                           ? std::optional<std::string>(std::string(v->str, v->len))
+                           : std::nullopt);
     }
   }
-  return Status::OK();
+  return values;
 }
 
-Status RedisKvs::FetchValuesCluster(const std::vector<std::string>& keys, size_t base_len,
-                                    std::vector<KvsEntry>* out) {
-  // GETs pipelined per owner; a key that moved since (MOVED, ASK) is read
-  // alone, following the redirection.
+Result<KvsValues> RedisKvs::GetManyCluster(const std::vector<std::string>& rkeys) {
+  // MGET needs all its keys in one slot, and file keys spread over all
+  // slots; so GETs pipelined per master (one round trip each) instead. A
+  // key that moved since (MOVED, ASK) is read alone, following the
+  // redirection.
   std::map<RedisAddress, std::vector<size_t>> by_node;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    Result<RedisAddress> node = topology_.NodeFor(RedisKeySlot(keys[i]));
+  for (size_t i = 0; i < rkeys.size(); ++i) {
+    Result<RedisAddress> node = topology_.NodeFor(RedisKeySlot(rkeys[i]));
     if (!node.ok()) return node.status();
     by_node[*node].push_back(i);
   }
-  std::vector<std::optional<std::string>> values(keys.size());
+  KvsValues values(rkeys.size());
   for (const auto& [node, items] : by_node) {
     for (size_t start = 0; start < items.size(); start += kMgetBatch) {
       const size_t end = std::min(items.size(), start + kMgetBatch);
       std::vector<RedisArgv> gets;
-      for (size_t k = start; k < end; ++k) gets.push_back({"GET", keys[items[k]]});
+      for (size_t k = start; k < end; ++k) gets.push_back({"GET", rkeys[items[k]]});
       std::vector<RedisReply> replies;
       DYAD_RETURN_IF_ERROR(exec_.RunOn(node, gets, &replies));
       for (size_t k = start; k < end; ++k) {
         Result<std::optional<std::string>> v = ValueOf(replies[k - start].get(), "GET");
-        if (!v.ok()) v = GetRaw(keys[items[k]]);
+        if (!v.ok()) v = GetRaw(rkeys[items[k]]);
         if (!v.ok()) return v.status();
         values[items[k]] = std::move(*v);
       }
     }
   }
-  for (size_t i = 0; i < keys.size(); ++i)
-    if (values[i]) out->emplace_back(keys[i].substr(base_len), std::move(*values[i]));
-  return Status::OK();
+  return values;
 }
 
 Result<std::vector<KvsEntry>> RedisKvs::List(const std::string& ns, const std::string& prefix,

@@ -23,7 +23,8 @@
 // migrated) also publishes on the slot's old owner, where subscribers stay
 // until the migration ends.
 //
-// Get, Remove: one command on the key's node. List: SCAN with a literal
+// Get, Remove: one command on the key's node. MultiGet: MGET per 256 keys
+// on one server; in a cluster GETs pipelined per master. List: SCAN with a literal
 // MATCH pattern on every master (a cluster has no cross-node index; List
 // serves `dyad list` and tools, never the publish/consume path), then the
 // values (MGET on one node, pipelined GETs per cluster node), sorted.
@@ -59,7 +60,8 @@ namespace dyad {
 class RedisKvs final : public Kvs {
  public:
   static constexpr int64_t kCancelPollMs = 250;
-  // Keys asked for per SCAN step, and values per MGET, in List.
+  // Keys asked for per SCAN step in List, and values per MGET or pipeline
+  // (List, MultiGet).
   static constexpr int kScanCount = 1000;
   static constexpr size_t kMgetBatch = 256;
 
@@ -75,6 +77,9 @@ class RedisKvs final : public Kvs {
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
+  // MGET on one server or sentinel's primary; in a cluster, GETs pipelined
+  // per master.
+  Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override;
   Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                            const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;
@@ -112,8 +117,9 @@ class RedisKvs final : public Kvs {
                                             const std::string& prefix);
   Status FetchValues(const std::vector<std::string>& keys, size_t base_len,
                      std::vector<KvsEntry>* out);
-  Status FetchValuesCluster(const std::vector<std::string>& keys, size_t base_len,
-                            std::vector<KvsEntry>* out);
+  // The values of Redis keys `rkeys`, in order.
+  Result<KvsValues> GetMany(const std::vector<std::string>& rkeys);
+  Result<KvsValues> GetManyCluster(const std::vector<std::string>& rkeys);
 
   const RedisConfig config_;
   RedisTopology topology_;
