@@ -32,13 +32,14 @@ Look-ahead: ``DyadDataset(..., lookahead=K)`` and a DataLoader built with
 ``sampler=ds.lookahead_sampler(base_sampler)`` fetch the next K samples of
 the sampler's order (those published by another node and not yet here) in
 batch consumes while the current batch trains, so workers find them
-already local. K defaults to $DYAD_LOOKAHEAD, else 0 (off).
+already local. K defaults to $DYAD_LOOKAHEAD, else 0 (off); the batches
+in flight at once, to $DYAD_LOOKAHEAD_BATCHES, else 2.
 """
 
-import threading
-
+import collections
 import os
 import tempfile
+import threading
 
 from . import _pydyad
 from .context import default_dyad
@@ -77,10 +78,14 @@ class DyadDataset(_Base):
         of "local", "dyad", "pfs", for statistics.
       lookahead: samples to fetch ahead of the sampler's position (see
         :meth:`lookahead_sampler`; default $DYAD_LOOKAHEAD, else 0).
+      lookahead_batches: batch consumes of the look-ahead in flight at once,
+        each of up to min(ceil(lookahead / lookahead_batches), 64) samples
+        (default $DYAD_LOOKAHEAD_BATCHES, else 2).
     """
 
     def __init__(self, files, pfs_dir, prod_dir=None, cons_dir=None, reader=None,
-                 transform=None, dyad_ctx=None, return_source=False, lookahead=None):
+                 transform=None, dyad_ctx=None, return_source=False, lookahead=None,
+                 lookahead_batches=None):
         self.files = [os.fspath(f) for f in files]
         for f in self.files:
             if os.path.isabs(f) or ".." in f.split(os.sep):
@@ -100,6 +105,11 @@ class DyadDataset(_Base):
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, not {lookahead}")
         self.lookahead = lookahead
+        if lookahead_batches is None:
+            lookahead_batches = int(os.environ.get("DYAD_LOOKAHEAD_BATCHES", "2") or 2)
+        if lookahead_batches < 1:
+            raise ValueError(f"lookahead_batches must be >= 1, not {lookahead_batches}")
+        self.lookahead_batches = lookahead_batches
 
     def __len__(self):
         return len(self.files)
@@ -179,13 +189,22 @@ class DyadDataset(_Base):
     def lookahead_sampler(self, base):
         """Wrap the sampler ``base`` (e.g. ``RandomSampler(ds)``) so that the
         next :attr:`lookahead` samples of its order are fetched ahead."""
-        return LookaheadSampler(self, base, self.lookahead)
+        return LookaheadSampler(self, base, self.lookahead, self.lookahead_batches)
 
     def fetch_ahead(self, indices):
         """Bring samples ``indices`` to this node in one batch consume when
         they are published elsewhere and not local yet; samples nobody
         published are left to :meth:`locate` (the PFS path). Returns how
         many were consumed."""
+        pending = self.fetch_ahead_start(indices)
+        if pending is None:
+            return 0
+        return sum(1 for rc in pending.wait(raise_errors=False) if rc == 0)
+
+    def fetch_ahead_start(self, indices):
+        """:meth:`fetch_ahead` in the background: returns the running
+        :class:`pydyad.AsyncConsume` (``wait()`` for it), or None when every
+        sample is already local."""
         names = []
         for i in indices:
             rel = self.files[i]
@@ -195,24 +214,25 @@ class DyadDataset(_Base):
             if not os.path.isfile(cons):
                 names.append(cons)
         if not names:
-            return 0
-        rcs = self._dyad().consume_batch(names, timeout=0, raise_errors=False)
-        return sum(1 for rc in rcs if rc == 0)
+            return None
+        return self._dyad().consume_start(names, timeout=0)
 
 
 class LookaheadSampler:
     """A sampler yielding ``base``'s order while a background thread keeps
-    the next ``k`` samples fetched (DyadDataset.fetch_ahead), in chunks.
+    the next ``k`` samples fetched (DyadDataset.fetch_ahead_start), in up to
+    ``batches`` batch consumes in flight at once.
 
     The thread runs in the process iterating the sampler (the DataLoader's
     main process); the copies it places are complete files in the consumer
     directory, which the workers then read locally.
     """
 
-    def __init__(self, dataset, base, k):
+    def __init__(self, dataset, base, k, batches=2):
         self.dataset = dataset
         self.base = base
         self.k = k
+        self.batches = max(1, batches)
 
     def __len__(self):
         return len(self.base)
@@ -222,33 +242,101 @@ class LookaheadSampler:
         if self.k <= 0:
             yield from order
             return
-        state = {"pos": 0, "stop": False}
-        cv = threading.Condition()
-        chunk = max(1, min(self.k // 2, 64))
-
-        def ahead():
-            start = 0
-            while start < len(order):
-                with cv:
-                    cv.wait_for(lambda: state["stop"] or start < state["pos"] + self.k)
-                    if state["stop"]:
-                        return
-                try:
-                    self.dataset.fetch_ahead(order[start:start + chunk])
-                except Exception:  # look-ahead only speeds reads up; locate() still works
-                    pass
-                start += chunk
-
-        t = threading.Thread(target=ahead, name="pydyad-lookahead", daemon=True)
-        t.start()
+        ahead = _Ahead(self.dataset, order, self.k, self.batches)
+        finished = False
         try:
             for n, index in enumerate(order):
-                with cv:
-                    state["pos"] = n
-                    cv.notify()
+                ahead.reached(n)
                 yield index
+            finished = True
         finally:
-            with cv:
-                state["stop"] = True
-                cv.notify()
-            t.join()
+            # A DataLoader takes its last indices well before its workers
+            # read those samples: at the end of the order the look-ahead
+            # still fetches the rest, on its own. Left early (break, an
+            # error), it stops and waits for its batches in flight.
+            if finished:
+                ahead.drain()
+            else:
+                ahead.close()
+
+
+class _Ahead:
+    """The look-ahead of one pass over a sampler's ``order``: a thread that
+    keeps up to ``batches`` batch consumes of ``chunk`` samples in flight,
+    none starting more than ``k`` samples past the sampler's position.
+
+    With one batch at a time, workers that read local samples quickly
+    overtook the look-ahead while it waited for its batch; a second batch
+    in flight hides one batch's round trip behind the other's transfers.
+    """
+
+    def __init__(self, dataset, order, k, batches):
+        self._dataset = dataset
+        self._order = order
+        self._k = k
+        self._batches = batches
+        self._chunk = max(1, min(-(-k // batches), 64))
+        self._pos = 0
+        self._stop = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="pydyad-lookahead", daemon=True)
+        self._thread.start()
+
+    def reached(self, n):
+        with self._cv:
+            self._pos = n
+            self._cv.notify()
+
+    def drain(self):
+        """Lets the thread fetch the rest of the order; it ends by itself
+        once its last batch is done."""
+        with self._cv:
+            self._pos = len(self._order)
+            self._cv.notify()
+
+    def close(self):
+        """Stops starting batches and joins the thread, which first waits
+        for the batches still in flight (bounded: they take only samples
+        already published)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join()
+
+    def _may_start(self, start):
+        return start < len(self._order) and start < self._pos + self._k
+
+    def _run(self):
+        in_flight = collections.deque()
+        start = 0
+        try:
+            while start < len(self._order) or in_flight:
+                with self._cv:
+                    if not in_flight:
+                        self._cv.wait_for(lambda: self._stop or self._may_start(start))
+                    if self._stop:
+                        return
+                    go = len(in_flight) < self._batches and self._may_start(start)
+                if go:
+                    pending = self._start(self._order[start:start + self._chunk])
+                    if pending is not None:
+                        in_flight.append(pending)
+                    start += self._chunk
+                else:
+                    self._finish(in_flight.popleft())
+        finally:
+            while in_flight:
+                self._finish(in_flight.popleft())
+
+    def _start(self, indices):
+        try:
+            return self._dataset.fetch_ahead_start(indices)
+        except Exception:  # look-ahead only speeds reads up; locate() still works
+            return None
+
+    @staticmethod
+    def _finish(pending):
+        try:
+            pending.wait(raise_errors=False)
+        except Exception:
+            pass

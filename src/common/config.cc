@@ -69,6 +69,10 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_LOOKAHEAD", ConfigKind::kUint, "0", "client",
        "pydyad.data.DyadDataset: samples of the sampler's order fetched ahead while the current "
        "batch trains (its lookahead argument overrides it; 0 = off)."},
+      {"DYAD_LOOKAHEAD_BATCHES", ConfigKind::kUint, "2", "client",
+       "pydyad.data.DyadDataset: the look-ahead's batch consumes in flight at once, each of up "
+       "to min(ceil(DYAD_LOOKAHEAD / this), 64) samples (its lookahead_batches argument "
+       "overrides it; at least 1)."},
       {"DYAD_PREFETCH_CONCURRENCY", ConfigKind::kUint, "8", "service",
        "Most prefetch fetches a service runs at once (explicit consumes never wait for them); "
        "a fetch is one file, or a batch of up to 64 files of at most 256 KiB from one owner."},
