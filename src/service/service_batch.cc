@@ -42,7 +42,9 @@ size_t LocateParallelism() {
 struct BatchRecords {
   std::vector<std::optional<std::string>> value;  // the published record read
   std::vector<bool> absent;                       // read, and not published
-  size_t unread = 0;  // items whose read failed: ConsumeRecord reads each
+  // Items ConsumeRecord may still read the store for: those whose batched
+  // read failed, and cached records it confirms when the copy is current.
+  size_t own_reads = 0;
 };
 
 // One MultiGet per namespace for the items whose record is neither carried
@@ -57,7 +59,11 @@ BatchRecords ReadBatchRecords(Kvs& kvs, const MetadataCache& cache,
   std::map<std::string, std::vector<size_t>> by_ns;
   for (size_t i = 0; i < items.size(); ++i) {
     const ConsumeRequest& item = items[i];
-    if (item.have_record || item.ns == kMembersNamespace || cache.Get(item.ns, item.key)) continue;
+    if (item.have_record || item.ns == kMembersNamespace) continue;
+    if (cache.Get(item.ns, item.key)) {
+      ++out.own_reads;
+      continue;
+    }
     by_ns[item.ns].push_back(i);
   }
   for (const auto& [ns, idx] : by_ns) {
@@ -68,7 +74,7 @@ BatchRecords ReadBatchRecords(Kvs& kvs, const MetadataCache& cache,
     if (!values.ok()) {
       DYAD_LOG_DEBUG("batch consume: reading %zu records of namespace '%s' at once failed (%s)",
                      keys.size(), ns.c_str(), values.status().ToString().c_str());
-      out.unread += idx.size();
+      out.own_reads += idx.size();
       continue;
     }
     for (size_t k = 0; k < idx.size(); ++k) {
@@ -130,13 +136,13 @@ void Service::HandleConsumeBatch(RequestContext& ctx, const std::string& payload
     }
   };
   // Every item's record, from the locate cache or the batch's store reads,
-  // without waiting; items whose batched read failed read their own,
-  // several at once, since each read is a round trip.
+  // without waiting; reads still made per item run several at once, since
+  // each is a round trip.
   BatchRecords read = ReadBatchRecords(*kvs_, cache_, items);
   std::vector<std::optional<FileRecord>> records(items.size());
   std::vector<size_t> unpublished;
   std::mutex mu;
-  ForEachParallel(items.size(), read.unread > 0 ? LocateParallelism() : 1, [&](size_t i) {
+  ForEachParallel(items.size(), read.own_reads > 0 ? LocateParallelism() : 1, [&](size_t i) {
     if (items[i].ns == kMembersNamespace)
       return settle(i, Status(DYAD_RC_PERM,
                               "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
