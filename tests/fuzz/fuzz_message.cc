@@ -79,6 +79,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Streamed<StatusReply>(in);
 #elif defined(DYAD_FUZZ_MESSAGE_kvs_request)
   Streamed<KvsRequest>(in);
+#elif defined(DYAD_FUZZ_MESSAGE_kvs_multi_get_request)
+  Streamed<KvsMultiGetRequest>(in);
 #elif defined(DYAD_FUZZ_MESSAGE_fetch_request)
   Streamed<FetchRequest>(in);
 #elif defined(DYAD_FUZZ_MESSAGE_fetch_reply)

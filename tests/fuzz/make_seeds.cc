@@ -126,6 +126,10 @@ void Messages() {
   k.timeout_ms = 2000;
   k.limit = 0;
   Seed("fuzz_msg_kvs_request", "a", Enc(k));
+  KvsMultiGetRequest mg;
+  mg.ns = "dyad";
+  mg.keys = {"263.2ce.2e1.1/data0.txt", "", "k"};
+  Seed("fuzz_msg_kvs_multi_get_request", "a", Enc(mg));
   FetchRequest f;
   f.upath = "dir/data0.txt";
   f.transport = "tcp";
@@ -233,6 +237,13 @@ void KvsServer() {
            KvsOp(MsgType::kKvsList, list) + KvsOp(MsgType::kKvsRemove, get) +
            KvsOp(MsgType::kKvsWait, wait));
   Seed("fuzz_kvs_server", "bad-type", U16(50) + U16(3) + "xyz");
+  KvsMultiGetRequest mg;
+  mg.ns = "ns";
+  mg.keys = {"k", "key", "missing", "key2"};
+  const std::string payload = Enc(mg);
+  Seed("fuzz_kvs_server", "multi-get",
+       KvsOp(MsgType::kKvsPut, put) + U16(static_cast<uint16_t>(MsgType::kKvsMultiGet)) +
+           U16(static_cast<uint16_t>(payload.size())) + payload);
 }
 
 void Text() {
