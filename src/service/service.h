@@ -42,6 +42,8 @@
 namespace dyad {
 
 class Dispatcher;
+class FdWatcher;
+class TraceSpan;
 class FileServer;
 class PeerDirectory;
 class NodeCache;
@@ -143,6 +145,9 @@ class Service {
   void HandleConsume(RequestContext& ctx, const std::string& payload);
   void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
                      const std::optional<std::string>& published = std::nullopt);
+  // FinishConsume's reply (on whichever worker the placement ended).
+  void ReplyConsume(RequestContext& ctx, const ConsumeRequest& req, const Result<ConsumeReply>& r,
+                    TraceSpan& span);
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
@@ -224,6 +229,8 @@ class Service {
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;
   std::unique_ptr<Reactor> reactor_;
+  // Sessions of parked consumes' fetches (fd_watch.h): one thread.
+  std::unique_ptr<FdWatcher> fd_watcher_;
   std::unique_ptr<ThreadedWaits> threaded_waits_;  // stores without Kvs::StartWait
   std::mutex refusal_mu_;
   uint64_t refused_since_log_ = 0;
