@@ -130,8 +130,9 @@ class Service {
   void Serve(RequestContext& ctx, uint16_t type, const std::string& payload);
   void NoteRefusal(const std::string& why);
   // service_parking.cc: when the requested key is not published yet, parks
-  // the request (no thread waits) and runs `then` (with a context that
-  // cannot park) once it is, or at the deadline; true if parked.
+  // the request (no thread waits) and runs `then` once it is, or at the
+  // deadline (on a worker, with a context that may park again: a consume's
+  // fetch); true if parked.
   // Not parked because the key is published: `*published` gets its value.
   bool ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
                           Deadline deadline, std::function<void(RequestContext&)> then,
