@@ -180,7 +180,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default:
       Structured(data + 1, size - 1,
                  mode % 2 == 1 ? LinkProtection::kIntegrity : LinkProtection::kEncrypt,
-                 mode >= 9 ? How::kNow : mode >= 7 ? How::kStreaming : How::kWhole);
+                 mode >= 9   ? How::kNow
+                 : mode >= 7 ? How::kStreaming
+                             : How::kWhole);
   }
   return 0;
 }
