@@ -167,6 +167,30 @@ TEST_F(ParkedFetch, SilentOwnerHoldsNoWorker) {
   EXPECT_EQ(ConsumerFiles(), std::vector<std::string>{"healthy"});
 }
 
+// Consumes of a file another consume is fetching from a silent owner wait
+// for that transfer without a worker too, and share its end.
+TEST_F(ParkedFetch, JoinersOfASilentTransferHoldNoWorker) {
+  Start(LinkProtection::kIntegrity, 3000);
+  StartFake(FakeOwner::Mode::kSilent, LinkProtection::kIntegrity);
+  std::vector<std::future<Result<ConsumeReply>>> waiting;
+  for (int i = 0; i < 3; ++i)
+    waiting.push_back(
+        std::async(std::launch::async, [this] { return ConsumeFromFake("shared", 100); }));
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 3; }, 2500)) << Parks() << " parked";
+  EXPECT_EQ(fake_->fetches.load(), 1);  // one transfer for the three
+  const uint64_t t0 = MonoNs();
+  Result<ConsumeReply> fine = ConsumeHealthy("healthy");
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_LT(MonoNs() - t0, 1500000000u) << "the healthy consume waited for the joiners";
+  for (auto& f : waiting) {
+    Result<ConsumeReply> r = f.get();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << r.status().ToString();
+  }
+  EXPECT_EQ(b_->stats().Get(ServiceStats::kConsumeJoined), 2u);
+  EXPECT_EQ(ConsumerFiles(), std::vector<std::string>{"healthy"});
+}
+
 // A requester that hangs up while its fetch is parked ends the fetch: the
 // owner's session is closed, the temporary removed, nothing stays parked.
 TEST_F(ParkedFetch, HangupWhileParkedEndsTheFetch) {
@@ -218,6 +242,10 @@ TEST_P(TrickledFetch, ArrivesIntactWithoutHoldingWorkers) {
     slow.push_back(std::async(std::launch::async, [this, i, &content] {
       return ConsumeFromFake("slow" + std::to_string(i), content.size());
     }));
+  // A second consume of slow0: joins its transfer (or, should it come
+  // late, finds the copy in place).
+  auto again = std::async(std::launch::async,
+                          [this, &content] { return ConsumeFromFake("slow0", content.size()); });
   for (int i = 0; i < 3; ++i) {
     Result<ConsumeReply> r = slow[i].get();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -225,6 +253,10 @@ TEST_P(TrickledFetch, ArrivesIntactWithoutHoldingWorkers) {
     EXPECT_EQ(r->bytes, content.size());
     EXPECT_TRUE(ReadAll(cons_ + "/slow" + std::to_string(i)) == content) << "file " << i;
   }
+  Result<ConsumeReply> second = again.get();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(second->joined || second->local);
+  EXPECT_EQ(fake_->fetches.load(), 3);
   EXPECT_EQ(fake_->max_active.load(), 3) << "a fetch waited for a worker another one held";
   EXPECT_GE(Parks(), 3u);
 }
