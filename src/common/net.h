@@ -228,6 +228,10 @@ class Channel {
   Result<size_t> CheckHeader(const char hdr[12]) const;
 
  private:
+  // Receive buffers start at most this large and then double as bytes
+  // come: memory follows what the peer sent, not what its header announced.
+  static constexpr size_t kRecvGrowStep = 64u << 10;
+
   Status WaitFor(short events, Deadline deadline);
   // Receives up to `len` bytes without waiting (unread bytes first); 0 when
   // the socket holds none now, DYAD_RC_CONNLOST when the peer closed.
