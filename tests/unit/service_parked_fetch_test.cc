@@ -246,16 +246,18 @@ TEST_P(TrickledFetch, ArrivesIntactWithoutHoldingWorkers) {
   // late, finds the copy in place).
   auto again = std::async(std::launch::async,
                           [this, &content] { return ConsumeFromFake("slow0", content.size()); });
-  for (int i = 0; i < 3; ++i) {
-    Result<ConsumeReply> r = slow[i].get();
+  // Of the two consumes of slow0, whichever came first transferred it.
+  int transferred_slow0 = 0;
+  for (int i = 0; i < 4; ++i) {
+    Result<ConsumeReply> r = i < 3 ? slow[i].get() : again.get();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_TRUE(r->transferred);
-    EXPECT_EQ(r->bytes, content.size());
-    EXPECT_TRUE(ReadAll(cons_ + "/slow" + std::to_string(i)) == content) << "file " << i;
+    if (i == 1 || i == 2) EXPECT_TRUE(r->transferred) << "file " << i;
+    if (i == 0 || i == 3) transferred_slow0 += r->transferred ? 1 : 0;
+    if (r->transferred) EXPECT_EQ(r->bytes, content.size());
+    const std::string name = "slow" + std::to_string(i % 3);
+    EXPECT_TRUE(ReadAll(cons_ + "/" + name) == content) << name;
   }
-  Result<ConsumeReply> second = again.get();
-  ASSERT_TRUE(second.ok()) << second.status().ToString();
-  EXPECT_TRUE(second->joined || second->local);
+  EXPECT_EQ(transferred_slow0, 1);
   EXPECT_EQ(fake_->fetches.load(), 3);
   EXPECT_EQ(fake_->max_active.load(), 3) << "a fetch waited for a worker another one held";
   EXPECT_GE(Parks(), 3u);
