@@ -562,16 +562,20 @@ int Drive(const Args& a) {
                 emu::HumanBytes(svc_b.hwm_kib * 1024).c_str(),
                 emu::HumanBytes(consumer_hwm * 1024).c_str(), emu::Median(cpu_per_gib));
     if (counters.ok()) {
-      std::printf("node B service: transfers.in %llu, bytes.in %s\n",
+      // How often the consume's worker gave up waiting on the owner (a
+      // wait of 100 ms in all per stint; docs/service.md).
+      std::printf("node B service: transfers.in %llu, bytes.in %s, consume.parked_for_owner %llu\n",
                   static_cast<unsigned long long>(counters->counters["transfers.in"]),
-                  emu::HumanBytes(counters->counters["bytes.in"]).c_str());
+                  emu::HumanBytes(counters->counters["bytes.in"]).c_str(),
+                  static_cast<unsigned long long>(counters->counters["consume.parked_for_owner"]));
       std::printf("node B transport: %s%s%s\n", transport.c_str(), details.empty() ? "" : ": ",
                   details.c_str());
     }
     if (owner.ok())
-      std::printf("node A service: bytes.out %s, bytes.out.direct %s\n",
+      std::printf("node A service: bytes.out %s, bytes.out.direct %s, fetch.parked_for_room %llu\n",
                   emu::HumanBytes(owner->counters["bytes.out"]).c_str(),
-                  emu::HumanBytes(owner->counters["bytes.out.direct"]).c_str());
+                  emu::HumanBytes(owner->counters["bytes.out.direct"]).c_str(),
+                  static_cast<unsigned long long>(owner->counters["fetch.parked_for_room"]));
     else
       std::printf("node A service: status unavailable (%s)\n", owner.status().ToString().c_str());
   }

@@ -121,8 +121,8 @@ std::vector<ConfigEntry> CoreEntries() {
        "its descriptor limit."},
       {"DYAD_WORKERS", ConfigKind::kUint, "8", "service",
        "Threads serving requests, in each of the service's two pools (local clients, other "
-       "services); connections wait in one event loop, and requests waiting for a publication "
-       "hold no thread."},
+       "services); connections wait in one event loop, and requests waiting for a publication, "
+       "or on an owner slow to send a file, hold no thread."},
       {"DYAD_MAX_UNAUTHENTICATED", ConfigKind::kUint, "64", "service",
        "Most peer connections still in their handshake at once (a flood of silent connections "
        "cannot take the service's memory or descriptors)."},

@@ -413,10 +413,6 @@ void EncodeHeader(char hdr[kFrameHeaderSize], uint16_t type, uint32_t len) {
   std::memcpy(hdr + 8, &len, 4);
 }
 
-// Receive buffers start at most this large and then double as bytes come:
-// memory follows what the peer sent, not what its header announced.
-constexpr size_t kRecvGrowStep = 64u << 10;
-
 }  // namespace
 
 Status Channel::SendSealed(const char* hdr, const char* payload, char* out, size_t len,
@@ -553,45 +549,23 @@ Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_l
                                    size_t buf_len,
                                    const std::function<Status(const char*, size_t)>& sink,
                                    Deadline deadline) {
-  char hdr[kFrameHeaderSize];
-  uint16_t rtype = 0;
-  size_t body = 0;
-  DYAD_RETURN_IF_ERROR(RecvHeader(hdr, &rtype, &body, deadline));
-  auto fail = [this](const Status& st) {
-    broken_ = true;
-    return st;
-  };
-  if (rtype != want_type)
-    return fail(Status(DYAD_RC_BADRPC, "expected a frame of type " + std::to_string(want_type) +
-                                           ", got type " + std::to_string(rtype)));
-  if (body > max_len)
-    return fail(Status(DYAD_RC_BADUNPACK, "frame of " + std::to_string(body) +
-                                              " bytes where at most " + std::to_string(max_len) +
-                                              " were expected"));
-  if (recv_cipher_) {
-    Status st = recv_cipher_->OpenBegin(std::string_view(hdr, kFrameHeaderSize));
-    if (!st.ok()) return fail(st);
-  }
-  size_t done = 0;
-  while (done < body) {
-    Result<size_t> n = RecvSome(buf, std::min(buf_len, body - done), deadline);
-    if (!n.ok()) return n.status();
-    if (recv_cipher_) {
-      Status st = recv_cipher_->OpenUpdate(buf, *n);
-      if (!st.ok()) return fail(st);
+  // Right after a send the answer is usually microseconds away (RecvHeader).
+  const bool expecting = expecting_;
+  expecting_ = false;
+  PartialFrame f;
+  for (bool first = true;; first = false) {
+    Result<bool> r = RecvFrameStreamingNow(&f, want_type, len, max_len, buf, buf_len, sink);
+    if (!r.ok()) return r.status();
+    if (*r) return Status::OK();
+    if (first && expecting && SpinFor(POLLIN)) continue;
+    Status st = WaitFor(POLLIN, deadline);
+    if (!st.ok()) {
+      // Waiting for the first byte may time out without harm; a frame
+      // that stopped half-way leaves the stream out of step.
+      if (f.hdr_got > 0) broken_ = true;
+      return st;
     }
-    Status ss = sink(buf, *n);
-    if (!ss.ok()) return fail(ss);
-    done += *n;
   }
-  if (recv_cipher_) {
-    unsigned char tag[kSealTagSize];
-    DYAD_RETURN_IF_ERROR(RecvAll(tag, sizeof tag, deadline));
-    Status st = recv_cipher_->OpenFinish(tag);
-    if (!st.ok()) return fail(st);
-  }
-  *len = body;
-  return Status::OK();
 }
 
 Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,

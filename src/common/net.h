@@ -160,6 +160,30 @@ class Channel {
   Status RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
                             size_t buf_len, const std::function<Status(const char*, size_t)>& sink,
                             Deadline deadline);
+  // A frame received over several calls without blocking (the *Now calls):
+  // how much of its header, payload and tag arrived so far. Reset() before
+  // the next frame.
+  struct PartialFrame {
+    char hdr[kFrameHeaderSize];
+    size_t hdr_got = 0;
+    size_t body = 0;  // payload length (without a sealed record's tag)
+    size_t done = 0;  // payload bytes taken
+    unsigned char tag[kSealTagSize];
+    size_t tag_got = 0;
+    bool begun = false;  // header checked (and the record's check begun)
+    void Reset() { *this = PartialFrame(); }
+  };
+  // As RecvFrameStreaming, but never waits: takes what the socket holds now.
+  // OK(true) once the frame is complete (`*len` set), OK(false) when it needs
+  // more bytes (wait until the socket is readable, then call again with the
+  // same `*f`). Errors as RecvFrameStreaming.
+  Result<bool> RecvFrameStreamingNow(PartialFrame* f, uint16_t want_type, size_t* len,
+                                     size_t max_len, char* buf, size_t buf_len,
+                                     const std::function<Status(const char*, size_t)>& sink);
+  // As RecvFrame, but never waits (see RecvFrameStreamingNow); `payload`
+  // holds the part received so far between calls. OK(true): `*type` and
+  // `*payload` are the frame.
+  Result<bool> RecvFrameNow(PartialFrame* f, uint16_t* type, std::string* payload);
   // Receives one frame. A bad magic/version or a length above frame_limit()
   // gives DYAD_RC_BADUNPACK, a sealed record that fails its check
   // DYAD_RC_AUTH; both mark the channel broken. `payload` is reused: a
@@ -204,7 +228,17 @@ class Channel {
   Result<size_t> CheckHeader(const char hdr[12]) const;
 
  private:
+  // Receive buffers start at most this large and then double as bytes
+  // come: memory follows what the peer sent, not what its header announced.
+  static constexpr size_t kRecvGrowStep = 64u << 10;
+
   Status WaitFor(short events, Deadline deadline);
+  // Receives up to `len` bytes without waiting (unread bytes first); 0 when
+  // the socket holds none now, DYAD_RC_CONNLOST when the peer closed.
+  Result<size_t> RecvNow(void* buf, size_t len);
+  // Takes the header of `f` as far as it arrived, then checks it (once).
+  // OK(false) while it is incomplete.
+  Result<bool> HeaderNow(PartialFrame* f);
   // Reads and checks a frame header; `*len` is the payload length without
   // the tag of a sealed record.
   Status RecvHeader(char hdr[12], uint16_t* type, size_t* len, Deadline deadline);

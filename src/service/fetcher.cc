@@ -1,79 +1,21 @@
 #include "service/fetcher.h"
 
+#include "service/fetch_op.h"
+
 #include "common/time.h"
 #include "common/trace.h"
 
 namespace dyad {
 
 Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out) {
-  out->retryable = false;
-  TraceSpan span("fetch", "service");
-  span.Arg("path", rec.upath).Arg("owner", rec.owner_rank).Arg("transport", transport.name());
-  const std::string what = "fetch '" + rec.upath + "' from rank " + std::to_string(rec.owner_rank);
-  const Deadline setup = Deadline::AfterMs(rpc_timeout_ms_);
-  Result<std::unique_ptr<Channel>> session = peers_->Acquire(rec.owner_rank, setup);
-  if (!session.ok()) {
-    const bool stale = session.status().code() == DYAD_RC_STALE;
-    out->retryable = stale;
-    return Status(stale ? DYAD_RC_BADFETCH : session.status().code(),
-                  what + ": " + session.status().message());
-  }
-  Channel& ch = **session;
+  FetchOp op(peers_, rpc_timeout_ms_, transfers_, rec, &transport, sink_fd);
+  RunBlocking(op);
+  *out = op.outcome();
+  return op.status();
+}
 
-  Result<std::string> args = transport.PrepareRequest();
-  if (!args.ok()) return args.status();
-  FetchRequest req;
-  req.upath = rec.upath;
-  req.transport = transport.name();
-  req.transport_args = *args;
-  req.expect_version = rec.version;
-  Encoder e;
-  req.EncodeTo(e);
-  std::string body;
-  Status st = CallRpc(ch, MsgType::kFetch, e.data(), &body, setup);
-  if (!st.ok()) {
-    // A broken session received nothing: it was dead before we used it.
-    if (ch.broken())
-      out->retryable = st.code() == DYAD_RC_CONNLOST;
-    else
-      peers_->Release(rec.owner_rank, std::move(*session));
-    return Status(st.code(), what + ": " + st.message());
-  }
-  FetchReply fr;
-  Decoder d(body);
-  if (!fr.DecodeFrom(d) || !d.done()) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_BADUNPACK, what + ": malformed reply");
-  }
-  TransferStats ts;
-  TransferRegistry::Entry progress;
-  if (transfers_ != nullptr)
-    progress = transfers_->Begin(false, rec.upath, rec.owner_rank, transport.name(), fr.size,
-                                 SinkProgress(sink_fd));
-  st = transport.Pull(ch, fr.size, fr.transport_args, sink_fd, &ts);
-  progress.Reset();
-  span.Arg("bytes", fr.size).Rc(st);
-  if (!st.ok()) {
-    ch.MarkBroken();
-    return Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
-                  what + ": " + st.message());
-  }
-  // The owner's verdict: the file did not change while it was sent.
-  std::string verdict;
-  st = ReceiveReply(ch, &verdict, Deadline::AfterMs(rpc_timeout_ms_));
-  if (!st.ok()) {
-    if (st.code() != DYAD_RC_STALE)
-      ch.MarkBroken();
-    else
-      peers_->Release(rec.owner_rank, std::move(*session));
-    return Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
-                  what + ": " + st.message());
-  }
-  peers_->Release(rec.owner_rank, std::move(*session));
-  out->version = fr.version;
-  out->bytes = fr.size;
-  out->mode = fr.mode;
-  return Status::OK();
+std::shared_ptr<FetchOp> Fetcher::NewOp(const FileRecord& rec, Transport& transport, int sink_fd) {
+  return std::make_shared<FetchOp>(peers_, rpc_timeout_ms_, transfers_, rec, &transport, sink_fd);
 }
 
 Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs,

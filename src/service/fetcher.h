@@ -5,13 +5,15 @@
 //
 // Fetch() takes a pooled (or new) authenticated session to the owner,
 // sends the FetchRequest with the transport's arguments, and lets the
-// transport land the bytes in `sink_fd`. It decides nothing about where
+// transport land the bytes in `sink_fd` (fetch_op.h: the same conversation
+// as a FetchOp, which a request can park on). It decides nothing about where
 // the file goes or whether it is needed (that is Placement's job): it moves
 // bytes and reports what happened. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "proto/protocol.h"
@@ -20,6 +22,8 @@
 #include "transport/transport.h"
 
 namespace dyad {
+
+class FetchOp;
 
 struct FetchOutcome {
   uint64_t version = 0;  // the owner's version of what it sent
@@ -36,8 +40,11 @@ class Fetcher {
   Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms, TransferRegistry* transfers = nullptr)
       : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms), transfers_(transfers) {}
 
-  // Fetches `rec` from its owner with `transport` into `sink_fd`.
+  // Fetches `rec` from its owner with `transport` into `sink_fd`, waiting
+  // on this thread (a FetchOp run by RunBlocking).
   Status Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out);
+  // The same fetch as an operation a request can park on (fetch_op.h).
+  std::shared_ptr<FetchOp> NewOp(const FileRecord& rec, Transport& transport, int sink_fd);
 
   // Asks `owner` for every file of `recs` (files of at most `max_inline`
   // bytes) in one request; `on_part(i, status, part)` is called for item i

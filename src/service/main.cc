@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   app.add_option("--workers", opt.workers,
                  "Threads serving requests in each of the two pools, local clients and other "
                  "services (default $DYAD_WORKERS); idle connections and requests waiting for a "
-                 "publication hold none")
+                 "publication or on a slow owner hold none")
       ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
   app.add_option("--ready-file", opt.ready_file,

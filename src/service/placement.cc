@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "common/trace.h"
+#include "service/resumable.h"
 #include "transport/local/local_transport.h"
 
 namespace dyad {
@@ -35,23 +36,31 @@ bool Placement::IsCurrentCopy(const std::string& dest, const FileRecord& rec) co
 
 Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline deadline,
                                       const CancelFn& cancel) {
+  Result<Plan> plan = Prepare(req);
+  if (!plan.ok()) return plan.status();
+  if (plan->route == Route::kInPlace) return InPlace(req.record);
+  return Deduplicated(req, plan->route, plan->transport, deadline, cancel);
+}
+
+Result<Placement::Plan> Placement::Prepare(const PlacementRequest& req) {
   Result<Route> route = Decide(req);
   if (!route.ok()) return route.status();
-  if (*route == Route::kInPlace) {
-    ConsumeReply reply;
-    reply.record = req.record;
-    reply.local = true;
-    stats_->Add(ServiceStats::kConsumeLocal);
-    return reply;
-  }
-  Transport* transport = nullptr;
-  if (*route != Route::kOwnFile) {
-    Result<Transport*> t =
-        *route == Route::kSameNode ? transports_->SameNode() : transports_->ForMode(req.dtl_mode);
-    if (!t.ok()) return t.status();
-    transport = *t;
-  }
-  return Deduplicated(req, *route, transport, deadline, cancel);
+  Plan plan;
+  plan.route = *route;
+  if (*route == Route::kInPlace || *route == Route::kOwnFile) return plan;
+  Result<Transport*> t =
+      *route == Route::kSameNode ? transports_->SameNode() : transports_->ForMode(req.dtl_mode);
+  if (!t.ok()) return t.status();
+  plan.transport = *t;
+  return plan;
+}
+
+ConsumeReply Placement::InPlace(const FileRecord& rec) {
+  ConsumeReply reply;
+  reply.record = rec;
+  reply.local = true;
+  stats_->Add(ServiceStats::kConsumeLocal);
+  return reply;
 }
 
 Result<Placement::Route> Placement::Decide(const PlacementRequest& req) {
@@ -68,52 +77,71 @@ Result<Placement::Route> Placement::Decide(const PlacementRequest& req) {
   return Route::kSameNode;
 }
 
+std::shared_ptr<Placement::InFlight> Placement::Claim(const std::string& dest,
+                                                      const FileRecord& rec, bool* joined) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = inflight_.find(dest);
+  *joined = it != inflight_.end();
+  if (*joined) return it->second;
+  // Checked under the lock so that a transfer finishing right now is
+  // either seen here as complete or found in flight, never neither.
+  if (IsCurrentCopy(dest, rec)) return nullptr;
+  auto flight = std::make_shared<InFlight>();
+  inflight_[dest] = flight;
+  return flight;
+}
+
+ConsumeReply Placement::CurrentCopy(const std::string& dest, const FileRecord& rec) {
+  if (cache_ != nullptr) cache_->NoteHit(dest);  // may evict others: outside our lock
+  return InPlace(rec);
+}
+
 Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route route,
                                              Transport* transport, Deadline deadline,
                                              const CancelFn& cancel) {
   const FileRecord& rec = req.record;
   const std::string dest = req.cons_root + "/" + rec.upath;
-  std::shared_ptr<InFlight> flight;
-  bool current = false;
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    auto it = inflight_.find(dest);
-    if (it != inflight_.end()) {
-      flight = it->second;
-      lk.unlock();
-      return Join(flight, rec, deadline, cancel);
+  for (;;) {
+    bool joined = false;
+    std::shared_ptr<InFlight> flight = Claim(dest, rec, &joined);
+    if (!flight) return CurrentCopy(dest, rec);
+    if (!joined) {
+      Result<ConsumeReply> result = Transfer(req, route, transport);
+      Settle(dest, flight, result);
+      return result;
     }
-    // Checked under the lock so that a transfer finishing right now is
-    // either seen here as complete or found in flight, never neither.
-    current = IsCurrentCopy(dest, rec);
-    if (!current) {
-      flight = std::make_shared<InFlight>();
-      inflight_[dest] = flight;
-    }
+    Result<ConsumeReply> r = Join(flight, rec, deadline, cancel);
+    // The consume that led the transfer went away (and took it along):
+    // this one places the file itself.
+    if (r.ok() || r.status().code() != DYAD_RC_CANCELLED || deadline.expired() ||
+        (cancel && cancel()))
+      return r;
   }
-  if (current) {
-    if (cache_ != nullptr) cache_->NoteHit(dest);  // may evict others: outside our lock
-    ConsumeReply r;
-    r.record = rec;
-    r.local = true;
-    stats_->Add(ServiceStats::kConsumeLocal);
-    return r;
-  }
-  Result<ConsumeReply> result = Transfer(req, route, transport);
-  Settle(dest, flight, result);
-  return result;
 }
 
 void Placement::Settle(const std::string& dest, const std::shared_ptr<InFlight>& flight,
                        const Result<ConsumeReply>& result) {
+  std::vector<std::function<void(const Result<ConsumeReply>&)>> joiners;
   {
     std::lock_guard<std::mutex> lk(mu_);
     flight->done = true;
     flight->status = result.ok() ? Status::OK() : result.status();
     if (result.ok()) flight->reply = *result;
+    joiners.swap(flight->joiners);
     inflight_.erase(dest);
   }
   flight->cv.notify_all();
+  if (joiners.empty()) return;
+  const Result<ConsumeReply> joined = Joined(flight->status, flight->reply);
+  for (auto& j : joiners) j(joined);
+}
+
+Result<ConsumeReply> Placement::Joined(const Status& st, const ConsumeReply& reply) {
+  if (!st.ok()) return st;
+  ConsumeReply r = reply;
+  r.transferred = false;
+  r.joined = true;
+  return r;
 }
 
 Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
@@ -128,30 +156,70 @@ Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight, co
                                          "' started by another consumer");
     if (cancel && cancel()) return Status(DYAD_RC_CANCELLED, "consumer went away");
   }
-  if (!flight->status.ok()) return flight->status;
-  ConsumeReply r = flight->reply;
-  r.transferred = false;
-  r.joined = true;
-  return r;
+  return Joined(flight->status, flight->reply);
 }
 
 Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route route,
                                          Transport* transport) {
-  const FileRecord& rec = req.record;
-  TraceSpan span("place", "service");
-  span.Arg("path", rec.upath).Arg("owner", rec.owner_rank);
-  const uint64_t t0 = MonoNs();
-  AtomicFile out;
-  Status st = out.Create(req.cons_root, rec.upath);
-  if (!st.ok()) return st.Annotate("prepare '" + rec.upath + "' in consumer directory");
+  Moving m;
+  m.req = req;
+  m.plan = Plan{route, transport};
+  Begin(m);
+  if (m.error.ok() && m.fetch) {
+    do {
+      RunBlocking(*m.fetch);
+    } while (Retry(m));
+  }
+  return Complete(m);
+}
+
+void Placement::Begin(Moving& m) {
+  const FileRecord& rec = m.req.record;
+  m.span = std::make_unique<TraceSpan>("place", "service");
+  m.span->Arg("path", rec.upath).Arg("owner", rec.owner_rank);
+  m.t0 = MonoNs();
+  m.error = m.out.Create(m.req.cons_root, rec.upath);
+  if (!m.error.ok()) {
+    m.error = m.error.Annotate("prepare '" + rec.upath + "' in consumer directory");
+    return;
+  }
+  if (m.plan.route != Route::kOwnFile) m.fetch = fetcher_.NewOp(rec, *m.plan.transport, m.out.fd());
+}
+
+bool Placement::Retry(Moving& m) {
+  const Status& st = m.fetch->status();
+  if (st.ok() || !m.fetch->outcome().retryable || m.retried) return false;
+  m.retried = true;
+  // A pooled session may have outlived its peer (restart, idle close):
+  // forget what we know about the owner and try once more on a fresh file.
+  const FileRecord& rec = m.req.record;
+  DYAD_LOG_DEBUG("fetch '%s' from rank %u failed (%s); retrying with a fresh session",
+                 rec.upath.c_str(), rec.owner_rank, st.ToString().c_str());
+  peers_->Invalidate(rec.owner_rank);
+  m.out.Abort();
+  m.error = m.out.Create(m.req.cons_root, rec.upath);
+  if (!m.error.ok()) return false;
+  m.fetch = fetcher_.NewOp(rec, *m.plan.transport, m.out.fd());
+  return true;
+}
+
+Result<ConsumeReply> Placement::Complete(Moving& m) {
   FetchOutcome outcome;
-  st = Move(rec, route, transport, out, req.cons_root, &outcome);
-  span.Rc(st);
+  Status st = m.error;
+  if (st.ok() && m.fetch) {
+    st = m.fetch->status();
+    outcome = m.fetch->outcome();
+  } else if (st.ok()) {
+    st = CopyOwnFile(m.req.record, m.out.fd(), &outcome);
+  }
+  m.fetch.reset();
+  if (m.span) m.span->Rc(st);
+  m.span.reset();
   if (!st.ok()) {
-    out.Abort();
+    m.out.Abort();
     return st;
   }
-  return Finish(req, route, transport, out, outcome, t0);
+  return Finish(m.req, m.plan.route, m.plan.transport, m.out, outcome, m.t0);
 }
 
 Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
@@ -189,21 +257,6 @@ void Placement::NoteTransport(Route route, const Transport* transport, ConsumeRe
   }
   stats_->AddNamed("transfers.in." + reply->transport);
   stats_->AddNamed("bytes.in." + reply->transport, reply->bytes);
-}
-
-Status Placement::Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
-                       const std::string& cons_root, FetchOutcome* outcome) {
-  if (route == Route::kOwnFile) return CopyOwnFile(rec, out.fd(), outcome);
-  Status st = fetcher_.Fetch(rec, *transport, out.fd(), outcome);
-  if (st.ok() || !outcome->retryable) return st;
-  // A pooled session may have outlived its peer (restart, idle close):
-  // forget what we know about the owner and try once more on a fresh file.
-  DYAD_LOG_DEBUG("fetch '%s' from rank %u failed (%s); retrying with a fresh session",
-                 rec.upath.c_str(), rec.owner_rank, st.ToString().c_str());
-  peers_->Invalidate(rec.owner_rank);
-  out.Abort();
-  DYAD_RETURN_IF_ERROR(out.Create(cons_root, rec.upath));
-  return fetcher_.Fetch(rec, *transport, out.fd(), outcome);
 }
 
 Status Placement::CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome) {

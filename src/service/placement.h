@@ -20,6 +20,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,7 +29,11 @@
 
 #include "common/cancel.h"
 #include "common/fsutil.h"
+#include "common/trace.h"
 #include "proto/protocol.h"
+#include "proto/router.h"
+#include "service/fd_watch.h"
+#include "service/fetch_op.h"
 #include "service/fetcher.h"
 #include "service/node_cache.h"
 #include "service/peers.h"
@@ -72,6 +77,18 @@ class Placement {
   Result<ConsumeReply> Place(const PlacementRequest& req, Deadline deadline,
                              const CancelFn& cancel);
 
+  // What PlaceParked ends with: runs with the request's context.
+  using PlaceDone = std::function<void(RequestContext&, const Result<ConsumeReply>&)>;
+  // As Place, for a request that may park (placement_parked.cc): a fetch
+  // from a slow or silent owner, and a wait for another consume's transfer
+  // of the same file, hold no worker once they last (resumable.h). `done`
+  // runs exactly once: on this thread when nothing parked, else on a worker
+  // after the request resumed. Without ctx.parking or a watcher, Place.
+  void PlaceParked(RequestContext& ctx, const PlacementRequest& req, Deadline deadline,
+                   PlaceDone done);
+  // The service's watcher of parked fetches' sessions; set before serving.
+  void SetWatcher(FdWatcher* watcher) { watcher_ = watcher; }
+
   // Places several files, as Place() each (placement_batch.cc): the small
   // files of `reqs` that another node owns travel together, one kFetchBatch
   // per owner (up to kMaxFetchBatchItems each), when their transport
@@ -93,14 +110,56 @@ class Placement {
     Status status;
     ConsumeReply reply;
     std::condition_variable cv;
+    // Parked joiners: called once with the result when it is settled.
+    std::vector<std::function<void(const Result<ConsumeReply>&)>> joiners;
+  };
+  struct Plan {
+    Route route = Route::kInPlace;
+    Transport* transport = nullptr;  // null for kInPlace and kOwnFile
+  };
+  // One transfer into place, from the temporary to its end; the state a
+  // parked transfer keeps between its steps.
+  struct Moving {
+    PlacementRequest req;
+    Plan plan;
+    std::string dest;
+    std::shared_ptr<InFlight> flight;
+    AtomicFile out;
+    std::shared_ptr<FetchOp> fetch;
+    Status error;  // a failure outside the fetch (the temporary)
+    bool retried = false;
+    uint64_t t0 = 0;
+    std::unique_ptr<TraceSpan> span;
   };
 
   Result<Route> Decide(const PlacementRequest& req);
+  // The route and its transport.
+  Result<Plan> Prepare(const PlacementRequest& req);
+  ConsumeReply InPlace(const FileRecord& rec);
+  // What to do for `dest`: join the transfer in flight (`*joined`), use the
+  // current copy (null), or transfer (a new flight, registered).
+  std::shared_ptr<InFlight> Claim(const std::string& dest, const FileRecord& rec, bool* joined);
+  ConsumeReply CurrentCopy(const std::string& dest, const FileRecord& rec);
   Result<ConsumeReply> Deduplicated(const PlacementRequest& req, Route route, Transport* transport,
                                     Deadline deadline, const CancelFn& cancel);
   Result<ConsumeReply> Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
                             Deadline deadline, const CancelFn& cancel);
+  // A joiner's view of the flight's result.
+  static Result<ConsumeReply> Joined(const Status& st, const ConsumeReply& reply);
   Result<ConsumeReply> Transfer(const PlacementRequest& req, Route route, Transport* transport);
+  // Transfer's steps: the temporary and the fetch; after the fetch ended,
+  // true when it starts again on a fresh session (once, for a pooled
+  // session that outlived its peer); the end (Finish, or abort).
+  void Begin(Moving& m);
+  bool Retry(Moving& m);
+  Result<ConsumeReply> Complete(Moving& m);
+  // placement_parked.cc.
+  void JoinParked(RequestContext& ctx, const std::shared_ptr<InFlight>& flight,
+                  const PlacementRequest& req, Deadline deadline, PlaceDone done);
+  void AfterJoin(RequestContext& ctx, const PlacementRequest& req, Deadline deadline,
+                 const Result<ConsumeReply>& r, const PlaceDone& done);
+  void FetchParked(RequestContext& ctx, std::shared_ptr<Moving> m, PlaceDone done);
+  void Conclude(RequestContext& ctx, Moving& m, const PlaceDone& done);
   // The end of every transfer: stamp, rename into place, index, count.
   Result<ConsumeReply> Finish(const PlacementRequest& req, Route route, Transport* transport,
                               AtomicFile& out, const FetchOutcome& outcome, uint64_t t0);
@@ -121,8 +180,6 @@ class Placement {
   // Writes one file received inline and places it.
   Result<ConsumeReply> Land(const PlacementRequest& req, Transport* transport,
                             const FetchBatchPart& part, uint64_t t0);
-  Status Move(const FileRecord& rec, Route route, Transport* transport, AtomicFile& out,
-              const std::string& cons_root, FetchOutcome* outcome);
   Status CopyOwnFile(const FileRecord& rec, int sink_fd, FetchOutcome* outcome);
   // What moved a file (transport, owner address) into `reply`, and the
   // per-transport counters.
@@ -135,6 +192,7 @@ class Placement {
   TransferRegistry* transfers_;
   NodeCache* cache_;
   Fetcher fetcher_;
+  FdWatcher* watcher_ = nullptr;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<InFlight>> inflight_;
 };

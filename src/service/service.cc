@@ -19,6 +19,7 @@
 #include "proto/munge/munge.h"
 #include "service/advertise.h"
 #include "service/dispatch.h"
+#include "service/fd_watch.h"
 #include "service/file_server.h"
 #include "service/peers.h"
 #include "service/placement.h"
@@ -312,7 +313,10 @@ void Service::Teardown() {
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
     if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
-    if (reactor_) reactor_->Stop();    // closes every connection, drains the workers
+    // Parked fetches end (DYAD_RC_CANCELLED) on workers still running;
+    // fetches parking from now on end at once.
+    if (fd_watcher_) fd_watcher_->Stop();
+    if (reactor_) reactor_->Stop();  // closes every connection, drains the workers
     if (threaded_waits_) threaded_waits_->Stop();
     if (async_thread_.joinable()) async_thread_.join();
     if (membership_thread_.joinable()) membership_thread_.join();
@@ -363,6 +367,9 @@ Status Service::StartReactor() {
   hooks.runs_inline = [this](bool local, uint16_t type) {
     return dispatch_->RunsInline(local ? Link::kLocal : Link::kPeer, type);
   };
+  fd_watcher_ = std::make_unique<FdWatcher>();
+  DYAD_RETURN_IF_ERROR(fd_watcher_->Start());
+  placement_->SetWatcher(fd_watcher_.get());
   reactor_ = std::make_unique<Reactor>(rc, std::move(hooks));
   return reactor_->Start();
 }

@@ -42,6 +42,8 @@
 namespace dyad {
 
 class Dispatcher;
+class FdWatcher;
+class TraceSpan;
 class FileServer;
 class PeerDirectory;
 class NodeCache;
@@ -128,8 +130,9 @@ class Service {
   void Serve(RequestContext& ctx, uint16_t type, const std::string& payload);
   void NoteRefusal(const std::string& why);
   // service_parking.cc: when the requested key is not published yet, parks
-  // the request (no thread waits) and runs `then` (with a context that
-  // cannot park) once it is, or at the deadline; true if parked.
+  // the request (no thread waits) and runs `then` once it is, or at the
+  // deadline (on a worker, with a context that may park again: a consume's
+  // fetch); true if parked.
   // Not parked because the key is published: `*published` gets its value.
   bool ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
                           Deadline deadline, std::function<void(RequestContext&)> then,
@@ -143,6 +146,9 @@ class Service {
   void HandleConsume(RequestContext& ctx, const std::string& payload);
   void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
                      const std::optional<std::string>& published = std::nullopt);
+  // FinishConsume's reply (on whichever worker the placement ended).
+  void ReplyConsume(RequestContext& ctx, const ConsumeRequest& req, const Result<ConsumeReply>& r,
+                    TraceSpan& span);
   void HandleList(RequestContext& ctx, const std::string& payload);
   void HandleRemove(RequestContext& ctx, const std::string& payload);
   void HandleStatus(RequestContext& ctx, const std::string& payload);
@@ -224,6 +230,8 @@ class Service {
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;
   std::unique_ptr<Reactor> reactor_;
+  // Sessions of parked consumes' fetches (fd_watch.h): one thread.
+  std::unique_ptr<FdWatcher> fd_watcher_;
   std::unique_ptr<ThreadedWaits> threaded_waits_;  // stores without Kvs::StartWait
   std::mutex refusal_mu_;
   uint64_t refused_since_log_ = 0;

@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "common/trace.h"
 #include "service/dispatch.h"
+#include "service/fd_watch.h"
 #include "service/file_server.h"
 #include "service/node_cache.h"
 #include "service/placement.h"
@@ -288,10 +289,22 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
 
 void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
                             const std::optional<std::string>& published) {
+  auto span = std::make_shared<TraceSpan>("consume", "service");
+  span->Arg("path", req.upath);
+  Result<FileRecord> rec = ConsumeRecord(req, true, deadline, ctx.cancel, published);
+  if (!rec.ok()) return ReplyConsume(ctx, req, rec.status(), *span);
+  // A fetch from a slow or silent owner parks the request rather than
+  // holding this worker (placement_parked.cc).
+  placement_->PlaceParked(ctx, PlacementFor(req, *rec), deadline,
+                          [this, req, span](RequestContext& c, const Result<ConsumeReply>& r) {
+                            ForgetFailedRecord(req, r);
+                            ReplyConsume(c, req, r, *span);
+                          });
+}
+
+void Service::ReplyConsume(RequestContext& ctx, const ConsumeRequest& req,
+                           const Result<ConsumeReply>& r, TraceSpan& span) {
   Channel& ch = ctx.ch;
-  TraceSpan span("consume", "service");
-  span.Arg("path", req.upath);
-  Result<ConsumeReply> r = Consume(req, deadline, ctx.cancel, published);
   span.Rc(r.status());
   if (!r.ok()) {
     // A client that hung up needs no report; every other failure is one
@@ -350,6 +363,11 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
     r.counters["connections.open"] = reactor_->live();
     r.counters["connections.handshaking"] = reactor_->unauthenticated();
     r.counters["requests.parked"] = reactor_->parked();
+  }
+  if (fd_watcher_) {
+    // Parked consumes whose owner (or whose file's other consumer) has
+    // not answered yet.
+    r.counters["consume.waiting_on_owner"] = fd_watcher_->pending();
   }
   r.counters["node_cache.bytes"] = node_cache_->bytes();
   r.counters["node_cache.files"] = node_cache_->files();

@@ -101,7 +101,8 @@ class ServiceStats {
   static std::string Help(const std::string& name);
   // True for counters that go up and down (Prometheus gauges).
   static bool IsGauge(const std::string& name) {
-    return name == "publish.async_pending" || name == "cache.entries";
+    return name == "publish.async_pending" || name == "cache.entries" ||
+           name == "consume.waiting_on_owner";
   }
 
  private:
@@ -130,6 +131,10 @@ inline std::string ServiceStats::Help(const std::string& name) {
        "Consumes that needed no transfer (complete copy, same directory or "
        "shared storage)."},
       {"consume.joined", "Consumes that waited for a transfer another request started."},
+      {"consume.parked_for_owner",
+       "Times a consume's wait on an owner (or on another consume's transfer) was parked, "
+       "holding no worker."},
+      {"consume.waiting_on_owner", "Consumes parked on an owner's answer now."},
       {"transfers.in", "Files received into a consumer directory of this node."},
       {"bytes.in", "Bytes received into consumer directories of this node."},
       {"transfers.out", "Files sent to other services."},

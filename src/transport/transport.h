@@ -61,6 +61,26 @@ struct TransportOptions {
   int64_t idle_ms = 60000;       // no progress for this long fails the transfer
 };
 
+// A requester's Pull as a resumable operation (Transport::StartPull): each
+// Step lands what the session holds now and never waits, so a caller can
+// wait for the session to become readable however it likes (poll on its
+// thread, or an event loop that holds no thread meanwhile). Used by one
+// thread at a time; errors mark the session broken (and shut it down).
+class PullOp {
+ public:
+  virtual ~PullOp() = default;
+  // True once every byte is in the sink; false when the session must
+  // become readable before the next Step can make progress.
+  virtual Result<bool> Step() = 0;
+  // Bytes landed so far (progress resets the caller's idle bound).
+  virtual uint64_t got() const = 0;
+  // The transport's bound on a wait without progress (<= 0: none).
+  virtual int64_t idle_ms() const = 0;
+  // Ends the transfer with `why` (no progress within idle_ms, the
+  // requester gone): breaks the session so the peer stops at once.
+  virtual Status Fail(const Status& why) = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -114,6 +134,17 @@ class Transport {
   // `sink_fd` (opened for writing at offset 0).
   virtual Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
                       TransferStats* stats) = 0;
+
+  // Requester: Pull as a PullOp, for transports whose bytes arrive on the
+  // session itself (tcp). Null when the transport has none (its Pull waits
+  // on its own completions): callers use Pull. `session`, `sink_fd` and
+  // `stats` (non-null) must outlive the op.
+  virtual std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size,
+                                            const std::string& reply_args, int sink_fd,
+                                            TransferStats* stats) {
+    (void)session, (void)size, (void)reply_args, (void)sink_fd, (void)stats;
+    return nullptr;
+  }
 };
 
 // Creates a transport by name or DTL mode (any case, aliases accepted)

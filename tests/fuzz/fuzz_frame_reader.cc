@@ -13,6 +13,10 @@
 //     returned altered.
 //   7, 8: as 5 and 6, received with RecvFrameStreaming (the tcp transport's
 //     file data path) through a small buffer.
+//   9, 10: as 5 and 6, received with RecvFrameNow (a fetch's reply and
+//     verdict, taken without blocking), polling between calls.
+#include <poll.h>
+
 #include <cstring>
 #include <vector>
 
@@ -63,10 +67,25 @@ std::string SealFrames(const std::vector<Frame>& frames, LinkProtection level) {
   return wire;
 }
 
-// Receives one frame as Structured expects it, whole or streamed.
-Status Receive(Channel& ch, bool streaming, const Frame& want, uint16_t* type,
-               std::string* payload) {
-  if (!streaming) return ch.RecvFrame(type, payload, Deadline::AfterMs(1000));
+enum class How { kWhole, kStreaming, kNow };
+
+// RecvFrameNow until the frame is complete; the fed peer has closed, so
+// the socket is always readable and every call makes progress or fails.
+Status ReceiveNow(Channel& ch, uint16_t* type, std::string* payload) {
+  Channel::PartialFrame pf;
+  for (;;) {
+    Result<bool> r = ch.RecvFrameNow(&pf, type, payload);
+    if (!r.ok()) return r.status();
+    if (*r) return Status::OK();
+    pollfd p{ch.fd(), POLLIN, 0};
+    Check(::poll(&p, 1, 1000) == 1);
+  }
+}
+
+// Receives one frame as Structured expects it, whole, streamed or without blocking.
+Status Receive(Channel& ch, How how, const Frame& want, uint16_t* type, std::string* payload) {
+  if (how == How::kWhole) return ch.RecvFrame(type, payload, Deadline::AfterMs(1000));
+  if (how == How::kNow) return ReceiveNow(ch, type, payload);
   char buf[97];  // odd on purpose: pieces never align with anything
   size_t len = 0;
   payload->clear();
@@ -84,7 +103,7 @@ Status Receive(Channel& ch, bool streaming, const Frame& want, uint16_t* type,
   return st;
 }
 
-void Structured(const uint8_t* data, size_t size, LinkProtection level, bool streaming) {
+void Structured(const uint8_t* data, size_t size, LinkProtection level, How how) {
   // The whole sealed stream must fit in a socket buffer (about 200 KiB by
   // default), since nothing reads it while it is written.
   constexpr size_t kMaxWire = 96u << 10;
@@ -116,7 +135,7 @@ void Structured(const uint8_t* data, size_t size, LinkProtection level, bool str
     const size_t record = kFrameHeaderSize + f.payload.size() + kSealTagSize;
     uint16_t type = 0;
     std::string payload;
-    Status st = Receive(fed.channel(), streaming, f, &type, &payload);
+    Status st = Receive(fed.channel(), how, f, &type, &payload);
     const bool altered = flip >= offset && flip < offset + record;
     if (altered) {
       // A flip in the length can make the reader wait for bytes that never
@@ -135,7 +154,7 @@ void Structured(const uint8_t* data, size_t size, LinkProtection level, bool str
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t mode = data[0] % 9;
+  const uint8_t mode = data[0] % 11;
   const std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (mode) {
     case 0:
@@ -161,7 +180,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default:
       Structured(data + 1, size - 1,
                  mode % 2 == 1 ? LinkProtection::kIntegrity : LinkProtection::kEncrypt,
-                 /*streaming=*/mode >= 7);
+                 mode >= 9   ? How::kNow
+                 : mode >= 7 ? How::kStreaming
+                             : How::kWhole);
   }
   return 0;
 }

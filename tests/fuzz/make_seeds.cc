@@ -212,6 +212,8 @@ void Frames() {
   Seed("fuzz_frame_reader", "structured-flip", std::string(1, 5) + frames + "\x21");
   Seed("fuzz_frame_reader", "streamed-integrity", std::string(1, 7) + frames);
   Seed("fuzz_frame_reader", "streamed-encrypt", std::string(1, 8) + frames + "\x05");
+  Seed("fuzz_frame_reader", "now-integrity", std::string(1, 9) + frames);
+  Seed("fuzz_frame_reader", "now-encrypt-flip", std::string(1, 10) + frames + "\x13");
 }
 
 std::string KvsOp(MsgType type, const KvsRequest& r) {

@@ -44,6 +44,10 @@ class TcpTransport final : public Transport {
               TransferStats* stats) override;
   Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
               TransferStats* stats) override;
+  // The receiving side of Pull, one step at a time (tcp_receive.h). A
+  // size of 0 needs no op: callers skip it.
+  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
+                                    int sink_fd, TransferStats* stats) override;
   Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
                     WireQueue* out) override;
   bool queues_chunks() const override { return true; }
@@ -59,7 +63,6 @@ class TcpTransport final : public Transport {
   static constexpr size_t kSealedReadBytes = 256u << 10;
 
  private:
-  Status PullSealed(Channel& session, uint64_t size, int sink_fd, TransferStats* stats);
   size_t SealedChunk() const;
 
   const TransportOptions options_;

@@ -1,0 +1,245 @@
+#include "service/fetch_op.h"
+
+#include <sys/socket.h>
+
+namespace dyad {
+
+FetchOp::FetchOp(PeerDirectory* peers, int64_t rpc_timeout_ms, TransferRegistry* transfers,
+                 const FileRecord& rec, Transport* transport, int sink_fd)
+    : peers_(peers),
+      rpc_timeout_ms_(rpc_timeout_ms),
+      transfers_(transfers),
+      rec_(rec),
+      transport_(transport),
+      sink_fd_(sink_fd),
+      what_("fetch '" + rec.upath + "' from rank " + std::to_string(rec.owner_rank)) {}
+
+FetchOp::~FetchOp() {
+  // Dropped before its end (a service stopping): nothing may use the
+  // session afterwards.
+  if (stage_ != Stage::kDone) End(Status(DYAD_RC_CANCELLED, what_ + ": abandoned"));
+}
+
+bool FetchOp::Step(Wait* wait) {
+  for (;;) {
+    bool waits = false;
+    switch (stage_) {
+      case Stage::kStart:
+        waits = Start();
+        break;
+      case Stage::kReply:
+        waits = ReadReply(wait);
+        break;
+      case Stage::kPull:
+        waits = StepPull(wait);
+        break;
+      case Stage::kVerdict:
+        waits = ReadVerdict(wait);
+        break;
+      case Stage::kDone:
+        return true;
+    }
+    if (waits) return false;
+  }
+}
+
+bool FetchOp::Start() {
+  outcome_.retryable = false;
+  span_ = std::make_unique<TraceSpan>("fetch", "service");
+  span_->Arg("path", rec_.upath).Arg("owner", rec_.owner_rank).Arg("transport", transport_->name());
+  const Deadline setup = Deadline::AfterMs(rpc_timeout_ms_);
+  Result<std::unique_ptr<Channel>> session = peers_->Acquire(rec_.owner_rank, setup);
+  if (!session.ok()) {
+    const bool stale = session.status().code() == DYAD_RC_STALE;
+    outcome_.retryable = stale;
+    End(Status(stale ? DYAD_RC_BADFETCH : session.status().code(),
+               what_ + ": " + session.status().message()));
+    return false;
+  }
+  session_ = std::move(*session);
+  Result<std::string> args = transport_->PrepareRequest();
+  if (!args.ok()) {
+    Release();
+    End(args.status());
+    return false;
+  }
+  FetchRequest req;
+  req.upath = rec_.upath;
+  req.transport = transport_->name();
+  req.transport_args = *args;
+  req.expect_version = rec_.version;
+  Encoder e;
+  req.EncodeTo(e);
+  Status st = session_->SendFrame(static_cast<uint16_t>(MsgType::kFetch), e.data(), setup);
+  if (!st.ok()) {
+    FailRpc(st);
+    return false;
+  }
+  stage_ = Stage::kReply;
+  deadline_ = setup;
+  spin_ = true;  // the reply is usually microseconds away
+  return false;
+}
+
+Status FetchOp::NextReply(bool* done, std::string* body) {
+  uint16_t type = 0;
+  Result<bool> r = session_->RecvFrameNow(&frame_, &type, &payload_);
+  *done = r.ok() && *r;
+  if (!r.ok() || !*r) return r.status();
+  frame_.Reset();
+  if (type != static_cast<uint16_t>(MsgType::kReply)) {
+    session_->MarkBroken();
+    return Status(DYAD_RC_BADRPC, std::string("expected a reply, got '") + MsgTypeName(type) + "'");
+  }
+  Status st;
+  if (!DecodeReply(payload_, &st, body)) {
+    session_->MarkBroken();
+    return Status(DYAD_RC_BADUNPACK, "malformed reply");
+  }
+  return st;
+}
+
+bool FetchOp::ReadReply(Wait* wait) {
+  bool done = false;
+  std::string body;
+  Status st = NextReply(&done, &body);
+  if (!st.ok()) {
+    FailRpc(st);
+    return false;
+  }
+  if (!done) {
+    *wait = Wait{session_.get(), deadline_, spin_};
+    spin_ = false;
+    return true;
+  }
+  Decoder d(body);
+  if (!reply_.DecodeFrom(d) || !d.done()) {
+    session_->MarkBroken();
+    End(Status(DYAD_RC_BADUNPACK, what_ + ": malformed reply"));
+    return false;
+  }
+  return BeginPull(reply_);
+}
+
+bool FetchOp::BeginPull(const FetchReply& fr) {
+  if (transfers_ != nullptr)
+    progress_ = transfers_->Begin(false, rec_.upath, rec_.owner_rank, transport_->name(), fr.size,
+                                  SinkProgress(sink_fd_));
+  pull_ = transport_->StartPull(*session_, fr.size, fr.transport_args, sink_fd_, &ts_);
+  if (!pull_) {
+    // A transport that waits on its own completions (transport.h).
+    PullDone(transport_->Pull(*session_, fr.size, fr.transport_args, sink_fd_, &ts_));
+    return false;
+  }
+  stage_ = Stage::kPull;
+  const int64_t idle = pull_->idle_ms();
+  deadline_ = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
+  return false;
+}
+
+bool FetchOp::StepPull(Wait* wait) {
+  Result<bool> r = pull_->Step();
+  if (!r.ok() || *r) {
+    PullDone(r.status());
+    return false;
+  }
+  const uint64_t got = pull_->got();
+  if (got != last_got_) {  // progress: the idle bound starts again
+    last_got_ = got;
+    const int64_t idle = pull_->idle_ms();
+    deadline_ = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
+  }
+  // The first bytes follow the reply immediately (small files are all
+  // first bytes): worth a spin.
+  *wait = Wait{session_.get(), deadline_, got == 0};
+  return true;
+}
+
+void FetchOp::PullDone(const Status& st) {
+  pull_.reset();
+  progress_.Reset();
+  span_->Arg("bytes", reply_.size).Rc(st);
+  if (!st.ok()) {
+    session_->MarkBroken();
+    End(Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
+               what_ + ": " + st.message()));
+    return;
+  }
+  stage_ = Stage::kVerdict;
+  deadline_ = Deadline::AfterMs(rpc_timeout_ms_);
+}
+
+bool FetchOp::ReadVerdict(Wait* wait) {
+  bool done = false;
+  std::string body;
+  Status st = NextReply(&done, &body);
+  if (st.ok() && !done) {
+    *wait = Wait{session_.get(), deadline_, false};
+    return true;
+  }
+  if (!st.ok()) {
+    // The owner's verdict: the file changed while it was sent.
+    if (st.code() != DYAD_RC_STALE)
+      session_->MarkBroken();
+    else
+      Release();
+    End(Status(st.code() == DYAD_RC_CONNLOST ? DYAD_RC_BADFETCH : st.code(),
+               what_ + ": " + st.message()));
+    return false;
+  }
+  Release();
+  outcome_.version = reply_.version;
+  outcome_.bytes = reply_.size;
+  outcome_.mode = reply_.mode;
+  End(Status::OK());
+  return false;
+}
+
+void FetchOp::FailRpc(const Status& st) {
+  // A broken session received nothing: it was dead before we used it.
+  if (session_->broken())
+    outcome_.retryable = st.code() == DYAD_RC_CONNLOST;
+  else
+    Release();
+  End(Status(st.code(), what_ + ": " + st.message()));
+}
+
+void FetchOp::Expired() {
+  if (stage_ == Stage::kPull) {
+    const int64_t idle = pull_->idle_ms();
+    return PullDone(pull_->Fail(
+        Status(DYAD_RC_TIMEOUT, "no data from peer for " + std::to_string(idle) + " ms")));
+  }
+  if (stage_ != Stage::kReply && stage_ != Stage::kVerdict) return;
+  // A late answer would put the session out of step: it cannot be pooled.
+  session_->MarkBroken();
+  const char* which = stage_ == Stage::kReply ? "reply" : "verdict";
+  End(Status(DYAD_RC_TIMEOUT, what_ + ": no " + which + " from the owner within " +
+                                  std::to_string(rpc_timeout_ms_) + " ms (--rpc-timeout)"));
+}
+
+void FetchOp::Abandon(const Status& why) {
+  if (stage_ == Stage::kDone) return;
+  if (session_) {
+    session_->MarkBroken();
+    ::shutdown(session_->fd(), SHUT_RDWR);  // the owner stops sending at once
+  }
+  End(Status(why.code(), what_ + ": " + why.message()));
+}
+
+void FetchOp::Release() {
+  if (session_) peers_->Release(rec_.owner_rank, std::move(session_));
+  session_.reset();
+}
+
+void FetchOp::End(const Status& st) {
+  pull_.reset();  // before the session it reads
+  progress_.Reset();
+  session_.reset();  // still held: broken, or never to be reused
+  if (span_ && !st.ok()) span_->Rc(st);
+  span_.reset();
+  status_ = st;
+  stage_ = Stage::kDone;
+}
+
+}  // namespace dyad

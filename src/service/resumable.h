@@ -1,0 +1,65 @@
+// resumable.h: an operation that waits on a peer, and the two ways to run it.
+//
+// A fetch from another service waits three times on its owner (the reply,
+// the file bytes, the verdict). Written as a Resumable, its Step makes the
+// progress the session allows without blocking and otherwise says what it
+// waits for (the session readable, by a deadline). Two drivers run the same
+// object, so there is one implementation of each such operation:
+//  * RunBlocking waits on the calling thread (the prefetcher's threads,
+//    PlaceBatch, any caller without a request that can park);
+//  * RunParked serves a request: it waits on its worker as RunBlocking
+//    does while the waits are short (kParkAfterMs in all per stint: the
+//    fast path stays a spin and a poll), then parks the request
+//    (router.h) with the session watched by the service's FdWatcher, and
+//    runs the next step on a worker when bytes arrive. A slow or silent
+//    owner therefore holds no worker of the requesting service.
+// A Resumable is used by one thread at a time; the drivers guarantee it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "common/net.h"
+#include "common/time.h"
+#include "proto/router.h"
+#include "service/fd_watch.h"
+#include "service/stats.h"
+
+namespace dyad {
+
+class Resumable {
+ public:
+  struct Wait {
+    Channel* ch = nullptr;  // until ch->fd() is readable (or hung up)
+    Deadline deadline = Deadline::Never();
+    bool spin = false;  // the bytes are likely microseconds away (Channel::SpinFor)
+  };
+  virtual ~Resumable() = default;
+  // Makes what progress it can without blocking. True once the operation
+  // ended (its outcome is its own business); false with `*wait` set.
+  virtual bool Step(Wait* wait) = 0;
+  // The wait's deadline passed: the operation ends (the next Step says so).
+  virtual void Expired() = 0;
+  // The requester hung up or the service stops: the operation ends with
+  // `why`, releasing what it holds (its session is shut down).
+  virtual void Abandon(const Status& why) = 0;
+};
+
+// Runs `op` to its end on this thread, polling between steps.
+void RunBlocking(Resumable& op);
+
+// A request waits on its worker at most this long in all per stint before
+// it parks: as the owner side's FileServer::kParkAfterMs, a park costs
+// thread hand-offs, and on a loaded node a reply or a chunk may take tens
+// of milliseconds without anything being wrong.
+constexpr int64_t kOwnerParkAfterMs = 100;
+
+// Runs `op` for the request of `ctx` (see above); `then` runs with the
+// request's context once `op` ended, on this thread when it never parked,
+// else on a worker after the request resumed. Without ctx.parking or a
+// watcher, as RunBlocking. Each park counts `consume.parked_for_owner`.
+void RunParked(RequestContext& ctx, std::shared_ptr<Resumable> op, FdWatcher* watcher,
+               ServiceStats* stats, std::function<void(RequestContext&)> then);
+
+}  // namespace dyad

@@ -1,0 +1,306 @@
+#include "transport/tcp/tcp_receive.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "common/wire_queue.h"
+#include "proto/protocol.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace dyad {
+namespace tcp_internal {
+namespace {
+
+// Largest pipe we ask for: 1 MiB is the default unprivileged limit
+// (/proc/sys/fs/pipe-max-size) and large enough to keep splice efficient.
+constexpr size_t kMaxPipeBytes = 1u << 20;
+constexpr size_t kMinPipeBytes = 64u << 10;
+// Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
+constexpr size_t kDefaultChunk = 1u << 20;
+
+bool SpliceUnsupported(int err) {
+  return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP || err == ENOTSUP;
+}
+
+// The unprotected stream. Modes: splice until it proves unusable here
+// (no pipe, a sink or socket that refuses it), then buffered receive.
+class StreamPull final : public PullOp {
+ public:
+  StreamPull(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
+             TransferStats* stats)
+      : ch_(ch), size_(size), sink_(sink_fd), options_(options), stats_(stats) {
+    mode_ = size > TcpTransport::kSpliceThreshold ? Mode::kSpliceFirst : Mode::kBuffered;
+  }
+
+  Result<bool> Step() override {
+    Result<bool> r = StepModes();
+    if (!r.ok()) return FailSession(ch_, r.status().Annotate("tcp pull"));
+    return r;
+  }
+  uint64_t got() const override { return got_; }
+  int64_t idle_ms() const override { return options_.idle_ms; }
+  Status Fail(const Status& why) override {
+    return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
+  }
+
+ private:
+  enum class Mode { kSpliceFirst, kSplice, kBuffered };
+
+  Result<bool> StepModes() {
+    if (mode_ == Mode::kSpliceFirst) mode_ = SetUpSplice() ? Mode::kSplice : Mode::kBuffered;
+    if (mode_ == Mode::kSplice) {
+      bool unsupported = false;
+      Result<bool> r = SpliceNow(&unsupported);
+      if (!r.ok() || !unsupported) return r;
+      DYAD_LOG_DEBUG("tcp pull: splice unavailable, using buffered receive");
+      mode_ = Mode::kBuffered;
+      rd_.reset();
+      wr_.reset();
+      nonblocking_.reset();
+    }
+    return BufferedNow();
+  }
+
+  // Without a non-blocking socket splice could wait unbounded; without a
+  // pipe (descriptor or pipe quota exhausted) there is nothing to splice
+  // into. The buffered path works in both cases.
+  bool SetUpSplice() {
+    nonblocking_.emplace(ch_.fd());
+    int fds[2];
+    if (!nonblocking_->ok() || ::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      nonblocking_.reset();
+      return false;
+    }
+    rd_.reset(fds[0]);
+    wr_.reset(fds[1]);
+    cap_ = SizePipe(wr_.get());
+    return true;
+  }
+
+  Status PeerClosed() const {
+    return Status(DYAD_RC_CONNLOST, "peer closed the connection (" + Progress(got_, size_) + ")");
+  }
+  Status SocketError(int err, const char* what) const {
+    const dyad_rc_t code = IsConnectionLost(err) ? DYAD_RC_CONNLOST : DYAD_RC_SYSFAIL;
+    return StatusFromErrno(err, std::string(what) + " (" + Progress(got_, size_) + ")", code);
+  }
+  Status SinkError(int err, const char* what) const {
+    return StatusFromErrno(err, std::string(what) + " (" + Progress(got_, size_) + ")",
+                           DYAD_RC_BADFIO);
+  }
+
+  // The bounce buffer is sized on first use and reused: at most
+  // options.chunk_size bytes, and no more than the transfer needs.
+  void EnsureBuffer() {
+    if (!buf_.empty()) return;
+    const size_t chunk = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
+    const uint64_t need = std::max<uint64_t>(1, size_ - got_);
+    buf_.resize(static_cast<size_t>(std::min<uint64_t>(chunk, need)));
+  }
+
+  Status WriteSink(const char* p, size_t n) {
+    Status st = WriteFully(sink_, p, n);
+    if (!st.ok()) return Status(DYAD_RC_BADFIO, st.message() + " (" + Progress(got_, size_) + ")");
+    return st;
+  }
+
+  // Receives until the socket holds nothing more (false) or all arrived.
+  Result<bool> BufferedNow() {
+    EnsureBuffer();
+    while (got_ < size_) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - got_));
+      const ssize_t n = ::recv(ch_.fd(), buf_.data(), want, MSG_DONTWAIT);
+      if (n > 0) {
+        DYAD_RETURN_IF_ERROR(WriteSink(buf_.data(), static_cast<size_t>(n)));
+        Count(static_cast<uint64_t>(n));
+        continue;
+      }
+      if (n == 0) return PeerClosed();
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      return SocketError(errno, "recv");
+    }
+    return true;
+  }
+
+  // socket -> pipe -> sink. Sets `*unsupported` (no bytes lost) when splice
+  // cannot be used here; the caller then continues buffered.
+  Result<bool> SpliceNow(bool* unsupported) {
+    while (got_ < size_) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(cap_, size_ - got_));
+      const ssize_t n =
+          ::splice(ch_.fd(), nullptr, wr_.get(), nullptr, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n > 0) {
+        bool sink_unsupported = false;
+        DYAD_RETURN_IF_ERROR(DrainPipe(static_cast<size_t>(n), &sink_unsupported));
+        Count(static_cast<uint64_t>(n));
+        if (sink_unsupported) {
+          *unsupported = true;
+          return false;
+        }
+        continue;
+      }
+      if (n == 0) return PeerClosed();
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      if (SpliceUnsupported(errno)) {  // nothing was taken from the socket
+        *unsupported = true;
+        return false;
+      }
+      return SocketError(errno, "splice from socket");
+    }
+    return true;
+  }
+
+  // Asks for a pipe as large as useful (up to kMaxPipeBytes); a smaller one
+  // is fine when the system limit or the per-user pipe quota says no.
+  size_t SizePipe(int pipe_fd) const {
+    size_t want = kMaxPipeBytes;
+    while (want > kMinPipeBytes && want / 2 >= size_ - got_) want /= 2;
+    for (; want >= kMinPipeBytes; want /= 2) {
+      if (::fcntl(pipe_fd, F_SETPIPE_SZ, static_cast<int>(want)) >= 0) break;
+    }
+    const int actual = ::fcntl(pipe_fd, F_GETPIPE_SZ);
+    return actual > 0 ? static_cast<size_t>(actual) : 4096;
+  }
+
+  // Moves `n` bytes that sit in the pipe into the sink. If the sink cannot
+  // take spliced data, they are copied out through the buffer instead and
+  // `*sink_unsupported` tells the caller to stop splicing.
+  Status DrainPipe(size_t n, bool* sink_unsupported) {
+    while (n > 0) {
+      const ssize_t w = ::splice(rd_.get(), nullptr, sink_, nullptr, n, SPLICE_F_MOVE);
+      if (w > 0) {
+        n -= static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && SpliceUnsupported(errno)) {
+        *sink_unsupported = true;
+        return DrainPipeBuffered(n);
+      }
+      return SinkError(w < 0 ? errno : ENOSPC, "splice to sink");
+    }
+    return Status::OK();
+  }
+
+  Status DrainPipeBuffered(size_t n) {
+    EnsureBuffer();
+    while (n > 0) {
+      const ssize_t r = ::read(rd_.get(), buf_.data(), std::min(n, buf_.size()));
+      if (r < 0 && errno == EINTR) continue;
+      // The bytes are known to be in the pipe, so anything else is a bug
+      // or a broken system; report it rather than spin.
+      if (r <= 0) return SinkError(r < 0 ? errno : EIO, "read from pipe");
+      DYAD_RETURN_IF_ERROR(WriteSink(buf_.data(), static_cast<size_t>(r)));
+      n -= static_cast<size_t>(r);
+    }
+    return Status::OK();
+  }
+
+  void Count(uint64_t n) {
+    got_ += n;
+    stats_->bytes += n;
+    stats_->chunks += 1;
+  }
+
+  Channel& ch_;
+  const uint64_t size_;
+  const int sink_;
+  const TransportOptions options_;
+  TransferStats* const stats_;
+  Mode mode_;
+  uint64_t got_ = 0;
+  std::vector<char> buf_;
+  std::optional<ScopedNonBlocking> nonblocking_;  // while splicing
+  UniqueFd rd_, wr_;                              // the pipe, while splicing
+  size_t cap_ = 0;
+};
+
+// The protected stream: each chunk is written as it streams in and
+// verified at its end, so the socket keeps draining and the bytes are
+// hashed while still in cache. Unverified bytes only ever reach the sink,
+// a temporary the fetcher discards when this fails.
+class SealedPull final : public PullOp {
+ public:
+  SealedPull(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
+             TransferStats* stats, size_t read_bytes)
+      : ch_(ch), size_(size), options_(options), stats_(stats) {
+    buf_len_ = static_cast<size_t>(std::min<uint64_t>(read_bytes, std::max<uint64_t>(1, size)));
+    buf_.reset(new char[buf_len_]);
+    write_ = [sink_fd](const char* p, size_t n) -> Status {
+      if (Status ws = WriteFully(sink_fd, p, n); !ws.ok())
+        return Status(DYAD_RC_BADFIO, "write to sink: " + ws.message());
+      return Status::OK();
+    };
+  }
+
+  Result<bool> Step() override {
+    while (got_ < size_) {
+      size_t len = 0;
+      const size_t max_len =
+          static_cast<size_t>(std::min<uint64_t>(kMaxFramePayload, size_ - got_));
+      Result<bool> r = ch_.RecvFrameStreamingNow(&frame_, static_cast<uint16_t>(MsgType::kFileData),
+                                                 &len, max_len, buf_.get(), buf_len_, write_);
+      if (r.ok() && *r && len == 0) r = Status(DYAD_RC_BADUNPACK, "empty file data chunk");
+      if (!r.ok())
+        return FailSession(ch_, r.status().Annotate("tcp pull (" + Progress(got_, size_) + ")"));
+      if (!*r) return false;
+      frame_.Reset();
+      got_ += len;
+      stats_->bytes = got_;
+      ++stats_->chunks;
+    }
+    return true;
+  }
+  uint64_t got() const override { return got_; }
+  int64_t idle_ms() const override { return options_.idle_ms; }
+  Status Fail(const Status& why) override {
+    return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
+  }
+
+ private:
+  Channel& ch_;
+  const uint64_t size_;
+  const TransportOptions options_;
+  TransferStats* const stats_;
+  size_t buf_len_ = 0;
+  std::unique_ptr<char[]> buf_;
+  std::function<Status(const char*, size_t)> write_;
+  Channel::PartialFrame frame_;
+  uint64_t got_ = 0;
+};
+
+}  // namespace
+
+std::string Progress(uint64_t got, uint64_t size) {
+  return "received " + std::to_string(got) + " of " + std::to_string(size) + " bytes";
+}
+
+Status FailSession(Channel& ch, const Status& st) {
+  ch.MarkBroken();
+  ::shutdown(ch.fd(), SHUT_RDWR);
+  return st;
+}
+
+std::unique_ptr<PullOp> MakeStreamPull(Channel& ch, uint64_t size, int sink_fd,
+                                       const TransportOptions& options, TransferStats* stats) {
+  return std::make_unique<StreamPull>(ch, size, sink_fd, options, stats);
+}
+
+std::unique_ptr<PullOp> MakeSealedPull(Channel& ch, uint64_t size, int sink_fd,
+                                       const TransportOptions& options, TransferStats* stats,
+                                       size_t read_bytes) {
+  return std::make_unique<SealedPull>(ch, size, sink_fd, options, stats, read_bytes);
+}
+
+}  // namespace tcp_internal
+}  // namespace dyad
