@@ -363,31 +363,15 @@ std::string Channel::TakeUnread() {
 }
 
 Result<size_t> Channel::RecvSome(void* buf, size_t len, Deadline deadline) {
-  if (has_unread() && len > 0) {
-    const size_t n = std::min(len, unread_.size() - unread_pos_);
-    std::memcpy(buf, unread_.data() + unread_pos_, n);
-    unread_pos_ += n;
-    if (unread_pos_ == unread_.size()) TakeUnread();  // releases the buffer
-    return n;
-  }
+  // RecvNow (net_now.cc) takes what is there; only its "nothing yet" waits.
   for (;;) {
-    const ssize_t n = ::recv(fd_.get(), buf, len, MSG_DONTWAIT);
-    if (n > 0) return static_cast<size_t>(n);
-    if (n == 0) {
+    Result<size_t> n = RecvNow(buf, len);
+    if (!n.ok() || *n > 0 || len == 0) return n;
+    Status st = WaitFor(POLLIN, deadline);
+    if (!st.ok()) {
       broken_ = true;
-      return Status(DYAD_RC_CONNLOST, "peer closed the connection");
+      return st;
     }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      Status st = WaitFor(POLLIN, deadline);
-      if (!st.ok()) {
-        broken_ = true;
-        return st;
-      }
-      continue;
-    }
-    broken_ = true;
-    return StatusFromErrno(errno, "recv", DYAD_RC_CONNLOST);
   }
 }
 

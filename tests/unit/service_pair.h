@@ -97,6 +97,32 @@ inline ConsumeRequest ConsumeRequestOf(const std::string& upath, const std::stri
   return req;
 }
 
+// Options of a test service A (rank 0) under `base`: producer directory
+// base/a, socket base/a.sock, any free TCP port, store `kvs`.
+inline ServiceOptions FirstServiceOptions(const std::string& base,
+                                          const std::string& kvs = "embedded") {
+  ServiceOptions o;
+  o.rank = 0;
+  o.prod_path = base + "/a";
+  o.listen = "127.0.0.1:0";
+  o.socket_path = base + "/a.sock";
+  o.kvs_url = kvs;
+  o.secret = "test-secret";
+  o.rpc_timeout_ms = 5000;
+  return o;
+}
+
+// B (rank 1) as `a` but for base/b and base/b.sock, with store `kvs`.
+inline ServiceOptions SecondServiceOptions(const ServiceOptions& a, const std::string& base,
+                                           const std::string& kvs) {
+  ServiceOptions o = a;
+  o.rank = 1;
+  o.prod_path = base + "/b";
+  o.socket_path = base + "/b.sock";
+  o.kvs_url = kvs;
+  return o;
+}
+
 class ServicePair {
  public:
   ServicePair() = default;
@@ -113,23 +139,13 @@ class ServicePair {
     base = tmpl;
     dir_a = base + "/a";
     dir_b = base + "/b";
-    ServiceOptions oa;
-    oa.rank = 0;
-    oa.prod_path = dir_a;
-    oa.listen = "127.0.0.1:0";
-    oa.socket_path = base + "/a.sock";
-    oa.kvs_url = a_kvs;
-    oa.secret = "test-secret";
-    oa.rpc_timeout_ms = 5000;
+    ServiceOptions oa = FirstServiceOptions(base, a_kvs);
     oa.service_mux = mux;
     oa.serve_fetch_batch = a_serves_batches;
     a = std::make_unique<Service>(oa);
     DYAD_RETURN_IF_ERROR(a->Start());
-    ServiceOptions ob = oa;
-    ob.rank = 1;
-    ob.prod_path = dir_b;
-    ob.socket_path = base + "/b.sock";
-    ob.kvs_url = b_kvs.empty() ? "embedded://" + a->tcp_address() : b_kvs;
+    ServiceOptions ob =
+        SecondServiceOptions(oa, base, b_kvs.empty() ? "embedded://" + a->tcp_address() : b_kvs);
     ob.cache_bytes = b_cache_bytes;
     b = std::make_unique<Service>(ob);
     return b->Start();

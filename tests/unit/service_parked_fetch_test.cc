@@ -33,7 +33,9 @@ using testing_services::CallLocal;
 using testing_services::ConsumeRequestOf;
 using testing_services::Eventually;
 using testing_services::FakeOwner;
+using testing_services::FirstServiceOptions;
 using testing_services::ReadAll;
+using testing_services::SecondServiceOptions;
 
 constexpr uint32_t kFakeRank = 2;
 
@@ -55,22 +57,12 @@ class ParkedFetch : public ::testing::Test {
     char tmpl[] = "/tmp/dyad-parked-test.XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     base_ = tmpl;
-    ServiceOptions oa;
-    oa.rank = 0;
-    oa.prod_path = base_ + "/a";
-    oa.listen = "127.0.0.1:0";
-    oa.socket_path = base_ + "/a.sock";
-    oa.kvs_url = "embedded";
-    oa.secret = "test-secret";
+    ServiceOptions oa = FirstServiceOptions(base_);
     oa.protection = protection;
     oa.rpc_timeout_ms = rpc_timeout_ms;
     a_ = std::make_unique<Service>(oa);
     ASSERT_TRUE(a_->Start().ok());
-    ServiceOptions ob = oa;
-    ob.rank = 1;
-    ob.prod_path = base_ + "/b";
-    ob.socket_path = base_ + "/b.sock";
-    ob.kvs_url = "embedded://" + a_->tcp_address();
+    ServiceOptions ob = SecondServiceOptions(oa, base_, "embedded://" + a_->tcp_address());
     ob.workers = 2;
     b_ = std::make_unique<Service>(ob);
     ASSERT_TRUE(b_->Start().ok());

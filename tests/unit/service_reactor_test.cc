@@ -30,7 +30,9 @@ namespace dyad {
 namespace {
 
 using testing_services::CallLocal;
+using testing_services::FirstServiceOptions;
 using testing_services::ReadAll;
+using testing_services::SecondServiceOptions;
 using testing_services::WriteAndPublish;
 using testing_services::WriteFile;
 
@@ -57,22 +59,11 @@ class ReactorTest : public ::testing::Test {
     char tmpl[] = "/tmp/dyad-reactor-test.XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     base_ = tmpl;
-    ServiceOptions oa;
-    oa.rank = 0;
-    oa.prod_path = base_ + "/a";
-    oa.listen = "127.0.0.1:0";
-    oa.socket_path = base_ + "/a.sock";
-    oa.kvs_url = "embedded";
-    oa.secret = "test-secret";
-    oa.rpc_timeout_ms = 5000;
+    ServiceOptions oa = FirstServiceOptions(base_);
     oa.workers = 2;
     a_ = std::make_unique<Service>(oa);
     ASSERT_TRUE(a_->Start().ok());
-    ServiceOptions ob = oa;
-    ob.rank = 1;
-    ob.prod_path = base_ + "/b";
-    ob.socket_path = base_ + "/b.sock";
-    ob.kvs_url = "embedded://" + a_->tcp_address();
+    ServiceOptions ob = SecondServiceOptions(oa, base_, "embedded://" + a_->tcp_address());
     b_ = std::make_unique<Service>(ob);
     ASSERT_TRUE(b_->Start().ok());
   }
