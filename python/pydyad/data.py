@@ -36,10 +36,12 @@ already local. K defaults to $DYAD_LOOKAHEAD, else 0 (off); the batches
 in flight at once, to $DYAD_LOOKAHEAD_BATCHES, else 2.
 """
 
+import atexit
 import collections
 import os
 import tempfile
 import threading
+import weakref
 
 from . import _pydyad
 from .context import default_dyad
@@ -260,6 +262,22 @@ class LookaheadSampler:
                 ahead.close()
 
 
+# Look-aheads still running. A drained one goes on fetching after its
+# sampler ended; at interpreter exit its daemon thread would be frozen while
+# a batch consume it waits for is still running in C++, and taking the GIL
+# back after that batch ends kills the thread from under pybind11
+# ("terminate called without an active exception"). So every look-ahead is
+# closed (no new batch; those in flight are waited for) before Python
+# finalizes.
+_running = weakref.WeakSet()
+
+
+@atexit.register
+def _close_running_lookaheads():
+    for ahead in list(_running):
+        ahead.close()
+
+
 class _Ahead:
     """The look-ahead of one pass over a sampler's ``order``: a thread that
     keeps up to ``batches`` batch consumes of ``chunk`` samples in flight,
@@ -280,6 +298,7 @@ class _Ahead:
         self._stop = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="pydyad-lookahead", daemon=True)
+        _running.add(self)
         self._thread.start()
 
     def reached(self, n):

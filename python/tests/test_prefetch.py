@@ -99,8 +99,10 @@ def test_dataset_fetches_ahead(cluster, nodes, tmp_path):
         assert ds.fetch_ahead(order[:4]) == 4
         assert ds.fetch_ahead(order[:4]) == 0  # already here: no request
         assert list(ds.lookahead_sampler(order)) == order
-        ds.fetch_ahead(order)  # whatever the sampler's thread had not reached yet
-        assert all(os.path.isfile(os.path.join(ds.cons_dir, {sub!r}, f"s{{i}}")) for i in order)
+        pend = ds.fetch_ahead_start(order)  # whatever the sampler's thread had not reached yet
+        rcs = pend.wait(raise_errors=False) if pend is not None else []
+        missing = [i for i in order if not os.path.isfile(os.path.join(ds.cons_dir, {sub!r}, f"s{{i}}"))]
+        assert not missing, (missing, rcs)
         got = [ds[i] for i in order]
         assert [s for s, _ in got] == [bytes([i]) * 100 for i in order]
         print(sorted(set(src for _, src in got)))

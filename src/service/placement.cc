@@ -101,6 +101,7 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
                                              const CancelFn& cancel) {
   const FileRecord& rec = req.record;
   const std::string dest = req.cons_root + "/" + rec.upath;
+  const Deadline join_by = JoinBy(deadline);
   for (;;) {
     bool joined = false;
     std::shared_ptr<InFlight> flight = Claim(dest, rec, &joined);
@@ -110,10 +111,10 @@ Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route 
       Settle(dest, flight, result);
       return result;
     }
-    Result<ConsumeReply> r = Join(flight, rec, deadline, cancel);
+    Result<ConsumeReply> r = Join(flight, rec, join_by, cancel);
     // The consume that led the transfer went away (and took it along):
     // this one places the file itself.
-    if (r.ok() || r.status().code() != DYAD_RC_CANCELLED || deadline.expired() ||
+    if (r.ok() || r.status().code() != DYAD_RC_CANCELLED || join_by.expired() ||
         (cancel && cancel()))
       return r;
   }
@@ -142,6 +143,15 @@ Result<ConsumeReply> Placement::Joined(const Status& st, const ConsumeReply& rep
   r.transferred = false;
   r.joined = true;
   return r;
+}
+
+Deadline Placement::JoinBy(Deadline deadline) const {
+  // A consume's deadline bounds its wait for the publication (0: "only if
+  // published"); the file is published once a transfer of it is in flight,
+  // and a transfer of its own would run to its end whatever that deadline.
+  // So a joiner waits as long as that: at least one --rpc-timeout.
+  const Deadline transfer = Deadline::AfterMs(cfg_.rpc_timeout_ms);
+  return deadline.never() || deadline.time_point() > transfer.time_point() ? deadline : transfer;
 }
 
 Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,

@@ -142,6 +142,9 @@ class Placement {
   ConsumeReply CurrentCopy(const std::string& dest, const FileRecord& rec);
   Result<ConsumeReply> Deduplicated(const PlacementRequest& req, Route route, Transport* transport,
                                     Deadline deadline, const CancelFn& cancel);
+  // How long a consume with `deadline` waits for another's transfer of
+  // the file it asked for (placement.cc).
+  Deadline JoinBy(Deadline deadline) const;
   Result<ConsumeReply> Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
                             Deadline deadline, const CancelFn& cancel);
   // A joiner's view of the flight's result.

@@ -40,7 +40,7 @@ void Placement::PlaceParked(RequestContext& ctx, const PlacementRequest& req, De
   bool joined = false;
   std::shared_ptr<InFlight> flight = Claim(dest, req.record, &joined);
   if (!flight) return done(ctx, CurrentCopy(dest, req.record));
-  if (joined) return JoinParked(ctx, flight, req, deadline, std::move(done));
+  if (joined) return JoinParked(ctx, flight, req, JoinBy(deadline), std::move(done));
   auto m = std::make_shared<Moving>();
   m->req = req;
   m->plan = *plan;

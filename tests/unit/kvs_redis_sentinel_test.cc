@@ -158,7 +158,10 @@ TEST_F(RedisSentinelTest, PublicationNoReplicaAcknowledgedIsReported) {
   Start(1);
   std::unique_ptr<RedisKvs> kvs = Open("?wait_replicas_ms=300");
   ASSERT_NE(kvs, nullptr);
-  ASSERT_TRUE(kvs->Put("ns", "safe", "x").ok());
+  // The replica acknowledges once its first synchronisation is done, which
+  // on a loaded machine may take longer than the 300 ms a Put waits for it.
+  ASSERT_TRUE(WaitUntil(10000, [&] { return kvs->Put("ns", "safe", "x").ok(); }))
+      << "the replica never acknowledged a publication";
   group_->replica(0).Kill();
   Status st = kvs->Put("ns", "at-risk", "y");
   EXPECT_EQ(st.code(), DYAD_RC_BADCOMMIT) << st.ToString();
