@@ -738,34 +738,30 @@ TEST_F(EmbeddedKvsTest, MalformedMultiGetGetsAnErrorReply) {
   StartRoot();
   std::unique_ptr<Channel> ch = RawLink();
   ASSERT_NE(ch, nullptr);
-  Encoder too_many;
-  too_many.Str("ns").U32(kMaxMultiGetKeys + 1);
-  for (const std::string& payload : {std::string("\x01"), too_many.data()}) {
-    ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsMultiGet), payload,
-                              Deadline::AfterMs(2000))
-                    .ok());
+  // Sends one kvs.multi_get and returns the status of its reply.
+  auto ask = [&ch](const std::string& payload) -> Status {
+    Status sent = ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsMultiGet), payload,
+                                Deadline::AfterMs(2000));
+    if (!sent.ok()) return sent;
     uint16_t type = 0;
     std::string reply;
-    ASSERT_TRUE(ch->RecvFrame(&type, &reply, Deadline::AfterMs(2000)).ok());
+    Status got = ch->RecvFrame(&type, &reply, Deadline::AfterMs(2000));
+    if (!got.ok()) return got;
     Status st;
     std::string body;
-    ASSERT_TRUE(DecodeReply(reply, &st, &body));
-    EXPECT_EQ(st.code(), DYAD_RC_BADUNPACK);
-  }
+    if (!DecodeReply(reply, &st, &body)) return Status(DYAD_RC_BADRPC, "undecodable reply");
+    return st;
+  };
+  Encoder too_many;
+  too_many.Str("ns").U32(kMaxMultiGetKeys + 1);
+  for (const std::string& payload : {std::string("\x01"), too_many.data()})
+    EXPECT_EQ(ask(payload).code(), DYAD_RC_BADUNPACK);
   KvsMultiGetRequest req;
   req.ns = "ns";
   req.keys = {"x"};
   Encoder good;
   req.EncodeTo(good);
-  ASSERT_TRUE(ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsMultiGet), good.data(),
-                            Deadline::AfterMs(2000))
-                  .ok());
-  uint16_t type = 0;
-  std::string reply;
-  ASSERT_TRUE(ch->RecvFrame(&type, &reply, Deadline::AfterMs(2000)).ok());
-  Status st;
-  std::string body;
-  ASSERT_TRUE(DecodeReply(reply, &st, &body));
+  Status st = ask(good.data());
   EXPECT_TRUE(st.ok()) << st.ToString();
 }
 

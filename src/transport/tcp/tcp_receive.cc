@@ -30,13 +30,34 @@ bool SpliceUnsupported(int err) {
   return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP || err == ENOTSUP;
 }
 
+// What both receives share: the session, the size, the progress so far,
+// and how a failure ends the session.
+class TcpPull : public PullOp {
+ public:
+  uint64_t got() const override { return got_; }
+  int64_t idle_ms() const override { return options_.idle_ms; }
+  Status Fail(const Status& why) override {
+    return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
+  }
+
+ protected:
+  TcpPull(Channel& ch, uint64_t size, const TransportOptions& options, TransferStats* stats)
+      : ch_(ch), size_(size), options_(options), stats_(stats) {}
+
+  Channel& ch_;
+  const uint64_t size_;
+  const TransportOptions options_;
+  TransferStats* const stats_;
+  uint64_t got_ = 0;
+};
+
 // The unprotected stream. Modes: splice until it proves unusable here
 // (no pipe, a sink or socket that refuses it), then buffered receive.
-class StreamPull final : public PullOp {
+class StreamPull final : public TcpPull {
  public:
   StreamPull(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
              TransferStats* stats)
-      : ch_(ch), size_(size), sink_(sink_fd), options_(options), stats_(stats) {
+      : TcpPull(ch, size, options, stats), sink_(sink_fd) {
     mode_ = size > TcpTransport::kSpliceThreshold ? Mode::kSpliceFirst : Mode::kBuffered;
   }
 
@@ -44,11 +65,6 @@ class StreamPull final : public PullOp {
     Result<bool> r = StepModes();
     if (!r.ok()) return FailSession(ch_, r.status().Annotate("tcp pull"));
     return r;
-  }
-  uint64_t got() const override { return got_; }
-  int64_t idle_ms() const override { return options_.idle_ms; }
-  Status Fail(const Status& why) override {
-    return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
   }
 
  private:
@@ -212,13 +228,8 @@ class StreamPull final : public PullOp {
     stats_->chunks += 1;
   }
 
-  Channel& ch_;
-  const uint64_t size_;
   const int sink_;
-  const TransportOptions options_;
-  TransferStats* const stats_;
   Mode mode_;
-  uint64_t got_ = 0;
   std::vector<char> buf_;
   std::optional<ScopedNonBlocking> nonblocking_;  // while splicing
   UniqueFd rd_, wr_;                              // the pipe, while splicing
@@ -229,11 +240,11 @@ class StreamPull final : public PullOp {
 // verified at its end, so the socket keeps draining and the bytes are
 // hashed while still in cache. Unverified bytes only ever reach the sink,
 // a temporary the fetcher discards when this fails.
-class SealedPull final : public PullOp {
+class SealedPull final : public TcpPull {
  public:
   SealedPull(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
              TransferStats* stats, size_t read_bytes)
-      : ch_(ch), size_(size), options_(options), stats_(stats) {
+      : TcpPull(ch, size, options, stats) {
     buf_len_ = static_cast<size_t>(std::min<uint64_t>(read_bytes, std::max<uint64_t>(1, size)));
     buf_.reset(new char[buf_len_]);
     write_ = [sink_fd](const char* p, size_t n) -> Status {
@@ -251,8 +262,7 @@ class SealedPull final : public PullOp {
       Result<bool> r = ch_.RecvFrameStreamingNow(&frame_, static_cast<uint16_t>(MsgType::kFileData),
                                                  &len, max_len, buf_.get(), buf_len_, write_);
       if (r.ok() && *r && len == 0) r = Status(DYAD_RC_BADUNPACK, "empty file data chunk");
-      if (!r.ok())
-        return FailSession(ch_, r.status().Annotate("tcp pull (" + Progress(got_, size_) + ")"));
+      if (!r.ok()) return Fail(r.status());
       if (!*r) return false;
       frame_.Reset();
       got_ += len;
@@ -261,22 +271,12 @@ class SealedPull final : public PullOp {
     }
     return true;
   }
-  uint64_t got() const override { return got_; }
-  int64_t idle_ms() const override { return options_.idle_ms; }
-  Status Fail(const Status& why) override {
-    return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
-  }
 
  private:
-  Channel& ch_;
-  const uint64_t size_;
-  const TransportOptions options_;
-  TransferStats* const stats_;
   size_t buf_len_ = 0;
   std::unique_ptr<char[]> buf_;
   std::function<Status(const char*, size_t)> write_;
   Channel::PartialFrame frame_;
-  uint64_t got_ = 0;
 };
 
 }  // namespace
