@@ -36,7 +36,8 @@ void FdWatcher::Stop() {
     if (!running_) return;
     running_ = false;
     for (auto& [ticket, e] : entries_) {
-      if (e.fd >= 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, e.fd, nullptr);
+      for (int fd : e.fds)
+        if (fd >= 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
       stopped.push_back(std::move(e.cb));
     }
     entries_.clear();
@@ -47,20 +48,41 @@ void FdWatcher::Stop() {
   for (Callback& cb : stopped) cb(Event::kStopped);
 }
 
-Result<uint64_t> FdWatcher::Watch(int fd, Deadline deadline, Callback cb) {
+namespace {
+uint32_t EpollEvents(short events) {
+  uint32_t ev = EPOLLRDHUP | EPOLLONESHOT;
+  if (events & POLLIN) ev |= EPOLLIN;
+  if (events & POLLOUT) ev |= EPOLLOUT;
+  return ev;
+}
+}  // namespace
+
+Result<uint64_t> FdWatcher::Watch(std::array<Interest, 2> any, Deadline deadline, Callback cb) {
+  if (any[0].fd >= 0 && any[0].fd == any[1].fd) {
+    any[0].events |= any[1].events;
+    any[1].fd = -1;
+  }
   std::lock_guard<std::mutex> lk(mu_);
   if (!running_) return Status(DYAD_RC_CANCELLED, "the service is stopping");
   const uint64_t ticket = next_ticket_++;
-  if (fd >= 0) {
+  Entry entry;
+  for (size_t i = 0; i < any.size(); ++i) {
+    if (any[i].fd < 0) continue;
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+    ev.events = EpollEvents(any[i].events);
     ev.data.u64 = ticket;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
-      return StatusFromErrno(errno, "watch a session for bytes (epoll_ctl)");
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, any[i].fd, &ev) != 0) {
+      const int err = errno;
+      if (entry.fds[0] >= 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, entry.fds[0], nullptr);
+      return StatusFromErrno(err, "watch a descriptor (epoll_ctl)");
+    }
+    entry.fds[i] = any[i].fd;
   }
   const bool earliest = !deadline.never() &&
                         (deadlines_.empty() || deadline.time_point() < deadlines_.begin()->first);
-  entries_[ticket] = Entry{fd, deadline, std::move(cb)};
+  entry.deadline = deadline;
+  entry.cb = std::move(cb);
+  entries_[ticket] = std::move(entry);
   if (!deadline.never()) deadlines_.emplace(deadline.time_point(), ticket);
   // The loop sleeps until the earliest deadline it knew of.
   if (earliest) Wake();
@@ -71,7 +93,8 @@ bool FdWatcher::TakeLocked(uint64_t ticket, Callback* cb) {
   auto it = entries_.find(ticket);
   if (it == entries_.end()) return false;
   Entry& e = it->second;
-  if (e.fd >= 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, e.fd, nullptr);
+  for (int fd : e.fds)
+    if (fd >= 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   if (!e.deadline.never()) {
     auto [lo, hi] = deadlines_.equal_range(e.deadline.time_point());
     for (auto d = lo; d != hi; ++d) {

@@ -19,6 +19,9 @@
 // Thread-safe.
 #pragma once
 
+#include <poll.h>
+
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,9 +50,20 @@ class FdWatcher {
   // Watch calls fail with DYAD_RC_CANCELLED. Idempotent.
   void Stop();
 
+  // A descriptor and what to wait for on it: readable (POLLIN) or writable
+  // (POLLOUT); a hang-up or an error counts as ready either way.
+  struct Interest {
+    int fd = -1;
+    short events = POLLIN;
+  };
   // Calls `cb` once `fd` is readable (or hung up, or in error), or with
   // kTimeout once `deadline` passes. Returns a ticket for Cancel.
-  Result<uint64_t> Watch(int fd, Deadline deadline, Callback cb);
+  Result<uint64_t> Watch(int fd, Deadline deadline, Callback cb) {
+    return Watch({Interest{fd, POLLIN}, Interest{}}, deadline, std::move(cb));
+  }
+  // The same for whichever of two descriptors is ready first (fd -1: none;
+  // the same descriptor twice: either of its events).
+  Result<uint64_t> Watch(std::array<Interest, 2> any, Deadline deadline, Callback cb);
   // True when the watch was still pending: its callback will never run.
   // False when it fired (or is firing) already. The caller may close the
   // descriptor once this returns.
@@ -59,7 +73,7 @@ class FdWatcher {
 
  private:
   struct Entry {
-    int fd = -1;
+    std::array<int, 2> fds{-1, -1};  // registered with epoll
     Deadline deadline = Deadline::Never();
     Callback cb;
   };

@@ -149,9 +149,11 @@ bool FetchOp::StepPull(Wait* wait) {
     const int64_t idle = pull_->idle_ms();
     deadline_ = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
   }
-  // The first bytes follow the reply immediately (small files are all
-  // first bytes): worth a spin.
-  *wait = Wait{session_.get(), deadline_, got == 0};
+  // The first bytes follow the reply immediately on the session (small
+  // files are all first bytes): worth a spin.
+  const int wake = pull_->wake_fd();
+  *wait = Wait{session_.get(), deadline_, got == 0 && wake < 0};
+  wait->fd = wake;
   return true;
 }
 

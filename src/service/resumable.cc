@@ -16,20 +16,22 @@ int64_t RemainingNs(Deadline d, int64_t cap) {
   return std::clamp<int64_t>(left, 0, cap);
 }
 
-// Waits until `fd` is readable (true; a hang-up or error counts, the next
-// step reports it) or for `limit_ns` / until `deadline` (false).
-bool WaitReadable(int fd, Deadline deadline, int64_t limit_ns) {
+// Waits until what `w` names is ready (true; a hang-up or error counts,
+// the next step reports it) or for `limit_ns` / until its deadline (false).
+bool WaitReady(const Resumable::Wait& w, int64_t limit_ns) {
+  pollfd p[2] = {{w.ch ? w.ch->fd() : -1, POLLIN, 0}, {w.fd, w.events, 0}};
   for (;;) {
-    const int64_t ns = RemainingNs(deadline, limit_ns);
+    const int64_t ns = RemainingNs(w.deadline, limit_ns);
     const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    pollfd p{fd, POLLIN, 0};
-    const int n = ::ppoll(&p, 1, &ts, nullptr);
+    const int n = ::ppoll(p, 2, &ts, nullptr);  // negative fds are ignored
     if (n > 0) return true;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return true;  // a broken descriptor: the step says what is wrong
     return false;
   }
 }
+
+bool Spun(const Resumable::Wait& w) { return w.spin && w.ch != nullptr && w.ch->SpinFor(POLLIN); }
 
 void Park(RequestContext& ctx, std::shared_ptr<Resumable> op, const Resumable::Wait& w,
           FdWatcher* watcher, ServiceStats* stats, std::function<void(RequestContext&)> then) {
@@ -43,7 +45,9 @@ void Park(RequestContext& ctx, std::shared_ptr<Resumable> op, const Resumable::W
       RunParked(c, op, watcher, stats, then);
     });
   };
-  Result<uint64_t> ticket = watcher->Watch(w.ch->fd(), w.deadline, [resume](FdWatcher::Event ev) {
+  const std::array<FdWatcher::Interest, 2> any = {
+      FdWatcher::Interest{w.ch ? w.ch->fd() : -1, POLLIN}, FdWatcher::Interest{w.fd, w.events}};
+  Result<uint64_t> ticket = watcher->Watch(any, w.deadline, [resume](FdWatcher::Event ev) {
     if (ev == FdWatcher::Event::kReady) return resume(nullptr);
     if (ev == FdWatcher::Event::kTimeout) return resume([](Resumable& o) { o.Expired(); });
     resume([](Resumable& o) { o.Abandon(Status(DYAD_RC_CANCELLED, "the service is stopping")); });
@@ -64,8 +68,8 @@ void RunBlocking(Resumable& op) {
   for (;;) {
     Resumable::Wait w;
     if (op.Step(&w)) return;
-    if (w.spin && w.ch->SpinFor(POLLIN)) continue;
-    if (!WaitReadable(w.ch->fd(), w.deadline, 1000000000) && w.deadline.expired()) op.Expired();
+    if (Spun(w)) continue;
+    if (!WaitReady(w, 1000000000) && w.deadline.expired()) op.Expired();
   }
 }
 
@@ -88,7 +92,7 @@ void RunParked(RequestContext& ctx, std::shared_ptr<Resumable> op, FdWatcher* wa
     }
     if (budget_ns <= 0) return Park(ctx, std::move(op), w, watcher, stats, std::move(then));
     const uint64_t t0 = MonoNs();
-    if (!(w.spin && w.ch->SpinFor(POLLIN))) (void)WaitReadable(w.ch->fd(), w.deadline, budget_ns);
+    if (!Spun(w)) (void)WaitReady(w, budget_ns);
     budget_ns -= static_cast<int64_t>(MonoNs() - t0);
   }
 }

@@ -16,6 +16,8 @@
 // A Resumable is used by one thread at a time; the drivers guarantee it.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,10 +32,16 @@ namespace dyad {
 
 class Resumable {
  public:
+  // What the next Step waits for: any of `ch` readable and `fd` ready
+  // (either may be absent), or the deadline.
   struct Wait {
     Channel* ch = nullptr;  // until ch->fd() is readable (or hung up)
     Deadline deadline = Deadline::Never();
     bool spin = false;  // the bytes are likely microseconds away (Channel::SpinFor)
+    // Also (or instead) until `fd` is ready for `events` (POLLIN or
+    // POLLOUT): a socket still connecting, a transport's completion event.
+    int fd = -1;
+    short events = POLLIN;
   };
   virtual ~Resumable() = default;
   // Makes what progress it can without blocking. True once the operation

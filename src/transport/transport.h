@@ -69,9 +69,14 @@ struct TransportOptions {
 class PullOp {
  public:
   virtual ~PullOp() = default;
-  // True once every byte is in the sink; false when the session must
-  // become readable before the next Step can make progress.
+  // True once every byte is in the sink; false when the session (or
+  // wake_fd) must become readable before the next Step can make progress.
   virtual Result<bool> Step() = 0;
+  // For transports whose data moves off the session: a descriptor that
+  // becomes readable when the transport's own completions may let Step
+  // progress (e.g. an event fd its progress engine signals). The caller
+  // waits for it or the session, whichever comes first. -1: the session only.
+  virtual int wake_fd() const { return -1; }
   // Bytes landed so far (progress resets the caller's idle bound).
   virtual uint64_t got() const = 0;
   // The transport's bound on a wait without progress (<= 0: none).
