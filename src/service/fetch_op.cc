@@ -143,7 +143,7 @@ bool FetchOp::StepPull(Wait* wait) {
     PullDone(r.status());
     return false;
   }
-  const uint64_t got = pull_->got();
+  const uint64_t got = pull_->moved();
   if (got != last_got_) {  // progress: the idle bound starts again
     last_got_ = got;
     const int64_t idle = pull_->idle_ms();

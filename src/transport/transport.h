@@ -61,30 +61,36 @@ struct TransportOptions {
   int64_t idle_ms = 60000;       // no progress for this long fails the transfer
 };
 
-// A requester's Pull as a resumable operation (Transport::StartPull): each
-// Step lands what the session holds now and never waits, so a caller can
-// wait for the session to become readable however it likes (poll on its
+// A transfer as a resumable operation, on either end: a requester's Pull
+// (Transport::StartPull) or an owner's Push (Transport::StartPush). Each
+// Step moves what it can now and never waits, so a caller can wait for the
+// session (or wake_fd) to become readable however it likes (poll on its
 // thread, or an event loop that holds no thread meanwhile). Used by one
 // thread at a time; errors mark the session broken (and shut it down).
-class PullOp {
+class TransferOp {
  public:
-  virtual ~PullOp() = default;
-  // True once every byte is in the sink; false when the session (or
-  // wake_fd) must become readable before the next Step can make progress.
+  virtual ~TransferOp() = default;
+  // True once the transfer is complete on this end (every byte in the
+  // sink; every byte handed over and acknowledged as the transport
+  // requires); false when the session (or wake_fd) must become readable
+  // before the next Step can make progress.
   virtual Result<bool> Step() = 0;
   // For transports whose data moves off the session: a descriptor that
   // becomes readable when the transport's own completions may let Step
   // progress (e.g. an event fd its progress engine signals). The caller
   // waits for it or the session, whichever comes first. -1: the session only.
   virtual int wake_fd() const { return -1; }
-  // Bytes landed so far (progress resets the caller's idle bound).
-  virtual uint64_t got() const = 0;
+  // Bytes moved so far (landed, or sent); progress resets the caller's
+  // idle bound.
+  virtual uint64_t moved() const = 0;
   // The transport's bound on a wait without progress (<= 0: none).
   virtual int64_t idle_ms() const = 0;
   // Ends the transfer with `why` (no progress within idle_ms, the
   // requester gone): breaks the session so the peer stops at once.
   virtual Status Fail(const Status& why) = 0;
 };
+using PullOp = TransferOp;
+using PushOp = TransferOp;
 
 class Transport {
  public:
@@ -140,14 +146,22 @@ class Transport {
   virtual Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
                       TransferStats* stats) = 0;
 
-  // Requester: Pull as a PullOp, for transports whose bytes arrive on the
-  // session itself (tcp). Null when the transport has none (its Pull waits
-  // on its own completions): callers use Pull. `session`, `sink_fd` and
-  // `stats` (non-null) must outlive the op.
+  // Requester: Pull as a PullOp. Null when the transport has none (its
+  // Pull waits on its own completions): callers use Pull. `session`,
+  // `sink_fd` and `stats` (non-null) must outlive the op.
   virtual std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size,
                                             const std::string& reply_args, int sink_fd,
                                             TransferStats* stats) {
     (void)session, (void)size, (void)reply_args, (void)sink_fd, (void)stats;
+    return nullptr;
+  }
+
+  // Owner, transports that send whole files (not queues_chunks()): Push as
+  // a PushOp. Null when the transport has none: callers use Push. `session`,
+  // `src` and `stats` (non-null) must outlive the op.
+  virtual std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
+                                            const std::string& request_args, TransferStats* stats) {
+    (void)session, (void)src, (void)request_args, (void)stats;
     return nullptr;
   }
 };

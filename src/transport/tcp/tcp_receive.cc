@@ -34,7 +34,7 @@ bool SpliceUnsupported(int err) {
 // and how a failure ends the session.
 class TcpPull : public PullOp {
  public:
-  uint64_t got() const override { return got_; }
+  uint64_t moved() const override { return got_; }
   int64_t idle_ms() const override { return options_.idle_ms; }
   Status Fail(const Status& why) override {
     return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
