@@ -160,7 +160,7 @@ class OfiFabric {
   std::condition_variable active_cv_;
   std::thread progress_;
   std::vector<int> busy_fds_;  // transfers whose read was refused as busy
-  uint64_t next_key_ = 1;  // requested keys when the provider does not choose them
+  uint64_t next_key_ = 1;      // requested keys when the provider does not choose them
 
   struct Peer {
     fi_addr_t addr = FI_ADDR_UNSPEC;

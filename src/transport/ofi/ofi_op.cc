@@ -41,12 +41,10 @@ Status DriveOfiOp(Channel& session, TransferOp& op) {
     }
     pollfd p[2] = {{session.fd(), POLLIN, 0}, {op.wake_fd(), POLLIN, 0}};
     const int n = ::poll(p, op.wake_fd() >= 0 ? 2 : 1, static_cast<int>(idle.RemainingMs(1000)));
-    if (n < 0 && errno != EINTR)
-      return op.Fail(StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST));
+    if (n < 0 && errno != EINTR) return op.Fail(StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST));
     // Hang-ups and errors on the session surface in the next step.
     if (n == 0 && idle.expired())
-      return op.Fail(
-          Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(idle_ms) + " ms"));
+      return op.Fail(Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(idle_ms) + " ms"));
   }
 }
 

@@ -149,7 +149,7 @@ class OfiPool {
   std::mutex mu_;
   std::vector<std::unique_ptr<OfiBuffer>> buffers_;
   std::vector<int> waiters_;  // event fds of transfers waiting for a buffer
-  int creating_ = 0;  // buffers being registered outside the lock
+  int creating_ = 0;          // buffers being registered outside the lock
 };
 
 // Returns a buffer to its pool when a transfer ends; after a failure the

@@ -188,10 +188,9 @@ Status OfiRmaPull::PostReads() {
     const OfiChunk& c = announced_.front();
     OfiOp& op = buf_->ops[c.index % s_.g.window];
     buf_->in_flight.fetch_add(1, std::memory_order_acq_rel);
-    Result<bool> posted =
-        s_.fabric->TryRead(&op, Slot(c.index), static_cast<size_t>(c.length),
-                           buf_->region->registration().desc, s_.peer, c.remote_addr, c.key,
-                           wake_.get());
+    Result<bool> posted = s_.fabric->TryRead(&op, Slot(c.index), static_cast<size_t>(c.length),
+                                             buf_->region->registration().desc, s_.peer,
+                                             c.remote_addr, c.key, wake_.get());
     if (!posted.ok() || !*posted) buf_->in_flight.fetch_sub(1, std::memory_order_acq_rel);
     if (!posted.ok()) return posted.status().Annotate("reading chunk " + std::to_string(c.index));
     if (!*posted) {
@@ -255,9 +254,9 @@ Status OfiRmaPull::End(const Status& st) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - busy_since_)
                         .count();
-    result_ = result_.Annotate("reading chunk " + std::to_string(announced_.front().index) +
-                               ": fi_read refused as busy (EAGAIN) for " + std::to_string(ms) +
-                               " ms");
+    result_ =
+        result_.Annotate("reading chunk " + std::to_string(announced_.front().index) +
+                         ": fi_read refused as busy (EAGAIN) for " + std::to_string(ms) + " ms");
   }
   result_ = result_.Annotate(What());
   return owner_reported_ ? OfiFailSession(session_, result_)

@@ -25,7 +25,11 @@ class OfiSimplePush final : public PushOp {
  public:
   OfiSimplePush(Channel& session, uint64_t size, int64_t idle_ms, Status error,
                 TransferStats* stats)
-      : session_(session), size_(size), idle_ms_(idle_ms), error_(std::move(error)), stats_(stats) {}
+      : session_(session),
+        size_(size),
+        idle_ms_(idle_ms),
+        error_(std::move(error)),
+        stats_(stats) {}
 
   Result<bool> Step() override {
     if (!error_.ok()) return Fail(error_);
