@@ -32,6 +32,7 @@
 #include <rdma/fabric.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -159,8 +160,9 @@ class OfiFabric {
   int active_ = 0;
   std::condition_variable active_cv_;
   std::thread progress_;
-  std::vector<int> busy_fds_;  // transfers whose read was refused as busy
-  uint64_t next_key_ = 1;      // requested keys when the provider does not choose them
+  std::vector<int> busy_fds_;                         // transfers whose read was refused as busy
+  std::chrono::steady_clock::time_point busy_since_;  // the first of them
+  uint64_t next_key_ = 1;  // requested keys when the provider does not choose them
 
   struct Peer {
     fi_addr_t addr = FI_ADDR_UNSPEC;

@@ -75,16 +75,20 @@ void OfiFabric::ProgressLoop() {
       // long enough that threads blocked on it get in: a yield alone let
       // this thread take the lock straight back, so on a busy machine a
       // transfer ending (EndActivity) or Stop() could starve for seconds.
-      if (DrainLocked() > 0) {
+      const bool seen = DrainLocked() > 0;
+      // Completions free the provider's queue; otherwise a refused read
+      // retries every kBusyRetryMs, not at the pace of this loop.
+      if (!busy_fds_.empty() && (seen || std::chrono::steady_clock::now() - busy_since_ >=
+                                             std::chrono::milliseconds(kBusyRetryMs)))
+        SignalBusyLocked();
+      if (seen) {
         empty_rounds = 0;
-        if (!busy_fds_.empty()) SignalBusyLocked();
       } else if (++empty_rounds < kPolledSpinRounds) {
         lk.unlock();
         std::this_thread::yield();
         lk.lock();
       } else {
         empty_rounds = 0;
-        if (!busy_fds_.empty()) SignalBusyLocked();
         active_cv_.wait_for(lk, std::chrono::microseconds(kPolledRestUs));
       }
       continue;
@@ -177,6 +181,7 @@ Result<bool> OfiFabric::TryRead(OfiOp* op, void* local, size_t len, void* desc, 
   // Busy (a connection being set up, or the queue full): progress now, and
   // have the progress thread call the transfer back after its next round.
   DrainLocked();
+  if (busy_fds_.empty()) busy_since_ = std::chrono::steady_clock::now();
   if (std::find(busy_fds_.begin(), busy_fds_.end(), notify_fd) == busy_fds_.end())
     busy_fds_.push_back(notify_fd);
   if (!polled()) {
