@@ -13,7 +13,10 @@
 // active (BeginActivity/EndActivity), yielding between empty reads, and
 // sleeps on a condition variable otherwise. A completed operation's
 // on_done callback runs on the thread that read it, under the fabric's
-// lock: it must be short and must not call back into the fabric.
+// lock: it must be short and must not call back into the fabric. Nothing
+// here waits on a peer for a transfer: a read the provider refuses as busy
+// (EAGAIN) is retried by its transfer once the progress thread has moved
+// the provider along (TryRead signals the transfer's event fd).
 //
 // Address vector. A peer endpoint is inserted once per (address, instance):
 // the instance is a random number each fabric draws when it opens, so a
@@ -29,6 +32,7 @@
 #include <rdma/fabric.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -36,6 +40,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/net.h"
 #include "common/status.h"
@@ -108,11 +113,17 @@ class OfiFabric {
   void ReleasePeer(const std::string& address, uint64_t instance, fi_addr_t addr, bool failed);
 
   // Starts an RMA read of `len` bytes at (remote_addr, key) on `peer` into
-  // `local`, completing `op`. Retries while the provider is busy (EAGAIN:
-  // queue full or connection being set up), progressing meanwhile, until
-  // `deadline`.
-  Status Read(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
-              uint64_t key, Deadline deadline);
+  // `local`, completing `op`; never waits. OK(false): the provider is busy
+  // (EAGAIN: its queue is full or a connection to the peer is being set
+  // up); `notify_fd` (an event fd) is signalled after the next round of
+  // progress (at most kBusyRetryMs away), when the read is worth trying
+  // again.
+  Result<bool> TryRead(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t peer,
+                       uint64_t remote_addr, uint64_t key, int notify_fd);
+  // Forgets `notify_fd` (before it is closed).
+  void CancelBusyNotify(int notify_fd);
+  // How long a read the provider refused as busy waits for its retry.
+  static constexpr int kBusyRetryMs = 10;
 
   // A transfer starts/ends: in polled mode the CQ is read while any runs.
   void BeginActivity();
@@ -127,7 +138,7 @@ class OfiFabric {
   void ProgressLoop();
   int DrainLocked();  // reads the CQ empty; returns completions seen
   void CompleteLocked(OfiOp* op, int err, int prov_err);
-  void WaitForProgress(std::unique_lock<std::mutex>& lk, Deadline deadline);
+  void SignalBusyLocked();
   void RemovePeerLocked(fi_addr_t addr);
   void TrimPeersLocked();
 
@@ -149,6 +160,8 @@ class OfiFabric {
   int active_ = 0;
   std::condition_variable active_cv_;
   std::thread progress_;
+  std::vector<int> busy_fds_;                         // transfers whose read was refused as busy
+  std::chrono::steady_clock::time_point busy_since_;  // the first of them
   uint64_t next_key_ = 1;  // requested keys when the provider does not choose them
 
   struct Peer {

@@ -1,7 +1,6 @@
 #include "transport/ofi/ofi_pool.h"
 
 #include <rdma/fi_domain.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,11 +14,15 @@
 namespace dyad {
 namespace {
 
+void SignalEventFd(int fd) {
+  const uint64_t one = 1;
+  (void)!::write(fd, &one, sizeof(one));
+}
+
 // Runs on the thread that read the completion, under the fabric's lock.
 void OnReadDone(OfiOp* op) {
   auto* b = static_cast<OfiBuffer*>(op->owner);
-  const uint64_t one = 1;
-  (void)!::write(b->event.get(), &one, sizeof(one));
+  b->Notify();
   if (b->in_flight.fetch_sub(1, std::memory_order_acq_rel) == 1) b->pool->Wake();
 }
 
@@ -42,9 +45,14 @@ std::string OfiRegion::PackedKey() const {
   return e.Take();
 }
 
-void OfiBuffer::DrainEvent() {
-  uint64_t v = 0;
-  (void)!::read(event.get(), &v, sizeof(v));
+void OfiBuffer::SetNotify(int fd) {
+  std::lock_guard<std::mutex> lk(notify_mu_);
+  notify_fd_ = fd;
+}
+
+void OfiBuffer::Notify() {
+  std::lock_guard<std::mutex> lk(notify_mu_);
+  if (notify_fd_ >= 0) SignalEventFd(notify_fd_);
 }
 
 OfiPool::OfiPool(std::shared_ptr<OfiFabric> fabric, Kind kind, size_t slot_bytes, int slots,
@@ -82,13 +90,6 @@ Result<std::unique_ptr<OfiBuffer>> OfiPool::MakeBuffer() {
   }
   b->region = std::make_unique<OfiRegion>(fabric_, b->base, b->len, *reg);
   if (kind_ == Kind::kReceive) {
-    b->event = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!b->event.valid()) {
-      Status st = StatusFromErrno(errno, "eventfd");
-      b->region.reset();
-      ::munmap(b->base, b->len);
-      return st;
-    }
     b->ops = std::make_unique<OfiOp[]>(static_cast<size_t>(slots_));
     for (int i = 0; i < slots_; ++i) {
       b->ops[i].on_done = &OnReadDone;
@@ -102,60 +103,60 @@ bool OfiPool::Usable(const OfiBuffer& b, std::chrono::steady_clock::time_point n
   return !b.in_use && b.usable_at <= now && b.in_flight.load(std::memory_order_acquire) == 0;
 }
 
-Result<OfiBuffer*> OfiPool::Acquire(Deadline deadline) {
+Result<OfiBuffer*> OfiPool::TryAcquire(int notify_fd) {
   std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    const auto now = std::chrono::steady_clock::now();
-    int held_back = 0;
-    for (std::unique_ptr<OfiBuffer>& b : buffers_) {
-      if (Usable(*b, now)) {
-        b->in_use = true;
-        return b.get();
-      }
-      if (!b->in_use) ++held_back;
+  const auto now = std::chrono::steady_clock::now();
+  int held_back = 0;
+  for (std::unique_ptr<OfiBuffer>& b : buffers_) {
+    if (Usable(*b, now)) {
+      b->in_use = true;
+      return b.get();
     }
-    const int limit = max_buffers_ + std::min(held_back, kHeldBackFactor * max_buffers_);
-    if (static_cast<int>(buffers_.size()) + creating_ < limit) {
-      ++creating_;
-      lk.unlock();  // registration takes the fabric's lock
-      Result<std::unique_ptr<OfiBuffer>> made = MakeBuffer();
-      lk.lock();
-      --creating_;
-      if (!made.ok()) return made.status();
-      buffers_.push_back(std::move(made).value());
-      buffers_.back()->in_use = true;
-      return buffers_.back().get();
-    }
-    if (deadline.expired())
-      return Status(
-          DYAD_RC_TIMEOUT,
-          "all " + std::to_string(buffers_.size()) + " registered " +
-              (kind_ == Kind::kSend ? "send" : "receive") +
-              " buffers stayed busy (DYAD_OFI_POOL_BUFFERS=" + std::to_string(max_buffers_) + "; " +
-              std::to_string(held_back) + " held back by reads of failed transfers)");
-    // Resting buffers become usable at a known time; others are given
-    // back or finish their reads with a notification (Release, Wake).
-    auto until = now + std::chrono::milliseconds(deadline.RemainingMs(1000));
-    for (const std::unique_ptr<OfiBuffer>& b : buffers_) {
-      if (!b->in_use && b->usable_at > now) until = std::min(until, b->usable_at);
-    }
-    cv_.wait_until(lk, until);
+    if (!b->in_use) ++held_back;
   }
+  const int limit = max_buffers_ + std::min(held_back, kHeldBackFactor * max_buffers_);
+  if (static_cast<int>(buffers_.size()) + creating_ >= limit) {
+    // Busy: whoever gives one back (Release, Wake) signals the waiter.
+    if (std::find(waiters_.begin(), waiters_.end(), notify_fd) == waiters_.end())
+      waiters_.push_back(notify_fd);
+    return static_cast<OfiBuffer*>(nullptr);
+  }
+  ++creating_;
+  lk.unlock();  // registration takes the fabric's lock
+  Result<std::unique_ptr<OfiBuffer>> made = MakeBuffer();
+  lk.lock();
+  --creating_;
+  if (!made.ok()) {
+    SignalWaitersLocked();  // they may count on the buffer that failed
+    return made.status();
+  }
+  buffers_.push_back(std::move(made).value());
+  buffers_.back()->in_use = true;
+  return buffers_.back().get();
+}
+
+void OfiPool::CancelNotify(int notify_fd) {
+  std::lock_guard<std::mutex> lk(mu_);
+  waiters_.erase(std::remove(waiters_.begin(), waiters_.end(), notify_fd), waiters_.end());
+}
+
+void OfiPool::SignalWaitersLocked() {
+  for (int fd : waiters_) SignalEventFd(fd);
+  waiters_.clear();
 }
 
 void OfiPool::Release(OfiBuffer* b, int64_t rest_ms) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    b->in_use = false;
-    b->usable_at =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, rest_ms));
-  }
-  cv_.notify_all();
+  if (kind_ == Kind::kReceive) b->SetNotify(-1);
+  std::lock_guard<std::mutex> lk(mu_);
+  b->in_use = false;
+  b->usable_at =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, rest_ms));
+  SignalWaitersLocked();
 }
 
 void OfiPool::Wake() {
-  { std::lock_guard<std::mutex> lk(mu_); }
-  cv_.notify_all();
+  std::lock_guard<std::mutex> lk(mu_);
+  SignalWaitersLocked();
 }
 
 Status OfiPool::Preallocate() {
@@ -169,6 +170,7 @@ Status OfiPool::Preallocate() {
   --creating_;
   if (!made.ok()) return made.status();
   buffers_.push_back(std::move(made).value());
+  SignalWaitersLocked();
   return Status::OK();
 }
 

@@ -9,8 +9,9 @@
 //   send pool:    the owner preads file chunks into slots that requesters
 //                 read remotely (registered FI_REMOTE_READ);
 //   receive pool: the requester's fi_read targets (registered FI_READ), one
-//                 OfiOp per slot and an eventfd that becomes readable when
-//                 any of the buffer's reads completes.
+//                 OfiOp per slot; each completed read signals the event fd
+//                 its transfer set (SetNotify), which is that transfer's
+//                 wake_fd (transport.h).
 // A receive buffer is reusable only once every read into it has completed
 // (after a failure the provider still owns the slots until it reports each
 // read: a live owner may still write them); a send buffer given back after
@@ -20,13 +21,20 @@
 // to a peer that died (shm in libfabric 1.17 can leave them pending) costs
 // memory, not the service's ability to transfer.
 //
+// Taking a buffer never waits (TryAcquire): a transfer that finds none
+// busy-free leaves an event fd, which the next Release (or a held-back
+// buffer's last read completing) signals, and waits for it however its
+// caller waits (a parked request holds no thread). A buffer resting after a
+// failure signals no one when its rest ends: it only matters beyond
+// max_buffers x (1 + kHeldBackFactor) buffers, when waiters are woken by
+// the next release or fail at their idle bound.
+//
 // Threading: thread-safe. Lock order: the fabric's lock (held when a read
 // completes) before the pool's, never the reverse.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -72,7 +80,6 @@ struct OfiBuffer {
   size_t slot_bytes = 0;
   int slots = 0;
   std::unique_ptr<OfiRegion> region;
-  UniqueFd event;                 // receive buffers: a read into it completed
   std::unique_ptr<OfiOp[]> ops;   // receive buffers: the read of each slot
   std::atomic<int> in_flight{0};  // reads into it not yet completed
   // Pool bookkeeping (guarded by the pool's lock).
@@ -84,7 +91,16 @@ struct OfiBuffer {
   uint64_t remote_slot(uint64_t i) const {
     return region->registration().remote_base + (i % static_cast<uint64_t>(slots)) * slot_bytes;
   }
-  void DrainEvent();  // resets `event` after a wake-up
+  // Receive buffers: the event fd each completed read signals (-1: none).
+  // Cleared before that fd is closed; reads of a failed transfer may
+  // complete long after it ended.
+  void SetNotify(int fd);
+  // Signals the notify fd (the completion callback; fabric's lock held).
+  void Notify();
+
+ private:
+  std::mutex notify_mu_;
+  int notify_fd_ = -1;
 };
 
 class OfiPool {
@@ -101,8 +117,12 @@ class OfiPool {
   size_t slot_bytes() const { return slot_bytes_; }
   int slots() const { return slots_; }
 
-  // A free buffer, waiting (bounded) when all allowed ones are busy.
-  Result<OfiBuffer*> Acquire(Deadline deadline);
+  // A free buffer now, or null when all allowed ones are busy: `notify_fd`
+  // (an event fd) is then signalled when one may have become free (once;
+  // call again). Errors: a buffer could not be made.
+  Result<OfiBuffer*> TryAcquire(int notify_fd);
+  // Forgets a waiter registered by TryAcquire (before its fd is closed).
+  void CancelNotify(int notify_fd);
   // Gives a buffer back; it is reused no sooner than `rest_ms` from now
   // (and, for receive buffers, once its reads completed).
   void Release(OfiBuffer* b, int64_t rest_ms);
@@ -124,10 +144,12 @@ class OfiPool {
   const int slots_;
   const int max_buffers_;
 
+  void SignalWaitersLocked();
+
   std::mutex mu_;
-  std::condition_variable cv_;
   std::vector<std::unique_ptr<OfiBuffer>> buffers_;
-  int creating_ = 0;  // buffers being registered outside the lock
+  std::vector<int> waiters_;  // event fds of transfers waiting for a buffer
+  int creating_ = 0;          // buffers being registered outside the lock
 };
 
 // Returns a buffer to its pool when a transfer ends; after a failure the

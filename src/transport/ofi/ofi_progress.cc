@@ -8,6 +8,7 @@
 #include <rdma/fi_rma.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <type_traits>
@@ -28,9 +29,6 @@ constexpr int kProgressPollMs = 1000;
 // lock is let go for other threads.
 constexpr int kBatch = 16;
 constexpr int kMaxBatches = 64;
-// While fi_read says EAGAIN, sleep at most this long on the CQ fd between
-// attempts (connection setup may not signal the fd).
-constexpr int64_t kBusyWaitMs = 10;
 // Polled mode (no CQ wait object) while transfers run: empty CQ reads in a
 // row before the progress thread rests, and how long it rests.
 constexpr int kPolledSpinRounds = 64;
@@ -63,6 +61,7 @@ dyad_rc_t OfiFabricErrorCode(int err) { return CodeForFabricError(err < 0 ? -err
 void OfiFabric::ProgressLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   int empty_rounds = 0;
+  bool progressed = true;
   while (!stopping_) {
     if (polled()) {
       // Nothing to drive while no transfer runs: a peer's read can only
@@ -76,7 +75,13 @@ void OfiFabric::ProgressLoop() {
       // long enough that threads blocked on it get in: a yield alone let
       // this thread take the lock straight back, so on a busy machine a
       // transfer ending (EndActivity) or Stop() could starve for seconds.
-      if (DrainLocked() > 0) {
+      const bool seen = DrainLocked() > 0;
+      // Completions free the provider's queue; otherwise a refused read
+      // retries every kBusyRetryMs, not at the pace of this loop.
+      if (!busy_fds_.empty() && (seen || std::chrono::steady_clock::now() - busy_since_ >=
+                                             std::chrono::milliseconds(kBusyRetryMs)))
+        SignalBusyLocked();
+      if (seen) {
         empty_rounds = 0;
       } else if (++empty_rounds < kPolledSpinRounds) {
         lk.unlock();
@@ -89,15 +94,32 @@ void OfiFabric::ProgressLoop() {
       continue;
     }
     DrainLocked();
+    // The provider was progressed after a wait (not only woken by a new
+    // busy read): let the busy reads retry.
+    if (progressed && !busy_fds_.empty()) SignalBusyLocked();
     fid* fids[1] = {&cq_->fid};
     const bool may_block = fi_trywait(fabric_, fids, 1) == FI_SUCCESS;
+    // A refused read needs the provider progressed soon even if the CQ
+    // fd stays quiet (connection setup may not signal it).
+    const int timeout = busy_fds_.empty() ? kProgressPollMs : kBusyRetryMs;
     lk.unlock();
+    progressed = true;
     if (may_block) {
       pollfd p[2] = {{cq_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-      (void)::poll(p, 2, kProgressPollMs);
+      if (::poll(p, 2, timeout) > 0 && p[1].revents != 0) {
+        uint64_t v = 0;
+        (void)!::read(wake_fd_.get(), &v, sizeof(v));
+        progressed = p[0].revents != 0;
+      }
     }
     lk.lock();
   }
+}
+
+void OfiFabric::SignalBusyLocked() {
+  const uint64_t one = 1;
+  for (int fd : busy_fds_) (void)!::write(fd, &one, sizeof(one));
+  busy_fds_.clear();
 }
 
 int OfiFabric::DrainLocked() {
@@ -136,49 +158,43 @@ void OfiFabric::CompleteLocked(OfiOp* op, int err, int prov_err) {
   if (op->on_done != nullptr) op->on_done(op);
 }
 
-Status OfiFabric::Read(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t peer,
-                       uint64_t remote_addr, uint64_t key, Deadline deadline) {
+Result<bool> OfiFabric::TryRead(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t peer,
+                                uint64_t remote_addr, uint64_t key, int notify_fd) {
   std::unique_lock<std::mutex> lk(mu_);
+  if (stopping_) return Status(DYAD_RC_CANCELLED, "ofi transport is shutting down");
   op->err = 0;
   op->prov_err = 0;
-  for (;;) {
-    if (stopping_) return Status(DYAD_RC_CANCELLED, "ofi transport is shutting down");
-    op->state.store(OfiOp::kPending, std::memory_order_relaxed);
-    const ssize_t rc = fi_read(ep_, local, len, desc, peer, remote_addr, key, &op->context);
-    if (rc == 0) {
-      ++reads_;
-      // Without a wait object nothing wakes a sleeper for this read, and a
-      // provider like shm completes it at once: dispatch it now rather
-      // than through the polling thread.
-      if (polled()) DrainLocked();
-      return Status::OK();
-    }
-    op->state.store(OfiOp::kIdle, std::memory_order_relaxed);
-    if (rc != -FI_EAGAIN)
-      return Status(CodeForFabricError(static_cast<int>(-rc)), OfiError("fi_read", rc));
-    ++eagain_;
-    // Busy (a connection being set up, or the queue full): progress, and
-    // retry once something moved.
-    DrainLocked();
-    if (deadline.expired())
-      return Status(DYAD_RC_TIMEOUT, "fi_read: the provider stayed busy (EAGAIN)");
-    WaitForProgress(lk, deadline);
+  op->state.store(OfiOp::kPending, std::memory_order_relaxed);
+  const ssize_t rc = fi_read(ep_, local, len, desc, peer, remote_addr, key, &op->context);
+  if (rc == 0) {
+    ++reads_;
+    // Without a wait object nothing wakes a sleeper for this read, and a
+    // provider like shm completes it at once: dispatch it now rather
+    // than through the polling thread.
+    if (polled()) DrainLocked();
+    return true;
   }
+  op->state.store(OfiOp::kIdle, std::memory_order_relaxed);
+  if (rc != -FI_EAGAIN)
+    return Status(CodeForFabricError(static_cast<int>(-rc)), OfiError("fi_read", rc));
+  ++eagain_;
+  // Busy (a connection being set up, or the queue full): progress now, and
+  // have the progress thread call the transfer back after its next round.
+  DrainLocked();
+  if (busy_fds_.empty()) busy_since_ = std::chrono::steady_clock::now();
+  if (std::find(busy_fds_.begin(), busy_fds_.end(), notify_fd) == busy_fds_.end())
+    busy_fds_.push_back(notify_fd);
+  if (!polled()) {
+    lk.unlock();
+    const uint64_t one = 1;  // out of a long sleep on a quiet CQ
+    (void)!::write(wake_fd_.get(), &one, sizeof(one));
+  }
+  return false;
 }
 
-void OfiFabric::WaitForProgress(std::unique_lock<std::mutex>& lk, Deadline deadline) {
-  if (polled()) {
-    lk.unlock();
-    std::this_thread::yield();
-    lk.lock();
-    return;
-  }
-  fid* fids[1] = {&cq_->fid};
-  if (fi_trywait(fabric_, fids, 1) != FI_SUCCESS) return;  // something to read already
-  lk.unlock();
-  pollfd p{cq_fd_, POLLIN, 0};
-  (void)::poll(&p, 1, static_cast<int>(deadline.RemainingMs(kBusyWaitMs)));
-  lk.lock();
+void OfiFabric::CancelBusyNotify(int notify_fd) {
+  std::lock_guard<std::mutex> lk(mu_);
+  busy_fds_.erase(std::remove(busy_fds_.begin(), busy_fds_.end(), notify_fd), busy_fds_.end());
 }
 
 void OfiFabric::BeginActivity() {

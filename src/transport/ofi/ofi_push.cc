@@ -1,88 +1,220 @@
-// The owner's side of an "ofi" transfer (see ofi_transport.h): fill
-// registered slots from the file, announce them, let the requester read.
+// The owner's side of an "ofi" transfer (see ofi_transport.h) as a PushOp:
+// fill registered slots from the file, announce them, let the requester
+// read. Each Step takes the requester's frames the session holds now
+// (ready, credits, done) and announces what they allow; it never waits.
+// Its wake fd is signalled by the send pool when a buffer comes free; the
+// requester's reads need no wake-up here (the fabric's progress thread
+// serves them).
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "transport/ofi/ofi_engine.h"
-#include "transport/ofi/ofi_fabric.h"
-#include "transport/ofi/ofi_pool.h"
-#include "transport/ofi/ofi_transport.h"
+#include "transport/ofi/ofi_op.h"
 #include "transport/ofi/ofi_wire.h"
 
 namespace dyad {
+namespace {
+
+// A push with nothing to move on the fabric: the file went inline in the
+// FetchReply, or a check failed before the transfer began (the requester
+// waits for chunks the reply promised, so it is told).
+class OfiSimplePush final : public PushOp {
+ public:
+  OfiSimplePush(Channel& session, uint64_t size, int64_t idle_ms, Status error,
+                TransferStats* stats)
+      : session_(session),
+        size_(size),
+        idle_ms_(idle_ms),
+        error_(std::move(error)),
+        stats_(stats) {}
+
+  Result<bool> Step() override {
+    if (!error_.ok()) return Fail(error_);
+    stats_->bytes = size_;
+    stats_->chunks = size_ > 0 ? 1 : 0;
+    return true;
+  }
+  uint64_t moved() const override { return stats_->bytes; }
+  int64_t idle_ms() const override { return idle_ms_; }
+  Status Fail(const Status& why) override { return OfiSendErrorAndFail(session_, why); }
+
+ private:
+  Channel& session_;
+  const uint64_t size_;
+  const int64_t idle_ms_;
+  const Status error_;
+  TransferStats* const stats_;
+};
+
+class OfiRmaPush final : public OfiTransferOp {
+ public:
+  OfiRmaPush(Channel& session, const FileSource& src, std::shared_ptr<OfiFabric> fabric,
+             OfiPool* pool, OfiGeometry g, int64_t idle_ms, TransferStats* stats)
+      : OfiTransferOp(session, idle_ms),
+        src_(src),
+        fabric_(std::move(fabric)),
+        pool_(pool),
+        g_(g),
+        stats_(stats) {}
+  ~OfiRmaPush() override {
+    if (!ended_) (void)End(Status(DYAD_RC_CANCELLED, "ofi push abandoned"));
+  }
+
+  Result<bool> Step() override {
+    if (ended_) return result_.ok() ? Result<bool>(true) : Result<bool>(result_);
+    Result<bool> r = StepRun();
+    if (!r.ok()) return End(r.status());
+    if (*r) (void)End(Status::OK());
+    return r;
+  }
+  uint64_t moved() const override { return stats_->bytes; }
+  Status Fail(const Status& why) override {
+    if (ended_) return result_.ok() ? why : result_;
+    return End(why);
+  }
+
+ private:
+  Result<bool> StepRun();
+  Status Announce();
+  Status OnFrame(uint16_t type);
+  Status End(const Status& st);
+
+  const FileSource& src_;
+  const std::shared_ptr<OfiFabric> fabric_;
+  OfiPool* const pool_;
+  const OfiGeometry g_;
+  TransferStats* const stats_;
+  bool ready_ = false;  // the requester holds its receive buffer
+  OfiBuffer* buf_ = nullptr;
+  std::unique_ptr<OfiActivity> active_;
+  uint64_t next_ = 0;     // chunks announced
+  uint64_t credits_ = 0;  // slots the requester gave back
+  bool done_ = false;     // every chunk landed
+  bool ended_ = false;
+  Status result_;
+};
+
+Result<bool> OfiRmaPush::StepRun() {
+  if (!wake_error_.ok()) return wake_error_;
+  DrainWake();
+  uint16_t type = 0;
+  if (!ready_) {
+    Result<bool> r = NextFrame(&type);
+    if (!r.ok() || !*r) return r;
+    DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload_, kOfiReadyFrame, 0, "requester"));
+    ready_ = true;
+  }
+  // Only a requester that holds its receive buffer gets a send buffer, so
+  // transfers waiting for buffers can never wait on each other in a circle.
+  if (buf_ == nullptr) {
+    Result<OfiBuffer*> b = pool_->TryAcquire(wake_.get());
+    if (!b.ok()) return b.status();
+    if (*b == nullptr) return false;
+    buf_ = *b;
+    active_ = std::make_unique<OfiActivity>(*fabric_);
+  }
+  for (;;) {
+    DYAD_RETURN_IF_ERROR(Announce());
+    if (done_) return true;
+    Result<bool> r = NextFrame(&type);
+    if (!r.ok() || !*r) return r;
+    DYAD_RETURN_IF_ERROR(OnFrame(type));
+  }
+}
+
+// Chunk i goes to slot i % window once the requester returned the slot
+// (kCredit {i - window}).
+Status OfiRmaPush::Announce() {
+  const uint64_t key = buf_->region->registration().key;
+  while (next_ < g_.chunks && (next_ < g_.window || next_ - g_.window < credits_)) {
+    const uint64_t slot = next_ % g_.window;
+    OfiChunk c;
+    c.index = next_;
+    c.length = std::min(g_.chunk, src_.size - next_ * g_.chunk);
+    c.remote_addr = buf_->region->registration().remote_base + slot * buf_->slot_bytes;
+    c.key = key;
+    DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, buf_->base + slot * buf_->slot_bytes,
+                                    static_cast<size_t>(c.length), next_ * g_.chunk));
+    DYAD_RETURN_IF_ERROR(session_.SendFrame(kOfiChunkFrame, c.Encode(), OfiIdle(idle_ms_)));
+    stats_->bytes += c.length;
+    stats_->chunks += 1;
+    ++next_;
+  }
+  return Status::OK();
+}
+
+// The requester sends, in order, a credit for each slot a later chunk
+// needs, then kDone with the chunk count.
+Status OfiRmaPush::OnFrame(uint16_t type) {
+  if (credits_ + g_.window < g_.chunks) {
+    DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload_, kOfiCreditFrame, credits_, "requester"));
+    if (credits_ >= next_)
+      return Status(DYAD_RC_BADUNPACK, "the requester gave back the slot of chunk " +
+                                           std::to_string(credits_) + " before it was announced");
+    ++credits_;
+    return Status::OK();
+  }
+  DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload_, kOfiDoneFrame, g_.chunks, "requester"));
+  if (next_ < g_.chunks)
+    return Status(DYAD_RC_BADUNPACK, "the requester said done after " + std::to_string(next_) +
+                                         " of " + std::to_string(g_.chunks) + " chunks");
+  done_ = true;
+  return Status::OK();
+}
+
+Status OfiRmaPush::End(const Status& st) {
+  ended_ = true;
+  pool_->CancelNotify(wake_.get());
+  active_.reset();
+  if (buf_ != nullptr) {
+    // After a failure the requester may still read a slot it was told
+    // about: the buffer rests until its reads have surely stopped.
+    pool_->Release(buf_, st.ok() ? 0 : 2 * std::max<int64_t>(idle_ms_, 1000));
+    buf_ = nullptr;
+  }
+  if (st.ok()) return st;
+  result_ = st.Annotate("ofi push of '" + src_.path + "' (sent " + std::to_string(stats_->bytes) +
+                        " of " + std::to_string(src_.size) + " bytes)");
+  return OfiSendErrorAndFail(session_, result_);
+}
+
+}  // namespace
+
+std::unique_ptr<PushOp> OfiTransport::StartPush(Channel& session, const FileSource& src,
+                                                const std::string& request_args,
+                                                TransferStats* stats) {
+  *stats = TransferStats();
+  auto simple = [&](Status st) -> std::unique_ptr<PushOp> {
+    return std::make_unique<OfiSimplePush>(session, src.size, options_.idle_ms, std::move(st),
+                                           stats);
+  };
+  // Already sent inside the FetchReply (ReplyArgs).
+  if (src.size <= kOfiInlineMaxBytes) return simple(Status::OK());
+  const std::string what = "ofi push of '" + src.path + "'";
+  OfiRequestArgs req;
+  Status st = req.Decode(request_args);
+  Result<Engine*> e = st.ok() ? Start() : Result<Engine*>(st);
+  if (e.ok()) st = CheckPeer(**e, req.provider, req.host, "requester");
+  if (!e.ok() || !st.ok()) return simple((e.ok() ? st : e.status()).Annotate(what));
+  if (src.fd < 0) return simple(Status(DYAD_RC_BADFIO, what + ": no open file descriptor"));
+  Engine& engine = **e;
+  Result<OfiGeometry> g =
+      OfiGeometryFor(src.size, engine.send->slot_bytes(),
+                     static_cast<uint32_t>(engine.send->slots()), req.slot_bytes, req.slots);
+  if (!g.ok()) return simple(g.status().Annotate(what));
+  return std::make_unique<OfiRmaPush>(session, src, engine.fabric, engine.send.get(), *g,
+                                      options_.idle_ms, stats);
+}
 
 Status OfiTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
                           TransferStats* stats) {
   TransferStats local_stats;
   if (stats == nullptr) stats = &local_stats;
-  *stats = TransferStats();
-  if (src.size <= kOfiInlineMaxBytes) {
-    // Already sent inside the FetchReply (ReplyArgs).
-    stats->bytes = src.size;
-    stats->chunks = src.size > 0 ? 1 : 0;
-    return Status::OK();
-  }
-  const std::string what = "ofi push of '" + src.path + "'";
-  auto progress = [&] {
-    return what + " (sent " + std::to_string(stats->bytes) + " of " + std::to_string(src.size) +
-           " bytes)";
-  };
-  // The requester waits for chunks the FetchReply promised, so every
-  // failure is reported to it.
-  OfiRequestArgs req;
-  Status st = req.Decode(request_args);
-  Result<Engine*> e = st.ok() ? Start() : Result<Engine*>(st);
-  if (e.ok()) st = CheckPeer(**e, req.provider, req.host, "requester");
-  if (!e.ok() || !st.ok())
-    return OfiSendErrorAndFail(session, (e.ok() ? st : e.status()).Annotate(what));
-  if (src.fd < 0)
-    return OfiSendErrorAndFail(session, Status(DYAD_RC_BADFIO, what + ": no open file descriptor"));
-  Engine& engine = **e;
-  Result<OfiGeometry> g =
-      OfiGeometryFor(src.size, engine.send->slot_bytes(),
-                     static_cast<uint32_t>(engine.send->slots()), req.slot_bytes, req.slots);
-  if (!g.ok()) return OfiSendErrorAndFail(session, g.status().Annotate(what));
-  // Only a requester that holds its receive buffer gets a send buffer, so
-  // transfers waiting for buffers can never wait on each other in a circle.
-  st = OfiExpectU64(session, kOfiReadyFrame, 0, "requester", OfiIdle(options_.idle_ms));
-  if (!st.ok()) return OfiSendErrorAndFail(session, st.Annotate(what));
-  Result<OfiBuffer*> buf = engine.send->Acquire(OfiIdle(options_.idle_ms));
-  if (!buf.ok()) return OfiSendErrorAndFail(session, buf.status().Annotate(what));
-  // After a failure the requester may still read a slot it was told
-  // about: the buffer rests until its reads have surely stopped.
-  OfiLease lease(engine.send.get(), *buf, 2 * std::max<int64_t>(options_.idle_ms, 1000));
-  {
-    OfiActivity active(*engine.fabric);
-    st = PushChunks(session, src, **buf, *g, stats);
-  }
-  if (!st.ok()) return OfiSendErrorAndFail(session, st.Annotate(progress()));
-  lease.MarkOk();
-  return Status::OK();
-}
-
-// Chunk i goes to slot i % window once the requester returned the slot
-// (kCredit {i - window}); the transfer ends with the requester's kDone.
-Status OfiTransport::PushChunks(Channel& session, const FileSource& src, OfiBuffer& buf,
-                                const OfiGeometry& g, TransferStats* stats) const {
-  const uint64_t key = buf.region->registration().key;
-  for (uint64_t i = 0; i < g.chunks; ++i) {
-    if (i >= g.window)
-      DYAD_RETURN_IF_ERROR(OfiExpectU64(session, kOfiCreditFrame, i - g.window, "requester",
-                                        OfiIdle(options_.idle_ms)));
-    const uint64_t slot = i % g.window;
-    OfiChunk c;
-    c.index = i;
-    c.length = std::min(g.chunk, src.size - i * g.chunk);
-    c.remote_addr = buf.region->registration().remote_base + slot * buf.slot_bytes;
-    c.key = key;
-    DYAD_RETURN_IF_ERROR(PreadFully(src.fd, buf.base + slot * buf.slot_bytes,
-                                    static_cast<size_t>(c.length), i * g.chunk));
-    DYAD_RETURN_IF_ERROR(session.SendFrame(kOfiChunkFrame, c.Encode(), OfiIdle(options_.idle_ms)));
-    stats->bytes += c.length;
-    stats->chunks += 1;
-  }
-  return OfiExpectU64(session, kOfiDoneFrame, g.chunks, "requester", OfiIdle(options_.idle_ms));
+  std::unique_ptr<PushOp> op = StartPush(session, src, request_args, stats);
+  return DriveOfiOp(session, *op);
 }
 
 }  // namespace dyad

@@ -9,7 +9,7 @@
 //   requester PrepareRequest: its provider, host and receive slots.
 //   owner ReplyArgs: its provider, host, endpoint name, instance and slots.
 //   requester Pull:  takes a receive buffer, then sends kReady.
-//   owner Push:      waits for kReady, takes a send buffer (so a transfer
+//   owner Push:      waits for kReady, then takes a send buffer (so a transfer
 //                    holding send memory always has its receive memory:
 //                    transfers waiting for buffers never wait in a circle);
 //                    for chunk i (chunk = the smaller slot, window = the
@@ -34,8 +34,17 @@
 // $FI_PROVIDER and $DYAD_OFI_DOMAIN (ofi_provider.h); Details() and
 // Probe() say which and why.
 //
+// Waiting: no transfer holds a thread while it waits on its peer. Both
+// ends are TransferOps (StartPull, StartPush; ofi_op.h) whose Step takes
+// only the frames the session holds and the completions that arrived, and
+// otherwise returns for its caller to wait on the session or the op's
+// wake fd (an event fd that our reads' completions, a freed pool buffer
+// and a busy read worth retrying signal), e.g. parked on a service's
+// event loop. Pull and Push run the same ops, polling on their thread.
+//
 // Threading: thread-safe; one instance serves every concurrent transfer of
-// a service. Sessions are used only by the calling thread. Regions from
+// a service. Sessions are used only by the calling thread. An op must not
+// outlive its transport. Regions from
 // Register() may outlive the transport object.
 #pragma once
 
@@ -48,10 +57,6 @@
 #include "transport/transport.h"
 
 namespace dyad {
-
-struct OfiBuffer;
-struct OfiGeometry;
-struct OfiReplyArgs;
 
 class OfiTransport final : public Transport {
  public:
@@ -71,6 +76,12 @@ class OfiTransport final : public Transport {
               TransferStats* stats) override;
   Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
               TransferStats* stats) override;
+  // The transfer as resumable ops (transport.h); Push and Pull run the
+  // same ops on the calling thread.
+  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
+                                    int sink_fd, TransferStats* stats) override;
+  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
+                                    const std::string& request_args, TransferStats* stats) override;
   // Registers memory for remote reads (tests and tools; transfers use the
   // pools). The region may outlive this object.
   Result<std::unique_ptr<OfiRegion>> Register(void* addr, size_t len);
@@ -86,10 +97,6 @@ class OfiTransport final : public Transport {
   Result<Engine*> Start() const;
   Status CheckPeer(const Engine& e, const std::string& provider, const std::string& host,
                    const char* who) const;
-  Status PushChunks(Channel& session, const FileSource& src, OfiBuffer& buf, const OfiGeometry& g,
-                    TransferStats* stats) const;
-  Status PullRma(Engine& e, Channel& session, uint64_t size, const OfiReplyArgs& args, int sink_fd,
-                 TransferStats* stats) const;
 
   const TransportOptions options_;
   const OfiConfig config_;

@@ -160,10 +160,8 @@ Status OfiSendU64(Channel& ch, uint16_t type, uint64_t v, Deadline deadline) {
   return ch.SendFrame(type, e.data(), deadline);
 }
 
-Status OfiExpectU64(Channel& ch, uint16_t type, uint64_t want, const char* who, Deadline deadline) {
-  uint16_t got_type = 0;
-  std::string payload;
-  DYAD_RETURN_IF_ERROR(ch.RecvFrame(&got_type, &payload, deadline));
+Status OfiCheckU64(uint16_t got_type, const std::string& payload, uint16_t type, uint64_t want,
+                   const char* who) {
   if (got_type == kOfiErrorFrame) return OfiDecodeError(payload, who);
   Decoder d(payload);
   const uint64_t v = d.U64();

@@ -102,8 +102,9 @@ Status OfiSendErrorAndFail(Channel& ch, const Status& st);
 Status OfiDecodeError(const std::string& payload, const char* who);
 // Sends a frame carrying one u64.
 Status OfiSendU64(Channel& ch, uint16_t type, uint64_t v, Deadline deadline);
-// Receives a frame that must be `type` carrying one u64 equal to `want`
-// (a kError frame gives the peer's error).
-Status OfiExpectU64(Channel& ch, uint16_t type, uint64_t want, const char* who, Deadline deadline);
+// Checks a received frame: it must be `type` carrying one u64 equal to
+// `want` (a kError frame gives the peer's error).
+Status OfiCheckU64(uint16_t got_type, const std::string& payload, uint16_t type, uint64_t want,
+                   const char* who);
 
 }  // namespace dyad

@@ -1,0 +1,48 @@
+// ofi_op.h (internal to the "ofi" transport): what the requester's PullOp
+// and the owner's PushOp share (transport.h has the TransferOp contract):
+// an event fd as wake_fd, which the transfer's completions, its pool
+// (a buffer given back) and the fabric (a busy read worth retrying)
+// signal; frames taken from the session only as far as it holds them; and
+// the loop that runs an op on the calling thread (Pull, Push).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/net.h"
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace dyad {
+
+class OfiTransferOp : public TransferOp {
+ public:
+  int wake_fd() const override { return wake_.get(); }
+  int64_t idle_ms() const override { return idle_ms_; }
+
+ protected:
+  // A failure to make the event fd is kept and returned by the first Step.
+  OfiTransferOp(Channel& session, int64_t idle_ms);
+  // Resets the event fd (before looking at what may have signalled it, so
+  // that a signal after the look is not lost).
+  void DrainWake();
+  // The next frame if the session holds all of it now: OK(true) with
+  // `*type` and payload_ set; OK(false) otherwise. A closed session is
+  // DYAD_RC_CONNLOST.
+  Result<bool> NextFrame(uint16_t* type);
+
+  Channel& session_;
+  const int64_t idle_ms_;
+  UniqueFd wake_;
+  Status wake_error_;
+  std::string payload_;
+
+ private:
+  Channel::PartialFrame frame_;
+};
+
+// Runs `op` on this thread to its end: between steps, polls the session
+// and the op's wake fd; no progress (moved()) for op.idle_ms() fails it.
+Status DriveOfiOp(Channel& session, TransferOp& op);
+
+}  // namespace dyad
