@@ -85,13 +85,12 @@ bool PeerDial::Start(Wait* wait) {
   if (!alone_) {
     flight_ = peers_->JoinDial(rank_, dial_deadline_, &lead_);
     if (flight_ && !lead_) {
+      joined_ = true;
       joined_fd_.reset(::dup(flight_->done_fd.get()));
       if (!joined_fd_.valid()) {
-        flight_.reset();
         End(StatusFromErrno(errno, "dup"));
         return false;
       }
-      ++peers_->waiting_on_dial_gauge();
       JoinBy();
       stage_ = Stage::kJoined;
       return WaitJoined(wait);
@@ -215,10 +214,9 @@ void PeerDial::Abandon(const Status& why) {
 }
 
 void PeerDial::LeaveFlight() {
-  if (joined_fd_.valid()) {
-    --peers_->waiting_on_dial_gauge();
-    joined_fd_.reset();
-  }
+  if (joined_) peers_->LeaveDial();
+  joined_ = false;
+  joined_fd_.reset();
   flight_.reset();
   lead_ = false;
 }

@@ -67,6 +67,7 @@ class PeerDial final : public Resumable {
   SocketAddress addr_;
   std::shared_ptr<PeerDirectory::DialFlight> flight_;
   bool lead_ = false;
+  bool joined_ = false;  // waits for another's dial (counted by the directory)
   UniqueFd joined_fd_;  // a duplicate of the flight's eventfd (one watch per descriptor)
   UniqueFd connecting_;
   std::unique_ptr<Channel> ch_;

@@ -90,6 +90,7 @@ std::shared_ptr<PeerDirectory::DialFlight> PeerDirectory::JoinDial(uint32_t rank
   Peer& p = peers_[rank];
   if (p.dialing) {
     *lead = false;
+    ++waiting_on_dial_;
     return p.dialing;
   }
   *lead = true;

@@ -82,7 +82,9 @@ class PeerDirectory {
   // Gauges for `dyad status`: dials in flight, callers waiting on one.
   uint64_t dials_in_flight() const { return dialing_.load(); }
   uint64_t waiting_on_dial() const { return waiting_on_dial_.load(); }
-  std::atomic<uint64_t>& waiting_on_dial_gauge() { return waiting_on_dial_; }
+  // A caller that joined a flight (JoinDial, `*lead` false) stops waiting
+  // on it (its outcome seen, or the caller gone).
+  void LeaveDial() { --waiting_on_dial_; }
   void Release(uint32_t rank, std::unique_ptr<Channel> ch);
   // Forgets cached record and idle sessions of `rank` (after a failure).
   void Invalidate(uint32_t rank);

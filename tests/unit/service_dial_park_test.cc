@@ -23,6 +23,9 @@
 
 #include "common/fsutil.h"
 #include "proto/protocol.h"
+#include "kvs/kvs.h"
+#include "proto/auth.h"
+#include "service/peers.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
 #include "unit/stuck_owner.h"
@@ -238,6 +241,33 @@ TEST_F(DialPark, HangupWhileDiallingClosesTheConnection) {
   EXPECT_TRUE(Eventually([&] { return stuck_->open() == 0; }, 3000)) << "connection left open";
   EXPECT_TRUE(Eventually([&] { return StatusCounter("peers.dialing") == 0; }, 3000));
   EXPECT_TRUE(Eventually([&] { return ConsumerFiles().empty(); }, 3000));
+}
+
+// Callers that block (PeerDirectory::Acquire: version notices, batched
+// fetches) share the rule: one connection to the hung owner for two
+// callers, both failing at the dial's bound.
+TEST_F(DialPark, BlockingAcquireSharesTheDial) {
+  Start(StuckOwner::Mode::kNoChallenge, 1000);
+  KvsOptions o;
+  o.secret = "test-secret";
+  o.self_rank = 7;
+  Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + a_->tcp_address(), o);
+  ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+  Authenticator auth("test-secret");
+  PeerDirectory peers(kvs->get(), &auth, PeerIdentity{7, 1}, 1000);
+  const uint64_t t0 = MonoNs();
+  auto acquire = [&] { return peers.Acquire(kStuckRank, Deadline::AfterMs(5000)).status(); };
+  auto one = std::async(std::launch::async, acquire);
+  auto two = std::async(std::launch::async, acquire);
+  for (Status st : {one.get(), two.get()}) {
+    EXPECT_EQ(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
+    EXPECT_NE(st.message().find("connect to dyad-service rank 2"), std::string::npos)
+        << st.ToString();
+  }
+  EXPECT_LT(MonoNs() - t0, 2500000000u);
+  EXPECT_EQ(stuck_->accepted(), 1);
+  EXPECT_EQ(peers.dials_in_flight(), 0u);
+  EXPECT_EQ(peers.waiting_on_dial(), 0u);
 }
 
 // A peer with another cluster secret: DYAD_RC_AUTH, naming the setting.
