@@ -48,9 +48,10 @@ bool ClientHandshake::ReadChallenge(Channel& ch, Deadline deadline) {
   if (!*got) return false;
   frame_.Reset();
   if (type != static_cast<uint16_t>(MsgType::kChallenge))
-    return End(ch, Status(DYAD_RC_AUTH, std::string("handshake: expected '") +
-                                            MsgTypeName(static_cast<uint16_t>(MsgType::kChallenge)) +
-                                            "', got '" + MsgTypeName(type) + "'"));
+    return End(ch,
+               Status(DYAD_RC_AUTH, std::string("handshake: expected '") +
+                                        MsgTypeName(static_cast<uint16_t>(MsgType::kChallenge)) +
+                                        "', got '" + MsgTypeName(type) + "'"));
   bool older = false;
   if (!ChallengeMsg::Decode(payload_, &s_->challenge, &older)) {
     if (older)

@@ -1,24 +1,25 @@
 // fetch_op.h: one fetch of one file from its owner, as a Resumable.
 //
 // The conversation (transport.h): take a pooled (or new) authenticated
-// session to the owner (a PeerDial, service/peer_dial.h), send the FetchRequest with the transport's
-// arguments, receive the FetchReply, let the transport land the bytes in
-// the sink, receive the owner's verdict (the file did not change while it
-// was sent). Each wait on the owner is a step boundary: a new session's
-// connect and handshake (or another fetch's dial to the same owner) wait
-// on their descriptors, the reply and the verdict are assembled without
-// blocking (Channel::RecvFrameNow), the bytes land through the transport's
-// PullOp when it has one (tcp). What still blocks inside a step: the
-// lookup of the owner's membership record when it is not cached (the
-// metadata store, not the owner) and the Pull of transports without a
-// PullOp (UCX, libfabric and the same-node copy wait on their own
-// completions, bounded by their idle limit).
+// session to the owner (a PeerDial, service/peer_dial.h), send the
+// FetchRequest with the transport's arguments, receive the FetchReply, let
+// the transport land the bytes in the sink, receive the owner's verdict
+// (the file did not change while it was sent). Each wait on the owner is a
+// step boundary: a new session's connect and handshake (or another fetch's
+// dial to the same owner) wait on their descriptors, the reply and the
+// verdict are assembled without blocking (Channel::RecvFrameNow), the bytes
+// land through the transport's PullOp when it has one (tcp). What still
+// blocks inside a step: the lookup of the owner's membership record when it
+// is not cached (the metadata store, not the owner) and the Pull of
+// transports without a PullOp (UCX, libfabric and the same-node copy wait
+// on their own completions, bounded by their idle limit).
 //
 // Bounds: the session (connect and handshake, or the wait for another's
-// dial) and the reply together --rpc-timeout, the verdict --rpc-timeout; the bytes the
-// transport's idle limit without progress. Errors name the file and the
-// owner; `retryable` says the session died before the owner answered (a
-// pooled session that outlived its peer: a fresh one may well succeed).
+// dial) and the reply together --rpc-timeout, the verdict --rpc-timeout;
+// the bytes the transport's idle limit without progress. Errors name the
+// file and the owner; `retryable` says the session died before the owner
+// answered (a pooled session that outlived its peer: a fresh one may well
+// succeed).
 #pragma once
 
 #include <cstdint>

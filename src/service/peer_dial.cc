@@ -188,8 +188,8 @@ void PeerDial::Expired() {
   switch (stage_) {
     case Stage::kJoined:
       LeaveFlight();
-      End(Status(DYAD_RC_TIMEOUT, "connect to dyad-service rank " + std::to_string(rank_) +
-                                      " at " + rec_.address +
+      End(Status(DYAD_RC_TIMEOUT, "connect to dyad-service rank " + std::to_string(rank_) + " at " +
+                                      rec_.address +
                                       ": timed out waiting for the connection another "
                                       "request is making"));
       return;

@@ -58,8 +58,8 @@ class PeerDial final : public Resumable {
 
   PeerDirectory* const peers_;
   const uint32_t rank_;
-  const Deadline deadline_;      // the caller's
-  Deadline dial_deadline_;       // of the connect and the handshake
+  const Deadline deadline_;                     // the caller's
+  Deadline dial_deadline_;                      // of the connect and the handshake
   Deadline join_deadline_ = Deadline::Never();  // of the wait for another's dial
   Stage stage_ = Stage::kStart;
   bool alone_ = false;  // another's dial succeeded: dial without a flight
@@ -68,7 +68,7 @@ class PeerDial final : public Resumable {
   std::shared_ptr<PeerDirectory::DialFlight> flight_;
   bool lead_ = false;
   bool joined_ = false;  // waits for another's dial (counted by the directory)
-  UniqueFd joined_fd_;  // a duplicate of the flight's eventfd (one watch per descriptor)
+  UniqueFd joined_fd_;   // a duplicate of the flight's eventfd (one watch per descriptor)
   UniqueFd connecting_;
   std::unique_ptr<Channel> ch_;
   std::unique_ptr<ClientHandshake> hs_;

@@ -85,7 +85,7 @@ std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
 }
 
 std::shared_ptr<PeerDirectory::DialFlight> PeerDirectory::JoinDial(uint32_t rank, Deadline deadline,
-                                                                    bool* lead) {
+                                                                   bool* lead) {
   std::lock_guard<std::mutex> lk(mu_);
   Peer& p = peers_[rank];
   if (p.dialing) {

@@ -63,9 +63,9 @@ class PeerDirectory {
   // handshake outcome checked against the record (identity, Mismatch) and
   // its errors worded for the operator.
   struct DialFlight {
-    UniqueFd done_fd;  // an eventfd, readable once the dial ended
+    UniqueFd done_fd;                       // an eventfd, readable once the dial ended
     Deadline deadline = Deadline::Never();  // by which it ends (its connect and handshake)
-    bool done = false;  // and `status` are guarded by the directory
+    bool done = false;                      // and `status` are guarded by the directory
     Status status;
   };
   std::unique_ptr<Channel> TakeIdle(uint32_t rank);
@@ -102,7 +102,7 @@ class PeerDirectory {
     ServiceRecord record;
     std::vector<std::unique_ptr<Channel>> idle;
     uint64_t last_contact_ns = 0;
-    uint64_t reported_incarnation = 0;  // record already reported as answered by another
+    uint64_t reported_incarnation = 0;    // record already reported as answered by another
     std::shared_ptr<DialFlight> dialing;  // the dial in flight, if any
   };
   Result<std::unique_ptr<Channel>> Dial(const std::string& address, Deadline deadline,

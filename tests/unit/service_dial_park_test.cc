@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "common/fsutil.h"
-#include "proto/protocol.h"
 #include "kvs/kvs.h"
 #include "proto/auth.h"
+#include "proto/protocol.h"
 #include "service/peers.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
@@ -232,8 +232,7 @@ TEST_F(DialPark, HangupWhileDiallingClosesTheConnection) {
   EXPECT_TRUE(Eventually([&] { return Parks() >= 2; }, 3000));
   EXPECT_EQ(stuck_->accepted(), 1);
   first.reset();  // hangs up
-  EXPECT_TRUE(
-      Eventually([&] { return stuck_->accepted() == 2 && stuck_->open() == 1; }, 3000))
+  EXPECT_TRUE(Eventually([&] { return stuck_->accepted() == 2 && stuck_->open() == 1; }, 3000))
       << "accepted " << stuck_->accepted() << ", open " << stuck_->open();
   EXPECT_EQ(StatusCounter("peers.waiting_on_dial"), 0u);
   EXPECT_EQ(StatusCounter("peers.dialing"), 1u);
