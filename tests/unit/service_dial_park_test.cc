@@ -171,12 +171,12 @@ class DialPark : public ::testing::Test {
 // consume meanwhile at once; all four fail with the dial's timeout at
 // --rpc-timeout, and the connection is closed.
 TEST_F(DialPark, HungOwnerHoldsNoWorkerAndIsDialledOnce) {
-  constexpr int64_t kRpcMs = 2000;
+  constexpr int64_t kRpcMs = 3000;  // well past the healthy consume's bound
   Start(StuckOwner::Mode::kNoChallenge, kRpcMs);
   const uint64_t t0 = MonoNs();
   std::vector<std::future<Result<ConsumeReply>>> hung;
   for (int i = 0; i < 4; ++i) hung.push_back(ConsumeStuckAsync("hung" + std::to_string(i)));
-  EXPECT_TRUE(Eventually([&] { return Parks() >= 4; }, 1500)) << Parks() << " parked";
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 4; }, 1000)) << Parks() << " parked";
   EXPECT_EQ(stuck_->accepted(), 1) << "one dial at a time to an owner";
   EXPECT_EQ(StatusCounter("peers.dialing"), 1u);
   EXPECT_EQ(StatusCounter("peers.waiting_on_dial"), 3u);
@@ -201,11 +201,11 @@ TEST_F(DialPark, HungOwnerHoldsNoWorkerAndIsDialledOnce) {
 
 // An address whose SYNs are dropped: the connect itself parks.
 TEST_F(DialPark, UnansweredConnectHoldsNoWorker) {
-  constexpr int64_t kRpcMs = 1500;
+  constexpr int64_t kRpcMs = 3000;
   Start(StuckOwner::Mode::kBlackHole, kRpcMs);
   std::vector<std::future<Result<ConsumeReply>>> hung;
   for (int i = 0; i < 3; ++i) hung.push_back(ConsumeStuckAsync("void" + std::to_string(i)));
-  EXPECT_TRUE(Eventually([&] { return Parks() >= 3; }, 1200)) << Parks() << " parked";
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 3; }, 1000)) << Parks() << " parked";
   ExpectHealthyConsumeIsPrompt();
   for (auto& f : hung) {
     Result<ConsumeReply> r = f.get();
