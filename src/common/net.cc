@@ -157,7 +157,7 @@ Result<UniqueFd> Accept(int listen_fd, Deadline deadline) {
   }
 }
 
-Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
+Result<UniqueFd> ConnectStart(const SocketAddress& addr, bool* connected) {
   UniqueFd fd;
   int rc;
   if (addr.is_unix) {
@@ -177,27 +177,36 @@ Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
   }
   if (rc != 0 && errno != EINPROGRESS && errno != EAGAIN)
     return StatusFromErrno(errno, "connect " + addr.ToString(), DYAD_RC_CONNLOST);
-  if (rc != 0) {
-    for (;;) {
-      pollfd p{fd.get(), POLLOUT, 0};
-      const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return StatusFromErrno(errno, "poll(connect)");
-      if (n == 0) {
-        if (deadline.expired())
-          return Status(DYAD_RC_TIMEOUT, "connect " + addr.ToString() + " timed out");
-        continue;
-      }
-      break;
-    }
-    int err = 0;
-    socklen_t len = sizeof err;
-    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) return StatusFromErrno(err, "connect " + addr.ToString(), DYAD_RC_CONNLOST);
-  }
+  *connected = rc == 0;
+  if (*connected) DYAD_RETURN_IF_ERROR(ConnectFinish(fd.get(), addr));
+  return fd;
+}
+
+Status ConnectFinish(int fd, const SocketAddress& addr) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err != 0) return StatusFromErrno(err, "connect " + addr.ToString(), DYAD_RC_CONNLOST);
   // Channels use blocking calls bounded by poll; clear O_NONBLOCK.
-  const int flags = fcntl(fd.get(), F_GETFL);
-  fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return Status::OK();
+}
+
+Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline) {
+  bool connected = false;
+  Result<UniqueFd> fd = ConnectStart(addr, &connected);
+  if (!fd.ok() || connected) return fd;
+  for (;;) {
+    pollfd p{fd->get(), POLLOUT, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return StatusFromErrno(errno, "poll(connect)");
+    if (n > 0) break;
+    if (deadline.expired())
+      return Status(DYAD_RC_TIMEOUT, "connect " + addr.ToString() + " timed out");
+  }
+  DYAD_RETURN_IF_ERROR(ConnectFinish(fd->get(), addr));
   return fd;
 }
 

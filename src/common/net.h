@@ -81,6 +81,15 @@ Result<SocketAddress> BoundAddress(int listen_fd);
 Result<UniqueFd> Accept(int listen_fd, Deadline deadline);
 // Connects with a bounded wait.
 Result<UniqueFd> Connect(const SocketAddress& addr, Deadline deadline);
+// The same in two steps, for callers that must not block (an address whose
+// SYNs are dropped would hold the caller for the whole deadline):
+// ConnectStart starts the connection without waiting, `*connected` true
+// when it completed at once; otherwise the caller waits for the socket to
+// be writable (POLLOUT) however it likes and calls ConnectFinish, which
+// reports the outcome (SO_ERROR) and makes the socket blocking as every
+// Channel expects. Connect() is the two steps with a poll between them.
+Result<UniqueFd> ConnectStart(const SocketAddress& addr, bool* connected);
+Status ConnectFinish(int fd, const SocketAddress& addr);
 // True if a TCP address resolves to a loopback address (127.0.0.0/8);
 // "0.0.0.0" and "*" (every interface) are not loopback.
 Result<bool> IsLoopbackAddress(const SocketAddress& addr);
@@ -184,6 +193,10 @@ class Channel {
   // holds the part received so far between calls. OK(true): `*type` and
   // `*payload` are the frame.
   Result<bool> RecvFrameNow(PartialFrame* f, uint16_t* type, std::string* payload);
+  // Waits until the socket is ready for `events` (a hang-up counts) or
+  // until `deadline` (DYAD_RC_TIMEOUT): how a caller of the *Now calls
+  // blocks between them.
+  Status WaitFor(short events, Deadline deadline);
   // Receives one frame. A bad magic/version or a length above frame_limit()
   // gives DYAD_RC_BADUNPACK, a sealed record that fails its check
   // DYAD_RC_AUTH; both mark the channel broken. `payload` is reused: a
@@ -232,7 +245,6 @@ class Channel {
   // come: memory follows what the peer sent, not what its header announced.
   static constexpr size_t kRecvGrowStep = 64u << 10;
 
-  Status WaitFor(short events, Deadline deadline);
   // Receives up to `len` bytes without waiting (unread bytes first); 0 when
   // the socket holds none now, DYAD_RC_CONNLOST when the peer closed.
   Result<size_t> RecvNow(void* buf, size_t len);

@@ -15,72 +15,14 @@
 #include "common/config.h"
 #include "common/handshake.h"
 #include "common/wire.h"
+#include "proto/auth_internal.h"
 #include "proto/protocol.h"
 
 namespace dyad {
 
+using namespace auth_internal;
+
 namespace {
-
-using PkeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
-using PkeyCtxPtr = std::unique_ptr<EVP_PKEY_CTX, decltype(&EVP_PKEY_CTX_free)>;
-
-constexpr char kClientRole[] = "client";
-constexpr char kServerRole[] = "server";
-constexpr size_t kSessionKeyBytes = 2 * kSealKeySize;
-
-Status CryptoError(const std::string& what) {
-  return Status(DYAD_RC_SYSFAIL, "handshake: " + what + " failed (OpenSSL)");
-}
-
-// Wipes key material when it goes out of scope.
-struct Secret {
-  std::string bytes;
-  ~Secret() { OPENSSL_cleanse(bytes.data(), bytes.size()); }
-};
-
-// An ephemeral X25519 key pair, used for one handshake.
-class EphemeralKey {
- public:
-  static Result<std::unique_ptr<EphemeralKey>> Generate() {
-    PkeyCtxPtr ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, nullptr), EVP_PKEY_CTX_free);
-    EVP_PKEY* key = nullptr;
-    if (!ctx || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &key) != 1)
-      return CryptoError("X25519 key generation");
-    return std::unique_ptr<EphemeralKey>(new EphemeralKey(key));
-  }
-  Result<std::string> PublicKey() const {
-    std::string pub(kHandshakeKeySize, '\0');
-    size_t len = pub.size();
-    if (EVP_PKEY_get_raw_public_key(key_.get(), reinterpret_cast<unsigned char*>(pub.data()),
-                                    &len) != 1 ||
-        len != kHandshakeKeySize)
-      return CryptoError("X25519 public key export");
-    return pub;
-  }
-  // The shared secret with the peer's public key. A malformed or low-order
-  // peer key (an all-zero result) is refused.
-  Status Agree(const std::string& peer_public, Secret* out) const {
-    PkeyPtr peer(
-        EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr,
-                                    reinterpret_cast<const unsigned char*>(peer_public.data()),
-                                    peer_public.size()),
-        EVP_PKEY_free);
-    PkeyCtxPtr ctx(EVP_PKEY_CTX_new(key_.get(), nullptr), EVP_PKEY_CTX_free);
-    size_t len = kHandshakeKeySize;
-    out->bytes.assign(len, '\0');
-    if (!peer || !ctx || EVP_PKEY_derive_init(ctx.get()) != 1 ||
-        EVP_PKEY_derive_set_peer(ctx.get(), peer.get()) != 1 ||
-        EVP_PKEY_derive(ctx.get(), reinterpret_cast<unsigned char*>(out->bytes.data()), &len) !=
-            1 ||
-        len != kHandshakeKeySize)
-      return Status(DYAD_RC_AUTH, "handshake: the peer's key exchange value is invalid");
-    return Status::OK();
-  }
-
- private:
-  explicit EphemeralKey(EVP_PKEY* key) : key_(key, EVP_PKEY_free) {}
-  PkeyPtr key_;
-};
 
 std::string Mac(const std::string& secret, const char* role, const std::string& transcript) {
   const std::string msg = std::string(kHandshakeLabel) + " " + role + " " + transcript;
@@ -99,7 +41,10 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-// HKDF-SHA256(ikm = dh || secret, salt = transcript) -> both directions' keys.
+}  // namespace
+
+namespace auth_internal {
+
 Status DeriveSessionKeys(const Secret& dh, const std::string& secret, const std::string& transcript,
                          Secret* okm) {
   Secret ikm;
@@ -124,7 +69,6 @@ Status DeriveSessionKeys(const Secret& dh, const std::string& secret, const std:
   return Status::OK();
 }
 
-// Installs the session keys and the agreed protection on `ch`.
 Status ProtectSession(Channel& ch, const Secret& okm, LinkProtection level, bool accepting) {
   if (level == LinkProtection::kNone) {
     ch.Protect(level, nullptr, nullptr);
@@ -142,6 +86,10 @@ Status ProtectSession(Channel& ch, const Secret& okm, LinkProtection level, bool
   ch.SetTrust(Trust::kAuthenticated);
   return Status::OK();
 }
+
+}  // namespace auth_internal
+
+namespace {
 
 Status Expect(Channel& ch, MsgType want, std::string* payload, Deadline deadline) {
   uint16_t type = 0;
@@ -162,11 +110,11 @@ Status Refuse(Channel& ch, const Status& reply, const Status& local, Deadline de
   return local;
 }
 
-LinkProtection Stronger(LinkProtection a, uint8_t b) {
+}  // namespace
+
+LinkProtection auth_internal::Stronger(LinkProtection a, uint8_t b) {
   return static_cast<LinkProtection>(std::max<uint8_t>(static_cast<uint8_t>(a), b));
 }
-
-}  // namespace
 
 Authenticator::Authenticator(AuthConfig config) : cfg_(std::move(config)) {}
 Authenticator::Authenticator(std::string secret) { cfg_.secret = std::move(secret); }
@@ -177,9 +125,8 @@ uint8_t Authenticator::credentials() const {
 
 std::string Authenticator::credential_names() const { return CredentialSetName(credentials()); }
 
-namespace {
+namespace auth_internal {
 
-// The proofs this end gives for `role` over `transcript`.
 Status MakeProofs(const AuthConfig& cfg, const char* role, const std::string& transcript,
                   std::string* munge, std::string* mac) {
   if (!cfg.secret.empty()) *mac = Mac(cfg.secret, role, transcript);
@@ -191,7 +138,6 @@ Status MakeProofs(const AuthConfig& cfg, const char* role, const std::string& tr
   return Status::OK();
 }
 
-// Checks the peer's proofs for `role`; DYAD_RC_AUTH says which one failed.
 Status CheckProofs(const AuthConfig& cfg, const char* role, const std::string& transcript,
                    const std::string& munge, const std::string& mac) {
   if (!cfg.secret.empty() && !ConstantTimeEqual(mac, Mac(cfg.secret, role, transcript)))
@@ -208,7 +154,7 @@ Status CheckProofs(const AuthConfig& cfg, const char* role, const std::string& t
   return Status::OK();
 }
 
-}  // namespace
+}  // namespace auth_internal
 
 namespace {
 
@@ -285,71 +231,6 @@ Status Authenticator::AcceptFinish(PendingAccept& pending, Channel& ch, Deadline
   DYAD_RETURN_IF_ERROR(
       ProtectSession(ch, okm, Stronger(cfg_.protection, m.hello.protection), /*accepting=*/true));
   if (peer) *peer = PeerIdentity{m.hello.rank, m.hello.incarnation};
-  return Status::OK();
-}
-
-Status Authenticator::Connect(Channel& ch, const PeerIdentity& self, Deadline deadline,
-                              PeerIdentity* peer) const {
-  std::string challenge_payload;
-  DYAD_RETURN_IF_ERROR(Expect(ch, MsgType::kChallenge, &challenge_payload, deadline));
-  ChallengeMsg challenge;
-  bool older = false;
-  if (!ChallengeMsg::Decode(challenge_payload, &challenge, &older)) {
-    ch.MarkBroken();
-    if (older)
-      return Status(DYAD_RC_AUTH,
-                    "the peer speaks an older DYAD handshake; run the same DYAD "
-                    "version on every node");
-    return Status(DYAD_RC_BADUNPACK, "malformed challenge from peer");
-  }
-  Result<std::unique_ptr<EphemeralKey>> eph = EphemeralKey::Generate();
-  if (!eph.ok()) return eph.status();
-  AuthenticateMsg m;
-  m.hello.nonce.assign(kHandshakeNonceSize, '\0');
-  DYAD_RETURN_IF_ERROR(RandomBytes(m.hello.nonce.data(), m.hello.nonce.size()));
-  m.hello.rank = self.rank;
-  m.hello.incarnation = self.incarnation;
-  m.hello.credentials = credentials();
-  m.hello.protection = static_cast<uint8_t>(cfg_.protection);
-  Result<std::string> pub = (*eph)->PublicKey();
-  if (!pub.ok()) return pub.status();
-  m.hello.public_key = *pub;
-  const std::string transcript = HandshakeTranscript(challenge_payload, m.hello);
-  if (transcript.empty()) return CryptoError("transcript hash");
-  DYAD_RETURN_IF_ERROR(MakeProofs(cfg_, kClientRole, transcript, &m.munge, &m.mac));
-
-  std::string body;
-  Status st = CallRpc(ch, MsgType::kAuthenticate, m.Encode(), &body, deadline);
-  if (!st.ok()) {
-    ch.MarkBroken();
-    return st.code() == DYAD_RC_AUTH
-               ? Status(DYAD_RC_AUTH, "peer rejected our credential: " + st.message())
-               : st;
-  }
-  ServerProofMsg proof;
-  if (!ServerProofMsg::Decode(body, &proof)) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_BADUNPACK, "malformed handshake reply from peer");
-  }
-  if (challenge.hello.credentials != credentials()) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_AUTH, "credential mismatch: this service requires " + credential_names() +
-                                    ", the peer presents " +
-                                    CredentialSetName(challenge.hello.credentials));
-  }
-  if (Status ps = CheckProofs(cfg_, kServerRole, transcript, proof.munge, proof.mac); !ps.ok()) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_AUTH, "peer failed to prove its identity (" + ps.message() + ")");
-  }
-  Secret dh, okm;
-  if (Status as = (*eph)->Agree(challenge.hello.public_key, &dh); !as.ok()) {
-    ch.MarkBroken();
-    return as;
-  }
-  DYAD_RETURN_IF_ERROR(DeriveSessionKeys(dh, cfg_.secret, transcript, &okm));
-  DYAD_RETURN_IF_ERROR(ProtectSession(
-      ch, okm, Stronger(cfg_.protection, challenge.hello.protection), /*accepting=*/false));
-  if (peer) *peer = PeerIdentity{challenge.hello.rank, challenge.hello.incarnation};
   return Status::OK();
 }
 

@@ -111,12 +111,50 @@ class Authenticator {
                                                      Deadline deadline) const;
   Status AcceptFinish(PendingAccept& state, Channel& ch, Deadline deadline,
                       PeerIdentity* peer) const;
-  // Connecting side; the same on success.
+  // Connecting side; the same on success. ClientHandshake's steps in a row,
+  // waiting on `ch` between them.
   Status Connect(Channel& ch, const PeerIdentity& self, Deadline deadline,
                  PeerIdentity* peer) const;
 
  private:
   AuthConfig cfg_;
+};
+
+// The connecting side in steps, for callers that must not block on a peer
+// (a fetch that parks while a new session's owner is slow or silent: a
+// hung owner accepts connections but never sends its challenge). Step
+// takes what the channel holds without waiting: the challenge (then it
+// answers, a small frame a fresh socket takes at once), later the server's
+// proof (then it checks it and protects the channel). It returns true once
+// the handshake ended (status(), peer()), false when it needs `ch`
+// readable again. Expired() ends it with DYAD_RC_TIMEOUT. Errors mark the
+// channel broken. One handshake per object; one thread at a time.
+class ClientHandshake {
+ public:
+  ClientHandshake(const Authenticator& auth, const PeerIdentity& self);
+  ~ClientHandshake();
+  bool Step(Channel& ch, Deadline deadline);
+  void Expired(Channel& ch);
+  const Status& status() const { return status_; }
+  const PeerIdentity& peer() const { return peer_; }
+
+ private:
+  struct State;  // the ephemeral key and transcript (auth_connect.cc)
+  bool ReadChallenge(Channel& ch, Deadline deadline);
+  bool ReadProof(Channel& ch);
+  Status Answer(Channel& ch, const std::string& challenge_payload, Deadline deadline);
+  Status Finish(Channel& ch, const std::string& reply_payload);
+  bool End(Channel& ch, const Status& st);
+
+  const Authenticator& auth_;
+  const PeerIdentity self_;
+  std::unique_ptr<State> s_;
+  Channel::PartialFrame frame_;
+  std::string payload_;
+  bool answered_ = false;  // sent ours, waiting for the server's proof
+  bool done_ = false;
+  Status status_;
+  PeerIdentity peer_;
 };
 
 // Reads the cluster secret: from `file` when non-empty (must not be readable

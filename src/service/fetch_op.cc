@@ -27,6 +27,9 @@ bool FetchOp::Step(Wait* wait) {
       case Stage::kStart:
         waits = Start();
         break;
+      case Stage::kSession:
+        waits = TakeSession(wait);
+        break;
       case Stage::kReply:
         waits = ReadReply(wait);
         break;
@@ -47,8 +50,16 @@ bool FetchOp::Start() {
   outcome_.retryable = false;
   span_ = std::make_unique<TraceSpan>("fetch", "service");
   span_->Arg("path", rec_.upath).Arg("owner", rec_.owner_rank).Arg("transport", transport_->name());
-  const Deadline setup = Deadline::AfterMs(rpc_timeout_ms_);
-  Result<std::unique_ptr<Channel>> session = peers_->Acquire(rec_.owner_rank, setup);
+  deadline_ = Deadline::AfterMs(rpc_timeout_ms_);
+  dial_ = std::make_unique<PeerDial>(peers_, rec_.owner_rank, deadline_);
+  stage_ = Stage::kSession;
+  return false;
+}
+
+bool FetchOp::TakeSession(Wait* wait) {
+  if (!dial_->Step(wait)) return true;
+  Result<std::unique_ptr<Channel>> session = dial_->Take();
+  dial_.reset();
   if (!session.ok()) {
     const bool stale = session.status().code() == DYAD_RC_STALE;
     outcome_.retryable = stale;
@@ -70,13 +81,12 @@ bool FetchOp::Start() {
   req.expect_version = rec_.version;
   Encoder e;
   req.EncodeTo(e);
-  Status st = session_->SendFrame(static_cast<uint16_t>(MsgType::kFetch), e.data(), setup);
+  Status st = session_->SendFrame(static_cast<uint16_t>(MsgType::kFetch), e.data(), deadline_);
   if (!st.ok()) {
     FailRpc(st);
     return false;
   }
   stage_ = Stage::kReply;
-  deadline_ = setup;
   spin_ = true;  // the reply is usually microseconds away
   return false;
 }
@@ -207,6 +217,7 @@ void FetchOp::FailRpc(const Status& st) {
 }
 
 void FetchOp::Expired() {
+  if (stage_ == Stage::kSession) return dial_->Expired();
   if (stage_ == Stage::kPull) {
     const int64_t idle = pull_->idle_ms();
     return PullDone(pull_->Fail(
@@ -222,6 +233,7 @@ void FetchOp::Expired() {
 
 void FetchOp::Abandon(const Status& why) {
   if (stage_ == Stage::kDone) return;
+  if (dial_) dial_->Abandon(why);  // closes a connection still dialling
   if (session_) {
     session_->MarkBroken();
     ::shutdown(session_->fd(), SHUT_RDWR);  // the owner stops sending at once
@@ -235,6 +247,7 @@ void FetchOp::Release() {
 }
 
 void FetchOp::End(const Status& st) {
+  dial_.reset();
   pull_.reset();  // before the session it reads
   progress_.Reset();
   session_.reset();  // still held: broken, or never to be reused

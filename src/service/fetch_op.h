@@ -1,21 +1,25 @@
 // fetch_op.h: one fetch of one file from its owner, as a Resumable.
 //
 // The conversation (transport.h): take a pooled (or new) authenticated
-// session to the owner, send the FetchRequest with the transport's
-// arguments, receive the FetchReply, let the transport land the bytes in
-// the sink, receive the owner's verdict (the file did not change while it
-// was sent). Each wait on the owner is a step boundary: the reply and the
+// session to the owner (a PeerDial, service/peer_dial.h), send the
+// FetchRequest with the transport's arguments, receive the FetchReply, let
+// the transport land the bytes in the sink, receive the owner's verdict
+// (the file did not change while it was sent). Each wait on the owner is a
+// step boundary: a new session's connect and handshake (or another fetch's
+// dial to the same owner) wait on their descriptors, the reply and the
 // verdict are assembled without blocking (Channel::RecvFrameNow), the bytes
 // land through the transport's PullOp when it has one (tcp). What still
-// blocks inside a step: taking a session to an owner with none pooled (its
-// handshake, bounded by --rpc-timeout) and the Pull of transports without
-// a PullOp (UCX, libfabric and the same-node copy wait on their own
-// completions, bounded by their idle limit).
+// blocks inside a step: the lookup of the owner's membership record when it
+// is not cached (the metadata store, not the owner) and the Pull of
+// transports without a PullOp (UCX, libfabric and the same-node copy wait
+// on their own completions, bounded by their idle limit).
 //
-// Bounds: the reply and the verdict each --rpc-timeout; the bytes the
-// transport's idle limit without progress. Errors name the file and the
-// owner; `retryable` says the session died before the owner answered (a
-// pooled session that outlived its peer: a fresh one may well succeed).
+// Bounds: the session (connect and handshake, or the wait for another's
+// dial) and the reply together --rpc-timeout, the verdict --rpc-timeout;
+// the bytes the transport's idle limit without progress. Errors name the
+// file and the owner; `retryable` says the session died before the owner
+// answered (a pooled session that outlived its peer: a fresh one may well
+// succeed).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include "common/trace.h"
 #include "proto/protocol.h"
 #include "service/fetcher.h"
+#include "service/peer_dial.h"
 #include "service/peers.h"
 #include "service/resumable.h"
 #include "service/transfers.h"
@@ -48,10 +53,11 @@ class FetchOp final : public Resumable {
   const FetchOutcome& outcome() const { return outcome_; }
 
  private:
-  enum class Stage { kStart, kReply, kPull, kVerdict, kDone };
+  enum class Stage { kStart, kSession, kReply, kPull, kVerdict, kDone };
   // Each stage's step: true when it must wait (`*wait` set); otherwise it
   // moved on to another stage (or ended).
   bool Start();
+  bool TakeSession(Wait* wait);
   bool ReadReply(Wait* wait);
   bool BeginPull(const FetchReply& fr);
   bool StepPull(Wait* wait);
@@ -77,6 +83,7 @@ class FetchOp final : public Resumable {
   Status status_;
   FetchOutcome outcome_;
   std::unique_ptr<TraceSpan> span_;
+  std::unique_ptr<PeerDial> dial_;  // while the session is taken
   std::unique_ptr<Channel> session_;
   Channel::PartialFrame frame_;
   std::string payload_;

@@ -1,7 +1,12 @@
 #include "service/peers.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include "common/log.h"
 #include "common/time.h"
+#include "service/peer_dial.h"
+#include "service/resumable.h"
 
 namespace dyad {
 
@@ -61,33 +66,75 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address,
 }
 
 Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline deadline) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = peers_.find(rank);
-    if (it != peers_.end()) {
-      auto& idle = it->second.idle;
-      while (!idle.empty()) {
-        std::unique_ptr<Channel> ch = std::move(idle.back());
-        idle.pop_back();
-        if (!ch->broken() && !ch->PeerClosed()) return ch;
-      }
-    }
+  PeerDial dial(this, rank, deadline);
+  RunBlocking(dial);
+  return dial.Take();
+}
+
+std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = peers_.find(rank);
+  if (it == peers_.end()) return nullptr;
+  auto& idle = it->second.idle;
+  while (!idle.empty()) {
+    std::unique_ptr<Channel> ch = std::move(idle.back());
+    idle.pop_back();
+    if (!ch->broken() && !ch->PeerClosed()) return ch;
   }
-  Result<ServiceRecord> rec = Resolve(rank, false);
-  if (!rec.ok()) return rec.status();
-  PeerIdentity peer;
-  Result<std::unique_ptr<Channel>> ch =
-      Dial(rec->address, deadline.Min(rpc_timeout_ms_), nullptr, &peer);
+  return nullptr;
+}
+
+std::shared_ptr<PeerDirectory::DialFlight> PeerDirectory::JoinDial(uint32_t rank, Deadline deadline,
+                                                                   bool* lead) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Peer& p = peers_[rank];
+  if (p.dialing) {
+    *lead = false;
+    ++waiting_on_dial_;
+    return p.dialing;
+  }
+  *lead = true;
+  auto flight = std::make_shared<DialFlight>();
+  flight->done_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!flight->done_fd.valid()) return nullptr;  // the caller dials alone
+  flight->deadline = deadline;
+  p.dialing = flight;
+  ++dialing_;
+  return flight;
+}
+
+Status PeerDirectory::DialOutcome(const DialFlight& flight, bool* done) {
+  std::lock_guard<std::mutex> lk(mu_);
+  *done = flight.done;
+  return flight.status;
+}
+
+void PeerDirectory::EndDial(uint32_t rank, const std::shared_ptr<DialFlight>& flight,
+                            const Status& st) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (flight->done) return;
+  flight->done = true;
+  flight->status = st;
+  const uint64_t one = 1;  // stays readable: every joiner sees it
+  (void)!::write(flight->done_fd.get(), &one, sizeof one);
+  Peer& p = peers_[rank];
+  if (p.dialing == flight) p.dialing.reset();
+  --dialing_;
+}
+
+Result<std::unique_ptr<Channel>> PeerDirectory::FinishDial(uint32_t rank, const ServiceRecord& rec,
+                                                           Result<std::unique_ptr<Channel>> ch,
+                                                           const PeerIdentity& peer) {
   if (!ch.ok()) {
     if (ch.status().code() == DYAD_RC_AUTH)
       return ch.status().Annotate("authenticate with rank " + std::to_string(rank) + " at " +
-                                  rec->address +
+                                  rec.address +
                                   " (every service must use the same cluster "
                                   "secret: check --secret-file / DYAD_SECRET_FILE on both)");
     return ch.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
-                                rec->address);
+                                rec.address);
   }
-  if (peer.rank != rank || peer.incarnation != rec->incarnation) return Mismatch(rank, *rec, peer);
+  if (peer.rank != rank || peer.incarnation != rec.incarnation) return Mismatch(rank, rec, peer);
   Touch(rank);
   return ch;
 }

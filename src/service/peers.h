@@ -10,8 +10,16 @@
 // --advertise, two services on one address) is reported at ERROR, once per
 // record. Probe() checks that a record's service is alive without pooling
 // the session (rank claims at start-up, `dyad peers`). Thread-safe.
+//
+// A new session is dialled by a PeerDial (peer_dial.h), in steps that never
+// block, so a fetch can park while an owner is slow to accept or to
+// answer its handshake. One dial per rank at a time: callers that need a
+// new session to a rank already being dialled wait for that dial's outcome
+// (a hung owner costs one connection attempt per --rpc-timeout, not one
+// per consume). Acquire() is a PeerDial run on the calling thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -45,6 +53,38 @@ class PeerDirectory {
   // A session to `rank` (pooled or new). Return it with Release when the
   // conversation ended cleanly; a broken channel is dropped.
   Result<std::unique_ptr<Channel>> Acquire(uint32_t rank, Deadline deadline);
+
+  // The parts of a dial that belong to the directory (PeerDial uses them):
+  // an idle pooled session (null: none); the flight of a dial to `rank`
+  // (`*lead` true: the caller dials by `deadline` and must end it with
+  // EndDial; false: it
+  // waits for the flight's `done_fd`; null when no flight could be made:
+  // the caller dials alone); and the end of a dial: the connect and
+  // handshake outcome checked against the record (identity, Mismatch) and
+  // its errors worded for the operator.
+  struct DialFlight {
+    UniqueFd done_fd;                       // an eventfd, readable once the dial ended
+    Deadline deadline = Deadline::Never();  // by which it ends (its connect and handshake)
+    bool done = false;                      // and `status` are guarded by the directory
+    Status status;
+  };
+  std::unique_ptr<Channel> TakeIdle(uint32_t rank);
+  std::shared_ptr<DialFlight> JoinDial(uint32_t rank, Deadline deadline, bool* lead);
+  // The outcome of `flight` (`*done` false while it is in flight).
+  Status DialOutcome(const DialFlight& flight, bool* done);
+  void EndDial(uint32_t rank, const std::shared_ptr<DialFlight>& flight, const Status& st);
+  Result<std::unique_ptr<Channel>> FinishDial(uint32_t rank, const ServiceRecord& rec,
+                                              Result<std::unique_ptr<Channel>> ch,
+                                              const PeerIdentity& peer);
+  const Authenticator& auth() const { return *auth_; }
+  const PeerIdentity& self() const { return self_; }
+  int64_t rpc_timeout_ms() const { return rpc_timeout_ms_; }
+  // Gauges for `dyad status`: dials in flight, callers waiting on one.
+  uint64_t dials_in_flight() const { return dialing_.load(); }
+  uint64_t waiting_on_dial() const { return waiting_on_dial_.load(); }
+  // A caller that joined a flight (JoinDial, `*lead` false) stops waiting
+  // on it (its outcome seen, or the caller gone).
+  void LeaveDial() { --waiting_on_dial_; }
   void Release(uint32_t rank, std::unique_ptr<Channel> ch);
   // Forgets cached record and idle sessions of `rank` (after a failure).
   void Invalidate(uint32_t rank);
@@ -62,7 +102,8 @@ class PeerDirectory {
     ServiceRecord record;
     std::vector<std::unique_ptr<Channel>> idle;
     uint64_t last_contact_ns = 0;
-    uint64_t reported_incarnation = 0;  // record already reported as answered by another
+    uint64_t reported_incarnation = 0;    // record already reported as answered by another
+    std::shared_ptr<DialFlight> dialing;  // the dial in flight, if any
   };
   Result<std::unique_ptr<Channel>> Dial(const std::string& address, Deadline deadline,
                                         const CancelFn& cancel, PeerIdentity* peer);
@@ -74,6 +115,8 @@ class PeerDirectory {
   int64_t rpc_timeout_ms_;
   std::mutex mu_;
   std::map<uint32_t, Peer> peers_;
+  std::atomic<uint64_t> dialing_{0};
+  std::atomic<uint64_t> waiting_on_dial_{0};
 };
 
 }  // namespace dyad

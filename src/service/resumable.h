@@ -1,9 +1,11 @@
 // resumable.h: an operation that waits on a peer, and the two ways to run it.
 //
-// A fetch from another service waits three times on its owner (the reply,
-// the file bytes, the verdict). Written as a Resumable, its Step makes the
-// progress the session allows without blocking and otherwise says what it
-// waits for (the session readable, by a deadline). Two drivers run the same
+// A fetch from another service waits on its owner for a session (a new
+// one's connect and handshake, or another fetch's dial to it: PeerDial,
+// peer_dial.h), then three times (the reply, the file bytes, the verdict).
+// Written as a Resumable, its Step makes the progress the session allows
+// without blocking and otherwise says what it waits for (the session
+// readable, a connecting socket writable, by a deadline). Two drivers run the same
 // object, so there is one implementation of each such operation:
 //  * RunBlocking waits on the calling thread (the prefetcher's threads,
 //    PlaceBatch, any caller without a request that can park);

@@ -369,6 +369,12 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
     // not answered yet.
     r.counters["consume.waiting_on_owner"] = fd_watcher_->pending();
   }
+  if (peers_) {
+    // New sessions to other services being dialled, and requests waiting
+    // for one of those dials (one dial per service at a time).
+    r.counters["peers.dialing"] = peers_->dials_in_flight();
+    r.counters["peers.waiting_on_dial"] = peers_->waiting_on_dial();
+  }
   r.counters["node_cache.bytes"] = node_cache_->bytes();
   r.counters["node_cache.files"] = node_cache_->files();
   r.counters["node_cache.budget"] = node_cache_->budget();

@@ -102,7 +102,8 @@ class ServiceStats {
   // True for counters that go up and down (Prometheus gauges).
   static bool IsGauge(const std::string& name) {
     return name == "publish.async_pending" || name == "cache.entries" ||
-           name == "consume.waiting_on_owner";
+           name == "consume.waiting_on_owner" || name == "peers.dialing" ||
+           name == "peers.waiting_on_dial";
   }
 
  private:
@@ -135,6 +136,9 @@ inline std::string ServiceStats::Help(const std::string& name) {
        "Times a consume's wait on an owner (or on another consume's transfer) was parked, "
        "holding no worker."},
       {"consume.waiting_on_owner", "Consumes parked on an owner's answer now."},
+      {"peers.dialing", "New sessions to other services being connected and authenticated now."},
+      {"peers.waiting_on_dial",
+       "Requests waiting now for another request's new session to the same service."},
       {"transfers.in", "Files received into a consumer directory of this node."},
       {"bytes.in", "Bytes received into consumer directories of this node."},
       {"transfers.out", "Files sent to other services."},

@@ -1,0 +1,284 @@
+// service_dial_park_test.cc: taking a new session to an owner holds no
+// worker of the requesting service, and one dial per owner is made at a
+// time (issue 16: "a slow or silent peer must never hold a thread").
+//
+// Real services on loopback: A (rank 0) hosts the store and owns a healthy
+// file; B (rank 1, two local workers) consumes. Rank 2 is a StuckOwner
+// (stuck_owner.h): accepts TCP connections but never sends the handshake's
+// challenge (a hung service), or a listening socket whose full accept queue
+// drops SYNs (connects never complete), or the real handshake with another
+// cluster secret. With a worker held per dial, B's two workers would be
+// taken by the first two consumes of rank 2's files and every other
+// consume on B would wait up to --rpc-timeout.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/fsutil.h"
+#include "kvs/kvs.h"
+#include "proto/auth.h"
+#include "proto/protocol.h"
+#include "service/peers.h"
+#include "service/service.h"
+#include "unit/service_pair.h"
+#include "unit/stuck_owner.h"
+
+namespace dyad {
+namespace {
+
+using testing_services::CallLocal;
+using testing_services::ConsumeRequestOf;
+using testing_services::Eventually;
+using testing_services::FirstServiceOptions;
+using testing_services::ReadAll;
+using testing_services::SecondServiceOptions;
+using testing_services::StuckOwner;
+
+constexpr uint32_t kStuckRank = 2;
+
+class DialPark : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    stuck_.reset();
+    if (b_) b_->Stop();
+    if (a_) a_->Stop();
+    b_.reset();
+    a_.reset();
+    if (!base_.empty()) {
+      const std::string cmd = "rm -rf '" + base_ + "'";
+      if (system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", base_.c_str());
+    }
+  }
+
+  void Start(StuckOwner::Mode mode, int64_t rpc_timeout_ms) {
+    char tmpl[] = "/tmp/dyad-dial-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    base_ = tmpl;
+    ServiceOptions oa = FirstServiceOptions(base_);
+    oa.rpc_timeout_ms = rpc_timeout_ms;
+    a_ = std::make_unique<Service>(oa);
+    ASSERT_TRUE(a_->Start().ok());
+    ServiceOptions ob = SecondServiceOptions(oa, base_, "embedded://" + a_->tcp_address());
+    ob.workers = 2;
+    b_ = std::make_unique<Service>(ob);
+    ASSERT_TRUE(b_->Start().ok());
+    cons_ = base_ + "/cons";
+    ASSERT_EQ(::mkdir(cons_.c_str(), 0755), 0);
+    cons_ = CanonicalPath(cons_);
+    stuck_ = std::make_unique<StuckOwner>(kStuckRank, mode);
+    Status st = stuck_->Start(a_->tcp_address());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+
+  // A consume on B of `upath` as rank 2's file (the record given, as
+  // dyad_consume_w_metadata does).
+  ConsumeRequest StuckRequest(const std::string& upath) {
+    ConsumeRequest req = ConsumeRequestOf(upath, cons_, 30000);
+    req.have_record = true;
+    req.record.owner_rank = kStuckRank;
+    req.record.owner_incarnation = StuckOwner::kIncarnation;
+    req.record.upath = upath;
+    req.record.size = 100;
+    req.record.version = 1;
+    return req;
+  }
+
+  Result<ConsumeReply> Call(const ConsumeRequest& req) {
+    Encoder e;
+    req.EncodeTo(e);
+    Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kConsume, e.data(), 30000);
+    if (!body.ok()) return body.status();
+    ConsumeReply r;
+    Decoder d(*body);
+    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
+    return r;
+  }
+
+  std::future<Result<ConsumeReply>> ConsumeStuckAsync(const std::string& upath) {
+    return std::async(std::launch::async, [this, upath] { return Call(StuckRequest(upath)); });
+  }
+
+  // A consume of rank 2's file on a connection of its own, left waiting.
+  std::unique_ptr<Channel> SendStuckConsume(const std::string& upath) {
+    Result<SocketAddress> addr = ParseAddress("unix:" + base_ + "/b.sock");
+    Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(2000));
+    if (!fd.ok()) return nullptr;
+    auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+    if (!TrustLocalService(*ch).ok()) return nullptr;
+    Encoder e;
+    StuckRequest(upath).EncodeTo(e);
+    const Status st =
+        ch->SendFrame(static_cast<uint16_t>(MsgType::kConsume), e.data(), Deadline::AfterMs(2000));
+    return st.ok() ? std::move(ch) : nullptr;
+  }
+
+  // A's file, published through A, consumed on B.
+  Result<ConsumeReply> ConsumeHealthy(const std::string& upath) {
+    Status st = testing_services::WriteAndPublish(base_ + "/a.sock", base_ + "/a", upath, "fine");
+    if (!st.ok()) return st;
+    return Call(ConsumeRequestOf(upath, cons_, 10000));
+  }
+
+  uint64_t Parks() { return b_->stats().Snapshot()["consume.parked_for_owner"]; }
+
+  // A counter of B's `dyad status` (UINT64_MAX: absent or no answer).
+  uint64_t StatusCounter(const std::string& name) {
+    Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kStatus, std::string(), 5000);
+    if (!body.ok()) return UINT64_MAX;
+    StatusReply r;
+    Decoder d(*body);
+    if (!r.DecodeFrom(d)) return UINT64_MAX;
+    auto it = r.counters.find(name);
+    return it == r.counters.end() ? UINT64_MAX : it->second;
+  }
+
+  std::vector<std::string> ConsumerFiles() {
+    std::vector<std::string> out;
+    DIR* d = ::opendir(cons_.c_str());
+    if (d == nullptr) return out;
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+    return out;
+  }
+
+  // The healthy consume completes while rank 2's consumes wait.
+  void ExpectHealthyConsumeIsPrompt() {
+    const uint64_t t0 = MonoNs();
+    Result<ConsumeReply> fine = ConsumeHealthy("healthy");
+    ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+    EXPECT_TRUE(fine->transferred);
+    EXPECT_EQ(ReadAll(cons_ + "/healthy"), "fine");
+    EXPECT_LT(MonoNs() - t0, 1500000000u) << "the healthy consume waited for the stuck owner";
+  }
+
+  std::string base_, cons_;
+  std::unique_ptr<Service> a_, b_;
+  std::unique_ptr<StuckOwner> stuck_;
+};
+
+// Four consumes of a hung owner's files on two workers: one connection to
+// it (the others wait for that dial's outcome), all four parked, a healthy
+// consume meanwhile at once; all four fail with the dial's timeout at
+// --rpc-timeout, and the connection is closed.
+TEST_F(DialPark, HungOwnerHoldsNoWorkerAndIsDialledOnce) {
+  constexpr int64_t kRpcMs = 3000;  // well past the healthy consume's bound
+  Start(StuckOwner::Mode::kNoChallenge, kRpcMs);
+  const uint64_t t0 = MonoNs();
+  std::vector<std::future<Result<ConsumeReply>>> hung;
+  for (int i = 0; i < 4; ++i) hung.push_back(ConsumeStuckAsync("hung" + std::to_string(i)));
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 4; }, 1000)) << Parks() << " parked";
+  EXPECT_EQ(stuck_->accepted(), 1) << "one dial at a time to an owner";
+  EXPECT_EQ(StatusCounter("peers.dialing"), 1u);
+  EXPECT_EQ(StatusCounter("peers.waiting_on_dial"), 3u);
+  ExpectHealthyConsumeIsPrompt();
+  for (auto& f : hung) {
+    Result<ConsumeReply> r = f.get();
+    ASSERT_FALSE(r.ok());
+    const std::string msg = r.status().ToString();
+    EXPECT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << msg;
+    EXPECT_NE(msg.find("connect to dyad-service rank 2 at " + stuck_->address), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("challenge"), std::string::npos) << msg;
+  }
+  EXPECT_LT(MonoNs() - t0, static_cast<uint64_t>(kRpcMs + 1500) * 1000000u)
+      << "the waiters did not share the dial's outcome";
+  EXPECT_EQ(stuck_->accepted(), 1);
+  EXPECT_TRUE(Eventually([&] { return stuck_->open() == 0; }, 2000)) << "connection left open";
+  EXPECT_EQ(StatusCounter("peers.dialing"), 0u);
+  EXPECT_EQ(StatusCounter("peers.waiting_on_dial"), 0u);
+  EXPECT_EQ(ConsumerFiles(), std::vector<std::string>{"healthy"});
+}
+
+// An address whose SYNs are dropped: the connect itself parks.
+TEST_F(DialPark, UnansweredConnectHoldsNoWorker) {
+  constexpr int64_t kRpcMs = 3000;
+  Start(StuckOwner::Mode::kBlackHole, kRpcMs);
+  std::vector<std::future<Result<ConsumeReply>>> hung;
+  for (int i = 0; i < 3; ++i) hung.push_back(ConsumeStuckAsync("void" + std::to_string(i)));
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 3; }, 1000)) << Parks() << " parked";
+  ExpectHealthyConsumeIsPrompt();
+  for (auto& f : hung) {
+    Result<ConsumeReply> r = f.get();
+    ASSERT_FALSE(r.ok());
+    const std::string msg = r.status().ToString();
+    EXPECT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << msg;
+    EXPECT_NE(msg.find("connect to dyad-service rank 2 at " + stuck_->address), std::string::npos)
+        << msg;
+  }
+  EXPECT_EQ(ConsumerFiles(), std::vector<std::string>{"healthy"});
+}
+
+// Requesters that hang up while parked in a dial: the one dialling closes
+// its connection at once and the one waiting for it dials next; when that
+// one hangs up too, nothing is left open or counted.
+TEST_F(DialPark, HangupWhileDiallingClosesTheConnection) {
+  Start(StuckOwner::Mode::kNoChallenge, 20000);
+  std::unique_ptr<Channel> first = SendStuckConsume("gone1");
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(Eventually([&] { return Parks() >= 1 && stuck_->accepted() == 1; }, 3000));
+  std::unique_ptr<Channel> second = SendStuckConsume("gone2");
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(Eventually([&] { return StatusCounter("peers.waiting_on_dial") == 1; }, 3000));
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 2; }, 3000));
+  EXPECT_EQ(stuck_->accepted(), 1);
+  first.reset();  // hangs up
+  EXPECT_TRUE(Eventually([&] { return stuck_->accepted() == 2 && stuck_->open() == 1; }, 3000))
+      << "accepted " << stuck_->accepted() << ", open " << stuck_->open();
+  EXPECT_EQ(StatusCounter("peers.waiting_on_dial"), 0u);
+  EXPECT_EQ(StatusCounter("peers.dialing"), 1u);
+  second.reset();
+  EXPECT_TRUE(Eventually([&] { return stuck_->open() == 0; }, 3000)) << "connection left open";
+  EXPECT_TRUE(Eventually([&] { return StatusCounter("peers.dialing") == 0; }, 3000));
+  EXPECT_TRUE(Eventually([&] { return ConsumerFiles().empty(); }, 3000));
+}
+
+// Callers that block (PeerDirectory::Acquire: version notices, batched
+// fetches) share the rule: one connection to the hung owner for two
+// callers, both failing at the dial's bound.
+TEST_F(DialPark, BlockingAcquireSharesTheDial) {
+  Start(StuckOwner::Mode::kNoChallenge, 1000);
+  KvsOptions o;
+  o.secret = "test-secret";
+  o.self_rank = 7;
+  Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + a_->tcp_address(), o);
+  ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+  Authenticator auth("test-secret");
+  PeerDirectory peers(kvs->get(), &auth, PeerIdentity{7, 1}, 1000);
+  const uint64_t t0 = MonoNs();
+  auto acquire = [&] { return peers.Acquire(kStuckRank, Deadline::AfterMs(5000)).status(); };
+  auto one = std::async(std::launch::async, acquire);
+  auto two = std::async(std::launch::async, acquire);
+  for (Status st : {one.get(), two.get()}) {
+    EXPECT_EQ(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
+    EXPECT_NE(st.message().find("connect to dyad-service rank 2"), std::string::npos)
+        << st.ToString();
+  }
+  EXPECT_LT(MonoNs() - t0, 2500000000u);
+  EXPECT_EQ(stuck_->accepted(), 1);
+  EXPECT_EQ(peers.dials_in_flight(), 0u);
+  EXPECT_EQ(peers.waiting_on_dial(), 0u);
+}
+
+// A peer with another cluster secret: DYAD_RC_AUTH, naming the setting.
+TEST_F(DialPark, WrongSecretSaysWhichSetting) {
+  Start(StuckOwner::Mode::kWrongSecret, 3000);
+  Result<ConsumeReply> r = Call(StuckRequest("secret"));
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status().ToString();
+  EXPECT_EQ(r.status().code(), DYAD_RC_AUTH) << msg;
+  EXPECT_NE(msg.find("authenticate with rank 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--secret-file"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dyad
