@@ -15,6 +15,9 @@ namespace {
 
 // How long a waiting caller drives the worker itself before sleeping.
 constexpr int kSpinUs = 500;
+// Rounds of ProgressBriefly: enough to take what arrived, short enough
+// that a Step stays a step.
+constexpr int kBriefRounds = 64;
 // The progress thread re-checks for shutdown at least this often.
 constexpr int kProgressPollMs = 100;
 
@@ -218,7 +221,7 @@ void Worker::ProgressLoop() {
       std::this_thread::yield();  // more events already: progress again
     } else {
       pollfd p{efd_, POLLIN, 0};
-      (void)::poll(&p, 1, kProgressPollMs);
+      (void)::poll(&p, 1, hurry_.load() > 0 ? 1 : kProgressPollMs);
     }
     lk.lock();
   }
@@ -261,10 +264,11 @@ void Worker::DropUnexpectedLocked() {
   FreeCompleted(dropping_, [](Dropping& d) { return d.req; });
 }
 
-Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag) {
+Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag, const WakeFd* wake) {
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
   p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  if (wake != nullptr) wake->ForRecv(&p);
   std::lock_guard<std::mutex> lk(mu_);
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, len, tag, ~uint64_t{0}, &p);
   if (UCS_PTR_IS_ERR(r)) {
@@ -306,6 +310,22 @@ Status Worker::Wait(void** req, size_t* recv_len, Deadline deadline, int watch_f
     driver.Set(spinning);
     PauseLocked(lk, spinning, watch_fd);
   }
+}
+
+bool Worker::ProgressBriefly() {
+  std::lock_guard<std::mutex> lk(mu_);
+  bool moved = false;
+  for (int i = 0; i < kBriefRounds && ucp_worker_progress(worker_) != 0; ++i) moved = true;
+  return moved;
+}
+
+Result<bool> Worker::Test(void** req, size_t* recv_len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (*req == nullptr) return true;
+  bool done = false;
+  Status st = CheckRequestLocked(req, recv_len, &done);
+  if (!st.ok()) return st;
+  return done;
 }
 
 // Whether `*req` finished; if so frees it and returns how it ended.

@@ -12,6 +12,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -23,6 +24,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "transport/ucx/ucx_wake.h"
 
 namespace dyad::ucx {
 
@@ -64,8 +66,23 @@ class Worker {
   // request is reaped by the progress thread. mu() held.
   void CloseEndpointLocked(ucp_ep_h ep, bool force);
 
-  // Posts a receive of at most `len` bytes into `buf` for exactly `tag`.
-  Result<void*> StartRecv(void* buf, size_t len, uint64_t tag);
+  // Posts a receive of at most `len` bytes into `buf` for exactly `tag`;
+  // its completion makes `wake` readable when given.
+  Result<void*> StartRecv(void* buf, size_t len, uint64_t tag, const WakeFd* wake = nullptr);
+
+  // Drives the worker while it moves, a bounded number of rounds, without
+  // ever waiting. True if it moved.
+  bool ProgressBriefly();
+  // Whether the request `*req` finished (a receive when `recv_len` is not
+  // null, which then gets the received length), without waiting: true once
+  // it did (it is then freed, and an error says it failed), false while it
+  // is pending. A null `*req` counts as finished.
+  Result<bool> Test(void** req, size_t* recv_len);
+  // While some transfer has sends out (Hurry(+1) .. Hurry(-1)), the
+  // progress thread sleeps at most a millisecond between rounds: over tcp,
+  // sends that did not fit the socket move only when the worker is
+  // progressed, and its event fd does not say when they could.
+  void Hurry(int delta) { hurry_.fetch_add(delta); }
 
   // Waits (bounded) for the request `*req` (a receive when `recv_len` is
   // not null, which then gets the received length) and frees it. While
@@ -118,6 +135,7 @@ class Worker {
   std::string address_;
   bool stopping_ = false;
   int drivers_ = 0;  // threads driving the worker in Wait
+  std::atomic<int> hurry_{0};
   std::condition_variable drivers_cv_;
   std::thread progress_;
   std::function<void()> housekeeping_;
