@@ -6,11 +6,13 @@
 // the sink, receive the owner's verdict (the file did not change while it
 // was sent). Each wait on the owner is a step boundary: the reply and the
 // verdict are assembled without blocking (Channel::RecvFrameNow), the bytes
-// land through the transport's PullOp when it has one (tcp). What still
-// blocks inside a step: taking a session to an owner with none pooled (its
-// handshake, bounded by --rpc-timeout) and the Pull of transports without
-// a PullOp (UCX, libfabric and the same-node copy wait on their own
-// completions, bounded by their idle limit).
+// land through the transport's PullOp when it has one (tcp on the session;
+// UCX, whose op signals its completions on its wake_fd, watched with the
+// session). What still blocks inside a step: taking a session to an owner
+// with none pooled (its handshake, bounded by --rpc-timeout), the Pull of
+// transports without a PullOp (libfabric and the same-node copy wait on
+// their own completions, bounded by their idle limit), and a UCX pull's
+// first step while all of the transport's receive buffers are in use.
 //
 // Bounds: the reply and the verdict each --rpc-timeout; the bytes the
 // transport's idle limit without progress. Errors name the file and the
