@@ -11,8 +11,7 @@
 // session). What still blocks inside a step: taking a session to an owner
 // with none pooled (its handshake, bounded by --rpc-timeout), the Pull of
 // transports without a PullOp (libfabric and the same-node copy wait on
-// their own completions, bounded by their idle limit), and a UCX pull's
-// first step while all of the transport's receive buffers are in use.
+// their own completions, bounded by their idle limit).
 //
 // Bounds: the reply and the verdict each --rpc-timeout; the bytes the
 // transport's idle limit without progress. Errors name the file and the

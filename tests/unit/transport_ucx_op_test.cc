@@ -87,6 +87,9 @@ class UcxOps : public testing::TestWithParam<const char*> {
     // read UCX_TLS as the case sets it. The idle bound is far away: only
     // the test ends a silent transfer.
     ScopedEnv tls("UCX_TLS", GetParam());
+    // One buffer per pool, so a second transfer finds none (see
+    // SecondTransferWaitsForTheBufferOnItsWakeFd).
+    ScopedEnv pool("DYAD_UCX_POOL_BUFFERS", "1");
     TransportOptions options;
     options.chunk_size = kChunk;
     options.idle_ms = 60000;
@@ -253,6 +256,47 @@ TEST_P(UcxOps, RequesterStopsCrediting) {
   EXPECT_FALSE(r.ok()) << "the requester did not notice that the owner gave up";
   EXPECT_TRUE(req_ch_->broken());
   EXPECT_LT(max_step_ms_, 1000);
+}
+
+bool Readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+// With the requester's only receive buffer taken by a transfer, a second
+// transfer's step does not wait for it: it returns at once, and its wake fd
+// becomes readable when the buffer comes back (here: the first transfer
+// fails), after which its next step offers the buffer to its owner.
+TEST_P(UcxOps, SecondTransferWaitsForTheBufferOnItsWakeFd) {
+  ASSERT_TRUE(StepBothUntil([&] { return pulled_.bytes >= 5 * kSlot; }));
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Channel owner2(UniqueFd(sv[0]), Trust::kAuthenticated);
+  Channel req2(UniqueFd(sv[1]), Trust::kAuthenticated);
+  UniqueFd sink2(
+      ::open((dir_ + "/dst2").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ASSERT_TRUE(sink2.valid());
+  TransferStats stats2;
+  std::unique_ptr<PullOp> second = req_t_->StartPull(req2, kSize, "", sink2.get(), &stats2);
+  ASSERT_NE(second, nullptr);
+  for (int i = 0; i < 5; ++i) {
+    Result<bool> r = TimedStep(*second);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(*r);
+  }
+  ASSERT_GE(second->wake_fd(), 0);
+  EXPECT_FALSE(Readable(owner2.fd(), 50)) << "an offer without a buffer";
+  (void)TimedStep(*second);
+  EXPECT_FALSE(Readable(second->wake_fd(), 0));
+  (void)pull_->Fail(Status(DYAD_RC_TIMEOUT, "no data from peer"));
+  pull_.reset();  // gives the buffer back (at once: its receives were reclaimed)
+  EXPECT_TRUE(Readable(second->wake_fd(), 2000)) << "the wake fd missed the buffer's return";
+  Result<bool> r = TimedStep(*second);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(*r);
+  EXPECT_TRUE(Readable(owner2.fd(), 2000)) << "no offer once the buffer came back";
+  EXPECT_LT(max_step_ms_, 1000);
+  second.reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, UcxOps, testing::Values("tcp", "shm,tcp"),

@@ -102,15 +102,20 @@ Result<bool> RequesterPull::Begin() {
     stage_ = Stage::kInline;
     return TakeInline();
   }
-  Status st = StartWake();
-  if (!st.ok()) return Stop(st.Annotate(What()), true);
+  if (!wake_) {
+    Status st = StartWake();
+    if (!st.ok()) return Stop(st.Annotate(What()), true);
+  }
   // A receive that cannot be reclaimed after a failure (one already taking
   // a message's fragments) may still land in this buffer; the owner stops
   // within its own idle bound, or at once when it reported its failure.
-  // Waits (bounded) only when every buffer of the pool is in use.
-  Result<BufferLease> lease = r_.recv_pool.Acquire(Idle(), FailureRestMs(r_.options.idle_ms));
+  // With every buffer of the pool in use, the wake fd says when one is back
+  // (meanwhile the owner waits for our offer; the caller's idle bound holds).
+  Result<std::optional<BufferLease>> lease =
+      r_.recv_pool.TryAcquire(FailureRestMs(r_.options.idle_ms), *wake_);
   if (!lease.ok()) return Stop(lease.status().Annotate(What()), true);
-  lease_.emplace(std::move(lease).value());
+  if (!lease->has_value()) return false;
+  lease_.emplace(std::move(**lease));
   slot_ = r_.recv_pool.slot_bytes();
   transfer_id_ = NextTransferId();
   DYAD_RETURN_IF_ERROR(SendOffer());

@@ -40,7 +40,7 @@ class OwnerPush final : public UcxOp {
   Status Fail(const Status& why) override { return Stop(why, true); }
 
  private:
-  enum class Stage { kStart, kOffer, kDirect, kMessages, kDone, kFailed };
+  enum class Stage { kStart, kOffer, kDirect, kSendBuffer, kMessages, kDone, kFailed };
 
   Result<bool> StepStages() override;
   Result<bool> Begin();
@@ -97,6 +97,8 @@ Result<bool> OwnerPush::StepStages() {
       return TakeOffer();
     case Stage::kDirect:
       return StepDirect();
+    case Stage::kSendBuffer:
+      return StartMessages();
     case Stage::kMessages:
       return StepMessages();
     case Stage::kDone:
@@ -163,6 +165,7 @@ Result<bool> OwnerPush::TakeOffer() {
     DYAD_LOG_DEBUG("ucx: same-host requester, no shared-memory path (%s); using messages",
                    target.status().ToString().c_str());
   }
+  stage_ = Stage::kSendBuffer;
   return StartMessages();
 }
 
@@ -172,15 +175,19 @@ bool OwnerPush::DirectPossible() const {
 }
 
 Result<bool> OwnerPush::StartMessages() {
-  Result<EndpointCache::Ref> ep = r_.endpoints.Get(args_.address);
-  if (!ep.ok()) return Stop(ep.status(), true);
-  ep_.emplace(std::move(ep).value());
+  if (!ep_) {
+    Result<EndpointCache::Ref> ep = r_.endpoints.Get(args_.address);
+    if (!ep.ok()) return Stop(ep.status(), true);
+    ep_.emplace(std::move(ep).value());
+  }
   // A send buffer is only read by UCX; it rests only when a send of a
-  // failed transfer could not be reclaimed (see Release). Waits (bounded)
-  // only when every buffer of the pool is in use.
-  Result<BufferLease> buf = r_.send_pool.Acquire(Idle(), FailureRestMs(r_.options.idle_ms));
+  // failed transfer could not be reclaimed (see Release). With every
+  // buffer of the pool in use, the wake fd says when one is back.
+  Result<std::optional<BufferLease>> buf =
+      r_.send_pool.TryAcquire(FailureRestMs(r_.options.idle_ms), *wake_);
   if (!buf.ok()) return Stop(buf.status(), true);
-  buf_.emplace(std::move(buf).value());
+  if (!buf->has_value()) return false;
+  buf_.emplace(std::move(**buf));
   chunk_ = std::min<uint64_t>(offer_.slot_bytes, r_.send_pool.slot_bytes());
   n_chunks_ = ChunkCount(src_.size, chunk_);
   // Over tcp, sends that did not fit the socket move only when the worker

@@ -63,7 +63,10 @@ void WakeFd::ForSend(ucp_request_param_t* p) const {
 }
 
 void WakeFd::Signal(void* user_data) {
-  const uint64_t id = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(user_data));
+  SignalId(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(user_data)));
+}
+
+void WakeFd::SignalId(uint64_t id) {
   Registry& r = Wakes();
   std::lock_guard<std::mutex> lk(r.mu);
   auto it = r.fds.find(id);

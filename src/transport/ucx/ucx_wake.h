@@ -30,6 +30,9 @@ class WakeFd {
   WakeFd& operator=(const WakeFd&) = delete;
 
   int fd() const { return fd_; }
+  uint64_t id() const { return id_; }
+  // Makes the wake fd of `id` readable, if it still exists.
+  static void SignalId(uint64_t id);
   // Makes the fd unreadable again; call before looking at the requests, so
   // a completion after the look signals anew.
   void Drain() const;
