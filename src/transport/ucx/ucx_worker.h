@@ -78,7 +78,7 @@ class Worker {
   // it did (it is then freed, and an error says it failed), false while it
   // is pending. A null `*req` counts as finished.
   Result<bool> Test(void** req, size_t* recv_len);
-  // While some transfer has sends out (Hurry(+1) .. Hurry(-1)), the
+  // While some transfer sends messages (Hurry(+1) .. Hurry(-1)), the
   // progress thread sleeps at most a millisecond between rounds: over tcp,
   // sends that did not fit the socket move only when the worker is
   // progressed, and its event fd does not say when they could.
