@@ -285,18 +285,15 @@ Result<FileServer::Fill> FileServer::FillFetch(RequestContext& ctx, Sending& s, 
   if (!s.transport->queues_chunks() && !s.pushed) {
     // The transport writes the session itself: the reply must be out first.
     if (!out.empty()) return Fill::kFlush;
-    if (!s.push_wait) {
-      s.push = s.transport->StartPush(ctx.ch, s.src, s.request_args, &s.ts);
-      if (s.push) {
-        s.push_wait = std::make_shared<PushWait>(ctx.ch, s);
-        return Fill::kPeer;
-      }
-      // A transport without ops waits on its own completions here.
-      DYAD_RETURN_IF_ERROR(s.transport->Push(ctx.ch, s.src, s.request_args, &s.ts));
-      s.pushed = true;
-    } else {
-      return Fill::kPeer;  // not reached: the push ends with pushed set
+    if (s.push_wait) return Fill::kPeer;  // (a push that ended set `pushed`)
+    s.push = s.transport->StartPush(ctx.ch, s.src, s.request_args, &s.ts);
+    if (s.push) {
+      s.push_wait = std::make_shared<PushWait>(ctx.ch, s);
+      return Fill::kPeer;
     }
+    // A transport without ops waits on its own completions here.
+    DYAD_RETURN_IF_ERROR(s.transport->Push(ctx.ch, s.src, s.request_args, &s.ts));
+    s.pushed = true;
   }
   DYAD_RETURN_IF_ERROR(s.push_status);
   // The verdict: the requester places the copy only if the file is still
