@@ -148,12 +148,12 @@ struct FileServer::Sending {
   FileSource src;
   Transport* transport = nullptr;
   std::string request_args;
-  uint64_t queued = 0;  // bytes of the file queued so far (QueueChunk)
-  bool pushed = false;  // Push done (transports that send whole files)
+  uint64_t queued = 0;           // bytes of the file queued so far (QueueChunk)
+  bool pushed = false;           // Push done (transports that send whole files)
   std::unique_ptr<PushOp> push;  // the push in progress, when the transport has ops
   Status push_status;            // how the push ended
   std::shared_ptr<Resumable> push_wait;
-  bool same = false;    // the verdict
+  bool same = false;  // the verdict
   TransferStats ts;
   TransferRegistry::Entry progress;
   std::unique_ptr<TraceSpan> span;

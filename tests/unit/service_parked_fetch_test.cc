@@ -20,9 +20,9 @@
 #include <fcntl.h>
 
 #include <future>
-#include <thread>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fsutil.h"
@@ -350,8 +350,7 @@ StalledAsk AskAndStall(const std::string& address, const std::string& upath,
   if (st.ok()) st = ch.RecvFrame(&type, &payload, Deadline::AfterMs(3000));
   Status reply;
   std::string body;
-  if (st.ok() && !DecodeReply(payload, &reply, &body))
-    st = Status(DYAD_RC_BADUNPACK, "bad reply");
+  if (st.ok() && !DecodeReply(payload, &reply, &body)) st = Status(DYAD_RC_BADUNPACK, "bad reply");
   if (st.ok()) st = reply;
   if (!st.ok()) return {st, MonoNs()};
   ++*replied;

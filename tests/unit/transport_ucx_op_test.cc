@@ -76,8 +76,8 @@ class UcxOps : public testing::TestWithParam<const char*> {
     src_.fd = src_fd_.get();
     src_.size = kSize;
     src_.path = src_path_;
-    sink_ = UniqueFd(
-        ::open((dir_ + "/dst").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    sink_ =
+        UniqueFd(::open((dir_ + "/dst").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     ASSERT_TRUE(sink_.valid());
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
@@ -140,8 +140,8 @@ class UcxOps : public testing::TestWithParam<const char*> {
       Result<bool> a = TimedStep(*push_);
       Result<bool> b = TimedStep(*pull_);
       if (!a.ok() || !b.ok()) {
-        ADD_FAILURE() << "owner: " << a.status().ToString() << "; requester: "
-                      << b.status().ToString();
+        ADD_FAILURE() << "owner: " << a.status().ToString()
+                      << "; requester: " << b.status().ToString();
         return false;
       }
       Idle(5);
@@ -273,8 +273,7 @@ TEST_P(UcxOps, SecondTransferWaitsForTheBufferOnItsWakeFd) {
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   Channel owner2(UniqueFd(sv[0]), Trust::kAuthenticated);
   Channel req2(UniqueFd(sv[1]), Trust::kAuthenticated);
-  UniqueFd sink2(
-      ::open((dir_ + "/dst2").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  UniqueFd sink2(::open((dir_ + "/dst2").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   ASSERT_TRUE(sink2.valid());
   TransferStats stats2;
   std::unique_ptr<PullOp> second = req_t_->StartPull(req2, kSize, "", sink2.get(), &stats2);

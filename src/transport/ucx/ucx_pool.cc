@@ -127,8 +127,7 @@ size_t BufferPool::mapped() {
 
 // A free buffer, or a new one while the pool may grow; null otherwise
 // (`*wake`: when a resting buffer becomes usable).
-Result<RegisteredMemory*> BufferPool::TakeOrMapLocked(
-    std::chrono::steady_clock::time_point* wake) {
+Result<RegisteredMemory*> BufferPool::TakeOrMapLocked(std::chrono::steady_clock::time_point* wake) {
   const auto now = std::chrono::steady_clock::now();
   int resting = 0;
   if (RegisteredMemory* m = TakeLocked(now, wake, &resting)) return m;

@@ -69,9 +69,9 @@ class RequesterPull final : public UcxOp {
   uint64_t slot_ = 0;         // our slot size
   uint64_t transfer_id_ = 0;  // names the tags of our receives
   std::vector<void*> recvs_ = std::vector<void*>(kSlots, nullptr);  // per slot
-  uint64_t next_ = 0;      // the chunk we wait for
-  uint64_t chunk_ = 0;     // learned from chunk 0
-  uint64_t n_chunks_ = 1;  // likewise
+  uint64_t next_ = 0;                                               // the chunk we wait for
+  uint64_t chunk_ = 0;                                              // learned from chunk 0
+  uint64_t n_chunks_ = 1;                                           // likewise
 };
 
 Result<bool> RequesterPull::StepStages() {

@@ -154,8 +154,8 @@ Result<bool> OwnerPush::TakeOffer() {
   if (!offer.ok()) return Stop(offer.status(), true);
   offer_ = std::move(offer).value();
   if (DirectPossible()) {
-    Result<DirectPeers::Mapping> target = r_.direct.Map(args_.address, offer_.rkey, offer_.base,
-                                                        offer_.slot_bytes * offer_.slots);
+    Result<DirectPeers::Mapping> target =
+        r_.direct.Map(args_.address, offer_.rkey, offer_.base, offer_.slot_bytes * offer_.slots);
     if (target.ok()) {
       target_.emplace(std::move(target).value());
       n_chunks_ = ChunkCount(src_.size, offer_.slot_bytes);
@@ -246,9 +246,8 @@ Result<bool> OwnerPush::StepMessages() {
     char* local = buf_->memory().base() + (next_ % kSlots) * local_slot_bytes;
     Status st = PreadFully(src_.fd, local, len, offset);
     if (!st.ok()) return Stop(st, true);
-    Result<void*> r =
-        r_.endpoints.StartSend(ep_->get(), local, len, ChunkTag(offer_.transfer_id, next_),
-                               wake_.get());
+    Result<void*> r = r_.endpoints.StartSend(ep_->get(), local, len,
+                                             ChunkTag(offer_.transfer_id, next_), wake_.get());
     if (!r.ok()) return Stop(r.status(), true);
     send = *r;
     Count(len, /*direct=*/false);
@@ -279,9 +278,9 @@ Result<bool> OwnerPush::TakeCredit() {
   const uint64_t want = CreditIndex();
   Result<uint64_t> credit = DecodeCredit(frame_);
   if (type != kCreditFrame || !credit.ok() || *credit != want)
-    return Stop(Status(DYAD_RC_BADUNPACK, "unexpected frame instead of credit " +
-                                              std::to_string(want)),
-                true);
+    return Stop(
+        Status(DYAD_RC_BADUNPACK, "unexpected frame instead of credit " + std::to_string(want)),
+        true);
   ++credits_;
   return true;
 }

@@ -69,8 +69,8 @@ constexpr auto kSpin = std::chrono::microseconds(500);
 void SleepUntilReadable(Channel& session, int wake_fd, Deadline deadline) {
   int64_t ms = 100;
   if (!deadline.never()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline.time_point() - SteadyClock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_point() -
+                                                                            SteadyClock::now());
     ms = std::clamp<int64_t>(left.count() + 1, 0, ms);
   }
   pollfd p[2] = {{session.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
@@ -100,8 +100,8 @@ Status DriveOp(Channel& session, UcxOp& op) {
     // The first answer follows the reply at once: worth a spin.
     if (op.moved() == 0 && session.SpinFor(POLLIN)) continue;
     if (idle.expired())
-      return op.Fail(Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(op.idle_ms()) +
-                                                 " ms"));
+      return op.Fail(
+          Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(op.idle_ms()) + " ms"));
     SleepUntilReadable(session, op.wake_fd(), idle);
     spin_until = Clock::now() + kSpin;
   }

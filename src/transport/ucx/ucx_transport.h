@@ -49,8 +49,7 @@ class UcxTransport final : public Transport {
   std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
                                     int sink_fd, TransferStats* stats) override;
   std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
-                                    const std::string& request_args,
-                                    TransferStats* stats) override;
+                                    const std::string& request_args, TransferStats* stats) override;
 
  private:
   const std::unique_ptr<ucx::Resources> resources_;

@@ -1,19 +1,18 @@
 // ucx_worker.h: the UCX context and worker of one transport instance, the
 // thread that drives the worker, and the request calls every transfer makes
-// on it (tagged receives; waiting for, and cancelling, sends and receives).
+// on it (tagged receives; testing, without waiting, and cancelling sends
+// and receives; brief progress).
 //
 // Threading: every UCX call of the transport is made under mu() (the worker
 // runs in UCS_THREAD_MODE_SERIALIZED), by this class or by the parts that
 // share the worker (endpoints, direct path, pools). The progress thread
-// drives the worker and sleeps on its event fd; a thread waiting in Wait()
-// drives the worker itself while it moves, and the progress thread stands
-// aside meanwhile.
+// drives the worker and sleeps on its event fd; a transfer's step also
+// progresses it briefly (ProgressBriefly), and never waits on it.
 #pragma once
 
 #include <ucp/api/ucp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,20 +83,6 @@ class Worker {
   // progressed, and its event fd does not say when they could.
   void Hurry(int delta) { hurry_.fetch_add(delta); }
 
-  // Waits (bounded) for the request `*req` (a receive when `recv_len` is
-  // not null, which then gets the received length) and frees it. While
-  // waiting, watches `watch_fd` when it is >= 0: if it becomes readable (the
-  // peer reports an error or hung up), returns OK with *watch_ready set and
-  // the request still pending. On a timeout or error the request stays
-  // pending (*req unchanged) unless UCX completed it with that error. With
-  // *req null, waits only for `watch_fd`.
-  Status Wait(void** req, size_t* recv_len, Deadline deadline, int watch_fd, bool* watch_ready);
-
-  // Waits (bounded) until `fd` is readable, driving the worker meanwhile:
-  // over tcp, sends that did not fit the socket move only when the worker
-  // is progressed, and the progress thread is not woken for them.
-  Status WaitReadable(int fd, Deadline deadline);
-
   // Gives up on a pending request: cancels it and progresses (at most
   // kDrainMs) until UCX lets go of it. Returns true when it completed, so
   // its buffer is no longer touched; otherwise it is freed anyway (UCX
@@ -111,8 +96,6 @@ class Worker {
   void DrainCloses();
 
  private:
-  class Driver;
-
   Status CreateContext(bool* eager_only);
   Status CreateWorker();
   void DestroyUcx();
@@ -120,7 +103,6 @@ class Worker {
   void ReapClosesLocked();
   void DropUnexpectedLocked();
   Status CheckRequestLocked(void** req, size_t* recv_len, bool* done);
-  void PauseLocked(std::unique_lock<std::mutex>& lk, bool spinning, int watch_fd);
 
   std::mutex start_mu_;
   bool started_ = false;
@@ -128,15 +110,12 @@ class Worker {
   bool eager_only_ = false;
 
   std::mutex mu_;
-  std::condition_variable cv_;  // the progress thread saw movement
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   std::string address_;
   bool stopping_ = false;
-  int drivers_ = 0;  // threads driving the worker in Wait
   std::atomic<int> hurry_{0};
-  std::condition_variable drivers_cv_;
   std::thread progress_;
   std::function<void()> housekeeping_;
   std::vector<void*> closing_;  // endpoint close requests not yet complete
