@@ -8,11 +8,12 @@
 // step boundary: a new session's connect and handshake (or another fetch's
 // dial to the same owner) wait on their descriptors, the reply and the
 // verdict are assembled without blocking (Channel::RecvFrameNow), the bytes
-// land through the transport's PullOp when it has one (tcp). What still
-// blocks inside a step: the lookup of the owner's membership record when it
-// is not cached (the metadata store, not the owner) and the Pull of
-// transports without a PullOp (UCX, libfabric and the same-node copy wait
-// on their own completions, bounded by their idle limit).
+// land through the transport's PullOp (tcp on the session; UCX and
+// libfabric, whose ops signal their completions on a wake_fd watched with
+// the session). What still blocks inside a step: the lookup of the owner's
+// membership record when it is not cached (the metadata store, not the
+// owner) and the Pull of transports without a PullOp (the same-node copy,
+// bounded by its idle limit).
 //
 // Bounds: the session (connect and handshake, or the wait for another's
 // dial) and the reply together --rpc-timeout, the verdict --rpc-timeout;

@@ -13,6 +13,8 @@
 
 #include "common/wire_queue.h"
 #include "proto/router.h"
+#include "service/fd_watch.h"
+#include "service/resumable.h"
 #include "service/stats.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -40,6 +42,11 @@ class FileServer {
   void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) {
     on_serve_ = std::move(fn);
   }
+  // Where a fetch whose transport moves the file off the session (a PushOp,
+  // transport.h) parks while the requester is slow to offer, credit or
+  // take its bytes: without a watcher such a push waits on its worker.
+  // Set before serving starts.
+  void SetWatcher(FdWatcher* watcher) { watcher_ = watcher; }
   void HandleFetch(RequestContext& ctx, const std::string& payload);
   // kFetchBatch (file_server_batch.cc): small files inline, one reply each.
   void HandleFetchBatch(RequestContext& ctx, const std::string& payload);
@@ -57,9 +64,11 @@ class FileServer {
   // the requester takes it, so that one that stops reading holds no thread.
   struct Sending;
   struct Batch;
+  class PushWait;
   // What a response's fill step did: queued something (call again while
-  // the queue gathers), must wait until the queue is sent, or queued the end.
-  enum class Fill { kQueued, kFlush, kEnd };
+  // the queue gathers), must wait until the queue is sent, queued the end,
+  // or must wait for the requester through the response's `peer` step.
+  enum class Fill { kQueued, kFlush, kEnd, kPeer };
   // A response in the making: what is queued for the requester, how to
   // queue more, and what to do once it is all sent or the session failed.
   struct Response {
@@ -69,6 +78,8 @@ class FileServer {
         [](RequestContext&, WireQueue&) { return Result<Fill>(Fill::kEnd); };
     std::function<void(RequestContext&, const Status&)> done = [](RequestContext&, const Status&) {
     };
+    // For kPeer: the wait on the requester, run (and parked) as a Resumable.
+    std::function<std::shared_ptr<Resumable>()> peer;
     bool ended = false;  // fill said kEnd
   };
   // Queues one reply frame (sealed as the session seals) on `out`.
@@ -80,6 +91,10 @@ class FileServer {
   // Sends `r`, filling its queue as it goes, parking the request while the
   // requester takes nothing; ends with r's done step.
   void Drive(RequestContext& ctx, const std::shared_ptr<Response>& r);
+  // Runs r's peer step on this worker while the requester answers soon,
+  // else parks the request (counting `fetch.parked_for_peer`) until the
+  // session or the transport's wake fd is readable; then drives r again.
+  void WaitForPeer(RequestContext& ctx, const std::shared_ptr<Response>& r);
   // A fetch's checks and first reply; on success sets r's steps.
   void PrepareFetch(RequestContext& ctx, const std::string& payload, Response* r);
   Result<Fill> FillFetch(RequestContext& ctx, Sending& s, WireQueue& out);
@@ -109,6 +124,7 @@ class FileServer {
   ServiceStats* stats_;
   std::function<void(const std::string&, uint32_t)> on_serve_;
   TransferRegistry* transfers_;
+  FdWatcher* watcher_ = nullptr;
 };
 
 // Sends one reply frame (status + body) and counts errors.

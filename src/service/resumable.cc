@@ -34,15 +34,17 @@ bool WaitReady(const Resumable::Wait& w, int64_t limit_ns) {
 bool Spun(const Resumable::Wait& w) { return w.spin && w.ch != nullptr && w.ch->SpinFor(POLLIN); }
 
 void Park(RequestContext& ctx, std::shared_ptr<Resumable> op, const Resumable::Wait& w,
-          FdWatcher* watcher, ServiceStats* stats, std::function<void(RequestContext&)> then) {
-  stats->AddNamed("consume.parked_for_owner");
+          FdWatcher* watcher, ServiceStats* stats, std::function<void(RequestContext&)> then,
+          const char* counter) {
+  stats->AddNamed(counter);
   std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
   // Resumes the request on a worker: `before` says why (nothing: bytes
   // arrived), then the operation goes on where it stopped.
-  auto resume = [parked, op, watcher, stats, then](std::function<void(Resumable&)> before) {
-    parked->Resume([op, watcher, stats, then, before](RequestContext& c) {
+  auto resume = [parked, op, watcher, stats, then,
+                 counter](std::function<void(Resumable&)> before) {
+    parked->Resume([op, watcher, stats, then, before, counter](RequestContext& c) {
       if (before) before(*op);
-      RunParked(c, op, watcher, stats, then);
+      RunParked(c, op, watcher, stats, then, counter);
     });
   };
   const std::array<FdWatcher::Interest, 2> any = {
@@ -74,7 +76,8 @@ void RunBlocking(Resumable& op) {
 }
 
 void RunParked(RequestContext& ctx, std::shared_ptr<Resumable> op, FdWatcher* watcher,
-               ServiceStats* stats, std::function<void(RequestContext&)> then) {
+               ServiceStats* stats, std::function<void(RequestContext&)> then,
+               const char* counter) {
   if (ctx.parking == nullptr || watcher == nullptr) {
     RunBlocking(*op);
     return then(ctx);
@@ -90,7 +93,8 @@ void RunParked(RequestContext& ctx, std::shared_ptr<Resumable> op, FdWatcher* wa
       op->Expired();
       continue;
     }
-    if (budget_ns <= 0) return Park(ctx, std::move(op), w, watcher, stats, std::move(then));
+    if (budget_ns <= 0)
+      return Park(ctx, std::move(op), w, watcher, stats, std::move(then), counter);
     const uint64_t t0 = MonoNs();
     if (!Spun(w)) (void)WaitReady(w, budget_ns);
     budget_ns -= static_cast<int64_t>(MonoNs() - t0);

@@ -68,8 +68,10 @@ constexpr int64_t kOwnerParkAfterMs = 100;
 // Runs `op` for the request of `ctx` (see above); `then` runs with the
 // request's context once `op` ended, on this thread when it never parked,
 // else on a worker after the request resumed. Without ctx.parking or a
-// watcher, as RunBlocking. Each park counts `consume.parked_for_owner`.
+// watcher, as RunBlocking. Each park counts `counter` (a requester's wait
+// on its owner by default; an owner's wait on its requester names its own).
 void RunParked(RequestContext& ctx, std::shared_ptr<Resumable> op, FdWatcher* watcher,
-               ServiceStats* stats, std::function<void(RequestContext&)> then);
+               ServiceStats* stats, std::function<void(RequestContext&)> then,
+               const char* counter = "consume.parked_for_owner");
 
 }  // namespace dyad

@@ -370,6 +370,7 @@ Status Service::StartReactor() {
   fd_watcher_ = std::make_unique<FdWatcher>();
   DYAD_RETURN_IF_ERROR(fd_watcher_->Start());
   placement_->SetWatcher(fd_watcher_.get());
+  file_server_->SetWatcher(fd_watcher_.get());
   reactor_ = std::make_unique<Reactor>(rc, std::move(hooks));
   return reactor_->Start();
 }

@@ -1,6 +1,8 @@
 // fake_owner.h: a peer that answers as dyad-service rank N (real handshake,
 // real sockets) but serves fetches the way a test needs: never answering
-// them (a hung owner), or trickling the answer a few KiB at a time. Its
+// them (a hung owner), trickling the answer a few KiB at a time, or sending
+// only the reply (the file's size) and then nothing (an owner that hangs
+// once the transfer began, whatever the transport). Its
 // membership record goes into the cluster's store so that real services
 // fetch from it as from any owner. Stop() (or the destructor) ends every
 // connection and joins every thread, also when a test fails.
@@ -28,7 +30,7 @@ namespace testing_services {
 
 class FakeOwner {
  public:
-  enum class Mode { kSilent, kTrickle };
+  enum class Mode { kSilent, kTrickle, kReplyThenSilent };
   static constexpr uint64_t kIncarnation = 0x5eed;
   static constexpr uint64_t kVersion = 1234567890123ull;
   static constexpr size_t kPiece = 8u << 10;
@@ -116,6 +118,10 @@ class FakeOwner {
       if (type != static_cast<uint16_t>(MsgType::kFetch)) continue;
       ++fetches;
       if (mode_ == Mode::kSilent) continue;  // never answers; notices a hang-up
+      if (mode_ == Mode::kReplyThenSilent) {
+        SendFetchReply(ch, Deadline::AfterMs(1000));
+        continue;  // then nothing: the requester's transfer waits for bytes
+      }
       const int now = ++active;
       int seen = max_active.load();
       while (now > seen && !max_active.compare_exchange_weak(seen, now)) {
@@ -125,19 +131,24 @@ class FakeOwner {
     }
   }
 
-  // The whole answer (reply, bytes, verdict) as the session carries it,
-  // sent kPiece bytes every kPieceGapMs.
-  void Trickle(Channel& ch) {
-    std::string wire;
-    ch.CaptureSends(&wire);
+  // The FetchReply for a file of content_.size() bytes.
+  void SendFetchReply(Channel& ch, Deadline d) {
     FetchReply fr;
     fr.size = content_.size();
     fr.version = kVersion;
     Encoder e;
     fr.EncodeTo(e);
-    const Deadline d = Deadline::AfterMs(1000);
     (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(Status::OK(), e.data()),
                        d);
+  }
+
+  // The whole answer (reply, bytes, verdict) as the session carries it,
+  // sent kPiece bytes every kPieceGapMs.
+  void Trickle(Channel& ch) {
+    std::string wire;
+    ch.CaptureSends(&wire);
+    const Deadline d = Deadline::AfterMs(1000);
+    SendFetchReply(ch, d);
     if (protection_ == LinkProtection::kNone) {
       wire += content_;
     } else {

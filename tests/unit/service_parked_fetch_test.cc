@@ -7,20 +7,27 @@
 // (fake_owner.h: the real handshake, then fetches never answered, or
 // answered a few KiB every 30 ms). With one worker held per fetch, B's two
 // workers would be taken by the first two fetches from rank 2 and every
-// other consume on B would wait for them.
+// other consume on B would wait for them. The ucx cases (UCX moves the
+// bytes off the session, signalling completions on an event fd): a silent
+// ucx owner holds no worker of B, and a requester that never offers its
+// buffer holds no worker of the owner A.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fsutil.h"
 #include "common/key.h"
+#include "proto/auth.h"
 #include "proto/protocol.h"
 #include "service/service.h"
 #include "unit/fake_owner.h"
@@ -53,17 +60,22 @@ class ParkedFetch : public ::testing::Test {
     }
   }
 
-  void Start(LinkProtection protection, int64_t rpc_timeout_ms) {
+  // `dtl_mode` is B's (the transport of its fetches); `a_workers` > 0 sets
+  // A's worker count.
+  void Start(LinkProtection protection, int64_t rpc_timeout_ms, const std::string& dtl_mode = "",
+             uint32_t a_workers = 0) {
     char tmpl[] = "/tmp/dyad-parked-test.XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     base_ = tmpl;
     ServiceOptions oa = FirstServiceOptions(base_);
     oa.protection = protection;
     oa.rpc_timeout_ms = rpc_timeout_ms;
+    if (a_workers > 0) oa.workers = a_workers;
     a_ = std::make_unique<Service>(oa);
     ASSERT_TRUE(a_->Start().ok());
     ServiceOptions ob = SecondServiceOptions(oa, base_, "embedded://" + a_->tcp_address());
     ob.workers = 2;
+    ob.dtl_mode = dtl_mode;
     b_ = std::make_unique<Service>(ob);
     ASSERT_TRUE(b_->Start().ok());
     cons_ = base_ + "/cons";
@@ -264,6 +276,127 @@ INSTANTIATE_TEST_SUITE_P(Protections, TrickledFetch,
                                                   ? "integrity"
                                                   : "encrypt");
                          });
+
+#ifdef DYAD_HAVE_UCX
+}  // namespace
+}  // namespace dyad
+#include "transport/ucx/ucx_wire.h"
+namespace dyad {
+namespace {
+
+// B fetches with ucx: four consumes from an owner that answers the fetch
+// (the file's size) and then sends nothing. Each fetch's PullOp has posted
+// its receives and offered its buffer, then waits for chunks that never
+// come: parked, with the session and the op's wake fd watched. A consume
+// from a healthy owner meanwhile completes at once; the silent ones end at
+// the idle bound (--rpc-timeout) with nothing left behind.
+TEST_F(ParkedFetch, SilentUcxOwnerHoldsNoWorker) {
+  Start(LinkProtection::kIntegrity, 3000, "UCX");
+  StartFake(FakeOwner::Mode::kReplyThenSilent, LinkProtection::kIntegrity,
+            std::string(1u << 20, 'x'));
+  std::vector<std::future<Result<ConsumeReply>>> silent;
+  for (int i = 0; i < 4; ++i)
+    silent.push_back(std::async(std::launch::async, [this, i] {
+      return ConsumeFromFake("silent" + std::to_string(i), 1u << 20);
+    }));
+  EXPECT_TRUE(Eventually([&] { return fake_->fetches.load() == 4; }, 2500))
+      << "fetches that reached the silent owner: " << fake_->fetches.load();
+  EXPECT_TRUE(Eventually([&] { return Parks() >= 4; }, 2000)) << Parks() << " parked";
+  const uint64_t t0 = MonoNs();
+  Result<ConsumeReply> fine = ConsumeHealthy("healthy");
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_TRUE(fine->transferred);
+  EXPECT_EQ(ReadAll(cons_ + "/healthy"), "fine");
+  EXPECT_LT(MonoNs() - t0, 1500000000u) << "the healthy consume waited for the silent owner";
+  for (auto& f : silent) {
+    Result<ConsumeReply> r = f.get();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), DYAD_RC_TIMEOUT) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("ucx pull"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_EQ(ConsumerFiles(), std::vector<std::string>{"healthy"});
+}
+
+// A peer (rank 7) that asks A for a file over ucx, takes the reply, and
+// then never offers its receive buffer; returns what A said next and when.
+struct StalledAsk {
+  Status st;          // how the session ended (A's kError, or closed)
+  uint64_t ended_ns;  // MonoNs() when it did
+};
+StalledAsk AskAndStall(const std::string& address, const std::string& upath,
+                       std::atomic<int>* replied) {
+  StalledAsk out{Status::OK(), 0};
+  Result<SocketAddress> addr = ParseAddress(address);
+  Result<UniqueFd> fd =
+      addr.ok() ? Connect(*addr, Deadline::AfterMs(2000)) : Result<UniqueFd>(addr.status());
+  if (!fd.ok()) return {fd.status(), MonoNs()};
+  Channel ch(std::move(*fd), Trust::kUnauthenticated);
+  AuthConfig cfg;
+  cfg.secret = "test-secret";
+  PeerIdentity a;
+  Status st = Authenticator(cfg).Connect(ch, PeerIdentity{7, 0x77}, Deadline::AfterMs(3000), &a);
+  if (!st.ok()) return {st, MonoNs()};
+  FetchRequest req;
+  req.upath = upath;
+  req.transport = "ucx";
+  // Decodable arguments (the owner reads them before the offer); the
+  // worker address is never used, since no offer comes.
+  req.transport_args = ucx::EncodeRequestArgs({"no-worker", "fake-host"});
+  Encoder e;
+  req.EncodeTo(e);
+  st = ch.SendFrame(static_cast<uint16_t>(MsgType::kFetch), e.data(), Deadline::AfterMs(2000));
+  uint16_t type = 0;
+  std::string payload;
+  if (st.ok()) st = ch.RecvFrame(&type, &payload, Deadline::AfterMs(3000));
+  Status reply;
+  std::string body;
+  if (st.ok() && !DecodeReply(payload, &reply, &body)) st = Status(DYAD_RC_BADUNPACK, "bad reply");
+  if (st.ok()) st = reply;
+  if (!st.ok()) return {st, MonoNs()};
+  ++*replied;
+  // Silent from now on; wait (bounded) for A to give up.
+  st = ch.RecvFrame(&type, &payload, Deadline::AfterMs(15000));
+  if (st.ok()) st = Status(DYAD_RC_BADFETCH, "frame type " + std::to_string(type));
+  return {st, MonoNs()};
+}
+
+// A (two workers) serves four ucx fetches whose requester never offers its
+// buffer: each PushOp waits for the offer parked, holding no worker of A
+// (fetch.parked_for_peer); B's consume of another file of A meanwhile
+// completes at once; A ends each stalled push at its idle bound
+// (--rpc-timeout), telling the requester.
+TEST_F(ParkedFetch, RequesterThatNeverOffersHoldsNoOwnerWorker) {
+  Start(LinkProtection::kIntegrity, 2000, "", /*a_workers=*/2);
+  {
+    UniqueFd w(::open((base_ + "/a/big").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    ASSERT_TRUE(w.valid());
+    ASSERT_TRUE(WriteFully(w.get(), std::string(1u << 20, 'b').data(), 1u << 20).ok());
+  }
+  std::atomic<int> replied{0};
+  const uint64_t t_start = MonoNs();
+  std::vector<std::future<StalledAsk>> asks;
+  for (int i = 0; i < 4; ++i)
+    asks.push_back(std::async(std::launch::async, [this, &replied] {
+      return AskAndStall(a_->tcp_address(), "big", &replied);
+    }));
+  auto parked = [&] { return a_->stats().Snapshot()["fetch.parked_for_peer"]; };
+  EXPECT_TRUE(Eventually([&] { return replied.load() == 4; }, 3000)) << replied.load();
+  EXPECT_TRUE(Eventually([&] { return parked() >= 4; }, 2000)) << parked() << " parked";
+  const uint64_t t0 = MonoNs();
+  Result<ConsumeReply> fine = ConsumeHealthy("healthy");
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_EQ(ReadAll(cons_ + "/healthy"), "fine");
+  EXPECT_LT(MonoNs() - t0, 1000000000u) << "the healthy consume waited for a stalled push";
+  for (auto& f : asks) {
+    StalledAsk r = f.get();
+    EXPECT_FALSE(r.st.ok());
+    // A's kError frame (ucx's own type) or the closed session, at the bound.
+    EXPECT_TRUE(r.st.code() == DYAD_RC_BADFETCH || r.st.code() == DYAD_RC_CONNLOST)
+        << r.st.ToString();
+    EXPECT_LT(r.ended_ns - t_start, 6000000000u) << "A held the stalled push past its bound";
+  }
+}
+#endif  // DYAD_HAVE_UCX
 
 }  // namespace
 }  // namespace dyad

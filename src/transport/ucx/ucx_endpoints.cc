@@ -56,9 +56,11 @@ void EndpointCache::Evict(const std::string& address, ucp_ep_h ep) {
   RetireLocked(ep);
 }
 
-Result<void*> EndpointCache::StartSend(ucp_ep_h ep, const void* buf, size_t len, uint64_t tag) {
+Result<void*> EndpointCache::StartSend(ucp_ep_h ep, const void* buf, size_t len, uint64_t tag,
+                                       const WakeFd* wake) {
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
+  if (wake != nullptr) wake->ForSend(&p);
   std::lock_guard<std::mutex> lk(worker_.mu());
   if (failed_.count(ep) != 0)
     return Status(DYAD_RC_CONNLOST, "ucx endpoint to the requester failed");

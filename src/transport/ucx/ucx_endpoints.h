@@ -50,8 +50,10 @@ class EndpointCache {
   void Evict(const std::string& address, ucp_ep_h ep);
 
   // Starts a tagged send of `len` bytes at `buf`. Returns the request, or
-  // nullptr when the send completed at once.
-  Result<void*> StartSend(ucp_ep_h ep, const void* buf, size_t len, uint64_t tag);
+  // nullptr when the send completed at once; a later completion makes
+  // `wake` readable when given.
+  Result<void*> StartSend(ucp_ep_h ep, const void* buf, size_t len, uint64_t tag,
+                          const WakeFd* wake = nullptr);
 
   // Force-closes every endpoint (teardown, progress thread stopped).
   void Clear();

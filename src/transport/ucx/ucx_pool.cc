@@ -125,31 +125,49 @@ size_t BufferPool::mapped() {
   return entries_.size();
 }
 
+// A free buffer, or a new one while the pool may grow; null otherwise
+// (`*wake`: when a resting buffer becomes usable).
+Result<RegisteredMemory*> BufferPool::TakeOrMapLocked(std::chrono::steady_clock::time_point* wake) {
+  const auto now = std::chrono::steady_clock::now();
+  int resting = 0;
+  if (RegisteredMemory* m = TakeLocked(now, wake, &resting)) return m;
+  // Buffers resting after a failure do not count against the pool (so
+  // failures cannot starve later transfers), up to twice its size.
+  const int limit = max_buffers_ + std::min(resting, max_buffers_);
+  if (static_cast<int>(entries_.size()) >= limit) return static_cast<RegisteredMemory*>(nullptr);
+  Result<std::unique_ptr<RegisteredMemory>> made = Map();
+  if (!made.ok()) return made.status();
+  entries_.push_back(Entry{std::move(made).value(), true, {}});
+  return entries_.back().mem.get();
+}
+
 Result<BufferLease> BufferPool::Acquire(Deadline deadline, int64_t rest_ms) {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    const auto now = std::chrono::steady_clock::now();
     auto wake = std::chrono::steady_clock::time_point::max();
-    int resting = 0;
-    if (RegisteredMemory* m = TakeLocked(now, &wake, &resting))
-      return BufferLease(this, m, rest_ms);
-    // Buffers resting after a failure do not count against the pool (so
-    // failures cannot starve later transfers), up to twice its size.
-    const int limit = max_buffers_ + std::min(resting, max_buffers_);
-    if (static_cast<int>(entries_.size()) < limit) {
-      Result<std::unique_ptr<RegisteredMemory>> made = Map();
-      if (!made.ok()) return made.status();
-      entries_.push_back(Entry{std::move(made).value(), true, {}});
-      return BufferLease(this, entries_.back().mem.get(), rest_ms);
-    }
+    Result<RegisteredMemory*> m = TakeOrMapLocked(&wake);
+    if (!m.ok()) return m.status();
+    if (*m != nullptr) return BufferLease(this, *m, rest_ms);
     if (deadline.expired())
       return Status(DYAD_RC_TIMEOUT, std::string("all ") + std::to_string(max_buffers_) +
                                          " registered " +
                                          (kind_ == Kind::kReceive ? "receive" : "send") +
                                          " buffers stayed busy (DYAD_UCX_POOL_BUFFERS)");
+    const auto now = std::chrono::steady_clock::now();
     auto until = now + std::chrono::milliseconds(deadline.RemainingMs(1000));
     cv_.wait_until(lk, std::min(until, wake));
   }
+}
+
+Result<std::optional<BufferLease>> BufferPool::TryAcquire(int64_t rest_ms, const WakeFd& waiter) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto wake = std::chrono::steady_clock::time_point::max();
+  Result<RegisteredMemory*> m = TakeOrMapLocked(&wake);
+  if (!m.ok()) return m.status();
+  if (*m != nullptr) return std::optional<BufferLease>(BufferLease(this, *m, rest_ms));
+  if (std::find(waiters_.begin(), waiters_.end(), waiter.id()) == waiters_.end())
+    waiters_.push_back(waiter.id());
+  return std::optional<BufferLease>();
 }
 
 // A free buffer whose rest is over, marked in use; else null, with the
@@ -180,6 +198,7 @@ Status BufferPool::Preallocate() {
 }
 
 void BufferPool::Release(RegisteredMemory* mem, int64_t rest_ms) {
+  std::vector<uint64_t> waiters;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (Entry& e : entries_) {
@@ -188,8 +207,11 @@ void BufferPool::Release(RegisteredMemory* mem, int64_t rest_ms) {
       e.usable_at = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(std::max<int64_t>(0, rest_ms));
     }
+    waiters.swap(waiters_);
   }
   cv_.notify_all();
+  // Every waiting transfer tries again; those that lose the race wait anew.
+  for (uint64_t id : waiters) WakeFd::SignalId(id);
 }
 
 void BufferPool::Clear() {

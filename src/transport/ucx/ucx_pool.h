@@ -10,7 +10,9 @@
 // otherwise wait on each other across services).
 //
 // Thread-safe. Lock order: a pool's mutex before the worker's, never the
-// reverse. Every buffer must be released before the worker is destroyed.
+// reverse; waiting transfers' wake fds (ucx_wake.h) are signalled after the
+// pool's mutex is released. Every buffer must be released before the
+// worker is destroyed.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -20,11 +22,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "common/time.h"
+#include "transport/ucx/ucx_wake.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace dyad::ucx {
@@ -122,6 +126,9 @@ class BufferPool {
   // fewer than max_buffers(); waits (bounded) for one to come back
   // otherwise. After a failure the buffer rests `rest_ms` before reuse.
   Result<BufferLease> Acquire(Deadline deadline, int64_t rest_ms);
+  // As Acquire, but never waits: no buffer now gives nullopt, and `waiter`
+  // becomes readable when a buffer comes back (then try again).
+  Result<std::optional<BufferLease>> TryAcquire(int64_t rest_ms, const WakeFd& waiter);
 
   // Maps one buffer ahead of the first transfer, with its pages touched, so
   // the first fetch finds it ready. Nothing when one is mapped already.
@@ -141,6 +148,7 @@ class BufferPool {
   };
 
   Result<std::unique_ptr<RegisteredMemory>> Map();
+  Result<RegisteredMemory*> TakeOrMapLocked(std::chrono::steady_clock::time_point* wake);
   RegisteredMemory* TakeLocked(std::chrono::steady_clock::time_point now,
                                std::chrono::steady_clock::time_point* wake, int* resting);
   void Release(RegisteredMemory* mem, int64_t rest_ms);
@@ -152,6 +160,7 @@ class BufferPool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Entry> entries_;
+  std::vector<uint64_t> waiters_;  // wake fd ids of transfers that found none (TryAcquire)
 };
 
 }  // namespace dyad::ucx

@@ -1,14 +1,15 @@
-// ucx_push.cc: the owner's state machine. After the FetchReply it sends a
-// small file inline; otherwise it reads the requester's arguments and
-// buffer offer, then either writes each chunk straight into the requester's
-// mapped buffer (same host, SendDirect) or sends it as a tagged message
-// (SendMessages), reusing a slot only once the requester's credit says so.
-#include <poll.h>
+// ucx_push.cc: the owner's state machine, as a PushOp whose Step never
+// waits. After the FetchReply it sends a small file inline; otherwise it
+// takes the requester's arguments and buffer offer, then either writes each
+// chunk straight into the requester's mapped buffer (same host, kDirect)
+// or sends it as a tagged message (kMessages), reusing a slot only once the
+// requester's credit says so. Credits and the offer arrive on the session;
+// completions of the sends make the op's wake fd readable (ucx_wake.h).
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
+#include <optional>
 #include <vector>
 
 #include "common/fsutil.h"
@@ -22,192 +23,305 @@ namespace {
 
 uint64_t ChunkCount(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
-class OwnerTransfer {
+class OwnerPush final : public UcxOp {
  public:
-  OwnerTransfer(Resources& r, Channel& session, const FileSource& src, TransferStats* stats)
-      : r_(r),
-        session_(session),
+  OwnerPush(Resources& r, Channel& session, const FileSource& src, std::string request_args,
+            TransferStats* stats)
+      : UcxOp(r, session),
         src_(src),
+        request_args_(std::move(request_args)),
         stats_(*stats),
         what_("ucx push of '" + src.path + "'") {}
+  ~OwnerPush() override { Release(); }
 
-  Status Run(const std::string& request_args);
-
- private:
-  Deadline Idle() const { return IdleDeadline(r_.options.idle_ms); }
+  uint64_t moved() const override { return stats_.bytes + credits_; }
   // Every failure after the FetchReply is reported to the requester, which
   // waits for the chunks the reply promised.
-  Status Fail(const Status& st) {
-    return SendErrorAndFail(session_, st.Annotate(what_ + " (sent " + std::to_string(stats_.bytes) +
-                                                  " of " + std::to_string(src_.size) + " bytes)"));
+  Status Fail(const Status& why) override { return Stop(why, true); }
+
+ private:
+  enum class Stage { kStart, kOffer, kDirect, kSendBuffer, kMessages, kDone, kFailed };
+
+  Result<bool> StepStages() override;
+  Result<bool> Begin();
+  Result<bool> SendInline();
+  Result<bool> TakeOffer();
+  bool DirectPossible() const;
+  Result<bool> StartMessages();
+  Result<bool> StepDirect();
+  Result<bool> StepMessages();
+  // Takes the requester's next credit if it is on the session now (true).
+  Result<bool> TakeCredit();
+  // The index of the credit expected next: each slot's chunk while later
+  // chunks need the slot, then the last chunk's (messages only).
+  uint64_t CreditIndex() const {
+    const uint64_t early = n_chunks_ > offer_.slots ? n_chunks_ - offer_.slots : 0;
+    return credits_ < early ? credits_ : n_chunks_ - 1;
   }
+  bool Credited(uint64_t i) const { return i < offer_.slots || credits_ > i - offer_.slots; }
   void Count(size_t len, bool direct) {
     stats_.bytes += len;
     stats_.chunks += 1;
     if (direct) stats_.direct_bytes += len;
   }
+  Status Stop(const Status& st, bool tell_requester);
+  // Ends the use of the mapping, the endpoint and the send buffer. Sends
+  // still pending must not outlive the op: they read our send buffer. The
+  // endpoint is retired and, once its last user lets go, force-closed,
+  // which fails its sends; then they are cancelled.
+  void Release();
 
-  Status SendInline();
-  Result<Offer> ReceiveOffer();
-  bool DirectPossible(const RequestArgs& args, const Offer& offer) const;
-  Status SendDirect(DirectPeers::Mapping& target, const Offer& offer);
-  Status SendDirectChunks(char* target, const Offer& offer);
-  Status SendMessages(const std::string& address, const Offer& offer);
-  Status SendChunks(ucp_ep_h ep, char* local_base, const Offer& offer, std::vector<void*>& sends);
-  Status WaitSend(void** send) { return r_.worker.Wait(send, nullptr, Idle(), -1, nullptr); }
-
-  Resources& r_;
-  Channel& session_;
   const FileSource& src_;
+  const std::string request_args_;
   TransferStats& stats_;
   const std::string what_;
+  Stage stage_ = Stage::kStart;
+  RequestArgs args_;
+  Offer offer_;
+  std::optional<DirectPeers::Mapping> target_;
+  std::optional<EndpointCache::Ref> ep_;
+  std::optional<BufferLease> buf_;
+  std::vector<void*> sends_ = std::vector<void*>(kSlots, nullptr);  // per local slot
+  bool hurried_ = false;
+  uint64_t chunk_ = 0;
+  uint64_t n_chunks_ = 0;
+  uint64_t next_ = 0;     // the chunk to send next
+  uint64_t credits_ = 0;  // credits taken
 };
 
-Status OwnerTransfer::Run(const std::string& request_args) {
-  if (src_.size == 0) return Status::OK();
-  if (src_.fd < 0)
-    return SendErrorAndFail(session_, Status(DYAD_RC_BADFIO, what_ + ": no open file descriptor"));
+Result<bool> OwnerPush::StepStages() {
+  switch (stage_) {
+    case Stage::kStart:
+      return Begin();
+    case Stage::kOffer:
+      return TakeOffer();
+    case Stage::kDirect:
+      return StepDirect();
+    case Stage::kSendBuffer:
+      return StartMessages();
+    case Stage::kMessages:
+      return StepMessages();
+    case Stage::kDone:
+      return true;
+    case Stage::kFailed:
+      break;
+  }
+  return Status(DYAD_RC_BADFETCH, what_ + ": the transfer already failed");
+}
+
+Result<bool> OwnerPush::Begin() {
+  if (src_.size == 0) {
+    stage_ = Stage::kDone;
+    return true;
+  }
+  if (src_.fd < 0) return Stop(Status(DYAD_RC_BADFIO, "no open file descriptor"), true);
   if (src_.size <= kInlineMaxBytes) return SendInline();
-  Status st = r_.worker.Start();
-  if (!st.ok()) return SendErrorAndFail(session_, st.Annotate(what_));
-  Result<RequestArgs> args = DecodeRequestArgs(request_args);
-  if (!args.ok()) return SendErrorAndFail(session_, args.status().Annotate(what_));
-  Result<Offer> offer = ReceiveOffer();
-  if (!offer.ok()) return offer.status();
-  // Same host: write straight into the requester's buffer when it is in
-  // shared memory we can map; otherwise (or when that fails) messages.
-  if (DirectPossible(*args, *offer)) {
+  Status st = StartWake();
+  if (!st.ok()) return Stop(st, true);
+  Result<RequestArgs> args = DecodeRequestArgs(request_args_);
+  if (!args.ok()) return Stop(args.status(), true);
+  args_ = std::move(args).value();
+  stage_ = Stage::kOffer;
+  return TakeOffer();
+}
+
+// A small file in one frame: the session's socket buffer takes it whole
+// unless the requester stopped reading (then bounded by the idle limit).
+Result<bool> OwnerPush::SendInline() {
+  std::string data(static_cast<size_t>(src_.size), '\0');
+  Status rs = PreadFully(src_.fd, data.data(), data.size(), 0);
+  if (!rs.ok()) return Stop(rs, true);
+  Status ss = session_.SendFrame(kInlineFrame, data, Idle());
+  if (!ss.ok()) return Stop(ss, false);
+  stats_.bytes = src_.size;
+  stats_.chunks = 1;
+  stage_ = Stage::kDone;
+  return true;
+}
+
+// The requester's offer: which tags, how many slots of what size. Then the
+// path: same host, write straight into the requester's buffer when it is
+// in shared memory we can map; otherwise (or when that fails) messages.
+Result<bool> OwnerPush::TakeOffer() {
+  uint16_t type = 0;
+  Result<bool> got = RecvNow(&type);
+  if (!got.ok()) return Stop(got.status().Annotate("waiting for the buffer offer"), false);
+  if (!*got) return false;
+  if (type == kErrorFrame) return Stop(DecodeErrorFrame(frame_, "requester"), false);
+  Result<Offer> offer = type == kOfferFrame
+                            ? DecodeOffer(frame_)
+                            : Result<Offer>(Status(DYAD_RC_BADUNPACK, "bad buffer offer"));
+  if (!offer.ok()) return Stop(offer.status(), true);
+  offer_ = std::move(offer).value();
+  if (DirectPossible()) {
     Result<DirectPeers::Mapping> target =
-        r_.direct.Map(args->address, offer->rkey, offer->base, offer->slot_bytes * offer->slots);
-    if (target.ok()) return SendDirect(*target, *offer);
+        r_.direct.Map(args_.address, offer_.rkey, offer_.base, offer_.slot_bytes * offer_.slots);
+    if (target.ok()) {
+      target_.emplace(std::move(target).value());
+      n_chunks_ = ChunkCount(src_.size, offer_.slot_bytes);
+      stage_ = Stage::kDirect;
+      return StepDirect();
+    }
     DYAD_LOG_DEBUG("ucx: same-host requester, no shared-memory path (%s); using messages",
                    target.status().ToString().c_str());
   }
-  return SendMessages(args->address, *offer);
+  stage_ = Stage::kSendBuffer;
+  return StartMessages();
 }
 
-Status OwnerTransfer::SendInline() {
-  std::string data(static_cast<size_t>(src_.size), '\0');
-  Status rs = PreadFully(src_.fd, data.data(), data.size(), 0);
-  if (!rs.ok()) return SendErrorAndFail(session_, rs.Annotate(what_));
-  Status ss = session_.SendFrame(kInlineFrame, data, Idle());
-  if (!ss.ok()) return FailSession(session_, ss.Annotate(what_));
-  stats_.bytes = src_.size;
-  stats_.chunks = 1;
-  return Status::OK();
+bool OwnerPush::DirectPossible() const {
+  return !args_.host_id.empty() && args_.host_id == LocalHostId() && r_.worker.shm_capable() &&
+         ShmDirectAllowed() && !offer_.rkey.empty();
 }
 
-// The requester's offer: which tags, how many slots of what size.
-Result<Offer> OwnerTransfer::ReceiveOffer() {
-  uint16_t type = 0;
-  std::string payload;
-  Status st = session_.RecvFrame(&type, &payload, Idle());
-  if (!st.ok()) return FailSession(session_, st.Annotate(what_ + ": waiting for the buffer offer"));
-  if (type == kErrorFrame) return FailSession(session_, DecodeErrorFrame(payload, "requester"));
-  Result<Offer> offer = type == kOfferFrame
-                            ? DecodeOffer(payload)
-                            : Result<Offer>(Status(DYAD_RC_BADUNPACK, "bad buffer offer"));
-  if (!offer.ok()) return SendErrorAndFail(session_, offer.status().Annotate(what_));
-  return offer;
-}
-
-bool OwnerTransfer::DirectPossible(const RequestArgs& args, const Offer& offer) const {
-  return !args.host_id.empty() && args.host_id == LocalHostId() && r_.worker.shm_capable() &&
-         ShmDirectAllowed() && !offer.rkey.empty();
-}
-
-Status OwnerTransfer::SendDirect(DirectPeers::Mapping& target, const Offer& offer) {
-  Status st = SendDirectChunks(target.ptr(), offer);
-  target.Done(st.ok());
-  return st.ok() ? st : Fail(st);
+Result<bool> OwnerPush::StartMessages() {
+  if (!ep_) {
+    Result<EndpointCache::Ref> ep = r_.endpoints.Get(args_.address);
+    if (!ep.ok()) return Stop(ep.status(), true);
+    ep_.emplace(std::move(ep).value());
+  }
+  // A send buffer is only read by UCX; it rests only when a send of a
+  // failed transfer could not be reclaimed (see Release). With every
+  // buffer of the pool in use, the wake fd says when one is back.
+  Result<std::optional<BufferLease>> buf =
+      r_.send_pool.TryAcquire(FailureRestMs(r_.options.idle_ms), *wake_);
+  if (!buf.ok()) return Stop(buf.status(), true);
+  if (!buf->has_value()) return false;
+  buf_.emplace(std::move(**buf));
+  chunk_ = std::min<uint64_t>(offer_.slot_bytes, r_.send_pool.slot_bytes());
+  n_chunks_ = ChunkCount(src_.size, chunk_);
+  // Over tcp, sends that did not fit the socket move only when the worker
+  // is progressed: the progress thread keeps at it while ours are out.
+  r_.worker.Hurry(+1);
+  hurried_ = true;
+  stage_ = Stage::kMessages;
+  return StepMessages();
 }
 
 // Chunk i is read from the file straight into slot i % slots of the
 // requester's mapped buffer, then announced as kChunk {i, length}; from
 // chunk `slots` on, the slot is reused once the requester's kCredit
 // {i - slots} says it has written the slot out. No UCX call is made.
-Status OwnerTransfer::SendDirectChunks(char* target, const Offer& offer) {
-  const uint64_t slot = offer.slot_bytes;
-  const uint64_t n_chunks = ChunkCount(src_.size, slot);
-  for (uint64_t i = 0; i < n_chunks; ++i) {
-    if (i >= offer.slots) DYAD_RETURN_IF_ERROR(RecvCredit(session_, i - offer.slots, Idle()));
-    const uint64_t offset = i * slot;
+Result<bool> OwnerPush::StepDirect() {
+  const uint64_t slot = offer_.slot_bytes;
+  while (next_ < n_chunks_) {
+    if (!Credited(next_)) {
+      Result<bool> c = TakeCredit();
+      if (!c.ok() || !*c) return c;
+      continue;
+    }
+    const uint64_t offset = next_ * slot;
     const size_t len = static_cast<size_t>(std::min(slot, src_.size - offset));
-    DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, target + (i % offer.slots) * slot, len, offset));
+    Status st = PreadFully(src_.fd, target_->ptr() + (next_ % offer_.slots) * slot, len, offset);
     // The chunk's bytes are in place before the requester can learn of it.
     std::atomic_thread_fence(std::memory_order_release);
-    DYAD_RETURN_IF_ERROR(session_.SendFrame(kChunkFrame, EncodeChunk(i, len), Idle()));
+    if (st.ok()) st = session_.SendFrame(kChunkFrame, EncodeChunk(next_, len), Idle());
+    if (!st.ok()) return Stop(st, true);
     Count(len, /*direct=*/true);
+    ++next_;
   }
-  return Status::OK();
-}
-
-Status OwnerTransfer::SendMessages(const std::string& address, const Offer& offer) {
-  Result<EndpointCache::Ref> ep = r_.endpoints.Get(address);
-  if (!ep.ok()) return SendErrorAndFail(session_, ep.status().Annotate(what_));
-  // A send buffer is only read by UCX; it rests only when a send of a
-  // failed transfer could not be reclaimed (see below).
-  Result<BufferLease> buf = r_.send_pool.Acquire(Idle(), FailureRestMs(r_.options.idle_ms));
-  if (!buf.ok()) return SendErrorAndFail(session_, buf.status().Annotate(what_));
-  std::vector<void*> sends(kSlots, nullptr);  // per local slot
-  Status st = SendChunks(ep->get(), buf->memory().base(), offer, sends);
-  if (st.ok()) {
-    buf->MarkOk();
-    return st;
-  }
-  // Sends still pending after a failure must not outlive this call: they
-  // read our send buffer. The endpoint is retired and, once its last user
-  // lets go, force-closed, which fails its sends; then they are cancelled.
-  r_.endpoints.Evict(address, ep->get());
-  ep->Release();
-  bool reclaimed = true;
-  for (void*& send : sends) reclaimed = r_.worker.Cancel(&send) && reclaimed;
-  if (reclaimed) buf->MarkOk();
-  return Fail(st);
+  target_->Done(true);
+  target_.reset();
+  stage_ = Stage::kDone;
+  return true;
 }
 
 // Chunk i goes from local slot i % kSlots to the requester's receive for
 // tag (transfer id, i), once our slot's previous send completed and, from
 // chunk `offer.slots` on, the requester's credit says the receive is posted.
-Status OwnerTransfer::SendChunks(ucp_ep_h ep, char* local_base, const Offer& offer,
-                                 std::vector<void*>& sends) {
+Result<bool> OwnerPush::StepMessages() {
   const uint64_t local_slot_bytes = r_.send_pool.slot_bytes();
-  const uint64_t chunk = std::min<uint64_t>(offer.slot_bytes, local_slot_bytes);
-  const uint64_t n_chunks = ChunkCount(src_.size, chunk);
-  for (uint64_t i = 0; i < n_chunks; ++i) {
-    if (i >= offer.slots) {
-      // Drive the worker meanwhile: sends that did not fit the socket move
-      // only when it is progressed.
-      DYAD_RETURN_IF_ERROR(r_.worker.WaitReadable(session_.fd(), Idle()));
-      DYAD_RETURN_IF_ERROR(RecvCredit(session_, i - offer.slots, Idle()));
+  while (next_ < n_chunks_) {
+    if (!Credited(next_)) {
+      Result<bool> c = TakeCredit();
+      if (!c.ok() || !*c) return c;
+      continue;
     }
-    void*& send = sends[i % kSlots];
-    DYAD_RETURN_IF_ERROR(WaitSend(&send));
-    const uint64_t offset = i * chunk;
-    const size_t len = static_cast<size_t>(std::min(chunk, src_.size - offset));
-    char* local = local_base + (i % kSlots) * local_slot_bytes;
-    DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, local, len, offset));
-    Result<void*> r = r_.endpoints.StartSend(ep, local, len, ChunkTag(offer.transfer_id, i));
-    if (!r.ok()) return r.status();
+    void*& send = sends_[next_ % kSlots];
+    Result<bool> sent = r_.worker.Test(&send, nullptr);
+    if (!sent.ok()) return Stop(sent.status(), true);
+    if (!*sent) return false;
+    const uint64_t offset = next_ * chunk_;
+    const size_t len = static_cast<size_t>(std::min(chunk_, src_.size - offset));
+    char* local = buf_->memory().base() + (next_ % kSlots) * local_slot_bytes;
+    Status st = PreadFully(src_.fd, local, len, offset);
+    if (!st.ok()) return Stop(st, true);
+    Result<void*> r = r_.endpoints.StartSend(ep_->get(), local, len,
+                                             ChunkTag(offer_.transfer_id, next_), wake_.get());
+    if (!r.ok()) return Stop(r.status(), true);
     send = *r;
     Count(len, /*direct=*/false);
+    ++next_;
   }
-  for (void*& s : sends) DYAD_RETURN_IF_ERROR(WaitSend(&s));
+  for (void*& s : sends_) {
+    Result<bool> sent = r_.worker.Test(&s, nullptr);
+    if (!sent.ok()) return Stop(sent.status(), true);
+    if (!*sent) return false;
+  }
   // A completed send may not have arrived yet: the requester's credit for
   // the last chunk says it has them all, so what we send on the session
   // next (the fetch verdict) cannot overtake them.
-  DYAD_RETURN_IF_ERROR(r_.worker.WaitReadable(session_.fd(), Idle()));
-  return RecvCredit(session_, n_chunks - 1, Idle());
+  Result<bool> last = TakeCredit();
+  if (!last.ok() || !*last) return last;
+  buf_->MarkOk();
+  Release();
+  stage_ = Stage::kDone;
+  return true;
+}
+
+Result<bool> OwnerPush::TakeCredit() {
+  uint16_t type = 0;
+  Result<bool> got = RecvNow(&type);
+  if (!got.ok()) return Stop(got.status().Annotate("waiting for a credit"), false);
+  if (!*got) return false;
+  if (type == kErrorFrame) return Stop(DecodeErrorFrame(frame_, "requester"), false);
+  const uint64_t want = CreditIndex();
+  Result<uint64_t> credit = DecodeCredit(frame_);
+  if (type != kCreditFrame || !credit.ok() || *credit != want)
+    return Stop(
+        Status(DYAD_RC_BADUNPACK, "unexpected frame instead of credit " + std::to_string(want)),
+        true);
+  ++credits_;
+  return true;
+}
+
+Status OwnerPush::Stop(const Status& st, bool tell_requester) {
+  const Status why = st.Annotate(what_ + " (sent " + std::to_string(stats_.bytes) + " of " +
+                                 std::to_string(src_.size) + " bytes)");
+  if (stage_ == Stage::kFailed) return why;
+  Release();
+  stage_ = Stage::kFailed;
+  return tell_requester ? SendErrorAndFail(session_, why) : FailSession(session_, why);
+}
+
+void OwnerPush::Release() {
+  if (hurried_) r_.worker.Hurry(-1);
+  hurried_ = false;
+  target_.reset();  // not Done(true): the requester's buffer may be half written
+  if (!ep_) {
+    buf_.reset();
+    return;
+  }
+  const bool pending = std::any_of(sends_.begin(), sends_.end(), [](void* s) { return s; });
+  if (pending) {
+    r_.endpoints.Evict(args_.address, ep_->get());
+    ep_->Release();
+    bool reclaimed = true;
+    for (void*& send : sends_) reclaimed = r_.worker.Cancel(&send) && reclaimed;
+    if (reclaimed && buf_) buf_->MarkOk();
+  } else if (buf_) {
+    buf_->MarkOk();  // nothing of ours reads it any more
+  }
+  buf_.reset();
+  ep_.reset();
 }
 
 }  // namespace
 
-Status PushFile(Resources& r, Channel& session, const FileSource& src,
-                const std::string& request_args, TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
+std::unique_ptr<PushOp> StartPushOp(Resources& r, Channel& session, const FileSource& src,
+                                    const std::string& request_args, TransferStats* stats) {
   *stats = TransferStats();
-  return OwnerTransfer(r, session, src, stats).Run(request_args);
+  return std::make_unique<OwnerPush>(r, session, src, request_args, stats);
 }
 
 }  // namespace dyad::ucx

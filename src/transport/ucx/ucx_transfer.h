@@ -1,11 +1,12 @@
 // ucx_transfer.h: what one UcxTransport instance owns and all its transfers
-// share (Resources), and the two state machines that move a file with them:
-// PushFile on the owner (ucx_push.cc) and PullFile on the requester
-// (ucx_pull.cc). Each transfer runs on its caller's thread and uses its
-// session only from that thread; Resources are thread-safe.
+// share (Resources), and the two state machines that move a file with them,
+// as TransferOps whose Step never waits: the owner's push (ucx_push.cc) and
+// the requester's pull (ucx_pull.cc). An op is used by one thread at a
+// time (which may change between steps); Resources are thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/net.h"
@@ -14,6 +15,7 @@
 #include "transport/ucx/ucx_direct.h"
 #include "transport/ucx/ucx_endpoints.h"
 #include "transport/ucx/ucx_pool.h"
+#include "transport/ucx/ucx_wake.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace dyad::ucx {
@@ -41,11 +43,48 @@ struct Resources {
 // UCX did not give back: the peer stops within its own idle bound.
 int64_t FailureRestMs(int64_t idle_ms);
 
-// The owner's side of a fetch (Transport::Push).
-Status PushFile(Resources& r, Channel& session, const FileSource& src,
-                const std::string& request_args, TransferStats* stats);
+// What both ends' transfers share: each Step drains the wake fd, drives the
+// worker briefly (never waiting), then moves its state machine as far as
+// the requests and the session allow. The session is read only with
+// Channel::RecvFrameNow, so a Step never waits on the peer.
+class UcxOp : public TransferOp {
+ public:
+  Result<bool> Step() final;
+  int wake_fd() const override { return wake_ ? wake_->fd() : -1; }
+  int64_t idle_ms() const override { return r_.options.idle_ms; }
+  // The worker moved during the last Step: more may follow at once.
+  bool busy() const { return busy_; }
 
-// The requester's side of a fetch (Transport::Pull).
-Status PullFile(Resources& r, Channel& session, uint64_t size, int sink_fd, TransferStats* stats);
+ protected:
+  UcxOp(Resources& r, Channel& session) : r_(r), session_(session) {}
+  virtual Result<bool> StepStages() = 0;
+  // Starts the worker and the wake fd (transfers that use UCX requests).
+  Status StartWake();
+  // The session's next frame if it is all there (true: `*type`, frame_).
+  Result<bool> RecvNow(uint16_t* type);
+  Deadline Idle() const { return IdleDeadline(r_.options.idle_ms); }
+
+  Resources& r_;
+  Channel& session_;
+  std::unique_ptr<WakeFd> wake_;
+  std::string frame_;  // the last frame RecvNow completed
+
+ private:
+  Channel::PartialFrame partial_;
+  bool busy_ = false;
+};
+
+// Runs `op` to its end on this thread (Transport::Push and Pull): steps it
+// while the worker moves, otherwise sleeps until the session or the wake fd
+// is readable; no progress within idle_ms fails it.
+Status DriveOp(Channel& session, UcxOp& op);
+
+// The owner's side of a fetch (Transport::StartPush).
+std::unique_ptr<PushOp> StartPushOp(Resources& r, Channel& session, const FileSource& src,
+                                    const std::string& request_args, TransferStats* stats);
+
+// The requester's side of a fetch (Transport::StartPull).
+std::unique_ptr<PullOp> StartPullOp(Resources& r, Channel& session, uint64_t size, int sink_fd,
+                                    TransferStats* stats);
 
 }  // namespace dyad::ucx

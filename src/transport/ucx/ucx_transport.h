@@ -10,11 +10,12 @@
 //   ucx_pool      registered buffers, pools and leases
 //   ucx_direct    same-host mappings of requesters' buffers
 //   ucx_wire      transport arguments, session frames, chunk tags
-//   ucx_push/pull the owner's and the requester's state machines
+//   ucx_wake      a transfer's event fd, made readable by its completions
+//   ucx_push/pull the owner's and the requester's state machines (ops)
 //
 // Threading: thread-safe; one instance is shared by every concurrent
 // transfer of a service. Each transfer uses its session only from the
-// calling thread.
+// thread that steps it.
 #pragma once
 
 #include <memory>
@@ -43,6 +44,12 @@ class UcxTransport final : public Transport {
               TransferStats* stats) override;
   Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
               TransferStats* stats) override;
+  // Never null: every transfer of this transport is a TransferOp (Push and
+  // Pull run one on the calling thread).
+  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
+                                    int sink_fd, TransferStats* stats) override;
+  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
+                                    const std::string& request_args, TransferStats* stats) override;
 
  private:
   const std::unique_ptr<ucx::Resources> resources_;

@@ -13,15 +13,11 @@
 namespace dyad::ucx {
 namespace {
 
-// How long a waiting caller drives the worker itself before sleeping.
-constexpr int kSpinUs = 500;
+// Rounds of ProgressBriefly: enough to take what arrived, short enough
+// that a Step stays a step.
+constexpr int kBriefRounds = 64;
 // The progress thread re-checks for shutdown at least this often.
 constexpr int kProgressPollMs = 100;
-
-bool Readable(int fd) {
-  pollfd pfd{fd, POLLIN, 0};
-  return ::poll(&pfd, 1, 0) > 0;
-}
 
 // Frees the requests of `v` that completed (`req_of` gives an element's).
 template <typename T, typename ReqOf>
@@ -60,24 +56,6 @@ dyad_rc_t CodeForUcs(ucs_status_t s) {
 Deadline IdleDeadline(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
 }
-
-// Counts the calling thread among those driving the worker while it spins
-// (see ProgressLoop). Set() and the destructor run with mu_ held.
-class Worker::Driver {
- public:
-  explicit Driver(Worker* w) : w_(w) {}
-  ~Driver() { Set(false); }
-  void Set(bool on) {
-    if (on == counted_) return;
-    counted_ = on;
-    w_->drivers_ += on ? 1 : -1;
-    if (!on && w_->drivers_ == 0) w_->drivers_cv_.notify_all();
-  }
-
- private:
-  Worker* const w_;
-  bool counted_ = false;
-};
 
 Worker::~Worker() {
   StopProgress();
@@ -177,7 +155,6 @@ void Worker::StopProgress() {
     if (!progress_.joinable()) return;
     stopping_ = true;
     ucp_worker_signal(worker_);
-    drivers_cv_.notify_all();
   }
   progress_.join();
 }
@@ -200,25 +177,18 @@ void Worker::DrainCloses() {
 void Worker::ProgressLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_) {
-    if (drivers_ > 0) {
-      // A waiting transfer drives the worker; it lets us know when it
-      // stops (the timeout re-checks for shutdown).
-      drivers_cv_.wait_for(lk, std::chrono::milliseconds(kProgressPollMs));
-      continue;
-    }
-    bool moved = false;
-    for (int i = 0; i < 256 && ucp_worker_progress(worker_) != 0; ++i) moved = true;
+    for (int i = 0; i < 256; ++i)
+      if (ucp_worker_progress(worker_) == 0) break;
     ReapClosesLocked();
     DropUnexpectedLocked();
     if (housekeeping_) housekeeping_();
-    if (moved) cv_.notify_all();
     const ucs_status_t s = ucp_worker_arm(worker_);
     lk.unlock();
     if (s == UCS_ERR_BUSY) {
       std::this_thread::yield();  // more events already: progress again
     } else {
       pollfd p{efd_, POLLIN, 0};
-      (void)::poll(&p, 1, kProgressPollMs);
+      (void)::poll(&p, 1, hurry_.load() > 0 ? 1 : kProgressPollMs);
     }
     lk.lock();
   }
@@ -261,10 +231,11 @@ void Worker::DropUnexpectedLocked() {
   FreeCompleted(dropping_, [](Dropping& d) { return d.req; });
 }
 
-Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag) {
+Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag, const WakeFd* wake) {
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
   p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  if (wake != nullptr) wake->ForRecv(&p);
   std::lock_guard<std::mutex> lk(mu_);
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, len, tag, ~uint64_t{0}, &p);
   if (UCS_PTR_IS_ERR(r)) {
@@ -275,37 +246,20 @@ Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag) {
   return static_cast<void*>(r);
 }
 
-Status Worker::Wait(void** req, size_t* recv_len, Deadline deadline, int watch_fd,
-                    bool* watch_ready) {
-  if (watch_ready != nullptr) *watch_ready = false;
-  if (*req == nullptr && watch_fd < 0) return Status::OK();
-  using Clock = std::chrono::steady_clock;
-  auto spin_until = Clock::now() + std::chrono::microseconds(kSpinUs);
-  std::unique_lock<std::mutex> lk(mu_);
-  // While this thread drives the worker, the progress thread stands aside:
-  // on a small machine two threads taking turns on one worker were slower
-  // than one driving it.
-  Driver driver(this);
-  for (unsigned round = 0;; ++round) {
-    // While the worker makes progress, keep driving it: over tcp each call
-    // moves about one segment, so sleeping between calls (even for a
-    // millisecond) caps the transfer at a few hundred MB/s.
-    if (ucp_worker_progress(worker_) != 0)
-      spin_until = Clock::now() + std::chrono::microseconds(kSpinUs);
-    bool done = false;
-    Status st = CheckRequestLocked(req, recv_len, &done);
-    if (done) return st;
-    const bool spinning = Clock::now() < spin_until;
-    if (watch_fd >= 0 && (!spinning || *req == nullptr || round % 32 == 0) && Readable(watch_fd)) {
-      *watch_ready = true;
-      return Status::OK();
-    }
-    if (deadline.expired())
-      return Status(DYAD_RC_TIMEOUT, recv_len != nullptr ? "ucx receive made no progress"
-                                                         : "ucx send made no progress");
-    driver.Set(spinning);
-    PauseLocked(lk, spinning, watch_fd);
-  }
+bool Worker::ProgressBriefly() {
+  std::lock_guard<std::mutex> lk(mu_);
+  bool moved = false;
+  for (int i = 0; i < kBriefRounds && ucp_worker_progress(worker_) != 0; ++i) moved = true;
+  return moved;
+}
+
+Result<bool> Worker::Test(void** req, size_t* recv_len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (*req == nullptr) return true;
+  bool done = false;
+  Status st = CheckRequestLocked(req, recv_len, &done);
+  if (!st.ok()) return st;
+  return done;
 }
 
 // Whether `*req` finished; if so frees it and returns how it ended.
@@ -324,31 +278,6 @@ Status Worker::CheckRequestLocked(void** req, size_t* recv_len, bool* done) {
     return UcxStatus(CodeForUcs(s), recv_len != nullptr ? "ucx receive" : "ucx send", s);
   if (recv_len != nullptr) *recv_len = info.length;
   return Status::OK();
-}
-
-// Between two rounds of Wait: progress it ourselves (letting the progress
-// thread in between) rather than pay a sleep and a wake-up per step. After
-// kSpinUs without progress, sleep until the progress thread reports
-// movement; the timeout only covers a lost wake-up.
-void Worker::PauseLocked(std::unique_lock<std::mutex>& lk, bool spinning, int watch_fd) {
-  if (spinning) {
-    lk.unlock();
-    std::this_thread::yield();
-    lk.lock();
-  } else if (watch_fd >= 0) {
-    lk.unlock();
-    pollfd pfd{watch_fd, POLLIN, 0};
-    (void)::poll(&pfd, 1, 1);
-    lk.lock();
-  } else {
-    cv_.wait_for(lk, std::chrono::milliseconds(1));
-  }
-}
-
-Status Worker::WaitReadable(int fd, Deadline deadline) {
-  void* none = nullptr;
-  bool ready = false;
-  return Wait(&none, nullptr, deadline, fd, &ready);
 }
 
 bool Worker::Cancel(void** req) {

@@ -1,18 +1,18 @@
 // ucx_worker.h: the UCX context and worker of one transport instance, the
 // thread that drives the worker, and the request calls every transfer makes
-// on it (tagged receives; waiting for, and cancelling, sends and receives).
+// on it (tagged receives; testing, without waiting, and cancelling sends
+// and receives; brief progress).
 //
 // Threading: every UCX call of the transport is made under mu() (the worker
 // runs in UCS_THREAD_MODE_SERIALIZED), by this class or by the parts that
 // share the worker (endpoints, direct path, pools). The progress thread
-// drives the worker and sleeps on its event fd; a thread waiting in Wait()
-// drives the worker itself while it moves, and the progress thread stands
-// aside meanwhile.
+// drives the worker and sleeps on its event fd; a transfer's step also
+// progresses it briefly (ProgressBriefly), and never waits on it.
 #pragma once
 
 #include <ucp/api/ucp.h>
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "transport/ucx/ucx_wake.h"
 
 namespace dyad::ucx {
 
@@ -64,22 +65,23 @@ class Worker {
   // request is reaped by the progress thread. mu() held.
   void CloseEndpointLocked(ucp_ep_h ep, bool force);
 
-  // Posts a receive of at most `len` bytes into `buf` for exactly `tag`.
-  Result<void*> StartRecv(void* buf, size_t len, uint64_t tag);
+  // Posts a receive of at most `len` bytes into `buf` for exactly `tag`;
+  // its completion makes `wake` readable when given.
+  Result<void*> StartRecv(void* buf, size_t len, uint64_t tag, const WakeFd* wake = nullptr);
 
-  // Waits (bounded) for the request `*req` (a receive when `recv_len` is
-  // not null, which then gets the received length) and frees it. While
-  // waiting, watches `watch_fd` when it is >= 0: if it becomes readable (the
-  // peer reports an error or hung up), returns OK with *watch_ready set and
-  // the request still pending. On a timeout or error the request stays
-  // pending (*req unchanged) unless UCX completed it with that error. With
-  // *req null, waits only for `watch_fd`.
-  Status Wait(void** req, size_t* recv_len, Deadline deadline, int watch_fd, bool* watch_ready);
-
-  // Waits (bounded) until `fd` is readable, driving the worker meanwhile:
-  // over tcp, sends that did not fit the socket move only when the worker
-  // is progressed, and the progress thread is not woken for them.
-  Status WaitReadable(int fd, Deadline deadline);
+  // Drives the worker while it moves, a bounded number of rounds, without
+  // ever waiting. True if it moved.
+  bool ProgressBriefly();
+  // Whether the request `*req` finished (a receive when `recv_len` is not
+  // null, which then gets the received length), without waiting: true once
+  // it did (it is then freed, and an error says it failed), false while it
+  // is pending. A null `*req` counts as finished.
+  Result<bool> Test(void** req, size_t* recv_len);
+  // While some transfer sends messages (Hurry(+1) .. Hurry(-1)), the
+  // progress thread sleeps at most a millisecond between rounds: over tcp,
+  // sends that did not fit the socket move only when the worker is
+  // progressed, and its event fd does not say when they could.
+  void Hurry(int delta) { hurry_.fetch_add(delta); }
 
   // Gives up on a pending request: cancels it and progresses (at most
   // kDrainMs) until UCX lets go of it. Returns true when it completed, so
@@ -94,8 +96,6 @@ class Worker {
   void DrainCloses();
 
  private:
-  class Driver;
-
   Status CreateContext(bool* eager_only);
   Status CreateWorker();
   void DestroyUcx();
@@ -103,7 +103,6 @@ class Worker {
   void ReapClosesLocked();
   void DropUnexpectedLocked();
   Status CheckRequestLocked(void** req, size_t* recv_len, bool* done);
-  void PauseLocked(std::unique_lock<std::mutex>& lk, bool spinning, int watch_fd);
 
   std::mutex start_mu_;
   bool started_ = false;
@@ -111,14 +110,12 @@ class Worker {
   bool eager_only_ = false;
 
   std::mutex mu_;
-  std::condition_variable cv_;  // the progress thread saw movement
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   std::string address_;
   bool stopping_ = false;
-  int drivers_ = 0;  // threads driving the worker in Wait
-  std::condition_variable drivers_cv_;
+  std::atomic<int> hurry_{0};
   std::thread progress_;
   std::function<void()> housekeeping_;
   std::vector<void*> closing_;  // endpoint close requests not yet complete
