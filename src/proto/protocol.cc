@@ -526,6 +526,10 @@ Status ReceiveReply(Channel& ch, std::string* body, const Deadline& deadline) {
   uint16_t rtype = 0;
   std::string payload;
   DYAD_RETURN_IF_ERROR(ch.RecvFrame(&rtype, &payload, deadline));
+  return ReplyOfFrame(ch, rtype, payload, body);
+}
+
+Status ReplyOfFrame(Channel& ch, uint16_t rtype, const std::string& payload, std::string* body) {
   if (rtype != static_cast<uint16_t>(MsgType::kReply)) {
     ch.MarkBroken();
     return Status(DYAD_RC_BADRPC,

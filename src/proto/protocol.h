@@ -414,5 +414,9 @@ Status CallRpc(Channel& ch, MsgType type, const std::string& request, std::strin
                const Deadline& deadline);
 // Waits for one kReply frame: its status, and on success its body.
 Status ReceiveReply(Channel& ch, std::string* body, const Deadline& deadline);
+// The status (and on success the body) of a received frame that must be a
+// kReply; anything else marks `ch` broken (for callers that assemble the
+// frame without waiting, Channel::RecvFrameNow).
+Status ReplyOfFrame(Channel& ch, uint16_t type, const std::string& payload, std::string* body);
 
 }  // namespace dyad

@@ -97,16 +97,7 @@ Status FetchOp::NextReply(bool* done, std::string* body) {
   *done = r.ok() && *r;
   if (!r.ok() || !*r) return r.status();
   frame_.Reset();
-  if (type != static_cast<uint16_t>(MsgType::kReply)) {
-    session_->MarkBroken();
-    return Status(DYAD_RC_BADRPC, std::string("expected a reply, got '") + MsgTypeName(type) + "'");
-  }
-  Status st;
-  if (!DecodeReply(payload_, &st, body)) {
-    session_->MarkBroken();
-    return Status(DYAD_RC_BADUNPACK, "malformed reply");
-  }
-  return st;
+  return ReplyOfFrame(*session_, type, payload_, body);
 }
 
 bool FetchOp::ReadReply(Wait* wait) {

@@ -157,8 +157,12 @@ class Service {
   Status AdoptCopy(const PublishRequest& req, const FileRecord& rec);
   std::set<uint32_t> PreviousOwners(const std::string& ns, const std::string& key,
                                     const std::string& upath);
-  void NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
-                            const FileRecord& rec);
+  // Tells the previous owners and this node's readers of `rec.upath` of
+  // its new version, then runs `then` (parked meanwhile when a receiver is
+  // slow: service_versions.cc).
+  void NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
+                            const PublishRequest& req, const FileRecord& rec,
+                            std::function<void(RequestContext&)> then);
   void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const std::string& payload);

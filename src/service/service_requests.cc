@@ -112,15 +112,14 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
     async_cv_.notify_one();
     Reply(ch, Status::OK());
     // The notice carries the record: receivers need not wait for the store.
-    return NotifyPreviousOwners(previous, req, rec);
+    return NotifyPreviousOwners(ctx, previous, req, rec, [](RequestContext&) {});
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
-  if (!st.ok())
-    st = Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString());
-  else
-    NotifyPreviousOwners(previous, req, rec);
   span.Rc(st);
-  Reply(ch, st);
+  if (!st.ok())
+    return Reply(ch, Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString()));
+  NotifyPreviousOwners(ctx, previous, req, rec,
+                       [this](RequestContext& c) { Reply(c.ch, Status::OK()); });
 }
 
 Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,

@@ -57,20 +57,24 @@ Status Service::AdoptCopy(const PublishRequest& req, const FileRecord& rec) {
 
 // The previous owners pass the notice on to their readers; ours (when we
 // owned the previous version: a producer rewriting its file) hear it now.
-void Service::NotifyPreviousOwners(const std::set<uint32_t>& owners, const PublishRequest& req,
-                                   const FileRecord& rec) {
+void Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
+                                   const PublishRequest& req, const FileRecord& rec,
+                                   std::function<void(RequestContext&)> then) {
   const std::vector<uint32_t> readers = notices_->TakeReaders(rec.upath);
-  if (owners.empty() && readers.empty()) return;
+  if (owners.empty() && readers.empty()) return then(ctx);
   SupersedeNotice n;
   n.ns = req.ns;
   n.key = req.key;
   n.record = rec;
   n.forward = true;
-  notices_->Send(owners, n);
-  std::set<uint32_t> to(readers.begin(), readers.end());
-  for (uint32_t o : owners) to.erase(o);
+  VersionNotices::Addressed to;
+  notices_->Address(owners, n, &to);
+  std::set<uint32_t> others(readers.begin(), readers.end());
+  for (uint32_t o : owners) others.erase(o);
   n.forward = false;
-  notices_->Send(to, n);
+  notices_->Address(others, n, &to);
+  RunParked(ctx, notices_->Sending(std::move(to), rec.upath), fd_watcher_.get(), &stats_,
+            std::move(then), "notices.parked_for_peer");
 }
 
 void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {
@@ -88,15 +92,18 @@ void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {
       known && known->upath == n.record.upath && Later(n.record, *known))
     cache_.Put(n.ns, n.key, n.record);
   node_cache_->Supersede(n.ns, n.record);
-  if (n.forward) {
-    const std::vector<uint32_t> readers = notices_->TakeReaders(n.record.upath);
-    std::set<uint32_t> to(readers.begin(), readers.end());
-    if (ctx.peer != nullptr) to.erase(ctx.peer->rank);
-    to.erase(n.record.owner_rank);
-    n.forward = false;
-    notices_->Send(to, n);
-  }
-  Reply(ch, Status::OK());
+  if (!n.forward) return Reply(ch, Status::OK());
+  const std::vector<uint32_t> readers = notices_->TakeReaders(n.record.upath);
+  std::set<uint32_t> ranks(readers.begin(), readers.end());
+  if (ctx.peer != nullptr) ranks.erase(ctx.peer->rank);
+  ranks.erase(n.record.owner_rank);
+  n.forward = false;
+  VersionNotices::Addressed to;
+  notices_->Address(ranks, n, &to);
+  if (to.empty()) return Reply(ch, Status::OK());
+  RunParked(
+      ctx, notices_->Sending(std::move(to), n.record.upath), fd_watcher_.get(), &stats_,
+      [this](RequestContext& c) { Reply(c.ch, Status::OK()); }, "notices.parked_for_peer");
 }
 
 }  // namespace dyad

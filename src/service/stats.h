@@ -136,6 +136,15 @@ inline std::string ServiceStats::Help(const std::string& name) {
        "Times a consume's wait on an owner (or on another consume's transfer) was parked, "
        "holding no worker."},
       {"consume.waiting_on_owner", "Consumes parked on an owner's answer now."},
+      {"fetch.parked_for_room",
+       "Times a fetch this service sends waited, holding no worker, for the requester to "
+       "take bytes."},
+      {"fetch.parked_for_peer",
+       "Times a fetch this service sends off the session (UCX, libfabric) was parked, "
+       "holding no worker, on the requester or the transfer's completions."},
+      {"notices.parked_for_peer",
+       "Times a publication's version notices were parked, holding no worker, on a "
+       "slow receiver."},
       {"peers.dialing", "New sessions to other services being connected and authenticated now."},
       {"peers.waiting_on_dial",
        "Requests waiting now for another request's new session to the same service."},

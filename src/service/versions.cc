@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "service/peer_rpc.h"
 
 namespace dyad {
 
@@ -31,31 +32,54 @@ std::vector<uint32_t> VersionNotices::TakeReaders(const std::string& upath) {
   return out;
 }
 
-size_t VersionNotices::Send(const std::set<uint32_t>& ranks, const SupersedeNotice& notice) {
+void VersionNotices::Address(const std::set<uint32_t>& ranks, const SupersedeNotice& notice,
+                             Addressed* to) const {
   Encoder e;
   notice.EncodeTo(e);
-  size_t accepted = 0;
-  for (uint32_t rank : ranks) {
-    if (rank == self_) continue;
-    Status st = SendOne(rank, e.data());
-    if (st.ok()) {
-      ++accepted;
-      continue;
-    }
-    DYAD_LOG_WARN("cannot tell rank %u that '%s' has a new version: %s", rank,
-                  notice.record.upath.c_str(), st.ToString().c_str());
-  }
-  return accepted;
+  for (uint32_t rank : ranks)
+    if (rank != self_) to->emplace_back(rank, e.data());
 }
 
-Status VersionNotices::SendOne(uint32_t rank, const std::string& payload) {
-  const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
-  Result<std::unique_ptr<Channel>> ch = peers_->Acquire(rank, deadline);
-  if (!ch.ok()) return ch.status();
-  std::string body;
-  Status st = CallRpc(**ch, MsgType::kSupersede, payload, &body, deadline);
-  if (!(*ch)->broken()) peers_->Release(rank, std::move(*ch));
-  return st;
+// The notices of one publication, one receiver after the other.
+class VersionNotices::SendOp final : public Resumable {
+ public:
+  SendOp(VersionNotices* v, Addressed to, std::string upath)
+      : v_(v), to_(std::move(to)), upath_(std::move(upath)) {}
+
+  bool Step(Wait* wait) override {
+    while (next_ < to_.size()) {
+      if (!rpc_)
+        rpc_ = std::make_unique<PeerRpcOp>(v_->peers_, to_[next_].first, MsgType::kSupersede,
+                                           to_[next_].second, v_->rpc_timeout_ms_);
+      if (!rpc_->Step(wait)) return false;
+      if (!rpc_->status().ok())
+        DYAD_LOG_WARN("cannot tell rank %u that '%s' has a new version: %s", to_[next_].first,
+                      upath_.c_str(), rpc_->status().ToString().c_str());
+      rpc_.reset();
+      ++next_;
+    }
+    return true;
+  }
+  void Expired() override {
+    if (rpc_) rpc_->Expired();
+  }
+  // The requester went away or the service stops: the rest are not sent.
+  void Abandon(const Status& why) override {
+    if (rpc_) rpc_->Abandon(why);
+    rpc_.reset();
+    next_ = to_.size();
+  }
+
+ private:
+  VersionNotices* const v_;
+  const Addressed to_;
+  const std::string upath_;
+  size_t next_ = 0;
+  std::unique_ptr<PeerRpcOp> rpc_;
+};
+
+std::shared_ptr<Resumable> VersionNotices::Sending(Addressed to, std::string upath) {
+  return std::make_shared<SendOp>(this, std::move(to), std::move(upath));
 }
 
 }  // namespace dyad

@@ -18,14 +18,17 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "proto/protocol.h"
 #include "service/peers.h"
+#include "service/resumable.h"
 
 namespace dyad {
 
@@ -40,12 +43,18 @@ class VersionNotices {
   // (they are forgotten: their next fetch goes to the new owner).
   std::vector<uint32_t> TakeReaders(const std::string& upath);
 
-  // Sends `notice` to every rank in `ranks` but this one, one after the
-  // other, each bounded by the RPC timeout. Returns how many accepted it.
-  size_t Send(const std::set<uint32_t>& ranks, const SupersedeNotice& notice);
+  // Notices to send: (rank, encoded notice) pairs.
+  using Addressed = std::vector<std::pair<uint32_t, std::string>>;
+  // Appends `notice` for every rank in `ranks` but this one to `*to`.
+  void Address(const std::set<uint32_t>& ranks, const SupersedeNotice& notice, Addressed* to) const;
+  // Sends `to` one after the other, each bounded by the RPC timeout, as a
+  // Resumable (service/peer_rpc.h): run by RunParked, a slow or silent
+  // receiver holds no worker. A receiver that does not accept it is logged
+  // and skipped.
+  std::shared_ptr<Resumable> Sending(Addressed to, std::string upath);
 
  private:
-  Status SendOne(uint32_t rank, const std::string& payload);
+  class SendOp;
 
   const uint32_t self_;
   PeerDirectory* peers_;

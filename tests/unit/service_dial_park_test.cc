@@ -282,3 +282,64 @@ TEST_F(DialPark, WrongSecretSaysWhichSetting) {
 
 }  // namespace
 }  // namespace dyad
+
+namespace dyad {
+namespace {
+
+// A publication of a file whose previous version is rank 2's tells rank 2
+// before it returns (a version notice, docs/consistency.md). With rank 2
+// hung, four such publications on B (two workers) park while they wait for
+// it, a healthy consume and a plain publication on B go on at once, and
+// each of the four returns (the notice is logged and skipped) near
+// --rpc-timeout, over one connection to rank 2.
+TEST_F(DialPark, VersionNoticeToHungOwnerHoldsNoWorker) {
+  constexpr int64_t kRpcMs = 3000;
+  Start(StuckOwner::Mode::kNoChallenge, kRpcMs);
+  KvsOptions o;
+  o.secret = "test-secret";
+  o.self_rank = 9;
+  Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + a_->tcp_address(), o);
+  ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+  // B learns that rank 2 owns the current version of old0..old3.
+  for (int i = 0; i < 4; ++i) {
+    const std::string upath = "old" + std::to_string(i);
+    FileRecord rec;
+    rec.owner_rank = kStuckRank;
+    rec.owner_incarnation = StuckOwner::kIncarnation;
+    rec.upath = upath;
+    rec.size = 3;
+    rec.version = 1;
+    rec.published_ns = WallNs();
+    ASSERT_TRUE((*kvs)->Put("t", GenPathKey(upath, 3, 1024), rec.Encode()).ok());
+    LocateRequest lr;
+    lr.ns = "t";
+    lr.key = GenPathKey(upath, 3, 1024);
+    Encoder e;
+    lr.EncodeTo(e);
+    Result<std::string> found = CallLocal(base_ + "/b.sock", MsgType::kLocate, e.data(), 5000);
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+  }
+  const uint64_t t0 = MonoNs();
+  std::vector<std::future<Status>> rewrites;
+  for (int i = 0; i < 4; ++i) {
+    rewrites.push_back(std::async(std::launch::async, [this, i] {
+      return testing_services::WriteAndPublish(base_ + "/b.sock", base_ + "/b",
+                                               "old" + std::to_string(i), "new");
+    }));
+  }
+  auto notice_parks = [&] { return b_->stats().Snapshot()["notices.parked_for_peer"]; };
+  EXPECT_TRUE(Eventually([&] { return notice_parks() >= 4; }, 2000)) << notice_parks();
+  const uint64_t t1 = MonoNs();
+  ASSERT_TRUE(
+      testing_services::WriteAndPublish(base_ + "/b.sock", base_ + "/b", "plain", "x").ok());
+  EXPECT_LT(MonoNs() - t1, 1000000000u) << "a plain publication waited for the hung owner";
+  ExpectHealthyConsumeIsPrompt();
+  for (auto& f : rewrites) EXPECT_TRUE(f.get().ok());
+  EXPECT_LT(MonoNs() - t0, static_cast<uint64_t>(kRpcMs + 1500) * 1000000u)
+      << "the notices did not share the dial's outcome";
+  EXPECT_EQ(stuck_->accepted(), 1) << "one dial at a time to an owner";
+  EXPECT_TRUE(Eventually([&] { return stuck_->open() == 0; }, 2000)) << "connection left open";
+}
+
+}  // namespace
+}  // namespace dyad

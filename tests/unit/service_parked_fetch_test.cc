@@ -255,9 +255,13 @@ TEST_P(TrickledFetch, ArrivesIntactWithoutHoldingWorkers) {
   for (int i = 0; i < 4; ++i) {
     Result<ConsumeReply> r = i < 3 ? slow[i].get() : again.get();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    if (i == 1 || i == 2) EXPECT_TRUE(r->transferred) << "file " << i;
+    if (i == 1 || i == 2) {
+      EXPECT_TRUE(r->transferred) << "file " << i;
+    }
     if (i == 0 || i == 3) transferred_slow0 += r->transferred ? 1 : 0;
-    if (r->transferred) EXPECT_EQ(r->bytes, content.size());
+    if (r->transferred) {
+      EXPECT_EQ(r->bytes, content.size());
+    }
     const std::string name = "slow" + std::to_string(i % 3);
     EXPECT_TRUE(ReadAll(cons_ + "/" + name) == content) << name;
   }
