@@ -10,10 +10,23 @@
 
 namespace dyad {
 
-OfiTransferOp::OfiTransferOp(Channel& session, int64_t idle_ms)
-    : session_(session), idle_ms_(idle_ms) {
+OfiTransferOp::OfiTransferOp(Channel& session, int64_t idle_ms, TransferStats* stats)
+    : session_(session), idle_ms_(idle_ms), stats_(stats) {
   wake_ = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid()) wake_error_ = StatusFromErrno(errno, "eventfd");
+}
+
+Result<bool> OfiTransferOp::Step() {
+  if (ended_) return result_.ok() ? Result<bool>(true) : Result<bool>(result_);
+  Result<bool> r = StepRun();
+  if (!r.ok()) return End(r.status());
+  if (*r) (void)End(Status::OK());
+  return r;
+}
+
+Status OfiTransferOp::Fail(const Status& why) {
+  if (ended_) return result_.ok() ? why : result_;
+  return End(why);
 }
 
 void OfiTransferOp::DrainWake() {

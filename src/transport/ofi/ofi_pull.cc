@@ -79,31 +79,18 @@ class OfiRmaPull final : public OfiTransferOp {
     int sink_fd = -1;
   };
   OfiRmaPull(Channel& session, Setup s, int64_t idle_ms, TransferStats* stats)
-      : OfiTransferOp(session, idle_ms), s_(std::move(s)), stats_(stats) {}
+      : OfiTransferOp(session, idle_ms, stats), s_(std::move(s)) {}
   ~OfiRmaPull() override {
     if (!ended_) (void)End(Status(DYAD_RC_CANCELLED, "ofi pull abandoned"));
   }
 
-  Result<bool> Step() override {
-    if (ended_) return result_.ok() ? Result<bool>(true) : Result<bool>(result_);
-    Result<bool> r = StepRun();
-    if (!r.ok()) return End(r.status());
-    if (*r) (void)End(Status::OK());
-    return r;
-  }
-  uint64_t moved() const override { return stats_->bytes; }
-  Status Fail(const Status& why) override {
-    if (ended_) return result_.ok() ? why : result_;
-    return End(why);
-  }
-
  private:
-  Result<bool> StepRun();
+  Result<bool> StepRun() override;
   Status TakeBuffer(bool* got);
   Status ReadFrames();
   Status PostReads();
   Status WriteCompleted();
-  Status End(const Status& st);
+  Status End(const Status& st) override;
   uint64_t Length(uint64_t i) const { return std::min(s_.g.chunk, s_.size - i * s_.g.chunk); }
   char* Slot(uint64_t i) const { return buf_->base + (i % s_.g.window) * buf_->slot_bytes; }
   std::string What() const {
@@ -112,7 +99,6 @@ class OfiRmaPull final : public OfiTransferOp {
   }
 
   const Setup s_;
-  TransferStats* const stats_;
   OfiBuffer* buf_ = nullptr;
   std::unique_ptr<OfiActivity> active_;
   std::deque<OfiChunk> announced_;  // received, read not started yet
@@ -123,8 +109,6 @@ class OfiRmaPull final : public OfiTransferOp {
   bool local_error_ = false;
   bool busy_ = false;  // the provider refused the next read as busy (EAGAIN)
   std::chrono::steady_clock::time_point busy_since_;
-  bool ended_ = false;
-  Status result_;
 };
 
 Result<bool> OfiRmaPull::StepRun() {

@@ -53,48 +53,31 @@ class OfiRmaPush final : public OfiTransferOp {
  public:
   OfiRmaPush(Channel& session, const FileSource& src, std::shared_ptr<OfiFabric> fabric,
              OfiPool* pool, OfiGeometry g, int64_t idle_ms, TransferStats* stats)
-      : OfiTransferOp(session, idle_ms),
+      : OfiTransferOp(session, idle_ms, stats),
         src_(src),
         fabric_(std::move(fabric)),
         pool_(pool),
-        g_(g),
-        stats_(stats) {}
+        g_(g) {}
   ~OfiRmaPush() override {
     if (!ended_) (void)End(Status(DYAD_RC_CANCELLED, "ofi push abandoned"));
   }
 
-  Result<bool> Step() override {
-    if (ended_) return result_.ok() ? Result<bool>(true) : Result<bool>(result_);
-    Result<bool> r = StepRun();
-    if (!r.ok()) return End(r.status());
-    if (*r) (void)End(Status::OK());
-    return r;
-  }
-  uint64_t moved() const override { return stats_->bytes; }
-  Status Fail(const Status& why) override {
-    if (ended_) return result_.ok() ? why : result_;
-    return End(why);
-  }
-
  private:
-  Result<bool> StepRun();
+  Result<bool> StepRun() override;
   Status Announce();
   Status OnFrame(uint16_t type);
-  Status End(const Status& st);
+  Status End(const Status& st) override;
 
   const FileSource& src_;
   const std::shared_ptr<OfiFabric> fabric_;
   OfiPool* const pool_;
   const OfiGeometry g_;
-  TransferStats* const stats_;
   bool ready_ = false;  // the requester holds its receive buffer
   OfiBuffer* buf_ = nullptr;
   std::unique_ptr<OfiActivity> active_;
   uint64_t next_ = 0;     // chunks announced
   uint64_t credits_ = 0;  // slots the requester gave back
   bool done_ = false;     // every chunk landed
-  bool ended_ = false;
-  Status result_;
 };
 
 Result<bool> OfiRmaPush::StepRun() {
