@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "common/net.h"
-#include "kvs/kvs.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
+#include "unit/service_pair.h"
 
 namespace dyad {
 namespace testing_services {
@@ -50,18 +50,7 @@ class FakeOwner {
     Result<SocketAddress> bound = BoundAddress(listen_.get());
     DYAD_RETURN_IF_ERROR(bound.status());
     address = bound->ToString();
-    KvsOptions o;
-    o.secret = "test-secret";
-    o.self_rank = rank_;
-    Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + root, o);
-    DYAD_RETURN_IF_ERROR(kvs.status());
-    ServiceRecord rec;
-    rec.rank = rank_;
-    rec.node_idx = rank_;
-    rec.incarnation = kIncarnation;
-    rec.address = address;
-    rec.hostname = "fake-owner";
-    DYAD_RETURN_IF_ERROR((*kvs)->Put(kMembersNamespace, MemberKey(rank_), rec.Encode()));
+    DYAD_RETURN_IF_ERROR(RegisterRank(root, rank_, kIncarnation, address, "fake-owner"));
     threads_.emplace_back([this] { AcceptLoop(); });
     return Status::OK();
   }

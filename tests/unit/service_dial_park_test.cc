@@ -47,14 +47,7 @@ class DialPark : public ::testing::Test {
  protected:
   void TearDown() override {
     stuck_.reset();
-    if (b_) b_->Stop();
-    if (a_) a_->Stop();
-    b_.reset();
-    a_.reset();
-    if (!base_.empty()) {
-      const std::string cmd = "rm -rf '" + base_ + "'";
-      if (system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", base_.c_str());
-    }
+    testing_services::StopAndRemove(&b_, &a_, &base_);
   }
 
   void Start(StuckOwner::Mode mode, int64_t rpc_timeout_ms) {

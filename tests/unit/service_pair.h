@@ -18,6 +18,7 @@
 #include "common/fsutil.h"
 #include "common/key.h"
 #include "common/net.h"
+#include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/service.h"
 
@@ -123,6 +124,40 @@ inline ServiceOptions SecondServiceOptions(const ServiceOptions& a, const std::s
   return o;
 }
 
+// Stops B, then A (either may be null), and removes the test's directory
+// `*base` (when set).
+inline void StopAndRemove(std::unique_ptr<Service>* b, std::unique_ptr<Service>* a,
+                          std::string* base) {
+  if (*b) (*b)->Stop();
+  if (*a) (*a)->Stop();
+  b->reset();
+  a->reset();
+  if (!base->empty()) {
+    const std::string cmd = "rm -rf '" + *base + "'";
+    if (system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", base->c_str());
+    base->clear();
+  }
+}
+
+// Registers a test's stand-in for dyad-service `rank` (listening at
+// `address`) in the cluster's store at `root`, as a real service does at
+// start-up, so real services dial it as any peer.
+inline Status RegisterRank(const std::string& root, uint32_t rank, uint64_t incarnation,
+                           const std::string& address, const std::string& hostname) {
+  KvsOptions o;
+  o.secret = "test-secret";
+  o.self_rank = rank;
+  Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + root, o);
+  DYAD_RETURN_IF_ERROR(kvs.status());
+  ServiceRecord rec;
+  rec.rank = rank;
+  rec.node_idx = rank;
+  rec.incarnation = incarnation;
+  rec.address = address;
+  rec.hostname = hostname;
+  return (*kvs)->Put(kMembersNamespace, MemberKey(rank), rec.Encode());
+}
+
 class ServicePair {
  public:
   ServicePair() = default;
@@ -151,17 +186,7 @@ class ServicePair {
     return b->Start();
   }
 
-  void Stop() {
-    if (b) b->Stop();
-    if (a) a->Stop();
-    b.reset();
-    a.reset();
-    if (!base.empty()) {
-      const std::string cmd = "rm -rf '" + base + "'";
-      if (system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", base.c_str());
-      base.clear();
-    }
-  }
+  void Stop() { StopAndRemove(&b, &a, &base); }
 
   // Writes `data` to A's directory and publishes it through A.
   Status Publish(const std::string& upath, const std::string& data, bool async = false) {

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "common/net.h"
-#include "kvs/kvs.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
+#include "unit/service_pair.h"
 
 namespace dyad {
 namespace testing_services {
@@ -48,18 +48,7 @@ class StuckOwner {
     DYAD_RETURN_IF_ERROR(bound.status());
     address = bound->ToString();
     if (mode_ == Mode::kBlackHole) DYAD_RETURN_IF_ERROR(FillBacklog(*bound));
-    KvsOptions o;
-    o.secret = "test-secret";
-    o.self_rank = rank_;
-    Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + root, o);
-    DYAD_RETURN_IF_ERROR(kvs.status());
-    ServiceRecord rec;
-    rec.rank = rank_;
-    rec.node_idx = rank_;
-    rec.incarnation = kIncarnation;
-    rec.address = address;
-    rec.hostname = "stuck-owner";
-    DYAD_RETURN_IF_ERROR((*kvs)->Put(kMembersNamespace, MemberKey(rank_), rec.Encode()));
+    DYAD_RETURN_IF_ERROR(RegisterRank(root, rank_, kIncarnation, address, "stuck-owner"));
     if (mode_ != Mode::kBlackHole) threads_.emplace_back([this] { AcceptLoop(); });
     return Status::OK();
   }
