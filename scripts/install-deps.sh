@@ -23,6 +23,7 @@ coreutils
 tar
 strace
 clang-format
+ccache
 "
 # optional backends (each is compiled in when found): UCX, libfabric, Redis
 # (libfabric-bin: fi_info, which the OFI tests use to tell a provider that
