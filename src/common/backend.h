@@ -7,8 +7,10 @@
 // URL schemes), capabilities, configuration entries and build switch.
 // CMake lists the folders it found in a generated file, so nothing outside
 // the folder names a backend: mode parsing in the client and the service,
-// the configuration table, `dyad info`, the conformance suites, pydyad's
-// DTLMode and the docs' tables all read these rows.
+// the configuration table, `dyad info`, the conformance suites and the docs'
+// tables all read these rows. pydyad's DTLMode enum (python/pydyad/
+// bindings.py) spells upstream's names by hand; common_backend_rows_test
+// checks that every value it names is a mode of these rows.
 //
 // Rows are compiled into every program, also where the backend itself is
 // not (`built` says which): the client can then tell "unknown mode" from
@@ -103,7 +105,7 @@ Result<const BackendRow*> TransportRowForMode(const std::string& mode, bool requ
 // The canonical spelling of a DTL mode ("flux_rpc" -> "FLUX_RPC"); errors
 // as TransportRowForMode without require_built.
 Result<std::string> CanonicalDtlMode(const std::string& mode);
-// Every DTL mode users may write, canonical first per row (for pydyad).
+// Every DTL mode users may write, canonical first per row (dyad-service -m).
 std::vector<std::string> AllDtlModes();
 
 // The store row a metadata-store URL selects; errors as for modes

@@ -120,9 +120,13 @@ std::vector<ConfigEntry> CoreEntries() {
        "connection costs a descriptor and a few KiB, no thread; the service lowers the cap to fit "
        "its descriptor limit."},
       {"DYAD_WORKERS", ConfigKind::kUint, "8", "service",
-       "Threads serving requests, in each of the service's two pools (local clients, other "
-       "services); connections wait in one event loop, and requests waiting for a publication, "
+       "Most threads serving requests, in each of the service's two pools (local clients, other "
+       "services), started as requests need them; connections wait in one event loop, and requests "
+       "waiting for a publication, "
        "or on an owner slow to send a file, hold no thread."},
+      {"DYAD_WORKER_IDLE_MS", ConfigKind::kUint, "30000", "service",
+       "Milliseconds a worker thread waits for a request before it ends; workers start again as "
+       "requests need them (up to DYAD_WORKERS per pool), so an idle service runs none."},
       {"DYAD_MAX_UNAUTHENTICATED", ConfigKind::kUint, "64", "service",
        "Most peer connections still in their handshake at once (a flood of silent connections "
        "cannot take the service's memory or descriptors)."},

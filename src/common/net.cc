@@ -395,18 +395,14 @@ Status Channel::RecvAll(void* buf, size_t len, Deadline deadline) {
   return Status::OK();
 }
 
-namespace {
-
-void EncodeHeader(char hdr[kFrameHeaderSize], uint16_t type, uint32_t len) {
+void EncodeFrameHeader(char hdr[kFrameHeaderSize], uint16_t type, uint32_t wire_len) {
   const uint32_t magic = kFrameMagic;
   const uint16_t version = kWireVersion;
   std::memcpy(hdr, &magic, 4);
   std::memcpy(hdr + 4, &version, 2);
   std::memcpy(hdr + 6, &type, 2);
-  std::memcpy(hdr + 8, &len, 4);
+  std::memcpy(hdr + 8, &wire_len, 4);
 }
-
-}  // namespace
 
 Status Channel::SendSealed(const char* hdr, const char* payload, char* out, size_t len,
                            Deadline deadline) {
@@ -428,13 +424,13 @@ Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline dead
                   "message too large (" + std::to_string(payload.size()) + " bytes)");
   char hdr[kFrameHeaderSize];
   if (send_cipher_) {
-    EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size() + kSealTagSize));
+    EncodeFrameHeader(hdr, type, static_cast<uint32_t>(payload.size() + kSealTagSize));
     if (protection_ != LinkProtection::kEncrypt)
       return SendSealed(hdr, payload.data(), nullptr, payload.size(), deadline);
     std::string cipher(payload.size(), '\0');
     return SendSealed(hdr, payload.data(), cipher.data(), payload.size(), deadline);
   }
-  EncodeHeader(hdr, type, static_cast<uint32_t>(payload.size()));
+  EncodeFrameHeader(hdr, type, static_cast<uint32_t>(payload.size()));
   return SendParts({std::string_view(hdr, kFrameHeaderSize), payload}, deadline);
 }
 
@@ -443,7 +439,7 @@ Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadl
   if (len > kMaxFramePayload)
     return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
   char hdr[kFrameHeaderSize];
-  EncodeHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
+  EncodeFrameHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
   return SendSealed(hdr, payload, payload, len, deadline);
 }
 
@@ -452,50 +448,11 @@ Status Channel::SealFrame(uint16_t type, char* payload, size_t len, char hdr[kFr
   if (!send_cipher_) return Status(DYAD_RC_BADREQUEST, "SealFrame needs a protected session");
   if (len > kMaxFramePayload)
     return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
-  EncodeHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
+  EncodeFrameHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
   char* out = protection_ == LinkProtection::kEncrypt ? payload : nullptr;
   Status st = send_cipher_->Seal(std::string_view(hdr, kFrameHeaderSize), payload, out, len, tag);
   if (!st.ok()) broken_ = true;
   return st;
-}
-
-Status Channel::RecvPayload(std::string* payload, size_t len, Deadline deadline) {
-  size_t have = 0;
-  while (have < len) {
-    if (payload->size() <= have) {
-      // Grow only for bytes on their way: double what arrived so far.
-      payload->resize(std::min(len, std::max(kRecvGrowStep, have * 2)));
-    }
-    const size_t room = std::min(payload->size(), len) - have;
-    Result<size_t> n = RecvSome(payload->data() + have, room, deadline);
-    if (!n.ok()) return n.status();
-    have += *n;
-  }
-  payload->resize(len);
-  return Status::OK();
-}
-
-Status Channel::RecvHeader(char hdr[kFrameHeaderSize], uint16_t* type, size_t* len,
-                           Deadline deadline) {
-  // Right after sending, the answer usually comes within microseconds:
-  // spinning briefly then saves the wake-up of a sleeping thread, which
-  // dominates a round trip on virtualized and power-saving hosts.
-  const bool expecting = expecting_;
-  expecting_ = false;
-  if (!has_unread() && !(expecting && SpinFor(POLLIN))) {
-    // Waiting for the first byte may time out without harm (idle loops poll
-    // with short deadlines); a timeout once a frame has started breaks it.
-    DYAD_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
-  }
-  DYAD_RETURN_IF_ERROR(RecvAll(hdr, kFrameHeaderSize, deadline));
-  std::memcpy(type, hdr + 6, 2);
-  Result<size_t> wire_len = CheckHeader(hdr);
-  if (!wire_len.ok()) {
-    broken_ = true;
-    return wire_len.status();
-  }
-  *len = *wire_len - (recv_cipher_ ? kSealTagSize : 0);
-  return Status::OK();
 }
 
 Result<size_t> Channel::CheckHeader(const char hdr[kFrameHeaderSize]) const {
@@ -516,49 +473,44 @@ Result<size_t> Channel::CheckHeader(const char hdr[kFrameHeaderSize]) const {
   return static_cast<size_t>(wire_len);
 }
 
-Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
-  char hdr[kFrameHeaderSize];
-  uint16_t rtype = 0;
-  size_t len = 0;
-  DYAD_RETURN_IF_ERROR(RecvHeader(hdr, &rtype, &len, deadline));
-  const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
-  DYAD_RETURN_IF_ERROR(RecvPayload(payload, len + overhead, deadline));
-  if (recv_cipher_) {
-    unsigned char tag[kSealTagSize];
-    std::memcpy(tag, payload->data() + len, kSealTagSize);
-    Status st =
-        recv_cipher_->Open(std::string_view(hdr, kFrameHeaderSize), payload->data(), len, tag);
+// The blocking receives are the non-blocking ones (net_now.cc) with a wait
+// between calls: one frame reader, whichever way it is driven.
+template <typename Step>
+Status Channel::DriveFrame(const PartialFrame& f, Deadline deadline, Step step) {
+  // Right after a send the answer is usually microseconds away: spinning
+  // briefly first saves the wake-up of a sleeping thread, which dominates a
+  // round trip on virtualized and power-saving hosts.
+  const bool expecting = expecting_;
+  expecting_ = false;
+  if (expecting && !has_unread()) (void)SpinFor(POLLIN);
+  for (;;) {
+    Result<bool> r = step();
+    if (!r.ok()) return r.status();
+    if (*r) return Status::OK();
+    Status st = WaitFor(POLLIN, deadline);
     if (!st.ok()) {
-      broken_ = true;
+      // Waiting for the first byte may time out without harm (idle loops
+      // poll with short deadlines); a frame that stopped half-way leaves
+      // the stream out of step.
+      if (f.hdr_got > 0) broken_ = true;
       return st;
     }
-    payload->resize(len);
   }
-  *type = rtype;
-  return Status::OK();
+}
+
+Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+  PartialFrame f;
+  return DriveFrame(f, deadline, [&] { return RecvFrameNow(&f, type, payload); });
 }
 
 Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
                                    size_t buf_len,
                                    const std::function<Status(const char*, size_t)>& sink,
                                    Deadline deadline) {
-  // Right after a send the answer is usually microseconds away (RecvHeader).
-  const bool expecting = expecting_;
-  expecting_ = false;
   PartialFrame f;
-  for (bool first = true;; first = false) {
-    Result<bool> r = RecvFrameStreamingNow(&f, want_type, len, max_len, buf, buf_len, sink);
-    if (!r.ok()) return r.status();
-    if (*r) return Status::OK();
-    if (first && expecting && SpinFor(POLLIN)) continue;
-    Status st = WaitFor(POLLIN, deadline);
-    if (!st.ok()) {
-      // Waiting for the first byte may time out without harm; a frame
-      // that stopped half-way leaves the stream out of step.
-      if (f.hdr_got > 0) broken_ = true;
-      return st;
-    }
-  }
+  return DriveFrame(f, deadline, [&] {
+    return RecvFrameStreamingNow(&f, want_type, len, max_len, buf, buf_len, sink);
+  });
 }
 
 Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,

@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -104,7 +105,16 @@ Result<PeerCred> UnixPeerCredentials(int fd);
 
 constexpr uint32_t kFrameMagic = 0x44594144;  // "DYAD"
 constexpr uint16_t kWireVersion = 1;
+// A frame's header: u32 magic, u16 wire version, u16 type, u32 length of
+// what follows (payload, plus the tag of a sealed record), host order.
+// Written by EncodeFrameHeader, checked by Channel::CheckHeader.
 constexpr size_t kFrameHeaderSize = 12;
+void EncodeFrameHeader(char hdr[kFrameHeaderSize], uint16_t type, uint32_t wire_len);
+inline uint16_t FrameType(const char hdr[kFrameHeaderSize]) {
+  uint16_t type;
+  std::memcpy(&type, hdr + 6, sizeof type);
+  return type;
+}
 constexpr uint32_t kMaxFramePayload = 16u << 20;
 // Largest frame payload accepted before the peer is trusted: the handshake
 // messages are a few hundred bytes.
@@ -251,11 +261,10 @@ class Channel {
   // Takes the header of `f` as far as it arrived, then checks it (once).
   // OK(false) while it is incomplete.
   Result<bool> HeaderNow(PartialFrame* f);
-  // Reads and checks a frame header; `*len` is the payload length without
-  // the tag of a sealed record.
-  Status RecvHeader(char hdr[12], uint16_t* type, size_t* len, Deadline deadline);
-  // Reads `len` payload bytes into `payload`, growing it as they arrive.
-  Status RecvPayload(std::string* payload, size_t len, Deadline deadline);
+  // Calls `step` (a *Now receive of frame `f`) until it completes, waiting
+  // for the socket in between (until `deadline`).
+  template <typename Step>
+  Status DriveFrame(const PartialFrame& f, Deadline deadline, Step step);
   Status SendSealed(const char* hdr, const char* payload, char* out, size_t len, Deadline deadline);
 
   UniqueFd fd_;

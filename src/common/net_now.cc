@@ -60,8 +60,7 @@ Result<bool> Channel::RecvFrameStreamingNow(
   if (!f->begun) {
     Result<bool> h = HeaderNow(f);
     if (!h.ok() || !*h) return h;
-    uint16_t rtype = 0;
-    std::memcpy(&rtype, f->hdr + 6, 2);
+    const uint16_t rtype = FrameType(f->hdr);
     if (rtype != want_type)
       return fail(Status(DYAD_RC_BADRPC, "expected a frame of type " + std::to_string(want_type) +
                                              ", got type " + std::to_string(rtype)));
@@ -111,7 +110,8 @@ Result<bool> Channel::RecvFrameNow(PartialFrame* f, uint16_t* type, std::string*
   const size_t overhead = recv_cipher_ ? kSealTagSize : 0;
   const size_t wire = f->body + overhead;
   while (f->done < wire) {
-    // Grow only for bytes on their way, as RecvPayload does.
+    // Grow only for bytes on their way: double what arrived so far, so
+    // memory follows what the peer sent, not what its header announced.
     if (payload->size() <= f->done)
       payload->resize(std::min(wire, std::max(Channel::kRecvGrowStep, f->done * 2)));
     const size_t room = std::min(payload->size(), wire) - f->done;
@@ -132,7 +132,7 @@ Result<bool> Channel::RecvFrameNow(PartialFrame* f, uint16_t* type, std::string*
     }
     payload->resize(f->body);
   }
-  std::memcpy(type, f->hdr + 6, 2);
+  *type = FrameType(f->hdr);
   return true;
 }
 

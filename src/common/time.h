@@ -46,10 +46,6 @@ class Deadline {
     if (ms >= headroom) return Never();
     return Deadline(now + std::chrono::milliseconds(ms));
   }
-  static Deadline AfterSeconds(double s) {
-    if (!(s > 0)) return Never();
-    return AfterMs(SecondsToMsSaturating(s));
-  }
   bool never() const { return tp_ == SteadyClock::time_point::max(); }
   bool expired() const { return !never() && SteadyClock::now() >= tp_; }
   // Milliseconds left, clamped to [0, cap]; `cap` when there is no limit.

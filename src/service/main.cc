@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
     auto v = dyad::EnvUint(name, *field);
     if (v.ok() && *v > 0 && *v <= UINT32_MAX) *field = static_cast<uint32_t>(*v);
   }
+  if (auto v = dyad::EnvUint("DYAD_WORKER_IDLE_MS", 30000); v.ok() && *v > 0 && *v <= 86400000)
+    opt.worker_idle_ms = static_cast<int64_t>(*v);
   double rpc_timeout_s = 60;
   if (auto t = dyad::EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000); t.ok() && *t > 0)
     rpc_timeout_s = static_cast<double>(*t) / 1000.0;

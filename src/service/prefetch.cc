@@ -24,7 +24,12 @@ bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath
 }
 
 Prefetcher::Prefetcher(PrefetchConfig config, Kvs* kvs, Placement* placement, MetadataCache* cache)
-    : cfg_(config), kvs_(kvs), placement_(placement), cache_(cache) {
+    : cfg_(config), kvs_(kvs), placement_(placement), cache_(cache) {}
+
+void Prefetcher::StartWorkersLocked() {
+  // Lazily, at the first declaration: a service nobody asks to prefetch
+  // runs none of these threads. Never after Stop (which joins them).
+  if (stopping_ || !workers_.empty()) return;
   const uint32_t n = std::max<uint32_t>(1, cfg_.max_inflight);
   for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { Worker(); });
 }
@@ -92,6 +97,7 @@ Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
     } else {
       decls_.push_back(d);
     }
+    StartWorkersLocked();
   }
   // Watch first, then list: a publication between the two is seen by both
   // (the queue keeps one entry per file), never by neither.

@@ -114,6 +114,8 @@ class Prefetcher {
   // Adds to `out` the pending entries that can share a request with
   // out->front() (same owner, namespace, directory and transport; small).
   void GatherLocked(std::vector<Item>* out);
+  // Starts the max_inflight workers if they are not running yet.
+  void StartWorkersLocked();
   void Worker();
   void Run(std::vector<Item> items);
   // Admits and places `items`; returns the entries to fetch again.
@@ -139,7 +141,7 @@ class Prefetcher {
   std::set<std::string> active_;                   // destinations in flight
   std::map<std::string, Item> again_;              // newer records of active ones
   std::map<uint32_t, uint32_t> per_peer_;          // requests in flight by owner
-  std::vector<std::thread> workers_;
+  std::vector<std::thread> workers_;               // started by the first Declare; guarded by mu_
   std::atomic<bool> stopped_{false};
 
   std::atomic<uint64_t> n_queued_{0}, n_done_{0}, n_present_{0}, n_failed_{0}, n_refused_{0},

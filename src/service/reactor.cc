@@ -44,9 +44,7 @@ Result<std::optional<uint16_t>> HeadFrame(const Channel& ch, const std::string& 
   Result<size_t> need = ch.CheckHeader(buf.data());
   if (!need.ok()) return need.status();
   if (buf.size() < kFrameHeaderSize + *need) return std::optional<uint16_t>();
-  uint16_t type = 0;
-  std::memcpy(&type, buf.data() + 6, sizeof type);  // see EncodeHeader (net.cc)
-  return std::optional<uint16_t>(type);
+  return std::optional<uint16_t>(FrameType(buf.data()));
 }
 
 std::string RemoteHost(int fd) {
@@ -186,8 +184,8 @@ Status Reactor::Start() {
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
       return StatusFromErrno(errno, "epoll_ctl(listener)");
   }
-  local_pool_ = std::make_unique<WorkerPool>("dyad-local", cfg_.workers);
-  peer_pool_ = std::make_unique<WorkerPool>("dyad-peer", cfg_.workers);
+  local_pool_ = std::make_unique<WorkerPool>("dyad-local", cfg_.workers, cfg_.worker_idle_ms);
+  peer_pool_ = std::make_unique<WorkerPool>("dyad-peer", cfg_.workers, cfg_.worker_idle_ms);
   started_ = true;
   loop_ = std::thread([this] { Loop(); });
   pthread_setname_np(loop_.native_handle(), "dyad-loop");
@@ -673,9 +671,9 @@ bool Reactor::RunHandler(const std::shared_ptr<Conn>& c,
 }
 
 bool Reactor::NextFrameArrives(Conn& c) {
-  // Lingering holds this worker, so only while another one is idle: work
-  // the loop submits meanwhile still starts at once.
-  if (cfg_.linger_us <= 0 || stopping_.load() || c.ch.broken() || PoolOf(c).idle() == 0)
+  // Lingering holds this worker, so only while another one is idle or may
+  // still start: work the loop submits meanwhile still starts at once.
+  if (cfg_.linger_us <= 0 || stopping_.load() || c.ch.broken() || PoolOf(c).spare() == 0)
     return false;
   std::string bytes = c.ch.TakeUnread();  // frames the client pipelined
   // A client issuing requests back to back sends the next one within

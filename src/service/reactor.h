@@ -30,7 +30,8 @@
 // that connection until it drained). A small store operation then costs a
 // read and a write, not two thread hand-offs.
 //
-// Threads: 1 (loop) + 2 x workers, whatever the number of connections.
+// Threads: 1 (loop) + up to 2 x workers, started as requests need them and
+// ended after worker_idle_ms without work, whatever the number of connections.
 #pragma once
 
 #include <atomic>
@@ -58,7 +59,8 @@ struct ReactorConfig {
   uint32_t max_connections = 2048;
   uint32_t max_unauthenticated = 64;  // peers in their handshake
   uint32_t max_per_peer = 16;         // of those, from one remote address
-  size_t workers = 8;                 // threads of each pool
+  size_t workers = 8;                 // threads of each pool, at most
+  int64_t worker_idle_ms = 30000;     // a worker idle this long ends
   const Authenticator* auth = nullptr;
   PeerIdentity self;
   int64_t handshake_ms = kHandshakeTimeoutMs;

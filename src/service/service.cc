@@ -353,6 +353,7 @@ Status Service::StartReactor() {
   rc.max_unauthenticated = opt_.max_unauthenticated;
   rc.max_per_peer = opt_.max_per_peer;
   rc.workers = opt_.workers;
+  rc.worker_idle_ms = opt_.worker_idle_ms;
   rc.linger_us = opt_.linger_us;
   rc.auth = auth_.get();
   rc.self = PeerIdentity{opt_.rank, incarnation_};

@@ -79,9 +79,10 @@ struct ServiceOptions {
   // every 10 s). Unauthenticated = peer links still in their handshake.
   uint32_t max_connections = 16384;
   uint32_t max_unauthenticated = 64;
-  uint32_t max_per_peer = 16;  // unauthenticated ones per remote address
-  uint32_t workers = 8;        // threads of each worker pool (local clients, peers)
-  int64_t linger_us = 300;     // ReactorConfig::linger_us (0: hand back at once)
+  uint32_t max_per_peer = 16;      // unauthenticated ones per remote address
+  uint32_t workers = 8;            // threads of each worker pool (local clients, peers)
+  int64_t worker_idle_ms = 30000;  // DYAD_WORKER_IDLE_MS: an idle worker ends
+  int64_t linger_us = 300;         // ReactorConfig::linger_us (0: hand back at once)
   // False: answer batched fetches as a service from before them did (no
   // such request), so that a mixed-version cluster can be checked.
   bool serve_fetch_batch = true;

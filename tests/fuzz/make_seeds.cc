@@ -29,13 +29,7 @@ void Seed(const std::string& target, const std::string& name, const std::string&
 
 std::string Frame(uint16_t type, const std::string& payload) {
   char hdr[kFrameHeaderSize];
-  const uint32_t magic = kFrameMagic;
-  const uint16_t version = kWireVersion;
-  const uint32_t len = static_cast<uint32_t>(payload.size());
-  std::memcpy(hdr, &magic, 4);
-  std::memcpy(hdr + 4, &version, 2);
-  std::memcpy(hdr + 6, &type, 2);
-  std::memcpy(hdr + 8, &len, 4);
+  EncodeFrameHeader(hdr, type, static_cast<uint32_t>(payload.size()));
   return std::string(hdr, sizeof hdr) + payload;
 }
 

@@ -51,12 +51,7 @@ uint64_t PeakRssOver(pid_t pid, int64_t ms) {
 
 std::string FrameHeader(uint16_t type, uint32_t len) {
   char hdr[kFrameHeaderSize];
-  const uint32_t magic = kFrameMagic;
-  const uint16_t version = kWireVersion;
-  std::memcpy(hdr, &magic, 4);
-  std::memcpy(hdr + 4, &version, 2);
-  std::memcpy(hdr + 6, &type, 2);
-  std::memcpy(hdr + 8, &len, 4);
+  EncodeFrameHeader(hdr, type, len);
   return std::string(hdr, sizeof hdr);
 }
 

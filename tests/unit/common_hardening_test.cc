@@ -42,8 +42,9 @@ TEST(Defect13, TimeoutNearInt64MaxMsDoesNotExpireAtOnce) {
 }
 
 TEST(Defect13, HugeSecondsAndSumsSaturate) {
-  EXPECT_FALSE(Deadline::AfterSeconds(1e300).expired());
-  EXPECT_FALSE(Deadline::AfterSeconds(std::numeric_limits<double>::infinity()).expired());
+  EXPECT_FALSE(Deadline::AfterMs(SecondsToMsSaturating(1e300)).expired());
+  EXPECT_FALSE(
+      Deadline::AfterMs(SecondsToMsSaturating(std::numeric_limits<double>::infinity())).expired());
   EXPECT_EQ(SecondsToMsSaturating(1e300), kMaxMs);
   EXPECT_EQ(SecondsToMsSaturating(9.3e15), kMaxMs);
   EXPECT_EQ(SecondsToMsSaturating(2.5), 2500);
@@ -133,12 +134,7 @@ struct Pair {
 
 std::string Header(uint16_t type, uint32_t len) {
   char hdr[kFrameHeaderSize];
-  const uint32_t magic = kFrameMagic;
-  const uint16_t version = kWireVersion;
-  std::memcpy(hdr, &magic, 4);
-  std::memcpy(hdr + 4, &version, 2);
-  std::memcpy(hdr + 6, &type, 2);
-  std::memcpy(hdr + 8, &len, 4);
+  EncodeFrameHeader(hdr, type, len);
   return std::string(hdr, sizeof hdr);
 }
 

@@ -308,12 +308,7 @@ TEST_F(ReactorTest, PeerSilentMidHandshakeIsClosedAtTheDeadline) {
     EXPECT_EQ(type, static_cast<uint16_t>(MsgType::kChallenge));
     // The header of a 200-byte authenticate message, and 10 of its bytes.
     char part[kFrameHeaderSize + 10] = {};
-    const uint32_t magic = kFrameMagic, len = 200;
-    const uint16_t version = kWireVersion, t = static_cast<uint16_t>(MsgType::kAuthenticate);
-    std::memcpy(part, &magic, 4);
-    std::memcpy(part + 4, &version, 2);
-    std::memcpy(part + 6, &t, 2);
-    std::memcpy(part + 8, &len, 4);
+    EncodeFrameHeader(part, static_cast<uint16_t>(MsgType::kAuthenticate), 200);
     ASSERT_TRUE(ch->SendAll(part, sizeof part, Deadline::AfterMs(2000)).ok());
     stalled.push_back(std::move(ch));
   }

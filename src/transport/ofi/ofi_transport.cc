@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "transport/host_id.h"
 #include "transport/ofi/ofi_engine.h"
 #include "transport/ofi/ofi_fabric.h"
 #include "transport/ofi/ofi_pool.h"
@@ -94,7 +95,7 @@ Result<std::string> OfiTransport::PrepareRequest() {
   if (!e.ok()) return e.status();
   OfiRequestArgs args;
   args.provider = (*e)->fabric->choice().provider;
-  args.host = OfiHostId();
+  args.host = SameHostId();
   args.slot_bytes = (*e)->receive->slot_bytes();
   args.slots = static_cast<uint32_t>((*e)->receive->slots());
   return args.Encode();
@@ -113,7 +114,7 @@ Result<std::string> OfiTransport::ReplyArgs(const FileSource& src) {
   if (!e.ok()) return e.status();
   const OfiFabric& fabric = *(*e)->fabric;
   args.provider = fabric.choice().provider;
-  args.host = OfiHostId();
+  args.host = SameHostId();
   args.address = fabric.address();
   args.instance = fabric.instance();
   args.slot_bytes = (*e)->send->slot_bytes();
@@ -129,7 +130,7 @@ Status OfiTransport::CheckPeer(const Engine& e, const std::string& provider,
                   std::string("the ") + who + "'s service uses libfabric provider '" + provider +
                       "' and this one '" + mine.provider +
                       "': give every service the same DYAD_OFI_PROVIDER (or FI_PROVIDER)");
-  if (mine.same_host_only() && (host.empty() || host != OfiHostId()))
+  if (mine.same_host_only() && (host.empty() || host != SameHostId()))
     return Status(DYAD_RC_MARGO_BAD_PROTO,
                   std::string("provider shm reaches only services on this host (same boot, pid "
                               "and mount namespaces), and the ") +

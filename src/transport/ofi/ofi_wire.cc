@@ -24,17 +24,6 @@ bool SlotsValid(uint64_t slot_bytes, uint32_t slots) {
   return slot_bytes > 0 && slot_bytes <= kOfiMaxSlotBytes && slots > 0 && slots <= kOfiMaxSlots;
 }
 
-std::string ReadLine(const char* path) {
-  std::string out;
-  if (FILE* f = std::fopen(path, "re")) {
-    char line[128] = {};
-    if (std::fgets(line, sizeof(line), f) != nullptr) out = line;
-    std::fclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
 }  // namespace
 
 std::string OfiRequestArgs::Encode() const {
@@ -113,23 +102,6 @@ Result<OfiGeometry> OfiGeometryFor(uint64_t size, uint64_t owner_slot, uint32_t 
     return Status(DYAD_RC_BADUNPACK, "ofi: empty slots in the transfer arguments");
   g.chunks = size / g.chunk + (size % g.chunk != 0 ? 1 : 0);
   return g;
-}
-
-const std::string& OfiHostId() {
-  static const std::string id = [] {
-    std::string out = ReadLine("/proc/sys/kernel/random/boot_id");
-    if (out.empty()) return std::string();
-    for (const char* ns : {"pid", "mnt"}) {
-      char target[128] = {};
-      const std::string link = std::string("/proc/self/ns/") + ns;
-      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
-      if (n <= 0) return std::string();
-      out += '/';
-      out.append(target, static_cast<size_t>(n));
-    }
-    return out;
-  }();
-  return id;
 }
 
 Status OfiFailSession(Channel& ch, const Status& st) {

@@ -13,8 +13,8 @@
 //     kCredit requester -> owner  u64 index (its slot may be refilled)
 //     kDone   requester -> owner  u64 chunk count (every chunk landed)
 //     kError  either way          i32 dyad_rc_t, str message
-// `host` names this host and the namespaces shared memory needs in common
-// (boot id, pid and mount namespaces); shm works only between equal ones.
+// `host` is SameHostId() (transport/host_id.h: boot id, IPC, pid and mount
+// namespaces); shm works only between equal ones.
 // Every decoder bounds what it accepts; a malformed message is
 // DYAD_RC_BADUNPACK.
 #pragma once
@@ -89,9 +89,6 @@ Result<OfiGeometry> OfiGeometryFor(uint64_t size, uint64_t owner_slot, uint32_t 
 inline Deadline OfiIdle(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
 }
-
-// See the comment above `host`. "" when unknown (never equal to another).
-const std::string& OfiHostId();
 
 // After a failure the session is out of step with the protocol: it is
 // marked broken and shut down, so the peer fails at once.

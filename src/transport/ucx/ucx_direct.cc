@@ -79,30 +79,6 @@ struct DirectPeers::Peer {
   Clock::time_point last_used{};
 };
 
-const std::string& LocalHostId() {
-  static const std::string id = [] {
-    std::string boot;
-    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
-      char line[64] = {};
-      if (std::fgets(line, sizeof(line), f) != nullptr) boot = line;
-      std::fclose(f);
-    }
-    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
-    if (boot.empty()) return std::string();
-    std::string out = boot;
-    for (const char* ns : {"ipc", "pid", "mnt"}) {
-      char target[128] = {};
-      const std::string link = std::string("/proc/self/ns/") + ns;
-      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
-      if (n <= 0) return std::string();
-      out += '/';
-      out.append(target, static_cast<size_t>(n));
-    }
-    return out;
-  }();
-  return id;
-}
-
 void DirectPeers::Mapping::Done(bool ok) {
   if (!peer_) return;
   std::lock_guard<std::mutex> lk(owner_->worker_.mu());

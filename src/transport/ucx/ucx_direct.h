@@ -27,12 +27,6 @@
 
 namespace dyad::ucx {
 
-// Identifies this host and the namespaces UCX's shared memory needs to be
-// common to both sides (boot id; IPC, pid and mount namespaces). Two
-// services with the same value can map each other's memory. "" when
-// unknown: never equal.
-const std::string& LocalHostId();
-
 class DirectPeers {
  public:
   struct Peer;

@@ -14,6 +14,7 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "transport/host_id.h"
 #include "transport/ucx/ucx_config.h"
 #include "transport/ucx/ucx_transfer.h"
 #include "transport/ucx/ucx_wire.h"
@@ -170,7 +171,7 @@ Result<bool> OwnerPush::TakeOffer() {
 }
 
 bool OwnerPush::DirectPossible() const {
-  return !args_.host_id.empty() && args_.host_id == LocalHostId() && r_.worker.shm_capable() &&
+  return !args_.host_id.empty() && args_.host_id == SameHostId() && r_.worker.shm_capable() &&
          ShmDirectAllowed() && !offer_.rkey.empty();
 }
 

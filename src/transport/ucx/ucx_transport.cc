@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "transport/host_id.h"
 #include "transport/ucx/ucx_config.h"
 #include "transport/ucx/ucx_transfer.h"
 #include "transport/ucx/ucx_wire.h"
@@ -142,7 +143,7 @@ Status UcxTransport::Warm() {
 
 Result<std::string> UcxTransport::PrepareRequest() {
   DYAD_RETURN_IF_ERROR(resources_->worker.Start());
-  return ucx::EncodeRequestArgs({resources_->worker.address(), ucx::LocalHostId()});
+  return ucx::EncodeRequestArgs({resources_->worker.address(), SameHostId()});
 }
 
 std::unique_ptr<PushOp> UcxTransport::StartPush(Channel& session, const FileSource& src,

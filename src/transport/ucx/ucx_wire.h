@@ -25,7 +25,7 @@ constexpr uint16_t kInlineFrame = 0x5505;  // owner: the whole (small) file
 constexpr uint64_t kInlineMaxBytes = 64u << 10;
 
 // PrepareRequest's transport_args: the requester's worker address and host
-// identity (see LocalHostId).
+// identity (see SameHostId, transport/host_id.h).
 struct RequestArgs {
   std::string address;
   std::string host_id;

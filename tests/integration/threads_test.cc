@@ -1,0 +1,96 @@
+// A service's threads are bounded and lazy (docs/architecture.md): idle, it
+// runs at most six; serving requests starts workers up to --workers per
+// pool; idle connections add none.
+#include <dirent.h>
+
+#include <string>
+#include <vector>
+
+#include "integration/integration_util.h"
+
+namespace dyad::it {
+namespace {
+
+// Threads of process `pid` (entries of /proc/PID/task); 0 if it is gone.
+size_t ThreadsOf(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  size_t n = 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+// The count once it has stayed the same for 1 s (threads that are starting
+// or ending settle), within 10 s.
+size_t SettledThreadsOf(pid_t pid) {
+  size_t last = ThreadsOf(pid);
+  const Deadline deadline = Deadline::AfterMs(10000);
+  int same = 0;
+  while (!deadline.expired() && same < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const size_t now = ThreadsOf(pid);
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
+constexpr size_t kIdleServiceThreads = 6;  // docs/architecture.md
+
+class ThreadsTest : public TwoNodeTest {
+ protected:
+  // Workers end after 300 ms without work (default 30 s), so the test sees
+  // the idle service soon after the start-up's own requests.
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o;
+    o.service_env["DYAD_WORKER_IDLE_MS"] = "300";
+    return o;
+  }
+};
+
+TEST_F(ThreadsTest, IdleServiceRunsAtMostSixThreadsAndIdleConnectionsAddNone) {
+  for (int node = 0; node < 2; ++node) {
+    const size_t idle = SettledThreadsOf(cluster().ServicePid(node));
+    EXPECT_GT(idle, 0u);
+    EXPECT_LE(idle, kIdleServiceThreads) << "node " << node << " (root: " << (node == 0) << ")";
+  }
+  // Work starts workers, up to the pools' bound (--workers, default 8), and
+  // they end once idle.
+  const std::vector<ManifestEntry> files = {{"t1.dat", 4096}, {"t2.dat", 70000}};
+  Produce(files);
+  ConsumeOk(files);
+  const pid_t b = cluster().ServicePid(1);
+  EXPECT_LE(ThreadsOf(b), kIdleServiceThreads + 2 * 8);
+  const size_t busy = SettledThreadsOf(b);
+  EXPECT_LE(busy, kIdleServiceThreads);
+  // 300 idle local clients and 100 idle TCP connections: no new thread.
+  std::vector<UniqueFd> idle_conns;
+  SocketAddress unix_addr;
+  unix_addr.is_unix = true;
+  unix_addr.host = cluster().node(1).socket;
+  for (int i = 0; i < 300; ++i) {
+    auto fd = Connect(unix_addr, Deadline::AfterMs(5000));
+    ASSERT_TRUE(fd.ok()) << Str(fd.status());
+    idle_conns.push_back(std::move(*fd));
+  }
+  auto tcp = ParseAddress(cluster().node(1).address());
+  ASSERT_TRUE(tcp.ok());
+  for (int i = 0; i < 100; ++i) {
+    if (cluster().uses_netns()) break;  // this process is outside the nodes' namespaces
+    auto fd = Connect(*tcp, Deadline::AfterMs(5000));
+    ASSERT_TRUE(fd.ok()) << Str(fd.status());
+    idle_conns.push_back(std::move(*fd));
+  }
+  EXPECT_LE(SettledThreadsOf(b), busy) << idle_conns.size() << " idle connections";
+  idle_conns.clear();
+  // The service still serves.
+  const std::vector<ManifestEntry> after = {{"t3.dat", 1000}};
+  Produce(after);
+  ConsumeOk(after);
+}
+
+}  // namespace
+}  // namespace dyad::it
