@@ -385,6 +385,8 @@ TEST_F(Hardening2, SilentSessionMemoryIsBounded) {
   const uint64_t held = Counter(base_ + "/a.sock", "fetch.unsent_bytes");
   const uint64_t rss_growth = ResidentBytes() - std::min(rss_before, ResidentBytes());
   const uint64_t per_session = (64u << 10) + FileServer::kMaxServedInline + (4u << 10);
+  std::fprintf(stderr, "16 silent sessions: owner grew by %llu bytes, replies parked hold %llu\n",
+               static_cast<unsigned long long>(rss_growth), static_cast<unsigned long long>(held));
   EXPECT_GT(held, 0u);
   EXPECT_LE(held, 16 * per_session);
   EXPECT_LE(held, FileServer::kParkedOutputCap);
