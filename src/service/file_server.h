@@ -61,11 +61,11 @@ class FileServer {
   static constexpr int64_t kParkAfterMs = 100;
 
   // What sessions that stop reading can hold (docs/security.md). Every
-  // response has at most one reply frame beyond kGatheredFileBytes in
-  // memory (a batch reads its next file only once the previous reply is
-  // on the socket), and a batch's inline files are at most this large
-  // whatever the request asks (larger ones are answered DYAD_RC_NOTSUP:
-  // fetched alone, whose bytes are read from the file as they leave).
+  // response has at most one frame beyond kGatheredFileBytes in memory
+  // (more is queued only while less is: a sealed chunk of a file, or one
+  // reply of a batch), and a batch's inline files are at most this large
+  // whatever the request asks (larger ones are answered DYAD_RC_NOTSUP and
+  // fetched alone, in chunks).
   static constexpr uint64_t kMaxServedInline = 256u << 10;
   // The reply bytes all responses parked for room (their requester took
   // nothing for kParkAfterMs) may hold in memory together. A response

@@ -235,6 +235,24 @@ TEST_F(Hardening2, ReplayedOlderNoticeKeepsCurrentCopy) {
   EXPECT_GE(Counter(base_ + "/b.sock", "notices.confirmed"), 1u);
 }
 
+// Item 3, with DYAD_ASYNC_PUBLISH: receivers confirm notices with the
+// store, so an asynchronous publication sends its notices once the store
+// holds its record; B's copy of the old version still goes.
+TEST_F(Hardening2, AsyncPublicationNoticesAreConfirmed) {
+  StartServices();
+  ASSERT_TRUE(Publish("f.dat", "version-1").ok());
+  ASSERT_TRUE(Consume("f.dat").ok());
+  ASSERT_TRUE(
+      WriteAndPublish(base_ + "/a.sock", base_ + "/a", "f.dat", "version-2", /*async=*/true).ok());
+  struct stat sb;
+  EXPECT_TRUE(Eventually([&] { return ::stat((cons_ + "/f.dat").c_str(), &sb) != 0; }, 5000))
+      << "the copy of version 1 was not superseded";
+  EXPECT_EQ(Counter(base_ + "/b.sock", "notices.unconfirmed"), 0u);
+  EXPECT_GE(Counter(base_ + "/b.sock", "notices.confirmed"), 1u);
+  ASSERT_TRUE(Consume("f.dat").ok());
+  EXPECT_EQ(ReadAll(cons_ + "/f.dat"), "version-2");
+}
+
 // Item 3: a record that reached B's cache (here: the store held a bogus
 // version for a moment, and a notice B could confirm then) and that the
 // owner refuses (DYAD_RC_STALE) is dropped and the store read again, in
