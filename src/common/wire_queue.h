@@ -43,6 +43,9 @@ class WireQueue {
   // memory, and less than `bytes` of it (a small response then leaves in
   // one system call).
   bool Gathering(size_t bytes) const { return !has_file_ && queued_bytes_ < bytes; }
+  // Bytes of memory pieces queued and not yet completely sent (what the
+  // queue holds in memory; file ranges are read as they are sent).
+  size_t memory_bytes() const { return queued_bytes_; }
   // Bytes written to the socket so far.
   uint64_t sent() const { return sent_; }
 

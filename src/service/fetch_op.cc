@@ -119,6 +119,17 @@ bool FetchOp::ReadReply(Wait* wait) {
     End(Status(DYAD_RC_BADUNPACK, what_ + ": malformed reply"));
     return false;
   }
+  // The record's size is what the node's budget admitted (prefetch) and
+  // what the consumer was promised: a file of another size is not that
+  // version, and none of its bytes are taken. The owner streams them
+  // after its reply, so the session is out of step: it is not pooled.
+  if (reply_.size != rec_.size) {
+    session_->MarkBroken();
+    End(Status(DYAD_RC_STALE, what_ + ": the owner's file has " + std::to_string(reply_.size) +
+                                  " bytes, its record says " + std::to_string(rec_.size) +
+                                  "; the record does not describe the file, nothing was placed"));
+    return false;
+  }
   return BeginPull(reply_);
 }
 

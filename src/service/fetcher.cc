@@ -78,6 +78,14 @@ Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>&
         return Status(DYAD_RC_BADUNPACK, what + ": malformed part for '" + recs[i]->upath + "'");
       }
     }
+    // Bytes the record does not announce are not taken (the budget
+    // admitted the record's size).
+    if (answer.ok() && part.data.size() != recs[i]->size)
+      answer =
+          Status(DYAD_RC_STALE, "batch fetch of '" + recs[i]->upath + "' from rank " +
+                                    std::to_string(owner) + ": the owner sent " +
+                                    std::to_string(part.data.size()) + " bytes, its record says " +
+                                    std::to_string(recs[i]->size) + "; nothing was placed");
     *answered = i + 1;
     on_part(i, answer, answer.ok() ? &part : nullptr);
   }

@@ -105,12 +105,50 @@ void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) 
       ctx.ch.MarkBroken();
       return r->done(ctx, idle);
     }
+    // What it holds unsent is counted while it waits: sessions that stop
+    // reading cannot together hold more than kParkedOutputCap.
+    if (!Charge(*r)) {
+      const uint32_t peer = ctx.peer != nullptr ? ctx.peer->rank : 0u;
+      const Status full(DYAD_RC_CONNLOST,
+                        "closed the session of rank " + std::to_string(peer) +
+                            ": it took none of " + std::to_string(r->out.memory_bytes()) +
+                            " reply bytes for " + std::to_string(kParkAfterMs) +
+                            " ms while replies waiting for their requesters already hold " +
+                            std::to_string(unsent_bytes()) + " bytes (at most " +
+                            std::to_string(kParkedOutputCap) + ")");
+      stats_->AddNamed("fetch.closed_for_output");
+      DYAD_LOG_WARN("%s", full.message().c_str());
+      ctx.ch.MarkBroken();
+      return r->done(ctx, full);
+    }
     stats_->AddNamed("fetch.parked_for_room");
-    ctx.parking->ParkUntilWritable([this, r](RequestContext& c) { Drive(c, r); },
-                                   [r, idle](RequestContext& c) { r->done(c, idle); },
-                                   rpc_timeout_ms_);
+    ctx.parking->ParkUntilWritable(
+        [this, r](RequestContext& c) {
+          Uncharge(*r);
+          Drive(c, r);
+        },
+        [this, r, idle](RequestContext& c) {
+          Uncharge(*r);
+          r->done(c, idle);
+        },
+        rpc_timeout_ms_);
     return;
   }
+}
+
+bool FileServer::Charge(Response& r) {
+  const uint64_t held = r.out.memory_bytes();
+  uint64_t cur = parked_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (cur + held > kParkedOutputCap) return false;
+  } while (!parked_bytes_.compare_exchange_weak(cur, cur + held, std::memory_order_relaxed));
+  r.charged = held;
+  return true;
+}
+
+void FileServer::Uncharge(Response& r) {
+  parked_bytes_.fetch_sub(r.charged, std::memory_order_relaxed);
+  r.charged = 0;
 }
 
 void FileServer::WaitForPeer(RequestContext& ctx, const std::shared_ptr<Response>& r) {

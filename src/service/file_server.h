@@ -7,6 +7,7 @@
 // requester named. Registered on the peer link by the service. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -59,6 +60,21 @@ class FileServer {
   // cost a fast requester ~10 % of its throughput on 2 busy cores.
   static constexpr int64_t kParkAfterMs = 100;
 
+  // What sessions that stop reading can hold (docs/security.md). Every
+  // response has at most one frame beyond kGatheredFileBytes in memory
+  // (more is queued only while less is: a sealed chunk of a file, or one
+  // reply of a batch), and a batch's inline files are at most this large
+  // whatever the request asks (larger ones are answered DYAD_RC_NOTSUP and
+  // fetched alone, in chunks).
+  static constexpr uint64_t kMaxServedInline = 256u << 10;
+  // The reply bytes all responses parked for room (their requester took
+  // nothing for kParkAfterMs) may hold in memory together. A response
+  // that would take the total past it is not parked: its session is
+  // closed, with the reason logged (counter fetch.closed_for_output).
+  static constexpr uint64_t kParkedOutputCap = 32u << 20;
+  // The bytes parked responses hold now (`dyad status`: fetch.unsent_bytes).
+  uint64_t unsent_bytes() const { return parked_bytes_.load(std::memory_order_relaxed); }
+
  private:
   // Every response (replies, file bytes, verdicts) is queued and sent as
   // the requester takes it, so that one that stops reading holds no thread.
@@ -80,8 +96,13 @@ class FileServer {
     };
     // For kPeer: the wait on the requester, run (and parked) as a Resumable.
     std::function<std::shared_ptr<Resumable>()> peer;
-    bool ended = false;  // fill said kEnd
+    bool ended = false;    // fill said kEnd
+    uint64_t charged = 0;  // of parked_bytes_, while parked for room
   };
+  // Counts `r`'s unsent memory in parked_bytes_; false when that would
+  // pass kParkedOutputCap. Uncharge gives it back (idempotent).
+  bool Charge(Response& r);
+  void Uncharge(Response& r);
   // Queues one reply frame (sealed as the session seals) on `out`.
   void QueueReply(Channel& ch, WireQueue& out, const Status& st, const std::string& body);
   // Prepares a response to `payload` (its first replies are captured), then
@@ -125,6 +146,7 @@ class FileServer {
   std::function<void(const std::string&, uint32_t)> on_serve_;
   TransferRegistry* transfers_;
   FdWatcher* watcher_ = nullptr;
+  std::atomic<uint64_t> parked_bytes_{0};
 };
 
 // Sends one reply frame (status + body) and counts errors.

@@ -3,10 +3,13 @@
 // own reply as soon as it is read. The same rules as a single fetch apply
 // to every item: only regular files beneath the producer directory, read
 // under the producer's shared lock, and sent only if unchanged by the end
-// of the read.
+// of the read. An item whose file is locked by its producer is answered
+// busy at once (never waited for: see ReadInline).
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <memory>
 
@@ -46,7 +49,16 @@ Status FileServer::ReadInline(RequestContext& ctx, const FetchBatchItem& item, u
   }
   if (static_cast<uint64_t>(st.st_size) > max_inline)
     return Status(DYAD_RC_NOTSUP, "'" + *upath + "' is too large to send inline");
-  DYAD_RETURN_IF_ERROR(WaitShared(ctx, fd->get(), *upath));
+  // A file its producer is writing is not waited for here: that would hold
+  // this worker for up to --rpc-timeout per item, and a few batches naming
+  // locked files would take every peer worker. The item is answered busy
+  // at once (DYAD_RC_NOTSUP, which requesters of every version answer by
+  // fetching the file alone, after the batch) and the rest go on.
+  if (::flock(fd->get(), LOCK_SH | LOCK_NB) != 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+    stats_->AddNamed("fetch_batch.busy");
+    return Status(DYAD_RC_NOTSUP, "busy: rank " + std::to_string(rank_) + ": '" + *upath +
+                                      "' is locked by its producer; fetch it alone");
+  }
   if (::fstat(fd->get(), &st) != 0) return StatusFromErrno(errno, "stat '" + *upath + "'");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   const uint64_t version = MtimeNs(st);
@@ -92,6 +104,9 @@ void FileServer::PrepareBatch(RequestContext& ctx, const std::string& payload, R
     return Refuse(ctx, "",
                   Status(DYAD_RC_NOTFOUND,
                          "rank " + std::to_string(rank_) + " serves no producer directory"));
+  // However large the request allows: what a session that stops reading
+  // can hold stays small (FileServer::kMaxServedInline).
+  b->req.max_inline = std::min<uint64_t>(b->req.max_inline, kMaxServedInline);
   Encoder head;
   head.U32(static_cast<uint32_t>(b->req.items.size()));
   SendReply(ctx.ch, Status::OK(), head.data(), rpc_timeout_ms_, stats_);
@@ -109,9 +124,10 @@ Result<FileServer::Fill> FileServer::FillBatch(RequestContext& ctx, Batch& b, Wi
   }
   Encoder e;
   b.part.EncodeTo(e);
-  QueueReply(ctx.ch, out, Status::OK(), e.data());
   ++b.files;
   b.bytes += b.part.data.size();
+  std::string().swap(b.part.data);  // only the queued frame holds the bytes now
+  QueueReply(ctx.ch, out, Status::OK(), e.data());
   return Fill::kQueued;
 }
 

@@ -236,6 +236,18 @@ Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
                                        Transport* transport, AtomicFile& out,
                                        const FetchOutcome& outcome, uint64_t t0) {
   const FileRecord& rec = req.record;
+  // Checked again on arrival, whatever the transport: the bytes that
+  // landed are as many as the record announced (a file of this node's
+  // producer is copied as it is now).
+  if (route != Route::kOwnFile) {
+    struct stat st;
+    if (::fstat(out.fd(), &st) != 0)
+      return StatusFromErrno(errno, "stat the copy of '" + rec.upath + "'");
+    if (outcome.bytes != rec.size || static_cast<uint64_t>(st.st_size) != rec.size)
+      return Status(DYAD_RC_STALE, "'" + rec.upath + "': " + std::to_string(st.st_size) +
+                                       " bytes arrived, its record says " +
+                                       std::to_string(rec.size) + "; nothing was placed");
+  }
   FileRecord placed = rec;
   placed.version = outcome.version;
   placed.size = outcome.bytes;

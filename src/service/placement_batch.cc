@@ -108,7 +108,9 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
   Status st = fetcher_.FetchBatch(
       owner, recs, kBatchInline,
       [&](size_t k, const Status& s, FetchBatchPart* part) {
-        if (s.code() == DYAD_RC_NOTSUP) return;  // grew past the inline size: alone, below
+        // Too large to go inline, or busy (its producer holds it locked,
+        // and the owner does not wait for it in a batch): alone, below.
+        if (s.code() == DYAD_RC_NOTSUP) return;
         const size_t i = mine[k];
         Result<ConsumeReply> r =
             s.ok() ? Land(reqs[i], transport, *part, t0) : Result<ConsumeReply>(s);
@@ -118,7 +120,7 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
       },
       &answered);
   // What the batch did not deliver goes one fetch each, as Place() would:
-  // files too large to go inline, all of them for an owner without batches,
+  // files too large to go inline or busy, all of them for an owner without batches,
   // and all of them when the batch got no answer at all (a pooled session
   // that outlived its peer; the single fetch retries on a fresh one). A
   // session lost halfway is a failure of the rest: retrying each file

@@ -25,6 +25,7 @@
 #include "service/placement.h"
 #include "service/prefetch.h"
 #include "service/reactor.h"
+#include "service/resumable.h"
 #include "service/threaded_waits.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -411,9 +412,13 @@ void Service::AsyncPublishLoop() {
       async_queue_.pop_front();
     }
     int64_t backoff = 50;
+    bool stored = false;
     for (int attempt = 0;; ++attempt) {
       Status st = kvs_->Put(p.ns, p.key, p.value);
-      if (st.ok()) break;
+      if (st.ok()) {
+        stored = true;
+        break;
+      }
       if (attempt >= 8 || stopping_) {
         DYAD_LOG_ERROR("asynchronous publish of key '%s' failed: %s", p.key.c_str(),
                        st.ToString().c_str());
@@ -421,6 +426,11 @@ void Service::AsyncPublishLoop() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(backoff));
       backoff = std::min<int64_t>(backoff * 2, 2000);
+    }
+    // The store holds the record now: its notices can be confirmed.
+    if (stored && !p.notices.empty() && !stopping_) {
+      std::shared_ptr<Resumable> send = notices_->Sending(std::move(p.notices), p.upath);
+      RunBlocking(*send);
     }
     stats_.Sub(ServiceStats::kAsyncPending);
   }

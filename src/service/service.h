@@ -38,6 +38,7 @@
 #include "proto/protocol.h"
 #include "service/metadata_cache.h"
 #include "service/stats.h"
+#include "service/versions.h"
 
 namespace dyad {
 
@@ -164,6 +165,12 @@ class Service {
   void NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
                             const PublishRequest& req, const FileRecord& rec,
                             std::function<void(RequestContext&)> then);
+  // The notices NotifyPreviousOwners sends (the readers are taken).
+  VersionNotices::Addressed AddressNotices(const std::set<uint32_t>& owners,
+                                           const PublishRequest& req, const FileRecord& rec);
+  // The store's record when it is the version notice `n` names, else why
+  // the notice is not acted on.
+  Result<FileRecord> ConfirmNotice(const SupersedeNotice& n);
   void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const std::string& payload);
@@ -192,6 +199,11 @@ class Service {
                                    const std::optional<std::string>& published = std::nullopt);
   PlacementRequest PlacementFor(const ConsumeRequest& req, const FileRecord& rec) const;
   void ForgetFailedRecord(const ConsumeRequest& req, const Result<ConsumeReply>& r);
+  // After a placement of `failed` (a located record) that its owner
+  // refused as stale: the store's record, when it names another version
+  // (to place once more), else an error.
+  Result<FileRecord> RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
+                                      const Result<ConsumeReply>& r);
 
   // membership.cc: take the rank (refusing one a live service holds) and
   // keep it.
@@ -245,6 +257,10 @@ class Service {
   // Asynchronous publication queue.
   struct PendingPublish {
     std::string ns, key, value;
+    // Sent once the store holds the record (receivers confirm a notice
+    // with the store), naming the file `upath`.
+    VersionNotices::Addressed notices;
+    std::string upath;
   };
   std::mutex async_mu_;
   std::condition_variable async_cv_;

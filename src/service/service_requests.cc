@@ -104,15 +104,16 @@ void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
   node_cache_->Forget(prod_real_ + "/" + rec.upath);
   node_cache_->Supersede(req.ns, rec);
   if (req.async) {
+    // Receivers confirm a notice with the store, so the notices go once
+    // the record is there (AsyncPublishLoop).
+    VersionNotices::Addressed to = AddressNotices(previous, req, rec);
     {
       std::lock_guard<std::mutex> lk(async_mu_);
-      async_queue_.push_back({req.ns, req.key, rec.Encode()});
+      async_queue_.push_back({req.ns, req.key, rec.Encode(), std::move(to), rec.upath});
     }
     stats_.Add(ServiceStats::kAsyncPending);
     async_cv_.notify_one();
-    Reply(ch, Status::OK());
-    // The notice carries the record: receivers need not wait for the store.
-    return NotifyPreviousOwners(ctx, previous, req, rec, [](RequestContext&) {});
+    return Reply(ch, Status::OK());
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
   span.Rc(st);
@@ -195,7 +196,26 @@ Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadli
   if (!rec.ok()) return rec.status();
   Result<ConsumeReply> r = placement_->Place(PlacementFor(req, *rec), deadline, cancel);
   ForgetFailedRecord(req, r);
+  if (Result<FileRecord> again = RecordAfterStale(req, *rec, r); again.ok()) {
+    r = placement_->Place(PlacementFor(req, *again), deadline, cancel);
+    ForgetFailedRecord(req, r);
+  }
   return r;
+}
+
+Result<FileRecord> Service::RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
+                                             const Result<ConsumeReply>& r) {
+  const Status none(DYAD_RC_NOTFOUND, "no other record");
+  if (r.ok() || r.status().code() != DYAD_RC_STALE || req.have_record) return none;
+  // ForgetFailedRecord dropped the cached record: this reads the store.
+  Result<FileRecord> fresh = Locate(req.ns, req.key, false, Deadline::AfterMs(0), nullptr);
+  if (!fresh.ok() || fresh->upath != failed.upath || IdOf(*fresh) == IdOf(failed)) return none;
+  stats_.AddNamed("consume.stale_record_reread");
+  DYAD_LOG_INFO(
+      "'%s': the owner refused the version this service had cached (%s); the store "
+      "names another, consuming that",
+      failed.upath.c_str(), r.status().message().c_str());
+  return fresh;
 }
 
 Result<FileRecord> Service::ConsumeRecord(const ConsumeRequest& req, bool wait, Deadline deadline,
@@ -264,9 +284,12 @@ PlacementRequest Service::PlacementFor(const ConsumeRequest& req, const FileReco
 }
 
 void Service::ForgetFailedRecord(const ConsumeRequest& req, const Result<ConsumeReply>& r) {
+  // Do not keep pointing at a copy that failed, nor at a version its owner
+  // refuses (DYAD_RC_STALE): the next consume reads the store again, so no
+  // record that reached the cache can pin the key.
   if (!r.ok() && (r.status().code() == DYAD_RC_BADFETCH || r.status().code() == DYAD_RC_BADFIO ||
-                  r.status().code() == DYAD_RC_NOTFOUND))
-    cache_.Erase(req.ns, req.key);  // do not keep pointing at a copy that failed
+                  r.status().code() == DYAD_RC_NOTFOUND || r.status().code() == DYAD_RC_STALE))
+    cache_.Erase(req.ns, req.key);
 }
 
 void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
@@ -294,10 +317,18 @@ void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Dead
   if (!rec.ok()) return ReplyConsume(ctx, req, rec.status(), *span);
   // A fetch from a slow or silent owner parks the request rather than
   // holding this worker (placement_parked.cc).
+  auto reply = [this, req, span](RequestContext& c, const Result<ConsumeReply>& r) {
+    ForgetFailedRecord(req, r);
+    ReplyConsume(c, req, r, *span);
+  };
+  // A version its owner refuses is read again from the store, once.
   placement_->PlaceParked(ctx, PlacementFor(req, *rec), deadline,
-                          [this, req, span](RequestContext& c, const Result<ConsumeReply>& r) {
+                          [this, req, deadline, reply, failed = *rec](
+                              RequestContext& c, const Result<ConsumeReply>& r) {
                             ForgetFailedRecord(req, r);
-                            ReplyConsume(c, req, r, *span);
+                            Result<FileRecord> again = RecordAfterStale(req, failed, r);
+                            if (!again.ok()) return reply(c, r);
+                            placement_->PlaceParked(c, PlacementFor(req, *again), deadline, reply);
                           });
 }
 
@@ -374,6 +405,7 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
     r.counters["peers.dialing"] = peers_->dials_in_flight();
     r.counters["peers.waiting_on_dial"] = peers_->waiting_on_dial();
   }
+  r.counters["fetch.unsent_bytes"] = file_server_->unsent_bytes();
   r.counters["node_cache.bytes"] = node_cache_->bytes();
   r.counters["node_cache.files"] = node_cache_->files();
   r.counters["node_cache.budget"] = node_cache_->budget();

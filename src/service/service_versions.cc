@@ -14,18 +14,6 @@
 
 namespace dyad {
 
-namespace {
-
-// Whether `a` was published after `b`: by the owner's counter when one
-// incarnation of one owner published both, else by the publishers' clocks.
-bool Later(const FileRecord& a, const FileRecord& b) {
-  if (a.owner_rank == b.owner_rank && a.owner_incarnation == b.owner_incarnation)
-    return a.seq > b.seq;
-  return a.published_ns >= b.published_ns && IdOf(a) != IdOf(b);
-}
-
-}  // namespace
-
 std::set<uint32_t> Service::PreviousOwners(const std::string& ns, const std::string& key,
                                            const std::string& upath) {
   std::set<uint32_t> owners = node_cache_->OwnersOf(ns, upath);
@@ -57,24 +45,63 @@ Status Service::AdoptCopy(const PublishRequest& req, const FileRecord& rec) {
 
 // The previous owners pass the notice on to their readers; ours (when we
 // owned the previous version: a producer rewriting its file) hear it now.
-void Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
-                                   const PublishRequest& req, const FileRecord& rec,
-                                   std::function<void(RequestContext&)> then) {
+VersionNotices::Addressed Service::AddressNotices(const std::set<uint32_t>& owners,
+                                                  const PublishRequest& req,
+                                                  const FileRecord& rec) {
   const std::vector<uint32_t> readers = notices_->TakeReaders(rec.upath);
-  if (owners.empty() && readers.empty()) return then(ctx);
+  VersionNotices::Addressed to;
+  if (owners.empty() && readers.empty()) return to;
   SupersedeNotice n;
   n.ns = req.ns;
   n.key = req.key;
   n.record = rec;
   n.forward = true;
-  VersionNotices::Addressed to;
   notices_->Address(owners, n, &to);
   std::set<uint32_t> others(readers.begin(), readers.end());
   for (uint32_t o : owners) others.erase(o);
   n.forward = false;
   notices_->Address(others, n, &to);
+  return to;
+}
+
+void Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
+                                   const PublishRequest& req, const FileRecord& rec,
+                                   std::function<void(RequestContext&)> then) {
+  VersionNotices::Addressed to = AddressNotices(owners, req, rec);
+  if (to.empty()) return then(ctx);
   RunParked(ctx, notices_->Sending(std::move(to), rec.upath), fd_watcher_.get(), &stats_,
             std::move(then), "notices.parked_for_peer");
+}
+
+// A notice is a claim by whoever holds the cluster credential; the store
+// is where publications are decided. The notice is acted on only when the
+// store's record for its key is the very version it names, and then with
+// the store's record: a forged notice (a version that was never published,
+// a publication clock of 2^64-1) or a replayed older one (the store holds
+// a later version) changes nothing here.
+Result<FileRecord> Service::ConfirmNotice(const SupersedeNotice& n) {
+  Result<std::optional<std::string>> stored = kvs_->Get(n.ns, n.key);
+  if (!stored.ok())
+    return Status(stored.status().code(), "cannot confirm the notice for '" + n.record.upath +
+                                              "' with the store: " + stored.status().message());
+  FileRecord rec;
+  if (!stored->has_value())
+    return Status(DYAD_RC_STALE, "notice for '" + n.record.upath +
+                                     "' not confirmed: the store has no record for its key; "
+                                     "nothing changed");
+  if (!FileRecord::Decode(**stored, &rec) || rec.upath != n.record.upath)
+    return Status(DYAD_RC_STALE, "notice for '" + n.record.upath +
+                                     "' not confirmed: the store's record under its key is "
+                                     "another file's; nothing changed");
+  if (IdOf(rec) != IdOf(n.record))
+    return Status(DYAD_RC_STALE,
+                  "notice for '" + n.record.upath + "' (rank " +
+                      std::to_string(n.record.owner_rank) + ", publication " +
+                      std::to_string(n.record.seq) +
+                      ") not confirmed: the store's record is another version (rank " +
+                      std::to_string(rec.owner_rank) + ", publication " + std::to_string(rec.seq) +
+                      "); nothing changed");
+  return rec;
 }
 
 void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {
@@ -86,11 +113,16 @@ void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {
   Result<std::string> upath = ValidateUpath(n.record.upath);
   if (!upath.ok() || *upath != n.record.upath || n.ns == kMembersNamespace || n.key.empty())
     return Reply(ch, Status(DYAD_RC_BADREQUEST, "invalid supersede notice"));
-  // Only a record we already know for this key is replaced (a notice never
-  // makes a key describe another path), and only by a later one.
-  if (std::optional<FileRecord> known = cache_.Get(n.ns, n.key);
-      known && known->upath == n.record.upath && Later(n.record, *known))
-    cache_.Put(n.ns, n.key, n.record);
+  Result<FileRecord> confirmed = ConfirmNotice(n);
+  if (!confirmed.ok()) {
+    stats_.AddNamed("notices.unconfirmed");
+    DYAD_LOG_WARN("ignored a supersede notice from rank %u: %s",
+                  ctx.peer != nullptr ? ctx.peer->rank : 0u, confirmed.status().ToString().c_str());
+    return Reply(ch, confirmed.status());
+  }
+  stats_.AddNamed("notices.confirmed");
+  n.record = *confirmed;
+  cache_.Put(n.ns, n.key, n.record);
   node_cache_->Supersede(n.ns, n.record);
   if (!n.forward) return Reply(ch, Status::OK());
   const std::vector<uint32_t> readers = notices_->TakeReaders(n.record.upath);

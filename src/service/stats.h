@@ -103,7 +103,7 @@ class ServiceStats {
   static bool IsGauge(const std::string& name) {
     return name == "publish.async_pending" || name == "cache.entries" ||
            name == "consume.waiting_on_owner" || name == "peers.dialing" ||
-           name == "peers.waiting_on_dial";
+           name == "peers.waiting_on_dial" || name == "fetch.unsent_bytes";
   }
 
  private:
@@ -142,6 +142,21 @@ inline std::string ServiceStats::Help(const std::string& name) {
       {"fetch.parked_for_peer",
        "Times a fetch this service sends off the session (UCX, libfabric) was parked, "
        "holding no worker, on the requester or the transfer's completions."},
+      {"fetch.unsent_bytes",
+       "Reply bytes held in memory now by responses waiting for their requester to read."},
+      {"fetch.closed_for_output",
+       "Sessions closed because their unread replies would take the bytes held for "
+       "requesters that do not read past the service's cap."},
+      {"fetch_batch.busy",
+       "Items of batched fetches answered busy at once because their producer held the "
+       "file's lock (the requester fetches them alone)."},
+      {"notices.confirmed", "Version notices acted on: the store holds the version they name."},
+      {"notices.unconfirmed",
+       "Version notices ignored: the store does not hold the version they name (forged, "
+       "replayed or outdated)."},
+      {"consume.stale_record_reread",
+       "Consumes whose cached record the owner refused as stale, placed again from the "
+       "store's record."},
       {"notices.parked_for_peer",
        "Times a publication's version notices were parked, holding no worker, on a "
        "slow receiver."},
