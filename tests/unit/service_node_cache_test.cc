@@ -157,6 +157,59 @@ TEST_F(NodeCacheTest, SupersedeRemovesOtherVersionsOnly) {
   EXPECT_EQ(cache.files(), 1u);
 }
 
+// Issue 26 item 1: with one managed directory (the consumer directory is
+// the producer directory, ProtectTree), copies placed there are evicted
+// like anywhere else; a file a local program rewrote at a copy's path is
+// not the copy any more and stays.
+TEST_F(NodeCacheTest, FieldReadyCopiesInTheProducerTreeAreEvicted) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/0);
+  cache.ProtectTree(dir_);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  EXPECT_FALSE(Exists("a"));
+  EXPECT_TRUE(Exists("b"));
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 1u);
+  // b rewritten here (a local producer): dropped from the index, kept.
+  std::ofstream(Path("b"), std::ios::binary) << std::string(120, 'p');
+  cache.NoteFetched("ns", Path("c"), Place("c", 100));
+  EXPECT_TRUE(Exists("b"));
+  EXPECT_TRUE(Exists("c"));
+  EXPECT_EQ(cache.bytes(), 100u);
+  EXPECT_EQ(cache.files(), 1u);
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 1u);
+}
+
+// Issue 26 item 1: the cache returns under budget without another consume
+// once the grace period is over (Trim, the service's timer).
+TEST_F(NodeCacheTest, FieldReadyTrimEvictsAfterTheGrace) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/300);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  EXPECT_EQ(cache.bytes(), 200u);  // both within the grace period
+  cache.Trim();
+  EXPECT_EQ(cache.bytes(), 200u);
+  ::usleep(400 * 1000);
+  cache.Trim();
+  EXPECT_EQ(cache.bytes(), 100u);
+  EXPECT_FALSE(Exists("a"));
+}
+
+// Issue 26 item 1: a copy that cannot be removed (its directory is not
+// writable) is counted apart and no longer holds the budget.
+TEST_F(NodeCacheTest, FieldReadyUnremovableCopiesArePinnedApart) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root removes files from read-only directories";
+  NodeCache cache(150, &stats_, /*grace_ms=*/0);
+  ASSERT_EQ(::mkdir(Path("ro").c_str(), 0755), 0);
+  FileRecord r = Place("ro/a", 100);
+  ASSERT_EQ(::chmod(Path("ro").c_str(), 0555), 0);
+  cache.NoteFetched("ns", Path("ro/a"), r);
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  ::chmod(Path("ro").c_str(), 0755);
+  EXPECT_TRUE(Exists("ro/a"));
+  EXPECT_EQ(cache.pinned_bytes(), 100u);
+  EXPECT_EQ(cache.bytes(), 100u);
+}
+
 TEST(FileRecordSeq, OldRecordsDecodeAndNewOnesRoundTrip) {
   FileRecord r;
   r.owner_rank = 1;
