@@ -170,9 +170,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.cache_bytes = *cache_bytes;
-  std::string min_free = "10%";
-  if (const char* v = std::getenv("DYAD_PREFETCH_MIN_FREE"); v != nullptr && *v != '\0')
-    min_free = v;
+  std::string min_free = Setting("DYAD_PREFETCH_MIN_FREE");
 
   CLI::App app{
       "dyad-service: the per-node DYAD daemon. Serves the node's application processes over a "
