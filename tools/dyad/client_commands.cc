@@ -79,7 +79,9 @@ bool ClientFromEnv(const std::string& cmd, const dc::Side* side, dc::Client* out
       return false;
     }
   }
-  if (dc::Status st = dc::Client::Create(o, out); !st.ok()) {
+  // From the environment as a whole: Options has no field for everything a
+  // client reads there (DYAD_PREFETCH), and Create(o) would drop it.
+  if (dc::Status st = dc::Client::FromEnv(out); !st.ok()) {
     PrintError(cmd, "", st);
     return false;
   }
