@@ -8,9 +8,11 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -194,20 +196,35 @@ TEST_F(NodeCacheTest, FieldReadyTrimEvictsAfterTheGrace) {
   EXPECT_FALSE(Exists("a"));
 }
 
-// Issue 26 item 1: a copy that cannot be removed (its directory is not
-// writable) is counted apart and no longer holds the budget.
+// Issue 26 item 1: a copy that cannot be removed (a read-only directory;
+// for root, a read-only bind mount) is counted apart and no longer holds
+// the budget.
 TEST_F(NodeCacheTest, FieldReadyUnremovableCopiesArePinnedApart) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root removes files from read-only directories";
   NodeCache cache(150, &stats_, /*grace_ms=*/0);
   ASSERT_EQ(::mkdir(Path("ro").c_str(), 0755), 0);
   FileRecord r = Place("ro/a", 100);
-  ASSERT_EQ(::chmod(Path("ro").c_str(), 0555), 0);
+  const std::string ro = Path("ro");
+  bool mounted = false;
+  if (::geteuid() == 0) {
+    mounted = ::mount(ro.c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) == 0;
+    if (!mounted) GTEST_SKIP() << "cannot bind-mount: " << std::strerror(errno);
+    if (::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0) {
+      ::umount2(ro.c_str(), MNT_DETACH);
+      GTEST_SKIP() << "cannot remount read-only: " << std::strerror(errno);
+    }
+  } else {
+    ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+  }
   cache.NoteFetched("ns", Path("ro/a"), r);
   cache.NoteFetched("ns", Path("b"), Place("b", 100));
-  ::chmod(Path("ro").c_str(), 0755);
+  if (mounted)
+    ::umount2(ro.c_str(), MNT_DETACH);
+  else
+    ::chmod(ro.c_str(), 0755);
   EXPECT_TRUE(Exists("ro/a"));
   EXPECT_EQ(cache.pinned_bytes(), 100u);
   EXPECT_EQ(cache.bytes(), 100u);
+  EXPECT_EQ(cache.files(), 2u);
 }
 
 TEST(FileRecordSeq, OldRecordsDecodeAndNewOnesRoundTrip) {
