@@ -5,7 +5,10 @@
 // workflow whose consumers start first). Such a request is parked instead:
 // the store calls back when the key is put (Kvs::StartWait; stores without
 // it wait on a thread of ThreadedWaits), and the request then runs again on
-// a worker, finding the record in the node's cache.
+// a worker, finding the record in the node's cache. A parked wait holds no
+// thread but is not invisible: it is registered (waits.h) with its file,
+// namespace, client pid and age for `dyad status`, and the housekeeping
+// thread below logs it once it has lasted --wait-log seconds.
 #include "common/log.h"
 #include "service/file_server.h"
 #include "service/node_cache.h"
