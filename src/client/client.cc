@@ -395,6 +395,10 @@ Status Client::ConsumeWithRecordUntraced(const std::string& fname, const FileRec
     *info = ConsumeInfo{};
     info->upath = *upath;
   }
+  // DYAD_PREFETCH is declared by the first consume of any kind, before a
+  // level-1 hit can return without a message.
+  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
+    DeclareConfiguredPrefetch();
   // The copy is the record's version when it has its size and content time
   // (placement sets the mtime) and, for records with a publication counter
   // (a rewrite may keep size and mtime), the version stamp placement wrote

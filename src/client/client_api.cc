@@ -319,7 +319,9 @@ Status Client::ListNamespace(const std::string& kvs_namespace, const std::string
                  [&] { return ToEntries(impl_->core->List(prefix, limit, kvs_namespace), out); });
 }
 
-Status Client::GetServiceStatus(ServiceStatus* out) {
+Status Client::GetServiceStatus(ServiceStatus* out) { return GetServiceStatus(out, nullptr); }
+
+Status Client::GetServiceStatus(ServiceStatus* out, std::vector<WaitingRequest>* waits) {
   if (!impl_) return NoClient();
   return Guarded("status", [&] {
     Result<StatusReply> r = impl_->core->ServiceStatus();
@@ -330,6 +332,19 @@ Status Client::GetServiceStatus(ServiceStatus* out) {
       out->counters = std::move(r->counters);
       out->transfers.clear();
       for (const TransferInfo& t : r->transfers) out->transfers.push_back(ToTransfer(t));
+    }
+    if (waits != nullptr) {
+      waits->clear();
+      for (const WaitInfo& w : r->waits) {
+        WaitingRequest q;
+        q.kind = w.kind;
+        q.path = w.upath;
+        q.kvs_namespace = w.ns;
+        q.pid = w.pid;
+        q.age_ns = w.age_ns;
+        q.unpublished_local_file = w.local;
+        waits->push_back(std::move(q));
+      }
     }
     return Status();
   });

@@ -87,6 +87,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
        "through to the file system. Either way one message goes to stderr."},
+      {"DYAD_WAIT_NOTICE", ConfigKind::kSeconds, "", "client",
+       "libdyad_wrapper.so: after this many seconds a read waiting for a publication prints one "
+       "line on stderr, once per file, saying whether the file exists here unpublished; 0: "
+       "never. Unset: 5 when stderr is a terminal, else never (docs/preload.md)."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
        "serve spans to this file; processes may share it, and %p in the name gives one file per "
@@ -152,7 +156,13 @@ std::vector<ConfigEntry> CoreEntries() {
        "Byte budget for the copies the service fetches into consumer directories (0: no "
        "limit). Past it, the least recently consumed copies are removed (never one a process "
        "holds open, one consumed within the last second, or a file this node produced); a "
-       "removed file is fetched again by its next consume (docs/consistency.md)."},
+       "removed file is fetched again by its next consume (docs/consistency.md). Copies count "
+       "wherever they are, a consumer directory that is the producer directory included; a file "
+       "larger than the budget is refused at its consume (DYAD_RC_NOSPACE)."},
+      {"DYAD_PREFETCH_MIN_FREE", ConfigKind::kString, "10%", "service",
+       "Free space a prefetch leaves in the consumer's file system: a percentage of its size "
+       "('10%') or bytes ('2G', '500M'); a file that would go below it is fetched only when "
+       "consumed (docs/prefetch.md)."},
       {"DYAD_INSECURE", ConfigKind::kBool, "false", "service",
        "Let a service without any credential listen beyond loopback (it refuses otherwise): "
        "every host reaching its port can then fetch files and use the metadata store."},

@@ -36,12 +36,14 @@ Status StatusFromErrno(int err, const std::string& what, dyad_rc_t code) {
       case ECONNABORTED:
         code = DYAD_RC_CONNLOST;
         break;
+      case ENOSPC:
+      case EDQUOT:
+        code = DYAD_RC_NOSPACE;
+        break;
       case ENOENT:
       case EISDIR:
       case ENOTDIR:
-      case ENOSPC:
       case EIO:
-      case EDQUOT:
         code = DYAD_RC_BADFIO;
         break;
       default:
@@ -99,6 +101,7 @@ const char* dyad_rc_name(int rc) {
     DYAD_RC_CASE(DYAD_RC_BADREQUEST)
     DYAD_RC_CASE(DYAD_RC_CANCELLED)
     DYAD_RC_CASE(DYAD_RC_STALE)
+    DYAD_RC_CASE(DYAD_RC_NOSPACE)
 #undef DYAD_RC_CASE
     default:
       return "DYAD_RC_UNKNOWN";
@@ -167,6 +170,8 @@ const char* dyad_rc_message(int rc) {
       return "cancelled";
     case DYAD_RC_STALE:
       return "file changed since it was published";
+    case DYAD_RC_NOSPACE:
+      return "no space left for the copy";
     // The Margo codes name the role the OFI (libfabric) transport plays.
     case DYAD_RC_MARGOINIT_FAIL:
       return "OFI (libfabric) transport setup failed";

@@ -15,7 +15,11 @@
 //     read-write ownership, docs/consistency.md); one that keeps the old
 //     contents (no O_TRUNC, no O_CREAT) first consumes the current version;
 //   * a read-only consumer descriptor carries a shared flock(), so the
-//     service's byte budget never evicts a copy a process holds open.
+//     service's byte budget never evicts a copy a process holds open;
+//   * a read that has waited DYAD_WAIT_NOTICE seconds (default 5 when
+//     stderr is a terminal, else off; 0 turns it off) prints one line on
+//     stderr, once per file, saying which file it waits for and whether a
+//     file by that name is here unpublished (WaitNotices below).
 // Everything else is handed to the real function untouched, after a prefix
 // comparison that costs no system call for absolute names.
 //
@@ -45,11 +49,17 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -159,6 +169,7 @@ Client* g_client = nullptr;   // set once by Init(), never freed
 bool g_fail_on_error = true;  // DYAD_PRELOAD_ON_ERROR
 bool g_debug = false;
 std::atomic<bool> g_reported{false};
+int64_t g_wait_notice_ms = 0;  // DYAD_WAIT_NOTICE (0: off)
 // Every spelling of the managed directories (as given and canonical, for
 // both sides), set once by Init(): the cheap first filter of MaybeManaged.
 std::string g_prefixes[4];
@@ -201,9 +212,106 @@ int ErrnoFor(const Status& st) {
       return EACCES;
     case DYAD_RC_CANCELLED:
       return EINTR;
+    case DYAD_RC_NOSPACE:
+      return ENOSPC;
     default:
       return EIO;
   }
+}
+
+// Reads waiting in Consume, watched by one thread (started on the first
+// such read) that prints one line per file once a read has waited
+// g_wait_notice_ms: a reader hung on a file nobody publishes (written by a
+// shell redirection, outside DYAD) is otherwise silent. The watcher writes
+// with write(2) and stats the name (neither is intercepted); in a forked
+// child it does not exist, and the child starts its own when needed.
+class WaitNotices {
+ public:
+  struct Waiting {
+    std::string name;
+    std::chrono::steady_clock::time_point since;
+  };
+  using Token = std::list<Waiting>::iterator;
+
+  Token Begin(const std::string& name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Watch(); }).detach();
+    }
+    waiting_.push_back(Waiting{name, std::chrono::steady_clock::now()});
+    cv_.notify_one();
+    return std::prev(waiting_.end());
+  }
+  void End(Token t) {
+    std::lock_guard<std::mutex> lk(mu_);
+    waiting_.erase(t);
+  }
+  void LockForFork() { mu_.lock(); }
+  void UnlockAfterFork() { mu_.unlock(); }
+  // In the child: the parent's waits are not this process's, and the
+  // watcher thread did not come along.
+  void ResetInChild() {
+    waiting_.clear();
+    started_ = false;
+    mu_.unlock();
+  }
+
+ private:
+  void Watch() {
+    const auto after = std::chrono::milliseconds(g_wait_notice_ms);
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      if (waiting_.empty()) {
+        cv_.wait(lk);
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      auto next = now + after;
+      std::vector<std::pair<std::string, int64_t>> due;
+      for (const Waiting& w : waiting_) {
+        if (noticed_.count(w.name) != 0) continue;
+        if (now - w.since >= after) {
+          noticed_.insert(w.name);
+          due.emplace_back(w.name,
+                           std::chrono::duration_cast<std::chrono::seconds>(now - w.since).count());
+        } else if (w.since + after < next) {
+          next = w.since + after;
+        }
+      }
+      if (!due.empty()) {
+        lk.unlock();
+        for (const auto& [name, secs] : due) Print(name, secs);
+        lk.lock();
+        continue;
+      }
+      cv_.wait_until(lk, next);
+    }
+  }
+  static void Print(const std::string& name, int64_t secs) {
+    std::string msg = "dyad-preload[" + std::to_string(::getpid()) + "]: '" + name +
+                      "' has waited " + std::to_string(secs) +
+                      " s for its publication (or its transfer)";
+    struct stat st;
+    if (::stat(name.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      msg +=
+          "; a file by that name exists here but was never published (written outside "
+          "DYAD? publish it with `dyad produce`)";
+    msg += "; `dyad status` lists waiting reads (DYAD_WAIT_NOTICE=0 silences this)\n";
+    ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
+    (void)ignored;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false;
+  std::list<Waiting> waiting_;
+  std::set<std::string> noticed_;  // once per file
+};
+
+WaitNotices& Notices() {
+  static WaitNotices* n = new WaitNotices();  // leaked: the watcher may outlive exit handlers
+  return *n;
 }
 
 void AtExit();
@@ -211,8 +319,22 @@ void AtForkPrepare();
 void AtForkParent();
 void AtForkChild();
 
+// DYAD_WAIT_NOTICE=SECONDS: after how long a read waiting for a
+// publication says so on stderr; 0 (or a bad value) turns it off. Unset:
+// 5 s when stderr is a terminal (a person is watching), else off, so that
+// batch jobs' error files stay as they were.
+int64_t WaitNoticeMs() {
+  std::optional<std::string> v = GetEnv("DYAD_WAIT_NOTICE");
+  if (!v || v->empty()) return ::isatty(STDERR_FILENO) ? 5000 : 0;
+  char* end = nullptr;
+  const double secs = std::strtod(v->c_str(), &end);
+  if (end == v->c_str() || *end != '\0' || !(secs > 0) || secs > 1e6) return 0;
+  return static_cast<int64_t>(secs * 1000);
+}
+
 void Init() {
   g_debug = EnvBool("DYAD_SYNC_DEBUG", false);
+  g_wait_notice_ms = WaitNoticeMs();
   if (auto v = GetEnv("DYAD_PRELOAD_ON_ERROR"); v && *v == "pass") g_fail_on_error = false;
   const auto prod = GetEnv("DYAD_PATH_PRODUCER");
   const auto cons = GetEnv("DYAD_PATH_CONSUMER");
@@ -419,9 +541,16 @@ void FileTable::DisownAll() {
   }
 }
 
-void AtForkPrepare() { Table().LockForFork(); }
-void AtForkParent() { Table().UnlockAfterFork(); }
+void AtForkPrepare() {
+  Table().LockForFork();
+  if (g_wait_notice_ms > 0) Notices().LockForFork();
+}
+void AtForkParent() {
+  if (g_wait_notice_ms > 0) Notices().UnlockAfterFork();
+  Table().UnlockAfterFork();
+}
 void AtForkChild() {
+  if (g_wait_notice_ms > 0) Notices().ResetInChild();
   Table().DisownAll();
   Table().UnlockAfterFork();
 }
@@ -558,7 +687,14 @@ bool ConsumeBeforeWrite(const std::string& name, int flags) {
 // Runs the consume for a read-only open. Returns 0 to go on with the real
 // open, or an errno to fail it with.
 int ConsumeBefore(const std::string& name) {
-  Status st = g_client->Consume(name);
+  Status st;
+  if (g_wait_notice_ms > 0) {
+    WaitNotices::Token t = Notices().Begin(name);
+    st = g_client->Consume(name);
+    Notices().End(t);
+  } else {
+    st = g_client->Consume(name);
+  }
   if (st.ok()) return 0;
   Report("consume '" + name + "'", st);
   return g_fail_on_error ? ErrnoFor(st) : 0;

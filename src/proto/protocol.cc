@@ -246,6 +246,8 @@ void StatusReply::EncodeTo(Encoder& e) const {
   for (const auto& [k, v] : info) e.Str(k).Str(v);
   e.U32(static_cast<uint32_t>(transfers.size()));
   for (const TransferInfo& t : transfers) t.EncodeTo(e);
+  e.U32(static_cast<uint32_t>(waits.size()));
+  for (const WaitInfo& w : waits) w.EncodeTo(e);
 }
 bool StatusReply::DecodeFrom(Decoder& d) {
   uint32_t n = d.U32();
@@ -264,6 +266,25 @@ bool StatusReply::DecodeFrom(Decoder& d) {
     TransferInfo t;
     if (t.DecodeFrom(d)) transfers.push_back(std::move(t));
   }
+  if (d.failed() || d.done()) return !d.failed();  // a reply without the waits section
+  n = d.U32();
+  for (uint32_t i = 0; i < n && !d.failed(); ++i) {
+    WaitInfo w;
+    if (w.DecodeFrom(d)) waits.push_back(std::move(w));
+  }
+  return !d.failed();
+}
+
+void WaitInfo::EncodeTo(Encoder& e) const {
+  e.Str(kind).Str(ns).Str(upath).Str(local).U32(pid).U64(age_ns);
+}
+bool WaitInfo::DecodeFrom(Decoder& d) {
+  kind = d.Str(64);
+  ns = d.Str();
+  upath = d.Str();
+  local = d.Str();
+  pid = d.U32();
+  age_ns = d.U64();
   return !d.failed();
 }
 

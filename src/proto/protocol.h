@@ -210,10 +210,24 @@ struct TransferInfo {
 // Status reply body: u32 count, then count x (name, u64 value), then the
 // service's identity strings (u32 count, count x (name, value)), then
 // (optional, absent in older replies) u32 count x TransferInfo in flight.
+// A request of a local client waiting for a publication (`dyad status`).
+struct WaitInfo {
+  std::string kind;     // "consume" or "locate"
+  std::string ns;       // the metadata namespace
+  std::string upath;    // the file (a locate: its key)
+  std::string local;    // a file by that name this node has but never published ("": none)
+  uint32_t pid = 0;     // the client process (0: unknown)
+  uint64_t age_ns = 0;  // how long it has waited
+  void EncodeTo(Encoder& e) const;
+  bool DecodeFrom(Decoder& d);
+};
+
 struct StatusReply {
   std::map<std::string, uint64_t> counters;
   std::map<std::string, std::string> info;
   std::vector<TransferInfo> transfers;
+  // Optional trailing section: a reply of an older service decodes without.
+  std::vector<WaitInfo> waits;
   void EncodeTo(Encoder& e) const;
   bool DecodeFrom(Decoder& d);
 };

@@ -23,6 +23,37 @@
 
 namespace {
 
+// "10%" (of the file system's size) or a number of bytes with an optional
+// K, M, G or T suffix (powers of 1024) into the prefetch free-space floor.
+bool ParseMinFree(const std::string& text, dyad::ServiceOptions* opt) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str()) return false;
+  const std::string unit(end);
+  if (unit == "%") {
+    if (n > 100) return false;
+    opt->prefetch_min_free_pct = static_cast<uint32_t>(n);
+    opt->prefetch_min_free_bytes = 0;
+    return true;
+  }
+  unsigned shift = 0;
+  if (unit == "K" || unit == "k")
+    shift = 10;
+  else if (unit == "M" || unit == "m")
+    shift = 20;
+  else if (unit == "G" || unit == "g")
+    shift = 30;
+  else if (unit == "T" || unit == "t")
+    shift = 40;
+  else if (!unit.empty())
+    return false;
+  if (shift != 0 && n > (~0ull >> shift)) return false;
+  opt->prefetch_min_free_bytes = static_cast<uint64_t>(n) << shift;
+  opt->prefetch_min_free_pct = 0;
+  return true;
+}
+
 // How long a stop may take before the service exits without waiting.
 constexpr int kStopGraceMs = 3000;
 
@@ -141,6 +172,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.cache_bytes = *cache_bytes;
+  std::string min_free = Setting("DYAD_PREFETCH_MIN_FREE");
 
   CLI::App app{
       "dyad-service: the per-node DYAD daemon. Serves the node's application processes over a "
@@ -204,8 +236,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cache-bytes", opt.cache_bytes,
                  "Byte budget of the copies fetched into consumer directories; past it the least "
-                 "recently consumed ones that no process holds open are removed (0: no limit; "
+                 "recently consumed ones that no process holds open are removed, wherever they "
+                 "are (a consumer directory that is the producer directory too); this node's own "
+                 "files never; a file larger than the budget is refused (0: no limit; "
                  "default $DYAD_CACHE_BYTES)")
+      ->capture_default_str();
+  app.add_option("--prefetch-min-free", min_free,
+                 "Free space a prefetch leaves in the consumer's file system: a percentage of "
+                 "its size (10%) or bytes (2G, 500M); a file that would go below it is fetched "
+                 "only when consumed. Consumes are refused before any byte moves when the file "
+                 "does not fit at all (default $DYAD_PREFETCH_MIN_FREE, else 10%)")
+      ->capture_default_str();
+  double wait_log_s = 10;
+  app.add_option("--wait-log", wait_log_s,
+                 "Log (info) each local read or locate that has waited this many seconds for a "
+                 "publication, with its file, pid, and whether the file exists here unpublished "
+                 "(0: never; `dyad status` lists every wait)")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--rpc-timeout", rpc_timeout_s,
                  "Seconds bounding non-wait requests and transfers without progress")
@@ -256,6 +303,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.rpc_timeout_ms = static_cast<int64_t>(rpc_timeout_s * 1000);
+  opt.wait_log_ms = static_cast<int64_t>(wait_log_s * 1000);
+  if (!ParseMinFree(min_free, &opt)) {
+    std::fprintf(stderr,
+                 "dyad-service: --prefetch-min-free '%s': expected a percentage (10%%) or bytes "
+                 "(2G, 500M, 1048576)\n",
+                 min_free.c_str());
+    return 2;
+  }
   auto secret = dyad::LoadClusterSecret(secret_file);
   if (!secret.ok()) {
     std::fprintf(stderr, "dyad-service: %s\n", secret.status().ToString().c_str());

@@ -85,6 +85,8 @@ void NodeCache::NoteFetched(const std::string& ns, const std::string& path, cons
   e.mtime_ns = MtimeNs(st);
   e.atime_ns = static_cast<uint64_t>(st.st_atim.tv_sec) * 1000000000ull +
                static_cast<uint64_t>(st.st_atim.tv_nsec);
+  e.ino = static_cast<uint64_t>(st.st_ino);
+  e.dev = static_cast<uint64_t>(st.st_dev);
   e.used_ns = MonoNs();
   e.consumed = consumed;
   lru_.push_front(path);
@@ -96,16 +98,18 @@ void NodeCache::NoteFetched(const std::string& ns, const std::string& path, cons
   EvictLocked(path);
 }
 
-void NodeCache::NoteHit(const std::string& path) {
+bool NodeCache::NoteHit(const std::string& path) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_path_.find(path);
-  if (it == by_path_.end()) return;
+  if (it == by_path_.end()) return false;
   Entry& e = it->second;
+  const bool prefetched = !e.consumed;
   MarkConsumedLocked(e);
   e.used_ns = MonoNs();
   lru_.splice(lru_.begin(), lru_, e.lru);
   stats_->Add(ServiceStats::kNodeCacheHits);
   EvictLocked(path);
+  return prefetched;
 }
 
 bool NodeCache::IsCurrent(const std::string& path, const FileRecord& rec) const {
@@ -161,9 +165,19 @@ void NodeCache::Forget(const std::string& path) {
   if (auto it = by_path_.find(path); it != by_path_.end()) DropLocked(it);
 }
 
+void NodeCache::Trim() {
+  std::lock_guard<std::mutex> lk(mu_);
+  EvictLocked(std::string());
+}
+
 uint64_t NodeCache::bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   return bytes_;
+}
+
+uint64_t NodeCache::pinned_bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pinned_bytes_;
 }
 
 size_t NodeCache::files() const {
@@ -173,7 +187,7 @@ size_t NodeCache::files() const {
 
 void NodeCache::DropLocked(std::unordered_map<std::string, Entry>::iterator it) {
   Entry& e = it->second;
-  bytes_ -= e.id.size;
+  (e.pinned ? pinned_bytes_ : bytes_) -= e.id.size;
   if (!e.consumed) waiting_bytes_ -= e.id.size;
   lru_.erase(e.lru);
   auto fit = by_file_.find(e.ns_upath);
@@ -185,7 +199,9 @@ void NodeCache::DropLocked(std::unordered_map<std::string, Entry>::iterator it) 
 }
 
 // Least recently consumed first; copies never consumed (prefetched, waiting
-// for their consumer) only once no consumed one is left to remove.
+// for their consumer) only once no consumed one is left to remove. Where the
+// copy lives does not matter (a consumer directory that is the producer
+// directory included): what is indexed is a copy of another rank's file.
 void NodeCache::EvictLocked(const std::string& keep) {
   if (budget_ == 0 || bytes_ <= budget_) return;
   RefreshWaitingLocked();
@@ -196,14 +212,21 @@ void NodeCache::EvictLocked(const std::string& keep) {
       --lit;
       const std::string& path = *lit;
       auto it = by_path_.find(path);
-      const Entry& e = it->second;
-      if (e.consumed == waiting || path == keep || now - e.used_ns < grace_ns || Protected(path))
+      Entry& e = it->second;
+      if (e.pinned || e.consumed == waiting || path == keep || now - e.used_ns < grace_ns) continue;
+      const Removal r = TryRemove(path, e);
+      if (r == Removal::kBusy) continue;
+      if (r == Removal::kDenied) {
+        // Stays on disk for good: counted apart, no longer in the budget.
+        e.pinned = true;
+        bytes_ -= e.id.size;
+        pinned_bytes_ += e.id.size;
         continue;
-      if (!TryRemove(path)) continue;
+      }
       auto next = std::next(lit);
-      DropLocked(it);
+      DropLocked(it);  // kNotTheCopy: rewritten here, someone's own file now
       lit = next;
-      stats_->Add(ServiceStats::kNodeCacheEvictions);
+      if (r == Removal::kRemoved) stats_->Add(ServiceStats::kNodeCacheEvictions);
     }
   }
 }
@@ -213,18 +236,31 @@ bool NodeCache::Protected(const std::string& path) const {
 }
 
 // Removes the copy unless a process holds it open (its shared flock makes
-// our non-blocking exclusive one fail). A copy already gone counts as
-// removed; one we cannot open or lock for another reason stays indexed.
-bool NodeCache::TryRemove(const std::string& path) const {
+// our non-blocking exclusive one fail; a producer rewriting the path holds
+// an exclusive one) or the file at `path` is no longer the one placed (a
+// local program replaced or rewrote it: not a copy any more, left alone).
+// A copy already gone counts as removed.
+NodeCache::Removal NodeCache::TryRemove(const std::string& path, const Entry& e) const {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (!fd.valid()) return errno == ENOENT;
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
+  if (!fd.valid()) {
+    if (errno == ENOENT) return Removal::kRemoved;
+    if (errno == ELOOP) return Removal::kNotTheCopy;
+    return errno == EACCES || errno == EPERM ? Removal::kDenied : Removal::kBusy;
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return Removal::kBusy;
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Removal::kBusy;
+  if (static_cast<uint64_t>(st.st_ino) != e.ino || static_cast<uint64_t>(st.st_dev) != e.dev ||
+      static_cast<uint64_t>(st.st_size) != e.id.size || MtimeNs(st) != e.mtime_ns)
+    return Removal::kNotTheCopy;
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    DYAD_LOG_WARN("cannot evict '%s': %s", path.c_str(), std::strerror(errno));
-    return false;
+    const int err = errno;
+    DYAD_LOG_WARN("cannot evict '%s': %s; its %llu bytes are pinned (node_cache.pinned_bytes)",
+                  path.c_str(), std::strerror(err), static_cast<unsigned long long>(e.id.size));
+    return err == EACCES || err == EPERM || err == EROFS ? Removal::kDenied : Removal::kBusy;
   }
   DYAD_LOG_DEBUG("evicted '%s'", path.c_str());
-  return true;
+  return Removal::kRemoved;
 }
 
 }  // namespace dyad

@@ -10,9 +10,19 @@
 //
 //  * Budget: DYAD_CACHE_BYTES / --cache-bytes (0 = unlimited). When the
 //    indexed bytes exceed it, copies are removed least recently consumed
-//    first. Only copies are indexed, so files the node produced (its
-//    producer directory, or a consumer directory that is the producer
-//    directory) are never evicted.
+//    first. Only copies (files another rank owns, placed by this service)
+//    are indexed, wherever they live: a consumer directory that is also
+//    the producer directory (one managed directory, the README's setup)
+//    included. The node's own products are never indexed, hence never
+//    evicted; a copy that a local producer rewrote or republished stops
+//    being one (Forget on publication; and eviction removes a file only
+//    while it is still the very file placed: inode, size and mtime).
+//  * Pinned: a copy the cache cannot remove (permission denied, read-only
+//    file system) is counted apart (pinned_bytes, node_cache.pinned_bytes)
+//    and no longer against the budget.
+//  * Trim() evicts down to the budget without a consume (the service calls
+//    it on a timer and after placements), so the cache returns under budget
+//    once the grace period of the last consumed copies is over.
 //  * A copy consumed (fetched or hit) less than kGraceMs ago is not evicted:
 //    the consumer that was just told "it is there" still has to open it.
 //  * A copy a process holds open is not removed from under it: readers
@@ -24,7 +34,7 @@
 //    level-1 shortcut (file present, no message) does not refresh it.
 //  * When everything evictable is gone the cache may stay over budget
 //    (copies in use, or consumed within the grace period); the next
-//    NoteFetched/NoteHit tries again.
+//    NoteFetched/NoteHit/Trim tries again.
 //
 // Contract for the prefetcher (src/service/prefetch.*):
 //  * call Admit(size) before starting a prefetch; on false, do not start it
@@ -83,9 +93,9 @@ class NodeCache {
   uint64_t budget() const { return budget_; }
 
   // Copies at or below `root` (the producer directory, when a consumer
-  // directory overlaps it) are indexed for their version but never removed
-  // by the cache: not evicted, and only forgotten when superseded, since the
-  // file there may be one this node produces. Set before use.
+  // directory overlaps it) are evicted like any other copy, but never
+  // unlinked when superseded (the path may hold a file this node produces
+  // by then; the publication's new file replaces it). Set before use.
   void ProtectTree(const std::string& root) { protected_root_ = root; }
 
   // True when `bytes` more of not-yet-consumed copies fit in the budget
@@ -100,7 +110,8 @@ class NodeCache {
 
   // A consume found the copy at `path` current: it becomes the most
   // recently consumed (counted in node_cache.hits), then evicts to budget.
-  void NoteHit(const std::string& path);
+  // True when the copy had been prefetched and this is its first consume.
+  bool NoteHit(const std::string& path);
 
   // True when the index holds `path` as a copy of exactly `rec`'s version
   // and the file still has the size and content time it was placed with
@@ -119,24 +130,34 @@ class NodeCache {
   // or adopted: read-write ownership made it this node's own file).
   void Forget(const std::string& path);
 
+  // Evicts down to the budget now (copies consumed within the grace period
+  // and copies held open stay). For the service's timer.
+  void Trim();
+
+  // Bytes of the copies counted against the budget (pinned ones apart).
   uint64_t bytes() const;
+  // Bytes of the copies the cache found it cannot remove.
+  uint64_t pinned_bytes() const;
   size_t files() const;
 
  private:
   struct Entry {
     std::string ns_upath;  // ns '\0' upath, the key of by_file_
     CopyId id;
-    uint64_t mtime_ns = 0;  // of the placed file
-    uint64_t used_ns = 0;   // monotonic time of the last consume
-    uint64_t atime_ns = 0;  // of the placed file, when placed
+    uint64_t mtime_ns = 0;      // of the placed file
+    uint64_t used_ns = 0;       // monotonic time of the last consume
+    uint64_t atime_ns = 0;      // of the placed file, when placed
+    uint64_t ino = 0, dev = 0;  // of the placed file: a rewrite is no longer the copy
     bool consumed = true;
+    bool pinned = false;  // cannot be removed (counted in pinned_bytes_, not bytes_)
     std::list<std::string>::iterator lru;  // position in lru_
   };
   void DropLocked(std::unordered_map<std::string, Entry>::iterator it);
   void MarkConsumedLocked(Entry& e);
   void RefreshWaitingLocked();
   void EvictLocked(const std::string& keep);
-  bool TryRemove(const std::string& path) const;
+  enum class Removal { kRemoved, kBusy, kNotTheCopy, kDenied };
+  Removal TryRemove(const std::string& path, const Entry& e) const;
   bool Protected(const std::string& path) const;
   void PublishGauges() const;
 
@@ -149,6 +170,7 @@ class NodeCache {
   std::map<std::string, std::set<std::string>> by_file_;  // ns '\0' upath -> paths
   std::list<std::string> lru_;                            // front: most recently consumed
   uint64_t bytes_ = 0;
+  uint64_t pinned_bytes_ = 0;
   uint64_t waiting_bytes_ = 0;  // of copies not consumed yet (prefetched)
 };
 

@@ -2,8 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "common/log.h"
 #include "common/time.h"
@@ -92,8 +95,13 @@ std::shared_ptr<Placement::InFlight> Placement::Claim(const std::string& dest,
 }
 
 ConsumeReply Placement::CurrentCopy(const std::string& dest, const FileRecord& rec) {
-  if (cache_ != nullptr) cache_->NoteHit(dest);  // may evict others: outside our lock
-  return InPlace(rec);
+  // May evict others: outside our lock.
+  const bool prefetched = cache_ != nullptr && cache_->NoteHit(dest);
+  ConsumeReply reply = InPlace(rec);
+  // Nothing moved now; say why (`dyad consume -v`): a copy placed ahead
+  // by the prefetcher, or one an earlier consume fetched.
+  reply.transport = prefetched ? "prefetched" : "cached";
+  return reply;
 }
 
 Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route route,
@@ -183,11 +191,64 @@ Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route rout
   return Complete(m);
 }
 
+Status Placement::Room(const PlacementRequest& req, std::shared_ptr<void>* hold) {
+  const FileRecord& rec = req.record;
+  const uint64_t budget = cache_ != nullptr ? cache_->budget() : 0;
+  if (budget != 0 && rec.size > budget)
+    return Status(DYAD_RC_NOSPACE,
+                  "'" + rec.upath + "' is " + std::to_string(rec.size) +
+                      " bytes, more than this node's cache budget of " + std::to_string(budget) +
+                      " bytes (dyad-service --cache-bytes / DYAD_CACHE_BYTES): a copy of it "
+                      "cannot be kept here; raise the budget");
+  // The file's own directory when it exists (it may be another mount).
+  struct statvfs vfs;
+  const std::string dest = req.cons_root + "/" + rec.upath;
+  const std::string parent = dest.substr(0, dest.rfind('/'));
+  // Transfers admitted but not placed yet hold their size (checked and
+  // reserved together: concurrent prefetches cannot all pass one check).
+  std::lock_guard<std::mutex> lk(room_mu_);
+  if (::statvfs(parent.c_str(), &vfs) != 0 && ::statvfs(req.cons_root.c_str(), &vfs) != 0)
+    return Status::OK();  // AtomicFile::Create reports what is wrong
+  const uint64_t unit = vfs.f_frsize != 0 ? vfs.f_frsize : vfs.f_bsize;
+  const uint64_t free_now = static_cast<uint64_t>(vfs.f_bavail) * unit;
+  const uint64_t avail = free_now > reserved_ ? free_now - reserved_ : 0;
+  if (rec.size > avail)
+    return Status(DYAD_RC_NOSPACE, "'" + rec.upath + "' is " + std::to_string(rec.size) +
+                                       " bytes but the consumer directory '" + req.cons_root +
+                                       "' has " + std::to_string(avail) + " bytes free" +
+                                       (reserved_ != 0 ? " (less what transfers in flight will "
+                                                         "write)"
+                                                       : "") +
+                                       "; nothing was transferred");
+  if (req.prefetched) {
+    const uint64_t total = static_cast<uint64_t>(vfs.f_blocks) * unit;
+    const uint64_t floor =
+        std::max(cfg_.prefetch_min_free_bytes, total / 100 * cfg_.prefetch_min_free_pct);
+    if (avail - rec.size < floor)
+      return Status(DYAD_RC_NOSPACE,
+                    "prefetch of '" + rec.upath + "' (" + std::to_string(rec.size) +
+                        " bytes) would leave less than the free-space floor of " +
+                        std::to_string(floor) + " bytes in '" + req.cons_root +
+                        "' (dyad-service --prefetch-min-free); it is fetched when consumed");
+  }
+  reserved_ += rec.size;
+  const uint64_t size = rec.size;
+  *hold = std::shared_ptr<void>(nullptr, [this, size](void*) {
+    std::lock_guard<std::mutex> g(room_mu_);
+    reserved_ -= size;
+  });
+  return Status::OK();
+}
+
 void Placement::Begin(Moving& m) {
   const FileRecord& rec = m.req.record;
   m.span = std::make_unique<TraceSpan>("place", "service");
   m.span->Arg("path", rec.upath).Arg("owner", rec.owner_rank);
   m.t0 = MonoNs();
+  if (m.plan.route != Route::kInPlace) {
+    m.error = Room(m.req, &m.room);
+    if (!m.error.ok()) return;
+  }
   m.error = m.out.Create(m.req.cons_root, rec.upath);
   if (!m.error.ok()) {
     m.error = m.error.Annotate("prepare '" + rec.upath + "' in consumer directory");
@@ -223,6 +284,7 @@ Result<ConsumeReply> Placement::Complete(Moving& m) {
     st = CopyOwnFile(m.req.record, m.out.fd(), &outcome);
   }
   m.fetch.reset();
+  m.room.reset();  // the bytes are on disk now (or the temporary is removed below)
   if (m.span) m.span->Rc(st);
   m.span.reset();
   if (!st.ok()) {

@@ -49,6 +49,11 @@ struct PlacementConfig {
   uint32_t service_mux = 1;
   std::string prod_real;  // this service's canonical producer path ("" = none)
   int64_t rpc_timeout_ms = 60000;
+  // The free-space floor of prefetches: a prefetched copy is fetched only
+  // when the consumer's file system keeps at least this much free after it
+  // (the larger of the two; --prefetch-min-free).
+  uint64_t prefetch_min_free_bytes = 0;
+  uint32_t prefetch_min_free_pct = 10;
 };
 
 struct PlacementRequest {
@@ -130,12 +135,19 @@ class Placement {
     bool retried = false;
     uint64_t t0 = 0;
     std::unique_ptr<TraceSpan> span;
+    std::shared_ptr<void> room;  // the bytes reserved by Room until placed
   };
 
   Result<Route> Decide(const PlacementRequest& req);
   // The route and its transport.
   Result<Plan> Prepare(const PlacementRequest& req);
   ConsumeReply InPlace(const FileRecord& rec);
+  // Whether a copy of `req.record` has room (before any byte moves): the
+  // node cache's budget, the consumer file system's free space less what
+  // transfers in flight have reserved, and for a prefetch its free-space
+  // floor. DYAD_RC_NOSPACE with the figures if not; else `*hold` keeps the
+  // file's size reserved until it is released (reset or destroyed).
+  Status Room(const PlacementRequest& req, std::shared_ptr<void>* hold);
   // What to do for `dest`: join the transfer in flight (`*joined`), use the
   // current copy (null), or transfer (a new flight, registered).
   std::shared_ptr<InFlight> Claim(const std::string& dest, const FileRecord& rec, bool* joined);
@@ -198,6 +210,8 @@ class Placement {
   FdWatcher* watcher_ = nullptr;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<InFlight>> inflight_;
+  std::mutex room_mu_;
+  uint64_t reserved_ = 0;  // bytes of transfers admitted by Room and not placed yet
 };
 
 // True if `path` exists as a regular file with exactly this size and version.

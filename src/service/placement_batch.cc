@@ -23,6 +23,7 @@ std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<Placem
   std::vector<size_t> single;
   std::map<uint32_t, size_t> open_group;  // owner -> its group being filled
   Transport* transport = nullptr;
+  std::vector<std::shared_ptr<void>> rooms;  // released when the batch returns
   for (size_t i = 0; i < reqs.size(); ++i) {
     const PlacementRequest& r = reqs[i];
     Result<Route> route = Decide(r);
@@ -38,6 +39,16 @@ std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<Placem
     if (!t.ok() || !(*t)->caps().data_on_session || (transport != nullptr && *t != transport)) {
       single.push_back(i);
       continue;
+    }
+    // Room for it, reserved until the batch is done (a file placed alone
+    // is checked by Place).
+    if (!IsCurrentCopy(r.cons_root + "/" + r.record.upath, r.record)) {
+      std::shared_ptr<void> hold;
+      if (Status room = Room(r, &hold); !room.ok()) {
+        out[i] = room;
+        continue;
+      }
+      rooms.push_back(std::move(hold));
     }
     transport = *t;
     auto g = open_group.find(r.record.owner_rank);

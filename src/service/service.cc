@@ -30,6 +30,7 @@
 #include "service/transfers.h"
 #include "service/transports.h"
 #include "service/versions.h"
+#include "service/waits.h"
 
 namespace dyad {
 
@@ -131,6 +132,7 @@ Status Service::StartSteps() {
   DYAD_RETURN_IF_ERROR(RegisterMembership());
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
   membership_thread_ = std::thread([this] { MembershipLoop(); });
+  housekeeping_thread_ = std::thread([this] { HousekeepingLoop(); });
 
   DYAD_LOG_INFO(
       "serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
@@ -246,6 +248,9 @@ void Service::BuildParts() {
   pc.service_mux = opt_.service_mux;
   pc.prod_real = prod_real_;
   pc.rpc_timeout_ms = opt_.rpc_timeout_ms;
+  pc.prefetch_min_free_bytes = opt_.prefetch_min_free_bytes;
+  pc.prefetch_min_free_pct = opt_.prefetch_min_free_pct;
+  waits_ = std::make_unique<WaitRegistry>(std::vector<std::string>{prod_real_});
   transfers_in_flight_ = std::make_unique<TransferRegistry>();
   node_cache_ = std::make_unique<NodeCache>(opt_.cache_bytes, &stats_);
   if (!prod_real_.empty()) node_cache_->ProtectTree(prod_real_);
@@ -321,6 +326,7 @@ void Service::Teardown() {
     if (threaded_waits_) threaded_waits_->Stop();
     if (async_thread_.joinable()) async_thread_.join();
     if (membership_thread_.joinable()) membership_thread_.join();
+    if (housekeeping_thread_.joinable()) housekeeping_thread_.join();
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
     // Closed, not left to queue connections nobody will accept.
     unix_listener_.reset();

@@ -56,6 +56,7 @@ class VersionNotices;
 class TransferRegistry;
 class Prefetcher;
 class TransportSet;
+class WaitRegistry;
 struct RequestContext;
 
 struct ServiceOptions {
@@ -89,7 +90,13 @@ struct ServiceOptions {
   bool serve_fetch_batch = true;
   std::string ready_file;
   bool debug = false;
-  uint64_t cache_bytes = 0;           // budget of fetched copies (0 = unlimited)
+  uint64_t cache_bytes = 0;  // budget of fetched copies (0 = unlimited)
+  // Free-space floor of prefetches (the larger of the two; PlacementConfig).
+  uint64_t prefetch_min_free_bytes = 0;
+  uint32_t prefetch_min_free_pct = 10;
+  // A local request waiting this long for a publication is logged (info),
+  // once (0: never).
+  int64_t wait_log_ms = 10000;
   uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
   uint32_t prefetch_per_peer = 8;     // DYAD_PREFETCH_PER_PEER
 };
@@ -136,9 +143,15 @@ class Service {
   // deadline (on a worker, with a context that may park again: a consume's
   // fetch); true if parked.
   // Not parked because the key is published: `*published` gets its value.
+  // `upath` and `cons_path` describe the wait for `dyad status` (waits.h).
   bool ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
                           Deadline deadline, std::function<void(RequestContext&)> then,
-                          std::optional<std::string>* published);
+                          std::optional<std::string>* published, const std::string& upath = {},
+                          const std::string& cons_path = {});
+  // The housekeeping thread: trims the node cache to its budget and logs
+  // (info) each wait for a publication that passes --wait-log.
+  void HousekeepingLoop();
+  static constexpr int64_t kHousekeepingMs = 1000;
 
   // Local client requests (service_requests.cc); each sends one reply.
   void HandlePublish(RequestContext& ctx, const std::string& payload);
@@ -243,6 +256,7 @@ class Service {
   std::unique_ptr<FileServer> file_server_;
   std::unique_ptr<TransferRegistry> transfers_in_flight_;
   std::unique_ptr<Prefetcher> prefetch_;
+  std::unique_ptr<WaitRegistry> waits_;  // parked waits for a publication (dyad status)
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;
@@ -267,6 +281,7 @@ class Service {
   std::list<PendingPublish> async_queue_;
   std::thread async_thread_;
   std::thread membership_thread_;
+  std::thread housekeeping_thread_;
   std::string member_value_;
 
   std::atomic<bool> stopping_{false};

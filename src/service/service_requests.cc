@@ -2,6 +2,8 @@
 // (the local link): publish, locate, consume, list, remove, status.
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "common/trace.h"
 #include "service/dispatch.h"
@@ -14,6 +16,7 @@
 #include "service/service.h"
 #include "service/transfers.h"
 #include "service/transports.h"
+#include "service/waits.h"
 
 namespace dyad {
 
@@ -303,8 +306,8 @@ void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
   if (!req.have_record &&
       ParkUntilPublished(
           ctx, req.ns, req.key, deadline,
-          [this, req, deadline](RequestContext& c) { FinishConsume(c, req, deadline); },
-          &published))
+          [this, req, deadline](RequestContext& c) { FinishConsume(c, req, deadline); }, &published,
+          req.upath, req.cons_path))
     return;
   FinishConsume(ctx, req, deadline, published);
 }
@@ -407,6 +410,7 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   }
   r.counters["fetch.unsent_bytes"] = file_server_->unsent_bytes();
   r.counters["node_cache.bytes"] = node_cache_->bytes();
+  r.counters["node_cache.pinned_bytes"] = node_cache_->pinned_bytes();
   r.counters["node_cache.files"] = node_cache_->files();
   r.counters["node_cache.budget"] = node_cache_->budget();
   if (prefetch_) prefetch_->AddCounters(&r.counters);
@@ -426,6 +430,17 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   r.info["link_protection"] = LinkProtectionDescription(auth_->protection());
   r.info["uptime_s"] = std::to_string((WallNs() - started_ns_) / 1000000000ull);
   r.transfers = transfers_in_flight_->Snapshot();
+  // Every request waiting for a publication, and whether its file is here
+  // unpublished (a reader hung on a file written outside DYAD).
+  r.waits = waits_->Snapshot();
+  uint64_t unpublished = 0, oldest_ns = 0;
+  for (const WaitInfo& w : r.waits) {
+    if (!w.local.empty()) ++unpublished;
+    oldest_ns = std::max(oldest_ns, w.age_ns);
+  }
+  r.counters["waits.publication"] = r.waits.size();
+  r.counters["waits.publication.unpublished_local"] = unpublished;
+  r.counters["waits.publication.oldest_s"] = oldest_ns / 1000000000ull;
   Encoder e;
   r.EncodeTo(e);
   Reply(ch, Status::OK(), e.data());

@@ -103,7 +103,9 @@ class ServiceStats {
   static bool IsGauge(const std::string& name) {
     return name == "publish.async_pending" || name == "cache.entries" ||
            name == "consume.waiting_on_owner" || name == "peers.dialing" ||
-           name == "peers.waiting_on_dial" || name == "fetch.unsent_bytes";
+           name == "peers.waiting_on_dial" || name == "fetch.unsent_bytes" ||
+           name == "node_cache.pinned_bytes" || name == "waits.publication" ||
+           name == "waits.publication.unpublished_local" || name == "waits.publication.oldest_s";
   }
 
  private:
@@ -172,6 +174,16 @@ inline std::string ServiceStats::Help(const std::string& name) {
        "Fetches refused (outside the producer directory, not a regular file, "
        "malformed)."},
       {"errors", "Requests answered with an error."},
+      {"node_cache.pinned_bytes",
+       "Bytes of copies the node cache cannot remove (permission, read-only file system); "
+       "not counted against the budget."},
+      {"waits.publication",
+       "Local requests (consumes, waiting locates) waiting now for a file's publication; "
+       "`dyad status` lists each."},
+      {"waits.publication.unpublished_local",
+       "Of those, waits whose file exists on this node but was never published (written "
+       "outside DYAD)."},
+      {"waits.publication.oldest_s", "Seconds the oldest of those has waited."},
   };
   if (auto it = kHelp.find(name); it != kHelp.end()) return it->second;
   for (const char* family : {"transfers.in.", "bytes.in.", "transfers.out.", "bytes.out."}) {

@@ -8,9 +8,11 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -155,6 +157,74 @@ TEST_F(NodeCacheTest, SupersedeRemovesOtherVersionsOnly) {
   EXPECT_FALSE(Exists("f"));
   EXPECT_TRUE(Exists("c2/f"));  // another namespace's file
   EXPECT_EQ(cache.files(), 1u);
+}
+
+// Issue 26 item 1: with one managed directory (the consumer directory is
+// the producer directory, ProtectTree), copies placed there are evicted
+// like anywhere else; a file a local program rewrote at a copy's path is
+// not the copy any more and stays.
+TEST_F(NodeCacheTest, FieldReadyCopiesInTheProducerTreeAreEvicted) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/0);
+  cache.ProtectTree(dir_);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  EXPECT_FALSE(Exists("a"));
+  EXPECT_TRUE(Exists("b"));
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 1u);
+  // b rewritten here (a local producer): dropped from the index, kept.
+  std::ofstream(Path("b"), std::ios::binary) << std::string(120, 'p');
+  cache.NoteFetched("ns", Path("c"), Place("c", 100));
+  EXPECT_TRUE(Exists("b"));
+  EXPECT_TRUE(Exists("c"));
+  EXPECT_EQ(cache.bytes(), 100u);
+  EXPECT_EQ(cache.files(), 1u);
+  EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 1u);
+}
+
+// Issue 26 item 1: the cache returns under budget without another consume
+// once the grace period is over (Trim, the service's timer).
+TEST_F(NodeCacheTest, FieldReadyTrimEvictsAfterTheGrace) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/300);
+  cache.NoteFetched("ns", Path("a"), Place("a", 100));
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  EXPECT_EQ(cache.bytes(), 200u);  // both within the grace period
+  cache.Trim();
+  EXPECT_EQ(cache.bytes(), 200u);
+  ::usleep(400 * 1000);
+  cache.Trim();
+  EXPECT_EQ(cache.bytes(), 100u);
+  EXPECT_FALSE(Exists("a"));
+}
+
+// Issue 26 item 1: a copy that cannot be removed (a read-only directory;
+// for root, a read-only bind mount) is counted apart and no longer holds
+// the budget.
+TEST_F(NodeCacheTest, FieldReadyUnremovableCopiesArePinnedApart) {
+  NodeCache cache(150, &stats_, /*grace_ms=*/0);
+  ASSERT_EQ(::mkdir(Path("ro").c_str(), 0755), 0);
+  FileRecord r = Place("ro/a", 100);
+  const std::string ro = Path("ro");
+  bool mounted = false;
+  if (::geteuid() == 0) {
+    mounted = ::mount(ro.c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) == 0;
+    if (!mounted) GTEST_SKIP() << "cannot bind-mount: " << std::strerror(errno);
+    if (::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0) {
+      ::umount2(ro.c_str(), MNT_DETACH);
+      GTEST_SKIP() << "cannot remount read-only: " << std::strerror(errno);
+    }
+  } else {
+    ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+  }
+  cache.NoteFetched("ns", Path("ro/a"), r);
+  cache.NoteFetched("ns", Path("b"), Place("b", 100));
+  if (mounted)
+    ::umount2(ro.c_str(), MNT_DETACH);
+  else
+    ::chmod(ro.c_str(), 0755);
+  EXPECT_TRUE(Exists("ro/a"));
+  EXPECT_EQ(cache.pinned_bytes(), 100u);
+  EXPECT_EQ(cache.bytes(), 100u);
+  EXPECT_EQ(cache.files(), 2u);
 }
 
 TEST(FileRecordSeq, OldRecordsDecodeAndNewOnesRoundTrip) {

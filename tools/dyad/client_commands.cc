@@ -79,7 +79,9 @@ bool ClientFromEnv(const std::string& cmd, const dc::Side* side, dc::Client* out
       return false;
     }
   }
-  if (dc::Status st = dc::Client::Create(o, out); !st.ok()) {
+  // From the environment as a whole: Options has no field for everything a
+  // client reads there (DYAD_PREFETCH), and Create(o) would drop it.
+  if (dc::Status st = dc::Client::FromEnv(out); !st.ok()) {
     PrintError(cmd, "", st);
     return false;
   }
@@ -99,8 +101,36 @@ std::string WhatHappened(const dc::ConsumeInfo& info) {
   if (info.transferred)
     return "transferred " + std::to_string(info.bytes) + " bytes from " + Served(info);
   if (info.joined) return "joined a transfer already in flight (" + Served(info) + ")";
+  if (info.local && info.transport == "prefetched")
+    return "no transfer needed: prefetched ahead by the local dyad-service (owner rank " +
+           std::to_string(info.metadata.owner_rank) + ")";
+  if (info.local && info.transport == "cached")
+    return "no transfer needed: a current copy fetched earlier (owner rank " +
+           std::to_string(info.metadata.owner_rank) + ")";
   if (info.local) return "no transfer needed (same directory or shared storage)";
   return "present";
+}
+
+// The "waiting for publication" section of `dyad status` ("" when none).
+std::string WaitsTable(const std::vector<dc::WaitingRequest>& waits) {
+  if (waits.empty()) return "";
+  std::string out = "\nwaiting for publication:\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-8s %8s %9s  %-16s %s\n", "kind", "pid", "age", "namespace",
+                "path");
+  out += line;
+  for (const dc::WaitingRequest& q : waits) {
+    char age[32];
+    std::snprintf(age, sizeof age, "%.1f s", static_cast<double>(q.age_ns) / 1e9);
+    std::snprintf(line, sizeof line, "  %-8s %8u %9s  %-16s ", q.kind.c_str(), q.pid, age,
+                  q.kvs_namespace.c_str());
+    out += line + q.path + "\n";
+    if (!q.unpublished_local_file.empty())
+      out += "           '" + q.unpublished_local_file +
+             "' exists on this node but was never published (written outside DYAD?); publish "
+             "it with `dyad produce`, or read it without DYAD\n";
+  }
+  return out;
 }
 
 }  // namespace
@@ -270,7 +300,8 @@ int CmdStatus(bool json, bool prometheus) {
   dc::Client client;
   if (!ClientFromEnv("status", nullptr, &client)) return kExitFailed;
   dc::ServiceStatus st;
-  if (dc::Status rc = client.GetServiceStatus(&st); !rc.ok()) {
+  std::vector<dc::WaitingRequest> waits;
+  if (dc::Status rc = client.GetServiceStatus(&st, &waits); !rc.ok()) {
     PrintError("status", "", rc);
     return kExitFailed;
   }
@@ -297,6 +328,19 @@ int CmdStatus(bool json, bool prometheus) {
       transfers.push_back(std::move(x));
     }
     j["transfers"] = std::move(transfers);
+    Json jw = Json::array();
+    for (const dc::WaitingRequest& q : waits) {
+      Json x;
+      x["kind"] = q.kind;
+      x["path"] = q.path;
+      x["namespace"] = q.kvs_namespace;
+      x["pid"] = q.pid;
+      x["age_ns"] = q.age_ns;
+      x["unpublished_local_file"] =
+          q.unpublished_local_file.empty() ? Json(nullptr) : Json(q.unpublished_local_file);
+      jw.push_back(std::move(x));
+    }
+    j["waits"] = std::move(jw);
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
@@ -313,6 +357,7 @@ int CmdStatus(bool json, bool prometheus) {
     std::printf("  %-*s  %12llu\n", static_cast<int>(w), kv.first.c_str(),
                 static_cast<unsigned long long>(kv.second));
   std::cout << TransfersTable(st.transfers);
+  std::cout << WaitsTable(waits);
   return kExitOk;
 }
 

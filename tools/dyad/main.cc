@@ -149,10 +149,10 @@ int main(int argc, char** argv) {
   ls->add_flag("--json", ls_json, "Print as JSON");
 
   // status
-  auto* status =
-      app.add_subcommand("status",
-                         "Show the local dyad-service's identity, counters and transfers in flight "
-                         "(docs/operations.md)");
+  auto* status = app.add_subcommand(
+      "status",
+      "Show the local dyad-service's identity, counters, transfers in flight and "
+      "the reads waiting for a publication (docs/operations.md)");
   std::string status_socket;
   bool status_json = false;
   bool status_prometheus = false;

@@ -113,8 +113,10 @@ struct ConsumeInfo {
   Metadata metadata;         // the service's record (when a request was sent)
   uint64_t elapsed_ns = 0;   // time spent in the call
   // What moved the file: the transport's name ("tcp", "ucx", "ofi",
-  // "local"; "" when nothing moved), and the owner service's address (""
-  // when the local service owns the file).
+  // "local"; "" when nothing moved; with `local`, "prefetched" or "cached"
+  // when the service found a current copy it had placed before: ahead of
+  // any consume, or for an earlier one), and the owner service's address
+  // ("" when the local service owns the file).
   std::string transport;
   std::string owner_address;
 };
@@ -144,6 +146,19 @@ struct ServiceStatus {
   std::map<std::string, std::string> info;
   std::map<std::string, uint64_t> counters;
   std::vector<Transfer> transfers;
+};
+
+// A request of a local process waiting in the local service for a file's
+// publication (GetServiceStatus with waits).
+struct WaitingRequest {
+  std::string kind;  // "consume", or "locate" (a metadata wait)
+  std::string path;  // relative to the managed directory (a locate: its key)
+  std::string kvs_namespace;
+  uint32_t pid = 0;     // the waiting process (0: unknown)
+  uint64_t age_ns = 0;  // how long it has waited
+  // A file by that name this node has but never published (e.g. written
+  // by a shell redirection, outside DYAD): why nothing comes. "" if none.
+  std::string unpublished_local_file;
 };
 
 // How the local service sees another service (Peers()).
@@ -245,6 +260,9 @@ class DYAD_DLL_EXPORTED Client {
                        std::vector<ListEntry>* out);
   // Identity, counters and transfers in flight of the local service.
   Status GetServiceStatus(ServiceStatus* out);
+  // The same, and the requests waiting there for a publication (oldest
+  // first; a service from before this list answers none).
+  Status GetServiceStatus(ServiceStatus* out, std::vector<WaitingRequest>* waits);
   // The services registered in the metadata store (only `ranks`, or all
   // when empty), sorted by rank. With `probe_timeout_ms` > 0 the local
   // service probes each one, bounded by that time; otherwise states are

@@ -63,7 +63,8 @@ enum dyad_core_return_codes {
   DYAD_RC_NOTSUP = -4005,     /* operation not supported by this backend */
   DYAD_RC_BADREQUEST = -4006, /* malformed or invalid request */
   DYAD_RC_CANCELLED = -4007,  /* the operation was cancelled (shutdown or interrupt) */
-  DYAD_RC_STALE = -4008       /* the owner's copy changed since it was published */
+  DYAD_RC_STALE = -4008,      /* the owner's copy changed since it was published */
+  DYAD_RC_NOSPACE = -4009     /* no room: the consumer's file system or the node's cache budget */
 };
 
 typedef enum dyad_core_return_codes dyad_rc_t;

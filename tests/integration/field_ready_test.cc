@@ -1,0 +1,297 @@
+// Issue 26 ("Field-ready, round two") and issue 25 item 13, on two emulated
+// nodes in the README's configuration (one managed directory: the
+// cluster's default gives every node DYAD_PATH_PRODUCER equal to
+// DYAD_PATH_CONSUMER):
+//  * the byte budget holds there: copies of the other node's files are
+//    evicted (without waiting for another consume), this node's own files
+//    never, and a file larger than the budget is refused at its consume;
+//  * a read waiting for a file that exists here but was never published
+//    is listed by `dyad status` (text, --json, counters), logged by the
+//    service, and announced once on stderr by the preload library;
+//  * `dyad consume -v` of a prefetched copy says so;
+//  * DYAD_PREFETCH is declared by a consume answered locally;
+//  * a consume that cannot fit fails before any byte moves, with
+//    DYAD_RC_NOSPACE (ENOSPC under the preload library);
+//  * prefetching stops at a free-space floor.
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "integration_util.h"
+
+namespace dyad::it {
+namespace {
+
+constexpr int kA = 0;
+constexpr int kB = 1;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+size_t Occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+// A small tmpfs mounted over a directory for the test's duration;
+// unmounted however the test ends.
+struct SmallTmpfs {
+  std::string dir;
+  bool mounted = false;
+  SmallTmpfs(const std::string& d, const char* size) : dir(d) {
+    const std::string opts = std::string("size=") + size;
+    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) == 0;
+  }
+  ~SmallTmpfs() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+  }
+};
+
+class FieldReadyBase : public TwoNodeTest {
+ protected:
+  void SetUp() override {
+    lib_ = std::string(DYAD_BUILD_BIN_DIR) + "/libdyad_wrapper.so";
+    TwoNodeTest::SetUp();
+  }
+  // `dyad ARGS...` on a node, with the node's environment plus `env`.
+  emu::RunResult Dyad(int node, std::vector<std::string> args, const Env& env = {},
+                      int64_t timeout_ms = 60000) {
+    args.insert(args.begin(), dyad_);
+    auto r = cluster().RunOnNode(node, args, timeout_ms, env);
+    EXPECT_TRUE(r.ok()) << Str(r.status());
+    return r.ok() ? *r : emu::RunResult{};
+  }
+  void Publish(int node, const std::string& name, uint64_t size) {
+    WriteFileOn(node, name, size);
+    auto r = Dyad(node, {"produce", PathOn(node, name)});
+    ASSERT_TRUE(r.status.success()) << r.output;
+  }
+  std::string StatusJson(int node) { return Dyad(node, {"status", "--json"}).output; }
+  // Polls `pred` every 100 ms for up to `ms`.
+  template <typename Pred>
+  bool Eventually(int64_t ms, Pred pred) {
+    const Deadline d = Deadline::AfterMs(ms);
+    while (!pred()) {
+      if (d.expired()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return true;
+  }
+  size_t CopiesOn(int node, const std::vector<std::string>& names) {
+    size_t n = 0;
+    for (const std::string& f : names) n += Exists(PathOn(node, f)) ? 1 : 0;
+    return n;
+  }
+  std::string lib_;
+};
+
+class FieldReady : public FieldReadyBase {
+ protected:
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o;
+    o.node_service_args[kB] = {"--cache-bytes", "1048576", "--wait-log", "2"};
+    return o;
+  }
+};
+
+TEST_F(FieldReady, BudgetHoldsWithOneManagedDirectory) {
+  // B's own product, in the same directory as the copies: never evicted.
+  Publish(kB, "own.bin", 700000);
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; ++i) {
+    names.push_back("copies/f" + std::to_string(i));
+    Publish(kA, names.back(), 512 * 1024);
+  }
+  for (const std::string& f : names) {
+    auto r = Dyad(kB, {"consume", PathOn(kB, f)});
+    ASSERT_TRUE(r.status.success()) << r.output;
+  }
+  // No further consume: the service's timer brings the copies back under
+  // the budget once the grace period of the last ones is over.
+  EXPECT_TRUE(Eventually(15000, [&] { return Counter(kB, "node_cache.bytes") <= 1048576; }))
+      << StatusJson(kB);
+  EXPECT_GE(Counter(kB, "node_cache.evictions"), 6u) << StatusJson(kB);
+  EXPECT_LE(CopiesOn(kB, names), 2u);
+  EXPECT_EQ(Counter(kB, "node_cache.pinned_bytes"), 0u);
+  EXPECT_TRUE(Exists(PathOn(kB, "own.bin"))) << "the node's own product was evicted";
+  EXPECT_EQ(CopiesOn(kA, names), names.size()) << "the owner's files were touched";
+  // An evicted copy comes back, intact, on its next consume.
+  auto again = Dyad(kB, {"consume", PathOn(kB, names[0])});
+  EXPECT_TRUE(again.status.success()) << again.output;
+  EXPECT_EQ(ReadAll(PathOn(kB, names[0])), ReadAll(PathOn(kA, names[0])));
+}
+
+TEST_F(FieldReady, BudgetBelowFileSizeIsRefusedAtConsume) {
+  Publish(kA, "huge.bin", 3 * 1024 * 1024);
+  auto r = Dyad(kB, {"consume", PathOn(kB, "huge.bin")});
+  EXPECT_FALSE(r.status.success()) << r.output;
+  EXPECT_NE(r.output.find("DYAD_RC_NOSPACE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cache budget"), std::string::npos) << r.output;
+  EXPECT_FALSE(Exists(PathOn(kB, "huge.bin")));
+  EXPECT_EQ(Counter(kB, "bytes.in"), 0u);
+}
+
+TEST_F(FieldReady, WaitingConsumeIsListedInStatus) {
+  // Written into B's managed directory by a plain redirection: never published.
+  WriteFileOn(kB, "unpublished.txt", 100);
+  const std::string out = work_ + "/waiting.out";
+  auto waiting = cluster().SpawnOnNode(kB, {dyad_, "consume", PathOn(kB, "unpublished.txt")},
+                                       {{"DYAD_CONSUME_TIMEOUT", "60"}}, out);
+  ASSERT_TRUE(waiting.ok()) << Str(waiting.status());
+  std::string json;
+  ASSERT_TRUE(Eventually(15000, [&] {
+    json = StatusJson(kB);
+    return json.find("\"unpublished.txt\"") != std::string::npos;
+  })) << json;
+  EXPECT_NE(json.find("\"kind\": \"consume\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pid\": " + std::to_string(waiting->pid())), std::string::npos) << json;
+  EXPECT_NE(json.find("\"unpublished_local_file\": \"" + PathOn(kB, "unpublished.txt") + "\""),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"waits.publication\": 1"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"waits.publication.unpublished_local\": 1"), std::string::npos) << json;
+  const std::string text = Dyad(kB, {"status"}).output;
+  EXPECT_NE(text.find("waiting for publication:"), std::string::npos) << text;
+  EXPECT_NE(text.find("exists on this node but was never published"), std::string::npos) << text;
+  const std::string metrics = Dyad(kB, {"status", "--prometheus"}).output;
+  EXPECT_NE(metrics.find("waits_publication"), std::string::npos) << metrics;
+  // The service logs the long wait (info; --wait-log 2 on B), once.
+  EXPECT_TRUE(Eventually(15000, [&] {
+    return cluster().ServiceLogTail(kB, 1 << 20).find("has waited") != std::string::npos;
+  })) << cluster().ServiceLogTail(kB);
+  const std::string log = cluster().ServiceLogTail(kB, 1 << 20);
+  EXPECT_NE(log.find("unpublished.txt' exists on this node but was never published"),
+            std::string::npos)
+      << log;
+  waiting->Kill();
+  // The wait ends with its requester.
+  EXPECT_TRUE(Eventually(15000, [&] { return Counter(kB, "waits.publication") == 0; }));
+}
+
+TEST_F(FieldReady, PreloadPrintsWaitNotice) {
+  if (!Exists(lib_)) GTEST_SKIP() << "libdyad_wrapper.so not built in " << DYAD_BUILD_BIN_DIR;
+  WriteFileOn(kB, "redirected.txt", 100);
+  const Env env = {{"LD_PRELOAD", lib_}, {"DYAD_CONSUME_TIMEOUT", "4"}, {"DYAD_WAIT_NOTICE", "1"}};
+  auto r = cluster().RunOnNode(kB, {"cat", PathOn(kB, "redirected.txt")}, 60000, env);
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  EXPECT_FALSE(r->status.success()) << "the read should time out: " << r->output;
+  EXPECT_EQ(Occurrences(r->output, "has waited"), 1u) << r->output;
+  EXPECT_NE(r->output.find("redirected.txt' has waited 1 s"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("never published"), std::string::npos) << r->output;
+  // Off with 0, and by default when stderr is no terminal.
+  for (const char* v : {"0", ""}) {
+    Env quiet = {{"LD_PRELOAD", lib_}, {"DYAD_CONSUME_TIMEOUT", "2"}};
+    if (*v != '\0') quiet["DYAD_WAIT_NOTICE"] = v;
+    auto q = cluster().RunOnNode(kB, {"cat", PathOn(kB, "redirected.txt")}, 60000, quiet);
+    ASSERT_TRUE(q.ok()) << Str(q.status());
+    EXPECT_EQ(q->output.find("has waited"), std::string::npos) << v << ": " << q->output;
+  }
+}
+
+TEST_F(FieldReady, ConsumeVerboseSaysPrefetched) {
+  auto decl = Dyad(kB, {"prefetch", "pf/"});
+  ASSERT_TRUE(decl.status.success()) << decl.output;
+  Publish(kA, "pf/a.bin", 200000);
+  ASSERT_TRUE(Eventually(20000, [&] { return Exists(PathOn(kB, "pf/a.bin")); })) << StatusJson(kB);
+  auto r = Dyad(kB, {"consume", "-v", PathOn(kB, "pf/a.bin")});
+  ASSERT_TRUE(r.status.success()) << r.output;
+  EXPECT_NE(r.output.find("prefetched"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("same directory or shared storage"), std::string::npos) << r.output;
+  // Consumed once, the next one is a copy fetched earlier.
+  auto again = Dyad(kB, {"consume", "-v", PathOn(kB, "pf/a.bin")});
+  EXPECT_NE(again.output.find("fetched earlier"), std::string::npos) << again.output;
+}
+
+TEST_F(FieldReady, PrefetchDeclaredOnLocalHit) {
+  // A consumer directory of its own on B, with a copy already in it.
+  const std::string cons = cluster().node(kB).dir + "/cons";
+  ASSERT_EQ(::mkdir(cons.c_str(), 0755), 0);
+  Publish(kA, "first.bin", 1000);
+  auto fetched = Dyad(kB, {"consume", cons + "/first.bin"}, {{"DYAD_PATH_CONSUMER", cons}});
+  ASSERT_TRUE(fetched.status.success()) << fetched.output;
+  // The first consume with DYAD_PREFETCH is answered locally (level 1) ...
+  auto hit = Dyad(kB, {"consume", "-v", cons + "/first.bin"},
+                  {{"DYAD_PATH_CONSUMER", cons}, {"DYAD_PREFETCH", "later/"}});
+  ASSERT_TRUE(hit.status.success()) << hit.output;
+  EXPECT_NE(hit.output.find("already complete locally"), std::string::npos) << hit.output;
+  // ... and still declared the pattern: later publications come unasked.
+  Publish(kA, "later/x.bin", 5000);
+  EXPECT_TRUE(Eventually(20000, [&] { return Exists(cons + "/later/x.bin"); })) << StatusJson(kB);
+}
+
+TEST_F(FieldReady, DiskFullFailsBeforeTransferWithEnospc) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  if (!Exists(lib_)) GTEST_SKIP() << "libdyad_wrapper.so not built in " << DYAD_BUILD_BIN_DIR;
+  // B owns a 5 MiB file; A consumes it into a consumer directory of its
+  // own on a 2 MiB file system (A has no budget).
+  Publish(kB, "big/five.bin", 5 * 1024 * 1024);
+  const std::string cons = cluster().node(kA).dir + "/small";
+  ASSERT_EQ(::mkdir(cons.c_str(), 0755), 0);
+  SmallTmpfs small(cons, "2m");
+  ASSERT_TRUE(small.mounted) << "mount tmpfs on " << cons << ": " << std::strerror(errno);
+  const uint64_t before = Counter(kA, "bytes.in");
+  // The API: a clear code and message, nothing moved.
+  auto r = Dyad(kA, {"consume", cons + "/big/five.bin"}, {{"DYAD_PATH_CONSUMER", cons}});
+  EXPECT_FALSE(r.status.success()) << r.output;
+  EXPECT_NE(r.output.find("DYAD_RC_NOSPACE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bytes free"), std::string::npos) << r.output;
+  // The preload library: ENOSPC.
+  auto cat = cluster().RunOnNode(kA, {"cat", cons + "/big/five.bin"}, 60000,
+                                 {{"LD_PRELOAD", lib_}, {"DYAD_PATH_CONSUMER", cons}});
+  ASSERT_TRUE(cat.ok()) << Str(cat.status());
+  EXPECT_FALSE(cat->status.success());
+  EXPECT_NE(cat->output.find("No space left on device"), std::string::npos) << cat->output;
+  EXPECT_EQ(Counter(kA, "bytes.in"), before) << "bytes were transferred before failing";
+  EXPECT_FALSE(Exists(cons + "/big/five.bin"));
+  EXPECT_TRUE(PartFiles(cons).empty());
+}
+
+class Hardening2 : public FieldReadyBase {};
+
+TEST_F(Hardening2, PrefetchKeepsFreeSpaceFloor) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  // No budget (the default): B prefetches into a consumer directory of its
+  // own on an 8 MiB file system; 40 files of 256 KiB would fill it.
+  const std::string cons = cluster().node(kB).dir + "/cons";
+  ASSERT_EQ(::mkdir(cons.c_str(), 0755), 0);
+  SmallTmpfs small(cons, "8m");
+  ASSERT_TRUE(small.mounted) << "mount tmpfs on " << cons << ": " << std::strerror(errno);
+  const Env env = {{"DYAD_PATH_CONSUMER", cons}};
+  auto decl = Dyad(kB, {"prefetch", "many/"}, env);
+  ASSERT_TRUE(decl.status.success()) << decl.output;
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) {
+    names.push_back("many/f" + std::to_string(i));
+    Publish(kA, names.back(), 256 * 1024);
+  }
+  // Every publication is handled (fetched, or refused by the floor).
+  ASSERT_TRUE(Eventually(30000, [&] {
+    return Counter(kB, "prefetch.fetched") + Counter(kB, "prefetch.failed") >= names.size();
+  })) << StatusJson(kB);
+  struct statvfs vfs;
+  ASSERT_EQ(::statvfs(cons.c_str(), &vfs), 0);
+  const uint64_t total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  EXPECT_GE(avail, total / 10) << "prefetch went below the 10% floor";
+  EXPECT_GT(Counter(kB, "prefetch.fetched"), 10u);
+  // A consume of a file the floor kept out still works.
+  size_t missing = names.size();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!Exists(cons + "/" + names[i])) missing = i;
+  ASSERT_LT(missing, names.size()) << "nothing was held back by the floor";
+  auto r = Dyad(kB, {"consume", cons + "/" + names[missing]}, env);
+  EXPECT_TRUE(r.status.success()) << r.output;
+  EXPECT_TRUE(PartFiles(cons).empty());
+}
+
+}  // namespace
+}  // namespace dyad::it
