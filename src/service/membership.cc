@@ -197,12 +197,17 @@ Status Service::CheckOwnAddress() {
   }
 }
 
-void Service::MembershipLoop() {
+void Service::UpkeepLoop() {
   constexpr int64_t kCheckEveryMs = 3000;
+  int64_t since_check = 0;
   uint64_t reported = 0;  // incarnation of a usurper already reported
   // Sleeps on the stop condition, not on the publication queue's: a
   // notify_one meant for the queue's worker must never wake this thread.
-  while (PauseUnlessStopping(kCheckEveryMs)) {
+  while (PauseUnlessStopping(kHousekeepingMs)) {
+    Housekeep();
+    since_check += kHousekeepingMs;
+    if (since_check < kCheckEveryMs) continue;
+    since_check = 0;
     Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
     ServiceRecord other;
     if (v.ok() && !v->has_value()) {

@@ -131,8 +131,7 @@ Status Service::StartSteps() {
   DYAD_RETURN_IF_ERROR(StartReactor());
   DYAD_RETURN_IF_ERROR(RegisterMembership());
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
-  membership_thread_ = std::thread([this] { MembershipLoop(); });
-  housekeeping_thread_ = std::thread([this] { HousekeepingLoop(); });
+  upkeep_thread_ = std::thread([this] { UpkeepLoop(); });
 
   DYAD_LOG_INFO(
       "serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
@@ -325,8 +324,7 @@ void Service::Teardown() {
     if (reactor_) reactor_->Stop();  // closes every connection, drains the workers
     if (threaded_waits_) threaded_waits_->Stop();
     if (async_thread_.joinable()) async_thread_.join();
-    if (membership_thread_.joinable()) membership_thread_.join();
-    if (housekeeping_thread_.joinable()) housekeeping_thread_.join();
+    if (upkeep_thread_.joinable()) upkeep_thread_.join();
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
     // Closed, not left to queue connections nobody will accept.
     unix_listener_.reset();

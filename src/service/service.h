@@ -148,9 +148,10 @@ class Service {
                           Deadline deadline, std::function<void(RequestContext&)> then,
                           std::optional<std::string>* published, const std::string& upath = {},
                           const std::string& cons_path = {});
-  // The housekeeping thread: trims the node cache to its budget and logs
-  // (info) each wait for a publication that passes --wait-log.
-  void HousekeepingLoop();
+  // One pass of housekeeping (every kHousekeepingMs on the upkeep thread):
+  // trims the node cache to its budget and logs (info) each wait for a
+  // publication that passes --wait-log.
+  void Housekeep();
   static constexpr int64_t kHousekeepingMs = 1000;
 
   // Local client requests (service_requests.cc); each sends one reply.
@@ -230,9 +231,10 @@ class Service {
   // Stops listeners, connections and threads (once; from Stop or Start).
   void Teardown();
   void AsyncPublishLoop();
-  // Re-registers this service when its membership record disappears (a
+  // The upkeep thread: Housekeep() every kHousekeepingMs, and every 3 s
+  // re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
-  void MembershipLoop();
+  void UpkeepLoop();
 
   ServiceOptions opt_;
   std::string prod_real_;  // canonical producer path ("" = none)
@@ -280,8 +282,7 @@ class Service {
   std::condition_variable async_cv_;
   std::list<PendingPublish> async_queue_;
   std::thread async_thread_;
-  std::thread membership_thread_;
-  std::thread housekeeping_thread_;
+  std::thread upkeep_thread_;  // UpkeepLoop
   std::string member_value_;
 
   std::atomic<bool> stopping_{false};

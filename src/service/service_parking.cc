@@ -76,25 +76,23 @@ bool Service::ParkUntilPublished(RequestContext& ctx, const std::string& ns, con
   return true;
 }
 
-void Service::HousekeepingLoop() {
-  while (PauseUnlessStopping(kHousekeepingMs)) {
-    // The budget holds without waiting for the next consume: copies kept
-    // by the grace period or by a reader go once that is over.
-    const uint64_t before = node_cache_->bytes();
-    node_cache_->Trim();
-    if (node_cache_->bytes() < before && prefetch_) prefetch_->Kick();
-    if (opt_.wait_log_ms <= 0) continue;
-    for (const WaitInfo& w :
-         waits_->LongWaits(static_cast<uint64_t>(opt_.wait_log_ms) * 1000000ull)) {
-      std::string why;
-      if (!w.local.empty())
-        why = "; '" + w.local +
-              "' exists on this node but was never published (written outside DYAD? publish it "
-              "with `dyad produce`)";
-      DYAD_LOG_INFO("%s of '%s' (namespace '%s', pid %u) has waited %llu s for its publication%s",
-                    w.kind.c_str(), w.upath.c_str(), w.ns.c_str(), w.pid,
-                    static_cast<unsigned long long>(w.age_ns / 1000000000ull), why.c_str());
-    }
+void Service::Housekeep() {
+  // The budget holds without waiting for the next consume: copies kept
+  // by the grace period or by a reader go once that is over.
+  const uint64_t before = node_cache_->bytes();
+  node_cache_->Trim();
+  if (node_cache_->bytes() < before && prefetch_) prefetch_->Kick();
+  if (opt_.wait_log_ms <= 0) return;
+  for (const WaitInfo& w :
+       waits_->LongWaits(static_cast<uint64_t>(opt_.wait_log_ms) * 1000000ull)) {
+    std::string why;
+    if (!w.local.empty())
+      why = "; '" + w.local +
+            "' exists on this node but was never published (written outside DYAD? publish it "
+            "with `dyad produce`)";
+    DYAD_LOG_INFO("%s of '%s' (namespace '%s', pid %u) has waited %llu s for its publication%s",
+                  w.kind.c_str(), w.upath.c_str(), w.ns.c_str(), w.pid,
+                  static_cast<unsigned long long>(w.age_ns / 1000000000ull), why.c_str());
   }
 }
 
