@@ -99,9 +99,12 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
       Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch, ctx.cancel);
       if (!sent.ok()) ctx.ch.MarkBroken();
     };
-    // Put, get, remove and list only touch the store's memory: the service's
-    // event loop runs them itself. Waits and watch polls wait, so they park
-    // (a worker only starts them).
+    // Put, get, remove, list and batched reads only touch the store's
+    // memory, and each does work bounded by its reply (a list walks the
+    // namespace's ordered keys from its prefix and stops at one frame, a
+    // batched read copies at most kMultiGetReplyBytes of values): the
+    // service's event loop runs them itself. Waits and watch polls wait, so
+    // they park (a worker only starts them).
     // Batched reads have a counter of their own: `dyad status` then tells
     // how many reads were batched.
     if (type == MsgType::kKvsWait || type == MsgType::kKvsWatch) {

@@ -223,15 +223,42 @@ Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
 Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::string& prefix,
                                               uint32_t limit) {
   std::vector<KvsEntry> out;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    const auto nit = data_.find(ns);
-    if (nit == data_.end()) return out;
-    nit->second.Collect(prefix, limit, &out);
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto nit = data_.find(ns);
+  if (nit != data_.end()) nit->second.Collect(prefix, limit, &out);  // in key order
+  return out;
+}
+
+Result<std::vector<KvsEntry>> MemoryKvs::ListUpTo(const std::string& ns, const std::string& prefix,
+                                                  uint32_t limit, size_t max_bytes) {
+  std::vector<KvsEntry> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto nit = data_.find(ns);
+  if (nit == data_.end()) return out;
+  if (!nit->second.CollectUpTo(prefix, limit, max_bytes, &out)) {
+    return Status(DYAD_RC_BADPACK, "listing of '" + prefix + "*' in namespace '" + ns +
+                                       "' exceeds the reply limit of " + std::to_string(max_bytes) +
+                                       " bytes; ask for fewer entries (limit) or a longer prefix");
   }
-  // Ordering a whole namespace's listing is the costly part: done here,
-  // where puts and gets are not waiting for it.
-  SortByKey(&out);
+  return out;
+}
+
+Result<KvsValues> MemoryKvs::MultiGetUpTo(const std::string& ns,
+                                          const std::vector<std::string>& keys, size_t max_bytes) {
+  KvsValues out;
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto nit = data_.find(ns);
+  // Measured key by key before its value is copied: a request naming one
+  // large value thousands of times copies what one reply carries.
+  size_t bytes = 0;
+  for (const std::string& key : keys) {
+    const std::string* v = nit == data_.end() ? nullptr : nit->second.Find(key);
+    const size_t size = v == nullptr ? 0 : v->size();
+    if (!out.empty() && size > max_bytes - std::min(bytes, max_bytes)) break;
+    bytes += size;
+    out.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(*v));
+    if (bytes >= max_bytes) break;
+  }
   return out;
 }
 
