@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <limits>
 
 namespace dyad {
 
@@ -17,13 +16,12 @@ size_t KeyTable::Index(const std::string& key) {
 
 bool KeyTable::Put(const std::string& key, const std::string& value) {
   auto [it, inserted] = ShardOf(key).try_emplace(key, value);
-  if (!inserted) {
-    it->second = value;  // in place: the index's pointer stays valid
-    return false;
+  if (inserted) {
+    ++size_;
+  } else {
+    it->second = value;
   }
-  order_.emplace(std::string_view(it->first), &it->second);
-  ++size_;
-  return true;
+  return inserted;
 }
 
 const std::string* KeyTable::Find(const std::string& key) const {
@@ -33,47 +31,82 @@ const std::string* KeyTable::Find(const std::string& key) const {
 }
 
 bool KeyTable::Erase(const std::string& key) {
-  Shard& shard = ShardOf(key);
-  const auto it = shard.find(key);
-  if (it == shard.end()) return false;
-  order_.erase(std::string_view(it->first));  // before the view's key goes
-  shard.erase(it);
+  if (ShardOf(key).erase(key) == 0) return false;
   --size_;
   return true;
 }
 
-size_t KeyTable::Measure(const std::string& prefix, uint32_t limit, size_t max_bytes,
-                         bool* all_fit) const {
-  *all_fit = true;
-  size_t n = 0, bytes = 0;
-  for (auto it = order_.lower_bound(prefix); it != order_.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;  // past the prefix
-    if (limit != 0 && n == limit) break;
-    const size_t size = it->first.size() + it->second->size() + kEntryOverhead;
-    if (size > max_bytes - bytes) {
-      *all_fit = false;
-      break;
-    }
-    bytes += size;
-    ++n;
-  }
-  return n;
-}
-
 void KeyTable::Collect(const std::string& prefix, uint32_t limit,
                        std::vector<KvsEntry>* out) const {
-  (void)CollectUpTo(prefix, limit, std::numeric_limits<size_t>::max(), out);
+  auto matches = [&prefix](const std::string& key) {
+    return key.compare(0, prefix.size(), prefix) == 0;
+  };
+  if (limit == 0) {
+    for (const Shard& shard : shards_)
+      for (const auto& kv : shard)
+        if (matches(kv.first)) out->push_back(kv);
+    return;
+  }
+  // Only the first `limit` keys in order are copied: select them by
+  // pointer, so a small listing of a large namespace copies little.
+  std::vector<const Shard::value_type*> found;
+  for (const Shard& shard : shards_)
+    for (const auto& kv : shard)
+      if (matches(kv.first)) found.push_back(&kv);
+  auto by_key = [](const Shard::value_type* a, const Shard::value_type* b) {
+    return a->first < b->first;
+  };
+  if (found.size() > limit) {
+    std::nth_element(found.begin(), found.begin() + limit, found.end(), by_key);
+    found.resize(limit);
+  }
+  std::sort(found.begin(), found.end(), by_key);
+  for (const Shard::value_type* kv : found) out->push_back(*kv);
 }
 
-bool KeyTable::CollectUpTo(const std::string& prefix, uint32_t limit, size_t max_bytes,
-                           std::vector<KvsEntry>* out) const {
-  bool all_fit = true;
-  const size_t n = Measure(prefix, limit, max_bytes, &all_fit);
-  if (!all_fit) return false;
-  out->reserve(out->size() + n);
-  auto it = order_.lower_bound(prefix);
-  for (size_t i = 0; i < n; ++i, ++it) out->emplace_back(std::string(it->first), *it->second);
-  return true;
+KeyTable::Listed KeyTable::CollectUpTo(const std::string& prefix, uint32_t limit, size_t max_bytes,
+                                       std::vector<KvsEntry>* out) const {
+  auto fits = [&max_bytes](size_t* bytes, const Shard::value_type& kv) {
+    const size_t size = kv.first.size() + kv.second.size() + kEntryOverhead;
+    if (size > max_bytes - *bytes) return false;
+    *bytes += size;
+    return true;
+  };
+  size_t bytes = 0;
+  if (prefix.empty() && limit == 0) {
+    // Everything, in no order: measured first, stopping once over budget.
+    size_t n = 0;
+    for (const Shard& shard : shards_) {
+      for (const auto& kv : shard) {
+        if (!fits(&bytes, kv)) return Listed::kOverBudget;
+        ++n;
+      }
+    }
+    out->reserve(out->size() + n);
+    for (const Shard& shard : shards_)
+      for (const auto& kv : shard) out->push_back(kv);
+    return Listed::kOk;
+  }
+  if (size_ > kMaxOrderedScan) return Listed::kTooManyToOrder;
+  // Selected by pointer (at most kMaxOrderedScan of them), measured in
+  // order, then copied.
+  std::vector<const Shard::value_type*> found;
+  for (const Shard& shard : shards_)
+    for (const auto& kv : shard)
+      if (kv.first.compare(0, prefix.size(), prefix) == 0) found.push_back(&kv);
+  auto by_key = [](const Shard::value_type* a, const Shard::value_type* b) {
+    return a->first < b->first;
+  };
+  if (limit != 0 && found.size() > limit) {
+    std::nth_element(found.begin(), found.begin() + limit, found.end(), by_key);
+    found.resize(limit);
+  }
+  std::sort(found.begin(), found.end(), by_key);
+  for (const Shard::value_type* kv : found)
+    if (!fits(&bytes, *kv)) return Listed::kOverBudget;
+  out->reserve(out->size() + found.size());
+  for (const Shard::value_type* kv : found) out->push_back(*kv);
+  return Listed::kOk;
 }
 
 void SortByKey(std::vector<KvsEntry>* entries) {

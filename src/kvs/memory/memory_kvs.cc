@@ -223,23 +223,42 @@ Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
 Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::string& prefix,
                                               uint32_t limit) {
   std::vector<KvsEntry> out;
-  std::lock_guard<std::mutex> lk(mu_);
-  const auto nit = data_.find(ns);
-  if (nit != data_.end()) nit->second.Collect(prefix, limit, &out);  // in key order
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto nit = data_.find(ns);
+    if (nit == data_.end()) return out;
+    nit->second.Collect(prefix, limit, &out);
+  }
+  // Ordering a whole namespace's listing is the costly part: done here,
+  // where puts and gets are not waiting for it.
+  SortByKey(&out);
   return out;
 }
 
 Result<std::vector<KvsEntry>> MemoryKvs::ListUpTo(const std::string& ns, const std::string& prefix,
                                                   uint32_t limit, size_t max_bytes) {
   std::vector<KvsEntry> out;
-  std::lock_guard<std::mutex> lk(mu_);
-  const auto nit = data_.find(ns);
-  if (nit == data_.end()) return out;
-  if (!nit->second.CollectUpTo(prefix, limit, max_bytes, &out)) {
-    return Status(DYAD_RC_BADPACK, "listing of '" + prefix + "*' in namespace '" + ns +
-                                       "' exceeds the reply limit of " + std::to_string(max_bytes) +
-                                       " bytes; ask for fewer entries (limit) or a longer prefix");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto nit = data_.find(ns);
+    if (nit == data_.end()) return out;
+    switch (nit->second.CollectUpTo(prefix, limit, max_bytes, &out)) {
+      case KeyTable::Listed::kOk:
+        break;
+      case KeyTable::Listed::kOverBudget:
+        return Status(DYAD_RC_BADPACK,
+                      "listing of '" + prefix + "*' in namespace '" + ns +
+                          "' exceeds the reply limit of " + std::to_string(max_bytes) +
+                          " bytes (one message); ask for fewer entries (limit) or a longer prefix");
+      case KeyTable::Listed::kTooManyToOrder:
+        return Status(DYAD_RC_BADREQUEST,
+                      "namespace '" + ns + "' holds " + std::to_string(nit->second.size()) +
+                          " keys, more than the " + std::to_string(KeyTable::kMaxOrderedScan) +
+                          " a listing with a prefix or a limit may scan; list it whole");
+    }
   }
+  // Sorted off the lock (a listing with a prefix or limit came in order).
+  if (prefix.empty() && limit == 0) SortByKey(&out);
   return out;
 }
 

@@ -65,7 +65,9 @@ class MemoryKvs final : public Kvs {
   //
   // As List, but a listing whose encoded size (KeyTable::kEntryOverhead
   // per entry besides key and value) would exceed `max_bytes` copies
-  // nothing and fails with DYAD_RC_BADPACK, naming the limit.
+  // nothing and fails with DYAD_RC_BADPACK, naming the limit; one with a
+  // prefix or a limit of a namespace of more than KeyTable::kMaxOrderedScan
+  // keys fails with DYAD_RC_BADREQUEST, naming that limit, without a scan.
   Result<std::vector<KvsEntry>> ListUpTo(const std::string& ns, const std::string& prefix,
                                          uint32_t limit, size_t max_bytes);
   // The values of the first keys of `keys`, in order, as many as fit in
