@@ -191,13 +191,32 @@ TEST_F(StoreBounds, FloodOfMultiGetLeavesHandshakesPrompt) {
     flooders.push_back(ConnectPeer(300 + i));
     ASSERT_NE(flooders.back(), nullptr);
   }
+  // And two more the other store requests that copy values: a get of a
+  // 1 MiB value, and a listing of the 16 MiB namespace (refused once
+  // measured: it exceeds a frame).
+  KvsRequest big_get;
+  big_get.ns = "big";
+  big_get.key = "v3";
+  KvsRequest big_list;
+  big_list.ns = "big";
+  Encoder bge, ble;
+  big_get.EncodeTo(bge);
+  big_list.EncodeTo(ble);
+  const std::vector<std::pair<MsgType, std::string>> floods = {
+      {MsgType::kKvsMultiGet, request}, {MsgType::kKvsMultiGet, request},
+      {MsgType::kKvsMultiGet, request}, {MsgType::kKvsMultiGet, request},
+      {MsgType::kKvsGet, bge.data()},   {MsgType::kKvsList, ble.data()}};
+  for (uint32_t i = 4; i < floods.size(); ++i) {
+    flooders.push_back(ConnectPeer(300 + i));
+    ASSERT_NE(flooders.back(), nullptr);
+  }
   std::vector<std::thread> threads;
-  for (auto& ch : flooders) {
-    threads.emplace_back([&stop, &replies, &request, c = ch.get()] {
+  for (size_t i = 0; i < flooders.size(); ++i) {
+    threads.emplace_back([&stop, &replies, flood = floods[i], c = flooders[i].get()] {
       std::string body;
       while (!stop.load()) {
-        if (!CallRpc(*c, MsgType::kKvsMultiGet, request, &body, Deadline::AfterMs(30000)).ok())
-          return;
+        Status st = CallRpc(*c, flood.first, flood.second, &body, Deadline::AfterMs(30000));
+        if (!st.ok() && st.code() != DYAD_RC_BADPACK) return;  // the listing is refused
         ++replies;
       }
     });

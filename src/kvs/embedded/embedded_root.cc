@@ -113,9 +113,10 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
       if (!sent.ok()) ctx.ch.MarkBroken();
     };
     // Put, get, remove, list and batched reads only touch the store's
-    // memory, and each does work bounded by its reply (a list walks the
-    // namespace's ordered keys from its prefix and stops at one frame, a
-    // batched read copies at most kMultiGetReplyBytes of values): the
+    // memory, and each does bounded work (a get copies one value, a
+    // batched read at most kMultiGetReplyBytes of values, a listing is
+    // measured before it is copied and stops at one frame, or scans at
+    // most KeyTable::kMaxOrderedScan keys when it needs key order): the
     // service's event loop runs them itself. Waits and watch polls wait, so
     // they park (a worker only starts them).
     // Batched reads have a counter of their own: `dyad status` then tells
