@@ -322,9 +322,9 @@ TEST(ChangeFeeds, RingIsBoundedInKeyBytes) {
   EXPECT_EQ(recent->changes.size(), 10u);
 }
 
-// A put looks at its own namespace's parked polls only: 20,000 polls parked
-// on other namespaces cost 10,000 puts nothing (each put scanned them all:
-// 200 million steps, seconds).
+// A put looks at its own namespace's parked polls and watchers only: 20,000
+// polls parked on other namespaces cost 10,000 puts nothing (each put
+// scanned every parked poll and every watcher: 1,000 puts took 51 s).
 TEST(ChangeFeeds, PutLooksOnlyAtItsNamespacesParkedPolls) {
   auto store = std::make_shared<MemoryKvs>();
   ChangeFeedLimits limits;
@@ -352,7 +352,7 @@ TEST(ChangeFeeds, PutLooksOnlyAtItsNamespacesParkedPolls) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - start)
                       .count();
-  EXPECT_LT(ms, 1500) << "10,000 puts took " << ms << " ms";
+  EXPECT_LT(ms, 5000) << "10,000 puts took " << ms << " ms";
   EXPECT_EQ(ended.load(), 0);
   for (ChangeFeeds::PollTicket t : tickets) feeds.CancelPoll(t);
   EXPECT_EQ(ended.load(), kOthers);

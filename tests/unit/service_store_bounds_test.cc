@@ -254,8 +254,8 @@ TEST_F(StoreBounds, FloodOfMultiGetLeavesHandshakesPrompt) {
   }
   EXPECT_GT(replies.load(), 0);  // the flood was served too
   // Before: 20 s and 3.7 s.
-  EXPECT_LT(worst_handshake, 2000) << "a handshake took " << worst_handshake << " ms";
-  EXPECT_LT(worst_get, 1000) << "a get took " << worst_get << " ms";
+  EXPECT_LT(worst_handshake, 2500) << "a handshake took " << worst_handshake << " ms";
+  EXPECT_LT(worst_get, 2500) << "a get took " << worst_get << " ms";
   std::fprintf(stderr, "worst handshake %lld ms, worst get %lld ms, %d flood replies\n",
                static_cast<long long>(worst_handshake), static_cast<long long>(worst_get),
                replies.load());
