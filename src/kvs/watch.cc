@@ -11,6 +11,7 @@ KvsWatchTicket WatchList::Add(const std::string& ns, KvsWatchCallback cb) {
   w->cb = std::move(cb);
   std::lock_guard<std::mutex> lk(mu_);
   const KvsWatchTicket t = next_++;
+  by_ns_[ns].emplace(t, w);
   all_.emplace(t, std::move(w));
   count_.store(all_.size(), std::memory_order_release);
   return t;
@@ -24,6 +25,11 @@ std::optional<std::string> WatchList::Remove(KvsWatchTicket ticket) {
     if (it == all_.end()) return std::nullopt;
     w = std::move(it->second);
     all_.erase(it);
+    auto space = by_ns_.find(w->ns);
+    if (space != by_ns_.end()) {
+      space->second.erase(ticket);
+      if (space->second.empty()) by_ns_.erase(space);
+    }
     count_.store(all_.size(), std::memory_order_release);
   }
   std::lock_guard<std::mutex> run(w->run_mu);  // waits for a callback in progress
@@ -34,23 +40,26 @@ std::optional<std::string> WatchList::Remove(KvsWatchTicket ticket) {
 bool WatchList::Watched(const std::string& ns) const {
   if (empty()) return false;
   std::lock_guard<std::mutex> lk(mu_);
-  for (const auto& [t, w] : all_)
-    if (w->ns == ns) return true;
-  return false;
+  return by_ns_.count(ns) != 0;
 }
 
 std::vector<std::string> WatchList::Namespaces() const {
   std::set<std::string> names;
   std::lock_guard<std::mutex> lk(mu_);
-  for (const auto& [t, w] : all_) names.insert(w->ns);
+  for (const auto& [ns, watchers] : by_ns_) names.insert(ns);
   return std::vector<std::string>(names.begin(), names.end());
 }
 
 std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string* ns) const {
   std::vector<std::shared_ptr<Watcher>> out;
   std::lock_guard<std::mutex> lk(mu_);
-  for (const auto& [t, w] : all_)
-    if (ns == nullptr || w->ns == *ns) out.push_back(w);
+  if (ns == nullptr) {
+    for (const auto& [t, w] : all_) out.push_back(w);
+    return out;
+  }
+  const auto space = by_ns_.find(*ns);
+  if (space != by_ns_.end())
+    for (const auto& [t, w] : space->second) out.push_back(w);
   return out;
 }
 

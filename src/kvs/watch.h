@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kvs/kvs.h"
@@ -50,9 +51,13 @@ class WatchList {
   void Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const KvsChange& change);
   std::vector<std::shared_ptr<Watcher>> Of(const std::string* ns) const;
 
+  using Watchers = std::map<KvsWatchTicket, std::shared_ptr<Watcher>>;
   mutable std::mutex mu_;
-  KvsWatchTicket next_ = 1;                                 // guarded by mu_
-  std::map<KvsWatchTicket, std::shared_ptr<Watcher>> all_;  // guarded by mu_
+  KvsWatchTicket next_ = 1;  // guarded by mu_
+  Watchers all_;             // guarded by mu_
+  // The same, by namespace: a Put finds its namespace's watchers without
+  // looking at every other namespace's (a root may follow thousands).
+  std::unordered_map<std::string, Watchers> by_ns_;  // guarded by mu_
   std::atomic<size_t> count_{0};
 };
 

@@ -87,5 +87,38 @@ TEST(KeyTable, ErasedKeysAreNotListed) {
   EXPECT_EQ(limited[1].first, Key(4));
 }
 
+// Issue 25, item 1: a listing answered to another process is measured
+// before anything is copied. The whole namespace stops being measured at
+// the first entry over the budget; a listing with a prefix or a limit is
+// measured in key order; one that needs key order in a namespace too large
+// to scan is refused at once.
+TEST(KeyTable, CollectUpToMeasuresBeforeItCopies) {
+  KeyTable t = Shuffled(1000);  // keys of 10 bytes, values of 2-4
+  const size_t entry = 10 + 4 + KeyTable::kEntryOverhead;
+  std::vector<KvsEntry> out;
+  EXPECT_EQ(t.CollectUpTo("", 0, 100 * entry, &out), KeyTable::Listed::kOverBudget);
+  EXPECT_TRUE(out.empty());  // nothing copied
+  EXPECT_EQ(t.CollectUpTo("", 0, 1000 * entry, &out), KeyTable::Listed::kOk);
+  EXPECT_EQ(out.size(), 1000u);
+  out.clear();
+  // The three smallest odd keys fit in three entries' budget, four do not.
+  EXPECT_EQ(t.CollectUpTo("odd/", 3, 3 * entry, &out), KeyTable::Listed::kOk);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].first, Key(1));
+  EXPECT_EQ(out[2].first, Key(5));
+  out.clear();
+  EXPECT_EQ(t.CollectUpTo("odd/", 4, 3 * entry, &out), KeyTable::Listed::kOverBudget);
+  EXPECT_TRUE(out.empty());
+
+  KeyTable big;
+  for (size_t i = 0; i <= KeyTable::kMaxOrderedScan; ++i) big.Put("k" + std::to_string(i), "v");
+  EXPECT_EQ(big.CollectUpTo("k1", 0, ~size_t{0}, &out), KeyTable::Listed::kTooManyToOrder);
+  EXPECT_EQ(big.CollectUpTo("", 1, ~size_t{0}, &out), KeyTable::Listed::kTooManyToOrder);
+  EXPECT_TRUE(out.empty());
+  // Listed whole it is served: measured, copied, unordered.
+  EXPECT_EQ(big.CollectUpTo("", 0, ~size_t{0}, &out), KeyTable::Listed::kOk);
+  EXPECT_EQ(out.size(), KeyTable::kMaxOrderedScan + 1);
+}
+
 }  // namespace
 }  // namespace dyad

@@ -19,8 +19,8 @@ uint64_t NewEpoch() {
 
 }  // namespace
 
-ChangeFeeds::ChangeFeeds(std::shared_ptr<MemoryKvs> store)
-    : store_(std::move(store)), epoch_(NewEpoch()) {}
+ChangeFeeds::ChangeFeeds(std::shared_ptr<MemoryKvs> store, ChangeFeedLimits limits)
+    : store_(std::move(store)), limits_(limits), epoch_(NewEpoch()) {}
 
 ChangeFeeds::~ChangeFeeds() {
   Shutdown();
@@ -29,6 +29,8 @@ ChangeFeeds::~ChangeFeeds() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [ns, f] : feeds_) tickets.push_back(f->ticket);
+    tickets.insert(tickets.end(), retired_.begin(), retired_.end());
+    retired_.clear();
   }
   for (KvsWatchTicket t : tickets) store_->Unwatch(t);
 }
@@ -42,10 +44,17 @@ void ChangeFeeds::Shutdown() {
       cancelled.emplace_back(std::move(p.done),
                              Status(DYAD_RC_CANCELLED, "metadata store is stopping"));
     parked_.clear();
+    deadlines_.clear();
+    for (auto& [ns, f] : feeds_) f->parked.clear();
     cv_.notify_all();
     timer_cv_.notify_all();
   }
   Run(&cancelled);
+}
+
+size_t ChangeFeeds::FeedCount() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return feeds_.size();
 }
 
 void ChangeFeeds::Run(Answers* a) {
@@ -53,55 +62,98 @@ void ChangeFeeds::Run(Answers* a) {
   a->clear();
 }
 
-ChangeFeeds::Feed& ChangeFeeds::FeedOf(const std::string& ns) {
+ChangeFeeds::Feed* ChangeFeeds::FeedOf(const std::string& ns, Status* refused) {
   auto it = feeds_.find(ns);
-  if (it != feeds_.end()) return *it->second;
+  if (it != feeds_.end()) return it->second.get();
+  if (feeds_.size() >= limits_.max_feeds) SweepLocked(SteadyClock::now());
+  if (feeds_.size() >= limits_.max_feeds) {
+    *refused = Status(DYAD_RC_BADREQUEST,
+                      "the metadata root already follows changes of " +
+                          std::to_string(feeds_.size()) + " namespaces, its limit; watch of '" +
+                          ns + "' refused (feeds nobody polls for " +
+                          std::to_string(limits_.idle_ms / 1000) + " s are freed: retry later)");
+    return nullptr;
+  }
   auto feed = std::make_unique<Feed>();
-  Feed& ref = *feed;
+  Feed* f = feed.get();
+  // Distinct for every feed of this root, and unlike another root's: a
+  // watcher of a feed that was freed and started again resyncs.
+  f->epoch = epoch_ + ++started_;
+  if (f->epoch == 0) f->epoch = epoch_ + ++started_;
+  f->used = SteadyClock::now();
   feeds_.emplace(ns, std::move(feed));
   // The watch calls back on Put threads, which take mu_: registering under
-  // mu_ is safe because Watch itself does not call back.
-  Result<KvsWatchTicket> t = store_->Watch(ns, [this, ns](const KvsChange& c) { Append(ns, c); });
-  if (t.ok()) ref.ticket = *t;
-  return ref;
+  // mu_ is safe because Watch itself does not call back. The epoch tells
+  // this feed's changes from those of an earlier feed of the namespace
+  // whose watch is still being retired.
+  Result<KvsWatchTicket> t =
+      store_->Watch(ns, [this, ns, epoch = f->epoch](const KvsChange& c) { Append(ns, epoch, c); });
+  if (t.ok()) f->ticket = *t;
+  if (!timer_.joinable()) timer_ = std::thread(&ChangeFeeds::TimerLoop, this);
+  return f;
 }
 
-void ChangeFeeds::Append(const std::string& ns, const KvsChange& c) {
+void ChangeFeeds::SweepLocked(SteadyClock::time_point now) {
+  const auto idle = std::chrono::milliseconds(limits_.idle_ms);
+  for (auto it = feeds_.begin(); it != feeds_.end();) {
+    Feed& f = *it->second;
+    if (f.parked.empty() && f.polling == 0 && now - f.used >= idle) {
+      // Unwatched by the timer, off the lock: Unwatch waits for a callback
+      // in progress, which may be waiting for mu_ (Append).
+      if (f.ticket != 0) retired_.push_back(f.ticket);
+      it = feeds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!retired_.empty()) timer_cv_.notify_all();
+}
+
+void ChangeFeeds::Append(const std::string& ns, uint64_t epoch, const KvsChange& c) {
   if (c.resync) return;  // the memory store never loses changes
   Answers answers;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = feeds_.find(ns);
-    if (it == feeds_.end()) return;
+    if (it == feeds_.end() || it->second->epoch != epoch) return;
     Feed& f = *it->second;
-    f.ring.emplace_back(c.key, c.value);
+    f.ring.push_back(c.key);
+    f.ring_bytes += c.key.size();
     ++f.head;
-    if (f.ring.size() > kRingEntries) f.ring.pop_front();
+    while (f.ring.size() > limits_.ring_entries ||
+           (f.ring_bytes > limits_.ring_key_bytes && f.ring.size() > 1)) {
+      f.ring_bytes -= f.ring.front().size();
+      f.ring.pop_front();
+    }
     cv_.notify_all();
-    // Parked polls are few (one per watching service and namespace).
-    for (auto p = parked_.begin(); p != parked_.end();) {
-      if (p->second.req.ns != ns) {
-        ++p;
-        continue;
-      }
+    // Only this namespace's parked polls (one per watching service).
+    for (auto t = f.parked.begin(); t != f.parked.end();) {
+      auto p = parked_.find(*t);
       std::optional<KvsWatchReply> r = AnswerLocked(p->second.req, f, false);
-      if (!r) {
-        ++p;
-        continue;
-      }
+      ++t;  // before EndParkedLocked erases it from f.parked
+      if (!r) continue;
       answers.emplace_back(std::move(p->second.done), std::move(*r));
-      p = parked_.erase(p);
+      EndParkedLocked(p, &f);
     }
   }
   Run(&answers);
 }
 
+void ChangeFeeds::EndParkedLocked(std::map<PollTicket, Parked>::iterator p, Feed* f) {
+  deadlines_.erase(p->second.deadline);
+  if (f != nullptr) {
+    f->parked.erase(p->first);
+    f->used = SteadyClock::now();
+  }
+  parked_.erase(p);
+}
+
 std::optional<KvsWatchReply> ChangeFeeds::AnswerLocked(const KvsWatchRequest& req, Feed& f,
                                                        bool force) {
   KvsWatchReply reply;
-  reply.epoch = epoch_;
-  if (req.epoch != epoch_ || req.after > f.head || req.after + f.ring.size() < f.head) {
-    reply.resync = true;  // a new watcher, an earlier root, or fell behind the ring
+  reply.epoch = f.epoch;
+  if (req.epoch != f.epoch || req.after > f.head || req.after + f.ring.size() < f.head) {
+    reply.resync = true;  // a new watcher, another feed, or fell behind the ring
     reply.last = f.head;
     return reply;
   }
@@ -109,15 +161,18 @@ std::optional<KvsWatchReply> ChangeFeeds::AnswerLocked(const KvsWatchRequest& re
   const uint32_t cap = req.max_entries == 0 ? kMaxBatch : std::min(req.max_entries, kMaxBatch);
   const size_t first = f.ring.size() - (f.head - req.after);
   const size_t avail = std::min<size_t>(cap, f.ring.size() - first);
-  size_t n = 0, bytes = 0;
-  // Bounded in bytes as well, so a reply always fits in one frame.
-  while (n < avail && (n == 0 || bytes < kMaxReplyBytes)) {
-    const auto& change = f.ring[first + n];
-    bytes += change.first.size() + change.second.size() + 16;
-    reply.changes.push_back(change);
-    ++n;
+  reply.last = req.after;
+  if (avail == 0) return reply;
+  const std::vector<std::string> keys(f.ring.begin() + static_cast<std::ptrdiff_t>(first),
+                                      f.ring.begin() + static_cast<std::ptrdiff_t>(first + avail));
+  // The values now, as many as one reply carries (at least one change).
+  Result<KvsValues> values = store_->MultiGetUpTo(req.ns, keys, kMaxReplyBytes);
+  if (!values.ok() || values->empty()) return reply;  // MemoryKvs never fails this
+  for (size_t i = 0; i < values->size(); ++i) {
+    std::optional<std::string>& v = (*values)[i];
+    if (v) reply.changes.emplace_back(keys[i], std::move(*v));  // removed since: skipped
   }
-  reply.last = req.after + n;
+  reply.last = req.after + values->size();
   return reply;
 }
 
@@ -127,12 +182,18 @@ std::optional<Result<KvsWatchReply>> ChangeFeeds::StartPoll(const KvsWatchReques
   std::lock_guard<std::mutex> lk(mu_);
   if (shutdown_)
     return Result<KvsWatchReply>(Status(DYAD_RC_CANCELLED, "metadata store is stopping"));
-  Feed& f = FeedOf(req.ns);
-  std::optional<KvsWatchReply> now = AnswerLocked(req, f, deadline.expired());
+  Status refused;
+  Feed* f = FeedOf(req.ns, &refused);
+  if (f == nullptr) return Result<KvsWatchReply>(refused);
+  f->used = SteadyClock::now();
+  std::optional<KvsWatchReply> now = AnswerLocked(req, *f, deadline.expired());
   if (now) return Result<KvsWatchReply>(std::move(*now));
-  if (!timer_.joinable()) timer_ = std::thread(&ChangeFeeds::TimerLoop, this);
   *ticket = next_poll_++;
-  parked_.emplace(*ticket, Parked{req, deadline.time_point(), std::move(done)});
+  Parked& p = parked_[*ticket];
+  p.req = req;
+  p.done = std::move(done);
+  p.deadline = deadlines_.emplace(deadline.time_point(), *ticket);
+  f->parked.insert(*ticket);
   timer_cv_.notify_all();
   return std::nullopt;
 }
@@ -144,45 +205,66 @@ void ChangeFeeds::CancelPoll(PollTicket ticket) {
     auto it = parked_.find(ticket);
     if (it == parked_.end()) return;
     done = std::move(it->second.done);
-    parked_.erase(it);
+    auto f = feeds_.find(it->second.req.ns);
+    EndParkedLocked(it, f == feeds_.end() ? nullptr : f->second.get());
   }
   done(Status(DYAD_RC_CANCELLED, "watch cancelled"));
 }
 
 // Answers the parked polls whose deadline passed (with no change: the
-// watcher polls again). Polls are few, so a scan per round is cheap.
+// watcher polls again), frees idle feeds and ends their store watches.
 void ChangeFeeds::TimerLoop() {
+  const auto sweep_every =
+      std::chrono::milliseconds(std::clamp<int64_t>(limits_.idle_ms / 4, 10, 1000));
+  auto next_sweep = SteadyClock::now() + sweep_every;
   std::unique_lock<std::mutex> lk(mu_);
   while (!shutdown_) {
     const auto now = SteadyClock::now();
-    auto next = now + std::chrono::milliseconds(kCancelPollMs * 4);
     Answers due;
-    for (auto p = parked_.begin(); p != parked_.end();) {
-      if (p->second.deadline > now) {
-        next = std::min(next, p->second.deadline);
-        ++p;
-        continue;
-      }
-      std::optional<KvsWatchReply> r = AnswerLocked(p->second.req, FeedOf(p->second.req.ns), true);
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      auto p = parked_.find(deadlines_.begin()->second);
+      auto f = feeds_.find(p->second.req.ns);  // a feed with parked polls stays
+      std::optional<KvsWatchReply> r = AnswerLocked(p->second.req, *f->second, true);
       due.emplace_back(std::move(p->second.done), std::move(*r));
-      p = parked_.erase(p);
+      EndParkedLocked(p, f->second.get());
     }
-    if (!due.empty()) {
+    if (now >= next_sweep) {
+      SweepLocked(now);
+      next_sweep = now + sweep_every;
+    }
+    std::vector<KvsWatchTicket> unwatch;
+    unwatch.swap(retired_);
+    if (!due.empty() || !unwatch.empty()) {
       lk.unlock();
       Run(&due);
+      for (KvsWatchTicket t : unwatch) store_->Unwatch(t);
       lk.lock();
       continue;
     }
-    timer_cv_.wait_until(lk, next);
+    auto wake = next_sweep;
+    if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
+    timer_cv_.wait_until(lk, wake);
   }
 }
 
 Result<KvsWatchReply> ChangeFeeds::Poll(const KvsWatchRequest& req, Deadline deadline,
                                         const CancelFn& cancel) {
   std::unique_lock<std::mutex> lk(mu_);
+  if (shutdown_) return Status(DYAD_RC_CANCELLED, "metadata store is stopping");
+  Status refused;
+  Feed* f = FeedOf(req.ns, &refused);
+  if (f == nullptr) return refused;
+  // A feed with a poll in progress is never freed: `f` outlives the unlocks.
+  ++f->polling;
+  struct Done {
+    Feed* f;
+    ~Done() {
+      --f->polling;
+      f->used = SteadyClock::now();
+    }
+  } done{f};  // runs with `lk` held (declared after it)
   for (;;) {
-    // FeedOf again each round: the reference must not outlive an unlock.
-    std::optional<KvsWatchReply> r = AnswerLocked(req, FeedOf(req.ns), deadline.expired());
+    std::optional<KvsWatchReply> r = AnswerLocked(req, *f, deadline.expired());
     if (r) return std::move(*r);
     if (shutdown_) return Status(DYAD_RC_CANCELLED, "metadata store is stopping");
     cv_.wait_until(lk, deadline.Min(kCancelPollMs).time_point());

@@ -2,21 +2,39 @@
 // services that use the embedded store remotely).
 //
 // The first kKvsWatch for a namespace starts its feed: a watch on the
-// root's MemoryKvs that appends every later Put to a bounded ring, each
-// with a position. A watching service long-polls "the changes after
-// position P" (server-side waits are bounded like kKvsWait's slices); one
-// that asks for a position the ring no longer holds, or for a feed of an
-// earlier root (the epoch differs), is told to resync (List again). So a
-// slow or disconnected watcher costs the root a bounded ring, never an
+// root's MemoryKvs that appends the key of every later Put to a bounded
+// ring, each with a position. A watching service long-polls "the changes
+// after position P" (server-side waits are bounded like kKvsWait's slices);
+// one that asks for a position the ring no longer holds, or for a feed it
+// did not get its position from (the epoch differs: an earlier root, or a
+// feed freed and started again), is told to resync (List again). So a slow
+// or disconnected watcher costs the root a bounded ring, never an
 // unbounded queue.
+//
+// What the root holds (issue 25, item 5), whatever its watchers do:
+//  * a ring holds keys, not values: a reply reads each key's current value
+//    from the store when it is sent (as much as one reply carries), so a
+//    watcher is told "this key has this value", the newest, and a removed
+//    key is skipped. A ring holds at most ring_entries keys and
+//    ring_key_bytes of them; older ones fall off (a watcher behind them
+//    resyncs);
+//  * a feed nobody polls (none parked or waiting, no poll for idle_ms) is
+//    freed with its ring and its watch on the store; a later poll starts a
+//    new one with a new epoch, so its watcher resyncs;
+//  * at most max_feeds feeds exist: a poll that would start one more is
+//    refused (DYAD_RC_BADREQUEST, naming the limit) once idle feeds are
+//    freed and still none is free.
+// So the feeds hold at most max_feeds x (ring_key_bytes + a few KiB).
 //
 // A poll can also be parked (StartPoll): it then holds no thread, and is
 // answered from the thread of the Put that brings a change, from the
 // feeds' timer at its deadline, or from CancelPoll/Shutdown. The root
 // service parks every peer's poll this way, so watchers (one per namespace
-// per service) never occupy its workers.
+// per service) never occupy its workers. A Put looks at the parked polls
+// of its own namespace only.
 //
 // Threading: thread-safe; Poll is called from many connection threads.
+// Lock order: the feeds' mutex, then the store's (never the reverse).
 #pragma once
 
 #include <condition_variable>
@@ -27,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,14 +57,21 @@
 
 namespace dyad {
 
+struct ChangeFeedLimits {
+  size_t max_feeds = 1024;           // namespaces watched at once
+  int64_t idle_ms = 60000;           // a feed nobody polls this long is freed
+  size_t ring_entries = 16384;       // keys one feed remembers
+  size_t ring_key_bytes = 1u << 20;  // and their bytes
+};
+
 class ChangeFeeds {
  public:
-  static constexpr size_t kRingEntries = 16384;
   static constexpr uint32_t kMaxBatch = 1024;
   static constexpr int64_t kCancelPollMs = 250;
+  // Value bytes one reply carries (at least one change).
   static constexpr size_t kMaxReplyBytes = 4u << 20;
 
-  explicit ChangeFeeds(std::shared_ptr<MemoryKvs> store);
+  explicit ChangeFeeds(std::shared_ptr<MemoryKvs> store, ChangeFeedLimits limits = {});
   ~ChangeFeeds();
   ChangeFeeds(const ChangeFeeds&) = delete;
   ChangeFeeds& operator=(const ChangeFeeds&) = delete;
@@ -54,9 +80,10 @@ class ChangeFeeds {
   Result<KvsWatchReply> Poll(const KvsWatchRequest& req, Deadline deadline, const CancelFn& cancel);
   using PollCallback = std::function<void(Result<KvsWatchReply>)>;
   using PollTicket = uint64_t;
-  // Poll without a thread: returns the answer when there is one now;
-  // otherwise parks the poll, sets *ticket and returns nothing, and `done`
-  // runs once later (quick, must not block). Shutting down: CANCELLED.
+  // Poll without a thread: returns the answer when there is one now (a
+  // refusal included); otherwise parks the poll, sets *ticket and returns
+  // nothing, and `done` runs once later (quick, must not block). Shutting
+  // down: CANCELLED.
   std::optional<Result<KvsWatchReply>> StartPoll(const KvsWatchRequest& req, Deadline deadline,
                                                  PollCallback done, PollTicket* ticket);
   // Ends a parked poll with DYAD_RC_CANCELLED (`done` runs on this thread),
@@ -65,35 +92,53 @@ class ChangeFeeds {
   // Ends every poll in progress (service shutdown).
   void Shutdown();
 
+  const ChangeFeedLimits& limits() const { return limits_; }
+  // Feeds that exist now (for statistics and tests).
+  size_t FeedCount() const;
+
  private:
   struct Feed {
+    uint64_t epoch = 0;  // distinct for every feed this root starts
     KvsWatchTicket ticket = 0;
-    uint64_t head = 0;                                     // position of the newest change
-    std::deque<std::pair<std::string, std::string>> ring;  // positions head-size+1 .. head
+    uint64_t head = 0;             // position of the newest change
+    std::deque<std::string> ring;  // keys at positions head-size+1 .. head
+    size_t ring_bytes = 0;         // of the keys in `ring`
+    std::set<uint64_t> parked;     // tickets of its parked polls
+    int polling = 0;               // blocking Polls in progress
+    SteadyClock::time_point used;  // last poll
   };
   struct Parked {
     KvsWatchRequest req;
-    SteadyClock::time_point deadline;
+    std::multimap<SteadyClock::time_point, PollTicket>::iterator deadline;
     PollCallback done;
   };
   using Answers = std::vector<std::pair<PollCallback, Result<KvsWatchReply>>>;
-  Feed& FeedOf(const std::string& ns);  // under mu_
-  void Append(const std::string& ns, const KvsChange& c);
+  // The feed of `ns`, started if need be; null (and *refused set) when the
+  // feeds are at their limit.
+  Feed* FeedOf(const std::string& ns, Status* refused);  // under mu_
+  void Append(const std::string& ns, uint64_t epoch, const KvsChange& c);
   // The reply to `req` if there is one now (or `force`: at its deadline).
   std::optional<KvsWatchReply> AnswerLocked(const KvsWatchRequest& req, Feed& f, bool force);
+  // Frees the feeds idle for `idle_ms`; their store watches go to retired_.
+  void SweepLocked(SteadyClock::time_point now);
+  void EndParkedLocked(std::map<PollTicket, Parked>::iterator p, Feed* f);
   void TimerLoop();
   static void Run(Answers* a);
 
   const std::shared_ptr<MemoryKvs> store_;
+  const ChangeFeedLimits limits_;
   const uint64_t epoch_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<Feed>> feeds_;  // guarded by mu_
-  bool shutdown_ = false;                               // guarded by mu_
-  PollTicket next_poll_ = 1;                            // guarded by mu_
-  std::map<PollTicket, Parked> parked_;                 // guarded by mu_
+  uint64_t started_ = 0;                                // feeds ever started; guarded by mu_
+  std::vector<KvsWatchTicket> retired_;  // store watches to end off the lock; guarded by mu_
+  bool shutdown_ = false;                // guarded by mu_
+  PollTicket next_poll_ = 1;             // guarded by mu_
+  std::map<PollTicket, Parked> parked_;  // guarded by mu_
+  std::multimap<SteadyClock::time_point, PollTicket> deadlines_;  // guarded by mu_
   std::condition_variable timer_cv_;
-  std::thread timer_;  // started by the first parked poll, under mu_
+  std::thread timer_;  // started with the first feed, under mu_
 };
 
 }  // namespace dyad

@@ -135,6 +135,10 @@ class EmbeddedKvs final : public Kvs {
     bool established = false;  // first position known; guarded by feed_mu_
     bool quiet_first = true;   // Watch is still waiting for it; guarded by feed_mu_
     int fd = -1;               // the link in use, shut down to stop; guarded by feed_mu_
+    // The root's refusal of the latest poll (at its limit of watched
+    // namespaces, say); OK once a poll is answered. guarded by feed_mu_
+    Status refused;
+    int64_t refused_backoff_ms = 0;  // feed thread only
   };
   void FeedLoop(Feed* feed);
   bool FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor);

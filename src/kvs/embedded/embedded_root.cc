@@ -36,9 +36,14 @@ void HandleWaitParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestC
   if (!DecodeOrExplain(server, kType, ctx, payload, &req)) return;
   const int64_t ms = SliceMs(req.timeout_ms);
   std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
-  auto reply = [server](const Status& st, const std::string& body) {
-    return [server, st, body](RequestContext& c) {
-      if (!server->SendResult(kType, st, body, c.ch).ok()) c.ch.MarkBroken();
+  // What the store's threads hold refers to the server weakly: the last
+  // reference to it (and so to the store) must never be dropped on one of
+  // the store's own threads, whose destructor joins them.
+  const std::weak_ptr<EmbeddedKvsServer> weak = server;
+  auto reply = [weak](const Status& st, const std::string& body) {
+    return [weak, st, body](RequestContext& c) {
+      const std::shared_ptr<EmbeddedKvsServer> s = weak.lock();
+      if (s == nullptr || !s->SendResult(kType, st, body, c.ch).ok()) c.ch.MarkBroken();
     };
   };
   Result<KvsWaitTicket> ticket = server->store()->StartWait(
@@ -49,7 +54,9 @@ void HandleWaitParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestC
         parked->Resume(reply(Status::OK(), e.Take()));
       });
   if (!ticket.ok()) return parked->Resume(reply(ticket.status(), {}));
-  parked->OnHangup([store = server->store(), t = *ticket] { store->CancelWait(t); });
+  parked->OnHangup([weak, t = *ticket] {
+    if (const std::shared_ptr<EmbeddedKvsServer> s = weak.lock()) s->store()->CancelWait(t);
+  });
 }
 
 // A peer's watch poll without a thread: answered now when there are
@@ -60,14 +67,18 @@ void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, Request
   KvsWatchRequest req;
   if (!DecodeOrExplain(server, kType, ctx, payload, &req)) return;
   const int64_t ms = SliceMs(req.timeout_ms);
-  auto send = [server](RequestContext& c, const Result<KvsWatchReply>& r) {
+  // Weakly, as in HandleWaitParked: the feeds' timer must not drop the
+  // last reference to the server that owns it.
+  const std::weak_ptr<EmbeddedKvsServer> weak = server;
+  auto send = [weak](RequestContext& c, const Result<KvsWatchReply>& r) {
     std::string body;
     if (r.ok()) {
       Encoder e;
       r->EncodeTo(e);
       body = e.Take();
     }
-    if (!server->SendResult(kType, r.status(), body, c.ch).ok()) c.ch.MarkBroken();
+    const std::shared_ptr<EmbeddedKvsServer> s = weak.lock();
+    if (s == nullptr || !s->SendResult(kType, r.status(), body, c.ch).ok()) c.ch.MarkBroken();
   };
   std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
   ChangeFeeds::PollTicket ticket = 0;
@@ -80,7 +91,9 @@ void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, Request
   if (now) {
     return parked->Resume([send, r = std::move(*now)](RequestContext& c) { send(c, r); });
   }
-  parked->OnHangup([server, ticket] { server->feeds().CancelPoll(ticket); });
+  parked->OnHangup([weak, ticket] {
+    if (const std::shared_ptr<EmbeddedKvsServer> s = weak.lock()) s->feeds().CancelPoll(ticket);
+  });
 }
 
 }  // namespace
@@ -99,9 +112,13 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
       Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch, ctx.cancel);
       if (!sent.ok()) ctx.ch.MarkBroken();
     };
-    // Put, get, remove and list only touch the store's memory: the service's
-    // event loop runs them itself. Waits and watch polls wait, so they park
-    // (a worker only starts them).
+    // Put, get, remove, list and batched reads only touch the store's
+    // memory, and each does bounded work (a get copies one value, a
+    // batched read at most kMultiGetReplyBytes of values, a listing is
+    // measured before it is copied and stops at one frame, or scans at
+    // most KeyTable::kMaxOrderedScan keys when it needs key order): the
+    // service's event loop runs them itself. Waits and watch polls wait, so
+    // they park (a worker only starts them).
     // Batched reads have a counter of their own: `dyad status` then tells
     // how many reads were batched.
     if (type == MsgType::kKvsWait || type == MsgType::kKvsWatch) {

@@ -8,12 +8,6 @@
 #include "proto/protocol.h"
 
 namespace dyad {
-namespace {
-
-// Room for the reply header (code, message) inside one frame.
-constexpr size_t kReplyHeadroom = 4096;
-
-}  // namespace
 
 EmbeddedKvsServer::EmbeddedKvsServer(std::shared_ptr<MemoryKvs> store, int64_t reply_timeout_ms)
     : store_(store ? std::move(store) : std::make_shared<MemoryKvs>()),
@@ -77,19 +71,13 @@ Status EmbeddedKvsServer::Execute(uint16_t type, const std::string& payload, con
       DYAD_RETURN_IF_ERROR(store_->Remove(req.ns, req.key));
       break;
     case MsgType::kKvsList: {
-      Result<std::vector<KvsEntry>> r = store_->List(req.ns, req.key, req.limit);
+      // Measured before it is copied: refused rather than truncated (a
+      // silently partial listing would be read as complete).
+      Result<std::vector<KvsEntry>> r =
+          store_->ListUpTo(req.ns, req.key, req.limit, kMaxListReplyBytes - 4);
       if (!r.ok()) return r.status();
       e.U32(static_cast<uint32_t>(r->size()));
-      for (const KvsEntry& kv : *r) {
-        e.Str(kv.first).Str(kv.second);
-        // Refuse rather than truncate: a silently partial listing would be
-        // read as complete.
-        if (e.data().size() + kReplyHeadroom > kMaxFramePayload) {
-          return Status(DYAD_RC_BADPACK,
-                        "listing of '" + req.key + "*' in namespace '" + req.ns +
-                            "' does not fit in one message; ask for fewer entries (limit)");
-        }
-      }
+      for (const KvsEntry& kv : *r) e.Str(kv.first).Str(kv.second);
       break;
     }
     default:
@@ -125,21 +113,14 @@ Status EmbeddedKvsServer::ExecuteMultiGet(const std::string& payload, std::strin
     DYAD_LOG_WARN("embedded store: malformed kvs.multi_get request (%zu bytes)", payload.size());
     return Status(DYAD_RC_BADUNPACK, "malformed kvs.multi_get request");
   }
-  Result<KvsValues> r = store_->MultiGet(req.ns, req.keys);
+  // Only the values one reply carries are copied (at least one; a single
+  // value too large for a frame fails in SendResult as a Get of it would).
+  Result<KvsValues> r = store_->MultiGetUpTo(req.ns, req.keys, kMultiGetReplyBytes);
   if (!r.ok()) return r.status();
-  // As many values as fit in one frame, at least one (a single value too
-  // large for a frame fails in SendResult as a Get of it would).
-  Encoder values;
-  uint32_t answered = 0;
-  for (const std::optional<std::string>& v : *r) {
-    const size_t size = 1 + 4 + (v ? v->size() : 0);
-    if (answered > 0 && values.data().size() + size + kReplyHeadroom > kMaxFramePayload) break;
-    values.Bool(v.has_value()).Str(v ? *v : std::string());
-    ++answered;
-  }
   Encoder e;
-  e.U32(answered);
-  *body = e.Take() + values.Take();
+  e.U32(static_cast<uint32_t>(r->size()));
+  for (const std::optional<std::string>& v : *r) e.Bool(v.has_value()).Str(v ? *v : std::string());
+  *body = e.Take();
   return Status::OK();
 }
 

@@ -33,6 +33,16 @@ class EmbeddedKvsServer {
   // Upper bound of one server-side wait; longer client waits are sliced.
   static constexpr int64_t kMaxWaitSliceMs = 5000;
   static constexpr int64_t kDefaultReplyTimeoutMs = 30000;
+  // Room for the reply header (code, message) inside one frame.
+  static constexpr size_t kReplyHeadroom = 4096;
+  // Largest body of a listing's reply: one frame. A listing that does not
+  // fit is refused (measured before anything is copied), never truncated.
+  static constexpr size_t kMaxListReplyBytes = kMaxFramePayload - kReplyHeadroom;
+  // Value bytes one kKvsMultiGet reply carries (at least one value, of at
+  // most a frame): the client asks again for the keys not answered. Small,
+  // so a batched read served on the root's event loop copies no more than
+  // a get of one large value does.
+  static constexpr size_t kMultiGetReplyBytes = 1u << 20;
 
   // Serves `store`, or a store of its own when null. Sharing the store lets
   // the root service use it directly as its own Kvs.

@@ -36,7 +36,15 @@ Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallbac
   }
   Feed* feed = it->second.get();
   feed_cv_.wait_for(lk, std::chrono::milliseconds(kEstablishMs),
-                    [feed] { return feed->established || feed->stop; });
+                    [feed] { return feed->established || feed->stop || !feed->refused.ok(); });
+  if (!feed->established && !feed->refused.ok()) {
+    // The root refused the feed (its limit of watched namespaces): say so
+    // rather than watch nothing. The feed stops when nobody else uses it.
+    const Status refused = feed->refused;
+    lk.unlock();
+    Unwatch(ticket);
+    return refused;
+  }
   feed->quiet_first = false;
   return ticket;
 }
@@ -112,11 +120,22 @@ bool EmbeddedKvs::FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor) {
   Status st = CallRpc(ch, MsgType::kKvsWatch, e.data(), &body,
                       Deadline::AfterMs(kWaitSliceMs + kReplyGraceMs));
   if (!st.ok()) {
-    if (!ch.broken() && st.code() != DYAD_RC_CANCELLED)
-      DYAD_LOG_WARN("watch of namespace '%s' refused by the root: %s", feed->ns.c_str(),
-                    st.ToString().c_str());
-    return false;
+    if (ch.broken() || st.code() == DYAD_RC_CANCELLED) return false;
+    DYAD_LOG_WARN("watch of namespace '%s' refused by the root: %s", feed->ns.c_str(),
+                  st.ToString().c_str());
+    // The link is fine: ask again on it after a back-off, rather than
+    // dialling the root again at once.
+    feed->refused_backoff_ms = feed->refused_backoff_ms == 0
+                                   ? kBackoffFirstMs
+                                   : std::min(feed->refused_backoff_ms * 2, kBackoffMaxMs);
+    std::unique_lock<std::mutex> lk(feed_mu_);
+    feed->refused = st;
+    feed_cv_.notify_all();
+    feed_cv_.wait_for(lk, std::chrono::milliseconds(feed->refused_backoff_ms),
+                      [feed] { return feed->stop; });
+    return !feed->stop;
   }
+  feed->refused_backoff_ms = 0;
   KvsWatchReply reply;
   Decoder d(body);
   if (!reply.DecodeFrom(d) || !d.done()) {
@@ -129,6 +148,7 @@ bool EmbeddedKvs::FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor) {
   bool resync = reply.resync;
   {
     std::lock_guard<std::mutex> lk(feed_mu_);
+    feed->refused = Status::OK();
     if (!feed->established) {
       feed->established = true;
       if (feed->quiet_first) resync = false;  // Watch has not returned: its caller lists next

@@ -9,6 +9,16 @@
 // time (a rehash runs under the store's lock and would stall every request
 // meanwhile). Key order, which only List needs, is made by List itself.
 //
+// A listing answered to another process (CollectUpTo, issue 25) costs at
+// most what it returns or a bounded scan: a whole namespace is measured
+// over the shards, stopping as soon as the reply's budget is exceeded
+// (so it looks at no more entries than fit, plus one) and is sorted by
+// the caller off the store's lock; a listing that needs key order (a
+// prefix or a limit) scans the namespace, so it is served for namespaces
+// of at most kMaxOrderedScan keys and refused beyond. (An ordered index
+// kept beside the shards would make it cheap at any size, but cost every
+// new key's put about four times its hash insertion.)
+//
 // Threading: none; MemoryKvs guards it with its mutex.
 #pragma once
 
@@ -38,6 +48,21 @@ class KeyTable {
   // all of them in no particular order when `limit` is 0 (the caller sorts,
   // after leaving the store's lock), else the `limit` smallest keys, in order.
   void Collect(const std::string& prefix, uint32_t limit, std::vector<KvsEntry>* out) const;
+
+  // Keys a listing that needs key order may scan.
+  static constexpr size_t kMaxOrderedScan = 65536;
+  // Bytes an entry adds to an encoded listing besides its key and value
+  // (two length prefixes).
+  static constexpr size_t kEntryOverhead = 8;
+  enum class Listed { kOk, kOverBudget, kTooManyToOrder };
+  // As Collect, measured before anything is copied: when the entries'
+  // encoded size (key + value + kEntryOverhead each) would exceed
+  // `max_bytes`, copies nothing (kOverBudget). A listing with a prefix or
+  // a limit of a namespace of more than kMaxOrderedScan keys is refused
+  // (kTooManyToOrder) without a scan.
+  Listed CollectUpTo(const std::string& prefix, uint32_t limit, size_t max_bytes,
+                     std::vector<KvsEntry>* out) const;
+  size_t size() const { return size_; }
 
  private:
   using Shard = std::unordered_map<std::string, std::string>;

@@ -235,6 +235,52 @@ Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::
   return out;
 }
 
+Result<std::vector<KvsEntry>> MemoryKvs::ListUpTo(const std::string& ns, const std::string& prefix,
+                                                  uint32_t limit, size_t max_bytes) {
+  std::vector<KvsEntry> out;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto nit = data_.find(ns);
+    if (nit == data_.end()) return out;
+    switch (nit->second.CollectUpTo(prefix, limit, max_bytes, &out)) {
+      case KeyTable::Listed::kOk:
+        break;
+      case KeyTable::Listed::kOverBudget:
+        return Status(DYAD_RC_BADPACK,
+                      "listing of '" + prefix + "*' in namespace '" + ns +
+                          "' exceeds the reply limit of " + std::to_string(max_bytes) +
+                          " bytes (one message); ask for fewer entries (limit) or a longer prefix");
+      case KeyTable::Listed::kTooManyToOrder:
+        return Status(DYAD_RC_BADREQUEST,
+                      "namespace '" + ns + "' holds " + std::to_string(nit->second.size()) +
+                          " keys, more than the " + std::to_string(KeyTable::kMaxOrderedScan) +
+                          " a listing with a prefix or a limit may scan; list it whole");
+    }
+  }
+  // Sorted off the lock (a listing with a prefix or limit came in order).
+  if (prefix.empty() && limit == 0) SortByKey(&out);
+  return out;
+}
+
+Result<KvsValues> MemoryKvs::MultiGetUpTo(const std::string& ns,
+                                          const std::vector<std::string>& keys, size_t max_bytes) {
+  KvsValues out;
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto nit = data_.find(ns);
+  // Measured key by key before its value is copied: a request naming one
+  // large value thousands of times copies what one reply carries.
+  size_t bytes = 0;
+  for (const std::string& key : keys) {
+    const std::string* v = nit == data_.end() ? nullptr : nit->second.Find(key);
+    const size_t size = v == nullptr ? 0 : v->size();
+    if (!out.empty() && size > max_bytes - std::min(bytes, max_bytes)) break;
+    bytes += size;
+    out.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(*v));
+    if (bytes >= max_bytes) break;
+  }
+  return out;
+}
+
 void MemoryKvs::Shutdown() {
   Completions cancelled;
   {

@@ -58,6 +58,24 @@ class MemoryKvs final : public Kvs {
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
+
+  // The bounded forms a server answering other processes uses (issue 25):
+  // each measures under the lock before it copies, and copies no more than
+  // its reply may carry, so a request costs what its reply does.
+  //
+  // As List, but a listing whose encoded size (KeyTable::kEntryOverhead
+  // per entry besides key and value) would exceed `max_bytes` copies
+  // nothing and fails with DYAD_RC_BADPACK, naming the limit; one with a
+  // prefix or a limit of a namespace of more than KeyTable::kMaxOrderedScan
+  // keys fails with DYAD_RC_BADREQUEST, naming that limit, without a scan.
+  Result<std::vector<KvsEntry>> ListUpTo(const std::string& ns, const std::string& prefix,
+                                         uint32_t limit, size_t max_bytes);
+  // The values of the first keys of `keys`, in order, as many as fit in
+  // `max_bytes` of values (at least one key, whatever its value's size):
+  // the result may be shorter than `keys`, and the caller asks again for
+  // the rest.
+  Result<KvsValues> MultiGetUpTo(const std::string& ns, const std::vector<std::string>& keys,
+                                 size_t max_bytes);
   // `done` runs on the timer thread, or on the thread of the Put, CancelWait
   // or Shutdown that ends the wait.
   Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
