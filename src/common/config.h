@@ -41,6 +41,17 @@ Result<uint64_t> EnvUint(const char* name, uint64_t def);
 Result<int64_t> EnvTimeoutMs(const char* name, int64_t def_ms);
 bool ParseBool(const std::string& text);
 
+// True for variables that hold a secret themselves (a name with SECRET or
+// PASSWORD that does not end in _FILE): their values are never printed.
+bool ConfigValueIsSecret(const std::string& name);
+// `value` with passwords inside it replaced by ***: the PASSWORD of
+// scheme://[USER]:PASSWORD@HOST (redis://:pw@host) and the values of
+// password=, pass=, secret= and token= query parameters.
+std::string RedactSecrets(const std::string& value);
+// What `dyad info` shows for `name`=`value`: "(set, hidden)" for secret
+// variables, else RedactSecrets(value).
+std::string ConfigValueForDisplay(const std::string& name, const std::string& value);
+
 // Default Unix socket of the local service: $DYAD_SERVICE_SOCKET, else
 // /tmp/dyad-<uid>/service.sock.
 std::string DefaultServiceSocket();

@@ -86,6 +86,8 @@ struct ServiceOptions {
   // such request), so that a mixed-version cluster can be checked.
   bool serve_fetch_batch = true;
   std::string ready_file;
+  // Mode of the ready file (DYAD_SERVICE_FILE_MODE); the umask narrows it.
+  unsigned file_mode = 0600;
   bool debug = false;
   uint64_t cache_bytes = 0;           // budget of fetched copies (0 = unlimited)
   uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
