@@ -89,8 +89,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "through to the file system. Either way one message goes to stderr."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
-       "serve spans to this file; processes may share it, and %p in the name gives one file per "
-       "process (docs/operations.md)."},
+       "serve spans to this file; processes of one user may share it, and %p (pid) and %h (host) "
+       "in the name give one file per process. Keep it in a private directory, e.g. "
+       "$XDG_RUNTIME_DIR/dyad-%h-%p.json: a file of another user, one group or others may "
+       "write, or a symlink is refused; a new one is created 0600 (docs/operations.md)."},
       {"DYAD_EMU_NO_NETNS", ConfigKind::kBool, "false", "tests",
        "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
        "network namespaces (automatic when namespaces cannot be created)."},
