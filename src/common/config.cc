@@ -204,6 +204,15 @@ std::optional<std::string> GetEnv(const char* name) {
   return std::string(v);
 }
 
+void EraseEnv(const char* name) {
+  if (char* v = std::getenv(name)) {
+    // volatile: the compiler may not drop stores to memory it sees no use of.
+    volatile char* p = v;
+    while (*p != '\0') *p++ = '\0';
+  }
+  ::unsetenv(name);
+}
+
 bool ParseBool(const std::string& text) {
   std::string t = text;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });

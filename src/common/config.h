@@ -33,6 +33,10 @@ const ConfigEntry* FindConfigEntry(const std::string& name);
 
 // Raw value of an environment variable, if set.
 std::optional<std::string> GetEnv(const char* name);
+// Removes `name` from the environment after overwriting its value where it
+// is stored (for the initial environment: what /proc/PID/environ shows).
+// Not thread-safe (setenv/unsetenv): call it before starting threads.
+void EraseEnv(const char* name);
 // Parses a boolean the DYAD way. An unset variable gives `def`.
 bool EnvBool(const char* name, bool def);
 // Parses an unsigned integer; malformed values give an error naming the variable.

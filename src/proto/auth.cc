@@ -313,10 +313,7 @@ namespace {
 // Removes DYAD_SECRET from the environment and overwrites its value where
 // the process started with it (the block /proc/PID/environ shows), once
 // the secret is copied.
-void ForgetSecretVariable() {
-  if (char* v = std::getenv("DYAD_SECRET")) OPENSSL_cleanse(v, std::strlen(v));
-  ::unsetenv("DYAD_SECRET");
-}
+void ForgetSecretVariable() { EraseEnv("DYAD_SECRET"); }
 
 }  // namespace
 

@@ -222,6 +222,9 @@ TEST(Hardening2, SecretVariableRemovedOnceRead) {
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(*s, secret);
   EXPECT_EQ(std::getenv("DYAD_SECRET"), nullptr) << "DYAD_SECRET is still in the environment";
+  // And its value is overwritten where it was stored (glibc keeps the
+  // strings setenv made, so the old pointer still points at that memory).
+  EXPECT_EQ(value[0], '\0');
 }
 
 // --- item 9: `dyad info` never prints secrets ---------------------------------
