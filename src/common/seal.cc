@@ -238,8 +238,10 @@ Status RecordCipher::Open(std::string_view aad, char* data, size_t len,
   if (EVP_DecryptFinal_ex(ctx_, scratch, &outl) != 1) {
     failed_ = true;
     return Status(DYAD_RC_AUTH, "record " + std::to_string(record) +
-                                    " from the peer failed its integrity check (altered, "
-                                    "replayed or reordered in transit)");
+                                    " from the peer failed its integrity check: the bytes "
+                                    "received are not the ones the peer sealed (altered, "
+                                    "replayed or reordered on the way, or a file rewritten on "
+                                    "its owner while being sent with integrity protection)");
   }
   if (use.overlapped()) {
     failed_ = true;
@@ -290,8 +292,10 @@ Status RecordCipher::OpenFinish(const unsigned char tag[kSealTagSize]) {
       EVP_DecryptFinal_ex(ctx_, scratch, &outl) != 1) {
     failed_ = true;
     return Status(DYAD_RC_AUTH, "record " + std::to_string(opening_) +
-                                    " from the peer failed its integrity check (altered, "
-                                    "replayed or reordered in transit)");
+                                    " from the peer failed its integrity check: the bytes "
+                                    "received are not the ones the peer sealed (altered, "
+                                    "replayed or reordered on the way, or a file rewritten on "
+                                    "its owner while being sent with integrity protection)");
   }
   if (use.overlapped()) {
     failed_ = true;
