@@ -29,7 +29,7 @@
 
 namespace dyad::bench {
 
-constexpr char kStoreSecret[] = "bench-secret";
+constexpr char kStoreSecret[] = "bench-secret-0123456789abcdef0123";
 
 // Lifts the soft limit on open descriptors to the hard one.
 inline void RaiseFdLimit() {

@@ -41,7 +41,7 @@
 namespace dyad {
 namespace {
 
-constexpr char kSecret[] = "bench-secret";
+constexpr char kSecret[] = "bench-secret-0123456789abcdef0123";
 
 struct Row {
   std::string level;

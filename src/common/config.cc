@@ -93,8 +93,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "never. Unset: 5 when stderr is a terminal, else never (docs/preload.md)."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
-       "serve spans to this file; processes may share it, and %p in the name gives one file per "
-       "process (docs/operations.md)."},
+       "serve spans to this file; processes of one user may share it, and %p (pid) and %h (host) "
+       "in the name give one file per process. Keep it in a private directory, e.g. "
+       "$XDG_RUNTIME_DIR/dyad-%h-%p.json: a file of another user, one group or others may "
+       "write, or a symlink is refused; a new one is created 0600 (docs/operations.md)."},
       {"DYAD_EMU_NO_NETNS", ConfigKind::kBool, "false", "tests",
        "`dyad demo`, the tests and the benchmarks: emulate nodes with loopback ports instead of "
        "network namespaces (automatic when namespaces cannot be created)."},
@@ -138,9 +140,12 @@ std::vector<ConfigEntry> CoreEntries() {
        "Most connections in their handshake from one remote address, so one host cannot take "
        "every handshake slot."},
       {"DYAD_SECRET_FILE", ConfigKind::kString, "", "service",
-       "File holding the cluster secret that services use to authenticate each other (mode 600)."},
+       "File holding the cluster secret that services use to authenticate each other (mode 600; "
+       "at least 128 random bits, e.g. 32 hex digits: `dyad secret init FILE` writes one)."},
       {"DYAD_SECRET", ConfigKind::kString, "", "service",
-       "The cluster secret itself (prefer DYAD_SECRET_FILE)."},
+       "The cluster secret itself (prefer DYAD_SECRET_FILE; at least 128 random bits). "
+       "dyad-service removes it from its environment once read; `dyad info` shows only whether "
+       "it is set."},
       {"DYAD_MUNGE", ConfigKind::kBool, "false", "service",
        "Services also authenticate each other with MUNGE credentials of the same uid (with a "
        "secret: both are required; without one: MUNGE alone). Needs munged on every node "
@@ -163,9 +168,15 @@ std::vector<ConfigEntry> CoreEntries() {
        "Free space a prefetch leaves in the consumer's file system: a percentage of its size "
        "('10%') or bytes ('2G', '500M'); a file that would go below it is fetched only when "
        "consumed (docs/prefetch.md)."},
+      {"DYAD_SERVICE_FILE_MODE", ConfigKind::kString, "0600", "service",
+       "Octal mode of the files the service creates for its operator: the -i/-e logs (an "
+       "existing one of the service's user that is wider is narrowed) and the --ready-file. The "
+       "umask narrows it further. Logs quote paths and peers' addresses: widen it (e.g. 0640) "
+       "only for a group that may read them."},
       {"DYAD_INSECURE", ConfigKind::kBool, "false", "service",
-       "Let a service without any credential listen beyond loopback (it refuses otherwise): "
-       "every host reaching its port can then fetch files and use the metadata store."},
+       "Let a service without any credential listen, on loopback too (it refuses otherwise): "
+       "every process reaching its port (on loopback: every local user) can then fetch any "
+       "file of its producer directory and use the metadata store."},
   };
 }
 
@@ -207,6 +218,15 @@ std::optional<std::string> GetEnv(const char* name) {
   return std::string(v);
 }
 
+void EraseEnv(const char* name) {
+  if (char* v = std::getenv(name)) {
+    // volatile: the compiler may not drop stores to memory it sees no use of.
+    volatile char* p = v;
+    while (*p != '\0') *p++ = '\0';
+  }
+  ::unsetenv(name);
+}
+
 bool ParseBool(const std::string& text) {
   std::string t = text;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -243,6 +263,44 @@ Result<int64_t> EnvTimeoutMs(const char* name, int64_t def_ms) {
   if (s == 0) return int64_t{-1};
   // Huge values (1e300) mean "practically no limit", never an overflow.
   return SecondsToMsSaturating(s);
+}
+
+bool ConfigValueIsSecret(const std::string& name) {
+  const bool names_a_file = name.size() >= 5 && name.compare(name.size() - 5, 5, "_FILE") == 0;
+  return !names_a_file &&
+         (name.find("SECRET") != std::string::npos || name.find("PASSWORD") != std::string::npos);
+}
+
+std::string RedactSecrets(const std::string& value) {
+  std::string out = value;
+  // scheme://[USER]:PASSWORD@HOST...: the password becomes ***.
+  const size_t scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    const size_t start = scheme + 3;
+    const size_t end = out.find_first_of("/?#", start);
+    const size_t at = out.rfind('@', end == std::string::npos ? std::string::npos : end);
+    if (at != std::string::npos && at >= start) {
+      const size_t colon = out.find(':', start);
+      if (colon != std::string::npos && colon < at) out.replace(colon + 1, at - colon - 1, "***");
+    }
+  }
+  // ?password=...&secret=...: the values become *** (password_file stays:
+  // a path).
+  for (const char* key : {"password=", "pass=", "secret=", "token="}) {
+    for (size_t pos = out.find(key); pos != std::string::npos; pos = out.find(key, pos + 1)) {
+      if (pos > 0 && out[pos - 1] != '?' && out[pos - 1] != '&' && out[pos - 1] != ';') continue;
+      const size_t v = pos + std::strlen(key);
+      const size_t e = out.find_first_of("&;#", v);
+      out.replace(v, (e == std::string::npos ? out.size() : e) - v, "***");
+    }
+  }
+  return out;
+}
+
+std::string ConfigValueForDisplay(const std::string& name, const std::string& value) {
+  if (ConfigValueIsSecret(name))
+    return value.empty() ? std::string("(set, empty)") : std::string("(set, hidden)");
+  return RedactSecrets(value);
 }
 
 std::string DefaultServiceSocket() {

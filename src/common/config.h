@@ -33,6 +33,10 @@ const ConfigEntry* FindConfigEntry(const std::string& name);
 
 // Raw value of an environment variable, if set.
 std::optional<std::string> GetEnv(const char* name);
+// Removes `name` from the environment after overwriting its value where it
+// is stored (for the initial environment: what /proc/PID/environ shows).
+// Not thread-safe (setenv/unsetenv): call it before starting threads.
+void EraseEnv(const char* name);
 // Parses a boolean the DYAD way. An unset variable gives `def`.
 bool EnvBool(const char* name, bool def);
 // Parses an unsigned integer; malformed values give an error naming the variable.
@@ -40,6 +44,17 @@ Result<uint64_t> EnvUint(const char* name, uint64_t def);
 // Parses seconds (fractional allowed); "0", "", "inf" or "none" mean no limit (-1 ms).
 Result<int64_t> EnvTimeoutMs(const char* name, int64_t def_ms);
 bool ParseBool(const std::string& text);
+
+// True for variables that hold a secret themselves (a name with SECRET or
+// PASSWORD that does not end in _FILE): their values are never printed.
+bool ConfigValueIsSecret(const std::string& name);
+// `value` with passwords inside it replaced by ***: the PASSWORD of
+// scheme://[USER]:PASSWORD@HOST (redis://:pw@host) and the values of
+// password=, pass=, secret= and token= query parameters.
+std::string RedactSecrets(const std::string& value);
+// What `dyad info` shows for `name`=`value`: "(set, hidden)" for secret
+// variables, else RedactSecrets(value).
+std::string ConfigValueForDisplay(const std::string& name, const std::string& value);
 
 // Default Unix socket of the local service: $DYAD_SERVICE_SOCKET, else
 // /tmp/dyad-<uid>/service.sock.

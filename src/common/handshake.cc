@@ -67,6 +67,7 @@ bool ChallengeMsg::Decode(std::string_view payload, ChallengeMsg* out, bool* old
 std::string AuthenticateMsg::Encode() const {
   Encoder e;
   e.Str(munge).Str(mac);
+  if (!challenge_hash.empty()) e.Str(challenge_hash).Str(secret_check);
   return hello.Encode() + e.Take();
 }
 
@@ -76,6 +77,13 @@ bool AuthenticateMsg::Decode(std::string_view payload, AuthenticateMsg* out) {
   if (!DecodeHello(d, &m.hello)) return false;
   m.munge = d.Str(kMaxMungeCredential);
   m.mac = d.Str(kHandshakeMacSize);
+  if (!d.failed() && !d.done()) {
+    m.challenge_hash = d.Str(kHandshakeMacSize);
+    m.secret_check = d.Str(kHandshakeMacSize);
+    if (m.challenge_hash.size() != kHandshakeMacSize ||
+        (!m.secret_check.empty() && m.secret_check.size() != kHandshakeMacSize))
+      return false;
+  }
   if (!d.done() || (!m.mac.empty() && m.mac.size() != kHandshakeMacSize)) return false;
   *out = std::move(m);
   return true;
@@ -95,6 +103,14 @@ bool ServerProofMsg::Decode(std::string_view body, ServerProofMsg* out) {
   if (!d.done() || (!m.mac.empty() && m.mac.size() != kHandshakeMacSize)) return false;
   *out = std::move(m);
   return true;
+}
+
+std::string Sha256(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int md_len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &md_len, EVP_sha256(), nullptr) != 1)
+    return std::string();
+  return std::string(reinterpret_cast<char*>(md), md_len);
 }
 
 std::string HandshakeTranscript(std::string_view challenge_payload, const Hello& client) {

@@ -5,7 +5,9 @@
 //
 //   accepting side  -> kChallenge     label, Hello(nonce, rank, incarnation,
 //                                      credentials, protection, X25519 key)
-//   connecting side -> kAuthenticate  Hello(...), MUNGE credential, MAC
+//   connecting side -> kAuthenticate  Hello(...), MUNGE credential, MAC,
+//                                      and (since 0.9) the challenge's hash
+//                                      and a secret check (below)
 //   accepting side  -> kReply         status; on success its MUNGE
 //                                      credential and MAC
 //
@@ -61,6 +63,16 @@ struct AuthenticateMsg {
   Hello hello;
   std::string munge;  // MUNGE credential ("" without MUNGE)
   std::string mac;    // HMAC of the transcript ("" without a secret)
+  // So that the accepting side can name why a proof fails (both "" from
+  // peers before them, which Decode accepts):
+  //   challenge_hash  SHA-256 of the challenge payload as received: differs
+  //                   from the one sent when the challenge was altered;
+  //   secret_check    HMAC-SHA256(secret, label " secret-check " server
+  //                   nonce) ("" without a secret): matches when both hold
+  //                   the same secret, so a `mac` that fails then means the
+  //                   handshake was altered, not the secret wrong.
+  std::string challenge_hash;
+  std::string secret_check;
   std::string Encode() const;
   static bool Decode(std::string_view payload, AuthenticateMsg* out);
 };
@@ -72,6 +84,9 @@ struct ServerProofMsg {
   std::string Encode() const;
   static bool Decode(std::string_view body, ServerProofMsg* out);
 };
+
+// SHA-256 of `data` (32 bytes; "" if the digest failed).
+std::string Sha256(std::string_view data);
 
 // SHA-256 of label || challenge payload || the connecting side's Hello.
 std::string HandshakeTranscript(std::string_view challenge_payload, const Hello& client);

@@ -240,6 +240,12 @@ void Channel::Protect(LinkProtection level, std::unique_ptr<RecordCipher> send,
   protection_ = level;
   send_cipher_ = std::move(send);
   recv_cipher_ = std::move(recv);
+  protected_at_ms_ = static_cast<int64_t>(MonoNs() / 1000000) + 1;
+}
+
+bool Channel::Retired() const {
+  return protected_at_ms_ != 0 &&
+         static_cast<int64_t>(MonoNs() / 1000000) + 1 - protected_at_ms_ > kMaxSessionAgeMs;
 }
 
 int SpinBudgetUs() {

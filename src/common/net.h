@@ -156,6 +156,12 @@ class Channel {
   void Protect(LinkProtection level, std::unique_ptr<RecordCipher> send,
                std::unique_ptr<RecordCipher> recv);
   LinkProtection protection() const { return protection_; }
+  // True once the session authenticated more than kMaxSessionAgeMs ago
+  // (common/seal.h): pools stop reusing it, and the next use dials a new
+  // session with a new handshake and new keys.
+  bool Retired() const;
+  // Makes the session look `ms` older (tests of retirement).
+  void AgeForTest(int64_t ms) { protected_at_ms_ -= ms; }
 
   Status SendFrame(uint16_t type, std::string_view payload, Deadline deadline);
   // As SendFrame, but may overwrite `payload` (encrypting it in place saves
@@ -272,6 +278,7 @@ class Channel {
   LinkProtection protection_ = LinkProtection::kNone;
   std::unique_ptr<RecordCipher> send_cipher_;
   std::unique_ptr<RecordCipher> recv_cipher_;
+  int64_t protected_at_ms_ = 0;  // monotonic; 0: not protected by a handshake yet
   bool broken_ = false;
   bool expecting_ = false;          // a frame was just sent; the answer is imminent
   std::string* capture_ = nullptr;  // see CaptureSends()

@@ -14,22 +14,18 @@ Status CheckListenPolicy(const SocketAddress& listen, bool has_credential, bool 
   if (has_credential) return Status::OK();
   Result<bool> loopback = IsLoopbackAddress(listen);
   if (!loopback.ok()) return loopback.status().Annotate("--listen");
-  const std::string risk = "without a credential any process that can reach " + listen.ToString() +
-                           " can fetch every published file and read and write the metadata store";
-  if (*loopback) {
-    DYAD_LOG_WARN(
-        "no credential configured (--secret-file / DYAD_SECRET_FILE, or --munge): %s "
-        "(here: every local user)",
-        risk.c_str());
-    return Status::OK();
-  }
+  const std::string who = *loopback ? "any process of any user on this host"
+                                    : "any process that can reach " + listen.ToString();
+  const std::string risk = "without a credential " + who +
+                           " can fetch any file of the producer directory, published or not, "
+                           "and read and write the metadata store";
   if (!insecure)
     return Status(DYAD_RC_PERM, "refusing to listen on " + listen.ToString() +
                                     " without a credential: " + risk +
-                                    ". Give the services a cluster secret (--secret-file or "
-                                    "DYAD_SECRET_FILE) or MUNGE (--munge), listen on loopback, or "
-                                    "pass --insecure to accept that risk");
-  DYAD_LOG_WARN("running --insecure: %s", risk.c_str());
+                                    ". Give the services a cluster secret (`dyad secret init "
+                                    "FILE`, then --secret-file FILE or DYAD_SECRET_FILE) or MUNGE "
+                                    "(--munge), or pass --insecure to accept that risk");
+  DYAD_LOG_WARN("running --insecure on %s: %s", listen.ToString().c_str(), risk.c_str());
   return Status::OK();
 }
 

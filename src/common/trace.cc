@@ -1,11 +1,13 @@
 #include "common/trace.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/config.h"
@@ -24,11 +26,23 @@ std::atomic<pid_t> g_named_pid{0};
 // that setting it never allocates where a forked child could see it half done.
 char g_process_name[128] = "";
 
+// This host's name, read once when tracing starts (fixed size, as above).
+char g_host[256] = "";
+
+void ReadHostName() {
+  if (::gethostname(g_host, sizeof g_host - 1) != 0) std::snprintf(g_host, sizeof g_host, "?");
+  g_host[sizeof g_host - 1] = '\0';
+}
+
 std::string ExpandPath(const std::string& pattern) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
       out += std::to_string(::getpid());
+      ++i;
+    } else if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'h') {
+      // A host name never holds '/', but keep the path one file whatever it is.
+      for (const char* h = g_host; *h; ++h) out += *h == '/' ? '_' : *h;
       ++i;
     } else {
       out += pattern[i];
@@ -37,22 +51,61 @@ std::string ExpandPath(const std::string& pattern) {
   return out;
 }
 
-// Opens `path` for appending; a new file starts with "[" so that the
-// array's opening bracket precedes every event whoever wrote first.
+// Refuses a trace file this process must not write into: one of another
+// user (its owner would receive our trace, or could read it), one group or
+// others may write (they could have put anything before our lines), or
+// anything but a regular file.
+int CheckTraceFile(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return -1;
+  const char* why = nullptr;
+  if (!S_ISREG(st.st_mode))
+    why = "is not a regular file";
+  else if (st.st_uid != ::geteuid())
+    why = "belongs to another user";
+  else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    why = "is writable by group or others";
+  if (why == nullptr) return fd;
+  ::close(fd);
+  std::fprintf(stderr,
+               "dyad: DYAD_TRACE: refusing '%s': it %s (use a private directory, e.g. "
+               "$XDG_RUNTIME_DIR/dyad-%%h-%%p.json); tracing is off\n",
+               path.c_str(), why);
+  errno = EPERM;
+  return -2;
+}
+
+// Opens `path` for appending, never through a symlink; a new file starts
+// with "[" so that the array's opening bracket precedes every event whoever
+// wrote first. Returns -1 with errno, or -2 when refused (already said).
 int OpenTraceFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd >= 0 || errno != ENOENT) return fd;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int t = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO planted at the path must not hang the process (it
+  // is refused by the check above anyway).
+  constexpr int kAppend = O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  int fd = ::open(path.c_str(), kAppend);
+  if (fd >= 0) return CheckTraceFile(fd, path);
+  if (errno != ENOENT) return -1;
+  // A new file is written in full under a private, unpredictable name
+  // (mkostemp: O_EXCL, mode 0600) and linked into place: link() never
+  // follows or replaces what is there, so whoever links first wins and
+  // the others open the winner's file.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  std::string tmp = dir + ".dyad-trace.XXXXXX";
+  const int t = ::mkostemp(&tmp[0], O_CLOEXEC);
   if (t < 0) return -1;
-  const bool written = ::write(t, "[\n", 2) == 2;
+  const bool written = ::fchmod(t, 0600) == 0 && ::write(t, "[\n", 2) == 2;
   ::close(t);
-  if (written && ::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
-    ::unlink(tmp.c_str());
+  const bool linked = written && ::link(tmp.c_str(), path.c_str()) == 0;
+  const int link_errno = errno;
+  ::unlink(tmp.c_str());
+  if (!linked && (!written || link_errno != EEXIST)) {
+    errno = written ? link_errno : EIO;
     return -1;
   }
-  ::unlink(tmp.c_str());
-  return ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  fd = ::open(path.c_str(), kAppend);
+  if (fd < 0) return -1;
+  return CheckTraceFile(fd, path);
 }
 
 bool Start() {
@@ -63,8 +116,13 @@ bool Start() {
     g_state.store(3);
     return false;
   }
+  ReadHostName();
   const std::string path = ExpandPath(*v);
   const int fd = OpenTraceFile(path);
+  if (fd == -2) {
+    g_state.store(3);
+    return false;
+  }
   if (fd < 0) {
     std::fprintf(stderr, "dyad: DYAD_TRACE: cannot open '%s': %s; tracing is off\n", path.c_str(),
                  std::strerror(errno));
@@ -101,8 +159,12 @@ std::string DefaultProcessName() {
 void NameProcessOnce(pid_t pid) {
   if (g_named_pid.exchange(pid) == pid) return;
   const std::string name = g_process_name[0] ? g_process_name : DefaultProcessName();
-  WriteLine("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
-            ",\"tid\":" + std::to_string(pid) + ",\"args\":{\"name\":" + JsonQuote(name) + "}},\n");
+  const std::string key = std::to_string(TraceProcessId(g_host, pid));
+  // The name says host and pid: the key is only unique with high probability.
+  WriteLine("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + key + ",\"tid\":" + key +
+            ",\"args\":{\"name\":" +
+            JsonQuote(name + " [" + g_host + " pid " + std::to_string(pid) + "]") +
+            ",\"host\":" + JsonQuote(g_host) + ",\"os_pid\":" + std::to_string(pid) + "}},\n");
 }
 
 uint64_t NowUs() { return WallNs() / 1000; }
@@ -145,6 +207,16 @@ std::string JsonQuote(const std::string& s) {
   return out + "\"";
 }
 
+uint32_t TraceProcessId(const std::string& host, pid_t pid) {
+  // FNV-1a of the host name picks one of 1023 buckets above Linux's
+  // largest pid (2^22): the id stays a 32-bit number, as the viewers want,
+  // and never equals a bare pid.
+  uint32_t h = 2166136261u;
+  for (const char c : host) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+  const uint32_t bucket = h % 1023 + 1;
+  return (bucket << 22) | (static_cast<uint32_t>(pid) & ((1u << 22) - 1));
+}
+
 bool TraceEnabled() {
   const int s = g_state.load(std::memory_order_relaxed);
   if (s == 2) return true;
@@ -184,7 +256,8 @@ TraceSpan::~TraceSpan() {
   const long tid = ::syscall(SYS_gettid);
   WriteLine("{\"name\":" + JsonQuote(name_) + ",\"cat\":" + JsonQuote(category_) +
             ",\"ph\":\"X\",\"ts\":" + std::to_string(start_us_) +
-            ",\"dur\":" + std::to_string(end - start_us_) + ",\"pid\":" + std::to_string(pid) +
+            ",\"dur\":" + std::to_string(end - start_us_) +
+            ",\"pid\":" + std::to_string(TraceProcessId(g_host, pid)) +
             ",\"tid\":" + std::to_string(tid) + ",\"args\":{" + args_ + "}},\n");
 }
 

@@ -10,7 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "common/config.h"
 #include "common/handshake.h"
@@ -37,11 +40,15 @@ std::string MungePayload(const char* role, const std::string& transcript) {
   return std::string(kHandshakeLabel) + " " + role + " " + transcript;
 }
 
-bool ConstantTimeEqual(const std::string& a, const std::string& b) {
+}  // namespace
+
+bool auth_internal::ConstantTimeEqual(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-}  // namespace
+std::string auth_internal::SecretCheck(const std::string& secret, const std::string& server_nonce) {
+  return Mac(secret, "secret-check", server_nonce);
+}
 
 namespace auth_internal {
 
@@ -103,9 +110,12 @@ Status Expect(Channel& ch, MsgType want, std::string* payload, Deadline deadline
   return Status::OK();
 }
 
-// Tells the peer why it is refused (best effort) and breaks the channel.
-Status Refuse(Channel& ch, const Status& reply, const Status& local, Deadline deadline) {
-  (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(reply), deadline);
+// Tells the peer it is refused, and nothing more (best effort): an
+// unauthenticated peer learns no uid, no path and no credential detail.
+// The caller logs `local`, which says why. Breaks the channel.
+Status Refuse(Channel& ch, const Status& local, Deadline deadline) {
+  (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply),
+                     EncodeReply(Status(DYAD_RC_AUTH, kRefusedMessage)), deadline);
   ch.MarkBroken();
   return local;
 }
@@ -141,7 +151,7 @@ Status MakeProofs(const AuthConfig& cfg, const char* role, const std::string& tr
 Status CheckProofs(const AuthConfig& cfg, const char* role, const std::string& transcript,
                    const std::string& munge, const std::string& mac) {
   if (!cfg.secret.empty() && !ConstantTimeEqual(mac, Mac(cfg.secret, role, transcript)))
-    return Status(DYAD_RC_AUTH, "wrong cluster secret");
+    return Status(DYAD_RC_AUTH, kProofFailed);
   if (cfg.munge) {
     Result<CredentialService::Verified> v = cfg.munge->Decode(munge);
     if (!v.ok()) return Status(DYAD_RC_AUTH, "MUNGE credential refused: " + v.status().message());
@@ -203,26 +213,48 @@ Status Authenticator::AcceptFinish(PendingAccept& pending, Channel& ch, Deadline
   std::string payload;
   DYAD_RETURN_IF_ERROR(Expect(ch, MsgType::kAuthenticate, &payload, deadline));
   AuthenticateMsg m;
-  if (!AuthenticateMsg::Decode(payload, &m)) {
-    const Status st(DYAD_RC_BADUNPACK, "malformed authentication message");
-    return Refuse(ch, st, st, deadline);
-  }
+  if (!AuthenticateMsg::Decode(payload, &m))
+    return Refuse(ch, Status(DYAD_RC_BADUNPACK, "malformed authentication message"), deadline);
   const std::string who = "peer claiming rank " + std::to_string(m.hello.rank);
-  if (m.hello.credentials != credentials()) {
-    const std::string why = "credential mismatch: this service requires " + credential_names() +
-                            ", the peer presents " + CredentialSetName(m.hello.credentials);
-    return Refuse(ch, Status(DYAD_RC_AUTH, why),
-                  Status(DYAD_RC_AUTH, who + " failed authentication (" + why + ")"), deadline);
-  }
+  auto failed = [&](const std::string& why) {
+    return Status(DYAD_RC_AUTH, who + " failed authentication (" + why + ")");
+  };
+  if (m.hello.credentials != credentials())
+    return Refuse(ch,
+                  failed("credential mismatch: this service requires " + credential_names() +
+                         ", the peer presents " + CredentialSetName(m.hello.credentials)),
+                  deadline);
+  if (!m.challenge_hash.empty() && m.challenge_hash != Sha256(challenge_payload))
+    return Refuse(ch,
+                  failed("handshake altered in transit: the challenge the peer answered is not "
+                         "the one this service sent"),
+                  deadline);
   const std::string transcript = HandshakeTranscript(challenge_payload, m.hello);
   if (transcript.empty()) return CryptoError("transcript hash");
-  if (Status st = CheckProofs(cfg_, kClientRole, transcript, m.munge, m.mac); !st.ok())
-    return Refuse(ch, st,
-                  Status(DYAD_RC_AUTH, who + " failed authentication (" + st.message() + ")"),
-                  deadline);
+  if (Status st = CheckProofs(cfg_, kClientRole, transcript, m.munge, m.mac); !st.ok()) {
+    std::string why = st.message();
+    if (why == kProofFailed) {
+      // The secret check (over our nonce only) says whether the peer holds
+      // our secret; peers before it sent none.
+      ChallengeMsg sent;
+      bool older = false;
+      const bool have_nonce = ChallengeMsg::Decode(challenge_payload, &sent, &older);
+      if (m.secret_check.empty() || !have_nonce)
+        why =
+            "its proof of the cluster secret did not verify: another secret, or the handshake "
+            "was altered in transit";
+      else if (!ConstantTimeEqual(m.secret_check, SecretCheck(cfg_.secret, sent.hello.nonce)))
+        why = "wrong cluster secret";
+      else
+        why =
+            "handshake altered in transit: the peer holds this cluster secret but signed "
+            "another transcript";
+    }
+    return Refuse(ch, failed(why), deadline);
+  }
   Secret dh, okm;
   if (Status st = state.eph->Agree(m.hello.public_key, &dh); !st.ok())
-    return Refuse(ch, st, st, deadline);
+    return Refuse(ch, failed(st.message()), deadline);
   DYAD_RETURN_IF_ERROR(DeriveSessionKeys(dh, cfg_.secret, transcript, &okm));
   ServerProofMsg proof;
   DYAD_RETURN_IF_ERROR(MakeProofs(cfg_, kServerRole, transcript, &proof.munge, &proof.mac));
@@ -234,15 +266,71 @@ Status Authenticator::AcceptFinish(PendingAccept& pending, Channel& ch, Deadline
   return Status::OK();
 }
 
+double SecretStrengthBits(std::string_view secret) {
+  // The smallest usual alphabet holding every byte bounds what each byte
+  // can carry: hex digits 4 bits, base64 (either alphabet, with '=') 6,
+  // printable ASCII log2(95), anything else 8.
+  bool hex = true, b64 = true, printable = true;
+  for (const char ch : secret) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    const bool alnum = std::isalnum(c) != 0;
+    hex = hex && std::isxdigit(c) != 0;
+    b64 = b64 && (alnum || c == '+' || c == '/' || c == '-' || c == '_' || c == '=');
+    printable = printable && c >= 0x20 && c < 0x7f;
+  }
+  const double per_byte = hex ? 4.0 : b64 ? 6.0 : printable ? 6.569855608330948 : 8.0;
+  return per_byte * static_cast<double>(secret.size());
+}
+
+Status CheckSecretStrength(std::string_view secret, const std::string& source) {
+  const double bits = SecretStrengthBits(secret);
+  bool seen[256] = {};
+  size_t distinct = 0;
+  for (const char c : secret) {
+    if (!seen[static_cast<unsigned char>(c)]) ++distinct;
+    seen[static_cast<unsigned char>(c)] = true;
+  }
+  std::string why;
+  if (bits < kMinSecretBits) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.0f", bits);
+    why = std::to_string(secret.size()) + " bytes, at most " + b + " bits";
+  } else if (distinct < kMinSecretDistinctBytes) {
+    why = "only " + std::to_string(distinct) + " different characters";
+  } else {
+    return Status::OK();
+  }
+  // The message never quotes the secret.
+  return Status(DYAD_RC_AUTH,
+                "the cluster secret from " + source + " is too weak (" + why +
+                    "): one recorded handshake would let anyone guess it offline. A secret needs "
+                    "at least 128 random bits, e.g. 32 hex digits; `dyad secret init FILE` "
+                    "writes one");
+}
+
+namespace {
+
+// Removes DYAD_SECRET from the environment and overwrites its value where
+// the process started with it (the block /proc/PID/environ shows), once
+// the secret is copied.
+void ForgetSecretVariable() { EraseEnv("DYAD_SECRET"); }
+
+}  // namespace
+
 Result<std::string> LoadClusterSecret(const std::string& file) {
   std::string path = file;
   if (path.empty()) {
     if (std::optional<std::string> f = GetEnv("DYAD_SECRET_FILE"); f && !f->empty()) path = *f;
   }
   if (path.empty()) {
-    if (std::optional<std::string> s = GetEnv("DYAD_SECRET"); s && !s->empty()) return *s;
-    return std::string();
+    std::optional<std::string> s = GetEnv("DYAD_SECRET");
+    ForgetSecretVariable();
+    if (!s || s->empty()) return std::string();
+    DYAD_RETURN_IF_ERROR(CheckSecretStrength(*s, "DYAD_SECRET"));
+    return *s;
   }
+  // A secret file wins; DYAD_SECRET is forgotten all the same.
+  ForgetSecretVariable();
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return StatusFromErrno(errno, "open secret file '" + path + "'", DYAD_RC_AUTH);
   struct stat st;
@@ -262,9 +350,24 @@ Result<std::string> LoadClusterSecret(const std::string& file) {
     secret.append(buf, static_cast<size_t>(n));
     if (secret.size() > (1u << 16)) return Status(DYAD_RC_AUTH, "secret file too large");
   }
+  OPENSSL_cleanse(buf, sizeof buf);
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty()) return Status(DYAD_RC_AUTH, "secret file '" + path + "' is empty");
+  DYAD_RETURN_IF_ERROR(CheckSecretStrength(secret, "secret file '" + path + "'"));
   return secret;
+}
+
+Result<std::string> NewClusterSecret() {
+  unsigned char raw[32];
+  DYAD_RETURN_IF_ERROR(RandomBytes(raw, sizeof raw));
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char b : raw) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  OPENSSL_cleanse(raw, sizeof raw);
+  return out;
 }
 
 }  // namespace dyad

@@ -159,7 +159,28 @@ class ClientHandshake {
 
 // Reads the cluster secret: from `file` when non-empty (must not be readable
 // by group or others), else from the environment (DYAD_SECRET_FILE, then
-// DYAD_SECRET). Returns "" when none is configured.
+// DYAD_SECRET). Returns "" when none is configured. A secret weaker than
+// CheckSecretStrength allows is refused (DYAD_RC_AUTH). DYAD_SECRET is
+// removed from the environment (and its value overwritten in the initial
+// environment block) whichever source is used: not thread-safe, call it
+// before starting threads.
 Result<std::string> LoadClusterSecret(const std::string& file);
+
+// A cluster secret must carry at least this much: an observed handshake
+// gives an HMAC-SHA256 of the secret over known inputs, so a weak one can
+// be guessed offline at hash speed.
+constexpr double kMinSecretBits = 128;
+constexpr size_t kMinSecretDistinctBytes = 8;
+// An upper bound of the entropy of `secret`: its length times the bits per
+// byte of the smallest alphabet holding it (hex 4, base64 6, printable
+// ASCII 6.57, other 8). DYAD cannot see how random a secret is; this
+// refuses what is certainly too weak ("password", 16 hex digits, 1 byte).
+double SecretStrengthBits(std::string_view secret);
+// OK, or DYAD_RC_AUTH naming `source`, the bound found and how to make a
+// good secret, when SecretStrengthBits < kMinSecretBits or the secret has
+// fewer than kMinSecretDistinctBytes different bytes. Never quotes it.
+Status CheckSecretStrength(std::string_view secret, const std::string& source);
+// A new secret: 256 random bits as 64 hex digits (`dyad secret init`).
+Result<std::string> NewClusterSecret();
 
 }  // namespace dyad

@@ -85,6 +85,11 @@ Status ClientHandshake::Answer(Channel& ch, const std::string& challenge_payload
   s_->transcript = HandshakeTranscript(challenge_payload, m.hello);
   if (s_->transcript.empty()) return CryptoError("transcript hash");
   DYAD_RETURN_IF_ERROR(MakeProofs(cfg, kClientRole, s_->transcript, &m.munge, &m.mac));
+  // What lets the accepting side tell an altered handshake from a wrong
+  // secret (handshake.h).
+  m.challenge_hash = Sha256(challenge_payload);
+  if (m.challenge_hash.empty()) return CryptoError("challenge hash");
+  if (!cfg.secret.empty()) m.secret_check = SecretCheck(cfg.secret, s_->challenge.hello.nonce);
   return ch.SendFrame(static_cast<uint16_t>(MsgType::kAuthenticate), m.Encode(), deadline);
 }
 
@@ -106,9 +111,19 @@ Status ClientHandshake::Finish(Channel& ch, const std::string& reply_payload) {
   std::string body;
   if (!DecodeReply(reply_payload, &verdict, &body))
     return Status(DYAD_RC_BADUNPACK, "malformed reply");
+  const Hello& announced = s_->challenge.hello;
+  // The challenge said which credentials the peer requires: a mismatch is
+  // named from it (the refusal itself says nothing).
+  if (!verdict.ok() && announced.credentials != auth_.credentials())
+    return Status(DYAD_RC_AUTH, "credential mismatch: this service requires " +
+                                    auth_.credential_names() + ", the peer presents " +
+                                    CredentialSetName(announced.credentials));
   if (!verdict.ok())
     return verdict.code() == DYAD_RC_AUTH
-               ? Status(DYAD_RC_AUTH, "peer rejected our credential: " + verdict.message())
+               ? Status(DYAD_RC_AUTH,
+                        "the peer refused our handshake (it says only '" + verdict.message() +
+                            "'; its log names the cause: another cluster secret or MUNGE "
+                            "setting, or a handshake altered in transit)")
                : verdict;
   ServerProofMsg proof;
   if (!ServerProofMsg::Decode(body, &proof))

@@ -91,4 +91,13 @@ Status DeriveSessionKeys(const Secret& dh, const std::string& secret, const std:
 Status ProtectSession(Channel& ch, const Secret& okm, LinkProtection level, bool accepting);
 LinkProtection Stronger(LinkProtection a, uint8_t b);
 
+// The only thing an unauthenticated peer is told when it is refused.
+inline constexpr char kRefusedMessage[] = "refused";
+// CheckProofs' message when the secret's MAC does not verify (the
+// accepting side words it by the secret check, see AuthenticateMsg).
+inline constexpr char kProofFailed[] = "cluster secret proof did not verify";
+bool ConstantTimeEqual(const std::string& a, const std::string& b);
+// HMAC-SHA256(secret, label " secret-check " server_nonce).
+std::string SecretCheck(const std::string& secret, const std::string& server_nonce);
+
 }  // namespace dyad::auth_internal

@@ -211,8 +211,9 @@ int main(int argc, char** argv) {
   app.add_flag("--root", opt.host_root, "Host the embedded metadata store here (any rank)");
   app.add_option("--service-mux", opt.service_mux, "Services per node")->capture_default_str();
   app.add_option("--secret-file", secret_file,
-                 "Cluster secret file (mode 600) for service-to-service authentication "
-                 "(default $DYAD_SECRET_FILE, or $DYAD_SECRET)");
+                 "Cluster secret file (mode 600, at least 128 random bits: `dyad secret init "
+                 "FILE` writes one) for service-to-service authentication (default "
+                 "$DYAD_SECRET_FILE, or $DYAD_SECRET)");
   app.add_flag("--munge", opt.munge,
                "Authenticate peers with MUNGE credentials of this uid as well as (or, without a "
                "secret, instead of) the cluster secret; needs munged on every node "
@@ -226,9 +227,10 @@ int main(int argc, char** argv) {
                  "two settings (default $DYAD_LINK_PROTECTION, else integrity)")
       ->capture_default_str();
   app.add_flag("--insecure", opt.insecure,
-               "Allow listening beyond loopback without any credential: then every host that "
-               "reaches the port can fetch published files and read and write the metadata "
-               "store (default $DYAD_INSECURE)");
+               "Allow listening without any credential, on loopback too: then every process "
+               "that reaches the port (on loopback: every local user) can fetch any file of the "
+               "producer directory and read and write the metadata store (default "
+               "$DYAD_INSECURE)");
   app.add_option("--cons-path", opt.cons_path,
                  "Consumer directory whose incomplete temporaries are removed at start "
                  "(default $DYAD_PATH_CONSUMER)");
@@ -263,8 +265,10 @@ int main(int argc, char** argv) {
                  "publication or on a slow owner hold none")
       ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
-  app.add_option("--ready-file", opt.ready_file,
-                 "Write rank/listen/socket/pid here once serving (for scripts and tests)");
+  app.add_option(
+      "--ready-file", opt.ready_file,
+      "Write rank/listen/socket/pid here once serving (for scripts and tests; mode 0600, "
+      "or $DYAD_SERVICE_FILE_MODE, as the -i/-e logs)");
   app.footer(
       "Signals: SIGTERM/SIGINT stop the service cleanly (also while it waits for its metadata "
       "store at start-up); SIGHUP reopens the -i/-e log files (for logrotate).\n"
@@ -272,8 +276,8 @@ int main(int argc, char** argv) {
       "  node0$ dyad-service -r 0 --secret-file ~/.dyad/secret /local/dmd\n"
       "  node1$ dyad-service -r 1 -k embedded://node0:7590 --secret-file ~/.dyad/secret "
       "/local/dmd\n"
-      "Security (docs/security.md): services refuse to listen beyond loopback without a credential "
-      "(--secret-file or --munge) unless --insecure; the socket directory must be the service "
+      "Security (docs/security.md): services refuse to listen without a credential (--secret-file "
+      "or --munge), on loopback too, unless --insecure; the socket directory must be the service "
       "user's, mode 0700.");
   try {
     app.parse(argc, argv);
@@ -288,6 +292,16 @@ int main(int argc, char** argv) {
   }
   opt.rank = *rank;
 
+  if (auto m = dyad::GetEnv("DYAD_SERVICE_FILE_MODE"); m && !m->empty()) {
+    auto mode = dyad::ParseFileMode(*m);
+    if (!mode.ok()) {
+      std::fprintf(stderr, "dyad-service: DYAD_SERVICE_FILE_MODE: %s\n",
+                   mode.status().message().c_str());
+      return 2;
+    }
+    opt.file_mode = *mode;
+  }
+  dyad::LogSetFileMode(opt.file_mode);
   dyad::LogSetPrefix("dyad-service[rank " + std::to_string(opt.rank) + "]");
   if (opt.debug) dyad::LogSetLevel(dyad::LogLevel::kDebug);
   if (!info_log.empty() && !dyad::LogSetInfoFile(info_log)) {

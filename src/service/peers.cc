@@ -79,7 +79,8 @@ std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
   while (!idle.empty()) {
     std::unique_ptr<Channel> ch = std::move(idle.back());
     idle.pop_back();
-    if (!ch->broken() && !ch->PeerClosed()) return ch;
+    // A session past its age is closed: the next one gets a new handshake.
+    if (!ch->broken() && !ch->Retired() && !ch->PeerClosed()) return ch;
   }
   return nullptr;
 }
@@ -214,7 +215,7 @@ uint64_t PeerDirectory::LastContact(uint32_t rank) {
 }
 
 void PeerDirectory::Release(uint32_t rank, std::unique_ptr<Channel> ch) {
-  if (!ch || ch->broken()) return;
+  if (!ch || ch->broken() || ch->Retired()) return;
   std::lock_guard<std::mutex> lk(mu_);
   Peer& p = peers_[rank];
   p.last_contact_ns = WallNs();

@@ -8,9 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
+#include "common/config.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/safety.h"
@@ -40,14 +42,7 @@ namespace {
 constexpr int64_t kRefusalReplyMs = 100;
 
 // The store URL with any password replaced, for logs and status replies.
-std::string RedactUrl(const std::string& url) {
-  const size_t scheme = url.find("://");
-  const size_t at = url.find('@');
-  if (scheme == std::string::npos || at == std::string::npos || at < scheme) return url;
-  const size_t colon = url.find(':', scheme + 3);
-  if (colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon + 1) + "***" + url.substr(at);
-}
+std::string RedactUrl(const std::string& url) { return RedactSecrets(url); }
 
 std::string HostName() {
   char buf[256] = {0};
@@ -107,6 +102,10 @@ Status Service::StartSteps() {
   hostname_ = HostName();
   if (opt_.service_mux == 0) opt_.service_mux = 1;
   node_idx_ = opt_.rank / opt_.service_mux;
+  // However the secret arrived (dyad-service reads it with LoadClusterSecret,
+  // which checks it too; embedders set it directly).
+  if (!opt_.secret.empty())
+    DYAD_RETURN_IF_ERROR(CheckSecretStrength(opt_.secret, "the service's options"));
   Result<std::shared_ptr<const Authenticator>> auth = OpenAuthenticator(
       ServiceCredentials{opt_.secret, opt_.munge, opt_.munge_socket, opt_.protection});
   if (!auth.ok()) return auth.status();
@@ -285,13 +284,25 @@ std::string Service::StoreDescription() const {
 
 Status Service::WriteReadyFile() {
   if (opt_.ready_file.empty()) return Status::OK();
+  // Created with the service's file mode (0600 unless the operator asked
+  // otherwise; the umask narrows it further), never through a symlink or
+  // a file someone else left at the temporary name.
   const std::string tmp = opt_.ready_file + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return StatusFromErrno(errno, "write ready file '" + tmp + "'");
-  std::fprintf(f, "rank=%u\nlisten=%s\nsocket=%s\npid=%d\nincarnation=%llu\n", opt_.rank,
-               advertise_.c_str(), opt_.socket_path.c_str(), getpid(),
-               static_cast<unsigned long long>(incarnation_));
-  std::fclose(f);
+  (void)::unlink(tmp.c_str());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     static_cast<mode_t>(opt_.file_mode & 0777)));
+  if (!fd.valid()) return StatusFromErrno(errno, "write ready file '" + tmp + "'");
+  char text[1024];
+  const int n =
+      std::snprintf(text, sizeof text, "rank=%u\nlisten=%s\nsocket=%s\npid=%d\nincarnation=%llu\n",
+                    opt_.rank, advertise_.c_str(), opt_.socket_path.c_str(), getpid(),
+                    static_cast<unsigned long long>(incarnation_));
+  const size_t len = n < 0 ? 0 : std::min(static_cast<size_t>(n), sizeof text - 1);
+  if (!WriteFully(fd.get(), text, len).ok()) {
+    ::unlink(tmp.c_str());
+    return StatusFromErrno(errno, "write ready file '" + tmp + "'");
+  }
+  fd.reset();
   if (std::rename(tmp.c_str(), opt_.ready_file.c_str()) != 0)
     return StatusFromErrno(errno, "rename ready file");
   return Status::OK();

@@ -89,6 +89,8 @@ struct ServiceOptions {
   // such request), so that a mixed-version cluster can be checked.
   bool serve_fetch_batch = true;
   std::string ready_file;
+  // Mode of the ready file (DYAD_SERVICE_FILE_MODE); the umask narrows it.
+  unsigned file_mode = 0600;
   bool debug = false;
   uint64_t cache_bytes = 0;  // budget of fetched copies (0 = unlimited)
   // Free-space floor of prefetches (the larger of the two; PlacementConfig).

@@ -172,6 +172,15 @@ void Handshake() {
   with_mac.hello.credentials = kCredSecret;
   with_mac.mac.assign(kHandshakeMacSize, 'm');
   Seed("fuzz_handshake", "authenticate", std::string(1, 1) + with_mac.Encode());
+  // Issue 25: the answer with the challenge's hash and the secret check,
+  // which the accepting side uses to name why a proof fails.
+  AuthenticateMsg with_checks = with_mac;
+  with_checks.challenge_hash.assign(kHandshakeMacSize, 'h');
+  with_checks.secret_check.assign(kHandshakeMacSize, 'c');
+  Seed("fuzz_handshake", "authenticate-checks", std::string(1, 1) + with_checks.Encode());
+  Seed("fuzz_handshake", "accept-secret-checks",
+       std::string(1, 3) +
+           Frame(static_cast<uint16_t>(MsgType::kAuthenticate), with_checks.Encode()));
   proof.mac.assign(kHandshakeMacSize, 'p');
   Seed("fuzz_handshake", "proof", std::string(1, 2) + proof.Encode());
   const uint16_t kAuth = static_cast<uint16_t>(MsgType::kAuthenticate);
@@ -189,7 +198,7 @@ void Handshake() {
            Frame(kReply, EncodeReply(Status::OK(), ServerProofMsg().Encode())));
   Seed("fuzz_handshake", "connect-refused",
        std::string(1, 6) + Frame(kChal, c.Encode()) +
-           Frame(kReply, EncodeReply(Status(DYAD_RC_AUTH, "wrong cluster secret"))));
+           Frame(kReply, EncodeReply(Status(DYAD_RC_AUTH, "refused"))));
 }
 
 void Frames() {

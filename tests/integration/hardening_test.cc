@@ -156,6 +156,14 @@ class StartupTest : public ::testing::Test {
     base_ = tmpl;
     ASSERT_EQ(::chmod(base_.c_str(), 0755), 0);
     ASSERT_EQ(::mkdir((base_ + "/dmd").c_str(), 0755), 0);
+    // The services below have a credential unless a test says otherwise:
+    // no service listens without one, even on loopback (issue 25, item 8).
+    secret_file_ = base_ + "/secret";
+    const int fd = ::open(secret_file_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    const std::string secret = "0123456789abcdef0123456789abcdef0123456789abcdef\n";
+    ASSERT_EQ(::write(fd, secret.data(), secret.size()), static_cast<ssize_t>(secret.size()));
+    ::close(fd);
   }
   void TearDown() override {
     if (!netns_.empty()) (void)emu::DeleteNetns(netns_);
@@ -163,7 +171,8 @@ class StartupTest : public ::testing::Test {
   }
 
   std::vector<std::string> ServiceArgv(const std::string& listen, const std::string& socket_dir,
-                                       const std::vector<std::string>& extra = {}) {
+                                       const std::vector<std::string>& extra = {},
+                                       bool with_secret = true) {
     std::vector<std::string> argv = {service_,
                                      "-r",
                                      "0",
@@ -175,6 +184,10 @@ class StartupTest : public ::testing::Test {
                                      socket_dir + "/service.sock",
                                      "--ready-file",
                                      base_ + "/ready"};
+    if (with_secret) {
+      argv.push_back("--secret-file");
+      argv.push_back(secret_file_);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back(base_ + "/dmd");
     return argv;
@@ -215,7 +228,7 @@ class StartupTest : public ::testing::Test {
     return std::move(*p);
   }
 
-  std::string service_, dyad_, base_, netns_;
+  std::string service_, dyad_, base_, netns_, secret_file_;
 };
 
 // Issue 12, defect 4 (service side): the service accepted an existing
@@ -348,23 +361,92 @@ TEST_F(StartupTest, Defect14_ServiceWithoutCredentialRefusesToListenBeyondLoopba
   ASSERT_TRUE(emu::Ip({"-n", netns_, "link", "set", "lo", "up"}).ok());
   const std::string dir = base_ + "/run";
 
-  RunResult r = ExpectRefusal(ServiceArgv("0.0.0.0:0", dir), netns_);
+  RunResult r = ExpectRefusal(ServiceArgv("0.0.0.0:0", dir, {}, false), netns_);
   EXPECT_NE(r.output.find("--insecure"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("fetch every published file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("any file of the producer directory, published or not"),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("metadata store"), std::string::npos) << r.output;
 
   // Told --insecure it starts, and its warning names both risks.
-  emu::Process p = ExpectStart(ServiceArgv("0.0.0.0:0", dir, {"--insecure"}), netns_);
+  emu::Process p = ExpectStart(ServiceArgv("0.0.0.0:0", dir, {"--insecure"}, false), netns_);
   ASSERT_TRUE(p.valid());
   EXPECT_TRUE(p.Stop().success());
   const std::string out = ReadText(base_ + "/service.out");
   EXPECT_NE(out.find("WARN"), std::string::npos) << out;
   EXPECT_NE(out.find("metadata store"), std::string::npos) << out;
+}
 
-  // Loopback only: allowed without a credential.
-  p = ExpectStart(ServiceArgv("127.0.0.1:0", dir), netns_);
+// Issue 25, item 8: on loopback too, a service without a credential let
+// every local uid fetch any file of the producer directory (a root-owned
+// 0600 file was read by `nobody`). It refuses to start, saying so, unless
+// --insecure; with a secret it starts.
+TEST_F(StartupTest, Hardening2_NoCredentialRefusedOnLoopback) {
+  const std::string dir = base_ + "/run";
+  RunResult r = ExpectRefusal(ServiceArgv("127.0.0.1:0", dir, {}, false));
+  EXPECT_NE(r.output.find("any process of any user on this host"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("published or not"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dyad secret init"), std::string::npos) << r.output;
+  emu::Process p = ExpectStart(ServiceArgv("127.0.0.1:0", dir, {"--insecure"}, false));
   ASSERT_TRUE(p.valid());
   EXPECT_TRUE(p.Stop().success());
+  EXPECT_NE(ReadText(base_ + "/service.out").find("running --insecure"), std::string::npos);
+  p = ExpectStart(ServiceArgv("127.0.0.1:0", dir));
+  ASSERT_TRUE(p.valid());
+  EXPECT_TRUE(p.Stop().success());
+}
+
+// Issue 25, items 7 and 9: a weak secret is refused at start with a clear
+// message that never quotes it; `dyad info` shows that secrets are set,
+// never their values (nor a password inside a store URL); `dyad secret
+// init` writes a good one, mode 600.
+TEST_F(StartupTest, Hardening2_ShortSecretRefusedAndInfoHidesSecrets) {
+  const std::string weak = base_ + "/weak";
+  {
+    const int fd = ::open(weak.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, "password\n", 9), 9);
+    ::close(fd);
+  }
+  RunResult r =
+      ExpectRefusal(ServiceArgv("127.0.0.1:0", base_ + "/run", {"--secret-file", weak}, false));
+  EXPECT_NE(r.output.find("too weak"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("password"), std::string::npos) << r.output;
+
+  const std::string made = base_ + "/made";
+  emu::SpawnOptions o;
+  o.argv = {dyad_, "secret", "init", made};
+  auto init = emu::RunCapture(o, 15000);
+  ASSERT_TRUE(init.ok() && init->status.success()) << (init.ok() ? init->output : "");
+  struct stat st;
+  ASSERT_EQ(::stat(made.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(ReadText(made).size(), 65u);
+  init = emu::RunCapture(o, 15000);  // never overwrites
+  ASSERT_TRUE(init.ok());
+  EXPECT_FALSE(init->status.success());
+  o.argv = {dyad_, "secret", "check", made};
+  init = emu::RunCapture(o, 15000);
+  ASSERT_TRUE(init.ok() && init->status.success()) << (init.ok() ? init->output : "");
+  emu::Process p =
+      ExpectStart(ServiceArgv("127.0.0.1:0", base_ + "/run", {"--secret-file", made}, false));
+  ASSERT_TRUE(p.valid());
+  EXPECT_TRUE(p.Stop().success());
+
+  for (const char* format : {"", "--json"}) {
+    emu::SpawnOptions i;
+    i.argv = {dyad_, "info"};
+    if (*format) i.argv.push_back(format);
+    i.env = {{"DYAD_SECRET", "hunter2-the-cluster-secret"},
+             {"DYAD_KVS", "redis://:pw-in-url@redis-host:6379"},
+             {"DYAD_REDIS_PASSWORD", "redis-password-value"}};
+    auto info = emu::RunCapture(i, 15000);
+    ASSERT_TRUE(info.ok() && info->status.success()) << (info.ok() ? info->output : "");
+    for (const char* leak : {"hunter2", "pw-in-url", "redis-password-value"})
+      EXPECT_EQ(info->output.find(leak), std::string::npos) << leak << " in\n" << info->output;
+    EXPECT_NE(info->output.find("(set, hidden)"), std::string::npos) << info->output;
+    EXPECT_NE(info->output.find("redis://:***@redis-host:6379"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "common/trace.h"
 #include "integration/ops_util.h"
 
 namespace dyad::it {
@@ -196,8 +197,11 @@ TEST_F(TraceTest, TraceHasTheSpansOfEveryProcessAndService) {
   for (const char* want : {"client/publish", "client/consume", "service/publish", "service/consume",
                            "service/fetch", "service/serve", "service/place"})
     EXPECT_TRUE(spans.count(want)) << want << " missing from\n" << text;
-  EXPECT_EQ(pid_of["service/serve"], cluster().ServicePid(kA));
-  EXPECT_EQ(pid_of["service/fetch"], cluster().ServicePid(kB));
+  // Processes are keyed by host and pid (the emulated nodes share the host name).
+  char host[256] = "";
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  EXPECT_EQ(pid_of["service/serve"], TraceProcessId(host, cluster().ServicePid(kA)));
+  EXPECT_EQ(pid_of["service/fetch"], TraceProcessId(host, cluster().ServicePid(kB)));
   bool client_named = false;
   for (const std::string& p : processes) client_named |= p.rfind("dyad client: ", 0) == 0;
   EXPECT_TRUE(client_named) << text;

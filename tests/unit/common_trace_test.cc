@@ -98,11 +98,18 @@ TEST(TraceTest, ProcessesAndThreadsShareOneValidTrace) {
       EXPECT_EQ(e["args"]["bytes"], 7);
     }
   }
-  EXPECT_EQ(spans_per_pid[::getpid()], 1);
-  EXPECT_EQ(names[::getpid()], "trace test parent");
+  // Processes are keyed by host and pid (TraceProcessId), and named with both.
+  char host[256] = "";
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  const int64_t self = TraceProcessId(host, ::getpid());
+  EXPECT_NE(self, ::getpid());
+  EXPECT_EQ(spans_per_pid[self], 1);
+  EXPECT_EQ(names[self],
+            "trace test parent [" + std::string(host) + " pid " + std::to_string(::getpid()) + "]");
   for (pid_t pid : children) {
-    EXPECT_EQ(spans_per_pid[pid], kThreads * kSpans) << pid;
-    EXPECT_EQ(names.count(pid), 1u) << "child " << pid << " did not name itself";
+    EXPECT_EQ(spans_per_pid[TraceProcessId(host, pid)], kThreads * kSpans) << pid;
+    EXPECT_EQ(names.count(TraceProcessId(host, pid)), 1u)
+        << "child " << pid << " did not name itself";
   }
   std::remove(path.c_str());
   ::rmdir(dir);

@@ -89,7 +89,7 @@ class FakeOwner {
 
   void Serve(Channel& ch) {
     AuthConfig cfg;
-    cfg.secret = "test-secret";
+    cfg.secret = "test-secret-0123456789abcdef0123";
     cfg.protection = protection_;
     Authenticator auth(cfg);
     PeerIdentity peer;

@@ -32,7 +32,7 @@ using std::chrono::milliseconds;
 constexpr int kDistinct = 1000;
 constexpr int kShared = 100;
 constexpr int64_t kDeadlineMs = 30000;
-constexpr char kSecret[] = "scale-secret";
+constexpr char kSecret[] = "scale-secret-0123456789abcdef0123";
 
 std::string DistinctKey(int i) { return "d/" + std::to_string(i); }
 std::string DistinctValue(int i) { return "value " + std::to_string(i); }

@@ -241,11 +241,11 @@ TEST_F(DialPark, HangupWhileDiallingClosesTheConnection) {
 TEST_F(DialPark, BlockingAcquireSharesTheDial) {
   Start(StuckOwner::Mode::kNoChallenge, 1000);
   KvsOptions o;
-  o.secret = "test-secret";
+  o.secret = "test-secret-0123456789abcdef0123";
   o.self_rank = 7;
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + a_->tcp_address(), o);
   ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
-  Authenticator auth("test-secret");
+  Authenticator auth("test-secret-0123456789abcdef0123");
   PeerDirectory peers(kvs->get(), &auth, PeerIdentity{7, 1}, 1000);
   const uint64_t t0 = MonoNs();
   auto acquire = [&] { return peers.Acquire(kStuckRank, Deadline::AfterMs(5000)).status(); };
@@ -289,7 +289,7 @@ TEST_F(DialPark, VersionNoticeToHungOwnerHoldsNoWorker) {
   constexpr int64_t kRpcMs = 3000;
   Start(StuckOwner::Mode::kNoChallenge, kRpcMs);
   KvsOptions o;
-  o.secret = "test-secret";
+  o.secret = "test-secret-0123456789abcdef0123";
   o.self_rank = 9;
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + a_->tcp_address(), o);
   ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();

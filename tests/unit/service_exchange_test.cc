@@ -180,7 +180,7 @@ class PeerLink : public TwoServices {
 };
 
 TEST_F(PeerLink, EscapingPathsAreRefused) {
-  Result<std::unique_ptr<Channel>> ch = Open("test-secret");
+  Result<std::unique_ptr<Channel>> ch = Open("test-secret-0123456789abcdef0123");
   ASSERT_TRUE(ch.ok()) << ch.status().ToString();
   WriteFile(base_ + "/outside.txt", "secret");
   ASSERT_EQ(::symlink((base_ + "/outside.txt").c_str(), (dir_a_ + "/link").c_str()), 0);
@@ -199,7 +199,7 @@ TEST_F(PeerLink, WrongSecretIsRefused) {
 
 TEST_F(PeerLink, MalformedRequestsGetErrorsAndServiceKeepsServing) {
   {
-    Result<std::unique_ptr<Channel>> ch = Open("test-secret");
+    Result<std::unique_ptr<Channel>> ch = Open("test-secret-0123456789abcdef0123");
     ASSERT_TRUE(ch.ok());
     std::string body;
     Status st = CallRpc(**ch, MsgType::kFetch, "\x01\x02", &body, Deadline::AfterMs(2000));
@@ -207,7 +207,7 @@ TEST_F(PeerLink, MalformedRequestsGetErrorsAndServiceKeepsServing) {
   }
   {
     // Garbage instead of a frame header: the service answers and hangs up.
-    Result<std::unique_ptr<Channel>> ch = Open("test-secret");
+    Result<std::unique_ptr<Channel>> ch = Open("test-secret-0123456789abcdef0123");
     ASSERT_TRUE(ch.ok());
     const std::string junk(64, 'Z');
     ASSERT_TRUE((*ch)->SendAll(junk.data(), junk.size(), Deadline::AfterMs(1000)).ok());

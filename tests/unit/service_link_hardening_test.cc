@@ -33,7 +33,7 @@ using testing_services::ReadAll;
 using testing_services::WriteAndPublish;
 using testing_services::WriteFile;
 
-constexpr char kSecret[] = "hardening-test-secret";
+constexpr char kSecret[] = "hardening-test-secret-0123456789abcdef";
 
 // A TCP relay on 127.0.0.1 that forwards every connection to `target` and,
 // while armed, flips one bit of the byte at offset `flip_at` of the stream

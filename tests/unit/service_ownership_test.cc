@@ -48,7 +48,7 @@ class Ownership : public ::testing::Test {
       o.listen = "127.0.0.1:0";
       o.socket_path = n.sock;
       o.kvs_url = rank == 0 ? "embedded" : "embedded://" + nodes_[0].service->tcp_address();
-      o.secret = "test-secret";
+      o.secret = "test-secret-0123456789abcdef0123";
       o.rpc_timeout_ms = 5000;
       n.service = std::make_unique<Service>(o);
       Status st = n.service->Start();

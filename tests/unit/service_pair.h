@@ -108,7 +108,7 @@ inline ServiceOptions FirstServiceOptions(const std::string& base,
   o.listen = "127.0.0.1:0";
   o.socket_path = base + "/a.sock";
   o.kvs_url = kvs;
-  o.secret = "test-secret";
+  o.secret = "test-secret-0123456789abcdef0123";
   o.rpc_timeout_ms = 5000;
   return o;
 }
@@ -145,7 +145,7 @@ inline void StopAndRemove(std::unique_ptr<Service>* b, std::unique_ptr<Service>*
 inline Status RegisterRank(const std::string& root, uint32_t rank, uint64_t incarnation,
                            const std::string& address, const std::string& hostname) {
   KvsOptions o;
-  o.secret = "test-secret";
+  o.secret = "test-secret-0123456789abcdef0123";
   o.self_rank = rank;
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + root, o);
   DYAD_RETURN_IF_ERROR(kvs.status());

@@ -329,7 +329,7 @@ StalledAsk AskAndStall(const std::string& address, const std::string& upath,
   if (!fd.ok()) return {fd.status(), MonoNs()};
   Channel ch(std::move(*fd), Trust::kUnauthenticated);
   AuthConfig cfg;
-  cfg.secret = "test-secret";
+  cfg.secret = "test-secret-0123456789abcdef0123";
   PeerIdentity a;
   Status st = Authenticator(cfg).Connect(ch, PeerIdentity{7, 0x77}, Deadline::AfterMs(3000), &a);
   if (!st.ok()) return {st, MonoNs()};

@@ -87,7 +87,7 @@ class ReactorTest : public ::testing::Test {
     EXPECT_TRUE(fd.ok());
     auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
     PeerIdentity them;
-    EXPECT_TRUE(Authenticator("test-secret")
+    EXPECT_TRUE(Authenticator("test-secret-0123456789abcdef0123")
                     .Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(5000), &them)
                     .ok());
     return ch;
@@ -164,7 +164,7 @@ TEST_F(ReactorTest, IdleConnectionsHoldNoThread) {
   // answer the challenge.
   Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
   ASSERT_TRUE(tcp.ok());
-  const Authenticator auth("test-secret");
+  const Authenticator auth("test-secret-0123456789abcdef0123");
   std::vector<std::unique_ptr<Channel>> peers;
   for (int i = 0; i < 100; ++i) {
     Result<UniqueFd> fd = Connect(*tcp, Deadline::AfterMs(2000));
@@ -377,7 +377,7 @@ TEST_F(ReactorTest, InlineRepliesToAPeerThatDoesNotReadStallNobody) {
 TEST_F(ReactorTest, WatchPollsAreParkedNotHeldByWorkers) {
   Result<SocketAddress> tcp = ParseAddress(a_->tcp_address());
   ASSERT_TRUE(tcp.ok());
-  const Authenticator auth("test-secret");
+  const Authenticator auth("test-secret-0123456789abcdef0123");
   constexpr int kWatchers = 6;  // the root has 2 peer workers
   std::vector<std::unique_ptr<Channel>> watchers;
   for (int i = 0; i < kWatchers; ++i) {

@@ -1,11 +1,14 @@
 #include "commands.h"
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "common/time.h"
 #include "dyad_version.h"
 #include "kvs/kvs.h"
+#include "proto/auth.h"
 #include "proto/munge/munge.h"
 #include "transport/transport.h"
 
@@ -115,7 +119,9 @@ int CmdInfo(InfoFormat format) {
       item["kind"] = ConfigKindName(e.kind);
       item["default"] = e.default_value;
       std::optional<std::string> cur = GetEnv(e.name);
-      item["current"] = cur ? Json(*cur) : Json(nullptr);
+      // Secrets are never printed: set or not, nothing more.
+      item["current"] = cur ? Json(ConfigValueForDisplay(e.name, *cur)) : Json(nullptr);
+      if (cur && ConfigValueIsSecret(e.name)) item["hidden"] = true;
       item["used_by"] = e.used_by;
       item["help"] = e.help;
       cfg.push_back(std::move(item));
@@ -168,11 +174,65 @@ int CmdInfo(InfoFormat format) {
   for (const ConfigEntry& e : table) {
     std::optional<std::string> cur = GetEnv(e.name);
     std::cout << e.name << "\n"
-              << "    current: " << (cur ? "'" + *cur + "'" : std::string("(unset)"))
+              << "    current: "
+              << (cur ? ConfigValueIsSecret(e.name)
+                            ? ConfigValueForDisplay(e.name, *cur)
+                            : "'" + ConfigValueForDisplay(e.name, *cur) + "'"
+                      : std::string("(unset)"))
               << "   default: " << (*e.default_value ? e.default_value : "(unset)")
               << "   type: " << ConfigKindName(e.kind) << "   used by: " << e.used_by << "\n"
               << Wrap(e.help, width, "    ") << "\n";
   }
+  return kExitOk;
+}
+
+int CmdSecretInit(const std::string& path) {
+  Result<std::string> secret = NewClusterSecret();
+  if (!secret.ok()) {
+    std::cerr << "dyad secret init: " << secret.status().message() << "\n";
+    return kExitFailed;
+  }
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, S_IRUSR | S_IWUSR);
+  if (fd < 0) {
+    const int err = errno;
+    std::cerr << "dyad secret init: cannot create '" << path << "': " << std::strerror(err)
+              << (err == EEXIST ? " (an existing secret is never overwritten; remove it first)"
+                                : "")
+              << "\n";
+    return kExitFailed;
+  }
+  const std::string line = *secret + "\n";
+  const bool ok = ::fchmod(fd, S_IRUSR | S_IWUSR) == 0 &&
+                  ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
+                  ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(path.c_str());
+    std::cerr << "dyad secret init: cannot write '" << path << "': " << std::strerror(err) << "\n";
+    return kExitFailed;
+  }
+  std::cout << "wrote a new cluster secret (256 random bits) to " << path
+            << " (mode 600); give every service of the cluster this file (--secret-file or "
+               "DYAD_SECRET_FILE)\n";
+  return kExitOk;
+}
+
+int CmdSecretCheck(const std::string& path) {
+  if (path.empty()) {
+    std::cerr << "dyad secret check: a FILE is needed\n";
+    return kExitUsage;
+  }
+  Result<std::string> secret = LoadClusterSecret(path);
+  if (!secret.ok()) {
+    std::cerr << "dyad secret check: " << secret.status().message() << "\n";
+    return kExitFailed;
+  }
+  char bits[32];
+  std::snprintf(bits, sizeof bits, "%.0f", SecretStrengthBits(*secret));
+  std::cout << path << ": usable cluster secret (" << secret->size() << " bytes, at most " << bits
+            << " bits)\n";
   return kExitOk;
 }
 

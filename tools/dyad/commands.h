@@ -23,6 +23,13 @@ enum class InfoFormat { kText, kJson, kMarkdown };
 // with each variable's current value.
 int CmdInfo(InfoFormat format);
 
+// Writes a new cluster secret (256 random bits, 64 hex digits) to `path`,
+// created mode 0600 (never over an existing file, never through a symlink).
+int CmdSecretInit(const std::string& path);
+// Checks the secret in `path` as dyad-service would (mode, strength);
+// prints what is wrong, never the secret.
+int CmdSecretCheck(const std::string& path);
+
 // Publishes each file (the client core, configured from the environment).
 int CmdProduce(const std::vector<std::string>& paths, bool verbose);
 

@@ -179,6 +179,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   peers->add_flag("--json", peers_json, "Print as JSON");
 
+  // secret
+  auto* secret = app.add_subcommand(
+      "secret", "Make or check the cluster secret the services authenticate each other with");
+  secret->require_subcommand(1);
+  auto* secret_init = secret->add_subcommand(
+      "init",
+      "Write a new cluster secret (256 random bits as 64 hex digits) to FILE, mode 600; an "
+      "existing file is never overwritten");
+  std::string secret_path;
+  secret_init->add_option("FILE", secret_path, "Where to write it (e.g. ~/.dyad/secret)")
+      ->required();
+  auto* secret_check = secret->add_subcommand(
+      "check",
+      "Check FILE as dyad-service would (mode 600, at least 128 bits); never prints the secret");
+  secret_check->add_option("FILE", secret_path, "The secret file")->required();
+
   // demo: everything after the word goes to dyad-demo untouched, --help too.
   auto* demo = app.add_subcommand("demo",
                                   "Run a two-node producer/consumer demonstration on this machine "
@@ -210,6 +226,8 @@ int main(int argc, char** argv) {
   if (*status) return dyad::cli::CmdStatus(status_json, status_prometheus);
   if (*peers) return dyad::cli::CmdPeers(peers_timeout, peers_json);
   if (*demo) return RunDemo(demo->remaining());
+  if (*secret_init) return dyad::cli::CmdSecretInit(secret_path);
+  if (*secret_check) return dyad::cli::CmdSecretCheck(secret_path);
 
   std::cerr << app.help();
   return kExitUsage;
