@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/format.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/safety.h"
@@ -194,6 +195,7 @@ Status Service::OpenListeners() {
   tcp_listener_ = std::move(*tcp);
   Result<SocketAddress> bound = BoundAddress(tcp_listener_.get());
   if (!bound.ok()) return bound.status();
+  listen_bound_ = bound->ToString();
   AdvertiseInput ai;
   ai.listen_host = laddr->host;
   ai.port = bound->port;
@@ -283,9 +285,12 @@ Status Service::WriteReadyFile() {
   const std::string tmp = opt_.ready_file + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return StatusFromErrno(errno, "write ready file '" + tmp + "'");
-  std::fprintf(f, "rank=%u\nlisten=%s\nsocket=%s\npid=%d\nincarnation=%llu\n", opt_.rank,
-               advertise_.c_str(), opt_.socket_path.c_str(), getpid(),
-               static_cast<unsigned long long>(incarnation_));
+  // listen= is where the peer listener is bound (0.0.0.0:7590), advertise=
+  // the address peers and tools connect to; the incarnation in hex, as in
+  // the log, `dyad status` and `dyad peers`.
+  std::fprintf(f, "rank=%u\nlisten=%s\nadvertise=%s\nsocket=%s\npid=%d\nincarnation=%s\n",
+               opt_.rank, listen_bound_.c_str(), advertise_.c_str(), opt_.socket_path.c_str(),
+               getpid(), Hex64(incarnation_).c_str());
   std::fclose(f);
   if (std::rename(tmp.c_str(), opt_.ready_file.c_str()) != 0)
     return StatusFromErrno(errno, "rename ready file");
@@ -297,13 +302,16 @@ void Service::Stop() {
     std::lock_guard<std::mutex> lk(stop_mu_);
     if (stopping_.exchange(true)) return;
     stop_cv_.notify_all();  // start-up pauses
-    if (kvs_) kvs_->Shutdown();
-    if (starting_) return;  // Start() sees stopping_ and tears down itself
-    if (!started_) {        // nothing to tear down
-      stopped_ = true;
+    if (starting_ || !started_) {
+      if (kvs_) kvs_->Shutdown();
+      if (starting_) return;  // Start() sees stopping_ and tears down itself
+      stopped_ = true;        // nothing to tear down
       return;
     }
   }
+  // A clean stop of a running service: say so in the store first (bounded),
+  // then end its waits and connections.
+  Deregister();
   Teardown();
 }
 
