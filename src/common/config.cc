@@ -87,6 +87,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "
        "through to the file system. Either way one message goes to stderr."},
+      {"DYAD_PRELOAD_QUIET", ConfigKind::kBool, "false", "client",
+       "Hide the one line libdyad_wrapper.so writes to stderr (once per process) when it is "
+       "preloaded but neither DYAD_PATH_CONSUMER nor DYAD_PATH_PRODUCER is set, i.e. when it "
+       "manages no directory."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
        "serve spans to this file; processes may share it, and %p in the name gives one file per "
