@@ -333,7 +333,7 @@ bool PeerInfo::DecodeFrom(Decoder& d) {
   last_contact_ns = d.U64();
   rtt_ns = d.U64();
   detail = d.Str();
-  if (d.failed() || s > static_cast<uint8_t>(PeerState::kRefused)) return false;
+  if (d.failed() || s > static_cast<uint8_t>(PeerState::kStopped)) return false;
   state = static_cast<PeerState>(s);
   return ServiceRecord::Decode(rec, &record);
 }
