@@ -153,7 +153,7 @@ Result<Proc> StartService(const Args& a, const std::string& dir, int rank, const
     std::ifstream in(ready);
     std::string line;
     while (std::getline(in, line))
-      if (line.rfind("listen=", 0) == 0) p.listen = line.substr(7);
+      if (line.rfind("advertise=", 0) == 0) p.listen = line.substr(10);
     if (!p.listen.empty()) return p;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

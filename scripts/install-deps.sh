@@ -4,7 +4,8 @@
 # when something is missing. Run as root (or with sudo available).
 set -eu
 
-# build and core tests (clang-format: the source-format test)
+# build and core tests (clang-format: the source-format test; prometheus:
+# promtool, which checks `dyad status --prometheus` in the operations tests)
 PACKAGES="
 cmake
 make
@@ -24,6 +25,7 @@ tar
 strace
 clang-format
 ccache
+prometheus
 "
 # optional backends (each is compiled in when found): UCX, libfabric, Redis
 # (libfabric-bin: fi_info, which the OFI tests use to tell a provider that

@@ -119,7 +119,7 @@ class LocalCluster:
                 info = self._wait_ready(proc, ready, rank)
                 self.ready.append(info)
                 if rank == 0:
-                    root = info["listen"]
+                    root = info["advertise"]
         except BaseException:
             self.stop()
             raise

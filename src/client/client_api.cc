@@ -125,7 +125,9 @@ void ToInfo(const ::dyad::ConsumeInfo& in, ConsumeInfo* out) {
 }
 
 static_assert(static_cast<int>(PeerState::kRefused) ==
-                  static_cast<int>(::dyad::PeerState::kRefused),
+                      static_cast<int>(::dyad::PeerState::kRefused) &&
+                  static_cast<int>(PeerState::kStopped) ==
+                      static_cast<int>(::dyad::PeerState::kStopped),
               "the public PeerState mirrors the protocol's");
 
 Transfer ToTransfer(const TransferInfo& t) {

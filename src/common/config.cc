@@ -91,6 +91,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "libdyad_wrapper.so: after this many seconds a read waiting for a publication prints one "
        "line on stderr, once per file, saying whether the file exists here unpublished; 0: "
        "never. Unset: 5 when stderr is a terminal, else never (docs/preload.md)."},
+      {"DYAD_PRELOAD_QUIET", ConfigKind::kBool, "false", "client",
+       "Hide the one line libdyad_wrapper.so writes to stderr (once per process) when it is "
+       "preloaded but neither DYAD_PATH_CONSUMER nor DYAD_PATH_PRODUCER is set, i.e. when it "
+       "manages no directory."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
        "serve spans to this file; processes of one user may share it, and %p (pid) and %h (host) "

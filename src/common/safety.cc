@@ -58,9 +58,20 @@ Status PrepareSocketDirectory(const std::string& dir) {
   if ((st.st_mode & 077) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return Status(DYAD_RC_PERM, "socket directory '" + dir + "' has mode " + mode +
-                                    "; it must be 0700 (no access for group or others), or "
-                                    "another user could replace the socket. chmod 700 it");
+    const std::string why = "socket directory '" + dir + "' has mode " + mode +
+                            "; it must be 0700 (no access for group or others), or another "
+                            "user could replace the socket. ";
+    // A sticky or world-writable directory (/tmp, /var/tmp, /dev/shm) is
+    // shared by design: changing its mode would break everyone else.
+    if ((st.st_mode & (S_ISVTX | S_IWOTH)) != 0)
+      return Status(DYAD_RC_PERM, why +
+                                      "It is a shared directory: do not change its mode; put the "
+                                      "socket in a private subdirectory instead, e.g. --socket " +
+                                      dir + "/dyad-" + std::to_string(::geteuid()) +
+                                      "/dyad.sock (created with mode 0700)");
+    return Status(DYAD_RC_PERM, why +
+                                    "chmod 700 it if only this service uses it, or put the "
+                                    "socket in a private subdirectory");
   }
   return Status::OK();
 }

@@ -338,8 +338,25 @@ void Init() {
   if (auto v = GetEnv("DYAD_PRELOAD_ON_ERROR"); v && *v == "pass") g_fail_on_error = false;
   const auto prod = GetEnv("DYAD_PATH_PRODUCER");
   const auto cons = GetEnv("DYAD_PATH_CONSUMER");
-  // Nothing managed: stay out of the way for good, and never print.
-  if ((!prod || prod->empty()) && (!cons || cons->empty())) return;
+  // Nothing managed: stay out of the way for good. One line (this once,
+  // per process) says so, since a program that opens a file it expected
+  // DYAD to bring gets a bare ENOENT otherwise; DYAD_PRELOAD_QUIET=1 hides
+  // it. write(2): no locks or buffers, and errno is left as it was.
+  if ((!prod || prod->empty()) && (!cons || cons->empty())) {
+    if (!EnvBool("DYAD_PRELOAD_QUIET", false)) {
+      const int saved = errno;
+      const std::string msg =
+          "dyad-preload[" + std::to_string(::getpid()) +
+          "]: DYAD is preloaded but manages no directory: DYAD_PATH_CONSUMER and "
+          "DYAD_PATH_PRODUCER are unset, so every open passes through unchanged; set "
+          "DYAD_PATH_CONSUMER (to consume) or DYAD_PATH_PRODUCER (to produce) "
+          "(DYAD_PRELOAD_QUIET=1 hides this line)\n";
+      ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
+      (void)ignored;
+      errno = saved;
+    }
+    return;
+  }
   Result<ClientConfig> config = ClientConfig::FromEnv();
   if (!config.ok()) {
     g_fail_on_error = false;  // we cannot tell managed paths apart: pass all

@@ -113,6 +113,7 @@ std::string ServiceRecord::Encode() const {
       .Str(hostname)
       .U64(started_ns);
   e.U32(pid);
+  if (stopped_ns != 0) e.U64(stopped_ns);
   return e.Take();
 }
 
@@ -127,7 +128,8 @@ bool ServiceRecord::Decode(const std::string& bytes, ServiceRecord* out) {
   r.prod_path = d.Str();
   r.hostname = d.Str();
   r.started_ns = d.U64();
-  if (!d.failed() && !d.done()) r.pid = d.U32();  // absent in records of older services
+  if (!d.failed() && !d.done()) r.pid = d.U32();         // absent in records of older services
+  if (!d.failed() && !d.done()) r.stopped_ns = d.U64();  // present after a clean stop
   if (!d.done()) return false;
   *out = std::move(r);
   return true;
@@ -333,6 +335,8 @@ const char* PeerStateName(PeerState s) {
       return "stale";
     case PeerState::kRefused:
       return "refused";
+    case PeerState::kStopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -350,7 +354,7 @@ bool PeerInfo::DecodeFrom(Decoder& d) {
   last_contact_ns = d.U64();
   rtt_ns = d.U64();
   detail = d.Str();
-  if (d.failed() || s > static_cast<uint8_t>(PeerState::kRefused)) return false;
+  if (d.failed() || s > static_cast<uint8_t>(PeerState::kStopped)) return false;
   state = static_cast<PeerState>(s);
   return ServiceRecord::Decode(rec, &record);
 }

@@ -100,6 +100,9 @@ struct ServiceRecord {
   std::string hostname;
   uint64_t started_ns = 0;
   uint32_t pid = 0;  // process id on `hostname` (0: unknown, an older record)
+  // Wall clock of a clean stop (SIGTERM/SIGINT): the service left on
+  // purpose. 0 while it runs, or when it crashed. Appended only when set.
+  uint64_t stopped_ns = 0;
 
   std::string Encode() const;
   static bool Decode(const std::string& bytes, ServiceRecord* out);
@@ -249,6 +252,7 @@ enum class PeerState : uint8_t {
   kDown = 2,           // did not answer within the bound
   kOtherIdentity = 3,  // its address answers as another service (stale record)
   kRefused = 4,        // refused our cluster credential
+  kStopped = 5,        // stopped cleanly (its record says so); not probed
 };
 const char* PeerStateName(PeerState s);
 

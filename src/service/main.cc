@@ -201,12 +201,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-a,--advertise", opt.advertise,
                  "HOST:PORT other services use to reach this one (default: derived from --listen)");
-  app.add_option("-s,--socket", opt.socket_path, "Unix socket for local clients")
+  app.add_option("-s,--socket", opt.socket_path,
+                 "Unix socket for local clients; its directory must be private (mode 0700, "
+                 "created so when missing): in a shared directory such as /tmp use a "
+                 "subdirectory, e.g. /tmp/dyad-$USER/dyad.sock")
       ->capture_default_str();
   app.add_option("-k,--kvs", opt.kvs_url,
                  "Metadata store: embedded (rank 0 hosts it), embedded://HOST:PORT (the root's "
-                 "address), redis://[USER:PASSWORD@]HOST:PORT[/DB] (see docs/redis.md), memory "
-                 "(this service only)")
+                 "address), redis://[USER:PASSWORD@]HOST:PORT[/DB] (one Redis server), "
+                 "redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster; the addresses are "
+                 "seeds), redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] (a primary found "
+                 "through Redis Sentinel), memory (this service only); see docs/redis.md")
       ->capture_default_str();
   app.add_flag("--root", opt.host_root, "Host the embedded metadata store here (any rank)");
   app.add_option("--service-mux", opt.service_mux, "Services per node")->capture_default_str();

@@ -3,6 +3,7 @@
 // a rank that a live service holds, replacing a dead holder, checking that
 // the advertised address leads back here, and noticing later when the
 // record disappears or is taken over.
+#include <future>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include "service/advertise.h"
 #include "service/peers.h"
 #include "service/service.h"
+#include "service/transports.h"
 
 namespace dyad {
 
@@ -106,13 +108,12 @@ Status Service::RegisterMembership() {
   bool told = false;
   for (;;) {
     if (stopping_) return Stopped();
-    Status st = ClaimRank();
+    Status st = CheckSameHostPeers();
+    if (st.ok()) st = ClaimRank();
     if (st.ok()) return st;
     if (!StoreNotReady(st)) {
       if (st.code() == DYAD_RC_AUTH && kvs_->caps().hosted_by_service)
-        return st.Annotate(what +
-                           " (every service must use the root's cluster secret: check "
-                           "--secret-file / DYAD_SECRET_FILE on both)");
+        return CredentialFailure(st, what);
       return st.Annotate(what);
     }
     if (deadline.expired())
@@ -131,6 +132,31 @@ Status Service::RegisterMembership() {
   }
 }
 
+// A transport that reaches only this host (libfabric's shm) cannot serve a
+// cluster with services on other hosts: refused here, at start, rather than
+// at the first fetch.
+Status Service::CheckSameHostPeers() {
+  const std::string why = transports_->Default().SameHostOnly();
+  if (why.empty()) return Status::OK();
+  using Listing = Result<std::vector<KvsEntry>>;
+  std::optional<Listing> all = CallUnlessStopped<Listing>(
+      kvs_, stopping_, [](Kvs& kvs) { return kvs.List(kMembersNamespace, "rank.", 0); });
+  if (!all) return Stopped();
+  if (!all->ok()) return all->status();
+  for (const auto& [key, value] : **all) {
+    ServiceRecord r;
+    if (!ServiceRecord::Decode(value, &r) || r.rank == opt_.rank || r.stopped_ns != 0 ||
+        r.hostname.empty() || r.hostname == hostname_)
+      continue;
+    return Status(DYAD_RC_MARGO_BAD_PROTO,
+                  why + ", and rank " + std::to_string(r.rank) + " is registered from host " +
+                      r.hostname + " (this is " + hostname_ +
+                      "): set DYAD_OFI_PROVIDER to a provider that reaches other hosts (tcp, "
+                      "verbs, cxi, ...) on every service, or use -m TCP");
+  }
+  return Status::OK();
+}
+
 // Takes the rank unless a live service holds it.
 Status Service::ClaimRank() {
   const std::string key = MemberKey(opt_.rank);
@@ -141,7 +167,13 @@ Status Service::ClaimRank() {
   if (!cur->ok()) return cur->status();
   ServiceRecord holder;
   if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
-      holder.incarnation != incarnation_) {
+      holder.incarnation != incarnation_ && holder.stopped_ns != 0) {
+    // Its last holder stopped cleanly (a planned restart): nothing alarming.
+    DYAD_LOG_INFO("rank %u: the previous service (%s) stopped cleanly at %s; registering",
+                  opt_.rank, DescribeHolder(holder).c_str(),
+                  LocalDateTime(holder.stopped_ns, "?").c_str());
+  } else if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
+             holder.incarnation != incarnation_) {
     const ProbeResult probe =
         peers_->Probe(holder, Deadline::AfterMs(kProbeMs), [this] { return stopping_.load(); });
     if (stopping_) return Stopped();
@@ -195,6 +227,44 @@ Status Service::CheckOwnAddress() {
           advertise_.c_str(), probe.status.ToString().c_str());
       return Status::OK();
   }
+}
+
+void Service::Deregister() {
+  if (member_value_.empty() || !kvs_) return;  // never registered
+  // Bounded: a store that is down must not hold the stop up.
+  const int64_t bound_ms = std::min<int64_t>(opt_.rpc_timeout_ms, 2000);
+  std::shared_ptr<Kvs> kvs = kvs_;
+  ServiceRecord rec = OwnRecord();
+  rec.stopped_ns = WallNs();
+  const std::string key = MemberKey(opt_.rank);
+  const std::string value = rec.Encode();
+  const uint64_t incarnation = incarnation_;
+  // The store call runs on its own thread so that this wait is bounded
+  // whatever the store does; the thread owns what it uses.
+  auto outcome = std::make_shared<std::promise<Status>>();
+  std::future<Status> done = outcome->get_future();
+  std::thread([kvs, key, value, incarnation, outcome] {
+    // Only our own record: a service that took the rank over keeps its own.
+    Status st;
+    Result<std::optional<std::string>> cur = kvs->Get(kMembersNamespace, key);
+    ServiceRecord holder;
+    if (!cur.ok()) {
+      st = cur.status();
+    } else if (cur->has_value() && ServiceRecord::Decode(**cur, &holder) &&
+               holder.incarnation == incarnation) {
+      st = kvs->Put(kMembersNamespace, key, value);
+    }
+    outcome->set_value(st);
+  }).detach();
+  if (done.wait_for(std::chrono::milliseconds(bound_ms)) != std::future_status::ready) {
+    DYAD_LOG_WARN("could not mark rank %u as stopped in the metadata store within %lld ms",
+                  opt_.rank, static_cast<long long>(bound_ms));
+    return;
+  }
+  const Status st = done.get();
+  if (!st.ok())
+    DYAD_LOG_WARN("could not mark rank %u as stopped in the metadata store: %s", opt_.rank,
+                  st.ToString().c_str());
 }
 
 void Service::UpkeepLoop() {

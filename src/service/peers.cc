@@ -104,6 +104,17 @@ std::shared_ptr<PeerDirectory::DialFlight> PeerDirectory::JoinDial(uint32_t rank
   return flight;
 }
 
+Status CredentialFailure(const Status& st, const std::string& what) {
+  const bool munge = st.message().find("MUNGE") != std::string::npos ||
+                     st.message().find("munge") != std::string::npos;
+  const std::string hint =
+      munge ? "every service must use MUNGE with the same munge key (munged running on each "
+              "host with the cluster's /etc/munge/munge.key) and the same --munge setting"
+            : "every service must use the same cluster secret: check --secret-file / "
+              "DYAD_SECRET_FILE on both";
+  return Status(st.code(), what + ": " + st.message() + " (" + hint + ")").WithCause(st.cause());
+}
+
 Status PeerDirectory::DialOutcome(const DialFlight& flight, bool* done) {
   std::lock_guard<std::mutex> lk(mu_);
   *done = flight.done;
@@ -128,10 +139,8 @@ Result<std::unique_ptr<Channel>> PeerDirectory::FinishDial(uint32_t rank, const 
                                                            const PeerIdentity& peer) {
   if (!ch.ok()) {
     if (ch.status().code() == DYAD_RC_AUTH)
-      return ch.status().Annotate("authenticate with rank " + std::to_string(rank) + " at " +
-                                  rec.address +
-                                  " (every service must use the same cluster "
-                                  "secret: check --secret-file / DYAD_SECRET_FILE on both)");
+      return CredentialFailure(
+          ch.status(), "authenticate with rank " + std::to_string(rank) + " at " + rec.address);
     return ch.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
                                 rec.address);
   }

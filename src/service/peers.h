@@ -36,6 +36,12 @@
 namespace dyad {
 
 // What a bounded probe of a registered service found.
+// A refused handshake (DYAD_RC_AUTH) with `what` was being done: the real
+// cause first, then the hint that fits it (MUNGE: the same munge key on
+// both hosts; otherwise the cluster secret), e.g. "authenticate with rank 1
+// at H:P: MUNGE credential refused: ... (every service must ...)".
+Status CredentialFailure(const Status& st, const std::string& what);
+
 struct ProbeResult {
   PeerState state = PeerState::kUnknown;
   PeerIdentity identity;  // who answered (kAlive, kOtherIdentity)

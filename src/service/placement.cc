@@ -54,6 +54,20 @@ Result<Placement::Plan> Placement::Prepare(const PlacementRequest& req) {
   Result<Transport*> t =
       *route == Route::kSameNode ? transports_->SameNode() : transports_->ForMode(req.dtl_mode);
   if (!t.ok()) return t.status();
+  if (*route == Route::kRemote && (*t)->caps().same_node_only) {
+    // e.g. DYAD_DTL_MODE=LOCAL for a file of another node: say so, rather
+    // than let the copy fail on a path that is not here.
+    const std::string chosen = req.dtl_mode.empty()
+                                   ? "this service's transport '" + (*t)->name() + "' (-m)"
+                                   : "DYAD_DTL_MODE=" + req.dtl_mode;
+    return Status(DYAD_RC_NOTSUP,
+                  chosen + " reaches only owners on this node, and '" + req.record.upath +
+                      "' is owned by rank " + std::to_string(req.record.owner_rank) + " on node " +
+                      std::to_string(req.record.owner_rank / cfg_.service_mux) + " (this is node " +
+                      std::to_string(cfg_.node_idx) +
+                      "): unset DYAD_DTL_MODE, or choose a transport that crosses nodes "
+                      "(FLUX_RPC, UCX, OFI)");
+  }
   plan.transport = *t;
   return plan;
 }

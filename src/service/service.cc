@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common/config.h"
+#include "common/format.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/safety.h"
@@ -195,6 +196,7 @@ Status Service::OpenListeners() {
   tcp_listener_ = std::move(*tcp);
   Result<SocketAddress> bound = BoundAddress(tcp_listener_.get());
   if (!bound.ok()) return bound.status();
+  listen_bound_ = bound->ToString();
   AdvertiseInput ai;
   ai.listen_host = laddr->host;
   ai.port = bound->port;
@@ -292,11 +294,14 @@ Status Service::WriteReadyFile() {
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                      static_cast<mode_t>(opt_.file_mode & 0777)));
   if (!fd.valid()) return StatusFromErrno(errno, "write ready file '" + tmp + "'");
-  char text[1024];
-  const int n =
-      std::snprintf(text, sizeof text, "rank=%u\nlisten=%s\nsocket=%s\npid=%d\nincarnation=%llu\n",
-                    opt_.rank, advertise_.c_str(), opt_.socket_path.c_str(), getpid(),
-                    static_cast<unsigned long long>(incarnation_));
+  // listen= is where the peer listener is bound (0.0.0.0:7590), advertise=
+  // the address peers and tools connect to; the incarnation in hex, as in
+  // the log, `dyad status` and `dyad peers`.
+  char text[2048];
+  const int n = std::snprintf(
+      text, sizeof text, "rank=%u\nlisten=%s\nadvertise=%s\nsocket=%s\npid=%d\nincarnation=%s\n",
+      opt_.rank, listen_bound_.c_str(), advertise_.c_str(), opt_.socket_path.c_str(), getpid(),
+      Hex64(incarnation_).c_str());
   const size_t len = n < 0 ? 0 : std::min(static_cast<size_t>(n), sizeof text - 1);
   if (!WriteFully(fd.get(), text, len).ok()) {
     ::unlink(tmp.c_str());
@@ -313,13 +318,16 @@ void Service::Stop() {
     std::lock_guard<std::mutex> lk(stop_mu_);
     if (stopping_.exchange(true)) return;
     stop_cv_.notify_all();  // start-up pauses
-    if (kvs_) kvs_->Shutdown();
-    if (starting_) return;  // Start() sees stopping_ and tears down itself
-    if (!started_) {        // nothing to tear down
-      stopped_ = true;
+    if (starting_ || !started_) {
+      if (kvs_) kvs_->Shutdown();
+      if (starting_) return;  // Start() sees stopping_ and tears down itself
+      stopped_ = true;        // nothing to tear down
       return;
     }
   }
+  // A clean stop of a running service: say so in the store first (bounded),
+  // then end its waits and connections.
+  Deregister();
   Teardown();
 }
 

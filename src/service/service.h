@@ -224,6 +224,9 @@ class Service {
   // membership.cc: take the rank (refusing one a live service holds) and
   // keep it.
   Status RegisterMembership();
+  // Refuses (at start) a default transport that reaches only this host when
+  // a service of another host is registered (libfabric's shm provider).
+  Status CheckSameHostPeers();
   Status ClaimRank();
   Status CheckOwnAddress();
   ServiceRecord OwnRecord() const;
@@ -237,6 +240,10 @@ class Service {
   // re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
   void UpkeepLoop();
+  // On a clean stop: marks this service's registration as stopped
+  // (ServiceRecord::stopped_ns) so `dyad peers` says "stopped", not "down",
+  // and a restart takes the rank without a warning. Bounded (2 s at most).
+  void Deregister();
 
   ServiceOptions opt_;
   std::string prod_real_;  // canonical producer path ("" = none)
@@ -285,6 +292,7 @@ class Service {
   std::list<PendingPublish> async_queue_;
   std::thread async_thread_;
   std::thread upkeep_thread_;  // UpkeepLoop
+  std::string listen_bound_;  // where the peer listener is bound (the ready file's listen=)
   std::string member_value_;
 
   std::atomic<bool> stopping_{false};

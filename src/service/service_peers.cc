@@ -5,6 +5,7 @@
 #include <atomic>
 #include <thread>
 
+#include "common/format.h"
 #include "common/log.h"
 #include "service/dispatch.h"
 #include "service/peers.h"
@@ -48,6 +49,13 @@ void Service::HandlePeers(RequestContext& ctx, const std::string& payload) {
         p.state = PeerState::kAlive;
         p.last_contact_ns = WallNs();
         p.detail = "this service";
+        continue;
+      }
+      if (p.record.stopped_ns != 0) {
+        // It deregistered on a clean stop: nothing to probe, nothing wrong.
+        p.state = PeerState::kStopped;
+        p.detail = "stopped cleanly " + LocalDateTime(p.record.stopped_ns, "");
+        p.last_contact_ns = peers_->LastContact(p.record.rank);
         continue;
       }
       if (req.probe) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/format.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "service/dispatch.h"
@@ -417,7 +418,7 @@ void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);
   r.info["node"] = std::to_string(node_idx_);
-  r.info["incarnation"] = std::to_string(incarnation_);
+  r.info["incarnation"] = Hex64(incarnation_);
   r.info["host"] = hostname_;
   r.info["pid"] = std::to_string(getpid());
   r.info["address"] = advertise_;

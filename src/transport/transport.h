@@ -111,6 +111,11 @@ class Transport {
   // here, e.g. which paths its library chose. "" when there is nothing to add.
   virtual std::string Details() const { return std::string(); }
 
+  // Non-empty when this transport, as started, reaches only services on
+  // this host (libfabric's shm provider): says why, for the service to
+  // refuse peers of other hosts at start. "" otherwise or when not started.
+  virtual std::string SameHostOnly() const { return std::string(); }
+
   // What this transport would use on this host, found without starting it
   // (`dyad info`), e.g. which provider a fabric library offers and why.
   // "" when there is nothing to say.

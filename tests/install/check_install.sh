@@ -125,7 +125,7 @@ start_node() {  # rank kvs
   done
 }
 start_node 0 embedded
-start_node 1 "embedded://$(sed -n 's/^listen=//p' "$WORK/node0/ready")"
+start_node 1 "embedded://$(sed -n 's/^advertise=//p' "$WORK/node0/ready")"
 umask 022
 node() {  # rank command...: run as a process of node `rank`, bounded
   n=$1

@@ -99,7 +99,7 @@ start_from_unit() {  # name: ExecStart of the unit, environment from name.env
 }
 write_env root 0 embedded
 start_from_unit root
-write_env worker 1 "embedded://$(sed -n 's/^listen=//p' "$WORK/root/ready")"
+write_env worker 1 "embedded://$(sed -n 's/^advertise=//p' "$WORK/root/ready")"
 start_from_unit worker
 
 echo "from the root's node" >"$WORK/root/dyad/hello.txt"

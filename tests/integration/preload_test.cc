@@ -353,5 +353,44 @@ TEST_F(PreloadTest, UnreachableServiceFailsOrPassesAsConfigured) {
   EXPECT_EQ(p->output.size() - p->output.find('\n') - 1, 1000u);
 }
 
+// Issue 26 item 11: preloaded with neither DYAD_PATH_CONSUMER nor
+// DYAD_PATH_PRODUCER, `cat` said only ENOENT. One line per process now says
+// what to set; the program's calls and errno are as without the library,
+// and DYAD_PRELOAD_QUIET=1 hides the line.
+TEST_F(PreloadTest, Issue26Item11_NoManagedDirectorySaysWhatToSetOncePerProcess) {
+  const Env unmanaged = {{"DYAD_PATH_CONSUMER", ""}, {"DYAD_PATH_PRODUCER", ""}};
+  const std::string missing = PathOn(kB, "not-here.dat");
+  auto r =
+      cluster().RunOnNode(kB, {"cat", missing, missing, missing}, 30000, PreloadEnv(unmanaged));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->status.success());
+  EXPECT_NE(r->output.find("No such file"), std::string::npos) << r->output;
+  const size_t first = r->output.find("dyad-preload");
+  ASSERT_NE(first, std::string::npos) << r->output;
+  EXPECT_EQ(r->output.find("dyad-preload", first + 1), std::string::npos) << "more than one line:\n"
+                                                                          << r->output;
+  EXPECT_NE(r->output.find("set DYAD_PATH_CONSUMER", first), std::string::npos) << r->output;
+
+  // The probe's results (errno included) are those without the library.
+  const std::string dir = work_ + "/unmanaged", plain = work_ + "/unmanaged-plain";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(plain.c_str(), 0755), 0);
+  auto with = cluster().RunOnNode(kB, {helper_, "probe", dir}, 30000, PreloadEnv(unmanaged));
+  ASSERT_TRUE(with.ok() && with->status.success()) << (with.ok() ? with->output : "");
+  auto without = cluster().RunOnNode(kB, {helper_, "probe", plain}, 30000, {});
+  ASSERT_TRUE(without.ok() && without->status.success());
+  std::string w = with->output;
+  const size_t line = w.find("dyad-preload");
+  ASSERT_NE(line, std::string::npos) << w;
+  w.erase(line, w.find('\n', line) + 1 - line);
+  EXPECT_EQ(w, without->output);
+
+  Env quiet = unmanaged;
+  quiet["DYAD_PRELOAD_QUIET"] = "1";
+  auto q = cluster().RunOnNode(kB, {"cat", missing}, 30000, PreloadEnv(quiet));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->output.find("dyad-preload"), std::string::npos) << q->output;
+}
+
 }  // namespace
 }  // namespace dyad::it

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/safety.h"
 #include "common/seal.h"
 #include "common/time.h"
 #include "proto/auth.h"
@@ -378,6 +380,38 @@ TEST(Handshake, AnythingButTheHandshakeIsRefusedBeforeAuthentication) {
   t.join();
   EXPECT_EQ(server.code(), DYAD_RC_AUTH) << server.ToString();
   EXPECT_TRUE(p.a->broken());
+}
+
+// --- issue 26 item 5: the socket directory's advice ------------------------
+
+// A shared sticky directory (like /tmp) must never be advised to chmod 700:
+// the advice is a private subdirectory. A plain directory of ours gets both.
+TEST(Issue26Item5, SharedSocketDirectoryAdvisesAPrivateSubdirectoryNotChmod) {
+  char tmpl[] = "/tmp/dyad-sockdir-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string base = tmpl;
+  const std::string shared = base + "/shared";
+  const std::string open = base + "/open";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0750), 0);
+  const Status s = PrepareSocketDirectory(shared);
+  const Status o = PrepareSocketDirectory(open);
+  const Status priv = PrepareSocketDirectory(base + "/private");  // created 0700
+  ::rmdir(shared.c_str());
+  ::rmdir(open.c_str());
+  ::rmdir((base + "/private").c_str());
+  ::rmdir(base.c_str());
+  ASSERT_EQ(s.code(), DYAD_RC_PERM) << s.ToString();
+  EXPECT_NE(s.message().find("mode 1777"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("chmod"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("do not change its mode"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--socket " + shared + "/dyad-"), std::string::npos) << s.message();
+  ASSERT_EQ(o.code(), DYAD_RC_PERM) << o.ToString();
+  EXPECT_NE(o.message().find("mode 0750"), std::string::npos) << o.message();
+  EXPECT_NE(o.message().find("private subdirectory"), std::string::npos) << o.message();
+  EXPECT_TRUE(priv.ok()) << priv.ToString();
 }
 
 }  // namespace

@@ -113,6 +113,40 @@ TEST(OpsWireTest, ServiceRecordPidIsOptional) {
   EXPECT_FALSE(ServiceRecord::Decode(legacy + "xy", &back));
 }
 
+// Issue 26 item 10: a clean stop appends stopped_ns to the record; records
+// without it (running services, older ones) decode as before.
+TEST(OpsWireTest, ServiceRecordStoppedIsOptionalAndPeersCarryTheStoppedState) {
+  ServiceRecord r;
+  r.rank = 2;
+  r.address = "h:1";
+  r.pid = 7;
+  const std::string running = r.Encode();
+  r.stopped_ns = 123456789;
+  const std::string stopped = r.Encode();
+  EXPECT_EQ(stopped.size(), running.size() + 8);
+  ServiceRecord back;
+  ASSERT_TRUE(ServiceRecord::Decode(stopped, &back));
+  EXPECT_EQ(back.stopped_ns, 123456789u);
+  EXPECT_EQ(back.pid, 7u);
+  ASSERT_TRUE(ServiceRecord::Decode(running, &back));
+  EXPECT_EQ(back.stopped_ns, 0u);
+  EXPECT_FALSE(ServiceRecord::Decode(stopped + "z", &back));
+
+  PeersReply p;
+  PeerInfo a;
+  a.record = r;
+  a.state = PeerState::kStopped;
+  p.peers = {a};
+  const std::string bytes = EncodeOf(p);
+  PeersReply pb;
+  Decoder d(bytes);
+  ASSERT_TRUE(pb.DecodeFrom(d));
+  ASSERT_EQ(pb.peers.size(), 1u);
+  EXPECT_EQ(pb.peers[0].state, PeerState::kStopped);
+  EXPECT_EQ(pb.peers[0].record.stopped_ns, 123456789u);
+  EXPECT_STREQ(PeerStateName(PeerState::kStopped), "stopped");
+}
+
 TEST(OpsWireTest, PeersRequestAndReplyRoundTripAndRejectGarbage) {
   PeersRequest q;
   q.probe = false;

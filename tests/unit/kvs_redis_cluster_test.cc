@@ -186,6 +186,51 @@ TEST_F(RedisClusterTest, KeysOfOneNamespaceSpreadOverEveryMaster) {
   EXPECT_EQ((*some)[1].first, "f/10");
 }
 
+// Issue 26 item 4: a cluster that announces an address this host cannot
+// reach (created on 127.0.0.1 and used from another host) fails with an
+// error that says the address came from the cluster's own topology and how
+// to fix it, not just "unreachable". Here every node announces a closed
+// port (cluster-announce-port), which CLUSTER SLOTS then reports.
+TEST_F(RedisClusterTest, UnreachableAnnouncedAddressSaysItCameFromClusterSlots) {
+  const int closed = emu::FreePort();
+  ASSERT_GT(closed, 0);
+  for (size_t i = 0; i < cluster_->size(); ++i)
+    ASSERT_EQ(RedisCommand(cluster_->port(i),
+                           {"CONFIG", "SET", "cluster-announce-port", std::to_string(closed)}),
+              "OK");
+  // Gossip carries the new ports to every node within a few pings.
+  auto announces_only_closed = [&] {
+    const std::string slots = RedisCommand(cluster_->port(0), {"CLUSTER", "SLOTS"});
+    for (size_t i = 0; i < cluster_->size(); ++i)
+      if (slots.find("127.0.0.1," + std::to_string(cluster_->port(i)) + ",") != std::string::npos)
+        return false;
+    return slots.find("127.0.0.1," + std::to_string(closed) + ",") != std::string::npos;
+  };
+  ASSERT_TRUE(WaitUntil(20000, announces_only_closed))
+      << RedisCommand(cluster_->port(0), {"CLUSTER", "SLOTS"});
+  KvsOptions o;
+  o.rpc_timeout_ms = 2000;
+  Result<std::unique_ptr<RedisKvs>> kvs = RedisKvs::Open(
+      "redis+cluster://127.0.0.1:" + std::to_string(cluster_->port(0)) + "?retry_ms=300", o);
+  ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+  const Status st = (*kvs)->Put("far", "key", "v");
+  ASSERT_FALSE(st.ok());
+  const std::string msg = st.ToString();
+  EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(closed)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("CLUSTER SLOTS"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cluster-announce-ip"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("reachable"), std::string::npos) << msg;
+  kvs->reset();
+  // An address the URL names gets no such hint.
+  Result<std::unique_ptr<RedisKvs>> direct =
+      RedisKvs::Open("redis+cluster://127.0.0.1:" + std::to_string(closed) + "?retry_ms=300", o);
+  if (direct.ok()) {
+    const Status d = (*direct)->Put("far", "key", "v");
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.ToString().find("cluster-announce-ip"), std::string::npos) << d.ToString();
+  }
+}
+
 TEST_F(RedisClusterTest, MovedIsFollowedAfterASlotChangesOwner) {
   const std::string key = "moving";
   const std::string rkey = kvs_->RedisKey("ns", key);

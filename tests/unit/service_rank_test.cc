@@ -7,7 +7,10 @@
 #include <optional>
 #include <string>
 
+#include "service/peers.h"
 #include "service/rank.h"
+#include "service/service.h"
+#include "unit/service_pair.h"
 
 namespace dyad {
 namespace {
@@ -112,6 +115,60 @@ TEST(ServiceRank, NoSourceNamesEveryOption) {
   EXPECT_NE(m.find("DYAD_SERVICE_RANK"), std::string::npos) << m;
   for (const char* const* v = kLauncherRankVariables; *v != nullptr; ++v)
     EXPECT_NE(m.find(*v), std::string::npos) << *v << " missing from: " << m;
+}
+
+// Issue 26 item 19: a MUNGE (or secret) mismatch led with the generic
+// "check --secret-file" hint before the real cause. The cause comes first,
+// and the hint fits it.
+TEST(Issue26Item19, CredentialFailureLeadsWithTheCauseAndFitsTheHint) {
+  const Status munge(DYAD_RC_AUTH, "MUNGE credential refused: Invalid credential");
+  const Status m = CredentialFailure(munge, "authenticate with rank 1 at 10.0.0.2:7590");
+  EXPECT_EQ(m.code(), DYAD_RC_AUTH);
+  EXPECT_EQ(m.message().find("authenticate with rank 1 at 10.0.0.2:7590: MUNGE credential refused"),
+            0u)
+      << m.message();
+  EXPECT_NE(m.message().find("munge key"), std::string::npos) << m.message();
+  EXPECT_EQ(m.message().find("--secret-file"), std::string::npos) << m.message();
+  const Status secret(DYAD_RC_AUTH, "handshake: proof of the cluster secret does not match");
+  const Status s = CredentialFailure(secret, "register rank 2");
+  EXPECT_EQ(s.message().find("register rank 2: handshake: proof"), 0u) << s.message();
+  EXPECT_NE(s.message().find("check --secret-file"), std::string::npos) << s.message();
+  EXPECT_LT(s.message().find("proof"), s.message().find("--secret-file")) << s.message();
+}
+
+// Issue 26 item 20: with libfabric's shm provider (same host only) a
+// service joined a cluster of several hosts and failed only at the first
+// fetch. It is now refused at start when a service of another host is
+// registered.
+TEST(Issue26Item20, SameHostOnlyTransportIsRefusedAtStartInAClusterOfHosts) {
+  using namespace testing_services;  // NOLINT(build/namespaces)
+  char tmpl[] = "/tmp/dyad-shm-start.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string base = tmpl;
+  std::unique_ptr<Service> a, b;
+  ServiceOptions oa = FirstServiceOptions(base);
+  a = std::make_unique<Service>(oa);
+  Status st = a->Start();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(RegisterRank(a->tcp_address(), 7, 0x77, "127.0.0.1:9", "another-host").ok());
+  ::setenv("DYAD_OFI_PROVIDER", "shm", 1);
+  ServiceOptions ob = SecondServiceOptions(oa, base, "embedded://" + a->tcp_address());
+  ob.dtl_mode = "OFI";
+  b = std::make_unique<Service>(ob);
+  st = b->Start();
+  ::unsetenv("DYAD_OFI_PROVIDER");
+  const std::string msg = st.ToString();
+  const bool no_ofi = !st.ok() && (msg.find("not compiled") != std::string::npos ||
+                                   msg.find("unknown") != std::string::npos ||
+                                   msg.find("no libfabric provider") != std::string::npos);
+  if (no_ofi) {
+    StopAndRemove(&b, &a, &base);
+    GTEST_SKIP() << "no OFI transport with the shm provider here: " << msg;
+  }
+  EXPECT_EQ(st.code(), DYAD_RC_MARGO_BAD_PROTO) << msg;
+  EXPECT_NE(msg.find("reaches only services on this host"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 7 is registered from host another-host"), std::string::npos) << msg;
+  StopAndRemove(&b, &a, &base);
 }
 
 }  // namespace

@@ -349,6 +349,27 @@ TEST(OfiTransport, UnknownProviderIsAClearError) {
   EXPECT_NE(t->Probe().find("unavailable"), std::string::npos) << t->Probe();
 }
 
+// Issue 26 item 8: tcp;ofi_rxm ignores the domain in fi_getinfo's hints,
+// so DYAD_OFI_DOMAIN was ignored (eth0 picked whatever it said). Now a
+// domain that is offered is used, and one that is not is a clear error.
+TEST(OfiTransport, Issue26Item8_DomainIsHonouredOrAClearError) {
+  {
+    ScopedEnv env("DYAD_OFI_DOMAIN", "nosuchdev");
+    std::unique_ptr<Transport> t = MakeOfi();
+    Status st = t->Warm();
+    EXPECT_EQ(st.code(), DYAD_RC_MARGO_BAD_PROTO) << st.ToString();
+    EXPECT_NE(st.message().find("DYAD_OFI_DOMAIN=nosuchdev"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("domains offered"), std::string::npos) << st.ToString();
+  }
+  if (Provider() != "tcp") GTEST_SKIP() << "the loopback domain is a tcp;ofi_rxm case";
+  ScopedEnv env("DYAD_OFI_DOMAIN", "lo");
+  std::unique_ptr<Transport> t = MakeOfi();
+  ASSERT_TRUE(t->Warm().ok());
+  const std::string d = t->Details();
+  EXPECT_NE(d.find("(domain lo,"), std::string::npos) << d;
+  EXPECT_NE(d.find("DYAD_OFI_DOMAIN=lo"), std::string::npos) << d;
+}
+
 TEST(OfiTransport, OneBufferPerPoolServesConcurrentTransfersInTurn) {
   ScopedEnv env("DYAD_OFI_POOL_BUFFERS", "1");
   TempDir dir;

@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "commands.h"
-#include "common/backend.h"
 #include "common/format.h"
 #include "common/time.h"
 #include "service/stats.h"
@@ -52,12 +51,6 @@ dc::Status EnvClient(dc::Client* out) {
 
 // --- Prometheus ---------------------------------------------------------
 
-std::string MetricName(const std::string& counter) {
-  std::string out = "dyad_";
-  for (char c : counter) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  return out;
-}
-
 std::string LabelValue(const std::string& v) {
   std::string out;
   for (char c : v) {
@@ -69,25 +62,6 @@ std::string LabelValue(const std::string& v) {
     out += c;
   }
   return out;
-}
-
-// Splits "transfers.in.tcp" into ("transfers.in", "tcp") when the last part
-// names a transport row.
-bool SplitTransport(const std::string& name, std::string* family, std::string* transport) {
-  const size_t dot = name.rfind('.');
-  if (dot == std::string::npos) return false;
-  const std::string base = name.substr(0, dot);
-  if (base != "transfers.in" && base != "bytes.in" && base != "transfers.out" &&
-      base != "bytes.out")
-    return false;
-  const std::string t = name.substr(dot + 1);
-  for (const BackendRow* row : RowsOf(BackendKind::kTransport))
-    if (t == row->name) {
-      *family = base;
-      *transport = t;
-      return true;
-    }
-  return false;
 }
 
 struct Family {
@@ -105,15 +79,24 @@ std::string PrometheusText(const dc::ServiceStatus& st) {
   const std::string rank = "rank=\"" + LabelValue(info("rank")) + "\"";
   std::map<std::string, Family> families;  // by metric name; sorted output
   for (const auto& [name, value] : st.counters) {
-    std::string family, transport;
-    const bool per_transport = SplitTransport(name, &family, &transport);
-    const std::string base = per_transport ? "transport." + family : name;
-    const bool gauge = ServiceStats::IsGauge(name);
-    Family& f = families[MetricName(base) + (gauge ? "" : "_total")];
-    f.help = ServiceStats::Help(per_transport ? family + "." + transport : name);
-    f.type = gauge ? "gauge" : "counter";
+    std::string transport;
+    const MetricRow* row = ServiceStats::FindMetric(name, &transport);
+    if (row == nullptr) {
+      // A service newer than this tool: exported, but without a kind.
+      std::string metric = "dyad_";
+      for (char c : name) metric += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      Family& f = families[metric];
+      f.help = "DYAD metric " + name + " (not in this dyad tool's metric table).";
+      f.type = "untyped";
+      f.samples.emplace_back(rank, std::to_string(value));
+      continue;
+    }
+    const bool counter = row->type == MetricType::kCounter;
+    Family& f = families[std::string("dyad_") + row->prometheus + (counter ? "_total" : "")];
+    f.help = row->help;
+    f.type = counter ? "counter" : "gauge";
     f.samples.emplace_back(
-        per_transport ? rank + ",transport=\"" + LabelValue(transport) + "\"" : rank,
+        transport.empty() ? rank : rank + ",transport=\"" + LabelValue(transport) + "\"",
         std::to_string(value));
   }
   Family& idf = families["dyad_info"];

@@ -160,15 +160,15 @@ int main(int argc, char** argv) {
       ->type_name("PATH");
   status->add_flag("--json", status_json, "Print as JSON");
   status->add_flag("--prometheus", status_prometheus,
-                   "Print the counters in Prometheus' text format (for node_exporter's textfile "
-                   "collector or a scrape wrapper)");
+                   "Print the counters and gauges in Prometheus' text format (counters end in "
+                   "_total; for node_exporter's textfile collector or a scrape wrapper)");
 
   // peers
   auto* peers = app.add_subcommand(
       "peers",
-      "List the services registered in the metadata store: rank, liveness (an "
-      "authenticated ping from the local service), address, host, pid, incarnation, "
-      "start time, last contact");
+      "List the services registered in the metadata store: rank, state (alive, down, "
+      "stopped cleanly, stale, refused, from an authenticated ping by the local service), "
+      "address, host, pid, incarnation, start time, last contact");
   double peers_timeout = 2;
   bool peers_json = false;
   peers

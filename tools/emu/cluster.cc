@@ -400,7 +400,7 @@ Status EmuCluster::WaitReady(int i, Deadline deadline) {
     struct stat st;
     if (::stat(node.info.ready_file.c_str(), &st) == 0) {
       auto kv = ReadKeyValues(node.info.ready_file);
-      auto listen = ParseAddress(kv["listen"]);
+      auto listen = ParseAddress(kv["advertise"]);
       if (listen.ok() && listen->port != 0) {
         // Keep the port: a restarted service must be found where the
         // others (and the metadata store's membership record) expect it.

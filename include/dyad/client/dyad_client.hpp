@@ -168,8 +168,9 @@ enum class PeerState {
   kDown = 2,           // did not answer within the bound
   kOtherIdentity = 3,  // its address answers as another service (a stale record)
   kRefused = 4,        // refused the cluster credential
+  kStopped = 5,        // stopped cleanly (SIGTERM/SIGINT); its registration says so
 };
-// "unknown", "alive", "down", "stale", "refused".
+// "unknown", "alive", "down", "stale", "refused", "stopped".
 DYAD_DLL_EXPORTED const char* PeerStateName(PeerState state);
 
 // A service registered in the metadata store, as the local service sees it.

@@ -25,6 +25,12 @@ void RedisExecutor::Shutdown() {
   }
 }
 
+Status RedisExecutor::WithOrigin(const Status& st, const RedisAddress& node) const {
+  const std::string origin = topology_->AddressOrigin(node);
+  if (st.ok() || origin.empty()) return st;
+  return Status(st.code(), st.message() + origin).WithCause(st.cause());
+}
+
 Result<RedisContext> RedisExecutor::Dial(const RedisAddress& node) {
   return DialRedis(node, topology_->login(), config_.connect_timeout_ms,
                    config_.command_timeout_ms);
@@ -90,7 +96,7 @@ Status RedisExecutor::RunOn(const RedisAddress& node, const std::vector<RedisArg
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
     Result<RedisContext> c = Borrow(node, &reused);
-    if (!c.ok()) return c.status();
+    if (!c.ok()) return WithOrigin(c.status(), node);
     Status st = RunRedis(c->get(), cmds, out);
     Release(node, std::move(*c), st.ok());
     if (st.ok()) return st;
@@ -107,7 +113,7 @@ RedisExecutor::Next RedisExecutor::Attempt(const RedisAddress& node, bool asking
   bool reused = false;
   Result<RedisContext> c = Borrow(node, &reused);
   if (!c.ok()) {
-    *last = c.status();
+    *last = WithOrigin(c.status(), node);
     if (!RedisRetryable(*last)) return Next::kDone;
     topology_->MarkStale();  // the node may be gone for good (failover)
     return Next::kBackOff;

@@ -65,6 +65,9 @@ class RedisExecutor {
   Status RunOn(const RedisAddress& node, const std::vector<RedisArgv>& cmds,
                std::vector<RedisReply>* out);
 
+  // `st` (a failure to reach `node`) with where the address came from when
+  // the cluster named it (RedisTopology::AddressOrigin).
+  Status WithOrigin(const Status& st, const RedisAddress& node) const;
   // A new connection to `node` outside the pools (the subscriber's links).
   Result<RedisContext> Dial(const RedisAddress& node);
 

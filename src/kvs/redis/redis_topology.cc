@@ -159,6 +159,17 @@ Status RedisTopology::Refresh() {
 
 // --- cluster -------------------------------------------------------------------
 
+std::string RedisTopology::AddressOrigin(const RedisAddress& node) const {
+  if (config_.mode != RedisMode::kCluster) return "";
+  if (std::find(config_.nodes.begin(), config_.nodes.end(), node) != config_.nodes.end()) return "";
+  return " (" + node.ToString() +
+         " is not in the store URL: it comes from the cluster's own topology, CLUSTER SLOTS, "
+         "i.e. the address the cluster was created with or announces. A cluster created on "
+         "127.0.0.1 works on one host only: create it with addresses every host can reach "
+         "(redis-cli --cluster create HOST:PORT ...) or set cluster-announce-ip on each Redis "
+         "node; see docs/redis.md)";
+}
+
 Result<RedisTopology::ClusterView> RedisTopology::AskClusterSlots(const RedisAddress& node) {
   Result<RedisReply> r =
       AskOnce(node, login_, std::min(config_.connect_timeout_ms, kLookupConnectMs),

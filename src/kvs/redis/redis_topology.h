@@ -72,6 +72,11 @@ class RedisTopology {
   // later call within that time gets the last attempt's outcome).
   Status Refresh();
 
+  // For an error reaching `node`: when it is a cluster node that the URL
+  // does not name (it came from the cluster's own slot map), a sentence
+  // saying so and how to fix an unreachable announced address; "" else.
+  std::string AddressOrigin(const RedisAddress& node) const;
+
   uint64_t epoch() const { return epoch_.load(); }
   // The sentinels, in the order they will be asked (for the subscriber's
   // +switch-master link).

@@ -64,7 +64,19 @@ std::string ProviderName(const fi_info* i) {
   return i->fabric_attr->prov_name != nullptr ? i->fabric_attr->prov_name : "?";
 }
 
-// The entry to use and why, from libfabric's ranked list.
+std::string DomainName(const fi_info* i) {
+  return i->domain_attr->name != nullptr ? i->domain_attr->name : "";
+}
+
+// True when `i` is on the domain DYAD_OFI_DOMAIN asks for (any when unset).
+// Layered providers (tcp;ofi_rxm) ignore the domain in the hints, so the
+// list must be filtered here.
+bool OnDomain(const fi_info* i, const OfiConfig& config) {
+  return config.domain.empty() || DomainName(i) == config.domain;
+}
+
+// The entry to use and why, from libfabric's ranked list; nullptr when no
+// entry fits (`*reason` then says why).
 const fi_info* Pick(const fi_info* list, const OfiConfig& config, std::string* reason) {
   std::string provider;
   if (!config.provider.empty()) {
@@ -72,18 +84,31 @@ const fi_info* Pick(const fi_info* list, const OfiConfig& config, std::string* r
     *reason = config.provider_source + "=" + config.provider;
   } else {
     for (const fi_info* i = list; i != nullptr && provider.empty(); i = i->next) {
-      if (ProviderName(i) != "shm") provider = ProviderName(i);
+      if (ProviderName(i) != "shm" && OnDomain(i, config)) provider = ProviderName(i);
     }
-    if (provider.empty()) return nullptr;  // only shm: it cannot reach other hosts
+    if (provider.empty()) {
+      *reason = "";
+      return nullptr;  // only shm (it cannot reach other hosts), or not on the domain
+    }
     *reason = "automatic: the highest-ranked provider with RMA reads that reaches other hosts";
   }
   const fi_info* best = nullptr;
   for (const fi_info* i = list; i != nullptr; i = i->next) {
-    if (ProviderName(i) != provider) continue;
+    if (ProviderName(i) != provider || !OnDomain(i, config)) continue;
     if (best == nullptr || Preference(i) > Preference(best)) best = i;
   }
   if (!config.domain.empty()) *reason += ", DYAD_OFI_DOMAIN=" + config.domain;
   return best;
+}
+
+// "eth0, lo" for the entries of `list` (of `provider` when not empty).
+std::string OfferedDomains(const fi_info* list, const std::string& provider) {
+  std::set<std::string> names;
+  for (const fi_info* i = list; i != nullptr; i = i->next)
+    if (provider.empty() || ProviderName(i) == provider) names.insert(DomainName(i));
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
 }
 
 std::string Offered(const fi_info* list) {
@@ -158,6 +183,16 @@ Result<OfiProvider> ChooseOfiProvider(const OfiConfig& config) {
                       "what this host offers");
   std::string reason;
   const fi_info* picked = Pick(list, config, &reason);
+  if (picked == nullptr && !config.domain.empty()) {
+    const std::string provider = config.provider.empty() ? std::string() : ProviderName(list);
+    return Status(DYAD_RC_MARGO_BAD_PROTO,
+                  "DYAD_OFI_DOMAIN=" + config.domain + ": no libfabric " +
+                      (provider.empty() ? std::string("provider") : "provider '" + provider + "'") +
+                      " with RMA reads offers that domain; domains offered: " +
+                      OfferedDomains(list, provider) +
+                      " (unset DYAD_OFI_DOMAIN to choose automatically; `fi_info -t FI_EP_RDM -c "
+                      "FI_RMA` lists them)");
+  }
   if (picked == nullptr)
     return Status(DYAD_RC_MARGO_BAD_PROTO,
                   "only same-host libfabric providers are available (" + Offered(list) +

@@ -84,6 +84,13 @@ std::string OfiTransport::Details() const {
          engine_->send->Describe();
 }
 
+std::string OfiTransport::SameHostOnly() const {
+  std::lock_guard<std::mutex> lk(start_mu_);
+  if (!engine_ || !engine_->fabric->choice().same_host_only()) return "";
+  return "transport ofi uses libfabric provider " + engine_->fabric->choice().provider + " (" +
+         engine_->fabric->choice().reason + "), which reaches only services on this host";
+}
+
 std::string OfiTransport::Probe() const {
   Result<OfiProvider> p = ChooseOfiProvider(config_);
   if (!p.ok()) return "unavailable: " + p.status().message();

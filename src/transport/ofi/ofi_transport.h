@@ -71,6 +71,7 @@ class OfiTransport final : public Transport {
   Status Warm() override;
   std::string Details() const override;
   std::string Probe() const override;
+  std::string SameHostOnly() const override;
   Result<std::string> ReplyArgs(const FileSource& src) override;
   Status Push(Channel& session, const FileSource& src, const std::string& request_args,
               TransferStats* stats) override;
