@@ -12,7 +12,10 @@
 #    requested sets miss;
 #  * `make -n`: install asks for the build set only and configures a tree
 #    without tests or benchmarks; demo builds only its programs; test asks
-#    for build + test.
+#    for build + test;
+#  * `make uninstall` removes the files of a manifest and DYAD's own
+#    directories left empty, keeps everything else, and without a manifest
+#    says so and fails.
 #
 # usage: check_install_deps.sh SOURCE_DIR
 set -eu
@@ -141,4 +144,29 @@ grep -q -- "--target dyad dyad-service dyad-demo" "$WORK/demo.n" ||
   fail "demo: does not build only its programs: $(cat "$WORK/demo.n")"
 make -n test BUILD="$WORK/b" >"$WORK/test.n" 2>&1 || fail "make -n test"
 grep -q "install-deps.sh build test$" "$WORK/test.n" || fail "test: not build + test"
+echo "== make uninstall: the manifest's files, DYAD's own empty directories, nothing else"
+U="$WORK/usr/local"
+mkdir -p "$U/bin" "$U/share/doc/dyad/man" "$U/lib/python3/dist-packages/pydyad/__pycache__" \
+         "$WORK/bi"
+for f in bin/dyad share/doc/dyad/README.md share/doc/dyad/man/x.md \
+         lib/python3/dist-packages/pydyad/__init__.py; do
+  echo x >"$U/$f"
+  echo "$U/$f" >>"$WORK/bi/install_manifest.txt"
+done
+echo x >"$U/lib/python3/dist-packages/pydyad/__pycache__/__init__.cpython-311.pyc"
+echo "$U/bin/gone-already" >>"$WORK/bi/install_manifest.txt"
+echo keep >"$U/bin/other"
+make uninstall INSTALL_BUILD="$WORK/bi" >"$WORK/uninstall.out" 2>&1 ||
+  fail "make uninstall: $(cat "$WORK/uninstall.out")"
+[ -f "$U/bin/other" ] || fail "make uninstall removed a file not in the manifest"
+[ -d "$U/share/doc" ] && [ -d "$U/lib/python3/dist-packages" ] ||
+  fail "make uninstall removed a shared directory"
+for gone in bin/dyad share/doc/dyad lib/python3/dist-packages/pydyad; do
+  [ ! -e "$U/$gone" ] || fail "make uninstall left $gone"
+done
+rm -f "$WORK/bi/install_manifest.txt"
+if make uninstall INSTALL_BUILD="$WORK/bi" PREFIX="$WORK/nothing" >"$WORK/uninstall.out" 2>&1; then
+  fail "make uninstall without a manifest succeeded"
+fi
+grep -q "no install manifest" "$WORK/uninstall.out" || fail "no clear error: $(cat "$WORK/uninstall.out")"
 echo "install-deps OK"
