@@ -10,6 +10,7 @@ subcommand) must be offered, plus the values of -m and -k.
 """
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -32,6 +33,29 @@ def complete_all(script, func, cases):
     return [set(line.split()) for line in lines]
 
 
+def option_values(help_text):
+    """{option: [values]} for the options of dyad-service --help that list
+    their values: --mode ("...: A, B, C (default X)"), --kvs (its URL
+    schemes and plain names) and --protection (its levels)."""
+    out = {}
+    for line in help_text.splitlines():
+        m = re.match(r"^\s+(?:-\w,)?(--[\w-]+)\S*\s+(.*)$", line)
+        if not m:
+            continue
+        opt, text = m.groups()
+        if opt == "--mode":
+            lst = re.search(r":\s*([A-Z_]+(?:,\s*[A-Z_]+)*)\s*\(default", text)
+            out[opt] = re.findall(r"[A-Z_]+", lst.group(1)) if lst else []
+        elif opt == "--kvs":
+            desc = text.split(":", 1)[1] if ":" in text else text
+            names = re.findall(r"\b([a-z][a-z+]*://)", desc)
+            names += [w for w in re.findall(r"(?:^|,)\s*([a-z]+)\s*\(", desc)]
+            out[opt] = sorted(set(names))
+        elif opt == "--protection":
+            out[opt] = re.findall(r"\b(integrity|encrypt|none) \(", text)
+    return out
+
+
 def main():
     build, src = os.path.abspath(sys.argv[1]), sys.argv[2]
     os.environ["PATH"] = build + os.pathsep + os.environ["PATH"]
@@ -50,11 +74,24 @@ def main():
         if r.returncode != 0:
             problems.append(f"{script} does not register a completion for {cmd}")
 
-    opts, _, _ = help_items(run("dyad-service", "--help"))
+    service_help = run("dyad-service", "--help")
+    opts, _, _ = help_items(service_help)
     for o in opts:
         expect(service, "_dyad_service", ["dyad-service", o], [o])
-    expect(service, "_dyad_service", ["dyad-service", "-m", ""], ["TCP", "UCX"])
-    expect(service, "_dyad_service", ["dyad-service", "--kvs", "e"], ["embedded", "embedded://"])
+    # The values of every option whose --help line lists them: the
+    # transports of -m, the stores of -k, the levels of --protection.
+    values = option_values(service_help)
+    if len(values.get("--mode", [])) < 3:
+        problems.append(f"dyad-service --help: parsed the modes {values.get('--mode')}")
+    for o in ("--mode", "--kvs", "--protection"):
+        if not values.get(o):
+            problems.append(f"dyad-service --help: no values parsed for {o}")
+    for o, vals in values.items():
+        short = {"--mode": "-m", "--kvs": "-k"}.get(o)
+        for flag in [o] + ([short] if short else []):
+            expect(service, "_dyad_service", ["dyad-service", flag, ""], vals)
+    # `dyad demo --mode` takes the same transports.
+    expect(dyad, "_dyad", ["dyad", "demo", "--mode", ""], values.get("--mode", []))
 
     opts, _, subs = help_items(run("dyad", "--help"))
     expect(dyad, "_dyad", ["dyad", ""], subs)

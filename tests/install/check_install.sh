@@ -12,8 +12,13 @@
 #  * unmodified cp and cat under LD_PRELOAD=$PREFIX/lib/libdyad_wrapper.so;
 #  * a Python script using upstream's pydyad API from the installed package;
 # and they move files between two dyad-service processes of that prefix on
-# loopback (node 0 produces, node 1 consumes). Processes and files are
-# removed even on failure; every wait is bounded.
+# loopback (node 0 produces, node 1 consumes). Then:
+#  * the Lmod module file (share/lmod/dyad/<version>.lua) parses (luac) and
+#    sets PATH, MANPATH, PKG_CONFIG_PATH, CMAKE_PREFIX_PATH (and PYTHONPATH
+#    with pydyad) to directories of the prefix that hold what they should;
+#  * `cmake -P <prefix>/share/dyad/uninstall.cmake` removes every installed
+#    file and the prefix (a .../dyad directory) with them.
+# Processes and files are removed even on failure; every wait is bounded.
 #
 # usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -eu
@@ -46,6 +51,7 @@ fail() {
 }
 step() { echo "== $*"; }
 
+VERSION=$(sed -n 's/^project(dyad VERSION \([0-9.]*\).*/\1/p' "$SRC_DIR/CMakeLists.txt")
 step "install into $P"
 cmake --install "$BUILD_DIR" --prefix "$P" >"$WORK/install.log" 2>&1 ||
   { cat "$WORK/install.log" >&2; fail "cmake --install failed"; }
@@ -58,7 +64,9 @@ for f in include/dyad/client/dyad_client.h include/dyad/client/dyad_client.hpp \
          share/man/man1/dyad.1 share/man/man8/dyad-service.8 \
          share/bash-completion/completions/dyad share/bash-completion/completions/dyad-service \
          share/doc/dyad/LICENSE share/doc/dyad/README.md share/doc/dyad/deployment.md \
-         share/dyad/systemd/dyad@.service share/dyad/systemd/dyad.env.example; do
+         share/dyad/systemd/dyad@.service share/dyad/systemd/dyad.env.example \
+         "share/lmod/dyad/$VERSION.lua" share/dyad/uninstall.cmake \
+         share/dyad/install_manifest.txt; do
   [ -e "$P/$f" ] || fail "missing from install: $f"
 done
 
@@ -203,4 +211,53 @@ fi
 "$P/bin/dyad" --version | grep -q "^dyad [0-9]" || fail "dyad --version"
 "$P/bin/dyad-service" --version | grep -q "^dyad-service [0-9]" || fail "dyad-service --version"
 "$P/bin/dyad" demo --help >/dev/null || fail "dyad demo --help (runs <libexecdir>/dyad/dyad-demo)"
+step "Lmod module file share/lmod/dyad/$VERSION.lua"
+LUA="$P/share/lmod/dyad/$VERSION.lua"
+for luac in luac5.1 luac; do
+  if command -v "$luac" >/dev/null 2>&1; then
+    "$luac" -p "$LUA" || fail "$LUA does not parse ($luac)"
+    echo "parses ($luac)"
+    break
+  fi
+done
+# What Lmod would set: the file run with stand-ins of Lmod's functions
+# (lua5.1), else its prepend_path lines read as text.
+if command -v lua5.1 >/dev/null 2>&1; then
+  lua5.1 -e 'function help() end function whatis() end
+    function pathJoin(...) return table.concat({...}, "/") end
+    function prepend_path(k, v) print(k .. "=" .. v) end
+    function append_path(k, v) print(k .. "=" .. v) end
+    function setenv(k, v) print(k .. "=" .. v) end' "$LUA" >"$WORK/module.env" ||
+    fail "$LUA fails under lua5.1"
+else
+  sed -n 's/^prepend_path("\([A-Z_]*\)", pathJoin(prefix, "\(.*\)"))$/\1=PREFIX\/\2/p
+          s/^prepend_path("\([A-Z_]*\)", prefix)$/\1=PREFIX/p' "$LUA" |
+    sed "s|PREFIX|$P|" >"$WORK/module.env"
+fi
+want_vars="PATH MANPATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH"
+[ -z "$SITE" ] || want_vars="$want_vars PYTHONPATH"
+for v in $want_vars; do
+  d=$(sed -n "s/^$v=//p" "$WORK/module.env")
+  [ -n "$d" ] || fail "the module file does not set $v: $(cat "$WORK/module.env")"
+  case "$d" in "$P"/* | "$P") ;; *) fail "module file: $v=$d is not in $P" ;; esac
+  case $v in
+    PATH) f="$d/dyad-service" ;;
+    MANPATH) f="$d/man8/dyad-service.8" ;;
+    PKG_CONFIG_PATH) f="$d/dyad.pc" ;;
+    CMAKE_PREFIX_PATH) f="$d/lib/cmake/dyad/dyadConfig.cmake" ;;
+    PYTHONPATH) f="$d/pydyad/__init__.py" ;;
+  esac
+  [ -e "$f" ] || fail "module file: $v=$d, but $f does not exist"
+done
+echo "sets $want_vars to the prefix"
+
+step "uninstall: cmake -P $P/share/dyad/uninstall.cmake"
+for pid in $PIDS; do kill -TERM "$pid" 2>/dev/null || true; done
+cmake -P "$P/share/dyad/uninstall.cmake" >"$WORK/uninstall.log" 2>&1 ||
+  { cat "$WORK/uninstall.log" >&2; fail "uninstall failed"; }
+if [ -e "$P" ]; then
+  find "$P" | head -20 >&2
+  fail "uninstall left $P behind"
+fi
+[ -d "$WORK/opt" ] || fail "uninstall removed $WORK/opt, which is not DYAD's"
 echo "install OK"

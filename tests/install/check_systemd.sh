@@ -1,7 +1,8 @@
 #!/bin/sh
 # The installed systemd template unit (share/dyad/systemd/dyad@.service):
-#  1. `systemd-analyze verify` accepts an instance of it with nothing to say
-#     (its Documentation= man page is looked up in the install prefix), and
+#  1. `systemd-analyze verify` accepts an instance of it with nothing to say,
+#     with no MANPATH, although the prefix is not where man looks (its
+#     Documentation= names the installed pages by path; they exist), and
 #     rejects a unit with a mistake (so the check itself works here);
 #  2. a root and a worker started the way the unit starts them (ExecStart
 #     with the environment of /etc/dyad/%i.env files written like
@@ -44,14 +45,21 @@ mkdir "$WORK/units"
 cp "$UNIT" "$WORK/units/dyad@.service"
 ln -s "dyad@.service" "$WORK/units/dyad@$user.service"
 if command -v systemd-analyze >/dev/null 2>&1; then
-  if ! MANPATH="$P/share/man" systemd-analyze verify "$WORK/units/dyad@$user.service" \
+  doc=$(sed -n 's/^Documentation=//p' "$UNIT")
+  for d in $doc; do
+    case "$d" in
+      file://*) [ -f "${d#file://}" ] || fail "Documentation= names a missing file: $d" ;;
+      *) fail "Documentation= $d: a prefix outside man's search path needs file:// URLs" ;;
+    esac
+  done
+  if ! env -u MANPATH systemd-analyze verify "$WORK/units/dyad@$user.service" \
        >"$WORK/verify.out" 2>&1 || [ -s "$WORK/verify.out" ]; then
     cat "$WORK/verify.out" >&2
     fail "systemd-analyze verify complains about dyad@.service"
   fi
   sed 's/^Restart=/Restrat=/' "$UNIT" >"$WORK/units/broken@.service"
   ln -s "broken@.service" "$WORK/units/broken@$user.service"
-  MANPATH="$P/share/man" systemd-analyze verify "$WORK/units/broken@$user.service" \
+  env -u MANPATH systemd-analyze verify "$WORK/units/broken@$user.service" \
     >"$WORK/broken.out" 2>&1 || true
   grep -q "Restrat" "$WORK/broken.out" || fail "systemd-analyze verify missed a misspelt key"
   echo "systemd-analyze verify: clean"
