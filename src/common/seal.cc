@@ -26,6 +26,15 @@ Status CryptoFailure(const char* what) {
   return Status(DYAD_RC_SYSFAIL, std::string("AES-256-GCM: ") + what + " failed");
 }
 
+// A record whose tag does not match what arrived.
+Status IntegrityFailure(uint64_t record) {
+  return Status(DYAD_RC_AUTH, "record " + std::to_string(record) +
+                                  " from the peer failed its integrity check: the bytes received "
+                                  "are not the ones the peer sealed (altered, replayed or "
+                                  "reordered on the way, or a file rewritten on its owner while "
+                                  "being sent with integrity protection)");
+}
+
 // Feeds `len` bytes at `in` as associated data (out == nullptr) or as
 // plaintext/ciphertext (to `out`), in pieces EVP accepts.
 bool Update(EVP_CIPHER_CTX* ctx, bool sealing, const char* in, char* out, size_t len) {
@@ -237,11 +246,7 @@ Status RecordCipher::Open(std::string_view aad, char* data, size_t len,
   }
   if (EVP_DecryptFinal_ex(ctx_, scratch, &outl) != 1) {
     failed_ = true;
-    return Status(DYAD_RC_AUTH, "record " + std::to_string(record) +
-                                    " from the peer failed its integrity check: the bytes "
-                                    "received are not the ones the peer sealed (altered, "
-                                    "replayed or reordered on the way, or a file rewritten on "
-                                    "its owner while being sent with integrity protection)");
+    return IntegrityFailure(record);
   }
   if (use.overlapped()) {
     failed_ = true;
@@ -291,11 +296,7 @@ Status RecordCipher::OpenFinish(const unsigned char tag[kSealTagSize]) {
           1 ||
       EVP_DecryptFinal_ex(ctx_, scratch, &outl) != 1) {
     failed_ = true;
-    return Status(DYAD_RC_AUTH, "record " + std::to_string(opening_) +
-                                    " from the peer failed its integrity check: the bytes "
-                                    "received are not the ones the peer sealed (altered, "
-                                    "replayed or reordered on the way, or a file rewritten on "
-                                    "its owner while being sent with integrity protection)");
+    return IntegrityFailure(opening_);
   }
   if (use.overlapped()) {
     failed_ = true;

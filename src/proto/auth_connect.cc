@@ -118,13 +118,19 @@ Status ClientHandshake::Finish(Channel& ch, const std::string& reply_payload) {
     return Status(DYAD_RC_AUTH, "credential mismatch: this service requires " +
                                     auth_.credential_names() + ", the peer presents " +
                                     CredentialSetName(announced.credentials));
-  if (!verdict.ok())
-    return verdict.code() == DYAD_RC_AUTH
-               ? Status(DYAD_RC_AUTH,
-                        "the peer refused our handshake (it says only '" + verdict.message() +
-                            "'; its log names the cause: another cluster secret or MUNGE "
-                            "setting, or a handshake altered in transit)")
-               : verdict;
+  if (!verdict.ok()) {
+    if (verdict.code() != DYAD_RC_AUTH) return verdict;
+    // Both sides use the same kinds of credential (checked above): the
+    // likely cause is another value of those.
+    const uint8_t both = auth_.credentials();
+    const char* which = (both & kCredSecret) != 0 && (both & kCredMunge) != 0
+                            ? "another cluster secret or MUNGE key"
+                        : (both & kCredMunge) != 0 ? "another MUNGE key"
+                                                   : "another cluster secret";
+    return Status(DYAD_RC_AUTH, "the peer refused our handshake (it says only '" +
+                                    verdict.message() + "'; its log names the cause: " + which +
+                                    ", or a handshake altered in transit)");
+  }
   ServerProofMsg proof;
   if (!ServerProofMsg::Decode(body, &proof))
     return Status(DYAD_RC_BADUNPACK, "malformed handshake reply from peer");

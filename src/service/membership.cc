@@ -3,8 +3,8 @@
 // a rank that a live service holds, replacing a dead holder, checking that
 // the advertised address leads back here, and noticing later when the
 // record disappears or is taken over.
-#include <future>
 #include <unistd.h>
+#include <future>
 
 #include <condition_variable>
 #include <cstdio>

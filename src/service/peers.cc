@@ -105,13 +105,18 @@ std::shared_ptr<PeerDirectory::DialFlight> PeerDirectory::JoinDial(uint32_t rank
 }
 
 Status CredentialFailure(const Status& st, const std::string& what) {
-  const bool munge = st.message().find("MUNGE") != std::string::npos ||
-                     st.message().find("munge") != std::string::npos;
-  const std::string hint =
-      munge ? "every service must use MUNGE with the same munge key (munged running on each "
-              "host with the cluster's /etc/munge/munge.key) and the same --munge setting"
-            : "every service must use the same cluster secret: check --secret-file / "
-              "DYAD_SECRET_FILE on both";
+  const std::string& m = st.message();
+  const bool munge = m.find("MUNGE") != std::string::npos || m.find("munge") != std::string::npos;
+  const bool secret = m.find("secret") != std::string::npos || !munge;
+  const char* munge_hint =
+      "every service must use MUNGE with the same munge key (munged running on each host with "
+      "the cluster's /etc/munge/munge.key) and the same --munge setting";
+  const char* secret_hint =
+      "every service must use the same cluster secret: check --secret-file / DYAD_SECRET_FILE "
+      "on both";
+  const std::string hint = munge && secret ? std::string(secret_hint) + "; " + munge_hint
+                           : munge         ? munge_hint
+                                           : secret_hint;
   return Status(st.code(), what + ": " + st.message() + " (" + hint + ")").WithCause(st.cause());
 }
 

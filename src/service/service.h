@@ -292,7 +292,7 @@ class Service {
   std::list<PendingPublish> async_queue_;
   std::thread async_thread_;
   std::thread upkeep_thread_;  // UpkeepLoop
-  std::string listen_bound_;  // where the peer listener is bound (the ready file's listen=)
+  std::string listen_bound_;   // where the peer listener is bound (the ready file's listen=)
   std::string member_value_;
 
   std::atomic<bool> stopping_{false};

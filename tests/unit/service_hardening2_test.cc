@@ -111,7 +111,7 @@ class Hardening2 : public ::testing::Test {
 
   Result<std::unique_ptr<Kvs>> Store() {
     KvsOptions o;
-    o.secret = "test-secret";
+    o.secret = testing_services::kTestSecret;
     o.self_rank = 9;
     return OpenKvs("embedded://" + a_->tcp_address(), o);
   }
@@ -144,7 +144,7 @@ class Hardening2 : public ::testing::Test {
     if (!fd.ok()) return nullptr;
     auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
     PeerIdentity them;
-    Status st = Authenticator("test-secret")
+    Status st = Authenticator(testing_services::kTestSecret)
                     .Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(5000), &them);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return ch;

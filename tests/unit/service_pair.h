@@ -98,6 +98,10 @@ inline ConsumeRequest ConsumeRequestOf(const std::string& upath, const std::stri
   return req;
 }
 
+// The cluster secret of the test services (at least 128 bits: shorter ones
+// are refused).
+inline constexpr const char kTestSecret[] = "test-secret-0123456789abcdef0123";
+
 // Options of a test service A (rank 0) under `base`: producer directory
 // base/a, socket base/a.sock, any free TCP port, store `kvs`.
 inline ServiceOptions FirstServiceOptions(const std::string& base,
@@ -108,7 +112,7 @@ inline ServiceOptions FirstServiceOptions(const std::string& base,
   o.listen = "127.0.0.1:0";
   o.socket_path = base + "/a.sock";
   o.kvs_url = kvs;
-  o.secret = "test-secret-0123456789abcdef0123";
+  o.secret = kTestSecret;
   o.rpc_timeout_ms = 5000;
   return o;
 }
@@ -145,7 +149,7 @@ inline void StopAndRemove(std::unique_ptr<Service>* b, std::unique_ptr<Service>*
 inline Status RegisterRank(const std::string& root, uint32_t rank, uint64_t incarnation,
                            const std::string& address, const std::string& hostname) {
   KvsOptions o;
-  o.secret = "test-secret-0123456789abcdef0123";
+  o.secret = kTestSecret;
   o.self_rank = rank;
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + root, o);
   DYAD_RETURN_IF_ERROR(kvs.status());

@@ -81,7 +81,7 @@ class StoreBounds : public ::testing::Test {
     if (!fd.ok()) return nullptr;
     auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
     PeerIdentity them;
-    Status st = Authenticator("test-secret")
+    Status st = Authenticator(testing_services::kTestSecret)
                     .Connect(*ch, PeerIdentity{rank, 1}, Deadline::AfterMs(30000), &them);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return st.ok() ? std::move(ch) : nullptr;
@@ -117,7 +117,7 @@ class StoreBounds : public ::testing::Test {
 
   std::unique_ptr<Kvs> Client() {
     KvsOptions o;
-    o.secret = "test-secret";
+    o.secret = testing_services::kTestSecret;
     o.self_rank = 7;
     o.rpc_timeout_ms = 10000;
     Result<std::unique_ptr<Kvs>> kvs = OpenKvs("embedded://" + root_->tcp_address(), o);
