@@ -31,8 +31,7 @@ Status IntegrityFailure(uint64_t record) {
   return Status(DYAD_RC_AUTH, "record " + std::to_string(record) +
                                   " from the peer failed its integrity check: the bytes received "
                                   "are not the ones the peer sealed (altered, replayed or "
-                                  "reordered on the way, or a file rewritten on its owner while "
-                                  "being sent with integrity protection)");
+                                  "reordered on the way)");
 }
 
 // Feeds `len` bytes at `in` as associated data (out == nullptr) or as

@@ -682,6 +682,38 @@ TEST_P(TransportConformance, SourceTruncatedMidTransferFailsWithoutFinalFile) {
   ExpectNoFinalFile("shrinks");
 }
 
+// Issue 25 item 11: a file rewritten in place on its owner while it is sent
+// (same size, new bytes) is the owner's business (its verdict says the file
+// changed), never an integrity failure of the link: with integrity the tcp
+// owner used to seal the bytes it read and let sendfile re-read the pages,
+// so the requester saw DYAD_RC_AUTH ("altered in transit").
+TEST_P(TransportConformance, SourceRewrittenMidTransferIsNotAnIntegrityFailure) {
+  const std::string src = own_root_ + "/rewritten";
+  ASSERT_TRUE(WriteRandomFile(src, 64 * kMiB, 9).ok());
+  OwnerResult owner_result;
+  std::thread owner([&] { owner_result = ServeFetch(*transport_, *link_.owner, own_root_); });
+  Result<FetchReply> reply = RequestFile(*transport_, *link_.requester, "rewritten");
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  // Let a streaming owner fill the socket buffers and block mid-file (with
+  // chunks read and queued), then rewrite every byte in place.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    UniqueFd fd(::open(src.c_str(), O_WRONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd.valid());
+    std::vector<char> buf(kMiB);
+    uint64_t state = 77;
+    for (uint64_t done = 0; done < 64 * kMiB; done += buf.size()) {
+      FillPseudoRandom(buf.data(), buf.size(), &state);
+      ASSERT_TRUE(WriteFully(fd.get(), buf.data(), buf.size()).ok());
+    }
+  }
+  PullResult pulled = PullInto(*transport_, *link_.requester, *reply, dst_root_, "rewritten");
+  owner.join();
+  std::cout << "[ info       ] requester saw: " << pulled.st.ToString() << std::endl;
+  EXPECT_NE(pulled.st.code(), DYAD_RC_AUTH) << pulled.st.ToString();
+  EXPECT_TRUE(PartFilesIn(dst_root_).empty()) << "the transfer left a temporary";
+}
+
 TEST_P(TransportConformance, OwnerClosesMidTransfer) {
   constexpr int64_t kIdleMs = 500;
   ASSERT_NO_FATAL_FAILURE(UseIdle(kIdleMs));

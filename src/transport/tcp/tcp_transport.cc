@@ -87,25 +87,12 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
       static_cast<size_t>(small ? src.size : std::min<uint64_t>(SealedChunk(), src.size - *offset));
   const size_t head = sealed ? kFrameHeaderSize : 0;
   const size_t tail = sealed ? kSealTagSize : 0;
-  // Integrity only: the tag covers the bytes just read, and the kernel sends
-  // them again from the page cache (no copy into the socket); should the
-  // file change in between, the requester's check fails.
-  const bool by_sendfile = !small && session.protection() == LinkProtection::kIntegrity;
-  thread_local std::unique_ptr<char[]> scratch;
-  thread_local size_t scratch_len = 0;
-  std::string frame;
-  char* data;
-  if (by_sendfile) {
-    if (scratch_len < len) {
-      scratch.reset(new char[len]);
-      scratch_len = len;
-    }
-    frame.resize(head + tail);
-    data = scratch.get();
-  } else {
-    frame.resize(head + len + tail);
-    data = frame.data() + head;
-  }
+  // The bytes sent are the bytes sealed, read once: a file rewritten on
+  // its owner while it is sent reaches the requester intact as records, and
+  // the owner's verdict names the change (FileServer), instead of failing
+  // the requester's integrity check as if the link had altered it.
+  std::string frame(head + len + tail, '\0');
+  char* data = frame.data() + head;
   if (Status rs = PreadFully(src.fd, data, len, *offset); !rs.ok())
     return FailSession(
         session, rs.Annotate("tcp push of '" + src.path + "' at byte " + std::to_string(*offset)));
@@ -115,13 +102,7 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
         session.SealFrame(static_cast<uint16_t>(MsgType::kFileData), data, len, frame.data(), tag);
     if (!st.ok()) return FailSession(session, st.Annotate("tcp push of '" + src.path + "'"));
   }
-  if (by_sendfile) {
-    out->Bytes(frame.substr(0, head));
-    out->FileRange(src.fd, *offset, len);
-    out->Bytes(frame.substr(head));
-  } else {
-    out->Bytes(std::move(frame));
-  }
+  out->Bytes(std::move(frame));
   *offset += len;
   return Status::OK();
 }
