@@ -3,7 +3,6 @@
 // root of the metadata store killed while consumers wait. After each: no
 // torn or partial file in the consumer directory, every consume completes or
 // fails with a clear code within its bound, and the services still serve.
-#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <cstring>
@@ -49,20 +48,6 @@ TEST_F(FaultTest, PacketLossStillMovesEveryByteIntact) {
   ConsumeOk(files);  // every byte verified against the producer's pattern
   EXPECT_TRUE(PartFiles(dmd(kB)).empty());
 }
-
-// A small tmpfs mounted over the consumer's directory for the test's
-// duration; unmounted however the test ends.
-struct SmallTmpfs {
-  std::string dir;
-  bool mounted = false;
-  SmallTmpfs(const std::string& d, const char* size) : dir(d) {
-    const std::string opts = std::string("size=") + size;
-    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) == 0;
-  }
-  ~SmallTmpfs() {
-    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
-  }
-};
 
 TEST_F(FaultTest, FullConsumerDirectoryFailsCleanlyAndRecovers) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";

@@ -13,48 +13,21 @@
 //  * a consume that cannot fit fails before any byte moves, with
 //    DYAD_RC_NOSPACE (ENOSPC under the preload library);
 //  * prefetching stops at a free-space floor.
-#include <sys/mount.h>
 #include <sys/statvfs.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
-#include "integration_util.h"
+#include "integration/ops_util.h"
 
 namespace dyad::it {
 namespace {
-
-constexpr int kA = 0;
-constexpr int kB = 1;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 size_t Occurrences(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
   return n;
 }
-
-// A small tmpfs mounted over a directory for the test's duration;
-// unmounted however the test ends.
-struct SmallTmpfs {
-  std::string dir;
-  bool mounted = false;
-  SmallTmpfs(const std::string& d, const char* size) : dir(d) {
-    const std::string opts = std::string("size=") + size;
-    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) == 0;
-  }
-  ~SmallTmpfs() {
-    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
-  }
-};
 
 class FieldReadyBase : public TwoNodeTest {
  protected:
@@ -127,7 +100,7 @@ TEST_F(FieldReady, BudgetHoldsWithOneManagedDirectory) {
   // An evicted copy comes back, intact, on its next consume.
   auto again = Dyad(kB, {"consume", PathOn(kB, names[0])});
   EXPECT_TRUE(again.status.success()) << again.output;
-  EXPECT_EQ(ReadAll(PathOn(kB, names[0])), ReadAll(PathOn(kA, names[0])));
+  EXPECT_EQ(ReadText(PathOn(kB, names[0])), ReadText(PathOn(kA, names[0])));
 }
 
 TEST_F(FieldReady, BudgetBelowFileSizeIsRefusedAtConsume) {

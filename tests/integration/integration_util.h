@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +50,20 @@ using Env = std::map<std::string, std::string>;
 constexpr int kA = 0;
 constexpr int kB = 1;
 constexpr uint64_t kMiB = 1ull << 20;
+
+// A small tmpfs mounted over a directory for a test's duration (root only:
+// `mounted` says whether it worked); unmounted however the test ends.
+struct SmallTmpfs {
+  std::string dir;
+  bool mounted = false;
+  SmallTmpfs(const std::string& d, const char* size) : dir(d) {
+    const std::string opts = std::string("size=") + size;
+    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) == 0;
+  }
+  ~SmallTmpfs() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+  }
+};
 
 // Formats a Status for assertion messages.
 inline std::string Str(const Status& st) { return st.ToString(); }

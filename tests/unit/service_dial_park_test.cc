@@ -84,14 +84,7 @@ class DialPark : public ::testing::Test {
   }
 
   Result<ConsumeReply> Call(const ConsumeRequest& req) {
-    Encoder e;
-    req.EncodeTo(e);
-    Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kConsume, e.data(), 30000);
-    if (!body.ok()) return body.status();
-    ConsumeReply r;
-    Decoder d(*body);
-    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
-    return r;
+    return testing_services::CallConsume(base_ + "/b.sock", req, 30000);
   }
 
   std::future<Result<ConsumeReply>> ConsumeStuckAsync(const std::string& upath) {

@@ -82,14 +82,8 @@ class Hardening2 : public ::testing::Test {
   }
 
   Result<ConsumeReply> Consume(const std::string& upath) {
-    Encoder e;
-    testing_services::ConsumeRequestOf(upath, cons_, 10000).EncodeTo(e);
-    Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kConsume, e.data(), 30000);
-    if (!body.ok()) return body.status();
-    ConsumeReply r;
-    Decoder d(*body);
-    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
-    return r;
+    return testing_services::CallConsume(
+        base_ + "/b.sock", testing_services::ConsumeRequestOf(upath, cons_, 10000), 30000);
   }
 
   // The store's record of `upath` (namespace "t"), as B locates it.

@@ -215,14 +215,7 @@ class RelayedPair : public ::testing::TestWithParam<LinkProtection> {
     req.upath = upath;
     req.cons_path = CanonicalPath(base_ + "/b");
     req.timeout_ms = 20000;
-    Encoder e;
-    req.EncodeTo(e);
-    Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kConsume, e.data(), 60000);
-    if (!body.ok()) return body.status();
-    ConsumeReply r;
-    Decoder d(*body);
-    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
-    return r;
+    return testing_services::CallConsume(base_ + "/b.sock", req, 60000);
   }
 
   std::string base_;

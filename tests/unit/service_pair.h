@@ -63,6 +63,20 @@ inline Result<std::string> CallLocal(const std::string& sock, MsgType type, cons
   return body;
 }
 
+// A consume request `req` through the service at Unix socket `sock`, its
+// reply decoded (the RPC bounded by `timeout_ms`).
+inline Result<ConsumeReply> CallConsume(const std::string& sock, const ConsumeRequest& req,
+                                        int64_t timeout_ms) {
+  Encoder e;
+  req.EncodeTo(e);
+  Result<std::string> body = CallLocal(sock, MsgType::kConsume, e.data(), timeout_ms);
+  if (!body.ok()) return body.status();
+  ConsumeReply r;
+  Decoder d(*body);
+  if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
+  return r;
+}
+
 // Writes `data` to prod_dir/upath and publishes it (namespace "t", key depth
 // 3, 1024 bins) through the service listening on `sock`.
 inline Status WriteAndPublish(const std::string& sock, const std::string& prod_dir,
@@ -200,14 +214,8 @@ class ServicePair {
 
   // Consumes `upath` into B's directory through B.
   Result<ConsumeReply> Consume(const std::string& upath, int64_t timeout_ms = 10000) {
-    Encoder e;
-    ConsumeRequestOf(upath, CanonicalPath(dir_b), timeout_ms).EncodeTo(e);
-    Result<std::string> body = CallLocal(base + "/b.sock", MsgType::kConsume, e.data(), 60000);
-    if (!body.ok()) return body.status();
-    ConsumeReply r;
-    Decoder d(*body);
-    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
-    return r;
+    return CallConsume(base + "/b.sock", ConsumeRequestOf(upath, CanonicalPath(dir_b), timeout_ms),
+                       60000);
   }
 
   std::string base, dir_a, dir_b;

@@ -96,14 +96,7 @@ class ParkedFetch : public ::testing::Test {
   }
 
   Result<ConsumeReply> Call(const ConsumeRequest& req) {
-    Encoder e;
-    req.EncodeTo(e);
-    Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kConsume, e.data(), 30000);
-    if (!body.ok()) return body.status();
-    ConsumeReply r;
-    Decoder d(*body);
-    if (!r.DecodeFrom(d)) return Status(DYAD_RC_BADUNPACK, "bad consume reply");
-    return r;
+    return testing_services::CallConsume(base_ + "/b.sock", req, 30000);
   }
 
   // A's file, published through A, consumed on B.
