@@ -7,6 +7,8 @@
 #                          libraries, iproute2 (network namespaces)
 #         test             the test suite (`make test` asks for build + test)
 #         bench            the benchmarks (`make bench` asks for build + test + bench)
+#         flux             building flux-core from source (scripts/build-flux-core.sh),
+#                          for the Flux module and its tests
 #         all              build + test + bench
 #   --check  only report what is missing, never install
 #   --list   print the packages of the sets, one per line, and exit
@@ -79,13 +81,38 @@ test  opt python3-venv      pip_install_test
 test  opt groff-base        man-page_check
 test  opt systemd           systemd_unit_check_(systemd-analyze)
 test  opt lua5.1            environment-module_check_(luac)
+flux  req autoconf          -
+flux  req automake          -
+flux  req libtool           -
+flux  req make              -
+flux  req pkg-config        -
+flux  req g++               -
+flux  req libzmq3-dev       -
+flux  req uuid-dev          -
+flux  req libjansson-dev    -
+flux  req liblz4-dev        -
+flux  req libarchive-dev    -
+flux  req libhwloc-dev      -
+flux  req libsqlite3-dev    -
+flux  req lua5.1            -
+flux  req liblua5.1-0-dev   -
+flux  req lua-posix         -
+flux  req python3-dev       -
+flux  req python3-cffi      -
+flux  req python3-ply       -
+flux  req python3-setuptools -
+flux  req python3-yaml      -
+flux  req libsystemd-dev    -
+flux  req libmunge-dev      -
+flux  req jq                -
+flux  req xz-utils          -
 bench opt python3-matplotlib benchmark_plots
 bench opt redis-server      Redis_metadata_benchmarks
 bench opt redis-tools       Redis_metadata_benchmarks
 '
 
 usage() {
-    echo "usage: install-deps.sh [--check | --list] [build|demo|test|bench|all]..." >&2
+    echo "usage: install-deps.sh [--check | --list] [build|demo|test|bench|flux|all]..." >&2
     exit 2
 }
 
@@ -96,7 +123,7 @@ for arg in "$@"; do
         --check) mode=check ;;
         --list) mode=list ;;
         -h | --help) sed -n '2,/^set -eu/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-        build | demo | test | bench) sets="$sets $arg" ;;
+        build | demo | test | bench | flux) sets="$sets $arg" ;;
         all) sets="$sets build test bench" ;;
         *) echo "install-deps: unknown set or option '$arg'" >&2; usage ;;
     esac
