@@ -18,6 +18,7 @@
 
 #include "common/cancel.h"
 #include "common/net.h"
+#include "common/wire.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
 
@@ -85,6 +86,26 @@ class RequestRouter {
   virtual void RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) {
     Route(link, type, counter, std::move(handler));
   }
+
+  // A typed route: the payload is decoded as a `Request` (its DecodeFrom,
+  // every byte used) before `handle` sees it; a payload that does not
+  // decode is answered by Malformed and never reaches the handler. Each
+  // request type is then decoded, checked and refused in this one place.
+  template <typename Request, typename Owner>
+  void Route(Link link, MsgType type, const char* counter, Owner* owner,
+             void (Owner::*handle)(RequestContext&, const Request&)) {
+    Route(link, type, counter,
+          [this, owner, handle, type](RequestContext& ctx, const std::string& payload) {
+            Request req;
+            Decoder d(payload);
+            if (!req.DecodeFrom(d) || !d.done()) return Malformed(ctx, type);
+            (owner->*handle)(ctx, req);
+          });
+  }
+
+  // Answers a request of `type` whose payload does not decode
+  // (DYAD_RC_BADUNPACK, "malformed <type>").
+  virtual void Malformed(RequestContext& ctx, MsgType type) = 0;
 };
 
 }  // namespace dyad

@@ -15,6 +15,13 @@ void Dispatcher::RouteInline(Link link, MsgType type, const char* counter, Reque
   Add(link, type, counter, std::move(handler), true);
 }
 
+void Dispatcher::Malformed(RequestContext& ctx, MsgType type) {
+  SendReply(ctx.ch,
+            Status(DYAD_RC_BADUNPACK, std::string("malformed ") +
+                                          MsgTypeName(static_cast<uint16_t>(type)) + " request"),
+            {}, reply_timeout_ms_, stats_);
+}
+
 bool Dispatcher::RunsInline(Link link, uint16_t type) const {
   auto it = table_.find(std::make_pair(link, type));
   return it != table_.end() && it->second.runs_inline;

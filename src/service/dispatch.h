@@ -24,6 +24,8 @@ class Dispatcher final : public RequestRouter {
 
   void Route(Link link, MsgType type, const char* counter, RequestHandler handler) override;
   void RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) override;
+  using RequestRouter::Route;
+  void Malformed(RequestContext& ctx, MsgType type) override;
   // True when the handler of `type` on `link` was registered with
   // RouteInline (it may run on the event loop).
   bool RunsInline(Link link, uint16_t type) const;

@@ -157,21 +157,21 @@ class Service {
   static constexpr int64_t kHousekeepingMs = 1000;
 
   // Local client requests (service_requests.cc); each sends one reply.
-  void HandlePublish(RequestContext& ctx, const std::string& payload);
-  void HandleLocate(RequestContext& ctx, const std::string& payload);
+  void HandlePublish(RequestContext& ctx, const PublishRequest& req);
+  void HandleLocate(RequestContext& ctx, const LocateRequest& req);
   void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
                     const std::optional<std::string>& published = std::nullopt);
-  void HandleConsume(RequestContext& ctx, const std::string& payload);
+  void HandleConsume(RequestContext& ctx, const ConsumeRequest& req);
   void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
                      const std::optional<std::string>& published = std::nullopt);
   // FinishConsume's reply (on whichever worker the placement ended).
   void ReplyConsume(RequestContext& ctx, const ConsumeRequest& req, const Result<ConsumeReply>& r,
                     TraceSpan& span);
-  void HandleList(RequestContext& ctx, const std::string& payload);
-  void HandleRemove(RequestContext& ctx, const std::string& payload);
-  void HandleStatus(RequestContext& ctx, const std::string& payload);
+  void HandleList(RequestContext& ctx, const ListRequest& req);
+  void HandleRemove(RequestContext& ctx, const RemoveRequest& req);
+  void HandleStatus(RequestContext& ctx);
   // Read-write ownership (service_versions.cc).
-  void HandleSupersede(RequestContext& ctx, const std::string& payload);
+  void HandleSupersede(RequestContext& ctx, const SupersedeNotice& n);
   Status AdoptCopy(const PublishRequest& req, const FileRecord& rec);
   std::set<uint32_t> PreviousOwners(const std::string& ns, const std::string& key,
                                     const std::string& upath);
@@ -187,10 +187,10 @@ class Service {
   // The store's record when it is the version notice `n` names, else why
   // the notice is not acted on.
   Result<FileRecord> ConfirmNotice(const SupersedeNotice& n);
-  void HandlePeers(RequestContext& ctx, const std::string& payload);  // service_peers.cc
+  void HandlePeers(RequestContext& ctx, const PeersRequest& req);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
-  void HandlePrefetch(RequestContext& ctx, const std::string& payload);
-  void HandleConsumeBatch(RequestContext& ctx, const std::string& payload);
+  void HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req);
+  void HandleConsumeBatch(RequestContext& ctx, const ConsumeBatchRequest& req);
   // The batch's items whose record is known, placed together; each result
   // goes to settle(index in items, result).
   void PlacePublished(const std::vector<ConsumeRequest>& items,

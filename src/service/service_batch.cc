@@ -90,12 +90,8 @@ BatchRecords ReadBatchRecords(Kvs& kvs, const MetadataCache& cache,
 
 }  // namespace
 
-void Service::HandlePrefetch(RequestContext& ctx, const std::string& payload) {
+void Service::HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req) {
   Channel& ch = ctx.ch;
-  PrefetchRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed prefetch"));
   if (req.ns == kMembersNamespace)
     return Reply(ch, Status(DYAD_RC_PERM,
                             "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
@@ -117,12 +113,8 @@ void Service::HandlePrefetch(RequestContext& ctx, const std::string& payload) {
   Reply(ch, Status::OK(), e.data());
 }
 
-void Service::HandleConsumeBatch(RequestContext& ctx, const std::string& payload) {
+void Service::HandleConsumeBatch(RequestContext& ctx, const ConsumeBatchRequest& req) {
   Channel& ch = ctx.ch;
-  ConsumeBatchRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed batch consume"));
   const std::vector<ConsumeRequest>& items = req.items;
   ConsumeBatchReply reply;
   reply.results.resize(items.size());

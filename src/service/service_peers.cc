@@ -20,11 +20,7 @@ constexpr size_t kProbeParallelism = 32;
 constexpr int64_t kMaxProbeMs = 10000;
 }  // namespace
 
-void Service::HandlePeers(RequestContext& ctx, const std::string& payload) {
-  PeersRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ctx.ch, Status(DYAD_RC_BADUNPACK, "malformed peers request"));
+void Service::HandlePeers(RequestContext& ctx, const PeersRequest& req) {
   Result<std::vector<KvsEntry>> all = kvs_->List(kMembersNamespace, "rank.", 0);
   if (!all.ok()) return Reply(ctx.ch, all.status().Annotate("list the registered services"));
   PeersReply reply;

@@ -34,43 +34,27 @@ Status ReservedNamespace() {
 }  // namespace
 
 void Service::RouteRequests() {
-  using Handler = void (Service::*)(RequestContext&, const std::string&);
-  const struct {
-    MsgType type;
-    const char* counter;
-    Handler handler;
-  } local[] = {
-      {MsgType::kPublish, "requests.publish", &Service::HandlePublish},
-      {MsgType::kLocate, "requests.locate", &Service::HandleLocate},
-      {MsgType::kConsume, "requests.consume", &Service::HandleConsume},
-      {MsgType::kList, "requests.list", &Service::HandleList},
-      {MsgType::kRemove, nullptr, &Service::HandleRemove},
-      {MsgType::kStatus, "requests.status", &Service::HandleStatus},
-      {MsgType::kPeers, nullptr, &Service::HandlePeers},
-      {MsgType::kPrefetch, nullptr, &Service::HandlePrefetch},
-      {MsgType::kConsumeBatch, nullptr, &Service::HandleConsumeBatch},
-  };
-  for (const auto& r : local)
-    dispatch_->Route(Link::kLocal, r.type, r.counter,
-                     [this, h = r.handler](RequestContext& ctx, const std::string& payload) {
-                       (this->*h)(ctx, payload);
-                     });
+  Dispatcher& d = *dispatch_;
+  d.Route(Link::kLocal, MsgType::kPublish, "requests.publish", this, &Service::HandlePublish);
+  d.Route(Link::kLocal, MsgType::kLocate, "requests.locate", this, &Service::HandleLocate);
+  d.Route(Link::kLocal, MsgType::kConsume, "requests.consume", this, &Service::HandleConsume);
+  d.Route(Link::kLocal, MsgType::kList, "requests.list", this, &Service::HandleList);
+  d.Route(Link::kLocal, MsgType::kRemove, nullptr, this, &Service::HandleRemove);
+  d.Route(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
+  d.Route(Link::kLocal, MsgType::kPrefetch, nullptr, this, &Service::HandlePrefetch);
+  d.Route(Link::kLocal, MsgType::kConsumeBatch, nullptr, this, &Service::HandleConsumeBatch);
+  d.Route(Link::kPeer, MsgType::kSupersede, nullptr, this, &Service::HandleSupersede);
+  d.Route(Link::kLocal, MsgType::kStatus, "requests.status",
+          [this](RequestContext& ctx, const std::string&) { HandleStatus(ctx); });
   for (Link link : {Link::kLocal, Link::kPeer})
     dispatch_->Route(
         link, MsgType::kPing, nullptr,
         [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
-  dispatch_->Route(
-      Link::kPeer, MsgType::kSupersede, nullptr,
-      [this](RequestContext& ctx, const std::string& payload) { HandleSupersede(ctx, payload); });
   file_server_->Route(*dispatch_, opt_.serve_fetch_batch);
 }
 
-void Service::HandlePublish(RequestContext& ctx, const std::string& payload) {
+void Service::HandlePublish(RequestContext& ctx, const PublishRequest& req) {
   Channel& ch = ctx.ch;
-  PublishRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed publish"));
   if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
   TraceSpan span("publish", "service");
   span.Arg("path", req.upath);
@@ -158,12 +142,7 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
   return rec;
 }
 
-void Service::HandleLocate(RequestContext& ctx, const std::string& payload) {
-  Channel& ch = ctx.ch;
-  LocateRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed locate"));
+void Service::HandleLocate(RequestContext& ctx, const LocateRequest& req) {
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
   std::optional<std::string> published;
   if (req.wait &&
@@ -296,12 +275,7 @@ void Service::ForgetFailedRecord(const ConsumeRequest& req, const Result<Consume
     cache_.Erase(req.ns, req.key);
 }
 
-void Service::HandleConsume(RequestContext& ctx, const std::string& payload) {
-  Channel& ch = ctx.ch;
-  ConsumeRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed consume"));
+void Service::HandleConsume(RequestContext& ctx, const ConsumeRequest& req) {
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
   std::optional<std::string> published;
   if (!req.have_record &&
@@ -354,12 +328,8 @@ void Service::ReplyConsume(RequestContext& ctx, const ConsumeRequest& req,
   if (prefetch_) prefetch_->Kick();  // a consume may have freed budget for deferred prefetches
 }
 
-void Service::HandleList(RequestContext& ctx, const std::string& payload) {
+void Service::HandleList(RequestContext& ctx, const ListRequest& req) {
   Channel& ch = ctx.ch;
-  ListRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed list"));
   Result<std::vector<KvsEntry>> all = kvs_->List(req.ns, "", 0);
   if (!all.ok()) return Reply(ch, all.status());
   std::vector<std::pair<std::string, std::string>> out;
@@ -376,19 +346,14 @@ void Service::HandleList(RequestContext& ctx, const std::string& payload) {
   Reply(ch, Status::OK(), e.data());
 }
 
-void Service::HandleRemove(RequestContext& ctx, const std::string& payload) {
+void Service::HandleRemove(RequestContext& ctx, const RemoveRequest& req) {
   Channel& ch = ctx.ch;
-  RemoveRequest req;
-  Decoder d(payload);
-  if (!req.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed remove"));
   if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
   cache_.Erase(req.ns, req.key);
   Reply(ch, kvs_->Remove(req.ns, req.key));
 }
 
-void Service::HandleStatus(RequestContext& ctx, const std::string& payload) {
-  (void)payload;
+void Service::HandleStatus(RequestContext& ctx) {
   Channel& ch = ctx.ch;
   StatusReply r;
   r.counters = stats_.Snapshot();

@@ -104,12 +104,9 @@ Result<FileRecord> Service::ConfirmNotice(const SupersedeNotice& n) {
   return rec;
 }
 
-void Service::HandleSupersede(RequestContext& ctx, const std::string& payload) {
+void Service::HandleSupersede(RequestContext& ctx, const SupersedeNotice& notice) {
   Channel& ch = ctx.ch;
-  SupersedeNotice n;
-  Decoder d(payload);
-  if (!n.DecodeFrom(d) || !d.done())
-    return Reply(ch, Status(DYAD_RC_BADUNPACK, "malformed supersede notice"));
+  SupersedeNotice n = notice;  // takes the store's record, and is forwarded
   Result<std::string> upath = ValidateUpath(n.record.upath);
   if (!upath.ok() || *upath != n.record.upath || n.ns == kMembersNamespace || n.key.empty())
     return Reply(ch, Status(DYAD_RC_BADREQUEST, "invalid supersede notice"));
