@@ -231,6 +231,26 @@ Result<PeerCred> UnixPeerCredentials(int fd) {
 
 Channel::Channel(UniqueFd fd, Trust trust) : fd_(std::move(fd)), trust_(trust) {}
 
+Channel::~Channel() { attachment_.reset(); }
+
+Channel& Channel::operator=(Channel&& other) noexcept {
+  if (this == &other) return *this;
+  attachment_.reset();  // before this channel's descriptor closes
+  fd_ = std::move(other.fd_);
+  trust_ = other.trust_;
+  protection_ = other.protection_;
+  send_cipher_ = std::move(other.send_cipher_);
+  recv_cipher_ = std::move(other.recv_cipher_);
+  protected_at_ms_ = other.protected_at_ms_;
+  broken_ = other.broken_;
+  expecting_ = other.expecting_;
+  capture_ = other.capture_;
+  unread_ = std::move(other.unread_);
+  unread_pos_ = other.unread_pos_;
+  attachment_ = std::move(other.attachment_);
+  return *this;
+}
+
 size_t Channel::frame_limit() const {
   return trust_ == Trust::kUnauthenticated ? kHandshakeFramePayload : kMaxFramePayload;
 }

@@ -138,7 +138,8 @@ class Channel {
   // the network is kUnauthenticated until its handshake completes.
   Channel(UniqueFd fd, Trust trust);
   Channel(Channel&&) = default;
-  Channel& operator=(Channel&&) = default;
+  Channel& operator=(Channel&& other) noexcept;
+  ~Channel();
 
   int fd() const { return fd_.get(); }
   bool broken() const { return broken_; }
@@ -224,6 +225,9 @@ class Channel {
   // loop serves a request inline and then writes the reply itself without
   // ever blocking on a peer that does not read. Not for SendFileRange.
   void CaptureSends(std::string* sink) { capture_ = sink; }
+  // The slot of an event loop's state for this channel (common/runtime.h);
+  // dropped before the descriptor is closed.
+  std::shared_ptr<void>& attachment() { return attachment_; }
 
   Status SendAll(const void* buf, size_t len, Deadline deadline);
   // Sends the pieces back to back (one system call when they fit).
@@ -284,6 +288,9 @@ class Channel {
   std::string* capture_ = nullptr;  // see CaptureSends()
   std::string unread_;              // see Unread(); consumed from unread_pos_
   size_t unread_pos_ = 0;
+  // What an event loop keeps with this channel (its registration of the
+  // descriptor, common/runtime.h); released before the descriptor closes.
+  std::shared_ptr<void> attachment_;
 };
 
 // Client side of a local service's Unix socket: checks (SO_PEERCRED) that

@@ -66,6 +66,10 @@ class Kvs {
  public:
   virtual ~Kvs() = default;
   virtual std::string name() const = 0;
+  // True when every call answers from this process's memory, never waiting
+  // on another process (the root's own store): a caller on an event loop
+  // may call it there rather than hand it to a thread.
+  virtual bool in_process() const { return false; }
   // The capabilities of this store's row (common/backend.h).
   KvsCaps caps() const;
 

@@ -218,6 +218,19 @@ void FetchOp::FailRpc(const Status& st) {
   End(Status(st.code(), what_ + ": " + st.message()));
 }
 
+bool FetchOp::NextStepBlocks() const {
+  switch (stage_) {
+    case Stage::kStart:
+      return !peers_->Known(rec_.owner_rank);
+    case Stage::kSession:
+      return dial_ && dial_->NextStepBlocks();
+    case Stage::kReply:
+      return transport_->caps().same_node_only;
+    default:
+      return false;
+  }
+}
+
 void FetchOp::Expired() {
   if (stage_ == Stage::kSession) return dial_->Expired();
   if (stage_ == Stage::kPull) {

@@ -47,6 +47,9 @@ class FetchOp final : public Resumable {
 
   bool Step(Wait* wait) override;
   void Expired() override;
+  // A step that may ask the store for the owner's address, or land the
+  // bytes with a transport that copies on this node's disk (no PullOp).
+  bool NextStepBlocks() const override;
   void Abandon(const Status& why) override;
 
   // Once Step returned true.

@@ -30,6 +30,7 @@ class PeerRpcOp final : public Resumable {
 
   bool Step(Wait* wait) override;
   void Expired() override;
+  bool NextStepBlocks() const override { return dial_ && dial_->NextStepBlocks(); }
   void Abandon(const Status& why) override;
 
   // Once Step returned true: the reply's status, and its body on success.
