@@ -162,8 +162,8 @@ Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, 
 Task<bool> Sleep(Deadline deadline, Stop* stop);
 
 // A result delivered by a callback from any thread (a store's wait, a
-// flight that settles): Deliver once; Take waits for it, until `deadline`
-// or `stop` (nullopt then, and a later Deliver is dropped).
+// flight that settles): the first Deliver counts; Take waits for it, until
+// `deadline` or `stop` (nullopt then; a later Take may still get it).
 template <typename T>
 class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
  public:
@@ -174,7 +174,7 @@ class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
   void Deliver(T value) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (value_ || closed_) return;
+      if (value_) return;
       value_.emplace(std::move(value));
     }
     auto self = this->shared_from_this();
@@ -185,7 +185,6 @@ class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
  private:
   std::mutex mu_;
   std::optional<T> value_;
-  bool closed_ = false;
   asio::steady_timer timer_;
 };
 
@@ -263,7 +262,6 @@ Task<std::optional<T>> Rendezvous<T>::Take(Deadline deadline, Stop* stop) {
     co_await runtime_internal::WaitTimerOrStop(timer_, deadline, stop);
   }
   std::lock_guard<std::mutex> lk(mu_);
-  closed_ = true;
   if (value_) co_return std::move(*value_);
   co_return std::nullopt;
 }

@@ -182,7 +182,15 @@ Task<Result<ConsumeReply>> Placement::Join(std::shared_ptr<InFlight> flight, Fil
     if (flight->done) co_return Joined(flight->status, flight->reply);
     flight->joiners.push_back([joined](const Result<ConsumeReply>& r) { joined->Deliver(r); });
   }
-  std::optional<Result<ConsumeReply>> r = co_await joined->Take(deadline, stop);
+  // Past kOwnerParkAfterMs the wait counts as parked, as a fetch's would.
+  std::optional<Result<ConsumeReply>> r =
+      co_await joined->Take(deadline.Min(kOwnerParkAfterMs), stop);
+  if (!r && !deadline.expired() && (stop == nullptr || !stop->fired())) {
+    stats_->AddNamed("consume.parked_for_owner");
+    rt_->long_waits.fetch_add(1);
+    r = co_await joined->Take(deadline, stop);
+    rt_->long_waits.fetch_sub(1);
+  }
   if (r) co_return std::move(*r);
   if (stop != nullptr && stop->fired()) co_return Status(DYAD_RC_CANCELLED, "consumer went away");
   co_return Status(DYAD_RC_TIMEOUT, "timed out waiting for the transfer of '" + rec.upath +

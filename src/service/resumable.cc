@@ -1,8 +1,14 @@
 #include "service/resumable.h"
 
+#include <algorithm>
+
 namespace dyad {
 
 Task<void> Drive(Runtime& rt, Resumable& op, Stop* stop, ServiceStats* stats, const char* counter) {
+  // The waits of one operation share a budget: an owner that trickles a
+  // byte now and then counts as parked as one that sends nothing.
+  constexpr int64_t kBudgetNs = kOwnerParkAfterMs * 1000000;
+  int64_t budget_ns = kBudgetNs;
   for (;;) {
     Resumable::Wait w;
     const bool done =
@@ -19,12 +25,16 @@ Task<void> Drive(Runtime& rt, Resumable& op, Stop* stop, ServiceStats* stats, co
       if (w.ch != nullptr) co_return co_await WaitReady(*w.ch, POLLIN, until, stop, w.fd, w.events);
       co_return co_await WaitReady(w.fd, w.events, until, stop);
     };
-    // Waited for at first with a short bound: past it, the wait counts as
-    // parked (the peer is slow or silent), then goes on to its deadline.
-    const Deadline brief = w.deadline.Min(kOwnerParkAfterMs);
-    Ready r = co_await wait(brief);
+    // Waited for within what is left of the budget first: past it, the
+    // wait counts as parked (the peer is slow or silent), then goes on to
+    // its deadline.
+    const uint64_t t0 = MonoNs();
+    const int64_t left_ms = std::max<int64_t>(1, (budget_ns + 999999) / 1000000);
+    Ready r = co_await wait(w.deadline.Min(left_ms));
+    budget_ns -= static_cast<int64_t>(MonoNs() - t0);
     if (r == Ready::kTimeout && !w.deadline.expired()) {
       if (stats != nullptr) stats->AddNamed(counter);
+      budget_ns = kBudgetNs;
       rt.long_waits.fetch_add(1);
       r = co_await wait(w.deadline);
       rt.long_waits.fetch_sub(1);
