@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 
 extern char** environ;
 
@@ -90,6 +91,21 @@ struct Supervisor::Impl {
     return out;
   }
 
+  // A restart listens on the port the first run got (other services, and
+  // with -k embedded the whole instance's store clients, know it): the
+  // "--listen HOST:0" argument becomes HOST:PORT from the ready file.
+  void KeepPort() {
+    std::ifstream in(cfg.ready_file);
+    std::string line, port;
+    while (std::getline(in, line))
+      if (line.compare(0, 7, "listen=") == 0) port = line.substr(line.rfind(':') + 1);
+    if (port.empty() || port == "0") return;
+    for (size_t i = 0; i + 1 < cfg.argv.size(); ++i) {
+      std::string& v = cfg.argv[i + 1];
+      if (cfg.argv[i] == "--listen" && v.size() > 2 && v.compare(v.size() - 2, 2, ":0") == 0)
+        v = v.substr(0, v.size() - 1) + port;
+    }
+  }
   void Main();
   void Launch();
   void Ended(const std::string& how);
@@ -171,6 +187,7 @@ static void OnReadyTimer(flux_reactor_t*, flux_watcher_t* w, int, void* arg) {
   if (s->p == nullptr || ::stat(s->cfg.ready_file.c_str(), &st) != 0) return;
   flux_watcher_stop(w);
   s->ready_this_run = true;
+  s->KeepPort();
   bool first = false;
   {
     std::lock_guard<std::mutex> lk(s->mu);
