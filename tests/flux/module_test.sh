@@ -249,5 +249,25 @@ else
   notok FluxModule.ServiceFailingBeforeReadyFailsLoad "$(cat "$T/load.err")"
 fi
 
+# --- DyadStartAndStop: upstream's `dyad start -p PATH -m MODE` and `dyad stop`.
+loaded_on() { timeout 10 flux exec -r "$1" flux module list 2>/dev/null | grep -c '^dyad '; }
+if timeout 90 "$B/dyad" start -p "$T/p0" -m FLUX_RPC >"$T/start.out" 2>&1 &&
+  [ "$(loaded_on 0)" = 1 ] && [ "$(loaded_on 1)" = 1 ] &&
+  [ "$(stat_of 1 info/transport)" = tcp ] &&
+  timeout 60 "$B/dyad" stop >"$T/stop.out" 2>&1 &&
+  [ "$(loaded_on 0)" = 0 ] && [ "$(loaded_on 1)" = 0 ]; then
+  ok FluxModule.DyadStartAndStop
+else
+  notok FluxModule.DyadStartAndStop "$(cat "$T/start.out" "$T/stop.out" | head -5)"
+fi
+if ! env -u FLUX_URI "$B/dyad" start -p "$T/p0" >/dev/null 2>"$T/start.err" &&
+  grep -q 'no Flux instance' "$T/start.err" &&
+  ! "$B/dyad" start -p relative/dir >/dev/null 2>"$T/start.err" &&
+  grep -q 'absolute' "$T/start.err"; then
+  ok FluxModule.DyadStartRefusesWithoutFluxOrWithARelativePath
+else
+  notok FluxModule.DyadStartRefusesWithoutFluxOrWithARelativePath "$(cat "$T/start.err")"
+fi
+
 echo "$failed failed"
 exit $failed
