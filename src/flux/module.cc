@@ -43,7 +43,6 @@
 namespace dyad {
 namespace {
 
-constexpr size_t kFetchChunk = 4u << 20;                   // bytes per dyad.fetch response
 constexpr double kLockWaitS = 60;                          // a producer's lock, at most
 constexpr double kStatusTimeoutS = 2;                      // stats-get's round trip to the service
 constexpr const char* kRootKey = "dyadmod.embedded-root";  // -k embedded: rank 0's address
@@ -142,7 +141,7 @@ void FetchStep(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
     op->locked = true;
   }
   std::string chunk;
-  Status st = op->file.Next(&chunk, kFetchChunk);
+  Status st = op->file.Next(&chunk, static_cast<size_t>(m->opt.fetch_chunk));
   if (!st.ok()) return FailFetch(op, EIO, st.message());
   if (chunk.empty()) {
     // End of stream, as upstream's consumers expect it.

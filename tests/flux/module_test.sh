@@ -44,7 +44,7 @@ mkdir -p "$T/p0" "$T/p1" "$T/c0"
 # --- LoadReturnsWhenReady: the service answers the moment load returns.
 t0=$(ms)
 if timeout 90 flux exec -r 0 flux module load "$MOD" "$T/p0" &&
-  timeout 90 flux exec -r 1 flux module load "$MOD" "$T/p1"; then
+  timeout 90 flux exec -r 1 flux module load "$MOD" --fetch-chunk 4194304 "$T/p1"; then
   t1=$(ms)
   if DYAD_SERVICE_SOCKET=$RUNDIR/dyad-local-1.sock timeout 10 "$B/dyad" status >"$T/status1" 2>&1 &&
     grep -q "rank" "$T/status1"; then
@@ -115,13 +115,22 @@ else
 fi
 
 # --- FetchFromOtherRank: upstream's FLUX_RPC consume loop gets the bytes,
-# a chunk per response (9 MB: three responses).
+# a chunk per response (9 MB in 4 MiB responses: three).
 head -c 9000000 /dev/urandom >"$T/p1/big.bin"
 if timeout 60 $FETCH 1 big.bin >"$T/big.got" 2>"$T/fetch.err" && cmp -s "$T/big.got" "$T/p1/big.bin" &&
   grep -q 'responses: 3' "$T/fetch.err"; then
   ok FluxModule.FetchFromOtherRank
 else
   notok FluxModule.FetchFromOtherRank "$(cat "$T/fetch.err")"
+fi
+# Upstream's consumers take one data response: by default (16 MiB chunks)
+# a 9 MB file is one response.
+cp "$T/p1/big.bin" "$T/p0/big.bin"
+if timeout 60 $FETCH 0 big.bin >"$T/big0.got" 2>"$T/fetch.err" &&
+  cmp -s "$T/big0.got" "$T/p0/big.bin" && grep -q 'responses: 1' "$T/fetch.err"; then
+  ok FluxModule.FetchFitsUpstreamsOneResponseByDefault
+else
+  notok FluxModule.FetchFitsUpstreamsOneResponseByDefault "$(cat "$T/fetch.err")"
 fi
 : >"$T/p1/empty"
 if timeout 30 $FETCH 1 empty >"$T/empty.got" 2>"$T/fetch.err" && [ ! -s "$T/empty.got" ]; then

@@ -54,6 +54,10 @@ TEST(FluxModuleOptions, OurOptions) {
   EXPECT_EQ(o->kvs, "embedded");
   EXPECT_EQ(o->service, "/opt/bin/dyad-service");
   EXPECT_EQ(o->ready_timeout_s, 5);
+  EXPECT_EQ(o->fetch_chunk, 16u << 20);
+  o = ParseModuleOptions({"--fetch-chunk", "1048576"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->fetch_chunk, 1u << 20);
   o = ParseModuleOptions({"--kvs=redis://h:6379", "--", "-odd-name"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->kvs, "redis://h:6379");
@@ -74,6 +78,8 @@ TEST(FluxModuleOptions, BadInputIsRefusedWithItsName) {
       {{"--ready-timeout", "0"}, "--ready-timeout"},
       {{"--ready-timeout", "x"}, "--ready-timeout"},
       {{"-k", ""}, "store URL"},
+      {{"--fetch-chunk", "12"}, "--fetch-chunk"},
+      {{"--fetch-chunk", "-5"}, "--fetch-chunk"},
   };
   for (const Case& c : cases) {
     Result<ModuleOptions> o = ParseModuleOptions(c.args);
