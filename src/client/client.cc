@@ -227,13 +227,23 @@ Result<std::shared_ptr<Client>> Client::Create(ClientConfig config,
   if (!mode.ok()) return mode.status();
   config.dtl_mode = *mode;
   if (config.service_socket.empty()) config.service_socket = DefaultServiceSocket();
+  std::shared_ptr<FluxLink> flux;
+  if (!config.flux_uri.empty() || config.flux_handle != nullptr)
+    flux = std::make_shared<FluxLink>(config.flux_uri, config.flux_handle);
+  if (config.flux_handle != nullptr && config.flux_uri.empty() &&
+      GetEnv("DYAD_SERVICE_SOCKET").value_or("").empty()) {
+    // A handle without FLUX_URI in the environment: the module's socket
+    // follows from the handle's broker, as DefaultServiceSocket does from
+    // FLUX_URI.
+    Result<std::string> local = flux->Attr("local-uri");
+    if (!local.ok()) return local.status().Annotate("flux_handle");
+    if (std::string sock = FluxServiceSocket(*local); !sock.empty()) config.service_socket = sock;
+  }
   if (pool == nullptr || pool->socket_path() != config.service_socket)
     pool = std::make_shared<ServicePool>(config.service_socket);
   config.service_socket = pool->socket_path();
   auto client = std::shared_ptr<Client>(new Client(std::move(config), std::move(pool)));
-  if (!client->config_.flux_uri.empty() || client->config_.flux_handle != nullptr)
-    client->flux_ =
-        std::make_shared<FluxLink>(client->config_.flux_uri, client->config_.flux_handle);
+  client->flux_ = std::move(flux);
   return client;
 }
 

@@ -10,6 +10,7 @@
 
 #include "client/service_pool.h"
 #include "common/config.h"
+#include "common/trace.h"
 
 namespace dyad {
 namespace {
@@ -101,25 +102,6 @@ struct FluxErrorBuf {
 Result<const FluxApi*> FluxApi::Load() {
   static const Result<const FluxApi*> loaded = LoadOnce();
   return loaded;
-}
-
-std::string JsonQuote(const std::string& s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-  return out;
 }
 
 FluxLink::FluxLink(std::string uri, void* user_handle)

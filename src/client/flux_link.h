@@ -66,9 +66,6 @@ inline constexpr int kFluxKvsWaitCreate = 8;   // FLUX_KVS_WAITCREATE
 inline constexpr int kFluxRpcStreaming = 2;    // FLUX_RPC_STREAMING
 inline constexpr uint32_t kFluxNodeAny = ~0u;  // FLUX_NODEID_ANY
 
-// `s` as a JSON string literal (with the quotes).
-std::string JsonQuote(const std::string& s);
-
 class FluxLink {
  public:
   // `uri`: the broker to open handles on ("" = flux_open's default, i.e.
