@@ -18,6 +18,7 @@
 
 #include "client/client.h"
 #include "common/fsutil.h"
+#include "kvs/flux/flux_keys.h"
 
 namespace dyad {
 namespace {
@@ -25,9 +26,7 @@ namespace {
 // A record whose size is not known (an upstream module's: the rank only).
 constexpr uint64_t kUnknownSize = UINT64_MAX;
 
-// The flux:// store's layout (src/kvs/flux/flux_keys.h of flux-base; TODO
-// replace with its functions when merged).
-std::string FluxKvsKey(const std::string& key) { return "dyad." + key; }
+// The flux:// store's value of a record (TODO: flux_keys.h's decoder).
 bool DecodeFluxRecord(const std::string& value, FileRecord* rec) {
   return FileRecord::Decode(value, rec);
 }
@@ -37,7 +36,9 @@ bool ParseRank(const std::string& text, uint32_t* rank) {
   size_t i = 0;
   while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
   size_t j = text.size();
-  while (j > i && std::isspace(static_cast<unsigned char>(text[j - 1]))) --j;
+  // (a value written by flux's string functions ends in its NUL)
+  while (j > i && (text[j - 1] == '\0' || std::isspace(static_cast<unsigned char>(text[j - 1]))))
+    --j;
   if (i == j || j - i > 10) return false;
   uint64_t v = 0;
   for (size_t k = i; k < j; ++k) {

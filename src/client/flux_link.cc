@@ -284,8 +284,6 @@ Result<std::string> FluxLink::Lookup(const std::string& ns, const std::string& k
                     what + ": not published (no '" + key + "' in KVS namespace '" + nsp + "')");
     return st;
   }
-  // A value written by flux's string functions may end in its NUL.
-  while (!value.empty() && value.back() == '\0') value.pop_back();
   return value;
 }
 
