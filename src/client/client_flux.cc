@@ -26,11 +26,6 @@ namespace {
 // A record whose size is not known (an upstream module's: the rank only).
 constexpr uint64_t kUnknownSize = UINT64_MAX;
 
-// The flux:// store's value of a record (TODO: flux_keys.h's decoder).
-bool DecodeFluxRecord(const std::string& value, FileRecord* rec) {
-  return FileRecord::Decode(value, rec);
-}
-
 // Upstream's modules publish the owner's rank alone, as a JSON integer.
 bool ParseRank(const std::string& text, uint32_t* rank) {
   size_t i = 0;
@@ -64,12 +59,14 @@ Status Client::NoModule(const Status& st, const char* op) const {
 
 Result<FileRecord> Client::LocateViaFlux(const std::string& upath, bool wait, int64_t wait_ms) {
   const std::string what = (wait ? "consume '" : "locate '") + upath + "'";
-  const std::string key = FluxKvsKey(KeyOf(upath));
+  // As the module's flux:// store lays its records out (flux_keys.h).
+  const std::string key = FluxKeyPath(kFluxDefaultTopDir, KeyOf(upath));
   // A wait of 0 takes only what is published already (a plain lookup).
   const bool waitcreate = wait && wait_ms != 0;
   const Deadline deadline =
       waitcreate ? Deadline::AfterMs(wait_ms < 0 ? -1 : wait_ms) : RpcDeadline();
-  Result<std::string> value = flux_->Lookup(config_.kvs_namespace, key, waitcreate, deadline, what);
+  Result<std::string> value =
+      flux_->Lookup(FluxNamespace(config_.kvs_namespace), key, waitcreate, deadline, what);
   if (!value.ok()) {
     if (wait && !waitcreate && value.status().code() == DYAD_RC_NOTFOUND)
       return Status(DYAD_RC_TIMEOUT, what + ": not published yet (a wait of 0)");
@@ -80,7 +77,7 @@ Result<FileRecord> Client::LocateViaFlux(const std::string& upath, bool wait, in
     return value.status();
   }
   FileRecord rec;
-  if (DecodeFluxRecord(*value, &rec)) {
+  if (FluxDecodeFileRecord(*value, &rec)) {
     if (rec.upath.empty()) rec.upath = upath;
     return rec;
   }

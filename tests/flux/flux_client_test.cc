@@ -66,10 +66,6 @@ int CountTemporaries(const std::string& dir) {
   return std::atoi(out.c_str());
 }
 
-// The flux:// store's value of a record (TODO: flux_keys.h's encoder once
-// the store defines it; the client decodes with the matching function).
-std::string FluxRecordValue(const FileRecord& rec) { return rec.Encode(); }
-
 // The stand-in for the owner's module: a reactor thread on its own handle
 // to `uri` that registers service "dyad" and answers dyad.fetch from
 // `prod_dir`. `short_by` bytes are left out of every answer (a lying or
@@ -203,8 +199,8 @@ class FluxClientTest : public ::testing::Test {
     rec.version = MtimeNs(st);
     rec.upath = upath;
     rec.seq = 3;
-    const std::string value = raw_value != nullptr ? *raw_value : FluxRecordValue(rec);
-    const std::string key = FluxKvsKey(client.KeyOf(upath));
+    const std::string value = raw_value != nullptr ? *raw_value : FluxEncodeValue(rec.Encode());
+    const std::string key = FluxKeyPath(kFluxDefaultTopDir, client.KeyOf(upath));
     flux_kvs_txn_t* txn = flux_kvs_txn_create();
     ASSERT_EQ(flux_kvs_txn_put_raw(txn, 0, key.c_str(), value.data(), value.size()), 0);
     flux_future_t* f = flux_kvs_commit(h_, ns_.c_str(), 0, txn);
