@@ -5,7 +5,10 @@
 # Inside `flux start --test-size=2` (two brokers on this host), as upstream's
 # script does: `flux kvs namespace create test`; a consumer job submitted
 # FIRST (`flux submit --nodes 1 --exclusive -t 10`) that opens 10 files in a
-# loop and prints "OK" per verified file, with NO module on its broker (its
+# loop and prints "OK" per verified file (c: plain open() under
+# LD_PRELOAD=libdyad_wrapper.so; cpp: dyad::ifstream_dyad, without the preload
+# library, as upstream's script runs it; python: pydyad's dyad_open), with NO
+# module on its broker (its
 # consumes go to the owner's module through Flux); then, on the other broker,
 # `flux module load dyad.so --mode=$DTL $DYAD_PATH_PRODUCER` and a producer
 # job writing the 10 files; `flux job attach` both; the namespace and the
@@ -31,7 +34,7 @@ if [ "${1:-}" = "--role" ]; then
       echo "consumer on broker rank $(flux getattr rank); modules here: $(flux module list | awk '$1 == "dyad"' | wc -l)"
       case $mode in
         c) LD_PRELOAD=$DYAD_CI_BUILD/libdyad_wrapper.so "$prog/c_cons" $n "$DYAD_PATH_CONSUMER" ;;
-        cpp) LD_PRELOAD=$DYAD_CI_BUILD/libdyad_wrapper.so "$prog/cpp_cons" $n "$DYAD_PATH_CONSUMER" ;;
+        cpp) "$prog/cpp_cons" $n "$DYAD_PATH_CONSUMER" ;;
         python) python3 "$DYAD_CI_SOURCE/consumer.py" "$DYAD_PATH_CONSUMER" $n 50 ;;
       esac
       ;;
@@ -42,7 +45,7 @@ if [ "${1:-}" = "--role" ]; then
       mkdir -p "$DYAD_PATH_PRODUCER"
       case $mode in
         c) LD_PRELOAD=$DYAD_CI_BUILD/libdyad_wrapper.so "$prog/c_prod" $n "$DYAD_PATH_PRODUCER" ;;
-        cpp) LD_PRELOAD=$DYAD_CI_BUILD/libdyad_wrapper.so "$prog/cpp_prod" $n "$DYAD_PATH_PRODUCER" ;;
+        cpp) "$prog/cpp_prod" $n "$DYAD_PATH_PRODUCER" ;;
         python) python3 "$DYAD_CI_SOURCE/producer.py" "$DYAD_PATH_PRODUCER" $n 50 ;;
       esac
       ;;
@@ -72,8 +75,14 @@ if [ "${1:-}" = "--inside" ]; then
   prod=$(flux submit --nodes 1 --exclusive -t 10 --env=DYAD_KVS_NAMESPACE --env=DYAD_DTL_MODE \
     --output="$work/producer.out" --error="$work/producer.err" \
     sh "$self" --role producer "$mode") || status=1
-  flux job attach "$cons" >/dev/null 2>&1
-  flux job attach "$prod" >/dev/null 2>&1
+  # Bounded: a job that hangs is cancelled (and the test fails).
+  wait_s=${DYAD_CI_JOB_TIMEOUT:-120}
+  timeout "$wait_s" flux job attach "$cons" >/dev/null 2>&1 || status=1
+  timeout 30 flux job attach "$prod" >/dev/null 2>&1 || status=1
+  if [ $status -ne 0 ]; then
+    echo "a job failed or did not end within ${wait_s} s; cancelling"
+    flux job cancel "$cons" "$prod" 2>/dev/null
+  fi
   prod_rank=$(flux jobs -no '{ranks}' "$prod" 2>/dev/null)
   # The consumer's broker never loaded the module; the producer's did.
   cons_mods=$(flux exec -r "$cons_rank" flux module list 2>/dev/null | awk '$1 == "dyad"' | wc -l)
