@@ -175,24 +175,27 @@ fi
 # --- FetchWaitsForProducerLock: a producer holding its exclusive lock
 # makes the fetch wait (on a timer: the module stays responsive meanwhile).
 echo locked-content >"$T/p1/locked.txt"
-flock -x "$T/p1/locked.txt" sleep 1.5 &
+tl=$(ms)
+flock -x "$T/p1/locked.txt" sleep 3 &
 lockpid=$!
 sleep 0.2
-t0=$(ms)
 timeout 30 $FETCH 1 locked.txt >"$T/locked.got" 2>"$T/fetch.err" &
 fetchpid=$!
-sleep 0.3
-# Meanwhile the module answers other requests.
-responsive=$(stat_of 1 fetch/in_progress)
+# Meanwhile the module answers other requests (stats) and shows the fetch.
+responsive=0
+while [ $(($(ms) - tl)) -lt 2700 ]; do
+  [ "$(stat_of 1 fetch/in_progress)" = 1 ] && responsive=1 && break
+  sleep 0.1
+done
 wait $fetchpid
 rc=$?
 t1=$(ms)
 wait $lockpid
-if [ $rc = 0 ] && cmp -s "$T/locked.got" "$T/p1/locked.txt" && [ $((t1 - t0)) -ge 1000 ] &&
-  [ "$responsive" = 1 ]; then
-  ok "FluxModule.FetchWaitsForProducerLock ($((t1 - t0)) ms)"
+if [ $rc = 0 ] && cmp -s "$T/locked.got" "$T/p1/locked.txt" && [ $((t1 - tl)) -ge 2900 ] &&
+  [ $responsive = 1 ] && [ "$(stat_of 1 fetch/lock_waits)" -ge 1 ]; then
+  ok "FluxModule.FetchWaitsForProducerLock (done $((t1 - tl)) ms after the 3 s lock began)"
 else
-  notok FluxModule.FetchWaitsForProducerLock "rc $rc after $((t1 - t0)) ms, in_progress '$responsive'"
+  notok FluxModule.FetchWaitsForProducerLock "rc $rc after $((t1 - tl)) ms, seen in progress: $responsive"
 fi
 
 # --- NoModuleGivesENOSYS: a broker without the module answers ENOSYS.
