@@ -261,6 +261,16 @@ else
   notok FluxModule.ServiceFailingBeforeReadyFailsLoad "$(cat "$T/load.err")"
 fi
 
+# --- InfoAndErrorLogsPerRank: upstream's -i/-e, one file per rank.
+if timeout 90 flux exec -r 1 flux module load "$MOD" -i "$T/info" -e "$T/err" "$T/p1" &&
+  grep -q 'serving: rank 1' "$T/info.1" 2>/dev/null &&
+  timeout 30 flux exec -r 1 flux module remove dyad; then
+  ok FluxModule.InfoAndErrorLogsPerRank
+else
+  notok FluxModule.InfoAndErrorLogsPerRank "$(ls "$T"; head -3 "$T/info.1" 2>&1)"
+  timeout 30 flux exec -r 1 flux module remove dyad 2>/dev/null
+fi
+
 # --- DyadStartAndStop: upstream's `dyad start -p PATH -m MODE` and `dyad stop`.
 loaded_on() { timeout 10 flux exec -r "$1" flux module list 2>/dev/null | grep -c '^dyad '; }
 if timeout 90 "$B/dyad" start -p "$T/p0" -m FLUX_RPC >"$T/start.out" 2>&1 &&
