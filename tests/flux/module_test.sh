@@ -261,6 +261,21 @@ else
   notok FluxModule.ServiceFailingBeforeReadyFailsLoad "$(cat "$T/load.err")"
 fi
 
+# --- ReadyTimeoutFailsLoad: a service that never gets ready fails the load
+# after --ready-timeout, is stopped, and nothing stays loaded.
+printf '#!/bin/sh\necho $$ >%s\nexec sleep 60\n' "$T/never-ready.pid" >"$T/never-ready"
+chmod +x "$T/never-ready"
+t0=$(ms)
+if ! timeout 60 flux module load "$MOD" --service "$T/never-ready" --ready-timeout 1 "$T/p0" \
+  2>"$T/load.err" && [ $(($(ms) - t0)) -lt 15000 ] &&
+  timeout 10 flux dmesg | grep -q 'dyad-service was not ready within 1 s' &&
+  ! flux module list | grep -q '^dyad ' && [ -s "$T/never-ready.pid" ] &&
+  ! kill -0 "$(cat "$T/never-ready.pid")" 2>/dev/null; then
+  ok "FluxModule.ReadyTimeoutFailsLoad ($(($(ms) - t0)) ms)"
+else
+  notok FluxModule.ReadyTimeoutFailsLoad "$(cat "$T/load.err")"
+fi
+
 # --- InfoAndErrorLogsPerRank: upstream's -i/-e, one file per rank.
 if timeout 90 flux exec -r 1 flux module load "$MOD" -i "$T/info" -e "$T/err" "$T/p1" &&
   grep -q 'serving: rank 1' "$T/info.1" 2>/dev/null &&
