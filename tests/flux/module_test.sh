@@ -139,6 +139,29 @@ else
   notok FluxModule.FetchOfAnEmptyFile "$(cat "$T/fetch.err")"
 fi
 
+# --- StatsDoNotStallTheModule: a service that does not answer (stopped)
+# costs each stats request its 2 s bound on a thread of its own: three at
+# once end together (on the module's reactor they would take 6 s in a row),
+# each saying why.
+spid=$(stat_of 1 service/pid)
+if [ -n "$spid" ] && kill -STOP "$spid"; then
+  t0=$(ms)
+  for i in 1 2 3; do
+    FLUX_URI=local://$RUNDIR/local-1 timeout 20 flux module stats dyad >"$T/stats.$i" 2>&1 &
+  done
+  wait
+  t1=$(ms)
+  kill -CONT "$spid"
+  if [ $((t1 - t0)) -lt 5000 ] && grep -q status_error "$T/stats.1" &&
+    grep -q status_error "$T/stats.3" && grep -q '"state": "running"' "$T/stats.2"; then
+    ok "FluxModule.StatsDoNotStallTheModule (3 at once: $((t1 - t0)) ms)"
+  else
+    notok FluxModule.StatsDoNotStallTheModule "$((t1 - t0)) ms: $(head -c 300 "$T/stats.1")"
+  fi
+else
+  notok FluxModule.StatsDoNotStallTheModule "no service pid"
+fi
+
 # --- FetchRefusesSymlinkEscape and FetchRefusesPathOutside.
 ln -s /etc/hostname "$T/p1/escape"
 timeout 30 $FETCH 1 escape >"$T/esc.got" 2>"$T/fetch.err"
