@@ -177,7 +177,6 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
                     bool relative_to_managed_path, const char* dtl_mode_str,
                     const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle) {
   return Guard("dyad_init", [&]() -> dyad_rc_t {
-    if (flux_handle != nullptr) return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
     Status st = dyad::capi::CheckCommMode(dtl_comm_mode);
     if (!st.ok()) return Fail(st);
     st = dyad::capi::CheckPathArg(prod_managed_path, "producer");
@@ -203,6 +202,8 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
     // The timeouts and the socket have no dyad_init parameter: they come
     // from the environment, with the same defaults as dyad_init_env.
     c.service_socket = dyad::DefaultServiceSocket();
+    c.flux_uri = dyad::GetEnv("FLUX_URI").value_or("");
+    c.flux_handle = flux_handle;
     dyad::Result<int64_t> consume = dyad::EnvTimeoutMs("DYAD_CONSUME_TIMEOUT", -1);
     if (!consume.ok()) return Fail(consume.status());
     c.consume_timeout_ms = *consume;
@@ -215,11 +216,11 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
 
 dyad_rc_t dyad_init_env(const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle) {
   return Guard("dyad_init_env", [&]() -> dyad_rc_t {
-    if (flux_handle != nullptr) return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
     Status st = dyad::capi::CheckCommMode(dtl_comm_mode);
     if (!st.ok()) return Fail(st);
     dyad::Result<ClientConfig> c = ClientConfig::FromEnv();
     if (!c.ok()) return Fail(c.status());
+    c->flux_handle = flux_handle;
     return dyad::capi::Init(std::move(*c), dtl_comm_mode);
   });
 }

@@ -60,6 +60,8 @@ std::string SocketPathFrom(const std::string& socket) {
 
 }  // namespace
 
+bool InterruptRequested() { return Interrupted(); }
+
 void SetInterruptCheck(InterruptCheck check) {
   auto slot = check ? std::make_shared<InterruptCheck>(std::move(check)) : nullptr;
   std::lock_guard<std::mutex> lk(InterruptMutex());

@@ -44,6 +44,9 @@ using InterruptCheck = std::function<bool()>;
 
 // Installs the process-wide interrupt check (nullptr removes it).
 void SetInterruptCheck(InterruptCheck check);
+// Asks the installed check (false when none): for other sliced waits of the
+// client (the Flux path, flux_link.h).
+bool InterruptRequested();
 
 class ServicePool {
  public:
