@@ -390,6 +390,21 @@ TEST_F(FluxClientTest, BatchWithoutModuleConsumesEach) {
   EXPECT_EQ(ReadFile(cons_ + "/b2"), "two");
 }
 
+TEST_F(FluxClientTest, SharedStorageOnlyWaitsForPublication) {
+  FakeOwner owner(owner_uri_, prod_);
+  ASSERT_TRUE(owner.ok());
+  ClientConfig c = Config();
+  c.shared_storage = true;
+  Result<std::shared_ptr<Client>> client = Client::Create(c);
+  ASSERT_TRUE(client.ok());
+  WriteFile(prod_ + "/shared.txt", "s");
+  Publish(**client, "shared.txt");
+  Status st = (*client)->Consume(cons_ + "/shared.txt");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(owner.requests(), 0);  // nothing moved
+  EXPECT_NE(::access((cons_ + "/shared.txt").c_str(), F_OK), 0);
+}
+
 // dyad_init's flux_handle (was: must be NULL): with FLUX_URI unset the
 // consume can only reach Flux through the caller's handle.
 TEST_F(FluxClientTest, CallerFluxHandleIsUsed) {
