@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
     if (got.size() == want.size() && got.compare(0, got.size(), want.data(), want.size()) == 0) {
       std::cout << "OK" << std::endl;
     } else {
-      std::cout << "BAD " << path << " (" << got.size() << " bytes, expected " << want.size()
-                << ")" << std::endl;
+      std::cout << "BAD " << path << " (" << got.size() << " bytes, expected " << want.size() << ")"
+                << std::endl;
       ++bad;
     }
   }
