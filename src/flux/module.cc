@@ -43,7 +43,6 @@
 namespace dyad {
 namespace {
 
-constexpr size_t kFetchChunk = 4u << 20;                   // bytes per dyad.fetch response
 constexpr double kLockWaitS = 60;                          // a producer's lock, at most
 constexpr double kStatusTimeoutS = 2;                      // stats-get's round trip to the service
 constexpr const char* kRootKey = "dyadmod.embedded-root";  // -k embedded: rank 0's address
@@ -124,7 +123,12 @@ void FailFetch(FetchOp* op, int errnum, const std::string& why) {
   FinishFetch(op);
 }
 
-void FetchStep(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
+// Callbacks run on the broker's module thread from C code: an exception
+// must never unwind into libflux (it would end the broker). Each logs and
+// answers what it can instead.
+void FetchStep(flux_reactor_t* r, flux_watcher_t* w, int, void* arg);
+
+void FetchStepUnguarded(flux_reactor_t* r, flux_watcher_t* w, void* arg) {
   auto* op = static_cast<FetchOp*>(arg);
   Module* m = op->m;
   if (!op->locked) {
@@ -142,7 +146,7 @@ void FetchStep(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
     op->locked = true;
   }
   std::string chunk;
-  Status st = op->file.Next(&chunk, kFetchChunk);
+  Status st = op->file.Next(&chunk, static_cast<size_t>(m->opt.fetch_chunk));
   if (!st.ok()) return FailFetch(op, EIO, st.message());
   if (chunk.empty()) {
     // End of stream, as upstream's consumers expect it.
@@ -160,7 +164,7 @@ void FetchStep(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
   flux_watcher_start(w);
 }
 
-void OnFetch(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
+void OnFetchUnguarded(flux_t* h, const flux_msg_t* msg, void* arg) {
   auto* m = static_cast<Module*>(arg);
   ++m->fetch_requests;
   uint32_t rolemask = 0;
@@ -196,6 +200,24 @@ void OnFetch(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
   m->fetches.push_back(std::move(op));
   raw->self = std::prev(m->fetches.end());
   flux_watcher_start(raw->timer);
+}
+
+void FetchStep(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
+  auto* op = static_cast<FetchOp*>(arg);
+  try {
+    FetchStepUnguarded(r, w, arg);
+  } catch (const std::exception& e) {
+    FailFetch(op, ENOMEM, std::string("dyad.fetch: ") + e.what());
+  }
+}
+
+void OnFetch(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
+  try {
+    OnFetchUnguarded(h, msg, arg);
+  } catch (const std::exception& e) {
+    flux_log(h, LOG_ERR, "dyad.fetch: %s", e.what());
+    flux_respond_error(h, msg, ENOMEM, e.what());
+  }
 }
 
 std::string StatsJson(Module* m) {
@@ -241,10 +263,19 @@ std::string StatsJson(Module* m) {
   return j.str();
 }
 
-void OnStats(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
+void OnStatsUnguarded(flux_t* h, const flux_msg_t* msg, void* arg) {
   auto* m = static_cast<Module*>(arg);
   const std::string json = StatsJson(m);
   if (flux_respond(h, msg, json.c_str()) < 0) flux_log_error(h, "dyad.stats-get: flux_respond");
+}
+
+void OnStats(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
+  try {
+    OnStatsUnguarded(h, msg, arg);
+  } catch (const std::exception& e) {
+    flux_log(h, LOG_ERR, "dyad.stats-get: %s", e.what());
+    flux_respond_error(h, msg, ENOMEM, e.what());
+  }
 }
 
 // dyad-service: --service, else beside dyad.so (PREFIX/lib/dyad.so ->

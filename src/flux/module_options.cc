@@ -107,6 +107,14 @@ Result<ModuleOptions> ParseModuleOptions(const std::vector<std::string>& args) {
       if (v->empty() || *end != '\0' || !(s > 0) || s > 3600)
         return Bad("--ready-timeout needs seconds in (0, 3600], not '" + *v + "'");
       o.ready_timeout_s = s;
+    } else if (name == "--fetch-chunk") {
+      Result<std::string> v = take("bytes");
+      if (!v.ok()) return v.status();
+      char* end = nullptr;
+      const unsigned long long b = std::strtoull(v->c_str(), &end, 10);
+      if (v->empty() || (*v)[0] == '-' || *end != '\0' || b < 4096 || b > (1ull << 30))
+        return Bad("--fetch-chunk needs bytes in [4096, 1073741824], not '" + *v + "'");
+      o.fetch_chunk = b;
     } else {
       return Bad("unknown option '" + a + "'");
     }
@@ -128,7 +136,9 @@ std::string ModuleHelp() {
          "                         embedded (hosted by rank 0's service), redis://HOST:PORT\n"
          "  --service PATH         the dyad-service binary (default: beside dyad.so,\n"
          "                         ../bin/dyad-service)\n"
-         "  --ready-timeout SEC    how long `flux module load` waits for the service (60)\n";
+         "  --ready-timeout SEC    how long `flux module load` waits for the service (60)\n"
+         "  --fetch-chunk BYTES    bytes per dyad.fetch response (16 MiB; upstream's\n"
+         "                         consumers need a file in one response)\n";
 }
 
 }  // namespace dyad

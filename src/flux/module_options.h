@@ -9,6 +9,7 @@
 // parser is tested without a Flux instance.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ struct ModuleOptions {
   std::string service;          // --service: the dyad-service binary ("" = found beside dyad.so)
   std::string producer_path;    // "" = DYAD_PATH_PRODUCER
   double ready_timeout_s = 60;  // --ready-timeout: bound on `flux module load`
+  // --fetch-chunk: bytes per dyad.fetch response. Upstream's FLUX_RPC
+  // consumers take exactly one data response per file, so a file larger
+  // than this fails there (DYAD_RC_BADRPC); ours read the whole stream.
+  uint64_t fetch_chunk = 16u << 20;
 };
 
 // Parses the module's arguments (no program name). Errors name the

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 
 extern char** environ;
 
@@ -90,12 +91,37 @@ struct Supervisor::Impl {
     return out;
   }
 
+  // A restart listens on the port the first run got (other services, and
+  // with -k embedded the whole instance's store clients, know it): the
+  // "--listen HOST:0" argument becomes HOST:PORT from the ready file.
+  void KeepPort() {
+    std::ifstream in(cfg.ready_file);
+    std::string line, port;
+    while (std::getline(in, line))
+      if (line.compare(0, 7, "listen=") == 0) port = line.substr(line.rfind(':') + 1);
+    if (port.empty() || port == "0") return;
+    for (size_t i = 0; i + 1 < cfg.argv.size(); ++i) {
+      std::string& v = cfg.argv[i + 1];
+      if (cfg.argv[i] == "--listen" && v.size() > 2 && v.compare(v.size() - 2, 2, ":0") == 0)
+        v = v.substr(0, v.size() - 1) + port;
+    }
+  }
   void Main();
   void Launch();
   void Ended(const std::string& how);
   void Emit(int stream, const char* data, size_t len, bool eof);
   void BeginStop();
 };
+
+// Runs a libflux callback's body: an exception must not unwind into C code.
+template <typename F>
+static void Guarded(flux_t* h, const char* where, F&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    if (h != nullptr) flux_log(h, LOG_ERR, "dyad.so supervisor (%s): %s", where, e.what());
+  }
+}
 
 static Supervisor::Impl* ImplOf(flux_subprocess_t* p) {
   return static_cast<Supervisor::Impl*>(flux_subprocess_aux_get(p, "dyad::supervisor"));
@@ -125,7 +151,7 @@ void Supervisor::Impl::Emit(int stream, const char* data, size_t len, bool eof) 
   }
 }
 
-static void OnOutput(flux_subprocess_t* p, const char* stream) {
+static void OnOutputBody(flux_subprocess_t* p, const char* stream) {
   Supervisor::Impl* s = ImplOf(p);
   if (s == nullptr) return;
   const char* data = nullptr;
@@ -135,7 +161,7 @@ static void OnOutput(flux_subprocess_t* p, const char* stream) {
   if (n == 0 || flux_subprocess_read_stream_closed(p, stream)) s->Emit(which, "", 0, true);
 }
 
-static void OnState(flux_subprocess_t* p, flux_subprocess_state_t state) {
+static void OnStateBody(flux_subprocess_t* p, flux_subprocess_state_t state) {
   Supervisor::Impl* s = ImplOf(p);
   if (s == nullptr) return;
   if (state == FLUX_SUBPROCESS_RUNNING) {
@@ -149,7 +175,7 @@ static void OnState(flux_subprocess_t* p, flux_subprocess_state_t state) {
   }
 }
 
-static void OnCompletion(flux_subprocess_t* p) {
+static void OnCompletionBody(flux_subprocess_t* p) {
   Supervisor::Impl* s = ImplOf(p);
   if (s == nullptr) return;
   std::string how;
@@ -165,12 +191,13 @@ static void OnCompletion(flux_subprocess_t* p) {
   s->Ended(how);
 }
 
-static void OnReadyTimer(flux_reactor_t*, flux_watcher_t* w, int, void* arg) {
+static void OnReadyTimerBody(flux_reactor_t*, flux_watcher_t* w, int, void* arg) {
   auto* s = static_cast<Supervisor::Impl*>(arg);
   struct stat st;
   if (s->p == nullptr || ::stat(s->cfg.ready_file.c_str(), &st) != 0) return;
   flux_watcher_stop(w);
   s->ready_this_run = true;
+  s->KeepPort();
   bool first = false;
   {
     std::lock_guard<std::mutex> lk(s->mu);
@@ -188,12 +215,12 @@ static void OnReadyTimer(flux_reactor_t*, flux_watcher_t* w, int, void* arg) {
   }
 }
 
-static void OnRestartTimer(flux_reactor_t*, flux_watcher_t*, int, void* arg) {
+static void OnRestartTimerBody(flux_reactor_t*, flux_watcher_t*, int, void* arg) {
   auto* s = static_cast<Supervisor::Impl*>(arg);
   if (!s->stopping) s->Launch();
 }
 
-static void OnKillTimer(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
+static void OnKillTimerBody(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
   auto* s = static_cast<Supervisor::Impl*>(arg);
   if (s->p != nullptr && !s->killed) {
     flux_log(s->h, LOG_WARNING, "dyad-service did not stop within %.0f s of SIGTERM: SIGKILL",
@@ -209,11 +236,49 @@ static void OnKillTimer(flux_reactor_t* r, flux_watcher_t* w, int, void* arg) {
   flux_reactor_stop(r);
 }
 
-static void OnWake(flux_reactor_t*, flux_watcher_t*, int, void* arg) {
+static void OnWakeBody(flux_reactor_t*, flux_watcher_t*, int, void* arg) {
   auto* s = static_cast<Supervisor::Impl*>(arg);
   uint64_t v;
   if (::read(s->wake_fd, &v, sizeof v) < 0 && errno == EAGAIN) return;
   s->BeginStop();
+}
+
+static void OnOutput(flux_subprocess_t* p, const char* stream) {
+  Supervisor::Impl* s = ImplOf(p);
+  Guarded(s != nullptr ? s->h : nullptr, "OnOutput", [&] { OnOutputBody(p, stream); });
+}
+
+static void OnState(flux_subprocess_t* p, flux_subprocess_state_t state) {
+  Supervisor::Impl* s = ImplOf(p);
+  Guarded(s != nullptr ? s->h : nullptr, "OnState", [&] { OnStateBody(p, state); });
+}
+
+static void OnCompletion(flux_subprocess_t* p) {
+  Supervisor::Impl* s = ImplOf(p);
+  Guarded(s != nullptr ? s->h : nullptr, "OnCompletion", [&] { OnCompletionBody(p); });
+}
+
+static void OnReadyTimer(flux_reactor_t* r, flux_watcher_t* w, int revents, void* arg) {
+  Supervisor::Impl* s = static_cast<Supervisor::Impl*>(arg);
+  Guarded(s != nullptr ? s->h : nullptr, "OnReadyTimer",
+          [&] { OnReadyTimerBody(r, w, revents, arg); });
+}
+
+static void OnRestartTimer(flux_reactor_t* r, flux_watcher_t* w, int revents, void* arg) {
+  Supervisor::Impl* s = static_cast<Supervisor::Impl*>(arg);
+  Guarded(s != nullptr ? s->h : nullptr, "OnRestartTimer",
+          [&] { OnRestartTimerBody(r, w, revents, arg); });
+}
+
+static void OnKillTimer(flux_reactor_t* r, flux_watcher_t* w, int revents, void* arg) {
+  Supervisor::Impl* s = static_cast<Supervisor::Impl*>(arg);
+  Guarded(s != nullptr ? s->h : nullptr, "OnKillTimer",
+          [&] { OnKillTimerBody(r, w, revents, arg); });
+}
+
+static void OnWake(flux_reactor_t* r, flux_watcher_t* w, int revents, void* arg) {
+  Supervisor::Impl* s = static_cast<Supervisor::Impl*>(arg);
+  Guarded(s != nullptr ? s->h : nullptr, "OnWake", [&] { OnWakeBody(r, w, revents, arg); });
 }
 
 void Supervisor::Impl::BeginStop() {
