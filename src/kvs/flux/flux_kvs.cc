@@ -569,8 +569,35 @@ bool FluxKvs::Claim(AsyncWait* w) {
   return true;
 }
 
+Status FluxKvs::EnsureNamespace(const std::string& fns) {
+  if (fns == "primary") return Status::OK();
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lk(ns_mu_);
+    auto it = ns_seen_.find(fns);
+    if (it != ns_seen_.end() && now - it->second < std::chrono::seconds(1)) return Status::OK();
+  }
+  Lease h(this);
+  if (!h.ok()) return h.status();
+  Status st = CreateNamespace(h.get(), fns, options_.rpc_timeout_ms);
+  h.Note(st);
+  if (!st.ok()) return st;
+  std::lock_guard<std::mutex> lk(ns_mu_);
+  ns_seen_[fns] = now;
+  return Status::OK();
+}
+
 Result<KvsWaitTicket> FluxKvs::StartWait(const std::string& ns, const std::string& key,
                                          Deadline deadline, KvsWaitCallback done) {
+  {
+    std::lock_guard<std::mutex> lk(waits_mu_);
+    if (shutdown_) {
+      return Status(DYAD_RC_CANCELLED,
+                    "flux:// store is shutting down: no new wait for '" + key + "'");
+    }
+  }
+  Status ensured = EnsureNamespace(FluxNamespace(ns));
+  if (!ensured.ok()) return ensured.Annotate("flux:// wait for '" + key + "'");
   auto w = std::make_shared<AsyncWait>();
   w->fns = FluxNamespace(ns);
   w->fkey = FluxKey(key);
@@ -658,6 +685,13 @@ void FluxKvs::OnLookup(AsyncWait* w) {
   } else if (err == ENODATA || ((err == ENOENT || err == ENOTSUP) && !w->waitcreate)) {
     result = Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' (" + w->fkey + " in namespace '" +
                                          w->fns + "') was not put before the deadline");
+  } else if (err == ENOTSUP) {
+    {
+      std::lock_guard<std::mutex> lk(ns_mu_);
+      ns_seen_.erase(w->fns);
+    }
+    result = Status(DYAD_RC_NOTFOUND, "flux:// wait for '" + w->key + "': namespace '" + w->fns +
+                                          "' was removed while waiting");
   } else {
     result = FluxStatus(err, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
   }

@@ -16,7 +16,8 @@
 //    thread at a time each; the pool opens another connection to the
 //    broker when every handle is lent, and keeps them for reuse); each
 //    request is bounded by KvsOptions::rpc_timeout_ms.
-//  * StartWait runs on one reactor thread that owns its own handle: a
+//  * StartWait first makes sure the namespace exists (EnsureNamespace says
+//    why), then runs on one reactor thread that owns its own handle: a
 //    flux_kvs_lookup(FLUX_KVS_WAITCREATE) per wait with a reactor timer for
 //    its deadline; at the deadline, on CancelWait and on Shutdown the
 //    lookup is ended with flux_kvs_lookup_cancel (the broker answers
@@ -33,6 +34,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -108,6 +110,13 @@ class FluxKvs : public Kvs {
   Status Commit(flux_handle* h, const std::string& fns, const std::string& fkey,
                 const std::string* json, bool create, const std::string& what);
 
+  // Creates namespace `fns` unless it was seen in the last second. Waits
+  // need it: flux-core's kvs-watch (0.73.0 and 0.88) aborts the broker
+  // (assert nsm->commit != NULL in watcher_respond) when two
+  // FLUX_KVS_WAITCREATE lookups reach a namespace that does not exist yet
+  // before its first getroot has answered.
+  Status EnsureNamespace(const std::string& fns);
+
   // --- the reactor thread of StartWait ---
   void ReactorMain(std::promise<Status>* ready);
   void Post(std::function<void()> fn);
@@ -127,6 +136,9 @@ class FluxKvs : public Kvs {
 
   std::mutex pool_mu_;
   std::vector<flux_handle*> idle_;  // guarded by pool_mu_
+
+  std::mutex ns_mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> ns_seen_;  // guarded by ns_mu_
 
   // StartWait state shared with other threads.
   std::mutex waits_mu_;
