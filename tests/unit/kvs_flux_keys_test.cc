@@ -32,6 +32,11 @@ TEST(FluxKeys, DottedPathsGetDistinctKeysAtTheSameDepth) {
     EXPECT_EQ(p.rfind("dyad.", 0), 0u) << p;
     EXPECT_TRUE(paths.insert(p).second) << "two keys share " << p;
   }
+  // The layout is a format others read (clients without a service, the
+  // example of docs/configuration.md): pinned.
+  EXPECT_EQ(FluxKeyPath("dyad", "1a.3f.200.a.b.c.file0"),
+            "dyad.36.1a%2E3f%2E200%2Ea%2Eb%2Ec%2Efile0");
+  EXPECT_EQ(FluxKeyPath("dyad", "1a.3f.200.file0"), "dyad.cb.1a%2E3f%2E200%2Efile0");
   EXPECT_EQ(FluxEscapeKey("a.b.c.file0.dat"), "a%2Eb%2Ec%2Efile0%2Edat");
   EXPECT_EQ(FluxEscapeKey("run.log"), "run%2Elog");
   EXPECT_EQ(FluxEscapeKey("dir/sub-1_x:y@z+w,v=u~t"), "dir/sub-1_x:y@z+w,v=u~t");
