@@ -483,7 +483,8 @@ struct FluxKvs::AsyncWait {
   bool claimed = false;  // guarded by waits_mu_: `done` was (being) called
   // Reactor thread only.
   FluxKvs* kvs = nullptr;
-  flux_future_t* f = nullptr;
+  flux_future_t* create = nullptr;  // namespace create, before the lookup
+  flux_future_t* f = nullptr;       // the lookup
   flux_watcher_t* timer = nullptr;
   bool timed_out = false;
   bool waitcreate = false;
@@ -555,6 +556,7 @@ void FluxKvs::ReactorMain(std::promise<Status>* ready) {
   for (auto& kv : live_) {
     if (kv.second->timer != nullptr) flux_watcher_destroy(kv.second->timer);
     if (kv.second->f != nullptr) flux_future_destroy(kv.second->f);
+    if (kv.second->create != nullptr) flux_future_destroy(kv.second->create);
   }
   live_.clear();
   flux_watcher_destroy(wake_watcher_);
@@ -569,35 +571,25 @@ bool FluxKvs::Claim(AsyncWait* w) {
   return true;
 }
 
-Status FluxKvs::EnsureNamespace(const std::string& fns) {
-  if (fns == "primary") return Status::OK();
-  const auto now = std::chrono::steady_clock::now();
-  {
-    std::lock_guard<std::mutex> lk(ns_mu_);
-    auto it = ns_seen_.find(fns);
-    if (it != ns_seen_.end() && now - it->second < std::chrono::seconds(1)) return Status::OK();
-  }
-  Lease h(this);
-  if (!h.ok()) return h.status();
-  Status st = CreateNamespace(h.get(), fns, options_.rpc_timeout_ms);
-  h.Note(st);
-  if (!st.ok()) return st;
+bool FluxKvs::NamespaceSeen(const std::string& fns) {
+  if (fns == "primary") return true;
   std::lock_guard<std::mutex> lk(ns_mu_);
-  ns_seen_[fns] = now;
-  return Status::OK();
+  auto it = ns_seen_.find(fns);
+  return it != ns_seen_.end() &&
+         std::chrono::steady_clock::now() - it->second < std::chrono::seconds(1);
+}
+
+void FluxKvs::MarkNamespace(const std::string& fns, bool seen) {
+  std::lock_guard<std::mutex> lk(ns_mu_);
+  if (seen) {
+    ns_seen_[fns] = std::chrono::steady_clock::now();
+  } else {
+    ns_seen_.erase(fns);
+  }
 }
 
 Result<KvsWaitTicket> FluxKvs::StartWait(const std::string& ns, const std::string& key,
                                          Deadline deadline, KvsWaitCallback done) {
-  {
-    std::lock_guard<std::mutex> lk(waits_mu_);
-    if (shutdown_) {
-      return Status(DYAD_RC_CANCELLED,
-                    "flux:// store is shutting down: no new wait for '" + key + "'");
-    }
-  }
-  Status ensured = EnsureNamespace(FluxNamespace(ns));
-  if (!ensured.ok()) return ensured.Annotate("flux:// wait for '" + key + "'");
   auto w = std::make_shared<AsyncWait>();
   w->fns = FluxNamespace(ns);
   w->fkey = FluxKey(key);
@@ -626,29 +618,10 @@ void FluxKvs::BeginWait(const std::shared_ptr<AsyncWait>& w) {
       return;
     }
   }
+  live_[w->ticket] = w;
   // A deadline already past still returns a value that is there: a plain
   // lookup answers that without waiting.
   w->waitcreate = !w->deadline.expired();
-  w->f = flux_kvs_lookup(rh_, w->fns.c_str(), w->waitcreate ? FLUX_KVS_WAITCREATE : 0,
-                         w->fkey.c_str());
-  if (w->f == nullptr || flux_future_then(
-                             w->f, -1.,
-                             [](flux_future_t*, void* arg) {
-                               AsyncWait* aw = static_cast<AsyncWait*>(arg);
-                               aw->kvs->OnLookup(aw);
-                             },
-                             w.get()) < 0) {
-    const Status st = FluxStatus(errno, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
-    if (w->f != nullptr) flux_future_destroy(w->f);
-    w->f = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(waits_mu_);
-      waits_.erase(w->ticket);
-    }
-    if (Claim(w.get())) w->done(st);
-    return;
-  }
-  live_[w->ticket] = w;
   if (w->waitcreate && !w->deadline.never()) {
     w->timer = flux_timer_watcher_create(
         reactor_, Seconds(w->deadline.RemainingMs()), 0.,
@@ -659,12 +632,80 @@ void FluxKvs::BeginWait(const std::shared_ptr<AsyncWait>& w) {
         w.get());
     if (w->timer != nullptr) flux_watcher_start(w->timer);
   }
+  if (!w->waitcreate || NamespaceSeen(w->fns)) {
+    SendLookup(w.get());
+    return;
+  }
+  // The namespace first (see EnsureNamespace in the header), without
+  // blocking this thread: the lookup goes out when the broker has answered.
+  w->create = flux_kvs_namespace_create(rh_, w->fns.c_str(), FLUX_USERID_UNKNOWN, 0);
+  if (w->create == nullptr || flux_future_then(
+                                  w->create, -1.,
+                                  [](flux_future_t*, void* arg) {
+                                    AsyncWait* aw = static_cast<AsyncWait*>(arg);
+                                    aw->kvs->OnCreated(aw);
+                                  },
+                                  w.get()) < 0) {
+    const Status st =
+        FluxStatus(errno, "flux:// create namespace '" + w->fns + "'", DYAD_RC_FLUXFAIL);
+    if (Claim(w.get())) w->done(st);
+    FinishWait(w.get());
+  }
+}
+
+void FluxKvs::OnCreated(AsyncWait* w) {
+  const int err = flux_future_get(w->create, nullptr) < 0 ? errno : 0;
+  flux_future_destroy(w->create);
+  w->create = nullptr;
+  if (err == 0 || err == EEXIST) MarkNamespace(w->fns, true);
+  bool ended;
+  {
+    std::lock_guard<std::mutex> lk(waits_mu_);
+    ended = w->claimed;  // cancelled or timed out meanwhile
+  }
+  if (ended) {
+    FinishWait(w);
+    return;
+  }
+  if (err != 0 && err != EEXIST) {
+    const Status st =
+        FluxStatus(err, "flux:// wait for '" + w->key + "': create namespace '" + w->fns + "'",
+                   DYAD_RC_FLUXFAIL);
+    if (Claim(w)) w->done(st);
+    FinishWait(w);
+    return;
+  }
+  SendLookup(w);
+}
+
+void FluxKvs::SendLookup(AsyncWait* w) {
+  w->f = flux_kvs_lookup(rh_, w->fns.c_str(), w->waitcreate ? FLUX_KVS_WAITCREATE : 0,
+                         w->fkey.c_str());
+  if (w->f == nullptr || flux_future_then(
+                             w->f, -1.,
+                             [](flux_future_t*, void* arg) {
+                               AsyncWait* aw = static_cast<AsyncWait*>(arg);
+                               aw->kvs->OnLookup(aw);
+                             },
+                             w) < 0) {
+    const Status st = FluxStatus(errno, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
+    if (Claim(w)) w->done(st);
+    FinishWait(w);
+  }
 }
 
 void FluxKvs::OnTimer(AsyncWait* w) {
+  w->timed_out = true;
+  if (w->f == nullptr) {
+    // Still creating the namespace: the waiter hears now, and OnCreated
+    // lets go of the wait.
+    if (Claim(w)) {
+      w->done(Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' was not put before the deadline"));
+    }
+    return;
+  }
   // The deadline: end the lookup; its answer (ENODATA, or the value if it
   // was already on its way) decides what the waiter hears.
-  w->timed_out = true;
   if (flux_kvs_lookup_cancel(w->f) < 0) {
     if (Claim(w)) {
       w->done(Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' was not put before the deadline"));
@@ -686,10 +727,7 @@ void FluxKvs::OnLookup(AsyncWait* w) {
     result = Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' (" + w->fkey + " in namespace '" +
                                          w->fns + "') was not put before the deadline");
   } else if (err == ENOTSUP) {
-    {
-      std::lock_guard<std::mutex> lk(ns_mu_);
-      ns_seen_.erase(w->fns);
-    }
+    MarkNamespace(w->fns, false);
     result = Status(DYAD_RC_NOTFOUND, "flux:// wait for '" + w->key + "': namespace '" + w->fns +
                                           "' was removed while waiting");
   } else {
@@ -709,6 +747,10 @@ void FluxKvs::FinishWait(AsyncWait* w) {
     flux_future_destroy(w->f);
     w->f = nullptr;
   }
+  if (w->create != nullptr) {
+    flux_future_destroy(w->create);
+    w->create = nullptr;
+  }
   const KvsWaitTicket t = w->ticket;
   {
     std::lock_guard<std::mutex> lk(waits_mu_);
@@ -725,8 +767,9 @@ void FluxKvs::AbortWait(KvsWaitTicket ticket) {
     flux_watcher_destroy(w->timer);
     w->timer = nullptr;
   }
-  // A plain lookup cannot be cancelled; its answer comes soon anyway.
-  if (w->waitcreate && flux_kvs_lookup_cancel(w->f) < 0) FinishWait(w);
+  // A plain lookup cannot be cancelled (its answer comes soon anyway), and
+  // one still creating its namespace ends in OnCreated.
+  if (w->f != nullptr && w->waitcreate && flux_kvs_lookup_cancel(w->f) < 0) FinishWait(w);
 }
 
 void FluxKvs::CancelWait(KvsWaitTicket ticket) {
