@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <regex>
@@ -358,6 +359,54 @@ TEST_F(FluxKvsTest, WatchReportsDottedKeysWithTheirValues) {
   const std::vector<std::pair<std::string, std::string>> want = {
       {"a.b.c.file0", "0"}, {"a.b.c.file0.dat", "1"}, {"a.b.c.file0", "2"}};
   EXPECT_EQ(got, want);
+}
+
+// The user removes a watched namespace (as upstream's test does at its
+// end) and makes it again: the watch says it may have missed changes, does
+// not make the namespace again itself (the user's `namespace create` would
+// then fail), and follows the new one once it exists.
+TEST_F(FluxKvsTest, WatchFollowsANamespaceRemovedAndMadeAgain) {
+  ASSERT_NE(kvs_, nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<KvsChange> seen;
+  Result<KvsWatchTicket> t = kvs_->Watch("cycle", [&](const KvsChange& c) {
+    std::lock_guard<std::mutex> lk(mu);
+    seen.push_back(c);
+    cv.notify_all();
+  });
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto wait_for = [&](const std::function<bool()>& pred) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, milliseconds(8000), pred);
+  };
+  ASSERT_TRUE(kvs_->Put("cycle", "k1", "1").ok());
+  ASSERT_TRUE(wait_for([&] { return !seen.empty(); }));
+  Flux("kvs namespace remove cycle");
+  ASSERT_TRUE(wait_for([&] { return seen.back().resync; })) << "no resync after the removal";
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_EQ(Flux("kvs namespace list").find("\ncycle "), std::string::npos)
+      << "the watch made the namespace again";
+  // The user makes it again (the removal may still be finishing: retried).
+  bool made = false;
+  for (int i = 0; i < 50 && !made; ++i) {
+    made = std::system(("timeout 20 " + std::string(DYAD_FLUX_COMMAND) +
+                        " kvs namespace create cycle 2>/dev/null")
+                           .c_str()) == 0;
+    if (!made) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(made);
+  // Once the watch follows the new namespace (a second resync), its puts
+  // are reported.
+  ASSERT_TRUE(wait_for([&] {
+    int resyncs = 0;
+    for (const KvsChange& c : seen) resyncs += c.resync ? 1 : 0;
+    return resyncs >= 2;
+  }));
+  ASSERT_TRUE(kvs_->Put("cycle", "k2", "2").ok());
+  ASSERT_TRUE(wait_for([&] { return !seen.back().resync && seen.back().key == "k2"; }));
+  EXPECT_EQ(seen.back().value, "2");
+  kvs_->Unwatch(*t);
 }
 
 // Two stores with different top directories share nothing.

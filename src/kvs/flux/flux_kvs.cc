@@ -849,13 +849,21 @@ struct FluxKvs::WatchFeed {
 
 namespace {
 
-// Starts a kvs-watch of the root of `fns` (created when missing) and waits
-// for its first answer, the snapshot later changes are compared with.
+// Starts a kvs-watch of the root of `fns` and waits for its first answer,
+// the snapshot later changes are compared with. A missing namespace is
+// created when `create` says so, else DYAD_RC_NOTFOUND.
 Status StartRootWatch(flux_t* h, const std::string& fns, const std::string& top, int64_t tmo,
-                      flux_future_t** f, std::string* root,
+                      bool create, flux_future_t** f, std::string* root,
                       std::map<std::string, std::string>* bins) {
   *f = nullptr;
-  Status st = CreateNamespace(h, fns, tmo);
+  Status st;
+  if (create) {
+    st = CreateNamespace(h, fns, tmo);
+  } else {
+    std::string now;
+    st = RootOf(h, fns, tmo, &now);
+    if (st.ok() && now.empty()) return Status(DYAD_RC_NOTFOUND, "no namespace '" + fns + "'");
+  }
   if (!st.ok()) return st;
   flux_future_t* w = flux_kvs_lookup(
       h, fns.c_str(), FLUX_KVS_WATCH | FLUX_KVS_WATCH_FULL | FLUX_KVS_WATCH_UNIQ | FLUX_KVS_TREEOBJ,
@@ -904,7 +912,7 @@ Result<KvsWatchTicket> FluxKvs::Watch(const std::string& ns, KvsWatchCallback on
   Result<flux_t*> h = OpenHandle();
   if (!h.ok()) return h.status();
   feed->h = *h;
-  Status st = StartRootWatch(feed->h, feed->fns, url_.top, options_.rpc_timeout_ms, &feed->f,
+  Status st = StartRootWatch(feed->h, feed->fns, url_.top, options_.rpc_timeout_ms, true, &feed->f,
                              &feed->root, &feed->bins);
   if (!st.ok()) {
     flux_close(feed->h);
@@ -938,10 +946,14 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
   while (!feed->stop.load()) {
     if (feed->f == nullptr) {
       // Re-establish after an error (the namespace was removed, ...): a
-      // new baseline, and a resync so the watcher lists again.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // new baseline, and a resync so the watcher lists again. A removed
+      // namespace is not made again here (the user removed it, and may
+      // create it again, which must not fail): the feed waits for it.
+      for (int i = 0; i < 10 && !feed->stop.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(kCancelPollMs));
       if (feed->stop.load()) break;
-      Status st = StartRootWatch(feed->h, feed->fns, top, tmo, &feed->f, &feed->root, &feed->bins);
+      Status st =
+          StartRootWatch(feed->h, feed->fns, top, tmo, false, &feed->f, &feed->root, &feed->bins);
       if (st.ok()) resync();
       continue;
     }
