@@ -483,7 +483,8 @@ struct FluxKvs::AsyncWait {
   bool claimed = false;  // guarded by waits_mu_: `done` was (being) called
   // Reactor thread only.
   FluxKvs* kvs = nullptr;
-  flux_future_t* f = nullptr;
+  flux_future_t* create = nullptr;  // namespace create, before the lookup
+  flux_future_t* f = nullptr;       // the lookup
   flux_watcher_t* timer = nullptr;
   bool timed_out = false;
   bool waitcreate = false;
@@ -555,6 +556,7 @@ void FluxKvs::ReactorMain(std::promise<Status>* ready) {
   for (auto& kv : live_) {
     if (kv.second->timer != nullptr) flux_watcher_destroy(kv.second->timer);
     if (kv.second->f != nullptr) flux_future_destroy(kv.second->f);
+    if (kv.second->create != nullptr) flux_future_destroy(kv.second->create);
   }
   live_.clear();
   flux_watcher_destroy(wake_watcher_);
@@ -567,6 +569,23 @@ bool FluxKvs::Claim(AsyncWait* w) {
   if (w->claimed) return false;
   w->claimed = true;
   return true;
+}
+
+bool FluxKvs::NamespaceSeen(const std::string& fns) {
+  if (fns == "primary") return true;
+  std::lock_guard<std::mutex> lk(ns_mu_);
+  auto it = ns_seen_.find(fns);
+  return it != ns_seen_.end() &&
+         std::chrono::steady_clock::now() - it->second < std::chrono::seconds(1);
+}
+
+void FluxKvs::MarkNamespace(const std::string& fns, bool seen) {
+  std::lock_guard<std::mutex> lk(ns_mu_);
+  if (seen) {
+    ns_seen_[fns] = std::chrono::steady_clock::now();
+  } else {
+    ns_seen_.erase(fns);
+  }
 }
 
 Result<KvsWaitTicket> FluxKvs::StartWait(const std::string& ns, const std::string& key,
@@ -599,29 +618,10 @@ void FluxKvs::BeginWait(const std::shared_ptr<AsyncWait>& w) {
       return;
     }
   }
+  live_[w->ticket] = w;
   // A deadline already past still returns a value that is there: a plain
   // lookup answers that without waiting.
   w->waitcreate = !w->deadline.expired();
-  w->f = flux_kvs_lookup(rh_, w->fns.c_str(), w->waitcreate ? FLUX_KVS_WAITCREATE : 0,
-                         w->fkey.c_str());
-  if (w->f == nullptr || flux_future_then(
-                             w->f, -1.,
-                             [](flux_future_t*, void* arg) {
-                               AsyncWait* aw = static_cast<AsyncWait*>(arg);
-                               aw->kvs->OnLookup(aw);
-                             },
-                             w.get()) < 0) {
-    const Status st = FluxStatus(errno, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
-    if (w->f != nullptr) flux_future_destroy(w->f);
-    w->f = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(waits_mu_);
-      waits_.erase(w->ticket);
-    }
-    if (Claim(w.get())) w->done(st);
-    return;
-  }
-  live_[w->ticket] = w;
   if (w->waitcreate && !w->deadline.never()) {
     w->timer = flux_timer_watcher_create(
         reactor_, Seconds(w->deadline.RemainingMs()), 0.,
@@ -632,12 +632,80 @@ void FluxKvs::BeginWait(const std::shared_ptr<AsyncWait>& w) {
         w.get());
     if (w->timer != nullptr) flux_watcher_start(w->timer);
   }
+  if (!w->waitcreate || NamespaceSeen(w->fns)) {
+    SendLookup(w.get());
+    return;
+  }
+  // The namespace first (see EnsureNamespace in the header), without
+  // blocking this thread: the lookup goes out when the broker has answered.
+  w->create = flux_kvs_namespace_create(rh_, w->fns.c_str(), FLUX_USERID_UNKNOWN, 0);
+  if (w->create == nullptr || flux_future_then(
+                                  w->create, -1.,
+                                  [](flux_future_t*, void* arg) {
+                                    AsyncWait* aw = static_cast<AsyncWait*>(arg);
+                                    aw->kvs->OnCreated(aw);
+                                  },
+                                  w.get()) < 0) {
+    const Status st =
+        FluxStatus(errno, "flux:// create namespace '" + w->fns + "'", DYAD_RC_FLUXFAIL);
+    if (Claim(w.get())) w->done(st);
+    FinishWait(w.get());
+  }
+}
+
+void FluxKvs::OnCreated(AsyncWait* w) {
+  const int err = flux_future_get(w->create, nullptr) < 0 ? errno : 0;
+  flux_future_destroy(w->create);
+  w->create = nullptr;
+  if (err == 0 || err == EEXIST) MarkNamespace(w->fns, true);
+  bool ended;
+  {
+    std::lock_guard<std::mutex> lk(waits_mu_);
+    ended = w->claimed;  // cancelled or timed out meanwhile
+  }
+  if (ended) {
+    FinishWait(w);
+    return;
+  }
+  if (err != 0 && err != EEXIST) {
+    const Status st =
+        FluxStatus(err, "flux:// wait for '" + w->key + "': create namespace '" + w->fns + "'",
+                   DYAD_RC_FLUXFAIL);
+    if (Claim(w)) w->done(st);
+    FinishWait(w);
+    return;
+  }
+  SendLookup(w);
+}
+
+void FluxKvs::SendLookup(AsyncWait* w) {
+  w->f = flux_kvs_lookup(rh_, w->fns.c_str(), w->waitcreate ? FLUX_KVS_WAITCREATE : 0,
+                         w->fkey.c_str());
+  if (w->f == nullptr || flux_future_then(
+                             w->f, -1.,
+                             [](flux_future_t*, void* arg) {
+                               AsyncWait* aw = static_cast<AsyncWait*>(arg);
+                               aw->kvs->OnLookup(aw);
+                             },
+                             w) < 0) {
+    const Status st = FluxStatus(errno, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
+    if (Claim(w)) w->done(st);
+    FinishWait(w);
+  }
 }
 
 void FluxKvs::OnTimer(AsyncWait* w) {
+  w->timed_out = true;
+  if (w->f == nullptr) {
+    // Still creating the namespace: the waiter hears now, and OnCreated
+    // lets go of the wait.
+    if (Claim(w)) {
+      w->done(Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' was not put before the deadline"));
+    }
+    return;
+  }
   // The deadline: end the lookup; its answer (ENODATA, or the value if it
   // was already on its way) decides what the waiter hears.
-  w->timed_out = true;
   if (flux_kvs_lookup_cancel(w->f) < 0) {
     if (Claim(w)) {
       w->done(Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' was not put before the deadline"));
@@ -658,6 +726,10 @@ void FluxKvs::OnLookup(AsyncWait* w) {
   } else if (err == ENODATA || ((err == ENOENT || err == ENOTSUP) && !w->waitcreate)) {
     result = Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' (" + w->fkey + " in namespace '" +
                                          w->fns + "') was not put before the deadline");
+  } else if (err == ENOTSUP) {
+    MarkNamespace(w->fns, false);
+    result = Status(DYAD_RC_NOTFOUND, "flux:// wait for '" + w->key + "': namespace '" + w->fns +
+                                          "' was removed while waiting");
   } else {
     result = FluxStatus(err, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
   }
@@ -675,6 +747,10 @@ void FluxKvs::FinishWait(AsyncWait* w) {
     flux_future_destroy(w->f);
     w->f = nullptr;
   }
+  if (w->create != nullptr) {
+    flux_future_destroy(w->create);
+    w->create = nullptr;
+  }
   const KvsWaitTicket t = w->ticket;
   {
     std::lock_guard<std::mutex> lk(waits_mu_);
@@ -691,8 +767,9 @@ void FluxKvs::AbortWait(KvsWaitTicket ticket) {
     flux_watcher_destroy(w->timer);
     w->timer = nullptr;
   }
-  // A plain lookup cannot be cancelled; its answer comes soon anyway.
-  if (w->waitcreate && flux_kvs_lookup_cancel(w->f) < 0) FinishWait(w);
+  // A plain lookup cannot be cancelled (its answer comes soon anyway), and
+  // one still creating its namespace ends in OnCreated.
+  if (w->f != nullptr && w->waitcreate && flux_kvs_lookup_cancel(w->f) < 0) FinishWait(w);
 }
 
 void FluxKvs::CancelWait(KvsWaitTicket ticket) {
@@ -772,13 +849,21 @@ struct FluxKvs::WatchFeed {
 
 namespace {
 
-// Starts a kvs-watch of the root of `fns` (created when missing) and waits
-// for its first answer, the snapshot later changes are compared with.
+// Starts a kvs-watch of the root of `fns` and waits for its first answer,
+// the snapshot later changes are compared with. A missing namespace is
+// created when `create` says so, else DYAD_RC_NOTFOUND.
 Status StartRootWatch(flux_t* h, const std::string& fns, const std::string& top, int64_t tmo,
-                      flux_future_t** f, std::string* root,
+                      bool create, flux_future_t** f, std::string* root,
                       std::map<std::string, std::string>* bins) {
   *f = nullptr;
-  Status st = CreateNamespace(h, fns, tmo);
+  Status st;
+  if (create) {
+    st = CreateNamespace(h, fns, tmo);
+  } else {
+    std::string now;
+    st = RootOf(h, fns, tmo, &now);
+    if (st.ok() && now.empty()) return Status(DYAD_RC_NOTFOUND, "no namespace '" + fns + "'");
+  }
   if (!st.ok()) return st;
   flux_future_t* w = flux_kvs_lookup(
       h, fns.c_str(), FLUX_KVS_WATCH | FLUX_KVS_WATCH_FULL | FLUX_KVS_WATCH_UNIQ | FLUX_KVS_TREEOBJ,
@@ -827,7 +912,7 @@ Result<KvsWatchTicket> FluxKvs::Watch(const std::string& ns, KvsWatchCallback on
   Result<flux_t*> h = OpenHandle();
   if (!h.ok()) return h.status();
   feed->h = *h;
-  Status st = StartRootWatch(feed->h, feed->fns, url_.top, options_.rpc_timeout_ms, &feed->f,
+  Status st = StartRootWatch(feed->h, feed->fns, url_.top, options_.rpc_timeout_ms, true, &feed->f,
                              &feed->root, &feed->bins);
   if (!st.ok()) {
     flux_close(feed->h);
@@ -861,10 +946,14 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
   while (!feed->stop.load()) {
     if (feed->f == nullptr) {
       // Re-establish after an error (the namespace was removed, ...): a
-      // new baseline, and a resync so the watcher lists again.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // new baseline, and a resync so the watcher lists again. A removed
+      // namespace is not made again here (the user removed it, and may
+      // create it again, which must not fail): the feed waits for it.
+      for (int i = 0; i < 10 && !feed->stop.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(kCancelPollMs));
       if (feed->stop.load()) break;
-      Status st = StartRootWatch(feed->h, feed->fns, top, tmo, &feed->f, &feed->root, &feed->bins);
+      Status st =
+          StartRootWatch(feed->h, feed->fns, top, tmo, false, &feed->f, &feed->root, &feed->bins);
       if (st.ok()) resync();
       continue;
     }
