@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -407,6 +408,64 @@ TEST_F(FluxKvsTest, WatchFollowsANamespaceRemovedAndMadeAgain) {
   ASSERT_TRUE(wait_for([&] { return !seen.back().resync && seen.back().key == "k2"; }));
   EXPECT_EQ(seen.back().value, "2");
   kvs_->Unwatch(*t);
+}
+
+// Many threads at once share at most kMaxPooledHandles connections: the
+// others wait for one instead of opening more.
+TEST_F(FluxKvsTest, ConnectionPoolIsBounded) {
+  ASSERT_NE(kvs_, nullptr);
+  FluxKvs* fk = dynamic_cast<FluxKvs*>(kvs_.get());
+  ASSERT_NE(fk, nullptr);
+  constexpr int kThreads = 100;
+  std::atomic<int> failures{0};
+  std::atomic<size_t> most{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        if (!kvs_->Put("pool", std::to_string(t) + "." + std::to_string(i), "v").ok()) ++failures;
+        size_t now = fk->PooledHandles();
+        size_t seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(most.load(), FluxKvs::kMaxPooledHandles);
+  EXPECT_GT(most.load(), 1u);  // (they did run at once)
+  Result<std::vector<KvsEntry>> all = kvs_->List("pool", "");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), static_cast<size_t>(kThreads * 5));
+}
+
+// Each watch holds a thread and a connection: one beyond kMaxWatches is
+// refused with a message naming the limit, and an Unwatch makes room.
+TEST_F(FluxKvsTest, WatchesAreBounded) {
+  ASSERT_NE(kvs_, nullptr);
+  std::vector<KvsWatchTicket> tickets;
+  for (size_t i = 0; i < FluxKvs::kMaxWatches; ++i) {
+    Result<KvsWatchTicket> t = kvs_->Watch("many-watches", [](const KvsChange&) {});
+    ASSERT_TRUE(t.ok()) << i << ": " << t.status().ToString();
+    tickets.push_back(*t);
+  }
+  Result<KvsWatchTicket> refused = kvs_->Watch("many-watches", [](const KvsChange&) {});
+  EXPECT_EQ(refused.status().code(), DYAD_RC_BADREQUEST);
+  EXPECT_NE(refused.status().message().find("limit"), std::string::npos)
+      << refused.status().ToString();
+  kvs_->Unwatch(tickets.back());
+  tickets.pop_back();
+  Result<KvsWatchTicket> again = kvs_->Watch("many-watches", [](const KvsChange&) {});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  tickets.push_back(*again);
+  int64_t slowest = 0;
+  for (KvsWatchTicket t : tickets) {
+    const auto start = SteadyClock::now();
+    kvs_->Unwatch(t);
+    slowest = std::max(slowest, MsSince(start));
+  }
+  EXPECT_LT(slowest, 1000);  // each stops within its 100 ms poll and a cancel
 }
 
 // Two stores with different top directories share nothing.

@@ -192,6 +192,18 @@ Result<std::unique_ptr<Kvs>> OpenKvs_flux(const std::string& url, const KvsOptio
   return std::unique_ptr<Kvs>(std::move(*kvs));
 }
 
+struct FluxKvs::WatchFeed {
+  KvsWatchTicket ticket = 0;
+  std::string ns, fns;
+  KvsWatchCallback cb;
+  flux_t* h = nullptr;
+  flux_future_t* f = nullptr;               // the kvs-watch of the namespace's root
+  std::string root;                         // the last snapshot compared
+  std::map<std::string, std::string> bins;  // its top directory
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
 // --- the handle pool --------------------------------------------------------------
 
 class FluxKvs::Lease {
@@ -240,24 +252,47 @@ Result<flux_t*> FluxKvs::OpenHandle() {
 }
 
 Result<flux_t*> FluxKvs::Borrow() {
-  {
-    std::lock_guard<std::mutex> lk(pool_mu_);
-    if (!idle_.empty()) {
-      flux_t* h = idle_.back();
-      idle_.pop_back();
-      return h;
+  std::unique_lock<std::mutex> lk(pool_mu_);
+  const Deadline deadline = Deadline::AfterMs(options_.rpc_timeout_ms);
+  while (idle_.empty() && open_ >= kMaxPooledHandles) {
+    if (pool_cv_.wait_for(lk, std::chrono::milliseconds(deadline.RemainingMs())) ==
+            std::cv_status::timeout &&
+        deadline.expired() && idle_.empty()) {
+      return Status(DYAD_RC_TIMEOUT, "flux:// all " + std::to_string(kMaxPooledHandles) +
+                                         " connections to the Flux instance stayed busy for " +
+                                         std::to_string(options_.rpc_timeout_ms) + " ms");
     }
   }
-  return OpenHandle();
+  if (!idle_.empty()) {
+    flux_t* h = idle_.back();
+    idle_.pop_back();
+    return h;
+  }
+  ++open_;
+  lk.unlock();
+  Result<flux_t*> h = OpenHandle();
+  if (!h.ok()) {
+    lk.lock();
+    --open_;
+    pool_cv_.notify_one();
+  }
+  return h;
 }
 
 void FluxKvs::GiveBack(flux_t* h, bool broken) {
-  if (!broken) {
-    std::lock_guard<std::mutex> lk(pool_mu_);
+  if (broken) flux_close(h);
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  if (broken) {
+    --open_;
+  } else {
     idle_.push_back(h);
-    return;
   }
-  flux_close(h);
+  pool_cv_.notify_one();
+}
+
+size_t FluxKvs::PooledHandles() {
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  return open_;
 }
 
 // --- open / close -------------------------------------------------------------------
@@ -276,7 +311,7 @@ Result<std::unique_ptr<FluxKvs>> FluxKvs::Open(const std::string& url, const Kvs
 
 Status FluxKvs::Start() {
   // One handle now, so that a wrong URI fails at open with a clear message.
-  Result<flux_t*> h = OpenHandle();
+  Result<flux_t*> h = Borrow();
   if (!h.ok()) return h.status();
   GiveBack(*h, false);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -294,12 +329,15 @@ Status FluxKvs::Start() {
 
 FluxKvs::~FluxKvs() {
   Shutdown();
-  std::vector<KvsWatchTicket> tickets;
+  // Every watch told to stop first, so that they stop together.
+  std::map<KvsWatchTicket, std::unique_ptr<WatchFeed>> feeds;
   {
     std::lock_guard<std::mutex> lk(watch_mu_);
-    for (const auto& kv : watches_) tickets.push_back(kv.first);
+    feeds.swap(watches_);
   }
-  for (KvsWatchTicket t : tickets) Unwatch(t);
+  for (auto& kv : feeds) kv.second->stop.store(true);
+  for (auto& kv : feeds)
+    if (kv.second->thread.joinable()) kv.second->thread.join();
   if (reactor_thread_.joinable()) {
     Post([this] { flux_reactor_stop(reactor_); });
     reactor_thread_.join();
@@ -835,18 +873,6 @@ Result<std::string> FluxKvs::Wait(const std::string& ns, const std::string& key,
 
 // --- watches ------------------------------------------------------------------------------
 
-struct FluxKvs::WatchFeed {
-  KvsWatchTicket ticket = 0;
-  std::string ns, fns;
-  KvsWatchCallback cb;
-  flux_t* h = nullptr;
-  flux_future_t* f = nullptr;               // the kvs-watch of the namespace's root
-  std::string root;                         // the last snapshot compared
-  std::map<std::string, std::string> bins;  // its top directory
-  std::atomic<bool> stop{false};
-  std::thread thread;
-};
-
 namespace {
 
 // Starts a kvs-watch of the root of `fns` and waits for its first answer,
@@ -905,6 +931,16 @@ void StopRootWatch(flux_future_t* f) {
 }  // namespace
 
 Result<KvsWatchTicket> FluxKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
+  {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    if (watches_.size() >= kMaxWatches) {
+      return Status(DYAD_RC_BADREQUEST,
+                    "flux:// store already follows " + std::to_string(watches_.size()) +
+                        " watches, its limit (each holds a thread and a connection to the "
+                        "broker); watch of namespace '" +
+                        FluxNamespace(ns) + "' refused");
+    }
+  }
   auto feed = std::make_unique<WatchFeed>();
   feed->ns = ns;
   feed->fns = FluxNamespace(ns);
