@@ -468,6 +468,54 @@ TEST_F(FluxKvsTest, WatchesAreBounded) {
   EXPECT_LT(slowest, 1000);  // each stops within its 100 ms poll and a cancel
 }
 
+// Keys someone else wrote under the store's directory with `flux kvs put`
+// (not a bin, a directory where a value belongs, a value that is not the
+// store's JSON) do not break List or a watch: they are skipped, or, for a
+// value of the wrong form, reported as an error that names it.
+TEST_F(FluxKvsTest, ForeignEntriesUnderTheTopDirectoryAreSkipped) {
+  ASSERT_NE(kvs_, nullptr);
+  FluxKvs* fk = dynamic_cast<FluxKvs*>(kvs_.get());
+  ASSERT_NE(fk, nullptr);
+  ASSERT_TRUE(kvs_->Put("foreign", "mine", "v").ok());
+  std::vector<KvsChange> seen;
+  std::mutex mu;
+  std::condition_variable cv;
+  Result<KvsWatchTicket> t = kvs_->Watch("foreign", [&](const KvsChange& c) {
+    std::lock_guard<std::mutex> lk(mu);
+    seen.push_back(c);
+    cv.notify_all();
+  });
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string bin = FluxKeyBin("mine");
+  Flux("kvs put --namespace=foreign dyad.notabin=1 dyad." + bin + ".sub.deeper=2");
+  ASSERT_TRUE(kvs_->Put("foreign", "later", "w").ok());
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, milliseconds(5000), [&] {
+      for (const KvsChange& c : seen)
+        if (c.key == "later") return true;
+      return false;
+    }));
+  }
+  kvs_->Unwatch(*t);
+  for (const KvsChange& c : seen) EXPECT_TRUE(c.key == "later") << c.key;
+  Result<std::vector<KvsEntry>> all = kvs_->List("foreign", "");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  const std::vector<KvsEntry> want = {{"later", "w"}, {"mine", "v"}};
+  EXPECT_EQ(*all, want);
+  // A value not in the store's form: Get says what is wrong with which key.
+  Flux("kvs put --namespace=foreign " + fk->FluxKey("raw") + "=plain");
+  Result<std::optional<std::string>> bad = kvs_->Get("foreign", "raw");
+  EXPECT_EQ(bad.status().code(), DYAD_RC_BADMETADATA);
+  EXPECT_NE(bad.status().message().find(fk->FluxKey("raw")), std::string::npos)
+      << bad.status().ToString();
+  // ... and List leaves it out, small or large.
+  Flux("kvs put --namespace=foreign " + fk->FluxKey("raw-large") + "=" + std::string(5000, 'x'));
+  all = kvs_->List("foreign", "");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(*all, want);
+}
+
 // Two stores with different top directories share nothing.
 TEST_F(FluxKvsTest, TopDirectoriesKeepStoresApart) {
   ASSERT_NE(kvs_, nullptr);

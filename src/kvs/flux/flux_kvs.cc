@@ -75,6 +75,29 @@ bool DirEntries(const char* treeobj, std::map<std::string, std::string>* out) {
   return false;
 }
 
+// The type of a tree object ("val", "valref", "dir", "dirref", "symlink").
+std::string TreeobjType(const std::string& treeobj) {
+  std::vector<std::pair<std::string, std::string>> members;
+  std::string type;
+  if (!JsonObjectMembers(treeobj, &members)) return type;
+  for (const auto& kv : members)
+    if (kv.first == "type" && JsonStringValue(kv.second, &type)) break;
+  return type;
+}
+
+// What the store itself writes: bin directories ("00".."ff") under the top
+// directory, values in them. Anything else someone put there is skipped.
+bool IsBin(const std::string& name, const std::string& treeobj) {
+  if (name.size() != 2 || name.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return false;
+  const std::string type = TreeobjType(treeobj);
+  return type == "dirref" || type == "dir";
+}
+bool IsValue(const std::string& treeobj) {
+  const std::string type = TreeobjType(treeobj);
+  return type == "val" || type == "valref";
+}
+
 // The bytes of a "val" tree object (inline value); false for other types.
 bool InlineValue(const std::string& treeobj, std::string* bytes) {
   std::vector<std::pair<std::string, std::string>> members;
@@ -459,13 +482,28 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
   if (st.ok()) st = ReadDirAt(h.get(), root, url_.top, tmo, &bins);
   // key -> (flux key, tree object of its value)
   std::map<std::string, std::pair<std::string, std::string>> found;
-  for (auto it = bins.begin(); st.ok() && it != bins.end(); ++it) {
+  // The bin directories, all requested at once (at most 256).
+  std::vector<std::pair<std::string, flux_future_t*>> reads;
+  for (const auto& bin : bins) {
+    if (!IsBin(bin.first, bin.second)) continue;
+    const std::string dir = url_.top + "." + bin.first;
+    reads.emplace_back(dir,
+                       flux_kvs_lookupat(h.get(), FLUX_KVS_READDIR, dir.c_str(), root.c_str()));
+  }
+  for (auto& [dir, f] : reads) {
+    const char* obj = nullptr;
     std::map<std::string, std::string> leaves;
-    const std::string dir = url_.top + "." + it->first;
-    st = ReadDirAt(h.get(), root, dir, tmo, &leaves);
+    if (st.ok()) {
+      if (f == nullptr || !Ready(f, tmo) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
+        st = FluxStatus(errno, "flux:// read directory '" + dir + "'", DYAD_RC_FLUXFAIL);
+      } else if (!DirEntries(obj, &leaves)) {
+        st = Status(DYAD_RC_BADMETADATA, "flux:// '" + dir + "' is not a directory object");
+      }
+    }
+    if (f != nullptr) flux_future_destroy(f);
     for (auto& leaf : leaves) {
       std::string key;
-      if (!FluxUnescapeKey(leaf.first, &key)) continue;  // not one of ours
+      if (!IsValue(leaf.second) || !FluxUnescapeKey(leaf.first, &key)) continue;  // not ours
       if (key.compare(0, prefix.size(), prefix) != 0) continue;
       found.emplace(std::move(key), std::make_pair(dir + "." + leaf.first, leaf.second));
     }
@@ -474,19 +512,22 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
     h.Note(st);
     return st.Annotate("flux:// list namespace '" + fns + "'");
   }
+  // (A value that is not in the store's form was written by someone else
+  // with `flux kvs put`: left out of the listing; a Get of it says why.)
   std::vector<KvsEntry> out;
   std::vector<std::pair<size_t, std::string>> by_ref;  // (index in out, flux key)
+  std::vector<bool> foreign;
   for (auto& kv : found) {
     if (limit != 0 && out.size() >= limit) break;
     std::string bytes, value;
     if (InlineValue(kv.second.second, &bytes)) {
-      st = DecodeStored(bytes, kv.second.first, &value);
-      if (!st.ok()) return st;
+      if (!DecodeStored(bytes, kv.second.first, &value).ok()) continue;
     } else {
       by_ref.emplace_back(out.size(), kv.second.first);
     }
     out.emplace_back(kv.first, std::move(value));
   }
+  foreign.assign(out.size(), false);
   // Values too large to sit in their directory: read at the same snapshot.
   for (size_t base = 0; base < by_ref.size() && st.ok(); base += kPipelineDepth) {
     const size_t n = std::min(kPipelineDepth, by_ref.size() - base);
@@ -499,8 +540,9 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
         if (fs[i] == nullptr || !Ready(fs[i], tmo) || !LookupText(fs[i], &text)) {
           st = FluxStatus(errno, "flux:// list: read '" + by_ref[base + i].second + "'",
                           DYAD_RC_FLUXFAIL);
-        } else {
-          st = DecodeStored(text, by_ref[base + i].second, &out[by_ref[base + i].first].second);
+        } else if (!DecodeStored(text, by_ref[base + i].second, &out[by_ref[base + i].first].second)
+                        .ok()) {
+          foreign[by_ref[base + i].first] = true;
         }
       }
       if (fs[i] != nullptr) flux_future_destroy(fs[i]);
@@ -508,6 +550,13 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
   }
   h.Note(st);
   if (!st.ok()) return st;
+  size_t kept = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (foreign[i]) continue;
+    if (kept != i) out[kept] = std::move(out[i]);
+    ++kept;
+  }
+  out.resize(kept);
   return out;
 }
 
@@ -1010,6 +1059,7 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
     std::map<std::string, std::string> bins;
     Status st = ReadDirAt(feed->h, root, top, tmo, &bins);
     for (auto b = bins.begin(); st.ok() && b != bins.end(); ++b) {
+      if (!IsBin(b->first, b->second)) continue;
       auto old = feed->bins.find(b->first);
       if (old != feed->bins.end() && old->second == b->second) continue;
       const std::string dir = top + "." + b->first;
@@ -1021,7 +1071,7 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
         auto was = before.find(leaf->first);
         if (was != before.end() && was->second == leaf->second) continue;
         std::string key;
-        if (!FluxUnescapeKey(leaf->first, &key)) continue;
+        if (!IsValue(leaf->second) || !FluxUnescapeKey(leaf->first, &key)) continue;
         std::string text, value;
         const std::string fkey = dir + "." + leaf->first;
         if (!InlineValue(leaf->second, &text)) {
