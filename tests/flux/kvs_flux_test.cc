@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -33,9 +34,16 @@ int64_t MsSince(SteadyClock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t).count();
 }
 
+// The `flux` program of the instance under test: the one built against,
+// or DYAD_TEST_FLUX (ctest's runs against another flux-core set it).
+std::string FluxProgram() {
+  const char* other = std::getenv("DYAD_TEST_FLUX");
+  return other != nullptr && *other ? other : DYAD_FLUX_COMMAND;
+}
+
 // Output of a `flux` command of this instance ("" and a failure if it fails).
 std::string Flux(const std::string& args) {
-  const std::string cmd = "timeout 20 " + std::string(DYAD_FLUX_COMMAND) + " " + args + " 2>&1";
+  const std::string cmd = "timeout 20 " + FluxProgram() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     ADD_FAILURE() << "popen " << cmd;
@@ -390,9 +398,10 @@ TEST_F(FluxKvsTest, WatchFollowsANamespaceRemovedAndMadeAgain) {
   // The user makes it again (the removal may still be finishing: retried).
   bool made = false;
   for (int i = 0; i < 50 && !made; ++i) {
-    made = std::system(("timeout 20 " + std::string(DYAD_FLUX_COMMAND) +
-                        " kvs namespace create cycle 2>/dev/null")
-                           .c_str()) == 0;
+    made =
+        std::system(
+            ("timeout 20 " + FluxProgram() + " kvs namespace create cycle 2>/dev/null").c_str()) ==
+        0;
     if (!made) std::this_thread::sleep_for(milliseconds(100));
   }
   ASSERT_TRUE(made);
@@ -407,6 +416,112 @@ TEST_F(FluxKvsTest, WatchFollowsANamespaceRemovedAndMadeAgain) {
   ASSERT_TRUE(wait_for([&] { return !seen.back().resync && seen.back().key == "k2"; }));
   EXPECT_EQ(seen.back().value, "2");
   kvs_->Unwatch(*t);
+}
+
+// Many threads at once share at most kMaxPooledHandles connections: the
+// others wait for one instead of opening more.
+TEST_F(FluxKvsTest, ConnectionPoolIsBounded) {
+  ASSERT_NE(kvs_, nullptr);
+  FluxKvs* fk = dynamic_cast<FluxKvs*>(kvs_.get());
+  ASSERT_NE(fk, nullptr);
+  constexpr int kThreads = 100;
+  std::atomic<int> failures{0};
+  std::atomic<size_t> most{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        if (!kvs_->Put("pool", std::to_string(t) + "." + std::to_string(i), "v").ok()) ++failures;
+        size_t now = fk->PooledHandles();
+        size_t seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(most.load(), FluxKvs::kMaxPooledHandles);
+  EXPECT_GT(most.load(), 1u);  // (they did run at once)
+  Result<std::vector<KvsEntry>> all = kvs_->List("pool", "");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), static_cast<size_t>(kThreads * 5));
+}
+
+// Each watch holds a thread and a connection: one beyond kMaxWatches is
+// refused with a message naming the limit, and an Unwatch makes room.
+TEST_F(FluxKvsTest, WatchesAreBounded) {
+  ASSERT_NE(kvs_, nullptr);
+  std::vector<KvsWatchTicket> tickets;
+  for (size_t i = 0; i < FluxKvs::kMaxWatches; ++i) {
+    Result<KvsWatchTicket> t = kvs_->Watch("many-watches", [](const KvsChange&) {});
+    ASSERT_TRUE(t.ok()) << i << ": " << t.status().ToString();
+    tickets.push_back(*t);
+  }
+  Result<KvsWatchTicket> refused = kvs_->Watch("many-watches", [](const KvsChange&) {});
+  EXPECT_EQ(refused.status().code(), DYAD_RC_BADREQUEST);
+  EXPECT_NE(refused.status().message().find("limit"), std::string::npos)
+      << refused.status().ToString();
+  kvs_->Unwatch(tickets.back());
+  tickets.pop_back();
+  Result<KvsWatchTicket> again = kvs_->Watch("many-watches", [](const KvsChange&) {});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  tickets.push_back(*again);
+  int64_t slowest = 0;
+  for (KvsWatchTicket t : tickets) {
+    const auto start = SteadyClock::now();
+    kvs_->Unwatch(t);
+    slowest = std::max(slowest, MsSince(start));
+  }
+  EXPECT_LT(slowest, 1000);  // each stops within its 100 ms poll and a cancel
+}
+
+// Keys someone else wrote under the store's directory with `flux kvs put`
+// (not a bin, a directory where a value belongs, a value that is not the
+// store's JSON) do not break List or a watch: they are skipped, or, for a
+// value of the wrong form, reported as an error that names it.
+TEST_F(FluxKvsTest, ForeignEntriesUnderTheTopDirectoryAreSkipped) {
+  ASSERT_NE(kvs_, nullptr);
+  FluxKvs* fk = dynamic_cast<FluxKvs*>(kvs_.get());
+  ASSERT_NE(fk, nullptr);
+  ASSERT_TRUE(kvs_->Put("foreign", "mine", "v").ok());
+  std::vector<KvsChange> seen;
+  std::mutex mu;
+  std::condition_variable cv;
+  Result<KvsWatchTicket> t = kvs_->Watch("foreign", [&](const KvsChange& c) {
+    std::lock_guard<std::mutex> lk(mu);
+    seen.push_back(c);
+    cv.notify_all();
+  });
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string bin = FluxKeyBin("mine");
+  Flux("kvs put --namespace=foreign dyad.notabin=1 dyad." + bin + ".sub.deeper=2");
+  ASSERT_TRUE(kvs_->Put("foreign", "later", "w").ok());
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, milliseconds(5000), [&] {
+      for (const KvsChange& c : seen)
+        if (c.key == "later") return true;
+      return false;
+    }));
+  }
+  kvs_->Unwatch(*t);
+  for (const KvsChange& c : seen) EXPECT_TRUE(c.key == "later") << c.key;
+  Result<std::vector<KvsEntry>> all = kvs_->List("foreign", "");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  const std::vector<KvsEntry> want = {{"later", "w"}, {"mine", "v"}};
+  EXPECT_EQ(*all, want);
+  // A value not in the store's form: Get says what is wrong with which key.
+  Flux("kvs put --namespace=foreign " + fk->FluxKey("raw") + "=plain");
+  Result<std::optional<std::string>> bad = kvs_->Get("foreign", "raw");
+  EXPECT_EQ(bad.status().code(), DYAD_RC_BADMETADATA);
+  EXPECT_NE(bad.status().message().find(fk->FluxKey("raw")), std::string::npos)
+      << bad.status().ToString();
+  // ... and List leaves it out, small or large.
+  Flux("kvs put --namespace=foreign " + fk->FluxKey("raw-large") + "=" + std::string(5000, 'x'));
+  all = kvs_->List("foreign", "");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(*all, want);
 }
 
 // Two stores with different top directories share nothing.

@@ -14,8 +14,8 @@
 // used by two threads at once:
 //  * Put, Get, Remove, List and MultiGet borrow a handle from a pool (one
 //    thread at a time each; the pool opens another connection to the
-//    broker when every handle is lent, and keeps them for reuse); each
-//    request is bounded by KvsOptions::rpc_timeout_ms.
+//    broker when every handle is lent, up to kMaxPooledHandles, and keeps
+//    them for reuse); each request is bounded by KvsOptions::rpc_timeout_ms.
 //  * StartWait runs on one reactor thread that owns its own handle: a
 //    flux_kvs_lookup(FLUX_KVS_WAITCREATE) per wait (after creating its
 //    namespace when it is not known to exist: NamespaceSeen says why),
@@ -92,6 +92,14 @@ class FluxKvs : public Kvs {
   // The Flux key a key of ours is stored under (for tests and messages).
   std::string FluxKey(const std::string& key) const;
 
+  // Bounds: connections of the pool (a caller finding all of them lent
+  // waits for one, at most rpc_timeout_ms), and watches at once (each has
+  // a thread and a connection; one beyond is refused, DYAD_RC_BADREQUEST).
+  static constexpr size_t kMaxPooledHandles = 64;
+  static constexpr size_t kMaxWatches = 128;
+  // Connections the pool has open now (lent or idle).
+  size_t PooledHandles();
+
  private:
   class Lease;
   struct AsyncWait;
@@ -138,7 +146,9 @@ class FluxKvs : public Kvs {
   const KvsOptions options_;
 
   std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
   std::vector<flux_handle*> idle_;  // guarded by pool_mu_
+  size_t open_ = 0;                 // guarded by pool_mu_: lent + idle
 
   std::mutex ns_mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> ns_seen_;  // guarded by ns_mu_
