@@ -17,9 +17,11 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <flux/core.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/client.h"
@@ -45,6 +48,7 @@ namespace {
 
 constexpr double kLockWaitS = 60;                          // a producer's lock, at most
 constexpr double kStatusTimeoutS = 2;                      // stats-get's round trip to the service
+constexpr size_t kMaxStatsJobs = 8;                        // stats round trips in flight at once
 constexpr const char* kRootKey = "dyadmod.embedded-root";  // -k embedded: rank 0's address
 
 std::string JsonString(const std::string& s) {
@@ -92,6 +96,14 @@ struct FetchOp {
   std::list<std::unique_ptr<FetchOp>>::iterator self;
 };
 
+// A dyad.stats-get whose status round trip runs on its own thread.
+struct StatsJob {
+  const flux_msg_t* msg = nullptr;
+  std::thread thread;
+  std::string service_part;
+  std::atomic<bool> done{false};
+};
+
 struct Module {
   flux_t* h = nullptr;
   uint32_t rank = 0;
@@ -104,6 +116,9 @@ struct Module {
   std::unique_ptr<Supervisor> sup;
   flux_msg_handler_t** handlers = nullptr;
   std::list<std::unique_ptr<FetchOp>> fetches;
+  std::list<std::unique_ptr<StatsJob>> stats_jobs;
+  int stats_efd = -1;  // a finished round trip wakes the reactor
+  flux_watcher_t* stats_w = nullptr;
   uint64_t fetch_requests = 0, fetch_served = 0, fetch_bytes = 0, fetch_refused = 0,
            fetch_errors = 0, fetch_lock_waits = 0;
 };
@@ -220,7 +235,8 @@ void OnFetch(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
   }
 }
 
-std::string StatsJson(Module* m) {
+// The module's part of dyad.stats-get (module thread; no closing brace).
+std::string ModulePart(Module* m) {
   const Supervisor::Snapshot s = m->sup->Get();
   std::ostringstream j;
   j << "{\"rank\":" << m->rank << ",\"socket\":" << JsonString(m->socket)
@@ -234,39 +250,95 @@ std::string StatsJson(Module* m) {
     << ",\"bytes\":" << m->fetch_bytes << ",\"refused\":" << m->fetch_refused
     << ",\"errors\":" << m->fetch_errors << ",\"lock_waits\":" << m->fetch_lock_waits
     << ",\"in_progress\":" << m->fetches.size() << "}";
-  // The service's own counters, by a status round trip over its socket
-  // (bounded; a service that is down shows why instead).
-  ClientConfig cc;
-  cc.service_socket = m->socket;
-  cc.rpc_timeout_ms = static_cast<int64_t>(kStatusTimeoutS * 1000);
-  Result<std::shared_ptr<Client>> client = Client::Create(cc);
-  Result<StatusReply> reply =
-      client.ok() ? (*client)->ServiceStatus() : Result<StatusReply>(client.status());
-  if (reply.ok()) {
-    j << ",\"counters\":{";
-    bool first = true;
-    for (const auto& [k, v] : reply->counters) {
-      j << (first ? "" : ",") << JsonString(k) << ":" << v;
-      first = false;
-    }
-    j << "},\"info\":{";
-    first = true;
-    for (const auto& [k, v] : reply->info) {
-      j << (first ? "" : ",") << JsonString(k) << ":" << JsonString(v);
-      first = false;
-    }
-    j << "}";
-  } else {
-    j << ",\"status_error\":" << JsonString(reply.status().message());
-  }
-  j << "}";
   return j.str();
+}
+
+// The service's own counters and identity, by a status round trip over its
+// socket, bounded (kStatusTimeoutS); a service that is down shows why
+// instead. Runs on a thread of its own, never on the module's reactor.
+std::string ServicePart(const std::string& socket) {
+  std::ostringstream j;
+  try {
+    ClientConfig cc;
+    cc.service_socket = socket;
+    cc.rpc_timeout_ms = static_cast<int64_t>(kStatusTimeoutS * 1000);
+    Result<std::shared_ptr<Client>> client = Client::Create(cc);
+    Result<StatusReply> reply =
+        client.ok() ? (*client)->ServiceStatus() : Result<StatusReply>(client.status());
+    if (reply.ok()) {
+      j << ",\"counters\":{";
+      bool first = true;
+      for (const auto& [k, v] : reply->counters) {
+        j << (first ? "" : ",") << JsonString(k) << ":" << v;
+        first = false;
+      }
+      j << "},\"info\":{";
+      first = true;
+      for (const auto& [k, v] : reply->info) {
+        j << (first ? "" : ",") << JsonString(k) << ":" << JsonString(v);
+        first = false;
+      }
+      j << "}";
+    } else {
+      j << ",\"status_error\":" << JsonString(reply.status().message());
+    }
+  } catch (const std::exception& e) {
+    j.str("");
+    j << ",\"status_error\":" << JsonString(e.what());
+  }
+  return j.str();
+}
+
+// Answers the stats requests whose round trip ended (or all, at unload).
+void ReapStats(Module* m, bool all) {
+  for (auto it = m->stats_jobs.begin(); it != m->stats_jobs.end();) {
+    StatsJob* job = it->get();
+    if (!all && !job->done.load()) {
+      ++it;
+      continue;
+    }
+    job->thread.join();  // done, or done within kStatusTimeoutS
+    const std::string json = ModulePart(m) + job->service_part + "}";
+    if (flux_respond(m->h, job->msg, json.c_str()) < 0)
+      flux_log_error(m->h, "dyad.stats-get: flux_respond");
+    flux_msg_decref(job->msg);
+    it = m->stats_jobs.erase(it);
+  }
+}
+
+void OnStatsDone(flux_reactor_t*, flux_watcher_t*, int, void* arg) {
+  auto* m = static_cast<Module*>(arg);
+  uint64_t n;
+  if (::read(m->stats_efd, &n, sizeof n) < 0 && errno == EAGAIN) return;
+  try {
+    ReapStats(m, false);
+  } catch (const std::exception& e) {
+    flux_log(m->h, LOG_ERR, "dyad.stats-get: %s", e.what());
+  }
 }
 
 void OnStatsUnguarded(flux_t* h, const flux_msg_t* msg, void* arg) {
   auto* m = static_cast<Module*>(arg);
-  const std::string json = StatsJson(m);
-  if (flux_respond(h, msg, json.c_str()) < 0) flux_log_error(h, "dyad.stats-get: flux_respond");
+  if (m->stats_jobs.size() >= kMaxStatsJobs) {
+    const std::string json =
+        ModulePart(m) + ",\"status_error\":\"too many stats requests in progress\"}";
+    if (flux_respond(h, msg, json.c_str()) < 0) flux_log_error(h, "dyad.stats-get: flux_respond");
+    return;
+  }
+  auto job = std::make_unique<StatsJob>();
+  StatsJob* j = job.get();
+  j->msg = flux_msg_incref(msg);
+  m->stats_jobs.push_back(std::move(job));
+  const std::string socket = m->socket;
+  const int efd = m->stats_efd;
+  j->thread = std::thread([j, socket, efd] {
+    j->service_part = ServicePart(socket);
+    j->done.store(true);
+    const uint64_t one = 1;
+    if (::write(efd, &one, sizeof one) < 0) {
+      // (an eventfd write fails only on overflow; the next one wakes it)
+    }
+  });
 }
 
 void OnStats(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
@@ -470,10 +542,18 @@ int Run(flux_t* h, int argc, char** argv) {
       FLUX_MSGHANDLER_TABLE_END,
   };
   int rc = 0;
-  if (flux_msg_handler_addvec(h, htab, m.get(), &m->handlers) < 0) {
+  m->stats_efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (m->stats_efd >= 0)
+    m->stats_w = flux_fd_watcher_create(flux_get_reactor(h), m->stats_efd, FLUX_POLLIN, OnStatsDone,
+                                        m.get());
+  if (m->stats_w == nullptr) {
+    flux_log_error(h, "dyad.so: eventfd watcher");
+    rc = -1;
+  } else if (flux_msg_handler_addvec(h, htab, m.get(), &m->handlers) < 0) {
     flux_log_error(h, "flux_msg_handler_addvec");
     rc = -1;
   } else {
+    flux_watcher_start(m->stats_w);
     flux_log(h, LOG_INFO, "dyad.so loaded on rank %u: producer %s, socket %s", m->rank,
              m->producer.c_str(), m->socket.c_str());
     if (flux_reactor_run(flux_get_reactor(h), 0) < 0) {
@@ -482,6 +562,9 @@ int Run(flux_t* h, int argc, char** argv) {
     }
   }
   flux_msg_handler_delvec(m->handlers);
+  ReapStats(m.get(), true);  // (each within kStatusTimeoutS)
+  flux_watcher_destroy(m->stats_w);
+  if (m->stats_efd >= 0) ::close(m->stats_efd);
   while (!m->fetches.empty()) {
     FetchOp* op = m->fetches.front().get();
     flux_respond_error(h, op->msg, ECANCELED, "dyad.so is being removed");

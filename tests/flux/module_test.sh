@@ -139,6 +139,29 @@ else
   notok FluxModule.FetchOfAnEmptyFile "$(cat "$T/fetch.err")"
 fi
 
+# --- StatsDoNotStallTheModule: a service that does not answer (stopped)
+# costs each stats request its 2 s bound on a thread of its own: three at
+# once end together (on the module's reactor they would take 6 s in a row),
+# each saying why.
+spid=$(stat_of 1 service/pid)
+if [ -n "$spid" ] && kill -STOP "$spid"; then
+  t0=$(ms)
+  for i in 1 2 3; do
+    FLUX_URI=local://$RUNDIR/local-1 timeout 20 flux module stats dyad >"$T/stats.$i" 2>&1 &
+  done
+  wait
+  t1=$(ms)
+  kill -CONT "$spid"
+  if [ $((t1 - t0)) -lt 5000 ] && grep -q status_error "$T/stats.1" &&
+    grep -q status_error "$T/stats.3" && grep -q '"state": "running"' "$T/stats.2"; then
+    ok "FluxModule.StatsDoNotStallTheModule (3 at once: $((t1 - t0)) ms)"
+  else
+    notok FluxModule.StatsDoNotStallTheModule "$((t1 - t0)) ms: $(head -c 300 "$T/stats.1")"
+  fi
+else
+  notok FluxModule.StatsDoNotStallTheModule "no service pid"
+fi
+
 # --- FetchRefusesSymlinkEscape and FetchRefusesPathOutside.
 ln -s /etc/hostname "$T/p1/escape"
 timeout 30 $FETCH 1 escape >"$T/esc.got" 2>"$T/fetch.err"
@@ -175,24 +198,27 @@ fi
 # --- FetchWaitsForProducerLock: a producer holding its exclusive lock
 # makes the fetch wait (on a timer: the module stays responsive meanwhile).
 echo locked-content >"$T/p1/locked.txt"
-flock -x "$T/p1/locked.txt" sleep 1.5 &
+tl=$(ms)
+flock -x "$T/p1/locked.txt" sleep 3 &
 lockpid=$!
 sleep 0.2
-t0=$(ms)
 timeout 30 $FETCH 1 locked.txt >"$T/locked.got" 2>"$T/fetch.err" &
 fetchpid=$!
-sleep 0.3
-# Meanwhile the module answers other requests.
-responsive=$(stat_of 1 fetch/in_progress)
+# Meanwhile the module answers other requests (stats) and shows the fetch.
+responsive=0
+while [ $(($(ms) - tl)) -lt 2700 ]; do
+  [ "$(stat_of 1 fetch/in_progress)" = 1 ] && responsive=1 && break
+  sleep 0.1
+done
 wait $fetchpid
 rc=$?
 t1=$(ms)
 wait $lockpid
-if [ $rc = 0 ] && cmp -s "$T/locked.got" "$T/p1/locked.txt" && [ $((t1 - t0)) -ge 1000 ] &&
-  [ "$responsive" = 1 ]; then
-  ok "FluxModule.FetchWaitsForProducerLock ($((t1 - t0)) ms)"
+if [ $rc = 0 ] && cmp -s "$T/locked.got" "$T/p1/locked.txt" && [ $((t1 - tl)) -ge 2900 ] &&
+  [ $responsive = 1 ] && [ "$(stat_of 1 fetch/lock_waits)" -ge 1 ]; then
+  ok "FluxModule.FetchWaitsForProducerLock (done $((t1 - tl)) ms after the 3 s lock began)"
 else
-  notok FluxModule.FetchWaitsForProducerLock "rc $rc after $((t1 - t0)) ms, in_progress '$responsive'"
+  notok FluxModule.FetchWaitsForProducerLock "rc $rc after $((t1 - tl)) ms, seen in progress: $responsive"
 fi
 
 # --- NoModuleGivesENOSYS: a broker without the module answers ENOSYS.
@@ -256,6 +282,31 @@ if ! timeout 60 flux module load "$MOD" --service /bin/false "$T/p0" 2>"$T/load.
   ok FluxModule.ServiceFailingBeforeReadyFailsLoad
 else
   notok FluxModule.ServiceFailingBeforeReadyFailsLoad "$(cat "$T/load.err")"
+fi
+
+# --- ReadyTimeoutFailsLoad: a service that never gets ready fails the load
+# after --ready-timeout, is stopped, and nothing stays loaded.
+printf '#!/bin/sh\necho $$ >%s\nexec sleep 60\n' "$T/never-ready.pid" >"$T/never-ready"
+chmod +x "$T/never-ready"
+t0=$(ms)
+if ! timeout 60 flux module load "$MOD" --service "$T/never-ready" --ready-timeout 1 "$T/p0" \
+  2>"$T/load.err" && [ $(($(ms) - t0)) -lt 15000 ] &&
+  timeout 10 flux dmesg | grep -q 'dyad-service was not ready within 1 s' &&
+  ! flux module list | grep -q '^dyad ' && [ -s "$T/never-ready.pid" ] &&
+  ! kill -0 "$(cat "$T/never-ready.pid")" 2>/dev/null; then
+  ok "FluxModule.ReadyTimeoutFailsLoad ($(($(ms) - t0)) ms)"
+else
+  notok FluxModule.ReadyTimeoutFailsLoad "$(cat "$T/load.err")"
+fi
+
+# --- InfoAndErrorLogsPerRank: upstream's -i/-e, one file per rank.
+if timeout 90 flux exec -r 1 flux module load "$MOD" -i "$T/info" -e "$T/err" "$T/p1" &&
+  grep -q 'serving: rank 1' "$T/info.1" 2>/dev/null &&
+  timeout 30 flux exec -r 1 flux module remove dyad; then
+  ok FluxModule.InfoAndErrorLogsPerRank
+else
+  notok FluxModule.InfoAndErrorLogsPerRank "$(ls "$T"; head -3 "$T/info.1" 2>&1)"
+  timeout 30 flux exec -r 1 flux module remove dyad 2>/dev/null
 fi
 
 # --- DyadStartAndStop: upstream's `dyad start -p PATH -m MODE` and `dyad stop`.
