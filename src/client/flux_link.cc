@@ -82,6 +82,8 @@ Result<const FluxApi*> LoadOnce() {
   ok &= Resolve(lib, "flux_future_reset", &api->future_reset, &missing);
   ok &= Resolve(lib, "flux_future_destroy", &api->future_destroy, &missing);
   ok &= Resolve(lib, "flux_future_error_string", &api->future_error_string, &missing);
+  ok &= Resolve(lib, "flux_future_get", &api->future_get, &missing);
+  ok &= Resolve(lib, "flux_kvs_namespace_create", &api->kvs_namespace_create, &missing);
   std::string optional_missing;
   (void)Resolve(lib, "flux_open_ex", &api->open_ex, &optional_missing);
   if (!ok) {
@@ -110,6 +112,7 @@ FluxLink::FluxLink(std::string uri, void* user_handle)
 }
 
 FluxLink::~FluxLink() {
+  delete known_ns_.load();
   const FluxApi* api = api_.load();
   if (api == nullptr || ::getpid() != pid_) return;  // a child leaves its parent's handles
   for (auto& slot : idle_)
@@ -232,6 +235,42 @@ Result<std::string> FluxLink::Attr(const std::string& name) {
   return value;
 }
 
+Status FluxLink::EnsureNamespace(const Held& held, const std::string& ns, Deadline deadline,
+                                 const std::string& what) {
+  if (const std::string* known = known_ns_.load(std::memory_order_acquire); known && *known == ns)
+    return Status::OK();
+  void* f;
+  int err;
+  {
+    std::unique_lock<std::mutex> lk = Guard(held);
+    f = api()->kvs_namespace_create(held.h, ns.c_str(), static_cast<uint32_t>(::getuid()), 0);
+    err = errno;
+  }
+  if (f == nullptr) return FluxError(nullptr, err, what + ": create KVS namespace '" + ns + "'");
+  Status st = Wait(held, f, deadline, what, "the KVS namespace");
+  int rc = -1;
+  {
+    std::unique_lock<std::mutex> lk = Guard(held);
+    if (st.ok()) {
+      rc = api()->future_get(f, nullptr);
+      err = errno;
+    }
+    api()->future_destroy(f);
+  }
+  if (!st.ok()) return st;
+  // EEXIST: made already (by the user, the module or another consumer);
+  // EPERM: not the instance owner, who must make it (the lookup then waits
+  // as before).
+  if (rc != 0 && err != EEXIST && err != EPERM)
+    return FluxError(nullptr, err, what + ": create KVS namespace '" + ns + "'");
+  // A client has one namespace: remember the first (never replaced, so a
+  // reader never sees it freed).
+  auto* mine = new std::string(ns);
+  std::string* expected = nullptr;
+  if (!known_ns_.compare_exchange_strong(expected, mine, std::memory_order_acq_rel)) delete mine;
+  return Status::OK();
+}
+
 Result<std::string> FluxLink::Lookup(const std::string& ns, const std::string& key, bool wait,
                                      Deadline deadline, const std::string& what) {
   Result<Held> held = Borrow();
@@ -239,6 +278,13 @@ Result<std::string> FluxLink::Lookup(const std::string& ns, const std::string& k
   // The service's default namespace is Flux's primary one; name it, so a
   // FLUX_KVS_NAMESPACE in the environment cannot redirect the lookup.
   const char* nsp = ns.empty() ? "primary" : ns.c_str();
+  if (wait && std::strcmp(nsp, "primary") != 0) {
+    Status made = EnsureNamespace(*held, nsp, deadline, what);
+    if (!made.ok()) {
+      Return(*held, made.code() != DYAD_RC_TIMEOUT && made.code() != DYAD_RC_CANCELLED);
+      return made;
+    }
+  }
   void* f;
   int err;
   {

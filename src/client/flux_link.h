@@ -54,6 +54,8 @@ struct FluxApi {
   void (*future_reset)(void* f) = nullptr;
   void (*future_destroy)(void* f) = nullptr;
   const char* (*future_error_string)(void* f) = nullptr;
+  int (*future_get)(void* f, const void** result) = nullptr;
+  void* (*kvs_namespace_create)(void* h, const char* ns, uint32_t owner, int flags) = nullptr;
 
   // Loads libflux-core.so.2 once per process (never unloaded). The error
   // says what was missing.
@@ -83,7 +85,11 @@ class FluxLink {
   Result<std::string> Attr(const std::string& name);
 
   // Waits until `key` exists in KVS namespace `ns` ("" = the primary
-  // namespace) and returns its value. DYAD_RC_TIMEOUT when `deadline`
+  // namespace) and returns its value. A named namespace is created first
+  // when it does not exist (owned by this user; EEXIST and EPERM are
+  // fine): flux-core's kvs-watch aborts the broker when two WAITCREATE
+  // lookups wait for a namespace that is not there yet (0.73.0 and
+  // 0.88; see src/kvs/flux/flux_kvs.h). DYAD_RC_TIMEOUT when `deadline`
   // passes first, DYAD_RC_CANCELLED when interrupted; the lookup is
   // cancelled either way. `wait` false: one plain lookup (DYAD_RC_NOTFOUND
   // when absent).
@@ -111,6 +117,9 @@ class FluxLink {
   Status Wait(const Held& held, void* f, Deadline deadline, const std::string& what,
               const char* waiting_for);
   Status FluxError(void* f, int err, const std::string& what) const;
+  // Creates namespace `ns` unless it exists (see Lookup).
+  Status EnsureNamespace(const Held& held, const std::string& ns, Deadline deadline,
+                         const std::string& what);
   const FluxApi* api() const { return api_.load(std::memory_order_acquire); }
 
   static constexpr int kSlots = 8;
@@ -122,6 +131,9 @@ class FluxLink {
   pid_t pid_;
   std::mutex user_mu_;  // serializes steps on user_ (a leaf lock)
   std::atomic<void*> idle_[kSlots];
+  // The first namespace known to exist (owned; null: none; set once), so
+  // the create is sent once rather than per consume.
+  std::atomic<std::string*> known_ns_{nullptr};
 };
 
 }  // namespace dyad

@@ -390,6 +390,54 @@ TEST_F(FluxClientTest, BatchWithoutModuleConsumesEach) {
   EXPECT_EQ(ReadFile(cons_ + "/b2"), "two");
 }
 
+// Two consumers waiting on a namespace nobody made yet: flux-core's
+// kvs-watch aborts the broker for two WAITCREATE lookups on a missing
+// namespace, so the client makes the namespace first.
+TEST_F(FluxClientTest, WaitsOnANamespaceNotYetMadeKeepTheBrokerUp) {
+  FakeOwner owner(owner_uri_, prod_);
+  ASSERT_TRUE(owner.ok());
+  ClientConfig c = Config();
+  c.kvs_namespace = ns_ + "-new";
+  Result<std::shared_ptr<Client>> client = Client::Create(c);
+  ASSERT_TRUE(client.ok());
+  Status st[2] = {Status(DYAD_RC_SYSFAIL, "not run"), Status(DYAD_RC_SYSFAIL, "not run")};
+  std::thread a([&] { st[0] = (*client)->Consume(cons_ + "/n1"); });
+  std::thread b([&] { st[1] = (*client)->Consume(cons_ + "/n2"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  WriteFile(prod_ + "/n1", "first");
+  WriteFile(prod_ + "/n2", "second");
+  const std::string saved = ns_;
+  ns_ = c.kvs_namespace;
+  Publish(**client, "n1");
+  Publish(**client, "n2");
+  ns_ = saved;
+  a.join();
+  b.join();
+  EXPECT_TRUE(st[0].ok()) << st[0].ToString();
+  EXPECT_TRUE(st[1].ok()) << st[1].ToString();
+  EXPECT_EQ(ReadFile(cons_ + "/n2"), "second");
+  // The broker is still there.
+  EXPECT_EQ(RunCommand("flux getattr rank"), "0");
+  flux_future_t* f = flux_kvs_namespace_remove(h_, c.kvs_namespace.c_str());
+  if (f != nullptr) (void)flux_future_get(f, nullptr);
+  flux_future_destroy(f);
+}
+
+TEST_F(FluxClientTest, SharedStorageOnlyWaitsForPublication) {
+  FakeOwner owner(owner_uri_, prod_);
+  ASSERT_TRUE(owner.ok());
+  ClientConfig c = Config();
+  c.shared_storage = true;
+  Result<std::shared_ptr<Client>> client = Client::Create(c);
+  ASSERT_TRUE(client.ok());
+  WriteFile(prod_ + "/shared.txt", "s");
+  Publish(**client, "shared.txt");
+  Status st = (*client)->Consume(cons_ + "/shared.txt");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(owner.requests(), 0);  // nothing moved
+  EXPECT_NE(::access((cons_ + "/shared.txt").c_str(), F_OK), 0);
+}
+
 // dyad_init's flux_handle (was: must be NULL): with FLUX_URI unset the
 // consume can only reach Flux through the caller's handle.
 TEST_F(FluxClientTest, CallerFluxHandleIsUsed) {

@@ -33,6 +33,12 @@
 //   other bytes                       {"dyad":"bytes","base64":"..."}
 // Records are recognised only when their encoding decodes and re-encodes to
 // exactly the same bytes, so every value reads back byte for byte.
+//
+// For anyone waiting on these keys with FLUX_KVS_WAITCREATE: create the
+// namespace first (flux_kvs_namespace_create; EEXIST is fine). flux-core's
+// kvs-watch (0.73.0 and 0.88) aborts the broker when two WAITCREATE
+// lookups reach a namespace that does not exist yet before its first root
+// is known (kvs-watch.c, assert nsm->commit != NULL).
 #pragma once
 
 #include <string>

@@ -75,6 +75,29 @@ bool DirEntries(const char* treeobj, std::map<std::string, std::string>* out) {
   return false;
 }
 
+// The type of a tree object ("val", "valref", "dir", "dirref", "symlink").
+std::string TreeobjType(const std::string& treeobj) {
+  std::vector<std::pair<std::string, std::string>> members;
+  std::string type;
+  if (!JsonObjectMembers(treeobj, &members)) return type;
+  for (const auto& kv : members)
+    if (kv.first == "type" && JsonStringValue(kv.second, &type)) break;
+  return type;
+}
+
+// What the store itself writes: bin directories ("00".."ff") under the top
+// directory, values in them. Anything else someone put there is skipped.
+bool IsBin(const std::string& name, const std::string& treeobj) {
+  if (name.size() != 2 || name.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return false;
+  const std::string type = TreeobjType(treeobj);
+  return type == "dirref" || type == "dir";
+}
+bool IsValue(const std::string& treeobj) {
+  const std::string type = TreeobjType(treeobj);
+  return type == "val" || type == "valref";
+}
+
 // The bytes of a "val" tree object (inline value); false for other types.
 bool InlineValue(const std::string& treeobj, std::string* bytes) {
   std::vector<std::pair<std::string, std::string>> members;
@@ -192,6 +215,18 @@ Result<std::unique_ptr<Kvs>> OpenKvs_flux(const std::string& url, const KvsOptio
   return std::unique_ptr<Kvs>(std::move(*kvs));
 }
 
+struct FluxKvs::WatchFeed {
+  KvsWatchTicket ticket = 0;
+  std::string ns, fns;
+  KvsWatchCallback cb;
+  flux_t* h = nullptr;
+  flux_future_t* f = nullptr;               // the kvs-watch of the namespace's root
+  std::string root;                         // the last snapshot compared
+  std::map<std::string, std::string> bins;  // its top directory
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
 // --- the handle pool --------------------------------------------------------------
 
 class FluxKvs::Lease {
@@ -240,24 +275,47 @@ Result<flux_t*> FluxKvs::OpenHandle() {
 }
 
 Result<flux_t*> FluxKvs::Borrow() {
-  {
-    std::lock_guard<std::mutex> lk(pool_mu_);
-    if (!idle_.empty()) {
-      flux_t* h = idle_.back();
-      idle_.pop_back();
-      return h;
+  std::unique_lock<std::mutex> lk(pool_mu_);
+  const Deadline deadline = Deadline::AfterMs(options_.rpc_timeout_ms);
+  while (idle_.empty() && open_ >= kMaxPooledHandles) {
+    if (pool_cv_.wait_for(lk, std::chrono::milliseconds(deadline.RemainingMs())) ==
+            std::cv_status::timeout &&
+        deadline.expired() && idle_.empty()) {
+      return Status(DYAD_RC_TIMEOUT, "flux:// all " + std::to_string(kMaxPooledHandles) +
+                                         " connections to the Flux instance stayed busy for " +
+                                         std::to_string(options_.rpc_timeout_ms) + " ms");
     }
   }
-  return OpenHandle();
+  if (!idle_.empty()) {
+    flux_t* h = idle_.back();
+    idle_.pop_back();
+    return h;
+  }
+  ++open_;
+  lk.unlock();
+  Result<flux_t*> h = OpenHandle();
+  if (!h.ok()) {
+    lk.lock();
+    --open_;
+    pool_cv_.notify_one();
+  }
+  return h;
 }
 
 void FluxKvs::GiveBack(flux_t* h, bool broken) {
-  if (!broken) {
-    std::lock_guard<std::mutex> lk(pool_mu_);
+  if (broken) flux_close(h);
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  if (broken) {
+    --open_;
+  } else {
     idle_.push_back(h);
-    return;
   }
-  flux_close(h);
+  pool_cv_.notify_one();
+}
+
+size_t FluxKvs::PooledHandles() {
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  return open_;
 }
 
 // --- open / close -------------------------------------------------------------------
@@ -276,7 +334,7 @@ Result<std::unique_ptr<FluxKvs>> FluxKvs::Open(const std::string& url, const Kvs
 
 Status FluxKvs::Start() {
   // One handle now, so that a wrong URI fails at open with a clear message.
-  Result<flux_t*> h = OpenHandle();
+  Result<flux_t*> h = Borrow();
   if (!h.ok()) return h.status();
   GiveBack(*h, false);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -294,12 +352,15 @@ Status FluxKvs::Start() {
 
 FluxKvs::~FluxKvs() {
   Shutdown();
-  std::vector<KvsWatchTicket> tickets;
+  // Every watch told to stop first, so that they stop together.
+  std::map<KvsWatchTicket, std::unique_ptr<WatchFeed>> feeds;
   {
     std::lock_guard<std::mutex> lk(watch_mu_);
-    for (const auto& kv : watches_) tickets.push_back(kv.first);
+    feeds.swap(watches_);
   }
-  for (KvsWatchTicket t : tickets) Unwatch(t);
+  for (auto& kv : feeds) kv.second->stop.store(true);
+  for (auto& kv : feeds)
+    if (kv.second->thread.joinable()) kv.second->thread.join();
   if (reactor_thread_.joinable()) {
     Post([this] { flux_reactor_stop(reactor_); });
     reactor_thread_.join();
@@ -421,13 +482,28 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
   if (st.ok()) st = ReadDirAt(h.get(), root, url_.top, tmo, &bins);
   // key -> (flux key, tree object of its value)
   std::map<std::string, std::pair<std::string, std::string>> found;
-  for (auto it = bins.begin(); st.ok() && it != bins.end(); ++it) {
+  // The bin directories, all requested at once (at most 256).
+  std::vector<std::pair<std::string, flux_future_t*>> reads;
+  for (const auto& bin : bins) {
+    if (!IsBin(bin.first, bin.second)) continue;
+    const std::string dir = url_.top + "." + bin.first;
+    reads.emplace_back(dir,
+                       flux_kvs_lookupat(h.get(), FLUX_KVS_READDIR, dir.c_str(), root.c_str()));
+  }
+  for (auto& [dir, f] : reads) {
+    const char* obj = nullptr;
     std::map<std::string, std::string> leaves;
-    const std::string dir = url_.top + "." + it->first;
-    st = ReadDirAt(h.get(), root, dir, tmo, &leaves);
+    if (st.ok()) {
+      if (f == nullptr || !Ready(f, tmo) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
+        st = FluxStatus(errno, "flux:// read directory '" + dir + "'", DYAD_RC_FLUXFAIL);
+      } else if (!DirEntries(obj, &leaves)) {
+        st = Status(DYAD_RC_BADMETADATA, "flux:// '" + dir + "' is not a directory object");
+      }
+    }
+    if (f != nullptr) flux_future_destroy(f);
     for (auto& leaf : leaves) {
       std::string key;
-      if (!FluxUnescapeKey(leaf.first, &key)) continue;  // not one of ours
+      if (!IsValue(leaf.second) || !FluxUnescapeKey(leaf.first, &key)) continue;  // not ours
       if (key.compare(0, prefix.size(), prefix) != 0) continue;
       found.emplace(std::move(key), std::make_pair(dir + "." + leaf.first, leaf.second));
     }
@@ -436,19 +512,22 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
     h.Note(st);
     return st.Annotate("flux:// list namespace '" + fns + "'");
   }
+  // (A value that is not in the store's form was written by someone else
+  // with `flux kvs put`: left out of the listing; a Get of it says why.)
   std::vector<KvsEntry> out;
   std::vector<std::pair<size_t, std::string>> by_ref;  // (index in out, flux key)
+  std::vector<bool> foreign;
   for (auto& kv : found) {
     if (limit != 0 && out.size() >= limit) break;
     std::string bytes, value;
     if (InlineValue(kv.second.second, &bytes)) {
-      st = DecodeStored(bytes, kv.second.first, &value);
-      if (!st.ok()) return st;
+      if (!DecodeStored(bytes, kv.second.first, &value).ok()) continue;
     } else {
       by_ref.emplace_back(out.size(), kv.second.first);
     }
     out.emplace_back(kv.first, std::move(value));
   }
+  foreign.assign(out.size(), false);
   // Values too large to sit in their directory: read at the same snapshot.
   for (size_t base = 0; base < by_ref.size() && st.ok(); base += kPipelineDepth) {
     const size_t n = std::min(kPipelineDepth, by_ref.size() - base);
@@ -461,8 +540,9 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
         if (fs[i] == nullptr || !Ready(fs[i], tmo) || !LookupText(fs[i], &text)) {
           st = FluxStatus(errno, "flux:// list: read '" + by_ref[base + i].second + "'",
                           DYAD_RC_FLUXFAIL);
-        } else {
-          st = DecodeStored(text, by_ref[base + i].second, &out[by_ref[base + i].first].second);
+        } else if (!DecodeStored(text, by_ref[base + i].second, &out[by_ref[base + i].first].second)
+                        .ok()) {
+          foreign[by_ref[base + i].first] = true;
         }
       }
       if (fs[i] != nullptr) flux_future_destroy(fs[i]);
@@ -470,6 +550,13 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
   }
   h.Note(st);
   if (!st.ok()) return st;
+  size_t kept = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (foreign[i]) continue;
+    if (kept != i) out[kept] = std::move(out[i]);
+    ++kept;
+  }
+  out.resize(kept);
   return out;
 }
 
@@ -483,7 +570,8 @@ struct FluxKvs::AsyncWait {
   bool claimed = false;  // guarded by waits_mu_: `done` was (being) called
   // Reactor thread only.
   FluxKvs* kvs = nullptr;
-  flux_future_t* f = nullptr;
+  flux_future_t* create = nullptr;  // namespace create, before the lookup
+  flux_future_t* f = nullptr;       // the lookup
   flux_watcher_t* timer = nullptr;
   bool timed_out = false;
   bool waitcreate = false;
@@ -555,6 +643,7 @@ void FluxKvs::ReactorMain(std::promise<Status>* ready) {
   for (auto& kv : live_) {
     if (kv.second->timer != nullptr) flux_watcher_destroy(kv.second->timer);
     if (kv.second->f != nullptr) flux_future_destroy(kv.second->f);
+    if (kv.second->create != nullptr) flux_future_destroy(kv.second->create);
   }
   live_.clear();
   flux_watcher_destroy(wake_watcher_);
@@ -567,6 +656,23 @@ bool FluxKvs::Claim(AsyncWait* w) {
   if (w->claimed) return false;
   w->claimed = true;
   return true;
+}
+
+bool FluxKvs::NamespaceSeen(const std::string& fns) {
+  if (fns == "primary") return true;
+  std::lock_guard<std::mutex> lk(ns_mu_);
+  auto it = ns_seen_.find(fns);
+  return it != ns_seen_.end() &&
+         std::chrono::steady_clock::now() - it->second < std::chrono::seconds(1);
+}
+
+void FluxKvs::MarkNamespace(const std::string& fns, bool seen) {
+  std::lock_guard<std::mutex> lk(ns_mu_);
+  if (seen) {
+    ns_seen_[fns] = std::chrono::steady_clock::now();
+  } else {
+    ns_seen_.erase(fns);
+  }
 }
 
 Result<KvsWaitTicket> FluxKvs::StartWait(const std::string& ns, const std::string& key,
@@ -599,29 +705,10 @@ void FluxKvs::BeginWait(const std::shared_ptr<AsyncWait>& w) {
       return;
     }
   }
+  live_[w->ticket] = w;
   // A deadline already past still returns a value that is there: a plain
   // lookup answers that without waiting.
   w->waitcreate = !w->deadline.expired();
-  w->f = flux_kvs_lookup(rh_, w->fns.c_str(), w->waitcreate ? FLUX_KVS_WAITCREATE : 0,
-                         w->fkey.c_str());
-  if (w->f == nullptr || flux_future_then(
-                             w->f, -1.,
-                             [](flux_future_t*, void* arg) {
-                               AsyncWait* aw = static_cast<AsyncWait*>(arg);
-                               aw->kvs->OnLookup(aw);
-                             },
-                             w.get()) < 0) {
-    const Status st = FluxStatus(errno, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
-    if (w->f != nullptr) flux_future_destroy(w->f);
-    w->f = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(waits_mu_);
-      waits_.erase(w->ticket);
-    }
-    if (Claim(w.get())) w->done(st);
-    return;
-  }
-  live_[w->ticket] = w;
   if (w->waitcreate && !w->deadline.never()) {
     w->timer = flux_timer_watcher_create(
         reactor_, Seconds(w->deadline.RemainingMs()), 0.,
@@ -632,12 +719,80 @@ void FluxKvs::BeginWait(const std::shared_ptr<AsyncWait>& w) {
         w.get());
     if (w->timer != nullptr) flux_watcher_start(w->timer);
   }
+  if (!w->waitcreate || NamespaceSeen(w->fns)) {
+    SendLookup(w.get());
+    return;
+  }
+  // The namespace first (see EnsureNamespace in the header), without
+  // blocking this thread: the lookup goes out when the broker has answered.
+  w->create = flux_kvs_namespace_create(rh_, w->fns.c_str(), FLUX_USERID_UNKNOWN, 0);
+  if (w->create == nullptr || flux_future_then(
+                                  w->create, -1.,
+                                  [](flux_future_t*, void* arg) {
+                                    AsyncWait* aw = static_cast<AsyncWait*>(arg);
+                                    aw->kvs->OnCreated(aw);
+                                  },
+                                  w.get()) < 0) {
+    const Status st =
+        FluxStatus(errno, "flux:// create namespace '" + w->fns + "'", DYAD_RC_FLUXFAIL);
+    if (Claim(w.get())) w->done(st);
+    FinishWait(w.get());
+  }
+}
+
+void FluxKvs::OnCreated(AsyncWait* w) {
+  const int err = flux_future_get(w->create, nullptr) < 0 ? errno : 0;
+  flux_future_destroy(w->create);
+  w->create = nullptr;
+  if (err == 0 || err == EEXIST) MarkNamespace(w->fns, true);
+  bool ended;
+  {
+    std::lock_guard<std::mutex> lk(waits_mu_);
+    ended = w->claimed;  // cancelled or timed out meanwhile
+  }
+  if (ended) {
+    FinishWait(w);
+    return;
+  }
+  if (err != 0 && err != EEXIST) {
+    const Status st =
+        FluxStatus(err, "flux:// wait for '" + w->key + "': create namespace '" + w->fns + "'",
+                   DYAD_RC_FLUXFAIL);
+    if (Claim(w)) w->done(st);
+    FinishWait(w);
+    return;
+  }
+  SendLookup(w);
+}
+
+void FluxKvs::SendLookup(AsyncWait* w) {
+  w->f = flux_kvs_lookup(rh_, w->fns.c_str(), w->waitcreate ? FLUX_KVS_WAITCREATE : 0,
+                         w->fkey.c_str());
+  if (w->f == nullptr || flux_future_then(
+                             w->f, -1.,
+                             [](flux_future_t*, void* arg) {
+                               AsyncWait* aw = static_cast<AsyncWait*>(arg);
+                               aw->kvs->OnLookup(aw);
+                             },
+                             w) < 0) {
+    const Status st = FluxStatus(errno, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
+    if (Claim(w)) w->done(st);
+    FinishWait(w);
+  }
 }
 
 void FluxKvs::OnTimer(AsyncWait* w) {
+  w->timed_out = true;
+  if (w->f == nullptr) {
+    // Still creating the namespace: the waiter hears now, and OnCreated
+    // lets go of the wait.
+    if (Claim(w)) {
+      w->done(Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' was not put before the deadline"));
+    }
+    return;
+  }
   // The deadline: end the lookup; its answer (ENODATA, or the value if it
   // was already on its way) decides what the waiter hears.
-  w->timed_out = true;
   if (flux_kvs_lookup_cancel(w->f) < 0) {
     if (Claim(w)) {
       w->done(Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' was not put before the deadline"));
@@ -658,6 +813,10 @@ void FluxKvs::OnLookup(AsyncWait* w) {
   } else if (err == ENODATA || ((err == ENOENT || err == ENOTSUP) && !w->waitcreate)) {
     result = Status(DYAD_RC_TIMEOUT, "flux:// '" + w->key + "' (" + w->fkey + " in namespace '" +
                                          w->fns + "') was not put before the deadline");
+  } else if (err == ENOTSUP) {
+    MarkNamespace(w->fns, false);
+    result = Status(DYAD_RC_NOTFOUND, "flux:// wait for '" + w->key + "': namespace '" + w->fns +
+                                          "' was removed while waiting");
   } else {
     result = FluxStatus(err, "flux:// wait for '" + w->fkey + "'", DYAD_RC_FLUXFAIL);
   }
@@ -675,6 +834,10 @@ void FluxKvs::FinishWait(AsyncWait* w) {
     flux_future_destroy(w->f);
     w->f = nullptr;
   }
+  if (w->create != nullptr) {
+    flux_future_destroy(w->create);
+    w->create = nullptr;
+  }
   const KvsWaitTicket t = w->ticket;
   {
     std::lock_guard<std::mutex> lk(waits_mu_);
@@ -691,8 +854,9 @@ void FluxKvs::AbortWait(KvsWaitTicket ticket) {
     flux_watcher_destroy(w->timer);
     w->timer = nullptr;
   }
-  // A plain lookup cannot be cancelled; its answer comes soon anyway.
-  if (w->waitcreate && flux_kvs_lookup_cancel(w->f) < 0) FinishWait(w);
+  // A plain lookup cannot be cancelled (its answer comes soon anyway), and
+  // one still creating its namespace ends in OnCreated.
+  if (w->f != nullptr && w->waitcreate && flux_kvs_lookup_cancel(w->f) < 0) FinishWait(w);
 }
 
 void FluxKvs::CancelWait(KvsWaitTicket ticket) {
@@ -758,27 +922,23 @@ Result<std::string> FluxKvs::Wait(const std::string& ns, const std::string& key,
 
 // --- watches ------------------------------------------------------------------------------
 
-struct FluxKvs::WatchFeed {
-  KvsWatchTicket ticket = 0;
-  std::string ns, fns;
-  KvsWatchCallback cb;
-  flux_t* h = nullptr;
-  flux_future_t* f = nullptr;               // the kvs-watch of the namespace's root
-  std::string root;                         // the last snapshot compared
-  std::map<std::string, std::string> bins;  // its top directory
-  std::atomic<bool> stop{false};
-  std::thread thread;
-};
-
 namespace {
 
-// Starts a kvs-watch of the root of `fns` (created when missing) and waits
-// for its first answer, the snapshot later changes are compared with.
+// Starts a kvs-watch of the root of `fns` and waits for its first answer,
+// the snapshot later changes are compared with. A missing namespace is
+// created when `create` says so, else DYAD_RC_NOTFOUND.
 Status StartRootWatch(flux_t* h, const std::string& fns, const std::string& top, int64_t tmo,
-                      flux_future_t** f, std::string* root,
+                      bool create, flux_future_t** f, std::string* root,
                       std::map<std::string, std::string>* bins) {
   *f = nullptr;
-  Status st = CreateNamespace(h, fns, tmo);
+  Status st;
+  if (create) {
+    st = CreateNamespace(h, fns, tmo);
+  } else {
+    std::string now;
+    st = RootOf(h, fns, tmo, &now);
+    if (st.ok() && now.empty()) return Status(DYAD_RC_NOTFOUND, "no namespace '" + fns + "'");
+  }
   if (!st.ok()) return st;
   flux_future_t* w = flux_kvs_lookup(
       h, fns.c_str(), FLUX_KVS_WATCH | FLUX_KVS_WATCH_FULL | FLUX_KVS_WATCH_UNIQ | FLUX_KVS_TREEOBJ,
@@ -820,6 +980,16 @@ void StopRootWatch(flux_future_t* f) {
 }  // namespace
 
 Result<KvsWatchTicket> FluxKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
+  {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    if (watches_.size() >= kMaxWatches) {
+      return Status(DYAD_RC_BADREQUEST,
+                    "flux:// store already follows " + std::to_string(watches_.size()) +
+                        " watches, its limit (each holds a thread and a connection to the "
+                        "broker); watch of namespace '" +
+                        FluxNamespace(ns) + "' refused");
+    }
+  }
   auto feed = std::make_unique<WatchFeed>();
   feed->ns = ns;
   feed->fns = FluxNamespace(ns);
@@ -827,7 +997,7 @@ Result<KvsWatchTicket> FluxKvs::Watch(const std::string& ns, KvsWatchCallback on
   Result<flux_t*> h = OpenHandle();
   if (!h.ok()) return h.status();
   feed->h = *h;
-  Status st = StartRootWatch(feed->h, feed->fns, url_.top, options_.rpc_timeout_ms, &feed->f,
+  Status st = StartRootWatch(feed->h, feed->fns, url_.top, options_.rpc_timeout_ms, true, &feed->f,
                              &feed->root, &feed->bins);
   if (!st.ok()) {
     flux_close(feed->h);
@@ -861,10 +1031,14 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
   while (!feed->stop.load()) {
     if (feed->f == nullptr) {
       // Re-establish after an error (the namespace was removed, ...): a
-      // new baseline, and a resync so the watcher lists again.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // new baseline, and a resync so the watcher lists again. A removed
+      // namespace is not made again here (the user removed it, and may
+      // create it again, which must not fail): the feed waits for it.
+      for (int i = 0; i < 10 && !feed->stop.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(kCancelPollMs));
       if (feed->stop.load()) break;
-      Status st = StartRootWatch(feed->h, feed->fns, top, tmo, &feed->f, &feed->root, &feed->bins);
+      Status st =
+          StartRootWatch(feed->h, feed->fns, top, tmo, false, &feed->f, &feed->root, &feed->bins);
       if (st.ok()) resync();
       continue;
     }
@@ -885,6 +1059,7 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
     std::map<std::string, std::string> bins;
     Status st = ReadDirAt(feed->h, root, top, tmo, &bins);
     for (auto b = bins.begin(); st.ok() && b != bins.end(); ++b) {
+      if (!IsBin(b->first, b->second)) continue;
       auto old = feed->bins.find(b->first);
       if (old != feed->bins.end() && old->second == b->second) continue;
       const std::string dir = top + "." + b->first;
@@ -896,7 +1071,7 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
         auto was = before.find(leaf->first);
         if (was != before.end() && was->second == leaf->second) continue;
         std::string key;
-        if (!FluxUnescapeKey(leaf->first, &key)) continue;
+        if (!IsValue(leaf->second) || !FluxUnescapeKey(leaf->first, &key)) continue;
         std::string text, value;
         const std::string fkey = dir + "." + leaf->first;
         if (!InlineValue(leaf->second, &text)) {

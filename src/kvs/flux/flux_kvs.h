@@ -14,11 +14,12 @@
 // used by two threads at once:
 //  * Put, Get, Remove, List and MultiGet borrow a handle from a pool (one
 //    thread at a time each; the pool opens another connection to the
-//    broker when every handle is lent, and keeps them for reuse); each
-//    request is bounded by KvsOptions::rpc_timeout_ms.
+//    broker when every handle is lent, up to kMaxPooledHandles, and keeps
+//    them for reuse); each request is bounded by KvsOptions::rpc_timeout_ms.
 //  * StartWait runs on one reactor thread that owns its own handle: a
-//    flux_kvs_lookup(FLUX_KVS_WAITCREATE) per wait with a reactor timer for
-//    its deadline; at the deadline, on CancelWait and on Shutdown the
+//    flux_kvs_lookup(FLUX_KVS_WAITCREATE) per wait (after creating its
+//    namespace when it is not known to exist: NamespaceSeen says why),
+//    with a reactor timer for its deadline; at the deadline, on CancelWait and on Shutdown the
 //    lookup is ended with flux_kvs_lookup_cancel (the broker answers
 //    ENODATA, and only then is the future destroyed). Other threads reach
 //    that thread only through a command queue and an eventfd.
@@ -33,6 +34,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -90,6 +92,14 @@ class FluxKvs : public Kvs {
   // The Flux key a key of ours is stored under (for tests and messages).
   std::string FluxKey(const std::string& key) const;
 
+  // Bounds: connections of the pool (a caller finding all of them lent
+  // waits for one, at most rpc_timeout_ms), and watches at once (each has
+  // a thread and a connection; one beyond is refused, DYAD_RC_BADREQUEST).
+  static constexpr size_t kMaxPooledHandles = 64;
+  static constexpr size_t kMaxWatches = 128;
+  // Connections the pool has open now (lent or idle).
+  size_t PooledHandles();
+
  private:
   class Lease;
   struct AsyncWait;
@@ -108,11 +118,21 @@ class FluxKvs : public Kvs {
   Status Commit(flux_handle* h, const std::string& fns, const std::string& fkey,
                 const std::string* json, bool create, const std::string& what);
 
+  // Namespaces known to exist (created or found in the last second). A
+  // wait creates its namespace first unless it is known: flux-core's
+  // kvs-watch (0.73.0 and 0.88) aborts the broker (assert nsm->commit !=
+  // NULL in watcher_respond) when two FLUX_KVS_WAITCREATE lookups reach a
+  // namespace that does not exist yet before its first getroot has answered.
+  bool NamespaceSeen(const std::string& fns);
+  void MarkNamespace(const std::string& fns, bool seen);
+
   // --- the reactor thread of StartWait ---
   void ReactorMain(std::promise<Status>* ready);
   void Post(std::function<void()> fn);
   void RunPosted();
   void BeginWait(const std::shared_ptr<AsyncWait>& w);
+  void OnCreated(AsyncWait* w);
+  void SendLookup(AsyncWait* w);
   void AbortWait(KvsWaitTicket ticket);
   void OnLookup(AsyncWait* w);
   void OnTimer(AsyncWait* w);
@@ -126,7 +146,12 @@ class FluxKvs : public Kvs {
   const KvsOptions options_;
 
   std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
   std::vector<flux_handle*> idle_;  // guarded by pool_mu_
+  size_t open_ = 0;                 // guarded by pool_mu_: lent + idle
+
+  std::mutex ns_mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> ns_seen_;  // guarded by ns_mu_
 
   // StartWait state shared with other threads.
   std::mutex waits_mu_;
