@@ -412,6 +412,7 @@ Status FluxKvs::Put(const std::string& ns, const std::string& key, const std::st
   Status st = Commit(h.get(), FluxNamespace(ns), fkey, &json, true,
                      "flux:// put '" + fkey + "' in namespace '" + FluxNamespace(ns) + "'");
   h.Note(st);
+  if (st.ok()) MarkNamespace(FluxNamespace(ns), true);  // (waits need not create it)
   return st;
 }
 
