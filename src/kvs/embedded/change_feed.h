@@ -140,7 +140,7 @@ class ChangeFeeds {
   std::map<PollTicket, Parked> parked_ GUARDED_BY(mu_);
   std::multimap<SteadyClock::time_point, PollTicket> deadlines_ GUARDED_BY(mu_);
   std::condition_variable timer_cv_;
-  std::thread timer_;  // started with the first feed, under mu_
+  std::thread timer_ GUARDED_BY(mu_);  // started with the first feed, under mu_
 };
 
 }  // namespace dyad

@@ -49,6 +49,7 @@ void EmbeddedWaits::Cancel(KvsWaitTicket ticket) {
 void EmbeddedWaits::Shutdown() {
   Completions out;
   std::vector<KvsWatchTicket> watches;
+  std::thread helper;
   {
     MutexLock lk(mu_);
     stopping_ = true;
@@ -62,10 +63,11 @@ void EmbeddedWaits::Shutdown() {
     for (const auto& [ns, space] : spaces_)
       if (space.watch != 0) watches.push_back(space.watch);
     spaces_.clear();
+    helper = std::move(helper_);  // (a second Shutdown finds none to join)
   }
   cv_.notify_all();
   Run(&out);
-  if (helper_.joinable()) helper_.join();
+  if (helper.joinable()) helper.join();
   for (KvsWatchTicket w : watches) store_->Unwatch(w);
 }
 

@@ -96,7 +96,7 @@ class EmbeddedWaits {
   Kvs* const store_;
   mutable Mutex mu_;
   std::condition_variable cv_;
-  std::thread helper_;  // started by the first Start
+  std::thread helper_ GUARDED_BY(mu_);  // started by the first Start
   bool stopping_ GUARDED_BY(mu_) = false;
   KvsWaitTicket next_ticket_ GUARDED_BY(mu_) = 1;
   std::map<KvsWaitTicket, Waiter> waiters_ GUARDED_BY(mu_);

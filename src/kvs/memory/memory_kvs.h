@@ -130,7 +130,7 @@ class MemoryKvs final : public Kvs {
   Completions ready_ GUARDED_BY(mu_);  // for the timer thread to run
   bool stop_timer_ GUARDED_BY(mu_) = false;
   std::condition_variable timer_cv_;
-  std::thread timer_;  // started under mu_
+  std::thread timer_ GUARDED_BY(mu_);  // started under mu_
   WatchList watchers_;
 };
 

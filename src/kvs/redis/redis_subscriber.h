@@ -164,8 +164,8 @@ class RedisSubscriber {
   SteadyClock::time_point sentinel_retry_at_{};
 
   int wake_fd_ = -1;  // eventfd: something for the subscriber thread to do
-  std::thread subscriber_;
-  std::thread checker_;
+  std::thread subscriber_ GUARDED_BY(mu_);
+  std::thread checker_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

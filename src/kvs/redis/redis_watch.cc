@@ -103,13 +103,15 @@ void RedisWatcher::Unwatch(KvsWatchTicket ticket) {
 }
 
 void RedisWatcher::Shutdown() {
+  std::thread loop;
   {
     MutexLock lk(mu_);
     stop_ = true;
     cv_.notify_all();
+    loop = std::move(thread_);  // (a second Shutdown finds none to join)
   }
   Wake();
-  if (thread_.joinable()) thread_.join();
+  if (loop.joinable()) loop.join();
 }
 
 bool RedisWatcher::SendCommand(redisContext* c, const char* verb, const std::string& arg) {

@@ -89,7 +89,7 @@ class RedisWatcher {
   bool stop_ GUARDED_BY(mu_) = false;
   int wake_fd_ = -1;
   size_t next_node_ = 0;  // DialNext's rotation; the loop thread's own
-  std::thread thread_;
+  std::thread thread_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

@@ -53,7 +53,10 @@ Result<std::shared_ptr<OfiFabric>> OfiFabric::Open(OfiProvider provider) {
   f->instance_ = RandomInstance();
   f->wake_fd_ = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!f->wake_fd_.valid()) return StatusFromErrno(errno, "eventfd", DYAD_RC_MARGOINIT_FAIL);
-  DYAD_RETURN_IF_ERROR(f->OpenObjects());
+  {
+    MutexLock lk(f->mu_);  // (no other thread yet: libfabric objects are used under mu_)
+    DYAD_RETURN_IF_ERROR(f->OpenObjects());
+  }
   OfiFabric* raw = f.get();
   f->progress_ = std::thread([raw] { raw->ProgressLoop(); });
   DYAD_LOG_DEBUG("ofi: endpoint up: %s; address %zu bytes; completions %s",

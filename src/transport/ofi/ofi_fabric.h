@@ -132,9 +132,9 @@ class OfiFabric {
 
  private:
   explicit OfiFabric(OfiProvider provider);
-  Status OpenObjects();
-  Status OpenCq();
-  Status ReadAddress();
+  Status OpenObjects() REQUIRES(mu_);
+  Status OpenCq() REQUIRES(mu_);
+  Status ReadAddress() REQUIRES(mu_);
   void CloseObjects();
   void ProgressLoop();
   int DrainLocked() REQUIRES(mu_);  // reads the CQ empty; returns completions seen
@@ -149,11 +149,11 @@ class OfiFabric {
   uint64_t instance_ = 0;
 
   Mutex mu_;  // every libfabric call below, and the state after it
-  fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
-  fid_ep* ep_ = nullptr;
-  fid_cq* cq_ = nullptr;
-  fid_av* av_ = nullptr;
+  fid_fabric* fabric_ GUARDED_BY(mu_) = nullptr;
+  fid_domain* domain_ GUARDED_BY(mu_) = nullptr;
+  fid_ep* ep_ GUARDED_BY(mu_) = nullptr;
+  fid_cq* cq_ GUARDED_BY(mu_) = nullptr;
+  fid_av* av_ GUARDED_BY(mu_) = nullptr;
   int cq_fd_ = -1;  // the CQ's wait fd (owned by libfabric); -1 in polled mode
   UniqueFd wake_fd_;
   bool stopping_ GUARDED_BY(mu_) = false;

@@ -60,6 +60,7 @@ Deadline IdleDeadline(int64_t idle_ms) {
 Worker::~Worker() {
   StopProgress();
   DrainCloses();
+  MutexLock lk(mu_);
   DestroyUcx();
 }
 
@@ -73,17 +74,19 @@ Status Worker::Start() {
   if (started_) return Status::OK();
   bool eager_only = false;
   DYAD_RETURN_IF_ERROR(CreateContext(&eager_only));
-  Status st = CreateWorker();
-  if (!st.ok()) {
-    DestroyUcx();
-    return st;
+  {
+    // No other thread uses the worker yet; held because every use of the
+    // worker is (UCS_THREAD_MODE_SERIALIZED), which the analysis checks.
+    MutexLock lk(mu_);
+    Status st = CreateWorker();
+    if (!st.ok()) {
+      DestroyUcx();
+      return st;
+    }
+    stopping_ = false;
   }
   shm_capable_ = HasMappableMemory(context_);
   eager_only_ = eager_only;
-  {
-    MutexLock lk(mu_);  // (no other thread yet: for the analysis)
-    stopping_ = false;
-  }
   progress_ = std::thread([this] { ProgressLoop(); });
   started_ = true;
   DYAD_LOG_DEBUG("ucx: worker up (address %zu bytes, shared memory %s, messages %s)",

@@ -56,7 +56,7 @@ class Worker {
   bool shm_capable() const { return shm_capable_; }
   bool eager_only() const { return eager_only_; }
   ucp_context_h context() const { return context_; }
-  ucp_worker_h handle() const { return worker_; }
+  ucp_worker_h handle() const REQUIRES(mu_) { return worker_; }  // used with mu() held
   Mutex& mu() RETURN_CAPABILITY(mu_) { return mu_; }
 
   // Run by the progress thread each round with mu() held; set before Start.
@@ -98,8 +98,8 @@ class Worker {
 
  private:
   Status CreateContext(bool* eager_only);
-  Status CreateWorker();
-  void DestroyUcx();
+  Status CreateWorker() REQUIRES(mu_);
+  void DestroyUcx() REQUIRES(mu_);
   void ProgressLoop();
   void ReapClosesLocked() REQUIRES(mu_);
   void DropUnexpectedLocked() REQUIRES(mu_);
@@ -112,7 +112,7 @@ class Worker {
 
   Mutex mu_;
   ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
+  ucp_worker_h worker_ GUARDED_BY(mu_) = nullptr;
   int efd_ = -1;
   std::string address_;
   bool stopping_ GUARDED_BY(mu_) = false;
