@@ -33,6 +33,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "proto/protocol.h"
 
@@ -92,9 +93,9 @@ class ServicePool {
   std::string socket_path_;
   Result<SocketAddress> address_;
 
-  std::mutex mu_;  // guards idle_ and pid_; a leaf lock
-  std::vector<std::unique_ptr<Channel>> idle_;
-  pid_t pid_;
+  Mutex mu_;  // a leaf lock
+  std::vector<std::unique_ptr<Channel>> idle_ GUARDED_BY(mu_);
+  pid_t pid_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad
