@@ -75,6 +75,7 @@ struct ClusterArgs {
   std::string mode;        // transport; "" = the default
   std::string tmp;         // parent of the cluster directory
   std::string protection;  // services' --protection; "" = their default (integrity)
+  std::string kvs;         // services' --kvs; "" = the embedded store hosted by node 0
 };
 
 enum class OptionResult { kNotMine, kTaken, kBad };
@@ -87,10 +88,10 @@ inline OptionResult ParseClusterOption(const std::string& s,
     a->json = true;
   } else if (s == "--loopback") {
     a->loopback = true;
-  } else if (s == "--mode" || s == "--tmp" || s == "--protection") {
+  } else if (s == "--mode" || s == "--tmp" || s == "--protection" || s == "--kvs") {
     const char* v = next();
     if (!v) return OptionResult::kBad;
-    (s == "--mode" ? a->mode : s == "--tmp" ? a->tmp : a->protection) = v;
+    (s == "--mode" ? a->mode : s == "--tmp" ? a->tmp : s == "--kvs" ? a->kvs : a->protection) = v;
   } else {
     return OptionResult::kNotMine;
   }
@@ -165,6 +166,7 @@ inline std::unique_ptr<emu::EmuCluster> StartBenchCluster(const char* prog, int 
   o.use_netns = !a.loopback;
   o.tmp_parent = a.tmp;
   if (!a.protection.empty()) o.extra_service_args = {"--protection", a.protection};
+  o.kvs = a.kvs;
   // DYAD_BENCH_KEEP=1 leaves the node directories and service logs behind
   // for a post-mortem (the path is printed by a failing run).
   if (const char* k = std::getenv("DYAD_BENCH_KEEP"); k && *k && std::string(k) != "0")

@@ -55,9 +55,10 @@ void Usage() {
   std::printf(
       "usage: dyad-small-files [--count N] [--size BYTES] [--consumers N] [--mode MODE]\n"
       "                        [--loopback] [--tmp DIR] [--json] [--phases LIST]\n"
-      "                        [--latencies FILE] [--call-latencies FILE]\n"
+      "                        [--latencies FILE] [--call-latencies FILE] [--kvs URL]\n"
       "Publish rate, consume rate and latency for many small files between two emulated\n"
-      "nodes (default 5000 files of 4096 bytes).\n");
+      "nodes (default 5000 files of 4096 bytes). --kvs: the services' metadata store\n"
+      "(default: the embedded store hosted by the first node; flux:// inside `flux start`).\n");
 }
 
 std::vector<emu::ManifestEntry> Files(const std::string& dir, uint64_t count, uint64_t size) {

@@ -67,7 +67,7 @@ test  opt redis-server      Redis_store_tests
 test  opt redis-tools       Redis_Cluster_tests
 test  opt redis-sentinel    Redis_Sentinel_tests
 test  opt munge             MUNGE_tests_(munged)
-test  opt clang-16          fuzz_targets
+test  opt clang-16          fuzz_targets_and_thread-safety_analysis
 test  opt libfuzzer-16-dev  fuzz_targets
 test  opt libclang-rt-16-dev fuzz_targets
 test  opt python3-pytest    pydyad_tests

@@ -118,16 +118,30 @@ def _dtl_mode_name(dtl_mode):
     raise TypeError(f"dtl_mode must be a DTLMode or str, not {type(dtl_mode).__name__}")
 
 
-def _reject_flux_handle(flux_handle):
-    # The C API answers DYAD_RC_FLUXFAIL for a non-NULL handle; a Python
-    # object cannot be passed as a pointer anyway, so refuse it here with
-    # the same code and a message that says why.
-    if flux_handle is not None:
-        exc = DyadError("DYAD_RC_FLUXFAIL: flux_handle must be None (this DYAD runs "
-                        "without Flux; each node runs a dyad-service)")
-        exc.rc = -2000
-        exc.name = "DYAD_RC_FLUXFAIL"
-        raise exc
+def _flux_handle_address(flux_handle):
+    """The address of the caller's open ``flux_t`` (0 for None), as
+    dyad_init's flux_handle: a ``flux.Flux`` object of Flux's Python
+    bindings, or its ``handle`` (a cffi ``flux_t *``). Plain integers are
+    refused: a wrong address would crash the process."""
+    if flux_handle is None:
+        return 0
+    handle = getattr(flux_handle, "handle", flux_handle)
+    address = 0
+    if type(handle).__name__ == "CData" or type(handle).__module__ == "_cffi_backend":
+        try:
+            import cffi  # the Flux bindings' handles are cffi pointers
+
+            ffi = cffi.FFI()
+            if ffi.typeof(handle).kind == "pointer":
+                address = int(ffi.cast("uintptr_t", handle))
+        except Exception:  # noqa: BLE001 (any failure means "not a handle")
+            address = 0
+    if address == 0:
+        raise TypeError("flux_handle must be an open flux.Flux handle or None, not "
+                        f"{type(flux_handle).__name__}")
+    if address <= 0:
+        raise TypeError("flux_handle must point to an open flux_t (got a null address)")
+    return address
 
 
 class Dyad:
@@ -158,19 +172,25 @@ class Dyad:
              cons_managed_path=None, relative_to_managed_path=False, dtl_mode=None,
              dtl_comm_mode=DTLCommMode.DYAD_COMM_RECV, flux_handle=None):
         """dyad_init(): explicit settings. The service socket and timeouts
-        still come from DYAD_SERVICE_SOCKET, DYAD_CONSUME_TIMEOUT, ..."""
-        _reject_flux_handle(flux_handle)
+        still come from DYAD_SERVICE_SOCKET, DYAD_CONSUME_TIMEOUT, ...
+        ``flux_handle``: the caller's open Flux handle (``flux.Flux()``),
+        used for consumes when this node's broker runs no dyad module
+        (docs/flux.md); it must stay open while DYAD is initialized."""
+        handle = _flux_handle_address(flux_handle)
         _pydyad.init(bool(debug), bool(check), bool(shared_storage), bool(reinit),
                      bool(async_publish), bool(fsync_write), int(key_depth), int(key_bins),
                      int(service_mux), _opt_str(kvs_namespace), _opt_path(prod_managed_path),
                      _opt_path(cons_managed_path), bool(relative_to_managed_path),
-                     _dtl_mode_name(dtl_mode), int(dtl_comm_mode))
+                     _dtl_mode_name(dtl_mode), int(dtl_comm_mode), handle)
+        self._flux_handle = flux_handle  # kept open while DYAD may use it
         self.initialized = True
 
     def init_env(self, dtl_comm_mode=DTLCommMode.DYAD_COMM_RECV, flux_handle=None):
-        """dyad_init_env(): every setting from the DYAD_* environment."""
-        _reject_flux_handle(flux_handle)
-        _pydyad.init_env(int(dtl_comm_mode))
+        """dyad_init_env(): every setting from the DYAD_* environment
+        (``flux_handle`` as for init)."""
+        handle = _flux_handle_address(flux_handle)
+        _pydyad.init_env(int(dtl_comm_mode), handle)
+        self._flux_handle = flux_handle
         self.initialized = True
 
     def finalize(self):

@@ -259,12 +259,13 @@ PYBIND11_MODULE(_pydyad, m) {
          bool fsync_write, unsigned key_depth, unsigned key_bins, unsigned service_mux,
          std::optional<std::string> kvs_namespace, std::optional<std::string> prod_path,
          std::optional<std::string> cons_path, bool relative, std::optional<std::string> dtl_mode,
-         int comm_mode) {
+         int comm_mode, uintptr_t flux_handle) {
         dyad_rc_t rc = CallBlocking([&] {
           return dyad_init(debug, check, shared_storage, reinit, async_publish, fsync_write,
                            key_depth, key_bins, service_mux, OptCStr(kvs_namespace),
                            OptCStr(prod_path), OptCStr(cons_path), relative, OptCStr(dtl_mode),
-                           static_cast<dyad_dtl_comm_mode_t>(comm_mode), nullptr);
+                           static_cast<dyad_dtl_comm_mode_t>(comm_mode),
+                           reinterpret_cast<void*>(flux_handle));
         });
         Check(rc, "dyad_init");
       },
@@ -272,16 +273,21 @@ PYBIND11_MODULE(_pydyad, m) {
       py::arg("async_publish"), py::arg("fsync_write"), py::arg("key_depth"), py::arg("key_bins"),
       py::arg("service_mux"), py::arg("kvs_namespace"), py::arg("prod_managed_path"),
       py::arg("cons_managed_path"), py::arg("relative_to_managed_path"), py::arg("dtl_mode"),
-      py::arg("dtl_comm_mode"), "dyad_init() with explicit settings (no Flux handle).");
+      py::arg("dtl_comm_mode"), py::arg("flux_handle") = 0,
+      "dyad_init() with explicit settings; flux_handle is the address of the caller's "
+      "flux_t (0: none).");
 
   m.def(
       "init_env",
-      [](int comm_mode) {
-        dyad_rc_t rc = CallBlocking(
-            [&] { return dyad_init_env(static_cast<dyad_dtl_comm_mode_t>(comm_mode), nullptr); });
+      [](int comm_mode, uintptr_t flux_handle) {
+        dyad_rc_t rc = CallBlocking([&] {
+          return dyad_init_env(static_cast<dyad_dtl_comm_mode_t>(comm_mode),
+                               reinterpret_cast<void*>(flux_handle));
+        });
         Check(rc, "dyad_init_env");
       },
-      py::arg("dtl_comm_mode"), "dyad_init_env(): settings from the DYAD_* variables.");
+      py::arg("dtl_comm_mode"), py::arg("flux_handle") = 0,
+      "dyad_init_env(): settings from the DYAD_* variables; flux_handle as for init.");
 
   m.def(
       "is_initialized", [] { return dyad_ctx_get() != nullptr; },

@@ -31,9 +31,11 @@ class InitLock {
   InitLock& operator=(const InitLock&) = delete;
 };
 
-void ForkPrepare() { Context()->mu.lock(); }
-void ForkParent() { Context()->mu.unlock(); }
-void ForkChild() {
+// (Held from the prepare handler to the parent's or child's: beyond what
+// the analysis follows.)
+void ForkPrepare() NO_THREAD_SAFETY_ANALYSIS { Context()->mu.lock(); }
+void ForkParent() NO_THREAD_SAFETY_ANALYSIS { Context()->mu.unlock(); }
+void ForkChild() NO_THREAD_SAFETY_ANALYSIS {
   Context()->mu.unlock();
   pthread_mutex_init(&g_init_mu, nullptr);
 }
@@ -44,7 +46,7 @@ void Install(std::shared_ptr<Client> client, dyad_dtl_comm_mode_t comm_mode) {
   dyad_ctx* ctx = Context();
   std::shared_ptr<Client> old;
   {
-    std::lock_guard<std::mutex> lk(ctx->mu);
+    MutexLock lk(ctx->mu);
     old = std::move(ctx->client);
     ctx->client = std::move(client);
     ctx->comm_mode = comm_mode;
@@ -54,7 +56,7 @@ void Install(std::shared_ptr<Client> client, dyad_dtl_comm_mode_t comm_mode) {
 
 std::shared_ptr<Client> Current(dyad_dtl_comm_mode_t* comm_mode = nullptr) {
   dyad_ctx* ctx = Context();
-  std::lock_guard<std::mutex> lk(ctx->mu);
+  MutexLock lk(ctx->mu);
   if (comm_mode != nullptr) *comm_mode = ctx->comm_mode;
   return ctx->client;
 }
@@ -177,7 +179,6 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
                     bool relative_to_managed_path, const char* dtl_mode_str,
                     const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle) {
   return Guard("dyad_init", [&]() -> dyad_rc_t {
-    if (flux_handle != nullptr) return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
     Status st = dyad::capi::CheckCommMode(dtl_comm_mode);
     if (!st.ok()) return Fail(st);
     st = dyad::capi::CheckPathArg(prod_managed_path, "producer");
@@ -203,6 +204,8 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
     // The timeouts and the socket have no dyad_init parameter: they come
     // from the environment, with the same defaults as dyad_init_env.
     c.service_socket = dyad::DefaultServiceSocket();
+    c.flux_uri = dyad::GetEnv("FLUX_URI").value_or("");
+    c.flux_handle = flux_handle;
     dyad::Result<int64_t> consume = dyad::EnvTimeoutMs("DYAD_CONSUME_TIMEOUT", -1);
     if (!consume.ok()) return Fail(consume.status());
     c.consume_timeout_ms = *consume;
@@ -215,11 +218,11 @@ dyad_rc_t dyad_init(bool debug, bool check, bool shared_storage, bool reinit, bo
 
 dyad_rc_t dyad_init_env(const dyad_dtl_comm_mode_t dtl_comm_mode, void* flux_handle) {
   return Guard("dyad_init_env", [&]() -> dyad_rc_t {
-    if (flux_handle != nullptr) return Fail(DYAD_RC_FLUXFAIL, "flux_handle must be NULL (no Flux)");
     Status st = dyad::capi::CheckCommMode(dtl_comm_mode);
     if (!st.ok()) return Fail(st);
     dyad::Result<ClientConfig> c = ClientConfig::FromEnv();
     if (!c.ok()) return Fail(c.status());
+    c->flux_handle = flux_handle;
     return dyad::capi::Init(std::move(*c), dtl_comm_mode);
   });
 }

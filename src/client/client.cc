@@ -84,8 +84,6 @@ Status FsyncPath(const std::string& path, int flags) {
   return Status::OK();
 }
 
-void MarkChecked() { ::setenv(DYAD_CHECK_ENV, "ok", 1); }
-
 // True for an absolute path that NormalizeAbsolute would return unchanged:
 // no empty, "." or ".." components and no trailing slash.
 bool IsNormalAbsolute(std::string_view p) {
@@ -111,6 +109,8 @@ bool StrictlyUnder(std::string_view dir, std::string_view path) {
 }
 
 }  // namespace
+
+void MarkChecked() { ::setenv(DYAD_CHECK_ENV, "ok", 1); }
 
 Result<std::string> NormalizeDtlMode(const std::string& name) { return CanonicalDtlMode(name); }
 
@@ -146,6 +146,7 @@ Result<ClientConfig> ClientConfig::FromEnv() {
     c.dtl_mode_chosen = true;
   }
   c.service_socket = DefaultServiceSocket();
+  c.flux_uri = GetEnv("FLUX_URI").value_or("");
 
   Result<int64_t> consume = EnvTimeoutMs("DYAD_CONSUME_TIMEOUT", -1);
   if (!consume.ok()) return consume.status();
@@ -226,10 +227,24 @@ Result<std::shared_ptr<Client>> Client::Create(ClientConfig config,
   if (!mode.ok()) return mode.status();
   config.dtl_mode = *mode;
   if (config.service_socket.empty()) config.service_socket = DefaultServiceSocket();
+  std::shared_ptr<FluxLink> flux;
+  if (!config.flux_uri.empty() || config.flux_handle != nullptr)
+    flux = std::make_shared<FluxLink>(config.flux_uri, config.flux_handle);
+  if (config.flux_handle != nullptr && config.flux_uri.empty() &&
+      GetEnv("DYAD_SERVICE_SOCKET").value_or("").empty()) {
+    // A handle without FLUX_URI in the environment: the module's socket
+    // follows from the handle's broker, as DefaultServiceSocket does from
+    // FLUX_URI.
+    Result<std::string> local = flux->Attr("local-uri");
+    if (!local.ok()) return local.status().Annotate("flux_handle");
+    if (std::string sock = FluxServiceSocket(*local); !sock.empty()) config.service_socket = sock;
+  }
   if (pool == nullptr || pool->socket_path() != config.service_socket)
     pool = std::make_shared<ServicePool>(config.service_socket);
   config.service_socket = pool->socket_path();
-  return std::shared_ptr<Client>(new Client(std::move(config), std::move(pool)));
+  auto client = std::shared_ptr<Client>(new Client(std::move(config), std::move(pool)));
+  client->flux_ = std::move(flux);
+  return client;
 }
 
 std::string Client::KeyOf(const std::string& upath) const {
@@ -331,6 +346,7 @@ Status Client::Publish(const std::string& upath, const struct stat& st,
   std::string body;
   Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(), config_.rpc_timeout_ms,
                           "publish '" + upath + "'");
+  if (rs.code() == DYAD_RC_NOSERVICE) return NoModule(rs, "publish");
   if (rs.ok() && config_.check) MarkChecked();
   return rs;
 }
@@ -432,8 +448,12 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   Encoder e;
   req.EncodeTo(e);
   std::string body;
-  DYAD_RETURN_IF_ERROR(pool_->Call(MsgType::kConsume, e.data(), &body, WaitDeadline(),
-                                   config_.rpc_timeout_ms, "consume '" + upath + "'"));
+  Status st = pool_->Call(MsgType::kConsume, e.data(), &body, WaitDeadline(),
+                          config_.rpc_timeout_ms, "consume '" + upath + "'");
+  // No dyad.so on this broker: consume as upstream's clients do.
+  if (st.code() == DYAD_RC_NOSERVICE && flux_ != nullptr)
+    return ConsumeViaFlux(upath, record, config_.consume_timeout_ms, info);
+  DYAD_RETURN_IF_ERROR(st);
   ConsumeReply reply;
   Decoder d(body);
   if (!reply.DecodeFrom(d))
@@ -483,6 +503,11 @@ Result<FileRecord> Client::GetMetadataUntraced(const std::string& fname, bool wa
   std::string body;
   Status st = pool_->Call(MsgType::kLocate, e.data(), &body, wait ? WaitDeadline() : RpcDeadline(),
                           config_.rpc_timeout_ms, "locate '" + *upath + "'");
+  if (st.code() == DYAD_RC_NOSERVICE && flux_ != nullptr) {
+    Result<FileRecord> rec = LocateViaFlux(*upath, wait, config_.consume_timeout_ms);
+    if (!rec.ok()) return Finish(rec.status(), "get metadata", fname);
+    return rec;
+  }
   if (!st.ok()) return Finish(st, "get metadata", fname);
   Decoder d(body);
   const std::string bytes = d.Str();

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/flux_link.h"
 #include "client/service_pool.h"
 #include "common/status.h"
 #include "proto/protocol.h"
@@ -62,6 +63,12 @@ struct ClientConfig {
   // DYAD_PREFETCH: ':'-separated prefixes or globs under the consumer
   // directory, declared to the service at the first consume.
   std::vector<std::string> prefetch;
+  // Flux (docs/flux.md): the broker of this process (FLUX_URI, "" when not
+  // under Flux) and the caller's open flux_t (dyad_init's flux_handle, not
+  // owned; null when none). With either, a process whose broker runs no
+  // dyad.so module consumes straight from the owner's module (flux_link.h).
+  std::string flux_uri;
+  void* flux_handle = nullptr;
 
   // Reads every DYAD_* variable of the configuration table. Malformed
   // numbers or an unknown DYAD_DTL_MODE give an error naming the variable.
@@ -72,6 +79,10 @@ struct ClientConfig {
 // accepted) and returns its canonical upper-case spelling. Whether the
 // transport is compiled into the service is for the service to say.
 Result<std::string> NormalizeDtlMode(const std::string& name);
+
+// DYAD_SYNC_CHECK: marks this process's last operation successful
+// (setenv DYAD_SYNC_HEALTH=ok).
+void MarkChecked();
 
 // A managed directory, kept in two forms so that a path spelled either way
 // matches without a realpath() per call: as given (made absolute and
@@ -131,6 +142,8 @@ class Client {
 
   const ClientConfig& config() const { return config_; }
   const std::shared_ptr<ServicePool>& pool() const { return pool_; }
+  // Non-null when the process runs under Flux (flux_uri or flux_handle).
+  const std::shared_ptr<FluxLink>& flux() const { return flux_; }
   const ManagedPath& producer_path() const { return prod_; }
   const ManagedPath& consumer_path() const { return cons_; }
   bool has_producer_path() const { return !prod_.empty(); }
@@ -214,6 +227,16 @@ class Client {
   Status CopyToProducer(const std::string& upath, int src_fd, struct stat* published);
   ConsumeRequest BuildConsumeRequest(const std::string& upath, const std::string& cons) const;
   std::string EnsureConsumerDir();
+  // The Flux path (client_flux.cc), taken when the local service is not
+  // reachable (DYAD_RC_NOSERVICE) and flux_ is set: the record from the
+  // instance's KVS (waiting up to `wait_ms`, < 0 no limit), the bytes from
+  // the owner's dyad.fetch, placed atomically into the consumer directory.
+  Status ConsumeViaFlux(const std::string& upath, const FileRecord* record, int64_t wait_ms,
+                        ConsumeInfo* info);
+  Result<FileRecord> LocateViaFlux(const std::string& upath, bool wait, int64_t wait_ms);
+  // `st` (DYAD_RC_NOSERVICE of a call that needs the local service) with a
+  // message that says how to get one on Flux.
+  Status NoModule(const Status& st, const char* op) const;
   // Sends the DYAD_PREFETCH declarations once (client_batch.cc).
   void DeclareConfiguredPrefetch();
   // True when a file present in the consumer directory is known complete
@@ -227,6 +250,7 @@ class Client {
   ManagedPath prod_;
   ManagedPath cons_;
   std::shared_ptr<ServicePool> pool_;
+  std::shared_ptr<FluxLink> flux_;
 
   // The producer directory of the local service, learned once (kStatus) to
   // decide whether level 1 may trust files present in the consumer

@@ -59,6 +59,7 @@ Result<uint32_t> Client::Prefetch(const std::string& pattern, bool cancel) {
   std::string body;
   Status st = pool_->Call(MsgType::kPrefetch, e.data(), &body, RpcDeadline(),
                           config_.rpc_timeout_ms, "prefetch '" + pattern + "'");
+  if (st.code() == DYAD_RC_NOSERVICE) st = NoModule(st, "prefetch");
   if (!st.ok()) return Finish(st, "prefetch", pattern);
   Decoder d(body);
   const uint32_t n = d.U32();
@@ -85,7 +86,8 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
                                           std::to_string(kMaxBatchItems));
   if (!config_.prefetch.empty()) DeclareConfiguredPrefetch();
   ConsumeBatchRequest req;
-  std::vector<size_t> sent;  // index in `fnames` of each item
+  std::vector<size_t> sent;         // index in `fnames` of each item
+  std::vector<std::string> upaths;  // and its path
   std::string cons;
   for (size_t i = 0; i < fnames.size(); ++i) {
     Result<std::string> upath = Resolve(fnames[i], Side::kConsumer);
@@ -103,6 +105,7 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
     if (timeout_ms != kConfiguredTimeout)
       req.items.back().timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
     sent.push_back(i);
+    upaths.push_back(*upath);
   }
   if (req.items.empty()) return Status::OK();
   Encoder e;
@@ -114,6 +117,16 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
           : Deadline::AfterMs(SaturatingAddMs(timeout_ms, config_.rpc_timeout_ms));
   Status st = pool_->Call(MsgType::kConsumeBatch, e.data(), &body, deadline, config_.rpc_timeout_ms,
                           "consume " + std::to_string(req.items.size()) + " files");
+  if (st.code() == DYAD_RC_NOSERVICE && flux_ != nullptr) {
+    // No dyad.so on this broker: one file after the other from the owners'
+    // modules, each with the batch's wait.
+    const int64_t wait_ms =
+        timeout_ms == kConfiguredTimeout ? config_.consume_timeout_ms : timeout_ms;
+    for (size_t j = 0; j < sent.size(); ++j)
+      (*results)[sent[j]] =
+          Finish(ConsumeViaFlux(upaths[j], nullptr, wait_ms, nullptr), "consume", fnames[sent[j]]);
+    return Status::OK();
+  }
   if (!st.ok()) {
     for (size_t i : sent) (*results)[i] = st;
     return Finish(st, "consume batch", fnames[sent[0]]);

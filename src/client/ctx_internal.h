@@ -20,15 +20,16 @@
 #include "client/c_guard.h"
 #include "client/client.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "dyad/common/dyad_dtl.h"
 #include "dyad/common/dyad_rc.h"
 #include "dyad/common/dyad_structures.h"
 
 struct dyad_ctx {
-  std::mutex mu;                         // guards `client` and `comm_mode`
-  std::shared_ptr<dyad::Client> client;  // null while not initialized
+  dyad::Mutex mu;
+  std::shared_ptr<dyad::Client> client GUARDED_BY(mu);  // null while not initialized
   std::atomic<bool> initialized{false};  // mirrors client != nullptr, for lock-free gets
-  dyad_dtl_comm_mode_t comm_mode = DYAD_COMM_NONE;
+  dyad_dtl_comm_mode_t comm_mode GUARDED_BY(mu) = DYAD_COMM_NONE;
 };
 
 namespace dyad {

@@ -13,20 +13,20 @@ namespace {
 // Every live pool, so the atfork handlers can reach them. Leaked on purpose:
 // pools may outlive static destruction (a detached thread still consuming
 // at exit), and a destroyed registry would crash them.
-std::mutex& RegistryMutex() {
-  static std::mutex* mu = new std::mutex;
+Mutex& RegistryMutex() {
+  static Mutex* mu = new Mutex;
   return *mu;
 }
-std::set<ServicePool*>& Registry() {
+std::set<ServicePool*>& Registry() REQUIRES(RegistryMutex()) {
   static std::set<ServicePool*>* pools = new std::set<ServicePool*>;
   return *pools;
 }
 
-std::mutex& InterruptMutex() {
-  static std::mutex* mu = new std::mutex;
+Mutex& InterruptMutex() {
+  static Mutex* mu = new Mutex;
   return *mu;
 }
-std::shared_ptr<InterruptCheck>& InterruptSlot() {
+std::shared_ptr<InterruptCheck>& InterruptSlot() REQUIRES(InterruptMutex()) {
   static std::shared_ptr<InterruptCheck>* slot = new std::shared_ptr<InterruptCheck>;
   return *slot;
 }
@@ -34,7 +34,7 @@ std::shared_ptr<InterruptCheck>& InterruptSlot() {
 bool Interrupted() {
   std::shared_ptr<InterruptCheck> check;
   {
-    std::lock_guard<std::mutex> lk(InterruptMutex());
+    MutexLock lk(InterruptMutex());
     check = InterruptSlot();
   }
   return check && *check && (*check)();
@@ -60,54 +60,57 @@ std::string SocketPathFrom(const std::string& socket) {
 
 }  // namespace
 
+bool InterruptRequested() { return Interrupted(); }
+
 void SetInterruptCheck(InterruptCheck check) {
   auto slot = check ? std::make_shared<InterruptCheck>(std::move(check)) : nullptr;
-  std::lock_guard<std::mutex> lk(InterruptMutex());
+  MutexLock lk(InterruptMutex());
   InterruptSlot() = std::move(slot);
 }
 
 ServicePool::ServicePool(std::string socket)
     : socket_path_(SocketPathFrom(socket)), address_(ParseAddress(socket_path_)), pid_(::getpid()) {
   RegisterAtFork();
-  std::lock_guard<std::mutex> lk(RegistryMutex());
+  MutexLock lk(RegistryMutex());
   Registry().insert(this);
 }
 
 ServicePool::~ServicePool() {
   {
-    std::lock_guard<std::mutex> lk(RegistryMutex());
+    MutexLock lk(RegistryMutex());
     Registry().erase(this);
   }
   Clear();
 }
 
 size_t ServicePool::idle_count() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return idle_.size();
 }
 
 void ServicePool::Clear() {
   std::vector<std::unique_ptr<Channel>> drop;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   drop.swap(idle_);
 }
 
 // Lock order: registry, then each pool (pool mutexes are otherwise leaves),
 // then the interrupt slot. Holding them across fork() means the child finds
 // every structure consistent and every mutex owned by its only thread.
-void ServicePool::AtForkPrepare() {
+// (Held from one handler to the next: beyond what the analysis follows.)
+void ServicePool::AtForkPrepare() NO_THREAD_SAFETY_ANALYSIS {
   RegistryMutex().lock();
   for (ServicePool* p : Registry()) p->mu_.lock();
   InterruptMutex().lock();
 }
 
-void ServicePool::AtForkParent() {
+void ServicePool::AtForkParent() NO_THREAD_SAFETY_ANALYSIS {
   InterruptMutex().unlock();
   for (ServicePool* p : Registry()) p->mu_.unlock();
   RegistryMutex().unlock();
 }
 
-void ServicePool::AtForkChild() {
+void ServicePool::AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
   InterruptMutex().unlock();
   const pid_t self = ::getpid();
   for (ServicePool* p : Registry()) {
@@ -131,7 +134,7 @@ Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* r
   *reused = false;
   {
     std::vector<std::unique_ptr<Channel>> stale;
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     const pid_t self = ::getpid();
     if (pid_ != self) {
       // Forked without our atfork handler (e.g. a raw clone): the idle
@@ -165,7 +168,7 @@ Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* r
 
 void ServicePool::Return(std::unique_ptr<Channel> ch) {
   if (ch == nullptr || ch->broken()) return;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (pid_ != ::getpid() || idle_.size() >= kMaxIdle) return;  // dropped (closed) on return
   idle_.push_back(std::move(ch));
 }

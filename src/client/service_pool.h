@@ -33,6 +33,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "proto/protocol.h"
 
@@ -44,6 +45,9 @@ using InterruptCheck = std::function<bool()>;
 
 // Installs the process-wide interrupt check (nullptr removes it).
 void SetInterruptCheck(InterruptCheck check);
+// Asks the installed check (false when none): for other sliced waits of the
+// client (the Flux path, flux_link.h).
+bool InterruptRequested();
 
 class ServicePool {
  public:
@@ -89,9 +93,9 @@ class ServicePool {
   std::string socket_path_;
   Result<SocketAddress> address_;
 
-  std::mutex mu_;  // guards idle_ and pid_; a leaf lock
-  std::vector<std::unique_ptr<Channel>> idle_;
-  pid_t pid_;
+  Mutex mu_;  // a leaf lock
+  std::vector<std::unique_ptr<Channel>> idle_ GUARDED_BY(mu_);
+  pid_t pid_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

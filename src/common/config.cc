@@ -54,7 +54,9 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_REINIT", ConfigKind::kBool, "false", "client",
        "Re-initialize an already initialized context."},
       {"DYAD_SERVICE_SOCKET", ConfigKind::kString, "/tmp/dyad-<uid>/service.sock", "both",
-       "Unix socket of the node's dyad-service."},
+       "Unix socket of the node's dyad-service. Under Flux (FLUX_URI set) the default is "
+       "the socket of the broker's dyad.so module: local:///DIR/NAME gives "
+       "/DIR/dyad-NAME.sock."},
       {"DYAD_CONSUME_TIMEOUT", ConfigKind::kSeconds, "0", "client",
        "Longest a consume waits for publication plus transfer, in seconds; 0 waits without "
        "limit (interruptible). Expiry returns DYAD_RC_TIMEOUT."},
@@ -307,8 +309,25 @@ std::string ConfigValueForDisplay(const std::string& name, const std::string& va
   return RedactSecrets(value);
 }
 
+std::string FluxServiceSocket(const std::string& flux_uri) {
+  static const std::string kScheme = "local://";
+  if (flux_uri.compare(0, kScheme.size(), kScheme) != 0) return "";
+  std::string path = flux_uri.substr(kScheme.size());
+  // (a query or fragment is not part of the path)
+  if (const size_t q = path.find_first_of("?#"); q != std::string::npos) path.resize(q);
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path.empty() || path[0] != '/') return "";
+  const size_t slash = path.rfind('/');
+  const std::string name = path.substr(slash + 1);
+  if (slash == 0 || name.empty() || name == "." || name == "..") return "";
+  return path.substr(0, slash + 1) + "dyad-" + name + ".sock";
+}
+
 std::string DefaultServiceSocket() {
   if (auto v = GetEnv("DYAD_SERVICE_SOCKET"); v && !v->empty()) return *v;
+  if (auto uri = GetEnv("FLUX_URI"); uri && !uri->empty()) {
+    if (std::string sock = FluxServiceSocket(*uri); !sock.empty()) return sock;
+  }
   return "/tmp/dyad-" + std::to_string(getuid()) + "/service.sock";
 }
 

@@ -56,7 +56,17 @@ std::string RedactSecrets(const std::string& value);
 // variables, else RedactSecrets(value).
 std::string ConfigValueForDisplay(const std::string& name, const std::string& value);
 
+// Unix socket of the dyad-service that the Flux module (dyad.so) of the
+// broker at `flux_uri` runs: `local:///DIR/NAME` gives `/DIR/dyad-NAME.sock`
+// (each broker of an instance has its own local-uri, so two brokers on one
+// host get two sockets, in the instance's private run directory). "" when
+// `flux_uri` is not a local:// URI naming an absolute path with a directory
+// and a name (ssh:// and other remote URIs have no local socket).
+std::string FluxServiceSocket(const std::string& flux_uri);
+
 // Default Unix socket of the local service: $DYAD_SERVICE_SOCKET, else
+// FluxServiceSocket($FLUX_URI) when FLUX_URI is set and names a local broker
+// (the socket of that broker's dyad.so module), else
 // /tmp/dyad-<uid>/service.sock.
 std::string DefaultServiceSocket();
 

@@ -13,16 +13,18 @@
 #include <mutex>
 #include <string>
 
+#include "common/thread_annotations.h"
+
 namespace dyad {
 namespace {
 
 std::atomic<LogLevel> g_level{LogLevel::kInfo};
-std::mutex g_mu;
-std::string g_prefix = "dyad";
-int g_info_fd = 2;
-int g_error_fd = 2;
-std::string g_info_path;  // "" = stderr
-std::string g_error_path;
+Mutex g_mu;
+std::string g_prefix GUARDED_BY(g_mu) = "dyad";
+int g_info_fd GUARDED_BY(g_mu) = 2;
+int g_error_fd GUARDED_BY(g_mu) = 2;
+std::string g_info_path GUARDED_BY(g_mu);  // "" = stderr
+std::string g_error_path GUARDED_BY(g_mu);
 // Mode of log files this process creates (the umask narrows it further).
 std::atomic<unsigned> g_file_mode{0600};
 
@@ -53,7 +55,7 @@ bool SetFile(int* target, std::string* target_path, const int* other, const std:
     if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0777 & ~mode) != 0)
       (void)::fchmod(fd, st.st_mode & 0777 & mode);
   }
-  std::lock_guard<std::mutex> lk(g_mu);
+  MutexLock lk(g_mu);
   const int old = *target;
   *target = fd;
   *target_path = path;
@@ -169,7 +171,7 @@ Result<unsigned> ParseFileMode(const std::string& text) {
 void LogSetLevel(LogLevel level) { g_level = level; }
 LogLevel LogGetLevel() { return g_level; }
 void LogSetPrefix(const std::string& prefix) {
-  std::lock_guard<std::mutex> lk(g_mu);
+  MutexLock lk(g_mu);
   g_prefix = prefix;
 }
 bool LogSetInfoFile(const std::string& path) {
@@ -182,7 +184,7 @@ bool LogSetErrorFile(const std::string& path) {
 bool LogReopen() {
   std::string info, error;
   {
-    std::lock_guard<std::mutex> lk(g_mu);
+    MutexLock lk(g_mu);
     info = g_info_path;
     error = g_error_path;
   }
@@ -211,7 +213,7 @@ void LogMessage(LogLevel level, const char* fmt, ...) {
   // control characters keeps one message on one line, so a newline in a
   // requested path cannot forge a log line.
   const std::string safe = EscapeControlChars(body);
-  std::lock_guard<std::mutex> lk(g_mu);
+  MutexLock lk(g_mu);
   char head[128];
   const int hn = snprintf(head, sizeof head, "%s.%03ld %s ", ts,
                           static_cast<long>(tv.tv_usec / 1000), LevelName(level));

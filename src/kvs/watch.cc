@@ -9,7 +9,7 @@ KvsWatchTicket WatchList::Add(const std::string& ns, KvsWatchCallback cb) {
   auto w = std::make_shared<Watcher>();
   w->ns = ns;
   w->cb = std::move(cb);
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   const KvsWatchTicket t = next_++;
   by_ns_[ns].emplace(t, w);
   all_.emplace(t, std::move(w));
@@ -20,7 +20,7 @@ KvsWatchTicket WatchList::Add(const std::string& ns, KvsWatchCallback cb) {
 std::optional<std::string> WatchList::Remove(KvsWatchTicket ticket) {
   std::shared_ptr<Watcher> w;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     auto it = all_.find(ticket);
     if (it == all_.end()) return std::nullopt;
     w = std::move(it->second);
@@ -32,27 +32,27 @@ std::optional<std::string> WatchList::Remove(KvsWatchTicket ticket) {
     }
     count_.store(all_.size(), std::memory_order_release);
   }
-  std::lock_guard<std::mutex> run(w->run_mu);  // waits for a callback in progress
+  MutexLock run(w->run_mu);  // waits for a callback in progress
   w->active = false;
   return w->ns;
 }
 
 bool WatchList::Watched(const std::string& ns) const {
   if (empty()) return false;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return by_ns_.count(ns) != 0;
 }
 
 std::vector<std::string> WatchList::Namespaces() const {
   std::set<std::string> names;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   for (const auto& [ns, watchers] : by_ns_) names.insert(ns);
   return std::vector<std::string>(names.begin(), names.end());
 }
 
 std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string* ns) const {
   std::vector<std::shared_ptr<Watcher>> out;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (ns == nullptr) {
     for (const auto& [t, w] : all_) out.push_back(w);
     return out;
@@ -65,7 +65,7 @@ std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string
 
 void WatchList::Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const KvsChange& change) {
   for (const auto& w : to) {
-    std::lock_guard<std::mutex> run(w->run_mu);
+    MutexLock run(w->run_mu);
     if (w->active) w->cb(change);
   }
 }

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "kvs/kvs.h"
 
 namespace dyad {
@@ -45,19 +46,19 @@ class WatchList {
   struct Watcher {
     std::string ns;
     KvsWatchCallback cb;
-    std::mutex run_mu;   // held while `cb` runs; Remove takes it to retire
-    bool active = true;  // guarded by run_mu
+    Mutex run_mu;  // held while `cb` runs; Remove takes it to retire
+    bool active GUARDED_BY(run_mu) = true;
   };
   void Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const KvsChange& change);
   std::vector<std::shared_ptr<Watcher>> Of(const std::string* ns) const;
 
   using Watchers = std::map<KvsWatchTicket, std::shared_ptr<Watcher>>;
-  mutable std::mutex mu_;
-  KvsWatchTicket next_ = 1;  // guarded by mu_
-  Watchers all_;             // guarded by mu_
+  mutable Mutex mu_;
+  KvsWatchTicket next_ GUARDED_BY(mu_) = 1;
+  Watchers all_ GUARDED_BY(mu_);
   // The same, by namespace: a Put finds its namespace's watchers without
   // looking at every other namespace's (a root may follow thousands).
-  std::unordered_map<std::string, Watchers> by_ns_;  // guarded by mu_
+  std::unordered_map<std::string, Watchers> by_ns_ GUARDED_BY(mu_);
   std::atomic<size_t> count_{0};
 };
 

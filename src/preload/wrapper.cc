@@ -68,6 +68,7 @@
 #include "client/producer_lock.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "dyad/common/dyad_rc.h"
 
 // Declared by glibc only under _FORTIFY_SOURCE; the fortified open() inline
@@ -234,7 +235,7 @@ class WaitNotices {
   using Token = std::list<Waiting>::iterator;
 
   Token Begin(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (!started_) {
       started_ = true;
       std::thread([this] { Watch(); }).detach();
@@ -244,14 +245,14 @@ class WaitNotices {
     return std::prev(waiting_.end());
   }
   void End(Token t) {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     waiting_.erase(t);
   }
-  void LockForFork() { mu_.lock(); }
-  void UnlockAfterFork() { mu_.unlock(); }
+  void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
+  void UnlockAfterFork() RELEASE(mu_) { mu_.unlock(); }
   // In the child: the parent's waits are not this process's, and the
   // watcher thread did not come along.
-  void ResetInChild() {
+  void ResetInChild() RELEASE(mu_) {
     waiting_.clear();
     started_ = false;
     mu_.unlock();
@@ -260,10 +261,10 @@ class WaitNotices {
  private:
   void Watch() {
     const auto after = std::chrono::milliseconds(g_wait_notice_ms);
-    std::unique_lock<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     for (;;) {
       if (waiting_.empty()) {
-        cv_.wait(lk);
+        lk.Wait(cv_);
         continue;
       }
       const auto now = std::chrono::steady_clock::now();
@@ -280,12 +281,12 @@ class WaitNotices {
         }
       }
       if (!due.empty()) {
-        lk.unlock();
+        lk.Unlock();
         for (const auto& [name, secs] : due) Print(name, secs);
-        lk.lock();
+        lk.Lock();
         continue;
       }
-      cv_.wait_until(lk, next);
+      lk.WaitUntil(cv_, next);
     }
   }
   static void Print(const std::string& name, int64_t secs) {
@@ -302,11 +303,11 @@ class WaitNotices {
     (void)ignored;
   }
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  bool started_ = false;
-  std::list<Waiting> waiting_;
-  std::set<std::string> noticed_;  // once per file
+  bool started_ GUARDED_BY(mu_) = false;
+  std::list<Waiting> waiting_ GUARDED_BY(mu_);
+  std::set<std::string> noticed_ GUARDED_BY(mu_);  // once per file
 };
 
 WaitNotices& Notices() {
@@ -421,7 +422,7 @@ class FileTable {
   std::vector<std::unique_ptr<TrackedFile>> RemoveRange(unsigned first, unsigned last);
   bool WritingPath(const std::string& path) {
     if (count_.load(std::memory_order_acquire) == 0) return false;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [key, f] : by_file_)
       if (f->path == path && f->owned) return true;
     return false;
@@ -430,17 +431,17 @@ class FileTable {
   bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
   std::vector<std::unique_ptr<TrackedFile>> TakeAll();
 
-  void LockForFork() { mu_.lock(); }
-  void UnlockAfterFork() { mu_.unlock(); }
+  void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
+  void UnlockAfterFork() RELEASE(mu_) { mu_.unlock(); }
   // In a forked child: the parent owns every file open so far.
-  void DisownAll();
+  void DisownAll() REQUIRES(mu_);
 
  private:
   using Key = std::pair<dev_t, ino_t>;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::atomic<int> count_{0};  // descriptors in by_fd_
-  std::unordered_map<int, TrackedFile*> by_fd_;
-  std::map<Key, std::unique_ptr<TrackedFile>> by_file_;
+  std::unordered_map<int, TrackedFile*> by_fd_ GUARDED_BY(mu_);
+  std::map<Key, std::unique_ptr<TrackedFile>> by_file_ GUARDED_BY(mu_);
 };
 
 FileTable& Table() {
@@ -479,7 +480,7 @@ void FileTable::Add(int fd, const std::string& path) {
   TrackedFile* file = nullptr;
   bool first = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = by_file_.find(key);
     if (it == by_file_.end()) {
       auto f = std::make_unique<TrackedFile>();
@@ -497,14 +498,14 @@ void FileTable::Add(int fd, const std::string& path) {
   if (!first) return;
   // Outside the mutex: flock may wait for a fetch in progress (LOCK_SH).
   const int lock_fd = LockFile(fd, path);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   file->lock_fd = lock_fd;
 }
 
 void FileTable::AddAlias(int oldfd, int newfd) {
   if (newfd < 0 || empty()) return;
   if (newfd != oldfd) DropStale(newfd);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_fd_.find(oldfd);
   if (it == by_fd_.end()) return;
   ++it->second->refs;
@@ -512,7 +513,7 @@ void FileTable::AddAlias(int oldfd, int newfd) {
 }
 
 std::unique_ptr<TrackedFile> FileTable::Remove(int fd) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return nullptr;
   TrackedFile* file = it->second;
@@ -528,7 +529,7 @@ std::unique_ptr<TrackedFile> FileTable::Remove(int fd) {
 std::vector<std::unique_ptr<TrackedFile>> FileTable::RemoveRange(unsigned first, unsigned last) {
   std::vector<int> fds;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [fd, file] : by_fd_)
       if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last)
         fds.push_back(fd);
@@ -540,7 +541,7 @@ std::vector<std::unique_ptr<TrackedFile>> FileTable::RemoveRange(unsigned first,
 }
 
 std::vector<std::unique_ptr<TrackedFile>> FileTable::TakeAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::unique_ptr<TrackedFile>> out;
   for (auto& [key, f] : by_file_) out.push_back(std::move(f));
   by_file_.clear();
@@ -558,15 +559,17 @@ void FileTable::DisownAll() {
   }
 }
 
-void AtForkPrepare() {
+// (The locks are held from one handler to the next: beyond what the
+// analysis follows.)
+void AtForkPrepare() NO_THREAD_SAFETY_ANALYSIS {
   Table().LockForFork();
   if (g_wait_notice_ms > 0) Notices().LockForFork();
 }
-void AtForkParent() {
+void AtForkParent() NO_THREAD_SAFETY_ANALYSIS {
   if (g_wait_notice_ms > 0) Notices().UnlockAfterFork();
   Table().UnlockAfterFork();
 }
-void AtForkChild() {
+void AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
   if (g_wait_notice_ms > 0) Notices().ResetInChild();
   Table().DisownAll();
   Table().UnlockAfterFork();

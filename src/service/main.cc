@@ -211,7 +211,9 @@ int main(int argc, char** argv) {
                  "address), redis://[USER:PASSWORD@]HOST:PORT[/DB] (one Redis server), "
                  "redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster; the addresses are "
                  "seeds), redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] (a primary found "
-                 "through Redis Sentinel), memory (this service only); see docs/redis.md")
+                 "through Redis Sentinel), flux:// (the KVS of the Flux instance of $FLUX_URI; "
+                 "flux://?uri=URI another), memory (this service only); see docs/redis.md and "
+                 "docs/configuration.md")
       ->capture_default_str();
   app.add_flag("--root", opt.host_root, "Host the embedded metadata store here (any rank)");
   app.add_option("--service-mux", opt.service_mux, "Services per node")->capture_default_str();

@@ -69,6 +69,11 @@ for f in include/dyad/client/dyad_client.h include/dyad/client/dyad_client.hpp \
          share/dyad/install_manifest.txt; do
   [ -e "$P/$f" ] || fail "missing from install: $f"
 done
+# The Flux module, where upstream's users load it ($PREFIX/lib/dyad.so),
+# when the build has it (flux-core found).
+if [ -e "$BUILD_DIR/lib/dyad.so" ]; then
+  [ -e "$P/lib/dyad.so" ] || fail "missing from install: lib/dyad.so"
+fi
 
 step "RUNPATH of every installed library"
 for lib in $(find "$P" -name '*.so*' -type f); do

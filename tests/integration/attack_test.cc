@@ -107,9 +107,7 @@ TEST_F(FullHandshakePlacesTest, NewPeerSessionGetsInWhileSilentPeersHoldEveryPla
     ASSERT_TRUE(fd.ok()) << Str(fd.status());
     flood.push_back(std::move(*fd));
   }
-  const Deadline full = Deadline::AfterMs(3000);
-  while (Counter(kA, "connections.handshaking") < 8 && !full.expired())
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)testutil::Eventually([&] { return Counter(kA, "connections.handshaking") >= 8; }, 3000, 20);
   ASSERT_EQ(Counter(kA, "connections.handshaking"), 8u);
   // Silent for a while, as a flood's connections are (each may stay 5 s); a
   // handshake younger than 20 ms keeps its place, so that a burst of real

@@ -16,13 +16,6 @@ namespace {
 constexpr int kA = 0;
 constexpr int kB = 1;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class CacheTest : public TwoNodeTest {
  protected:
   emu::ClusterOptions Options() override {
@@ -76,9 +69,8 @@ TEST_F(CacheTest, EvictsUnderATinyBudgetButNeverAFileHeldOpen) {
       kB, {"sh", "-c", "exec 3< '" + InCons(kB, "a") + "' && echo opened && exec sleep 60"},
       PreloadEnv(kB), out);
   ASSERT_TRUE(holder.ok()) << Str(holder.status());
-  const Deadline opened = Deadline::AfterMs(30000);
-  while (ReadAll(out).find("opened") == std::string::npos && !opened.expired())
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)testutil::Eventually([&] { return ReadAll(out).find("opened") != std::string::npos; },
+                             30000, 20);
   ASSERT_NE(ReadAll(out).find("opened"), std::string::npos) << ReadAll(out);
   RunOk(kB, {"cat", InCons(kB, "b")});
   // Past the grace period, c takes the copies past 250,000 bytes: a is the

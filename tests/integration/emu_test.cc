@@ -24,6 +24,7 @@
 #include "emu/pattern.h"
 #include "emu/process.h"
 #include "emu/worker.h"
+#include "util.h"
 
 namespace dyad::emu {
 namespace {
@@ -160,9 +161,9 @@ TEST(EmuPatternTest, VerifyFindsSizeAndContentErrors) {
 }
 
 TEST(EmuWorkerTest, ManifestAndResultsRoundTripOddNames) {
-  char dir[] = "/tmp/dyad-emu-worker-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string m = std::string(dir) + "/m", r = std::string(dir) + "/r";
+  const std::string dir = testutil::MakeTempDir("dyad-emu-worker-");
+  ASSERT_FALSE(dir.empty());
+  const std::string m = dir + "/m", r = dir + "/r";
   const std::vector<ManifestEntry> in = {
       {"plain.dat", 0}, {"tab\there", 5}, {"new\nline %41 100%", -1}, {"ü 文件", 1ll << 33}};
   ASSERT_TRUE(WriteManifest(m, in).ok());
@@ -288,8 +289,8 @@ TEST(EmuScaleTest, ThirtyTwoNodesExchangeBetweenFarNodes) {
 // A start that fails half way (one of 16 services cannot start) removes
 // every namespace, service and directory it had made.
 TEST(EmuScaleTest, FailedStartOfManyNodesLeavesNothing) {
-  char parent[] = "/tmp/dyad-emu-scale-XXXXXX";
-  ASSERT_NE(::mkdtemp(parent), nullptr);
+  const std::string parent = testutil::MakeTempDir("dyad-emu-scale-");
+  ASSERT_FALSE(parent.empty());
   ClusterOptions o;
   o.bin_dir = DYAD_BUILD_BIN_DIR;
   o.tmp_parent = parent;
@@ -300,7 +301,7 @@ TEST(EmuScaleTest, FailedStartOfManyNodesLeavesNothing) {
   const std::string mine = std::string(kNetnsPrefix) + std::to_string(::getpid()) + "-";
   for (const std::string& n : ListNetns()) EXPECT_NE(n.rfind(mine, 0), 0u) << n;
   // The only thing left in the parent would be the cluster's directory.
-  EXPECT_EQ(::rmdir(parent), 0) << "cluster directory left in " << parent;
+  EXPECT_EQ(::rmdir(parent.c_str()), 0) << "cluster directory left in " << parent;
 }
 
 }  // namespace

@@ -52,12 +52,7 @@ class FieldReadyBase : public TwoNodeTest {
   // Polls `pred` every 100 ms for up to `ms`.
   template <typename Pred>
   bool Eventually(int64_t ms, Pred pred) {
-    const Deadline d = Deadline::AfterMs(ms);
-    while (!pred()) {
-      if (d.expired()) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return true;
+    return testutil::Eventually(pred, ms, 100);
   }
   size_t CopiesOn(int node, const std::vector<std::string>& names) {
     size_t n = 0;

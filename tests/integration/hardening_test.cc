@@ -20,6 +20,7 @@
 #include "integration/integration_util.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
+#include "util.h"
 
 namespace dyad::it {
 namespace {
@@ -53,13 +54,6 @@ std::string FrameHeader(uint16_t type, uint32_t len) {
   char hdr[kFrameHeaderSize];
   EncodeFrameHeader(hdr, type, len);
   return std::string(hdr, sizeof hdr);
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 class HardeningTest : public TwoNodeTest {};
@@ -151,9 +145,8 @@ class StartupTest : public ::testing::Test {
     dyad_ = emu::FindSiblingProgram("dyad", DYAD_BUILD_BIN_DIR);
     ASSERT_FALSE(service_.empty());
     ASSERT_FALSE(dyad_.empty());
-    char tmpl[] = "/tmp/dyad-startup-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-startup-test.");
+    ASSERT_FALSE(base_.empty());
     ASSERT_EQ(::chmod(base_.c_str(), 0755), 0);
     ASSERT_EQ(::mkdir((base_ + "/dmd").c_str(), 0755), 0);
     // The services below have a credential unless a test says otherwise:
@@ -335,8 +328,7 @@ TEST_F(StartupTest, Defect4_ClientRefusesAServiceSocketOfAnotherUser) {
       ::waitpid(pid, nullptr, 0);
     }
   } reap{squatter};
-  const Deadline up = Deadline::AfterMs(5000);
-  while (!Exists(sock) && !up.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  (void)testutil::Eventually([&] { return Exists(sock); }, 5000, 5);
   ASSERT_TRUE(Exists(sock)) << "the squatter did not start";
 
   emu::SpawnOptions o;

@@ -35,6 +35,7 @@
 #include "emu/cluster.h"
 #include "emu/pattern.h"
 #include "emu/worker.h"
+#include "util.h"
 
 #ifndef DYAD_BUILD_BIN_DIR
 #define DYAD_BUILD_BIN_DIR ""
@@ -46,6 +47,11 @@ using emu::EmuCluster;
 using emu::FileResult;
 using emu::ManifestEntry;
 using Env = std::map<std::string, std::string>;
+using testutil::Eventually;
+using testutil::MakeTempDir;
+using testutil::ReadAll;
+using testutil::ReadText;
+using testutil::TempDir;
 
 constexpr int kA = 0;
 constexpr int kB = 1;

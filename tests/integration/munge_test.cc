@@ -13,6 +13,7 @@
 #include "integration/integration_util.h"
 #include "proto/auth.h"
 #include "proto/munge/munge.h"
+#include "util.h"
 
 namespace dyad::it {
 namespace {
@@ -94,9 +95,8 @@ class MungeTest : public TwoNodeTest {
   void SetUp() override {
     if (!MungeCompiledIn()) GTEST_SKIP() << "built without MUNGE";
     if (MungedBinary().empty()) GTEST_SKIP() << "munged is not installed";
-    char tmpl[] = "/tmp/dyad-munge-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::MakeTempDir("dyad-munge-test.");
+    ASSERT_FALSE(dir_.empty());
     // munged wants every directory above its socket searchable by all.
     ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
     ASSERT_TRUE(WriteKey(dir_ + "/cluster.key").ok());

@@ -18,13 +18,6 @@
 
 namespace dyad::it {
 
-inline std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 inline void WriteText(const std::string& path, const std::string& text, mode_t mode = 0644) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
   ASSERT_TRUE(fd.valid()) << path;
@@ -33,12 +26,7 @@ inline void WriteText(const std::string& path, const std::string& text, mode_t m
 
 // Waits until `path` contains `text` (bounded); false on timeout.
 inline bool WaitForText(const std::string& path, const std::string& text, int64_t timeout_ms) {
-  const Deadline deadline = Deadline::AfterMs(timeout_ms);
-  while (!deadline.expired()) {
-    if (ReadText(path).find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return Eventually([&] { return ReadText(path).find(text) != std::string::npos; }, timeout_ms, 20);
 }
 
 class OpsTest : public TwoNodeTest {

@@ -19,16 +19,10 @@
 
 #include "client/client.h"
 #include "integration_util.h"
+#include "util.h"
 
 namespace dyad::it {
 namespace {
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The text stream_worker writes for `n` lines.
 std::string Lines(int n) {
@@ -275,9 +269,8 @@ class ScopedEnv {
 class StreamLocalTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-stream-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-stream-test-");
+    ASSERT_FALSE(base_.empty());
     dmd_ = base_ + "/dmd";
     outside_ = base_ + "/outside";
     ASSERT_EQ(::mkdir(dmd_.c_str(), 0755), 0);

@@ -79,14 +79,6 @@ TEST_F(CApiTest, ReturnCodesAreErrorsExceptOk) {
   EXPECT_STREQ(dyad_rc_name(DYAD_RC_NOSERVICE), "DYAD_RC_NOSERVICE");
 }
 
-TEST_F(CApiTest, FluxHandleMustBeNull) {
-  int dummy = 0;
-  EXPECT_EQ(InitPaths(prod_.c_str(), cons_.c_str(), true, "FLUX_RPC", &dummy), DYAD_RC_FLUXFAIL);
-  EXPECT_NE(std::strstr(dyad_last_error(), "flux_handle must be NULL"), nullptr);
-  EXPECT_EQ(dyad_ctx_get(), nullptr);
-  EXPECT_EQ(dyad_init_env(DYAD_COMM_RECV, &dummy), DYAD_RC_FLUXFAIL);
-}
-
 TEST_F(CApiTest, InitWithoutPathsIsInertAndOk) {
   EXPECT_EQ(InitPaths(nullptr, nullptr), DYAD_RC_OK);
   ASSERT_NE(dyad_ctx_get(), nullptr);

@@ -34,32 +34,20 @@
 #include "common/wire.h"
 #include "dyad/common/dyad_envs.h"
 #include "proto/protocol.h"
+#include "util.h"
 
 namespace dyad {
 namespace testing_util {
 
-class TempDir {
+class TempDir : public testutil::TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/dyadcl-XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    path_ = p != nullptr ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Sub(const std::string& rel) const { return path_ + "/" + rel; }
-
- private:
-  std::string path_;
+  TempDir() : testutil::TempDir("dyadcl-") {}
 };
 
+// (Creates the parent directories too.)
 inline void WriteFile(const std::string& path, const std::string& data) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << data;
+  testutil::WriteFile(path, data);
 }
 
 class EnvScrub {

@@ -29,28 +29,13 @@
 #include "proto/auth.h"
 #include "proto/auth_internal.h"
 #include "proto/protocol.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
 
-// A private temporary directory, removed (with what the test left) at the end.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/dyad-hardening2-XXXXXX";
-    if (::mkdtemp(tmpl) != nullptr) path = tmpl;
-  }
-  ~TempDir() {
-    if (!path.empty()) (void)std::system(("rm -rf '" + path + "'").c_str());
-  }
-  std::string path;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testutil::ReadAll;
+using testutil::TempDir;
 
 void WriteText(const std::string& path, const std::string& text, mode_t mode) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
@@ -102,14 +87,14 @@ int TraceOnce(const std::string& path) {
 
 TEST(Hardening2, TraceRefusesForeignFile) {
   TempDir d;
-  ASSERT_FALSE(d.path.empty());
-  ASSERT_EQ(::chmod(d.path.c_str(), 0777), 0);  // as /tmp: anyone may create here
-  const std::string err = d.path + "/stderr";
+  ASSERT_FALSE(d.path().empty());
+  ASSERT_EQ(::chmod(d.path().c_str(), 0777), 0);  // as /tmp: anyone may create here
+  const std::string err = d.path() + "/stderr";
   const bool root = ::geteuid() == 0;
 
   // Another uid's pre-made 0666 file must not receive our trace.
   if (root) {
-    const std::string foreign = d.path + "/foreign.json";
+    const std::string foreign = d.path() + "/foreign.json";
     WriteText(foreign, "", 0666);
     ASSERT_EQ(::chown(foreign.c_str(), 65534, 65534), 0);
     EXPECT_EQ(InChild(err, [&] { return TraceOnce(foreign); }), 1);
@@ -118,15 +103,15 @@ TEST(Hardening2, TraceRefusesForeignFile) {
   }
 
   // A symlink at the path is never followed: the victim's file is untouched.
-  const std::string victim = d.path + "/victim.txt";
+  const std::string victim = d.path() + "/victim.txt";
   WriteText(victim, "precious\n", 0600);
-  const std::string link = d.path + "/link.json";
+  const std::string link = d.path() + "/link.json";
   ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
   EXPECT_EQ(InChild(err, [&] { return TraceOnce(link); }), 1);
   EXPECT_EQ(ReadAll(victim), "precious\n");
 
   // Our own file that group or others may write is refused too.
-  const std::string open_file = d.path + "/open.json";
+  const std::string open_file = d.path() + "/open.json";
   WriteText(open_file, "[\n", 0622);
   EXPECT_EQ(InChild(err, [&] { return TraceOnce(open_file); }), 1);
   EXPECT_EQ(ReadAll(open_file), "[\n");
@@ -135,7 +120,7 @@ TEST(Hardening2, TraceRefusesForeignFile) {
   // A new trace is created 0600 even under umask 000, and never through the
   // old predictable temporary name (path.tmp.PID), here a symlink to the
   // victim planted by "someone else" just before.
-  const std::string fresh = d.path + "/fresh.json";
+  const std::string fresh = d.path() + "/fresh.json";
   EXPECT_EQ(InChild(err,
                     [&] {
                       ::umask(0);
@@ -201,7 +186,7 @@ TEST(Hardening2, ShortSecretRefused) {
   Result<std::string> env = LoadClusterSecret("");
   EXPECT_EQ(env.status().code(), DYAD_RC_AUTH);
   EXPECT_NE(env.status().message().find("DYAD_SECRET"), std::string::npos);
-  const std::string file = d.path + "/secret";
+  const std::string file = d.path() + "/secret";
   WriteText(file, "hunter2\n", 0600);
   Result<std::string> f = LoadClusterSecret(file);
   EXPECT_EQ(f.status().code(), DYAD_RC_AUTH);
@@ -510,7 +495,7 @@ TEST(Hardening2, LogEscapesC1AndBidi) {
 
   // In a log line.
   TempDir d;
-  const std::string log = d.path + "/log";
+  const std::string log = d.path() + "/log";
   ASSERT_TRUE(LogSetInfoFile(log));
   DYAD_LOG_INFO("refused '%s'",
                 "evil\xe2\x80\xae\xc2\x9b"
@@ -526,7 +511,7 @@ TEST(Hardening2, LogEscapesC1AndBidi) {
 
 TEST(Hardening2, LogFilesArePrivate) {
   TempDir d;
-  const std::string log = d.path + "/info.log";
+  const std::string log = d.path() + "/info.log";
   const mode_t old = ::umask(0);
   const bool opened = LogSetInfoFile(log);
   ::umask(old);
@@ -537,7 +522,7 @@ TEST(Hardening2, LogFilesArePrivate) {
   ASSERT_EQ(::stat(log.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u) << std::oct << (st.st_mode & 0777);
   // An existing 0644 log of ours is narrowed when opened.
-  const std::string wide = d.path + "/wide.log";
+  const std::string wide = d.path() + "/wide.log";
   WriteText(wide, "old\n", 0644);
   ASSERT_TRUE(LogSetErrorFile(wide));
   ASSERT_TRUE(LogSetErrorFile(""));
@@ -550,7 +535,7 @@ TEST(Hardening2, LogFilesArePrivate) {
   EXPECT_FALSE(ParseFileMode("999").ok());
   EXPECT_FALSE(ParseFileMode("").ok());
   LogSetFileMode(0640);
-  const std::string group = d.path + "/group.log";
+  const std::string group = d.path() + "/group.log";
   ASSERT_TRUE(LogSetInfoFile(group));
   ASSERT_TRUE(LogSetInfoFile(""));
   LogSetFileMode(0600);

@@ -23,6 +23,7 @@
 #include "common/time.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -387,9 +388,9 @@ TEST(Handshake, AnythingButTheHandshakeIsRefusedBeforeAuthentication) {
 // A shared sticky directory (like /tmp) must never be advised to chmod 700:
 // the advice is a private subdirectory. A plain directory of ours gets both.
 TEST(Issue26Item5, SharedSocketDirectoryAdvisesAPrivateSubdirectoryNotChmod) {
-  char tmpl[] = "/tmp/dyad-sockdir-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string base = tmpl;
+  const testutil::TempDir tmp("dyad-sockdir-");
+  ASSERT_TRUE(tmp.ok());
+  const std::string& base = tmp.path();
   const std::string shared = base + "/shared";
   const std::string open = base + "/open";
   ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
@@ -399,10 +400,6 @@ TEST(Issue26Item5, SharedSocketDirectoryAdvisesAPrivateSubdirectoryNotChmod) {
   const Status s = PrepareSocketDirectory(shared);
   const Status o = PrepareSocketDirectory(open);
   const Status priv = PrepareSocketDirectory(base + "/private");  // created 0700
-  ::rmdir(shared.c_str());
-  ::rmdir(open.c_str());
-  ::rmdir((base + "/private").c_str());
-  ::rmdir(base.c_str());
   ASSERT_EQ(s.code(), DYAD_RC_PERM) << s.ToString();
   EXPECT_NE(s.message().find("mode 1777"), std::string::npos) << s.message();
   EXPECT_EQ(s.message().find("chmod"), std::string::npos) << s.message();

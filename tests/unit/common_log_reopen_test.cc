@@ -9,22 +9,18 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testutil::ReadAll;
 
 TEST(LogReopenTest, MessagesFollowTheConfiguredPathAfterRotation) {
-  char dir[] = "/tmp/dyad-log-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string info = std::string(dir) + "/info.log";
-  const std::string error = std::string(dir) + "/error.log";
+  const testutil::TempDir dir("dyad-log-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string info = dir.Sub("info.log");
+  const std::string error = dir.Sub("error.log");
   ASSERT_TRUE(LogSetInfoFile(info));
   ASSERT_TRUE(LogSetErrorFile(error));
   DYAD_LOG_INFO("before rotation");
@@ -42,8 +38,6 @@ TEST(LogReopenTest, MessagesFollowTheConfiguredPathAfterRotation) {
   ASSERT_TRUE(LogSetInfoFile(""));
   ASSERT_TRUE(LogSetErrorFile(""));
   EXPECT_TRUE(LogReopen());  // back on stderr: nothing to reopen
-  for (const std::string& f : {info, error, info + ".1", error + ".1"}) std::remove(f.c_str());
-  ::rmdir(dir);
 }
 
 }  // namespace

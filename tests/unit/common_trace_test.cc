@@ -15,16 +15,12 @@
 #include <thread>
 
 #include "common/trace.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testutil::ReadAll;
 
 TEST(TraceTest, JsonQuoteEscapesWhatWouldBreakTheFile) {
   EXPECT_EQ(JsonQuote("plain/path.dat"), "\"plain/path.dat\"");
@@ -43,9 +39,9 @@ TEST(TraceTest, JsonQuoteEscapesWhatWouldBreakTheFile) {
 // The whole test runs with DYAD_TRACE set before the first span of this
 // process (the setting is read once).
 TEST(TraceTest, ProcessesAndThreadsShareOneValidTrace) {
-  char dir[] = "/tmp/dyad-trace-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/trace.json";
+  const testutil::TempDir dir("dyad-trace-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Sub("trace.json");
   ASSERT_EQ(::setenv("DYAD_TRACE", path.c_str(), 1), 0);
   ASSERT_TRUE(TraceEnabled());
   TraceSetProcessName("trace test parent");
@@ -111,8 +107,6 @@ TEST(TraceTest, ProcessesAndThreadsShareOneValidTrace) {
     EXPECT_EQ(names.count(TraceProcessId(host, pid)), 1u)
         << "child " << pid << " did not name itself";
   }
-  std::remove(path.c_str());
-  ::rmdir(dir);
 }
 
 }  // namespace

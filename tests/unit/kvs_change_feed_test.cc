@@ -17,6 +17,7 @@
 
 #include "kvs/embedded/change_feed.h"
 #include "kvs/memory/memory_kvs.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -228,9 +229,7 @@ TEST(ChangeFeeds, IdleFeedsAreFreedAndCapped) {
                        },
                        &t)
                    .has_value());
-  const Deadline freed_by = Deadline::AfterMs(5000);
-  while (feeds.FeedCount() > 1 && !freed_by.expired())
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)testutil::Eventually([&] { return feeds.FeedCount() <= 1; }, 5000, 20);
   EXPECT_EQ(feeds.FeedCount(), 1u);  // "kept" only
   // Room again for a new namespace.
   EXPECT_TRUE(feeds.Poll(At(0, 0, "one-more"), Deadline::AfterMs(0), nullptr).ok());

@@ -31,6 +31,7 @@
 #include "service/file_server.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -58,9 +59,8 @@ class Hardening2 : public ::testing::Test {
   // B's consumer directory is base/cons (not its producer directory, so
   // B's copies there are indexed and removable like any node's).
   void StartServices(uint64_t b_budget = 0) {
-    char tmpl[] = "/tmp/dyad-hardening2.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-hardening2.");
+    ASSERT_FALSE(base_.empty());
     cons_ = base_ + "/cons";
     ASSERT_EQ(::mkdir(cons_.c_str(), 0755), 0);
     ServiceOptions oa = FirstServiceOptions(base_);

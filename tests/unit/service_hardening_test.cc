@@ -19,6 +19,7 @@
 #include "service/service.h"
 #include "transport/transport.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -156,9 +157,9 @@ TEST(ServiceHardening, ModesAreCarriedOver) {
 // directory swapped for a symlink between the owner's check and the copy
 // made it read a file outside the producer directory.
 TEST(ServiceHardening, SameNodeCopyRefusesAPathSwappedAfterTheCheck) {
-  char tmpl[] = "/tmp/dyad-swap.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string base = tmpl, root = base + "/prod", outside = base + "/outside";
+  const testutil::TempDir tmp("dyad-swap.");
+  ASSERT_TRUE(tmp.ok());
+  const std::string base = tmp.path(), root = base + "/prod", outside = base + "/outside";
   std::filesystem::create_directories(root + "/d");
   std::filesystem::create_directories(outside);
   WriteFile(root + "/d/f", "published");
@@ -197,7 +198,6 @@ TEST(ServiceHardening, SameNodeCopyRefusesAPathSwappedAfterTheCheck) {
   WriteFile(root + "/d/f", "published");  // a new inode
   st = (*local)->Pull(session, src.size, *args, sink.get(), &ts);
   EXPECT_EQ(st.code(), DYAD_RC_STALE) << st.ToString();
-  std::filesystem::remove_all(base);
 }
 
 // Defect 6: one thread and one descriptor per connection without limit; an

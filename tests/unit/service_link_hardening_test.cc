@@ -24,6 +24,7 @@
 #include "proto/protocol.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -152,9 +153,8 @@ class RelayedPair : public ::testing::TestWithParam<LinkProtection> {
   static constexpr uint64_t kFlipAt = 1u << 20;
 
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-hardening-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-hardening-test.");
+    ASSERT_FALSE(base_.empty());
     Result<uint16_t> port = FreePort();
     ASSERT_TRUE(port.ok()) << port.status().ToString();
     SocketAddress a_addr;
@@ -194,8 +194,7 @@ class RelayedPair : public ::testing::TestWithParam<LinkProtection> {
     b_.reset();
     a_.reset();
     if (relay_) relay_->Stop();
-    const std::string cmd = "rm -rf '" + base_ + "'";
-    if (!base_.empty() && std::system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot remove " << base_;
+    if (!testutil::RemoveTree(base_)) ADD_FAILURE() << "cannot remove " << base_;
   }
 
   std::string Pattern(uint64_t size) {

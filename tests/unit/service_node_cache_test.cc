@@ -4,6 +4,7 @@
 #include "service/node_cache.h"
 
 #include "common/fsutil.h"
+#include "util.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -25,11 +26,10 @@ namespace {
 class NodeCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-node-cache.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::MakeTempDir("dyad-node-cache.");
+    ASSERT_FALSE(dir_.empty());
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { testutil::RemoveTree(dir_); }
 
   // A copy of `size` bytes at dir_/name, and its record (seq `seq`).
   FileRecord Place(const std::string& name, size_t size, uint64_t seq = 1) {

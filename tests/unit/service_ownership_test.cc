@@ -14,6 +14,7 @@
 #include "common/fsutil.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -31,9 +32,8 @@ struct Node {
 class Ownership : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-ownership.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-ownership.");
+    ASSERT_FALSE(base_.empty());
     for (uint32_t rank = 0; rank < 3; ++rank) {
       Node n;
       const std::string name = std::string(1, static_cast<char>('a' + rank));
@@ -71,10 +71,7 @@ class Ownership : public ::testing::Test {
       if (it->service) it->service->Stop();
     }
     nodes_.clear();
-    if (!base_.empty()) {
-      const std::string cmd = "rm -rf '" + base_ + "'";
-      EXPECT_EQ(system(cmd.c_str()), 0);
-    }
+    EXPECT_TRUE(testutil::RemoveTree(base_));
   }
 
   // Consumes f on node `i` and returns what its consumer directory holds.

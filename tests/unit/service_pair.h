@@ -21,32 +21,16 @@
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
 #include "service/service.h"
+#include "util.h"
 
 namespace dyad {
 namespace testing_services {
 
-inline std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-inline void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
-
-// Polls `pred` every 10 ms for at most `ms`.
-template <typename F>
-bool Eventually(F pred, int64_t ms = 10000) {
-  const Deadline d = Deadline::AfterMs(ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
+using testutil::Eventually;
+using testutil::MakeTempDir;
+using testutil::ReadAll;
+using testutil::RemoveTree;
+using testutil::WriteFile;
 
 // One request on a fresh connection to a service's Unix socket.
 inline Result<std::string> CallLocal(const std::string& sock, MsgType type, const std::string& req,
@@ -151,8 +135,7 @@ inline void StopAndRemove(std::unique_ptr<Service>* b, std::unique_ptr<Service>*
   b->reset();
   a->reset();
   if (!base->empty()) {
-    const std::string cmd = "rm -rf '" + *base + "'";
-    if (system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", base->c_str());
+    if (!RemoveTree(*base)) std::fprintf(stderr, "could not remove %s\n", base->c_str());
     base->clear();
   }
 }
@@ -187,9 +170,8 @@ class ServicePair {
   // with A's embedded store when `b_kvs` is empty.
   // With `mux` 2 both services are on one node (the same-node path).
   Status Start(const std::string& a_kvs, const std::string& b_kvs = "", uint32_t mux = 1) {
-    char tmpl[] = "/tmp/dyad-svc-test.XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return StatusFromErrno(errno, "mkdtemp");
-    base = tmpl;
+    base = MakeTempDir("dyad-svc-test.");
+    if (base.empty()) return StatusFromErrno(errno, "mkdtemp");
     dir_a = base + "/a";
     dir_b = base + "/b";
     ServiceOptions oa = FirstServiceOptions(base, a_kvs);

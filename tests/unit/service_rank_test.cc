@@ -11,6 +11,7 @@
 #include "service/rank.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -142,9 +143,8 @@ TEST(Issue26Item19, CredentialFailureLeadsWithTheCauseAndFitsTheHint) {
 // registered.
 TEST(Issue26Item20, SameHostOnlyTransportIsRefusedAtStartInAClusterOfHosts) {
   using namespace testing_services;  // NOLINT(build/namespaces)
-  char tmpl[] = "/tmp/dyad-shm-start.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  std::string base = tmpl;
+  std::string base = testutil::MakeTempDir("dyad-shm-start.");
+  ASSERT_FALSE(base.empty());
   std::unique_ptr<Service> a, b;
   ServiceOptions oa = FirstServiceOptions(base);
   a = std::make_unique<Service>(oa);

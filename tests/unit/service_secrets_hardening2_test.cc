@@ -13,6 +13,7 @@
 
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -22,9 +23,8 @@ using testing_services::FirstServiceOptions;
 class Hardening2 : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-hardening2-svc-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-hardening2-svc-");
+    ASSERT_FALSE(base_.empty());
   }
   void TearDown() override {
     if (svc_) svc_->Stop();

@@ -30,6 +30,7 @@
 #include "proto/protocol.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -57,9 +58,8 @@ std::string ValueOf(int i) { return std::string(kMiB, static_cast<char>('a' + i 
 class StoreBounds : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-store-bounds-test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-store-bounds-test.");
+    ASSERT_FALSE(base_.empty());
     ServiceOptions o = FirstServiceOptions(base_);
     o.workers = 2;
     root_ = std::make_unique<Service>(o);

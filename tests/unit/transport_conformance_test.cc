@@ -51,6 +51,7 @@
 #include "proto/protocol.h"
 #include "transport/local/local_transport.h"
 #include "transport/transport.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -82,26 +83,17 @@ std::string BaseTempDir() {
 }
 
 std::string MakeTempDir(const std::string& parent, const std::string& tag) {
-  std::string templ = parent + "/dyad-transport-" + tag + ".XXXXXX";
-  std::vector<char> buf(templ.begin(), templ.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) return std::string();
-  return std::string(buf.data());
+  return testutil::MakeTempDir("dyad-transport-" + tag + ".", parent);
 }
 
-void RemoveTree(const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
+using testutil::RemoveTree;
 
 // A fresh directory under BaseTempDir() removed with everything in it when
 // the test ends, also when it fails.
-struct ScopedTempDir {
-  explicit ScopedTempDir(const std::string& tag) : path(MakeTempDir(BaseTempDir(), tag)) {}
-  ~ScopedTempDir() { RemoveTree(path); }
-  ScopedTempDir(const ScopedTempDir&) = delete;
-  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+struct ScopedTempDir : testutil::TempDir {
+  explicit ScopedTempDir(const std::string& tag)
+      : testutil::TempDir("dyad-transport-" + tag + ".", BaseTempDir()),
+        path(testutil::TempDir::path()) {}
   const std::string path;
 };
 

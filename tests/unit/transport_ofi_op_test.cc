@@ -26,6 +26,7 @@
 
 #include "common/net.h"
 #include "transport/transport.h"
+#include "util.h"
 
 #ifdef DYAD_HAVE_OFI
 
@@ -55,15 +56,7 @@ std::string Pattern(uint64_t size, uint64_t seed) {
   return s;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::string out;
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  char buf[65536];
-  ssize_t n;
-  while (fd.valid() && (n = ::read(fd.get(), buf, sizeof buf)) > 0)
-    out.append(buf, static_cast<size_t>(n));
-  return out;
-}
+using testutil::ReadAll;
 
 std::unique_ptr<Transport> MakeOfi(int64_t idle_ms) {
   TransportOptions o;
@@ -181,14 +174,10 @@ class Transfer {
 class OfiOps : public testing::Test {
  protected:
   void SetUp() override {
-    std::string t = testing::TempDir() + "/dyad-ofi-op.XXXXXX";
-    ASSERT_NE(::mkdtemp(t.data()), nullptr);
-    dir_ = t;
+    dir_ = testutil::MakeTempDir("dyad-ofi-op.", testing::TempDir());
+    ASSERT_FALSE(dir_.empty());
   }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  void TearDown() override { testutil::RemoveTree(dir_); }
   // A transfer between the two afterwards works: nothing kept a buffer.
   void ExpectNextTransferWorks(Transport& owner, Transport& requester) {
     Transfer t(owner, requester, dir_, "next", 2 * kMiB + 3);

@@ -29,6 +29,7 @@
 #ifdef DYAD_HAVE_OFI
 #include "transport/ofi/ofi_transport.h"
 #include "transport/ofi/ofi_wire.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -69,20 +70,9 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-class TempDir {
+class TempDir : public testutil::TempDir {
  public:
-  TempDir() {
-    std::string t = testing::TempDir() + "/dyad-ofi.XXXXXX";
-    path_ = ::mkdtemp(t.data()) != nullptr ? t : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : testutil::TempDir("dyad-ofi.", testing::TempDir()) {}
 };
 
 std::string Pattern(uint64_t size, uint64_t seed) {
@@ -97,15 +87,7 @@ std::string Pattern(uint64_t size, uint64_t seed) {
   return s;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::string out;
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  char buf[65536];
-  ssize_t n;
-  while (fd.valid() && (n = ::read(fd.get(), buf, sizeof buf)) > 0)
-    out.append(buf, static_cast<size_t>(n));
-  return out;
-}
+using testutil::ReadAll;
 
 struct Source {
   UniqueFd fd;

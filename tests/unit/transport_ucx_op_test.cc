@@ -25,6 +25,7 @@
 #include "common/fsutil.h"
 #include "common/net.h"
 #include "transport/transport.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -62,9 +63,8 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
 class UcxOps : public testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-ucx-op.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::MakeTempDir("dyad-ucx-op.");
+    ASSERT_FALSE(dir_.empty());
     std::string data(kSize, '\0');
     for (uint64_t i = 0; i < kSize; ++i) data[i] = static_cast<char>((i * 7919 + i / 4096) % 251);
     src_path_ = dir_ + "/src";
@@ -112,7 +112,7 @@ class UcxOps : public testing::TestWithParam<const char*> {
     push_.reset();
     owner_t_.reset();
     req_t_.reset();
-    if (!dir_.empty()) (void)!::system(("rm -rf '" + dir_ + "'").c_str());
+    testutil::RemoveTree(dir_);
   }
 
   // Steps `op` once and checks that the step returned at once.

@@ -56,5 +56,24 @@ int CmdList(const std::string& prefix, const std::string& ns, bool ns_given, uin
 // `prometheus` prints the counters in Prometheus' text format instead.
 int CmdStatus(bool json, bool prometheus = false);
 
+// `dyad start`: loads the Flux module dyad.so on the brokers `ranks` of the
+// enclosing instance (flux exec -r RANKS flux module load DYAD.SO ...
+// PATH), as upstream's `dyad start`. The module is found beside this
+// program (PREFIX/lib/dyad.so) unless `module` names it.
+struct FluxStartOptions {
+  std::string path;    // producer directory (absolute)
+  std::string mode;    // --mode for the module ("" = its default)
+  std::string kvs;     // --kvs for the module ("" = flux://)
+  std::string module;  // dyad.so ("" = beside this program)
+  std::string ranks = "all";
+  bool debug = false;
+  bool verbose = false;
+};
+int CmdFluxStart(const FluxStartOptions& options);
+// `dyad stop`: flux exec -r RANKS flux module remove dyad.
+int CmdFluxStop(const std::string& ranks, bool verbose);
+// PREFIX/lib/dyad.so (or BUILD/lib/dyad.so) beside this program, "" if none.
+std::string FindFluxModule();
+
 }  // namespace cli
 }  // namespace dyad

@@ -195,6 +195,41 @@ int main(int argc, char** argv) {
       "Check FILE as dyad-service would (mode 600, at least 128 bits); never prints the secret");
   secret_check->add_option("FILE", secret_path, "The secret file")->required();
 
+  // start / stop: the Flux module on the brokers of the enclosing instance.
+  dyad::cli::FluxStartOptions start_opt;
+  auto* start = app.add_subcommand(
+      "start",
+      "Load the Flux module dyad.so on every broker of the enclosing Flux instance "
+      "(flux exec -r all flux module load PREFIX/lib/dyad.so [--mode MODE] PATH), as upstream's "
+      "`dyad start`: each broker then runs its dyad-service and serves dyad.fetch");
+  start->add_option("-p,--path", start_opt.path, "Producer-managed directory (absolute)")
+      ->required()
+      ->type_name("PATH");
+  start
+      ->add_option("-m,--mode", start_opt.mode,
+                   "Transport: UCX, FLUX_RPC, MARGO, TCP or OFI (default DYAD_DTL_MODE, else "
+                   "FLUX_RPC)")
+      ->type_name("MODE");
+  start
+      ->add_option("-k,--kvs", start_opt.kvs,
+                   "Metadata store: flux:// (default), embedded or redis://HOST:PORT")
+      ->type_name("URL");
+  start->add_option("--module", start_opt.module, "The module (default: PREFIX/lib/dyad.so)")
+      ->type_name("PATH");
+  start->add_option("-r,--ranks", start_opt.ranks, "Brokers to load it on (default all)")
+      ->type_name("IDSET");
+  start->add_flag("-d,--debug", start_opt.debug, "Debug logging (to flux dmesg)");
+  start->add_flag("-v,--verbose", start_opt.verbose, "Print the command it runs");
+  std::string stop_ranks = "all";
+  bool stop_verbose = false;
+  auto* stop = app.add_subcommand(
+      "stop",
+      "Remove the Flux module dyad from every broker of the enclosing Flux instance "
+      "(flux exec -r all flux module remove dyad): each stops its dyad-service");
+  stop->add_option("-r,--ranks", stop_ranks, "Brokers to remove it from (default all)")
+      ->type_name("IDSET");
+  stop->add_flag("-v,--verbose", stop_verbose, "Print the command it runs");
+
   // demo: everything after the word goes to dyad-demo untouched, --help too.
   auto* demo = app.add_subcommand("demo",
                                   "Run a two-node producer/consumer demonstration on this machine "
@@ -226,6 +261,8 @@ int main(int argc, char** argv) {
   if (*status) return dyad::cli::CmdStatus(status_json, status_prometheus);
   if (*peers) return dyad::cli::CmdPeers(peers_timeout, peers_json);
   if (*demo) return RunDemo(demo->remaining());
+  if (*start) return dyad::cli::CmdFluxStart(start_opt);
+  if (*stop) return dyad::cli::CmdFluxStop(stop_ranks, stop_verbose);
   if (*secret_init) return dyad::cli::CmdSecretInit(secret_path);
   if (*secret_check) return dyad::cli::CmdSecretCheck(secret_path);
 

@@ -3,7 +3,9 @@
  * communication direction, as in upstream DYAD.
  *
  * DYAD_DTL_FLUX_RPC is kept for compatibility and selects the TCP streaming
- * transport of dyad-service (there is no Flux). DYAD_DTL_TCP is its own name.
+ * transport between dyad-services (a consumer on a Flux node without the
+ * dyad module fetches through Flux's dyad.fetch whatever the mode; see
+ * docs/flux.md). DYAD_DTL_TCP is its own name.
  */
 #ifndef DYAD_COMMON_DYAD_DTL_H
 #define DYAD_COMMON_DYAD_DTL_H

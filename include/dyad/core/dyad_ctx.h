@@ -7,8 +7,12 @@
  * thread-safe. dyad_init()/dyad_finalize() must not race with calls that use
  * the context (initialize before starting worker threads, as with MPI).
  *
- * The `flux_handle` parameters remain for source compatibility and must be
- * NULL: there is no Flux; the context talks to the node's dyad-service.
+ * The context talks to the node's dyad-service. `flux_handle` (a flux_t*,
+ * as upstream's) may be NULL, or the caller's open Flux handle: on a Flux
+ * node whose broker runs no dyad.so module, consumes then look up records
+ * in the instance's KVS and fetch from the owner's module with that handle
+ * (instead of one DYAD opens from FLUX_URI). The handle is not owned: keep
+ * it open until dyad_finalize(). See docs/flux.md.
  */
 #ifndef DYAD_CORE_DYAD_CTX_H
 #define DYAD_CORE_DYAD_CTX_H

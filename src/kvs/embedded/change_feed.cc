@@ -27,7 +27,7 @@ ChangeFeeds::~ChangeFeeds() {
   if (timer_.joinable()) timer_.join();
   std::vector<KvsWatchTicket> tickets;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     for (auto& [ns, f] : feeds_) tickets.push_back(f->ticket);
     tickets.insert(tickets.end(), retired_.begin(), retired_.end());
     retired_.clear();
@@ -38,7 +38,7 @@ ChangeFeeds::~ChangeFeeds() {
 void ChangeFeeds::Shutdown() {
   Answers cancelled;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     shutdown_ = true;
     for (auto& [t, p] : parked_)
       cancelled.emplace_back(std::move(p.done),
@@ -53,7 +53,7 @@ void ChangeFeeds::Shutdown() {
 }
 
 size_t ChangeFeeds::FeedCount() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return feeds_.size();
 }
 
@@ -113,7 +113,7 @@ void ChangeFeeds::Append(const std::string& ns, uint64_t epoch, const KvsChange&
   if (c.resync) return;  // the memory store never loses changes
   Answers answers;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     auto it = feeds_.find(ns);
     if (it == feeds_.end() || it->second->epoch != epoch) return;
     Feed& f = *it->second;
@@ -179,7 +179,7 @@ std::optional<KvsWatchReply> ChangeFeeds::AnswerLocked(const KvsWatchRequest& re
 std::optional<Result<KvsWatchReply>> ChangeFeeds::StartPoll(const KvsWatchRequest& req,
                                                             Deadline deadline, PollCallback done,
                                                             PollTicket* ticket) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (shutdown_)
     return Result<KvsWatchReply>(Status(DYAD_RC_CANCELLED, "metadata store is stopping"));
   Status refused;
@@ -201,7 +201,7 @@ std::optional<Result<KvsWatchReply>> ChangeFeeds::StartPoll(const KvsWatchReques
 void ChangeFeeds::CancelPoll(PollTicket ticket) {
   PollCallback done;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     auto it = parked_.find(ticket);
     if (it == parked_.end()) return;
     done = std::move(it->second.done);
@@ -217,7 +217,7 @@ void ChangeFeeds::TimerLoop() {
   const auto sweep_every =
       std::chrono::milliseconds(std::clamp<int64_t>(limits_.idle_ms / 4, 10, 1000));
   auto next_sweep = SteadyClock::now() + sweep_every;
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   while (!shutdown_) {
     const auto now = SteadyClock::now();
     Answers due;
@@ -235,21 +235,21 @@ void ChangeFeeds::TimerLoop() {
     std::vector<KvsWatchTicket> unwatch;
     unwatch.swap(retired_);
     if (!due.empty() || !unwatch.empty()) {
-      lk.unlock();
+      lk.Unlock();
       Run(&due);
       for (KvsWatchTicket t : unwatch) store_->Unwatch(t);
-      lk.lock();
+      lk.Lock();
       continue;
     }
     auto wake = next_sweep;
     if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
-    timer_cv_.wait_until(lk, wake);
+    lk.WaitUntil(timer_cv_, wake);
   }
 }
 
 Result<KvsWatchReply> ChangeFeeds::Poll(const KvsWatchRequest& req, Deadline deadline,
                                         const CancelFn& cancel) {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (shutdown_) return Status(DYAD_RC_CANCELLED, "metadata store is stopping");
   Status refused;
   Feed* f = FeedOf(req.ns, &refused);
@@ -267,11 +267,11 @@ Result<KvsWatchReply> ChangeFeeds::Poll(const KvsWatchRequest& req, Deadline dea
     std::optional<KvsWatchReply> r = AnswerLocked(req, *f, deadline.expired());
     if (r) return std::move(*r);
     if (shutdown_) return Status(DYAD_RC_CANCELLED, "metadata store is stopping");
-    cv_.wait_until(lk, deadline.Min(kCancelPollMs).time_point());
+    lk.WaitUntil(cv_, deadline.Min(kCancelPollMs).time_point());
     if (cancel) {
-      lk.unlock();
+      lk.Unlock();
       const bool stop = cancel();
-      lk.lock();
+      lk.Lock();
       if (stop) return Status(DYAD_RC_CANCELLED, "watch cancelled");
     }
   }

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "common/cancel.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "kvs/memory/memory_kvs.h"
 #include "proto/protocol.h"
@@ -115,30 +116,31 @@ class ChangeFeeds {
   using Answers = std::vector<std::pair<PollCallback, Result<KvsWatchReply>>>;
   // The feed of `ns`, started if need be; null (and *refused set) when the
   // feeds are at their limit.
-  Feed* FeedOf(const std::string& ns, Status* refused);  // under mu_
+  Feed* FeedOf(const std::string& ns, Status* refused) REQUIRES(mu_);
   void Append(const std::string& ns, uint64_t epoch, const KvsChange& c);
   // The reply to `req` if there is one now (or `force`: at its deadline).
-  std::optional<KvsWatchReply> AnswerLocked(const KvsWatchRequest& req, Feed& f, bool force);
+  std::optional<KvsWatchReply> AnswerLocked(const KvsWatchRequest& req, Feed& f, bool force)
+      REQUIRES(mu_);
   // Frees the feeds idle for `idle_ms`; their store watches go to retired_.
-  void SweepLocked(SteadyClock::time_point now);
-  void EndParkedLocked(std::map<PollTicket, Parked>::iterator p, Feed* f);
+  void SweepLocked(SteadyClock::time_point now) REQUIRES(mu_);
+  void EndParkedLocked(std::map<PollTicket, Parked>::iterator p, Feed* f) REQUIRES(mu_);
   void TimerLoop();
   static void Run(Answers* a);
 
   const std::shared_ptr<MemoryKvs> store_;
   const ChangeFeedLimits limits_;
   const uint64_t epoch_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, std::unique_ptr<Feed>> feeds_;  // guarded by mu_
-  uint64_t started_ = 0;                                // feeds ever started; guarded by mu_
-  std::vector<KvsWatchTicket> retired_;  // store watches to end off the lock; guarded by mu_
-  bool shutdown_ = false;                // guarded by mu_
-  PollTicket next_poll_ = 1;             // guarded by mu_
-  std::map<PollTicket, Parked> parked_;  // guarded by mu_
-  std::multimap<SteadyClock::time_point, PollTicket> deadlines_;  // guarded by mu_
+  std::map<std::string, std::unique_ptr<Feed>> feeds_ GUARDED_BY(mu_);
+  uint64_t started_ GUARDED_BY(mu_) = 0;                 // feeds ever started
+  std::vector<KvsWatchTicket> retired_ GUARDED_BY(mu_);  // store watches to end off the lock
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  PollTicket next_poll_ GUARDED_BY(mu_) = 1;
+  std::map<PollTicket, Parked> parked_ GUARDED_BY(mu_);
+  std::multimap<SteadyClock::time_point, PollTicket> deadlines_ GUARDED_BY(mu_);
   std::condition_variable timer_cv_;
-  std::thread timer_;  // started with the first feed, under mu_
+  std::thread timer_ GUARDED_BY(mu_);  // started with the first feed, under mu_
 };
 
 }  // namespace dyad

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "common/wire.h"
 #include "kvs/embedded/exchange.h"
 
@@ -108,7 +109,7 @@ Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* re
   std::unique_ptr<Channel> ch;
   {
     std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock, before dialling
-    std::lock_guard<std::mutex> lk(pool_mu_);
+    MutexLock lk(pool_mu_);
     while (!idle_.empty() && !ch) {
       IdleChannel c = std::move(idle_.back());
       idle_.pop_back();
@@ -128,14 +129,14 @@ Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* re
 
 void EmbeddedKvs::Release(std::unique_ptr<Channel> ch) {
   if (!ch || ch->broken() || stopping_.load()) return;
-  std::lock_guard<std::mutex> lk(pool_mu_);
+  MutexLock lk(pool_mu_);
   if (idle_.size() < kMaxIdle) idle_.push_back(IdleChannel{std::move(ch), SteadyClock::now()});
   // Otherwise `ch` closes here: enough idle links for the usual concurrency.
 }
 
 void EmbeddedKvs::DropIdle() {
   std::vector<IdleChannel> dropped;
-  std::lock_guard<std::mutex> lk(pool_mu_);
+  MutexLock lk(pool_mu_);
   dropped.swap(idle_);
 }
 

@@ -158,8 +158,8 @@ class EmbeddedKvs final : public Kvs {
     std::unique_ptr<Channel> ch;
     SteadyClock::time_point since;  // released then
   };
-  std::mutex pool_mu_;
-  std::vector<IdleChannel> idle_;  // guarded by pool_mu_
+  Mutex pool_mu_;
+  std::vector<IdleChannel> idle_ GUARDED_BY(pool_mu_);
 
   std::atomic<bool> outage_{false};  // an outage was logged and not yet recovered
   std::atomic<bool> stopping_{false};
@@ -167,9 +167,9 @@ class EmbeddedKvs final : public Kvs {
   std::atomic<int64_t> multi_get_refused_ms_{0};
 
   WatchList watchers_;
-  std::mutex feed_mu_;
+  Mutex feed_mu_;
   std::condition_variable feed_cv_;
-  std::map<std::string, std::unique_ptr<Feed>> feeds_;  // guarded by feed_mu_
+  std::map<std::string, std::unique_ptr<Feed>> feeds_ GUARDED_BY(feed_mu_);
 
   // Declared last: destroyed first, while the feeds it uses still exist.
   std::unique_ptr<EmbeddedWaits> waits_;

@@ -15,7 +15,7 @@ std::string Describe(const std::string& ns, const std::string& key) {
 Result<KvsWaitTicket> EmbeddedWaits::Start(const std::string& ns, const std::string& key,
                                            Deadline deadline, KvsWaitCallback done) {
   if (!done) return Status(DYAD_RC_BADREQUEST, "wait without a callback");
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (stopping_) {
     return Status(DYAD_RC_CANCELLED,
                   "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
@@ -40,7 +40,7 @@ Result<KvsWaitTicket> EmbeddedWaits::Start(const std::string& ns, const std::str
 void EmbeddedWaits::Cancel(KvsWaitTicket ticket) {
   Completions out;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     EndLocked(ticket, Status(DYAD_RC_CANCELLED, "wait cancelled"), &out);
   }
   Run(&out);
@@ -49,8 +49,9 @@ void EmbeddedWaits::Cancel(KvsWaitTicket ticket) {
 void EmbeddedWaits::Shutdown() {
   Completions out;
   std::vector<KvsWatchTicket> watches;
+  std::thread helper;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     stopping_ = true;
     while (!waiters_.empty()) {
       const SlotKey slot = waiters_.begin()->second.slot;
@@ -62,15 +63,16 @@ void EmbeddedWaits::Shutdown() {
     for (const auto& [ns, space] : spaces_)
       if (space.watch != 0) watches.push_back(space.watch);
     spaces_.clear();
+    helper = std::move(helper_);  // (a second Shutdown finds none to join)
   }
   cv_.notify_all();
   Run(&out);
-  if (helper_.joinable()) helper_.join();
+  if (helper.joinable()) helper.join();
   for (KvsWatchTicket w : watches) store_->Unwatch(w);
 }
 
 size_t EmbeddedWaits::pending() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return waiters_.size();
 }
 
@@ -106,7 +108,7 @@ void EmbeddedWaits::QueueNamespaceLocked(const std::string& ns) {
 void EmbeddedWaits::OnChange(const std::string& ns, const KvsChange& change) {
   Completions out;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (change.resync) {
       // Changes may have been missed: every wait of the namespace asks again.
       QueueNamespaceLocked(ns);
@@ -122,43 +124,41 @@ void EmbeddedWaits::OnChange(const std::string& ns, const KvsChange& change) {
 }
 
 void EmbeddedWaits::Loop() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   while (!stopping_) {
     Completions out;
-    Round(lk, &out);
+    Round(&out);
     if (!out.empty()) {
-      lk.unlock();
+      lk.Unlock();
       Run(&out);
-      lk.lock();
+      lk.Lock();
       continue;
     }
     if (stopping_) break;
-    cv_.wait_until(lk, NextWakeLocked());
+    lk.WaitUntil(cv_, NextWakeLocked());
   }
 }
 
-void EmbeddedWaits::Round(std::unique_lock<std::mutex>& lk, Completions* out) {
-  StartWatches(lk, out);
-  if (!stopping_) RunChecks(lk, out);
-  if (!stopping_) ExpireAndDropIdle(lk, out);
+void EmbeddedWaits::Round(Completions* out) {
+  StartWatches(out);
+  if (!stopping_) RunChecks(out);
+  if (!stopping_) ExpireAndDropIdle(out);
 }
 
-void EmbeddedWaits::StartWatches(std::unique_lock<std::mutex>& lk, Completions* out) {
+void EmbeddedWaits::StartWatches(Completions* out) {
   std::vector<std::string> unwatched;
   for (const auto& [ns, space] : spaces_)
     if (space.watch == 0 && space.waits > 0) unwatched.push_back(ns);
   for (const std::string& ns : unwatched) {
-    lk.unlock();
     // Returns once the feed knows its position (or after its bound; the feed
     // then reports a resync when it does, which re-checks every wait).
-    Result<KvsWatchTicket> w =
-        store_->Watch(ns, [this, ns](const KvsChange& change) { OnChange(ns, change); });
-    lk.lock();
+    Result<KvsWatchTicket> w = WithoutLock(mu_, [&] {
+      return store_->Watch(ns, [this, ns](const KvsChange& change) { OnChange(ns, change); });
+    });
     if (stopping_) {
       if (w.ok()) {
-        lk.unlock();
+        MutexUnlock unlocked(mu_);
         store_->Unwatch(*w);
-        lk.lock();
       }
       return;
     }
@@ -175,7 +175,7 @@ void EmbeddedWaits::StartWatches(std::unique_lock<std::mutex>& lk, Completions* 
   }
 }
 
-void EmbeddedWaits::RunChecks(std::unique_lock<std::mutex>& lk, Completions* out) {
+void EmbeddedWaits::RunChecks(Completions* out) {
   const auto now = SteadyClock::now();
   while (!retries_.empty() && retries_.begin()->first <= now) {
     to_check_.push_back(retries_.begin()->second);
@@ -193,9 +193,8 @@ void EmbeddedWaits::RunChecks(std::unique_lock<std::mutex>& lk, Completions* out
       later.push_back(t);
       continue;
     }
-    lk.unlock();
-    Result<std::optional<std::string>> got = store_->Get(slot.first, slot.second);
-    lk.lock();
+    Result<std::optional<std::string>> got =
+        WithoutLock(mu_, [&] { return store_->Get(slot.first, slot.second); });
     if (!got.ok()) {
       // The root is unreachable: the feed will report a resync once it is
       // back if it restarted; meanwhile ask again, backing off.
@@ -209,7 +208,7 @@ void EmbeddedWaits::RunChecks(std::unique_lock<std::mutex>& lk, Completions* out
   for (KvsWaitTicket t : later) to_check_.push_back(t);
 }
 
-void EmbeddedWaits::ExpireAndDropIdle(std::unique_lock<std::mutex>& lk, Completions* out) {
+void EmbeddedWaits::ExpireAndDropIdle(Completions* out) {
   const auto now = SteadyClock::now();
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const KvsWaitTicket t = deadlines_.begin()->second;
@@ -234,9 +233,10 @@ void EmbeddedWaits::ExpireAndDropIdle(std::unique_lock<std::mutex>& lk, Completi
     auto it = spaces_.find(ns);
     if (it == spaces_.end() || it->second.watch != watch) continue;
     it->second.watch = 0;  // a wait arriving meanwhile starts a new watch
-    lk.unlock();
-    store_->Unwatch(watch);
-    lk.lock();
+    {
+      MutexUnlock unlocked(mu_);
+      store_->Unwatch(watch);
+    }
     it = spaces_.find(ns);
     if (it != spaces_.end() && it->second.waits == 0 && it->second.watch == 0) spaces_.erase(it);
   }

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "kvs/kvs.h"
 
@@ -82,29 +83,31 @@ class EmbeddedWaits {
   void OnChange(const std::string& ns, const KvsChange& change);
   void Loop();
   // One round of the helper: watches to start, checks to make, deadlines,
-  // idle watches. Takes and releases `lk` around calls to the store.
-  void Round(std::unique_lock<std::mutex>& lk, Completions* out);
-  void StartWatches(std::unique_lock<std::mutex>& lk, Completions* out);
-  void RunChecks(std::unique_lock<std::mutex>& lk, Completions* out);
-  void ExpireAndDropIdle(std::unique_lock<std::mutex>& lk, Completions* out);
-  SteadyClock::time_point NextWakeLocked() const;
-  void EndLocked(KvsWaitTicket t, Result<std::string> r, Completions* out);
-  void QueueNamespaceLocked(const std::string& ns);
+  // idle watches. Releases mu_ around calls to the store.
+  void Round(Completions* out) REQUIRES(mu_);
+  void StartWatches(Completions* out) REQUIRES(mu_);
+  void RunChecks(Completions* out) REQUIRES(mu_);
+  void ExpireAndDropIdle(Completions* out) REQUIRES(mu_);
+  SteadyClock::time_point NextWakeLocked() const REQUIRES(mu_);
+  void EndLocked(KvsWaitTicket t, Result<std::string> r, Completions* out) REQUIRES(mu_);
+  void QueueNamespaceLocked(const std::string& ns) REQUIRES(mu_);
   static void Run(Completions* c);
 
   Kvs* const store_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  std::thread helper_;  // started by the first Start
-  bool stopping_ = false;
-  KvsWaitTicket next_ticket_ = 1;
-  std::map<KvsWaitTicket, Waiter> waiters_;
-  std::map<SlotKey, std::set<KvsWaitTicket>> by_slot_;
-  std::multimap<SteadyClock::time_point, KvsWaitTicket> deadlines_;
-  std::map<std::string, Space> spaces_;
-  std::deque<KvsWaitTicket> to_check_;  // need a Get (new, or after a resync)
-  std::multimap<SteadyClock::time_point, KvsWaitTicket> retries_;  // checks that failed
-  int64_t retry_ms_ = kRetryFirstMs;
+  std::thread helper_ GUARDED_BY(mu_);  // started by the first Start
+  bool stopping_ GUARDED_BY(mu_) = false;
+  KvsWaitTicket next_ticket_ GUARDED_BY(mu_) = 1;
+  std::map<KvsWaitTicket, Waiter> waiters_ GUARDED_BY(mu_);
+  std::map<SlotKey, std::set<KvsWaitTicket>> by_slot_ GUARDED_BY(mu_);
+  std::multimap<SteadyClock::time_point, KvsWaitTicket> deadlines_ GUARDED_BY(mu_);
+  std::map<std::string, Space> spaces_ GUARDED_BY(mu_);
+  // Need a Get (new, or after a resync).
+  std::deque<KvsWaitTicket> to_check_ GUARDED_BY(mu_);
+  std::multimap<SteadyClock::time_point, KvsWaitTicket> retries_
+      GUARDED_BY(mu_);  // checks that failed
+  int64_t retry_ms_ GUARDED_BY(mu_) = kRetryFirstMs;
 };
 
 }  // namespace dyad

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "common/wire.h"
 #include "kvs/embedded/embedded_kvs.h"
 
@@ -24,7 +25,7 @@ Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallbac
     return Status(DYAD_RC_BADREQUEST, "namespace exceeds the embedded store's field limit");
   if (stopping_.load()) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
   // Added under feed_mu_ so that Unwatch's "anyone left?" sees it.
-  std::unique_lock<std::mutex> lk(feed_mu_);
+  MutexLock lk(feed_mu_);
   const KvsWatchTicket ticket = watchers_.Add(ns, std::move(on_change));
   auto it = feeds_.find(ns);
   if (it == feeds_.end()) {
@@ -35,13 +36,13 @@ Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallbac
     raw->thread = std::thread([this, raw] { FeedLoop(raw); });
   }
   Feed* feed = it->second.get();
-  feed_cv_.wait_for(lk, std::chrono::milliseconds(kEstablishMs),
-                    [feed] { return feed->established || feed->stop || !feed->refused.ok(); });
+  lk.WaitFor(feed_cv_, std::chrono::milliseconds(kEstablishMs),
+             [feed] { return feed->established || feed->stop || !feed->refused.ok(); });
   if (!feed->established && !feed->refused.ok()) {
     // The root refused the feed (its limit of watched namespaces): say so
     // rather than watch nothing. The feed stops when nobody else uses it.
     const Status refused = feed->refused;
-    lk.unlock();
+    lk.Unlock();
     Unwatch(ticket);
     return refused;
   }
@@ -55,7 +56,7 @@ void EmbeddedKvs::Unwatch(KvsWatchTicket ticket) {
   const std::string& ns = *removed;
   std::unique_ptr<Feed> feed;
   {
-    std::lock_guard<std::mutex> lk(feed_mu_);
+    MutexLock lk(feed_mu_);
     if (watchers_.Watched(ns)) return;
     auto it = feeds_.find(ns);
     if (it == feeds_.end()) return;
@@ -67,7 +68,7 @@ void EmbeddedKvs::Unwatch(KvsWatchTicket ticket) {
 
 void EmbeddedKvs::StopFeed(std::unique_ptr<Feed> feed) {
   {
-    std::lock_guard<std::mutex> lk(feed_mu_);
+    MutexLock lk(feed_mu_);
     feed->stop = true;
     if (feed->fd >= 0) ::shutdown(feed->fd, SHUT_RDWR);
   }
@@ -78,7 +79,7 @@ void EmbeddedKvs::StopFeed(std::unique_ptr<Feed> feed) {
 void EmbeddedKvs::StopFeeds() {
   std::map<std::string, std::unique_ptr<Feed>> feeds;
   {
-    std::lock_guard<std::mutex> lk(feed_mu_);
+    MutexLock lk(feed_mu_);
     feeds.swap(feeds_);
   }
   for (auto& [ns, f] : feeds) StopFeed(std::move(f));
@@ -92,12 +93,12 @@ void EmbeddedKvs::FeedLoop(Feed* feed) {
   for (;;) {
     Result<std::unique_ptr<Channel>> ch = Dial(Deadline::AfterMs(rpc_timeout_ms_));
     {
-      std::unique_lock<std::mutex> lk(feed_mu_);
+      MutexLock lk(feed_mu_);
       if (feed->stop) return;
       if (!ch.ok()) {
         DYAD_LOG_DEBUG("watch of namespace '%s': %s", feed->ns.c_str(),
                        ch.status().ToString().c_str());
-        feed_cv_.wait_for(lk, std::chrono::milliseconds(backoff), [feed] { return feed->stop; });
+        lk.WaitFor(feed_cv_, std::chrono::milliseconds(backoff), [feed] { return feed->stop; });
         backoff = std::min(backoff * 2, kBackoffMaxMs);
         continue;
       }
@@ -106,7 +107,7 @@ void EmbeddedKvs::FeedLoop(Feed* feed) {
     backoff = kBackoffFirstMs;
     while (FeedPoll(feed, **ch, &cursor)) {
     }
-    std::lock_guard<std::mutex> lk(feed_mu_);
+    MutexLock lk(feed_mu_);
     feed->fd = -1;
     if (feed->stop) return;
   }
@@ -128,11 +129,11 @@ bool EmbeddedKvs::FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor) {
     feed->refused_backoff_ms = feed->refused_backoff_ms == 0
                                    ? kBackoffFirstMs
                                    : std::min(feed->refused_backoff_ms * 2, kBackoffMaxMs);
-    std::unique_lock<std::mutex> lk(feed_mu_);
+    MutexLock lk(feed_mu_);
     feed->refused = st;
     feed_cv_.notify_all();
-    feed_cv_.wait_for(lk, std::chrono::milliseconds(feed->refused_backoff_ms),
-                      [feed] { return feed->stop; });
+    lk.WaitFor(feed_cv_, std::chrono::milliseconds(feed->refused_backoff_ms),
+               [feed] { return feed->stop; });
     return !feed->stop;
   }
   feed->refused_backoff_ms = 0;
@@ -147,7 +148,7 @@ bool EmbeddedKvs::FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor) {
   for (const auto& [k, v] : reply.changes) watchers_.Notify(feed->ns, k, v);
   bool resync = reply.resync;
   {
-    std::lock_guard<std::mutex> lk(feed_mu_);
+    MutexLock lk(feed_mu_);
     feed->refused = Status::OK();
     if (!feed->established) {
       feed->established = true;

@@ -1,4 +1,5 @@
 #include "kvs/memory/memory_kvs.h"
+#include "common/thread_annotations.h"
 
 #include <algorithm>
 #include <chrono>
@@ -22,7 +23,7 @@ const std::string* MemoryKvs::FindLocked(const std::string& ns, const std::strin
 Status MemoryKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
   Completions woken;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (data_[ns].Put(key, value)) ++entries_;
     // Notifying under the mutex is deliberate: a waiter cannot miss the
     // notification because it re-checks the key under the same mutex before
@@ -66,7 +67,7 @@ void MemoryKvs::EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completio
 
 Result<KvsWaitTicket> MemoryKvs::StartWait(const std::string& ns, const std::string& key,
                                            Deadline deadline, KvsWaitCallback done) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (shutdown_) {
     return Status(DYAD_RC_CANCELLED,
                   "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
@@ -93,14 +94,14 @@ Result<KvsWaitTicket> MemoryKvs::StartWait(const std::string& ns, const std::str
 void MemoryKvs::CancelWait(KvsWaitTicket ticket) {
   Completions done;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     EndAsyncLocked(ticket, Status(DYAD_RC_CANCELLED, "wait cancelled"), &done);
   }
   Run(&done);
 }
 
 void MemoryKvs::TimerLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   while (!stop_timer_) {
     Completions due;
     due.swap(ready_);
@@ -114,15 +115,15 @@ void MemoryKvs::TimerLoop() {
                      &due);
     }
     if (!due.empty()) {
-      lk.unlock();
+      lk.Unlock();
       Run(&due);
-      lk.lock();
+      lk.Lock();
       continue;
     }
     if (async_deadlines_.empty()) {
-      timer_cv_.wait(lk);
+      lk.Wait(timer_cv_);
     } else {
-      timer_cv_.wait_until(lk, async_deadlines_.begin()->first);
+      lk.WaitUntil(timer_cv_, async_deadlines_.begin()->first);
     }
   }
 }
@@ -130,21 +131,21 @@ void MemoryKvs::TimerLoop() {
 MemoryKvs::~MemoryKvs() {
   Shutdown();
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     stop_timer_ = true;
   }
   timer_cv_.notify_all();
   if (timer_.joinable()) timer_.join();
   Completions left;  // ready but not yet run when the timer stopped
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     left.swap(ready_);
   }
   Run(&left);
 }
 
 Result<std::optional<std::string>> MemoryKvs::Get(const std::string& ns, const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   const std::string* v = FindLocked(ns, key);
   if (v == nullptr) return std::optional<std::string>();
   return std::optional<std::string>(*v);
@@ -153,7 +154,7 @@ Result<std::optional<std::string>> MemoryKvs::Get(const std::string& ns, const s
 Result<KvsValues> MemoryKvs::MultiGet(const std::string& ns, const std::vector<std::string>& keys) {
   KvsValues out;
   out.reserve(keys.size());
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   for (const std::string& key : keys) {
     const std::string* v = FindLocked(ns, key);
     out.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(*v));
@@ -164,7 +165,7 @@ Result<KvsValues> MemoryKvs::MultiGet(const std::string& ns, const std::vector<s
 Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& key,
                                     Deadline deadline, const CancelFn& cancel) {
   const int64_t budget_ms = deadline.RemainingMs();
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (const std::string* v = FindLocked(ns, key)) return *v;
 
   auto slot = slots_.try_emplace(SlotKey(ns, key)).first;
@@ -191,28 +192,28 @@ Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& ke
     }
     if (poll_cancel) {
       poll_cancel = false;
-      lk.unlock();
+      lk.Unlock();
       const bool stop = cancel();
-      lk.lock();
+      lk.Lock();
       if (stop) return Status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
       continue;  // the key may have appeared while unlocked: check before sleeping
     }
     if (!cancel && deadline.never()) {
       // Only Put and Shutdown can end this wait, and both notify.
-      slot->second.cv.wait(lk);
+      lk.Wait(slot->second.cv);
       continue;
     }
     // Without `cancel` to poll, sleep until the deadline (Put and Shutdown
     // notify): thousands of parked waits must not wake 4 times a second.
     const auto slice_end = cancel ? SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs)
                                   : deadline.time_point();
-    slot->second.cv.wait_until(lk, std::min(slice_end, deadline.time_point()));
+    lk.WaitUntil(slot->second.cv, std::min(slice_end, deadline.time_point()));
     poll_cancel = static_cast<bool>(cancel);
   }
 }
 
 Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   const auto nit = data_.find(ns);
   if (nit == data_.end()) return Status::OK();
   if (nit->second.Erase(key)) --entries_;
@@ -224,7 +225,7 @@ Result<std::vector<KvsEntry>> MemoryKvs::List(const std::string& ns, const std::
                                               uint32_t limit) {
   std::vector<KvsEntry> out;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     const auto nit = data_.find(ns);
     if (nit == data_.end()) return out;
     nit->second.Collect(prefix, limit, &out);
@@ -239,7 +240,7 @@ Result<std::vector<KvsEntry>> MemoryKvs::ListUpTo(const std::string& ns, const s
                                                   uint32_t limit, size_t max_bytes) {
   std::vector<KvsEntry> out;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     const auto nit = data_.find(ns);
     if (nit == data_.end()) return out;
     switch (nit->second.CollectUpTo(prefix, limit, max_bytes, &out)) {
@@ -265,7 +266,7 @@ Result<std::vector<KvsEntry>> MemoryKvs::ListUpTo(const std::string& ns, const s
 Result<KvsValues> MemoryKvs::MultiGetUpTo(const std::string& ns,
                                           const std::vector<std::string>& keys, size_t max_bytes) {
   KvsValues out;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   const auto nit = data_.find(ns);
   // Measured key by key before its value is copied: a request naming one
   // large value thousands of times copies what one reply carries.
@@ -284,7 +285,7 @@ Result<KvsValues> MemoryKvs::MultiGetUpTo(const std::string& ns,
 void MemoryKvs::Shutdown() {
   Completions cancelled;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     shutdown_ = true;
     for (auto& [k, slot] : slots_) slot.cv.notify_all();
     std::vector<KvsWaitTicket> parked;
@@ -301,12 +302,12 @@ void MemoryKvs::Shutdown() {
 }
 
 bool MemoryKvs::shut_down() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return shutdown_;
 }
 
 uint64_t MemoryKvs::EntryCount() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return entries_;
 }
 

@@ -111,27 +111,27 @@ class MemoryKvs final : public Kvs {
   };
   using Completions = std::vector<std::pair<KvsWaitCallback, Result<std::string>>>;
 
-  const std::string* FindLocked(const std::string& ns, const std::string& key) const;
+  const std::string* FindLocked(const std::string& ns, const std::string& key) const REQUIRES(mu_);
   // Removes a parked StartWait; its callback and `r` go to `out`.
-  void EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completions* out);
+  void EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completions* out) REQUIRES(mu_);
   void TimerLoop();
   static void Run(Completions* c);
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, KeyTable> data_;  // guarded by mu_
-  // Present only while some thread waits for that key; guarded by mu_.
+  mutable Mutex mu_;
+  std::unordered_map<std::string, KeyTable> data_ GUARDED_BY(mu_);
+  // Present only while some thread waits for that key.
   // std::map keeps slot addresses stable while other slots come and go.
-  std::map<SlotKey, WaitSlot> slots_;
-  uint64_t entries_ = 0;   // guarded by mu_
-  bool shutdown_ = false;  // guarded by mu_
+  std::map<SlotKey, WaitSlot> slots_ GUARDED_BY(mu_);
+  uint64_t entries_ GUARDED_BY(mu_) = 0;
+  bool shutdown_ GUARDED_BY(mu_) = false;
 
-  KvsWaitTicket next_ticket_ = 1;                                          // guarded by mu_
-  std::map<KvsWaitTicket, AsyncWaiter> async_;                             // guarded by mu_
-  std::multimap<SteadyClock::time_point, KvsWaitTicket> async_deadlines_;  // guarded by mu_
-  Completions ready_;        // for the timer thread to run; guarded by mu_
-  bool stop_timer_ = false;  // guarded by mu_
+  KvsWaitTicket next_ticket_ GUARDED_BY(mu_) = 1;
+  std::map<KvsWaitTicket, AsyncWaiter> async_ GUARDED_BY(mu_);
+  std::multimap<SteadyClock::time_point, KvsWaitTicket> async_deadlines_ GUARDED_BY(mu_);
+  Completions ready_ GUARDED_BY(mu_);  // for the timer thread to run
+  bool stop_timer_ GUARDED_BY(mu_) = false;
   std::condition_variable timer_cv_;
-  std::thread timer_;  // started under mu_
+  std::thread timer_ GUARDED_BY(mu_);  // started under mu_
   WatchList watchers_;
 };
 

@@ -1,5 +1,6 @@
 // redis_exec.cc: commands on the right node (see redis_exec.h).
 #include "kvs/redis/redis_exec.h"
+#include "common/thread_annotations.h"
 
 #include <hiredis/hiredis.h>
 
@@ -18,7 +19,7 @@ RedisExecutor::~RedisExecutor() { Shutdown(); }
 void RedisExecutor::Shutdown() {
   shutdown_.store(true);
   std::map<std::string, Pool> closing;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   for (auto& [name, pool] : pools_) {
     pool.open -= pool.idle.size();
     closing[name].idle.swap(pool.idle);
@@ -38,13 +39,13 @@ Result<RedisContext> RedisExecutor::Dial(const RedisAddress& node) {
 
 Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reused) {
   const std::string name = node.ToString();
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   Pool& pool = pools_[name];
   // Bounded: a borrowed connection is returned within one command timeout.
   const auto until = SteadyClock::now() + std::chrono::milliseconds(config_.command_timeout_ms);
   while (pool.idle.empty() && pool.open >= kMaxOpenPerNode) {
     ++pool.waiting;
-    const bool timed_out = freed_.wait_until(lk, until) == std::cv_status::timeout;
+    const bool timed_out = lk.WaitUntil(freed_, until) == std::cv_status::timeout;
     --pool.waiting;
     if (timed_out && pool.idle.empty() && pool.open >= kMaxOpenPerNode) {
       return Status(DYAD_RC_CONNLOST, "redis " + name + ": all " + std::to_string(kMaxOpenPerNode) +
@@ -58,11 +59,11 @@ Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reuse
     return c;
   }
   ++pool.open;
-  lk.unlock();
+  lk.Unlock();
   *reused = false;
   Result<RedisContext> c = Dial(node);
   if (!c.ok()) {
-    lk.lock();
+    lk.Lock();
     --pools_[name].open;
     freed_.notify_one();
   }
@@ -70,7 +71,7 @@ Result<RedisContext> RedisExecutor::Borrow(const RedisAddress& node, bool* reuse
 }
 
 void RedisExecutor::Release(const RedisAddress& node, RedisContext c, bool healthy) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   Pool& pool = pools_[node.ToString()];
   // A waiting caller takes it over; otherwise a few stay for the next burst.
   if (healthy && c && c->err == 0 && !shutdown_.load() &&
@@ -84,7 +85,7 @@ void RedisExecutor::Release(const RedisAddress& node, RedisContext c, bool healt
 
 void RedisExecutor::DropIdle(const RedisAddress& node) {
   std::vector<RedisContext> dropped;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   Pool& pool = pools_[node.ToString()];
   pool.open -= pool.idle.size();
   dropped.swap(pool.idle);

@@ -94,9 +94,9 @@ class RedisExecutor {
   const RedisConfig config_;
   RedisTopology* const topology_;
   std::atomic<bool> shutdown_{false};
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable freed_;
-  std::map<std::string, Pool> pools_;  // by RedisAddress::ToString(); guarded by mu_
+  std::map<std::string, Pool> pools_ GUARDED_BY(mu_);  // by RedisAddress::ToString()
 };
 
 }  // namespace dyad

@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/thread_annotations.h"
 #include "kvs/redis/redis_slot.h"
 
 namespace dyad {
@@ -354,31 +355,31 @@ Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key
         .WithCause(reason.ok() ? DYAD_RC_OK : DYAD_RC_CONNLOST);
   }
   struct Outcome {
-    std::mutex mu;
+    Mutex mu;
     std::condition_variable cv;
-    std::optional<Result<std::string>> result;
+    std::optional<Result<std::string>> result GUARDED_BY(mu);
   };
   auto outcome = std::make_shared<Outcome>();
   Result<KvsWaitTicket> ticket =
       subscriber_.Add(rkey, SlotOf(rkey), deadline, what, [outcome](Result<std::string> r) {
-        std::lock_guard<std::mutex> lk(outcome->mu);
+        MutexLock lk(outcome->mu);
         outcome->result = std::move(r);
         outcome->cv.notify_one();
       });
   if (!ticket.ok()) return ticket.status();
-  std::unique_lock<std::mutex> lk(outcome->mu);
+  MutexLock lk(outcome->mu);
   while (!outcome->result) {
     // The deadline and Shutdown arrive through the callback; only `cancel`
     // needs polling, so a wait without one sleeps until it is called.
     if (!cancel) {
-      outcome->cv.wait(lk, [&] { return outcome->result.has_value(); });
+      lk.Wait(outcome->cv, [&]() REQUIRES(outcome->mu) { return outcome->result.has_value(); });
       break;
     }
-    outcome->cv.wait_for(lk, std::chrono::milliseconds(kCancelPollMs));
+    lk.WaitFor(outcome->cv, std::chrono::milliseconds(kCancelPollMs));
     if (outcome->result) break;
-    lk.unlock();
+    lk.Unlock();
     if (std::optional<Status> why = stopping()) subscriber_.Cancel(*ticket, *why);
-    lk.lock();
+    lk.Lock();
   }
   return std::move(*outcome->result);
 }

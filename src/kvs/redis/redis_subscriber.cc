@@ -34,7 +34,7 @@ RedisSubscriber::RedisSubscriber(const RedisConfig& config, RedisExecutor* exec)
 RedisSubscriber::~RedisSubscriber() {
   Shutdown();
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   check_cv_.notify_all();
@@ -45,7 +45,7 @@ RedisSubscriber::~RedisSubscriber() {
 }
 
 size_t RedisSubscriber::links_up() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   size_t n = 0;
   for (const auto& [name, link] : links_) n += link.c ? 1 : 0;
   return n;
@@ -120,16 +120,17 @@ void RedisSubscriber::RerouteLocked() {
     DropLinkLocked(node, Status(DYAD_RC_CONNLOST, "redis " + node + " subscriber: write failed"));
 }
 
-void RedisSubscriber::DialDue(std::unique_lock<std::mutex>& lk) {
+void RedisSubscriber::DialDue() {
   const auto now = SteadyClock::now();
   std::vector<RedisAddress> due;
   for (const auto& [name, link] : links_)
     if (link.refs > 0 && !link.c && link.retry_at <= now) due.push_back(link.node);
   if (due.empty()) return;
-  lk.unlock();
   std::vector<Result<RedisContext>> dialled;
-  for (const RedisAddress& node : due) dialled.push_back(exec_->Dial(node));
-  lk.lock();
+  {
+    MutexUnlock unlocked(mu_);
+    for (const RedisAddress& node : due) dialled.push_back(exec_->Dial(node));
+  }
   for (size_t i = 0; i < due.size(); ++i) {
     Link& link = links_[due[i].ToString()];
     link.node = due[i];
@@ -307,7 +308,7 @@ void RedisSubscriber::HandleLinkErrorLocked(const std::string& node, const std::
   }
 }
 
-void RedisSubscriber::SentinelStep(std::unique_lock<std::mutex>& lk, bool readable) {
+void RedisSubscriber::SentinelStep(bool readable) {
   if (config_.mode != RedisMode::kSentinel) return;
   if (readable && sentinel_) {
     if (redisBufferRead(sentinel_.get()) != REDIS_OK) {
@@ -334,20 +335,20 @@ void RedisSubscriber::SentinelStep(std::unique_lock<std::mutex>& lk, bool readab
   if (sentinel_ || channels_.empty() || SteadyClock::now() < sentinel_retry_at_) return;
   const std::vector<RedisAddress> sentinels = topology_->Sentinels();
   const RedisAddress target = sentinels[sentinel_next_++ % sentinels.size()];
-  lk.unlock();
-  Result<RedisContext> c =
-      DialRedis(target, topology_->sentinel_login(), RedisTopology::kLookupConnectMs, 2000);
-  if (c.ok()) {
-    std::vector<RedisReply> ignored;
-    const char* argv[] = {"SUBSCRIBE", "+switch-master"};
-    const size_t lens[] = {9, 14};
-    int done = 0;
-    if (redisAppendCommandArgv(c->get(), 2, argv, lens) != REDIS_OK)
-      c = Status(DYAD_RC_CONNLOST, "");
-    while (c.ok() && !done)
-      if (redisBufferWrite(c->get(), &done) != REDIS_OK) c = Status(DYAD_RC_CONNLOST, "");
-  }
-  lk.lock();
+  Result<RedisContext> c = WithoutLock(mu_, [&] {
+    Result<RedisContext> c =
+        DialRedis(target, topology_->sentinel_login(), RedisTopology::kLookupConnectMs, 2000);
+    if (c.ok()) {
+      const char* argv[] = {"SUBSCRIBE", "+switch-master"};
+      const size_t lens[] = {9, 14};
+      int done = 0;
+      if (redisAppendCommandArgv(c->get(), 2, argv, lens) != REDIS_OK)
+        c = Status(DYAD_RC_CONNLOST, "");
+      while (c.ok() && !done)
+        if (redisBufferWrite(c->get(), &done) != REDIS_OK) c = Status(DYAD_RC_CONNLOST, "");
+    }
+    return c;
+  });
   if (c.ok()) {
     sentinel_ = std::move(*c);
   } else {
@@ -356,22 +357,22 @@ void RedisSubscriber::SentinelStep(std::unique_lock<std::mutex>& lk, bool readab
 }
 
 void RedisSubscriber::SubscriberLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   while (!stop_) {
     Completions done;
     ExpireLocked(&done);
     if (routed_epoch_ != topology_->epoch()) RerouteLocked();
     if (RouteLocked(false)) {
-      lk.unlock();
+      lk.Unlock();
       Run(&done);
       Status st = topology_->Refresh();
-      lk.lock();
+      lk.Lock();
       topology_error_ = st;
       if (routed_epoch_ != topology_->epoch()) RerouteLocked();
       RouteLocked(true);
     }
-    DialDue(lk);
-    SentinelStep(lk, false);
+    DialDue();
+    SentinelStep(false);
     SyncLocked();
     std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
     std::vector<std::string> names;
@@ -382,19 +383,19 @@ void RedisSubscriber::SubscriberLoop() {
     }
     if (sentinel_) fds.push_back({sentinel_->fd, POLLIN, 0});
     const int timeout = static_cast<int>(NextTimerMsLocked());
-    lk.unlock();
+    lk.Unlock();
     Run(&done);
     const int n = ::poll(fds.data(), fds.size(), timeout);
     uint64_t count;
     if (n > 0 && (fds[0].revents & POLLIN) && ::read(wake_fd_, &count, sizeof count) < 0) count = 0;
-    lk.lock();
+    lk.Lock();
     if (n <= 0) continue;
     for (size_t i = 0; i < names.size(); ++i)
       if (fds[i + 1].revents & (POLLIN | POLLERR | POLLHUP)) ReadLinkLocked(names[i], &done);
-    if (sentinel_ && (fds.back().revents & (POLLIN | POLLERR | POLLHUP))) SentinelStep(lk, true);
-    lk.unlock();
+    if (sentinel_ && (fds.back().revents & (POLLIN | POLLERR | POLLHUP))) SentinelStep(true);
+    lk.Unlock();
     Run(&done);
-    lk.lock();
+    lk.Lock();
   }
 }
 

@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "kvs/kvs.h"
 #include "kvs/redis/redis_exec.h"
 
@@ -99,14 +100,15 @@ class RedisSubscriber {
   using Completions = std::vector<std::pair<KvsWaitCallback, Result<std::string>>>;
 
   // --- waiters (redis_subscriber_waiters.cc) ---
-  void CompleteLocked(KvsWaitTicket t, Result<std::string> r, Completions* out);
-  void CompleteChannelLocked(const std::string& channel, const std::string& value,
-                             Completions* out);
-  void FailChannelLocked(const std::string& channel, const Status& why, Completions* out);
-  void ExpireLocked(Completions* out);
-  int64_t NextTimerMsLocked() const;
-  std::string DownReasonLocked(const Channel& ch) const;
-  void QueueCheckLocked(const std::string& channel);
+  void CompleteLocked(KvsWaitTicket t, Result<std::string> r, Completions* out) REQUIRES(mu_);
+  void CompleteChannelLocked(const std::string& channel, const std::string& value, Completions* out)
+      REQUIRES(mu_);
+  void FailChannelLocked(const std::string& channel, const Status& why, Completions* out)
+      REQUIRES(mu_);
+  void ExpireLocked(Completions* out) REQUIRES(mu_);
+  int64_t NextTimerMsLocked() const REQUIRES(mu_);
+  std::string DownReasonLocked(const Channel& ch) const REQUIRES(mu_);
+  void QueueCheckLocked(const std::string& channel) REQUIRES(mu_);
   void CheckerLoop();
   void CheckBatch(const std::vector<std::pair<std::string, int>>& batch,
                   std::vector<std::pair<std::string, std::string>>* found,
@@ -114,23 +116,26 @@ class RedisSubscriber {
   static void Run(Completions* c);
 
   // --- links (redis_subscriber.cc) ---
-  void StartLocked();
+  void StartLocked() REQUIRES(mu_);
   void Wake();
   void SubscriberLoop();
   // Assigns kNew channels a node from the known topology; true when it
   // must be looked up first (unknown or stale), unless `after_lookup`.
-  bool RouteLocked(bool after_lookup);
-  void SetNodeLocked(Channel* ch, const RedisAddress* node);
-  void RerouteLocked();
+  bool RouteLocked(bool after_lookup) REQUIRES(mu_);
+  void SetNodeLocked(Channel* ch, const RedisAddress* node) REQUIRES(mu_);
+  void RerouteLocked() REQUIRES(mu_);
   // Dials links that are wanted, down, and due (without the lock held).
-  void DialDue(std::unique_lock<std::mutex>& lk);
-  void SyncLocked();
-  bool SendLocked(Link* link, const char* verb, const std::vector<std::string>& channels);
-  void DropLinkLocked(const std::string& node, const Status& why);
-  void ReadLinkLocked(const std::string& node, Completions* out);
-  void HandlePushLocked(const std::string& node, const struct redisReply* r, Completions* out);
-  void HandleLinkErrorLocked(const std::string& node, const std::string& error, Completions* out);
-  void SentinelStep(std::unique_lock<std::mutex>& lk, bool readable);
+  void DialDue() REQUIRES(mu_);
+  void SyncLocked() REQUIRES(mu_);
+  bool SendLocked(Link* link, const char* verb, const std::vector<std::string>& channels)
+      REQUIRES(mu_);
+  void DropLinkLocked(const std::string& node, const Status& why) REQUIRES(mu_);
+  void ReadLinkLocked(const std::string& node, Completions* out) REQUIRES(mu_);
+  void HandlePushLocked(const std::string& node, const struct redisReply* r, Completions* out)
+      REQUIRES(mu_);
+  void HandleLinkErrorLocked(const std::string& node, const std::string& error, Completions* out)
+      REQUIRES(mu_);
+  void SentinelStep(bool readable) REQUIRES(mu_);
   const char* Verb(bool subscribe) const;
 
   const RedisConfig config_;
@@ -138,20 +143,20 @@ class RedisSubscriber {
   RedisTopology* const topology_;
   const bool sharded_;  // cluster: SSUBSCRIBE
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable check_cv_;
-  bool shutdown_ = false;                                            // guarded by mu_
-  bool stop_ = false;                                                // guarded by mu_
-  KvsWaitTicket next_ticket_ = 1;                                    // guarded by mu_
-  std::unordered_map<KvsWaitTicket, Waiter> waiters_;                // guarded by mu_
-  std::multimap<SteadyClock::time_point, KvsWaitTicket> deadlines_;  // guarded by mu_
-  std::unordered_map<std::string, Channel> channels_;                // guarded by mu_
-  std::set<std::string> dirty_;        // channels that may need (un)subscribing; guarded by mu_
-  std::set<std::string> check_;        // channels to read again; guarded by mu_
-  std::map<std::string, Link> links_;  // by node; guarded by mu_
-  uint64_t routed_epoch_ = 0;          // guarded by mu_
-  Status topology_error_;              // guarded by mu_
-  bool need_lookup_ = false;           // guarded by mu_
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  KvsWaitTicket next_ticket_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<KvsWaitTicket, Waiter> waiters_ GUARDED_BY(mu_);
+  std::multimap<SteadyClock::time_point, KvsWaitTicket> deadlines_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, Channel> channels_ GUARDED_BY(mu_);
+  std::set<std::string> dirty_ GUARDED_BY(mu_);        // channels that may need (un)subscribing
+  std::set<std::string> check_ GUARDED_BY(mu_);        // channels to read again
+  std::map<std::string, Link> links_ GUARDED_BY(mu_);  // by node
+  uint64_t routed_epoch_ GUARDED_BY(mu_) = 0;
+  Status topology_error_ GUARDED_BY(mu_);
+  bool need_lookup_ GUARDED_BY(mu_) = false;
 
   // Sentinel mode: the +switch-master link (subscriber thread only).
   RedisContext sentinel_;
@@ -159,8 +164,8 @@ class RedisSubscriber {
   SteadyClock::time_point sentinel_retry_at_{};
 
   int wake_fd_ = -1;  // eventfd: something for the subscriber thread to do
-  std::thread subscriber_;
-  std::thread checker_;
+  std::thread subscriber_ GUARDED_BY(mu_);
+  std::thread checker_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

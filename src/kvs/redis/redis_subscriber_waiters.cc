@@ -24,7 +24,7 @@ Result<std::optional<std::string>> GetValue(const redisReply* r) {
 
 Result<KvsWaitTicket> RedisSubscriber::Add(const std::string& channel, int slot, Deadline deadline,
                                            std::string what, KvsWaitCallback done) {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (shutdown_) return Status(DYAD_RC_CANCELLED, what + ": the metadata store is shutting down");
   StartLocked();
   const KvsWaitTicket t = next_ticket_++;
@@ -46,7 +46,7 @@ Result<KvsWaitTicket> RedisSubscriber::Add(const std::string& channel, int slot,
   } else {
     dirty_.insert(channel);
   }
-  lk.unlock();
+  lk.Unlock();
   Wake();
   return t;
 }
@@ -54,7 +54,7 @@ Result<KvsWaitTicket> RedisSubscriber::Add(const std::string& channel, int slot,
 void RedisSubscriber::Cancel(KvsWaitTicket ticket, const Status& why) {
   Completions done;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     CompleteLocked(ticket, why, &done);
   }
   Run(&done);
@@ -64,7 +64,7 @@ void RedisSubscriber::Cancel(KvsWaitTicket ticket, const Status& why) {
 void RedisSubscriber::Shutdown() {
   Completions done;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     shutdown_ = true;
     std::vector<KvsWaitTicket> all;
     for (const auto& [t, w] : waiters_) all.push_back(t);
@@ -150,11 +150,11 @@ void RedisSubscriber::QueueCheckLocked(const std::string& channel) {
 }
 
 void RedisSubscriber::CheckerLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   int64_t backoff = kBackoffFirstMs;
   while (!stop_) {
     if (check_.empty()) {
-      check_cv_.wait_for(lk, std::chrono::milliseconds(kPollMs));
+      lk.WaitFor(check_cv_, std::chrono::milliseconds(kPollMs));
       continue;
     }
     std::vector<std::pair<std::string, int>> batch;
@@ -165,23 +165,24 @@ void RedisSubscriber::CheckerLoop() {
       it = check_.erase(it);
     }
     if (batch.empty()) continue;
-    lk.unlock();
+    lk.Unlock();
     std::vector<std::pair<std::string, std::string>> found;
     std::vector<std::string> retry;
     CheckBatch(batch, &found, &retry);
-    lk.lock();
+    lk.Lock();
     Completions done;
     for (const auto& [channel, value] : found) CompleteChannelLocked(channel, value, &done);
     for (const std::string& channel : retry) check_.insert(channel);
-    lk.unlock();
+    lk.Unlock();
     Run(&done);
     Wake();
-    lk.lock();
+    lk.Lock();
     if (retry.empty()) {
       backoff = kBackoffFirstMs;
     } else {
       // The store is unreachable or failing over: try again, not in a spin.
-      check_cv_.wait_for(lk, std::chrono::milliseconds(backoff), [this] { return stop_; });
+      lk.WaitFor(check_cv_, std::chrono::milliseconds(backoff),
+                 [this]() REQUIRES(mu_) { return stop_; });
       backoff = std::min(backoff * 2, kBackoffMaxMs);
     }
   }

@@ -45,7 +45,7 @@ RedisLogin RedisTopology::sentinel_login() const {
 }
 
 std::vector<RedisAddress> RedisTopology::Sentinels() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return sentinels_;
 }
 
@@ -55,7 +55,7 @@ bool RedisTopology::KnownLocked() const {
 }
 
 std::optional<RedisAddress> RedisTopology::CachedNodeFor(int slot) const {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (config_.mode != RedisMode::kCluster) return primary_;
   if (cluster_.nodes.empty()) return std::nullopt;
   const int idx = slot >= 0 && slot < kRedisSlots ? cluster_.owner[static_cast<size_t>(slot)] : 0;
@@ -75,11 +75,11 @@ Result<RedisAddress> RedisTopology::NodeFor(int slot) {
 }
 
 Result<std::vector<RedisAddress>> RedisTopology::Masters() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (!KnownLocked() || stale_.load()) {
-    lk.unlock();
+    lk.Unlock();
     DYAD_RETURN_IF_ERROR(Refresh());
-    lk.lock();
+    lk.Lock();
   }
   if (config_.mode != RedisMode::kCluster) return std::vector<RedisAddress>{*primary_};
   std::set<int16_t> used(cluster_.owner.begin(), cluster_.owner.end());
@@ -106,7 +106,7 @@ Result<std::vector<RedisAddress>> RedisTopology::AnyNodes() {
   }
   std::vector<RedisAddress> out;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     out = cluster_.nodes;
   }
   for (const RedisAddress& seed : config_.nodes)
@@ -116,7 +116,7 @@ Result<std::vector<RedisAddress>> RedisTopology::AnyNodes() {
 
 void RedisTopology::NoteMoved(int slot, const RedisAddress& node) {
   if (slot < 0 || slot >= kRedisSlots) return;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   auto it = std::find(cluster_.nodes.begin(), cluster_.nodes.end(), node);
   if (it == cluster_.nodes.end()) {
     if (cluster_.nodes.size() >= 1000) return;  // untrusted input cannot grow this without end
@@ -133,7 +133,7 @@ void RedisTopology::NoteMoved(int slot, const RedisAddress& node) {
 }
 
 void RedisTopology::SetPrimary(const RedisAddress& node) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (primary_ != node) {
     primary_ = node;
     BumpLocked();
@@ -142,15 +142,15 @@ void RedisTopology::SetPrimary(const RedisAddress& node) {
 
 Status RedisTopology::Refresh() {
   if (config_.mode == RedisMode::kSingle) return Status::OK();
-  std::unique_lock<std::mutex> serial(refresh_mu_);
+  MutexLock serial(refresh_mu_);
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     const auto since = SteadyClock::now() - last_attempt_;
     if (since < std::chrono::milliseconds(kMinRefreshMs)) return last_status_;
   }
   stale_.store(false);
   Status st = config_.mode == RedisMode::kCluster ? RefreshCluster() : RefreshSentinel();
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   last_attempt_ = SteadyClock::now();
   last_status_ = st;
   if (!st.ok()) stale_.store(true);
@@ -214,7 +214,7 @@ Result<RedisTopology::ClusterView> RedisTopology::AskClusterSlots(const RedisAdd
 Status RedisTopology::RefreshCluster() {
   std::vector<RedisAddress> candidates;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     candidates = cluster_.nodes;
   }
   for (const RedisAddress& seed : config_.nodes)
@@ -228,7 +228,7 @@ Status RedisTopology::RefreshCluster() {
       last = view.status();
       continue;
     }
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     bool changed = view->nodes.size() != cluster_.nodes.size();
     for (int s = 0; s < kRedisSlots && !changed; ++s) {
       const int16_t a = view->owner[static_cast<size_t>(s)];
@@ -297,7 +297,7 @@ Status RedisTopology::RefreshSentinel() {
       last = st.Annotate("sentinel " + sentinels[i].ToString() + " names " + primary->ToString());
       continue;
     }
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     // The sentinel that answered is asked first next time.
     auto it = std::find(sentinels_.begin(), sentinels_.end(), sentinels[i]);
     if (it != sentinels_.end()) std::rotate(sentinels_.begin(), it, it + 1);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "kvs/redis/redis_link.h"
 #include "kvs/redis/redis_url.h"
@@ -94,19 +95,19 @@ class RedisTopology {
   Result<ClusterView> AskClusterSlots(const RedisAddress& node);
   Result<RedisAddress> AskSentinel(const RedisAddress& sentinel);
   Status ConfirmPrimary(const RedisAddress& node);
-  bool KnownLocked() const;
+  bool KnownLocked() const REQUIRES(mu_);
   void BumpLocked() { epoch_.fetch_add(1); }
 
   const RedisConfig config_;
   const RedisLogin login_;
 
-  std::mutex refresh_mu_;                   // one lookup at a time
-  mutable std::mutex mu_;                   // the view below
-  std::optional<RedisAddress> primary_;     // single / sentinel; guarded by mu_
-  ClusterView cluster_;                     // guarded by mu_
-  std::vector<RedisAddress> sentinels_;     // answering one first; guarded by mu_
-  SteadyClock::time_point last_attempt_{};  // guarded by mu_
-  Status last_status_;                      // guarded by mu_
+  Mutex refresh_mu_;                                     // one lookup at a time
+  mutable Mutex mu_;                                     // the view below
+  std::optional<RedisAddress> primary_ GUARDED_BY(mu_);  // single / sentinel
+  ClusterView cluster_ GUARDED_BY(mu_);
+  std::vector<RedisAddress> sentinels_ GUARDED_BY(mu_);  // answering one first
+  SteadyClock::time_point last_attempt_ GUARDED_BY(mu_){};
+  Status last_status_ GUARDED_BY(mu_);
   std::atomic<bool> stale_{false};
   std::atomic<uint64_t> epoch_{1};
 };

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 
 namespace dyad {
@@ -64,7 +65,7 @@ void RedisWatcher::Wake() {
 
 Result<KvsWatchTicket> RedisWatcher::Watch(const std::string& ns, const std::string& channel,
                                            KvsWatchCallback on_change) {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (stop_) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
   if (wake_fd_ < 0) {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -80,7 +81,8 @@ Result<KvsWatchTicket> RedisWatcher::Watch(const std::string& ns, const std::str
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   Wake();
   Sub& sub = it->second;
-  cv_.wait_for(lk, std::chrono::milliseconds(kConfirmMs), [&] { return sub.confirmed || stop_; });
+  lk.WaitFor(cv_, std::chrono::milliseconds(kConfirmMs),
+             [&]() REQUIRES(mu_) { return sub.confirmed || stop_; });
   if (!sub.confirmed) sub.resync_on_confirm = true;
   return t;
 }
@@ -88,7 +90,7 @@ Result<KvsWatchTicket> RedisWatcher::Watch(const std::string& ns, const std::str
 void RedisWatcher::Unwatch(KvsWatchTicket ticket) {
   std::optional<std::string> ns = watchers_.Remove(ticket);
   if (!ns) return;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (watchers_.Watched(*ns)) return;
   for (auto it = subs_.begin(); it != subs_.end(); ++it) {
     if (it->second.ns != *ns) continue;
@@ -101,13 +103,15 @@ void RedisWatcher::Unwatch(KvsWatchTicket ticket) {
 }
 
 void RedisWatcher::Shutdown() {
+  std::thread loop;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
     cv_.notify_all();
+    loop = std::move(thread_);  // (a second Shutdown finds none to join)
   }
   Wake();
-  if (thread_.joinable()) thread_.join();
+  if (loop.joinable()) loop.join();
 }
 
 bool RedisWatcher::SendCommand(redisContext* c, const char* verb, const std::string& arg) {
@@ -139,7 +143,7 @@ void RedisWatcher::Loop() {
   int64_t backoff = kBackoffFirstMs;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      MutexLock lk(mu_);
       if (stop_) return;
     }
     Result<RedisContext> c = DialNext();
@@ -148,7 +152,7 @@ void RedisWatcher::Loop() {
       const auto up_at = SteadyClock::now();
       {
         // Everything wanted is (re)subscribed on this new link.
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         to_unsubscribe_.clear();
         for (const auto& [channel, sub] : subs_) to_subscribe_.insert(channel);
       }
@@ -163,7 +167,7 @@ void RedisWatcher::Loop() {
     } else {
       DYAD_LOG_DEBUG("redis watch: %s", c.status().ToString().c_str());
     }
-    std::unique_lock<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     // Messages published while the link was down are lost: resync once
     // the subscriptions are confirmed again.
     for (auto& [channel, sub] : subs_) {
@@ -171,7 +175,7 @@ void RedisWatcher::Loop() {
       sub.confirmed = false;
     }
     if (retry_now) continue;
-    cv_.wait_for(lk, std::chrono::milliseconds(backoff), [this] { return stop_; });
+    lk.WaitFor(cv_, std::chrono::milliseconds(backoff), [this]() REQUIRES(mu_) { return stop_; });
     backoff = std::min(backoff * 2, kBackoffMaxMs);
   }
 }
@@ -185,7 +189,7 @@ bool RedisWatcher::Serve(redisContext* c) {
   for (;;) {
     std::vector<std::pair<const char*, std::string>> sends;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      MutexLock lk(mu_);
       if (stop_) return true;
       for (const auto& ch : to_subscribe_) sends.emplace_back("SUBSCRIBE", ch);
       for (const auto& ch : to_unsubscribe_) sends.emplace_back("UNSUBSCRIBE", ch);
@@ -241,7 +245,7 @@ void RedisWatcher::HandlePush(const redisReply* r) {
   std::string ns;
   bool resync = false;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     auto it = subs_.find(channel);
     if (it == subs_.end()) return;
     ns = it->second.ns;

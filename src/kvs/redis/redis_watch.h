@@ -80,15 +80,16 @@ class RedisWatcher {
 
   RedisExecutor* const exec_;
   WatchList watchers_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, Sub> subs_;     // by channel; guarded by mu_
-  std::set<std::string> to_subscribe_;  // channels not sent on this link yet
-  std::set<std::string> to_unsubscribe_;
-  bool stop_ = false;
+  std::map<std::string, Sub> subs_ GUARDED_BY(mu_);  // by channel
+  // Channels not sent on this link yet.
+  std::set<std::string> to_subscribe_ GUARDED_BY(mu_);
+  std::set<std::string> to_unsubscribe_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   int wake_fd_ = -1;
   size_t next_node_ = 0;  // DialNext's rotation; the loop thread's own
-  std::thread thread_;
+  std::thread thread_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

@@ -53,7 +53,10 @@ Result<std::shared_ptr<OfiFabric>> OfiFabric::Open(OfiProvider provider) {
   f->instance_ = RandomInstance();
   f->wake_fd_ = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!f->wake_fd_.valid()) return StatusFromErrno(errno, "eventfd", DYAD_RC_MARGOINIT_FAIL);
-  DYAD_RETURN_IF_ERROR(f->OpenObjects());
+  {
+    MutexLock lk(f->mu_);  // (no other thread yet: libfabric objects are used under mu_)
+    DYAD_RETURN_IF_ERROR(f->OpenObjects());
+  }
   OfiFabric* raw = f.get();
   f->progress_ = std::thread([raw] { raw->ProgressLoop(); });
   DYAD_LOG_DEBUG("ofi: endpoint up: %s; address %zu bytes; completions %s",
@@ -133,7 +136,7 @@ Status OfiFabric::ReadAddress() {
 }
 
 void OfiFabric::CloseObjects() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (ep_ != nullptr) CloseFid(&ep_->fid);
   if (av_ != nullptr) CloseFid(&av_->fid);
   if (cq_ != nullptr) CloseFid(&cq_->fid);
@@ -149,7 +152,7 @@ void OfiFabric::CloseObjects() {
 }
 
 Result<OfiFabric::Registration> OfiFabric::Register(void* addr, size_t len, uint64_t access) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (stopping_) return Status(DYAD_RC_CANCELLED, "ofi transport is shutting down");
   Registration r;
   // A key we choose must be unique in the domain; providers with
@@ -175,7 +178,7 @@ Result<OfiFabric::Registration> OfiFabric::Register(void* addr, size_t len, uint
 
 void OfiFabric::Deregister(Registration* r) {
   if (r->mr == nullptr) return;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   CloseFid(&r->mr->fid);
   r->mr = nullptr;
 }
@@ -189,7 +192,7 @@ Result<fi_addr_t> OfiFabric::AcquirePeer(const std::string& address, uint64_t in
     return Status(DYAD_RC_BADUNPACK, "ofi: the peer's endpoint name (" +
                                          std::to_string(address.size()) +
                                          " bytes) does not fit this provider's address format");
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (stopping_) return Status(DYAD_RC_CANCELLED, "ofi transport is shutting down");
   const std::string key = PeerKey(address, instance);
   auto it = peers_.find(key);
@@ -219,7 +222,7 @@ Result<fi_addr_t> OfiFabric::AcquirePeer(const std::string& address, uint64_t in
 
 void OfiFabric::ReleasePeer(const std::string& address, uint64_t instance, fi_addr_t addr,
                             bool failed) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   auto it = peers_.find(PeerKey(address, instance));
   if (it != peers_.end() && it->second.addr == addr) {
     --it->second.users;
@@ -261,7 +264,7 @@ void OfiFabric::TrimPeersLocked() {
 }
 
 std::string OfiFabric::Details() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return choice_.Describe() + "; completions " +
          (polled() ? "polled while transfers run (the provider has no CQ wait object)"
                    : "by CQ wait fd") +

@@ -44,6 +44,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "transport/ofi/ofi_provider.h"
 
@@ -131,46 +132,48 @@ class OfiFabric {
 
  private:
   explicit OfiFabric(OfiProvider provider);
-  Status OpenObjects();
-  Status OpenCq();
-  Status ReadAddress();
+  Status OpenObjects() REQUIRES(mu_);
+  Status OpenCq() REQUIRES(mu_);
+  Status ReadAddress() REQUIRES(mu_);
   void CloseObjects();
   void ProgressLoop();
-  int DrainLocked();  // reads the CQ empty; returns completions seen
-  void CompleteLocked(OfiOp* op, int err, int prov_err);
-  void SignalBusyLocked();
-  void RemovePeerLocked(fi_addr_t addr);
-  void TrimPeersLocked();
+  int DrainLocked() REQUIRES(mu_);  // reads the CQ empty; returns completions seen
+  void CompleteLocked(OfiOp* op, int err, int prov_err) REQUIRES(mu_);
+  void SignalBusyLocked() REQUIRES(mu_);
+  void RemovePeerLocked(fi_addr_t addr) REQUIRES(mu_);
+  void TrimPeersLocked() REQUIRES(mu_);
 
   OfiInfoPtr info_;
   const OfiChoice choice_;
   std::string address_;
   uint64_t instance_ = 0;
 
-  std::mutex mu_;  // every libfabric call below, and the state after it
-  fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
-  fid_ep* ep_ = nullptr;
-  fid_cq* cq_ = nullptr;
-  fid_av* av_ = nullptr;
+  Mutex mu_;  // every libfabric call below, and the state after it
+  fid_fabric* fabric_ GUARDED_BY(mu_) = nullptr;
+  fid_domain* domain_ GUARDED_BY(mu_) = nullptr;
+  fid_ep* ep_ GUARDED_BY(mu_) = nullptr;
+  fid_cq* cq_ GUARDED_BY(mu_) = nullptr;
+  fid_av* av_ GUARDED_BY(mu_) = nullptr;
   int cq_fd_ = -1;  // the CQ's wait fd (owned by libfabric); -1 in polled mode
   UniqueFd wake_fd_;
-  bool stopping_ = false;
-  bool stopped_ = false;
-  int active_ = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool stopped_ GUARDED_BY(mu_) = false;
+  int active_ GUARDED_BY(mu_) = 0;
   std::condition_variable active_cv_;
   std::thread progress_;
-  std::vector<int> busy_fds_;                         // transfers whose read was refused as busy
-  std::chrono::steady_clock::time_point busy_since_;  // the first of them
-  uint64_t next_key_ = 1;  // requested keys when the provider does not choose them
+  std::vector<int> busy_fds_ GUARDED_BY(mu_);  // transfers whose read was refused as busy
+  std::chrono::steady_clock::time_point busy_since_ GUARDED_BY(mu_);  // the first of them
+  uint64_t next_key_ GUARDED_BY(mu_) = 1;  // requested keys when the provider does not choose them
 
   struct Peer {
     fi_addr_t addr = FI_ADDR_UNSPEC;
     int users = 0;
   };
-  std::map<std::string, Peer> peers_;       // by address bytes + instance
-  std::map<fi_addr_t, int> retired_peers_;  // failed, removed at last release
-  uint64_t reads_ = 0, read_errors_ = 0, eagain_ = 0;
+  std::map<std::string, Peer> peers_ GUARDED_BY(mu_);       // by address bytes + instance
+  std::map<fi_addr_t, int> retired_peers_ GUARDED_BY(mu_);  // failed, removed at last release
+  uint64_t reads_ GUARDED_BY(mu_) = 0;
+  uint64_t read_errors_ GUARDED_BY(mu_) = 0;
+  uint64_t eagain_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dyad

@@ -46,12 +46,12 @@ std::string OfiRegion::PackedKey() const {
 }
 
 void OfiBuffer::SetNotify(int fd) {
-  std::lock_guard<std::mutex> lk(notify_mu_);
+  MutexLock lk(notify_mu_);
   notify_fd_ = fd;
 }
 
 void OfiBuffer::Notify() {
-  std::lock_guard<std::mutex> lk(notify_mu_);
+  MutexLock lk(notify_mu_);
   if (notify_fd_ >= 0) SignalEventFd(notify_fd_);
 }
 
@@ -104,7 +104,7 @@ bool OfiPool::Usable(const OfiBuffer& b, std::chrono::steady_clock::time_point n
 }
 
 Result<OfiBuffer*> OfiPool::TryAcquire(int notify_fd) {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   const auto now = std::chrono::steady_clock::now();
   int held_back = 0;
   for (std::unique_ptr<OfiBuffer>& b : buffers_) {
@@ -122,9 +122,9 @@ Result<OfiBuffer*> OfiPool::TryAcquire(int notify_fd) {
     return static_cast<OfiBuffer*>(nullptr);
   }
   ++creating_;
-  lk.unlock();  // registration takes the fabric's lock
+  lk.Unlock();  // registration takes the fabric's lock
   Result<std::unique_ptr<OfiBuffer>> made = MakeBuffer();
-  lk.lock();
+  lk.Lock();
   --creating_;
   if (!made.ok()) {
     SignalWaitersLocked();  // they may count on the buffer that failed
@@ -136,7 +136,7 @@ Result<OfiBuffer*> OfiPool::TryAcquire(int notify_fd) {
 }
 
 void OfiPool::CancelNotify(int notify_fd) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   waiters_.erase(std::remove(waiters_.begin(), waiters_.end(), notify_fd), waiters_.end());
 }
 
@@ -147,7 +147,7 @@ void OfiPool::SignalWaitersLocked() {
 
 void OfiPool::Release(OfiBuffer* b, int64_t rest_ms) {
   if (kind_ == Kind::kReceive) b->SetNotify(-1);
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   b->in_use = false;
   b->usable_at =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, rest_ms));
@@ -155,18 +155,18 @@ void OfiPool::Release(OfiBuffer* b, int64_t rest_ms) {
 }
 
 void OfiPool::Wake() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   SignalWaitersLocked();
 }
 
 Status OfiPool::Preallocate() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (!buffers_.empty() || creating_ > 0) return Status::OK();
     ++creating_;
   }
   Result<std::unique_ptr<OfiBuffer>> made = MakeBuffer();
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   --creating_;
   if (!made.ok()) return made.status();
   buffers_.push_back(std::move(made).value());
@@ -175,7 +175,7 @@ Status OfiPool::Preallocate() {
 }
 
 std::string OfiPool::Describe() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   int stuck = 0;
   for (const std::unique_ptr<OfiBuffer>& b : buffers_)
     stuck += !b->in_use && b->in_flight.load(std::memory_order_acquire) > 0 ? 1 : 0;

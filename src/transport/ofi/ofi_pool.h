@@ -43,6 +43,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "transport/ofi/ofi_fabric.h"
 #include "transport/transport.h"
@@ -99,8 +100,8 @@ struct OfiBuffer {
   void Notify();
 
  private:
-  std::mutex notify_mu_;
-  int notify_fd_ = -1;
+  Mutex notify_mu_;
+  int notify_fd_ GUARDED_BY(notify_mu_) = -1;
 };
 
 class OfiPool {
@@ -144,12 +145,12 @@ class OfiPool {
   const int slots_;
   const int max_buffers_;
 
-  void SignalWaitersLocked();
+  void SignalWaitersLocked() REQUIRES(mu_);
 
-  std::mutex mu_;
-  std::vector<std::unique_ptr<OfiBuffer>> buffers_;
-  std::vector<int> waiters_;  // event fds of transfers waiting for a buffer
-  int creating_ = 0;          // buffers being registered outside the lock
+  Mutex mu_;
+  std::vector<std::unique_ptr<OfiBuffer>> buffers_ GUARDED_BY(mu_);
+  std::vector<int> waiters_ GUARDED_BY(mu_);  // event fds of transfers waiting for a buffer
+  int creating_ GUARDED_BY(mu_) = 0;          // buffers being registered outside the lock
 };
 
 // Returns a buffer to its pool when a transfer ends; after a failure the

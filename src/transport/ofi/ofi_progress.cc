@@ -59,7 +59,7 @@ dyad_rc_t CodeForFabricError(int err) {
 dyad_rc_t OfiFabricErrorCode(int err) { return CodeForFabricError(err < 0 ? -err : err); }
 
 void OfiFabric::ProgressLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   int empty_rounds = 0;
   bool progressed = true;
   while (!stopping_) {
@@ -67,7 +67,7 @@ void OfiFabric::ProgressLoop() {
       // Nothing to drive while no transfer runs: a peer's read can only
       // target our memory after we announced it (an active Push).
       if (active_ == 0) {
-        active_cv_.wait_for(lk, std::chrono::milliseconds(kProgressPollMs));
+        lk.WaitFor(active_cv_, std::chrono::milliseconds(kProgressPollMs));
         continue;
       }
       // Spin while completions come; after a run of empty reads, sleep a
@@ -84,12 +84,12 @@ void OfiFabric::ProgressLoop() {
       if (seen) {
         empty_rounds = 0;
       } else if (++empty_rounds < kPolledSpinRounds) {
-        lk.unlock();
+        lk.Unlock();
         std::this_thread::yield();
-        lk.lock();
+        lk.Lock();
       } else {
         empty_rounds = 0;
-        active_cv_.wait_for(lk, std::chrono::microseconds(kPolledRestUs));
+        lk.WaitFor(active_cv_, std::chrono::microseconds(kPolledRestUs));
       }
       continue;
     }
@@ -102,7 +102,7 @@ void OfiFabric::ProgressLoop() {
     // A refused read needs the provider progressed soon even if the CQ
     // fd stays quiet (connection setup may not signal it).
     const int timeout = busy_fds_.empty() ? kProgressPollMs : kBusyRetryMs;
-    lk.unlock();
+    lk.Unlock();
     progressed = true;
     if (may_block) {
       pollfd p[2] = {{cq_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
@@ -112,7 +112,7 @@ void OfiFabric::ProgressLoop() {
         progressed = p[0].revents != 0;
       }
     }
-    lk.lock();
+    lk.Lock();
   }
 }
 
@@ -160,7 +160,7 @@ void OfiFabric::CompleteLocked(OfiOp* op, int err, int prov_err) {
 
 Result<bool> OfiFabric::TryRead(OfiOp* op, void* local, size_t len, void* desc, fi_addr_t peer,
                                 uint64_t remote_addr, uint64_t key, int notify_fd) {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (stopping_) return Status(DYAD_RC_CANCELLED, "ofi transport is shutting down");
   op->err = 0;
   op->prov_err = 0;
@@ -185,7 +185,7 @@ Result<bool> OfiFabric::TryRead(OfiOp* op, void* local, size_t len, void* desc, 
   if (std::find(busy_fds_.begin(), busy_fds_.end(), notify_fd) == busy_fds_.end())
     busy_fds_.push_back(notify_fd);
   if (!polled()) {
-    lk.unlock();
+    lk.Unlock();
     const uint64_t one = 1;  // out of a long sleep on a quiet CQ
     (void)!::write(wake_fd_.get(), &one, sizeof(one));
   }
@@ -193,23 +193,23 @@ Result<bool> OfiFabric::TryRead(OfiOp* op, void* local, size_t len, void* desc, 
 }
 
 void OfiFabric::CancelBusyNotify(int notify_fd) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   busy_fds_.erase(std::remove(busy_fds_.begin(), busy_fds_.end(), notify_fd), busy_fds_.end());
 }
 
 void OfiFabric::BeginActivity() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (++active_ == 1) active_cv_.notify_all();
 }
 
 void OfiFabric::EndActivity() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   --active_;
 }
 
 void OfiFabric::Stop() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (stopped_) return;
     stopping_ = true;
     active_cv_.notify_all();
@@ -217,7 +217,7 @@ void OfiFabric::Stop() {
   const uint64_t one = 1;
   if (wake_fd_.valid()) (void)!::write(wake_fd_.get(), &one, sizeof(one));
   if (progress_.joinable()) progress_.join();
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   stopped_ = true;
 }
 

@@ -54,7 +54,7 @@ OfiTransport::~OfiTransport() {
 // Opens the fabric and pools once; a failed start is retried by the next
 // call (nothing is left half-built).
 Result<OfiTransport::Engine*> OfiTransport::Start() const {
-  std::lock_guard<std::mutex> lk(start_mu_);
+  MutexLock lk(start_mu_);
   if (engine_) return engine_.get();
   Result<OfiProvider> provider = ChooseOfiProvider(config_);
   if (!provider.ok()) return provider.status();
@@ -78,14 +78,14 @@ Status OfiTransport::Warm() {
 }
 
 std::string OfiTransport::Details() const {
-  std::lock_guard<std::mutex> lk(start_mu_);
+  MutexLock lk(start_mu_);
   if (!engine_) return "not started";
   return engine_->fabric->Details() + "; buffers mapped: " + engine_->receive->Describe() + ", " +
          engine_->send->Describe();
 }
 
 std::string OfiTransport::SameHostOnly() const {
-  std::lock_guard<std::mutex> lk(start_mu_);
+  MutexLock lk(start_mu_);
   if (!engine_ || !engine_->fabric->choice().same_host_only()) return "";
   return "transport ofi uses libfabric provider " + engine_->fabric->choice().provider + " (" +
          engine_->fabric->choice().reason + "), which reaches only services on this host";

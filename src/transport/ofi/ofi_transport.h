@@ -52,6 +52,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/thread_annotations.h"
 #include "transport/ofi/ofi_pool.h"
 #include "transport/ofi/ofi_provider.h"
 #include "transport/transport.h"
@@ -102,8 +103,8 @@ class OfiTransport final : public Transport {
   const TransportOptions options_;
   const OfiConfig config_;
   const int pool_buffers_;
-  mutable std::mutex start_mu_;
-  mutable std::unique_ptr<Engine> engine_;
+  mutable Mutex start_mu_;
+  mutable std::unique_ptr<Engine> engine_ GUARDED_BY(start_mu_);
 };
 
 }  // namespace dyad

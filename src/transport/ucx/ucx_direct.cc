@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/thread_annotations.h"
 #include "transport/ucx/ucx_config.h"
 
 namespace dyad::ucx {
@@ -81,7 +82,7 @@ struct DirectPeers::Peer {
 
 void DirectPeers::Mapping::Done(bool ok) {
   if (!peer_) return;
-  std::lock_guard<std::mutex> lk(owner_->worker_.mu());
+  MutexLock lk(owner_->worker_.mu());
   owner_->ReleaseLocked(address_, peer_, !ok);
   peer_.reset();
   ptr_ = nullptr;
@@ -91,7 +92,7 @@ DirectPeers::~DirectPeers() { Clear(); }
 
 Result<DirectPeers::Mapping> DirectPeers::Map(const std::string& address, const std::string& rkey,
                                               uint64_t base, uint64_t len) {
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   Result<std::shared_ptr<Peer>> peer = PeerLocked(address);
   if (!peer.ok()) return peer.status();
   Result<MappedKey*> key = KeyLocked(**peer, rkey);
@@ -227,7 +228,7 @@ void DirectPeers::TrimLocked(const Peer* keep) {
 }
 
 void DirectPeers::Clear() {
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   for (auto& [address, peer] : peers_) DestroyLocked(*peer);
   peers_.clear();
   for (const std::shared_ptr<Peer>& peer : retired_) DestroyLocked(*peer);

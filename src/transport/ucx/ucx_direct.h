@@ -23,6 +23,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace dyad::ucx {
@@ -71,24 +72,27 @@ class DirectPeers {
 
   // Unmaps idle and surplus requesters, but never `keep` (the progress
   // thread's housekeeping; worker mutex held).
-  void TrimLocked(const Peer* keep = nullptr);
+  void TrimLocked(const Peer* keep = nullptr) REQUIRES(worker_.mu());
 
   // Unmaps everything (teardown, progress thread stopped).
   void Clear();
 
  private:
   struct MappedKey;
-  Result<std::shared_ptr<Peer>> PeerLocked(const std::string& address);
-  Result<MappedKey*> KeyLocked(Peer& peer, const std::string& rkey);
-  Result<ucp_ep_h> SharedMemoryEndpointLocked(const std::string& address);
-  Status NotMappableLocked(const std::string& address, const Status& st);
-  void ReleaseLocked(const std::string& address, const std::shared_ptr<Peer>& peer, bool failed);
-  void DestroyLocked(Peer& peer);
+  Result<std::shared_ptr<Peer>> PeerLocked(const std::string& address) REQUIRES(worker_.mu());
+  Result<MappedKey*> KeyLocked(Peer& peer, const std::string& rkey) REQUIRES(worker_.mu());
+  Result<ucp_ep_h> SharedMemoryEndpointLocked(const std::string& address) REQUIRES(worker_.mu());
+  Status NotMappableLocked(const std::string& address, const Status& st) REQUIRES(worker_.mu());
+  void ReleaseLocked(const std::string& address, const std::shared_ptr<Peer>& peer, bool failed)
+      REQUIRES(worker_.mu());
+  void DestroyLocked(Peer& peer) REQUIRES(worker_.mu());
 
   Worker& worker_;
-  std::map<std::string, std::shared_ptr<Peer>> peers_;  // by worker address
-  std::set<std::shared_ptr<Peer>> retired_;             // destroyed at last release
-  std::set<std::string> unmappable_;                    // addresses without a shared-memory path
+  std::map<std::string, std::shared_ptr<Peer>> peers_
+      GUARDED_BY(worker_.mu());                                       // by worker address
+  std::set<std::shared_ptr<Peer>> retired_ GUARDED_BY(worker_.mu());  // destroyed at last release
+  std::set<std::string> unmappable_
+      GUARDED_BY(worker_.mu());  // addresses without a shared-memory path
 };
 
 }  // namespace dyad::ucx

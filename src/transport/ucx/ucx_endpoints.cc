@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 
 namespace dyad::ucx {
 
@@ -13,7 +14,7 @@ void EndpointCache::Ref::Release() {
 }
 
 Result<EndpointCache::Ref> EndpointCache::Get(const std::string& address) {
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   auto it = eps_.find(address);
   if (it != eps_.end()) {
     if (failed_.count(it->second) == 0) {
@@ -41,7 +42,7 @@ Result<EndpointCache::Ref> EndpointCache::Get(const std::string& address) {
 }
 
 void EndpointCache::ReleaseEndpoint(ucp_ep_h ep) {
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   auto it = users_.find(ep);
   if (it == users_.end() || --it->second > 0) return;
   users_.erase(it);
@@ -49,7 +50,7 @@ void EndpointCache::ReleaseEndpoint(ucp_ep_h ep) {
 }
 
 void EndpointCache::Evict(const std::string& address, ucp_ep_h ep) {
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   auto it = eps_.find(address);
   if (it == eps_.end() || it->second != ep) return;
   eps_.erase(it);
@@ -61,7 +62,7 @@ Result<void*> EndpointCache::StartSend(ucp_ep_h ep, const void* buf, size_t len,
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
   if (wake != nullptr) wake->ForSend(&p);
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   if (failed_.count(ep) != 0)
     return Status(DYAD_RC_CONNLOST, "ucx endpoint to the requester failed");
   ucs_status_ptr_t r = ucp_tag_send_nbx(ep, buf, len, tag, &p);
@@ -73,7 +74,7 @@ Result<void*> EndpointCache::StartSend(ucp_ep_h ep, const void* buf, size_t len,
 }
 
 void EndpointCache::Clear() {
-  std::lock_guard<std::mutex> lk(worker_.mu());
+  MutexLock lk(worker_.mu());
   for (auto& [address, ep] : eps_) CloseLocked(ep);
   for (ucp_ep_h ep : retired_) CloseLocked(ep);
   eps_.clear();
@@ -84,6 +85,7 @@ void EndpointCache::Clear() {
 void EndpointCache::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   // Called from ucp_worker_progress, so the worker's mutex is already held.
   auto* self = static_cast<EndpointCache*>(arg);
+  self->worker_.mu().AssertHeld();
   DYAD_LOG_DEBUG("ucx: endpoint error: %s", ucs_status_string(status));
   self->failed_.insert(ep);
 }

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace dyad::ucx {
@@ -61,14 +62,14 @@ class EndpointCache {
  private:
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
   void ReleaseEndpoint(ucp_ep_h ep);
-  void RetireLocked(ucp_ep_h ep);
-  void CloseLocked(ucp_ep_h ep);
+  void RetireLocked(ucp_ep_h ep) REQUIRES(worker_.mu());
+  void CloseLocked(ucp_ep_h ep) REQUIRES(worker_.mu());
 
   Worker& worker_;
-  std::map<std::string, ucp_ep_h> eps_;  // by worker address
-  std::set<ucp_ep_h> failed_;            // reported an error
-  std::map<ucp_ep_h, int> users_;        // transfers holding each endpoint
-  std::set<ucp_ep_h> retired_;           // out of the cache, closed at last release
+  std::map<std::string, ucp_ep_h> eps_ GUARDED_BY(worker_.mu());  // by worker address
+  std::set<ucp_ep_h> failed_ GUARDED_BY(worker_.mu());            // reported an error
+  std::map<ucp_ep_h, int> users_ GUARDED_BY(worker_.mu());        // transfers holding each endpoint
+  std::set<ucp_ep_h> retired_ GUARDED_BY(worker_.mu());  // out of the cache, closed at last release
 };
 
 }  // namespace dyad::ucx

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 
 namespace dyad::ucx {
 namespace {
@@ -47,7 +48,7 @@ Result<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Allocate(Worker& wor
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.length = len;
   mp.flags = UCP_MEM_MAP_ALLOCATE;
-  std::lock_guard<std::mutex> lk(worker.mu());
+  MutexLock lk(worker.mu());
   ucp_mem_h memh = nullptr;
   ucs_status_t s = ucp_mem_map(worker.context(), &mp, &memh);
   if (s != UCS_OK) return UcxStatus(DYAD_RC_UCXMMAP_FAIL, "ucp_mem_map (allocate)", s);
@@ -80,7 +81,7 @@ Result<std::unique_ptr<RegisteredMemory>> RegisteredMemory::MapAnonymous(Worker&
   ucp_mem_h memh = nullptr;
   std::string rkey;
   {
-    std::lock_guard<std::mutex> lk(worker.mu());
+    MutexLock lk(worker.mu());
     ucs_status_t s = ucp_mem_map(worker.context(), &mp, &memh);
     if (s != UCS_OK) {
       st = UcxStatus(DYAD_RC_UCXMMAP_FAIL, "ucp_mem_map", s);
@@ -99,7 +100,7 @@ Result<std::unique_ptr<RegisteredMemory>> RegisteredMemory::MapAnonymous(Worker&
 
 RegisteredMemory::~RegisteredMemory() {
   {
-    std::lock_guard<std::mutex> lk(worker_.mu());
+    MutexLock lk(worker_.mu());
     ucp_mem_unmap(worker_.context(), memh_);
   }
   if (!ucx_allocated_) ::munmap(base_, len_);
@@ -121,7 +122,7 @@ void BufferLease::OwnerStopped() { rest_ms_ = kShortRestMs; }
 // ---- BufferPool.
 
 size_t BufferPool::mapped() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   return entries_.size();
 }
 
@@ -142,7 +143,7 @@ Result<RegisteredMemory*> BufferPool::TakeOrMapLocked(std::chrono::steady_clock:
 }
 
 Result<BufferLease> BufferPool::Acquire(Deadline deadline, int64_t rest_ms) {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   for (;;) {
     auto wake = std::chrono::steady_clock::time_point::max();
     Result<RegisteredMemory*> m = TakeOrMapLocked(&wake);
@@ -155,12 +156,12 @@ Result<BufferLease> BufferPool::Acquire(Deadline deadline, int64_t rest_ms) {
                                          " buffers stayed busy (DYAD_UCX_POOL_BUFFERS)");
     const auto now = std::chrono::steady_clock::now();
     auto until = now + std::chrono::milliseconds(deadline.RemainingMs(1000));
-    cv_.wait_until(lk, std::min(until, wake));
+    lk.WaitUntil(cv_, std::min(until, wake));
   }
 }
 
 Result<std::optional<BufferLease>> BufferPool::TryAcquire(int64_t rest_ms, const WakeFd& waiter) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   auto wake = std::chrono::steady_clock::time_point::max();
   Result<RegisteredMemory*> m = TakeOrMapLocked(&wake);
   if (!m.ok()) return m.status();
@@ -188,7 +189,7 @@ RegisteredMemory* BufferPool::TakeLocked(std::chrono::steady_clock::time_point n
 }
 
 Status BufferPool::Preallocate() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (!entries_.empty()) return Status::OK();
   Result<std::unique_ptr<RegisteredMemory>> made = Map();
   if (!made.ok()) return made.status();
@@ -200,7 +201,7 @@ Status BufferPool::Preallocate() {
 void BufferPool::Release(RegisteredMemory* mem, int64_t rest_ms) {
   std::vector<uint64_t> waiters;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     for (Entry& e : entries_) {
       if (e.mem.get() != mem) continue;
       e.in_use = false;
@@ -215,7 +216,7 @@ void BufferPool::Release(RegisteredMemory* mem, int64_t rest_ms) {
 }
 
 void BufferPool::Clear() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   entries_.clear();
 }
 

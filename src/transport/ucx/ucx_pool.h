@@ -148,19 +148,22 @@ class BufferPool {
   };
 
   Result<std::unique_ptr<RegisteredMemory>> Map();
-  Result<RegisteredMemory*> TakeOrMapLocked(std::chrono::steady_clock::time_point* wake);
+  Result<RegisteredMemory*> TakeOrMapLocked(std::chrono::steady_clock::time_point* wake)
+      REQUIRES(mu_);
   RegisteredMemory* TakeLocked(std::chrono::steady_clock::time_point now,
-                               std::chrono::steady_clock::time_point* wake, int* resting);
+                               std::chrono::steady_clock::time_point* wake, int* resting)
+      REQUIRES(mu_);
   void Release(RegisteredMemory* mem, int64_t rest_ms);
 
   Worker& worker_;
   const Kind kind_;
   const size_t slot_bytes_;
   const int max_buffers_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::vector<Entry> entries_;
-  std::vector<uint64_t> waiters_;  // wake fd ids of transfers that found none (TryAcquire)
+  std::vector<Entry> entries_ GUARDED_BY(mu_);
+  std::vector<uint64_t> waiters_
+      GUARDED_BY(mu_);  // wake fd ids of transfers that found none (TryAcquire)
 };
 
 }  // namespace dyad::ucx

@@ -1,4 +1,5 @@
 #include "transport/ucx/ucx_wake.h"
+#include "common/thread_annotations.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -13,9 +14,9 @@ namespace {
 // The live wake fds by id. A leaf lock: callbacks take it with the worker's
 // mutex held, nothing takes the worker's with it held.
 struct Registry {
-  std::mutex mu;
-  std::unordered_map<uint64_t, int> fds;
-  uint64_t next_id = 1;
+  Mutex mu;
+  std::unordered_map<uint64_t, int> fds GUARDED_BY(mu);
+  uint64_t next_id GUARDED_BY(mu) = 1;
 };
 
 Registry& Wakes() {
@@ -29,7 +30,7 @@ Result<std::unique_ptr<WakeFd>> WakeFd::Create() {
   const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd < 0) return StatusFromErrno(errno, "ucx: eventfd for a transfer's completions");
   Registry& r = Wakes();
-  std::lock_guard<std::mutex> lk(r.mu);
+  MutexLock lk(r.mu);
   const uint64_t id = r.next_id++;
   r.fds[id] = fd;
   return std::unique_ptr<WakeFd>(new WakeFd(fd, id));
@@ -38,7 +39,7 @@ Result<std::unique_ptr<WakeFd>> WakeFd::Create() {
 WakeFd::~WakeFd() {
   Registry& r = Wakes();
   {
-    std::lock_guard<std::mutex> lk(r.mu);
+    MutexLock lk(r.mu);
     r.fds.erase(id_);
   }
   ::close(fd_);
@@ -68,7 +69,7 @@ void WakeFd::Signal(void* user_data) {
 
 void WakeFd::SignalId(uint64_t id) {
   Registry& r = Wakes();
-  std::lock_guard<std::mutex> lk(r.mu);
+  MutexLock lk(r.mu);
   auto it = r.fds.find(id);
   if (it == r.fds.end()) return;  // its transfer is gone
   const uint64_t one = 1;

@@ -60,27 +60,33 @@ Deadline IdleDeadline(int64_t idle_ms) {
 Worker::~Worker() {
   StopProgress();
   DrainCloses();
+  MutexLock lk(mu_);
   DestroyUcx();
 }
 
 bool Worker::started() {
-  std::lock_guard<std::mutex> start_lock(start_mu_);
+  MutexLock start_lock(start_mu_);
   return started_;
 }
 
 Status Worker::Start() {
-  std::lock_guard<std::mutex> start_lock(start_mu_);
+  MutexLock start_lock(start_mu_);
   if (started_) return Status::OK();
   bool eager_only = false;
   DYAD_RETURN_IF_ERROR(CreateContext(&eager_only));
-  Status st = CreateWorker();
-  if (!st.ok()) {
-    DestroyUcx();
-    return st;
+  {
+    // No other thread uses the worker yet; held because every use of the
+    // worker is (UCS_THREAD_MODE_SERIALIZED), which the analysis checks.
+    MutexLock lk(mu_);
+    Status st = CreateWorker();
+    if (!st.ok()) {
+      DestroyUcx();
+      return st;
+    }
+    stopping_ = false;
   }
   shm_capable_ = HasMappableMemory(context_);
   eager_only_ = eager_only;
-  stopping_ = false;
   progress_ = std::thread([this] { ProgressLoop(); });
   started_ = true;
   DYAD_LOG_DEBUG("ucx: worker up (address %zu bytes, shared memory %s, messages %s)",
@@ -151,7 +157,7 @@ void Worker::DestroyUcx() {
 
 void Worker::StopProgress() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (!progress_.joinable()) return;
     stopping_ = true;
     ucp_worker_signal(worker_);
@@ -160,7 +166,7 @@ void Worker::StopProgress() {
 }
 
 void Worker::DrainCloses() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   const Deadline d = Deadline::AfterMs(kDrainMs);
   while (!closing_.empty() && !d.expired()) {
     ucp_worker_progress(worker_);
@@ -175,7 +181,7 @@ void Worker::DrainCloses() {
 // Drives the worker: progresses while there is work, then arms the event
 // fd and sleeps on it (bounded, so shutdown is noticed).
 void Worker::ProgressLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   while (!stopping_) {
     for (int i = 0; i < 256; ++i)
       if (ucp_worker_progress(worker_) == 0) break;
@@ -183,14 +189,14 @@ void Worker::ProgressLoop() {
     DropUnexpectedLocked();
     if (housekeeping_) housekeeping_();
     const ucs_status_t s = ucp_worker_arm(worker_);
-    lk.unlock();
+    lk.Unlock();
     if (s == UCS_ERR_BUSY) {
       std::this_thread::yield();  // more events already: progress again
     } else {
       pollfd p{efd_, POLLIN, 0};
       (void)::poll(&p, 1, hurry_.load() > 0 ? 1 : kProgressPollMs);
     }
-    lk.lock();
+    lk.Lock();
   }
 }
 
@@ -236,7 +242,7 @@ Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag, const WakeF
   std::memset(&p, 0, sizeof(p));
   p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   if (wake != nullptr) wake->ForRecv(&p);
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, len, tag, ~uint64_t{0}, &p);
   if (UCS_PTR_IS_ERR(r)) {
     const ucs_status_t s = UCS_PTR_STATUS(r);
@@ -247,14 +253,14 @@ Result<void*> Worker::StartRecv(void* buf, size_t len, uint64_t tag, const WakeF
 }
 
 bool Worker::ProgressBriefly() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   bool moved = false;
   for (int i = 0; i < kBriefRounds && ucp_worker_progress(worker_) != 0; ++i) moved = true;
   return moved;
 }
 
 Result<bool> Worker::Test(void** req, size_t* recv_len) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   if (*req == nullptr) return true;
   bool done = false;
   Status st = CheckRequestLocked(req, recv_len, &done);
@@ -282,7 +288,7 @@ Status Worker::CheckRequestLocked(void** req, size_t* recv_len, bool* done) {
 
 bool Worker::Cancel(void** req) {
   if (*req == nullptr) return true;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   ucp_request_cancel(worker_, *req);
   const Deadline d = Deadline::AfterMs(kDrainMs);
   while (ucp_request_check_status(*req) == UCS_INPROGRESS && !d.expired())

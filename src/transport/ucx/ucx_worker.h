@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/time.h"
 #include "transport/ucx/ucx_wake.h"
 
@@ -55,15 +56,15 @@ class Worker {
   bool shm_capable() const { return shm_capable_; }
   bool eager_only() const { return eager_only_; }
   ucp_context_h context() const { return context_; }
-  ucp_worker_h handle() const { return worker_; }
-  std::mutex& mu() { return mu_; }
+  ucp_worker_h handle() const REQUIRES(mu_) { return worker_; }  // used with mu() held
+  Mutex& mu() RETURN_CAPABILITY(mu_) { return mu_; }
 
   // Run by the progress thread each round with mu() held; set before Start.
   void SetHousekeeping(std::function<void()> fn) { housekeeping_ = std::move(fn); }
 
   // Closes `ep` (forced: fails whatever it has outstanding); the close
   // request is reaped by the progress thread. mu() held.
-  void CloseEndpointLocked(ucp_ep_h ep, bool force);
+  void CloseEndpointLocked(ucp_ep_h ep, bool force) REQUIRES(mu_);
 
   // Posts a receive of at most `len` bytes into `buf` for exactly `tag`;
   // its completion makes `wake` readable when given.
@@ -97,33 +98,33 @@ class Worker {
 
  private:
   Status CreateContext(bool* eager_only);
-  Status CreateWorker();
-  void DestroyUcx();
+  Status CreateWorker() REQUIRES(mu_);
+  void DestroyUcx() REQUIRES(mu_);
   void ProgressLoop();
-  void ReapClosesLocked();
-  void DropUnexpectedLocked();
-  Status CheckRequestLocked(void** req, size_t* recv_len, bool* done);
+  void ReapClosesLocked() REQUIRES(mu_);
+  void DropUnexpectedLocked() REQUIRES(mu_);
+  Status CheckRequestLocked(void** req, size_t* recv_len, bool* done) REQUIRES(mu_);
 
-  std::mutex start_mu_;
-  bool started_ = false;
+  Mutex start_mu_;
+  bool started_ GUARDED_BY(start_mu_) = false;
   bool shm_capable_ = false;
   bool eager_only_ = false;
 
-  std::mutex mu_;
+  Mutex mu_;
   ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
+  ucp_worker_h worker_ GUARDED_BY(mu_) = nullptr;
   int efd_ = -1;
   std::string address_;
-  bool stopping_ = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<int> hurry_{0};
   std::thread progress_;
   std::function<void()> housekeeping_;
-  std::vector<void*> closing_;  // endpoint close requests not yet complete
+  std::vector<void*> closing_ GUARDED_BY(mu_);  // endpoint close requests not yet complete
   struct Dropping {
     void* req;
     std::unique_ptr<char[]> scratch;
   };
-  std::vector<Dropping> dropping_;  // receives of unexpected messages
+  std::vector<Dropping> dropping_ GUARDED_BY(mu_);  // receives of unexpected messages
 };
 
 }  // namespace dyad::ucx
