@@ -4,9 +4,10 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include <asio/experimental/awaitable_operators.hpp>
+#include <sys/socket.h>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/posix/stream_descriptor.hpp>
-#include <variant>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -14,35 +15,11 @@
 
 namespace dyad {
 
-using asio::experimental::awaitable_operators::operator||;
 
 namespace {
 
-constexpr auto kAsTuple = asio::experimental::as_tuple(asio::use_awaitable);
-
 asio::steady_timer::time_point Expiry(Deadline d) {
   return d.never() ? asio::steady_timer::time_point::max() : d.time_point();
-}
-
-// Each operand of a wait, as the index of what ended it.
-Task<int> Tagged(Task<std::tuple<std::error_code>> wait, int tag) {
-  (void)co_await std::move(wait);
-  co_return tag;
-}
-Task<int> Tagged(Task<void> wait, int tag) {
-  co_await std::move(wait);
-  co_return tag;
-}
-// A wait that never ends by itself (an absent operand).
-Task<int> Never(asio::any_io_executor ex) {
-  asio::steady_timer t(ex, asio::steady_timer::time_point::max());
-  (void)co_await t.async_wait(kAsTuple);
-  co_return -1;
-}
-
-template <typename Variant>
-int IndexOf(const Variant& v) {
-  return std::visit([](int tag) { return tag; }, v);
 }
 
 asio::posix::stream_descriptor::wait_type WaitType(short events) {
@@ -73,44 +50,100 @@ struct ChannelWait {
     sd.assign(fd, ec);
   }
   ~ChannelWait() {
-    std::error_code ec;
     if (sd.is_open()) (void)sd.release();  // the channel closes its descriptor
-    (void)ec;
   }
 };
 
+// One wait: whichever of its sources ends it first (a descriptor ready, the
+// deadline, its Stop, a kick), the others are cancelled one by one (never
+// another wait's operation on the same descriptor). Loop only.
+class WaitOp : public std::enable_shared_from_this<WaitOp> {
+ public:
+  explicit WaitOp(asio::any_io_executor ex) : timer_(ex) {}
+
+  template <typename Handler>
+  void Start(Handler handler, asio::posix::stream_descriptor* a, short events_a,
+             asio::posix::stream_descriptor* b, short events_b, Deadline deadline, Stop* stop,
+             std::function<void()>* kick) {
+    auto h = std::make_shared<Handler>(std::move(handler));
+    done_ = [h](Ready r) { (*h)(r); };
+    auto self = shared_from_this();
+    if (stop != nullptr) {
+      stop_ = stop;
+      stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped); });
+      if (stop_ticket_ == 0) return Finish(Ready::kStopped);
+    }
+    if (kick != nullptr) {
+      kick_ = kick;
+      *kick = [self] { self->Finish(Ready::kReady); };
+    }
+    if (a != nullptr && a->is_open())
+      a->async_wait(WaitType(events_a),
+                    asio::bind_cancellation_slot(sig_a_.slot(), [self](std::error_code ec) {
+                      if (!ec) self->Finish(Ready::kReady);
+                    }));
+    if (b != nullptr && b->is_open())
+      b->async_wait(WaitType(events_b),
+                    asio::bind_cancellation_slot(sig_b_.slot(), [self](std::error_code ec) {
+                      if (!ec) self->Finish(Ready::kReady);
+                    }));
+    if (!deadline.never()) {
+      timer_.expires_at(Expiry(deadline));
+      timer_.async_wait([self](std::error_code ec) {
+        if (!ec) self->Finish(Ready::kTimeout);
+      });
+    }
+  }
+
+ private:
+  void Finish(Ready r) {
+    if (finished_) return;
+    finished_ = true;
+    sig_a_.emit(asio::cancellation_type::all);
+    sig_b_.emit(asio::cancellation_type::all);
+    timer_.cancel();
+    if (stop_ != nullptr && stop_ticket_ != 0) stop_->Forget(stop_ticket_);
+    if (kick_ != nullptr) *kick_ = nullptr;
+    std::function<void(Ready)> done = std::move(done_);
+    done(r);
+  }
+
+  asio::steady_timer timer_;
+  asio::cancellation_signal sig_a_, sig_b_;
+  Stop* stop_ = nullptr;
+  uint64_t stop_ticket_ = 0;
+  std::function<void()>* kick_ = nullptr;
+  std::function<void(Ready)> done_;
+  bool finished_ = false;
+};
+
 Task<Ready> WaitOn(asio::posix::stream_descriptor* a, short events_a,
-                   asio::posix::stream_descriptor* b, short events_b, Deadline deadline,
-                   Stop* stop) {
-  auto ex = co_await asio::this_coro::executor;
+                   asio::posix::stream_descriptor* b, short events_b, Deadline deadline, Stop* stop,
+                   std::function<void()>* kick = nullptr) {
   if (stop != nullptr && stop->fired()) co_return Ready::kStopped;
   if (deadline.expired()) co_return Ready::kTimeout;
-  asio::steady_timer timer(ex, Expiry(deadline));
-  auto first = a != nullptr && a->is_open() ? Tagged(a->async_wait(WaitType(events_a), kAsTuple), 0)
-                                            : Never(ex);
-  auto second = b != nullptr && b->is_open()
-                    ? Tagged(b->async_wait(WaitType(events_b), kAsTuple), 1)
-                    : Never(ex);
-  auto stopped = stop != nullptr ? Tagged(stop->Wait(), 3) : Never(ex);
-  auto v = co_await (std::move(first) || std::move(second) ||
-                     Tagged(timer.async_wait(kAsTuple), 2) || std::move(stopped));
-  switch (IndexOf(v)) {
-    case 0:
-    case 1:
-      co_return Ready::kReady;
-    case 2:
-      co_return deadline.expired() ? Ready::kTimeout : Ready::kReady;
-    default:
-      co_return Ready::kStopped;
-  }
+  auto ex = co_await asio::this_coro::executor;
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(Ready)>(
+      [&](auto handler) {
+        std::make_shared<WaitOp>(ex)->Start(std::move(handler), a, events_a, b, events_b, deadline,
+                                            stop, kick);
+      },
+      asio::use_awaitable);
 }
 
 }  // namespace
 
 // --- Stop --------------------------------------------------------------------
 
-Stop::Stop(asio::any_io_executor ex, const Stop* parent)
-    : timer_(ex, asio::steady_timer::time_point::max()), parent_(parent) {}
+namespace {
+thread_local bool t_on_loop = false;  // this thread runs a runtime's loop
+}  // namespace
+
+Stop::Stop(asio::any_io_executor ex, Stop* parent) : ex_(std::move(ex)), parent_(parent) {}
+
+Stop::~Stop() {
+  if (parent_ != nullptr && parent_ticket_ != 0) parent_->Forget(parent_ticket_);
+}
 
 void Stop::Fire(const Status& why) {
   {
@@ -119,7 +152,16 @@ void Stop::Fire(const Status& why) {
     why_ = why;
     fired_.store(true, std::memory_order_release);
   }
-  asio::post(timer_.get_executor(), [this] { timer_.cancel(); });
+  // On the loop its waiters end now; from another thread the loop ends them
+  // (a Stop fired from elsewhere outlives its waits: the service's, a test's).
+  if (t_on_loop) return Notify();
+  asio::post(ex_, [this] { Notify(); });
+}
+
+void Stop::Notify() {
+  std::map<uint64_t, std::function<void()>> waiters;
+  waiters.swap(waiters_);
+  for (auto& [ticket, fn] : waiters) fn();
 }
 
 bool Stop::fired() const {
@@ -135,25 +177,36 @@ Status Stop::why() const {
   return Status(DYAD_RC_CANCELLED, "cancelled");
 }
 
-Task<void> Stop::Wait() const {
-  if (fired()) co_return;
-  if (parent_ == nullptr) {
-    (void)co_await timer_.async_wait(kAsTuple);
-    co_return;
+uint64_t Stop::OnFire(std::function<void()> fn) {
+  if (fired()) return 0;
+  // A parent's firing reaches this Stop's waiters through one waiter of
+  // the parent's, registered while this one has any.
+  if (parent_ != nullptr && parent_ticket_ == 0) {
+    parent_ticket_ = parent_->OnFire([this] {
+      parent_ticket_ = 0;
+      Notify();
+    });
+    if (parent_ticket_ == 0) return 0;
   }
-  (void)co_await (timer_.async_wait(kAsTuple) || parent_->Wait());
+  const uint64_t ticket = next_++;
+  waiters_.emplace(ticket, std::move(fn));
+  return ticket;
+}
+
+void Stop::Forget(uint64_t ticket) {
+  waiters_.erase(ticket);
+  if (waiters_.empty() && parent_ != nullptr && parent_ticket_ != 0) {
+    parent_->Forget(parent_ticket_);
+    parent_ticket_ = 0;
+  }
 }
 
 // --- waits -------------------------------------------------------------------
 
 namespace runtime_internal {
 
-Task<void> WaitTimerOrStop(asio::steady_timer& timer, Deadline deadline, Stop* stop) {
-  auto ex = co_await asio::this_coro::executor;
-  asio::steady_timer limit(ex, Expiry(deadline));
-  auto stopped = stop != nullptr ? Tagged(stop->Wait(), 2) : Never(ex);
-  (void)co_await (Tagged(timer.async_wait(kAsTuple), 0) || Tagged(limit.async_wait(kAsTuple), 1) ||
-                  std::move(stopped));
+Task<Ready> WaitKicked(std::function<void()>* kick, Deadline deadline, Stop* stop) {
+  co_return co_await WaitOn(nullptr, 0, nullptr, 0, deadline, stop, kick);
 }
 
 }  // namespace runtime_internal
@@ -178,11 +231,28 @@ Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, 
   co_return co_await WaitOn(&mine->sd, events, b ? &b->sd : nullptr, events2, deadline, stop);
 }
 
+std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io_executor ex,
+                                                       std::shared_ptr<Stop> stop) {
+  std::shared_ptr<void>& att = ch.attachment();
+  if (!att) att = std::make_shared<ChannelWait>(ex, ch.fd());
+  auto* mine = static_cast<ChannelWait*>(att.get());
+  const int fd = ch.fd();
+  auto unwatch = std::make_shared<asio::cancellation_signal>();
+  mine->sd.async_wait(
+      asio::posix::stream_descriptor::wait_read,
+      asio::bind_cancellation_slot(unwatch->slot(), [fd, stop, unwatch](std::error_code ec) {
+        if (ec) return;
+        char b;
+        const ssize_t n = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+          stop->Fire(Status(DYAD_RC_CANCELLED, "the requester went away"));
+      }));
+  return unwatch;
+}
+
 Task<bool> Sleep(Deadline deadline, Stop* stop) {
-  auto ex = co_await asio::this_coro::executor;
-  asio::steady_timer never(ex, asio::steady_timer::time_point::max());
-  co_await runtime_internal::WaitTimerOrStop(never, deadline, stop);
-  co_return stop == nullptr || !stop->fired();
+  std::function<void()> never;
+  co_return co_await WaitOn(nullptr, 0, nullptr, 0, deadline, stop, &never) != Ready::kStopped;
 }
 
 // --- Runtime -------------------------------------------------------------------
@@ -199,6 +269,7 @@ Status Runtime::Start() {
       io_.get_executor());
   loop_ = std::thread([this] {
     loop_id_ = std::this_thread::get_id();
+    t_on_loop = true;
     for (;;) {
       try {
         io_.run();

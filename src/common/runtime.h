@@ -25,6 +25,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -37,6 +38,7 @@
 #include <exception>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -62,24 +64,34 @@ using Task = asio::awaitable<T>;
 // service's): it counts as fired when its parent has.
 class Stop {
  public:
-  explicit Stop(asio::any_io_executor ex, const Stop* parent = nullptr);
+  explicit Stop(asio::any_io_executor ex, Stop* parent = nullptr);
+  ~Stop();
   Stop(const Stop&) = delete;
   Stop& operator=(const Stop&) = delete;
 
-  // Fires (from any thread; the first reason stays).
+  // Fires (from any thread; the first reason stays): the waits that name
+  // it (or a child) end on the loop.
   void Fire(const Status& why);
   bool fired() const;
   // The reason of the first Stop of the chain that fired.
   Status why() const;
-  // Completes once this Stop or a parent fired (on the loop).
-  Task<void> Wait() const;
+
+  // Loop only: `fn` runs (on the loop) once this Stop or a parent fires,
+  // unless Forget(ticket) came first. 0 when it fired already.
+  uint64_t OnFire(std::function<void()> fn);
+  void Forget(uint64_t ticket);
 
  private:
-  mutable asio::steady_timer timer_;  // never expires; Fire cancels it
+  void Notify();  // on the loop
+  asio::any_io_executor ex_;
   std::atomic<bool> fired_{false};
   mutable std::mutex mu_;
   Status why_;  // guarded by mu_
-  const Stop* parent_;
+  Stop* parent_;
+  uint64_t parent_ticket_ = 0;
+  // Loop only.
+  uint64_t next_ = 1;
+  std::map<uint64_t, std::function<void()>> waiters_;
 };
 
 enum class Ready { kReady, kTimeout, kStopped };
@@ -158,6 +170,11 @@ Task<Ready> WaitReady(int fd, short events, Deadline deadline, Stop* stop, int f
 // registration each.
 Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, int fd2 = -1,
                       short events2 = POLLIN);
+// Fires `stop` should the peer of `ch` hang up (readable with nothing to
+// read) before the returned signal is emitted; a request that arrives
+// early is left for its turn (nothing more is watched then). On the loop.
+std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io_executor ex,
+                                                       std::shared_ptr<Stop> stop);
 // Sleeps until `deadline` or until `stop` fires (false then).
 Task<bool> Sleep(Deadline deadline, Stop* stop);
 
@@ -167,9 +184,7 @@ Task<bool> Sleep(Deadline deadline, Stop* stop);
 template <typename T>
 class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
  public:
-  explicit Rendezvous(asio::any_io_executor ex) : timer_(ex) {
-    timer_.expires_at(asio::steady_timer::time_point::max());
-  }
+  explicit Rendezvous(asio::any_io_executor ex) : ex_(std::move(ex)) {}
   // From any thread; the first call wins.
   void Deliver(T value) {
     {
@@ -177,23 +192,25 @@ class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
       if (value_) return;
       value_.emplace(std::move(value));
     }
-    auto self = this->shared_from_this();
-    asio::post(timer_.get_executor(), [self] { self->timer_.cancel(); });
+    asio::post(ex_, [self = this->shared_from_this()] {
+      if (self->kick_) self->kick_();
+    });
   }
   Task<std::optional<T>> Take(Deadline deadline, Stop* stop);
 
  private:
+  asio::any_io_executor ex_;
   std::mutex mu_;
-  std::optional<T> value_;
-  asio::steady_timer timer_;
+  std::optional<T> value_;      // guarded by mu_
+  std::function<void()> kick_;  // loop only: ends the Take waiting now
 };
 
 // --- templates ---------------------------------------------------------------
 
 namespace runtime_internal {
-// Waits until `timer` is cancelled (or expires), `deadline` passes or
-// `stop` fires.
-Task<void> WaitTimerOrStop(asio::steady_timer& timer, Deadline deadline, Stop* stop);
+// Waits until `*kick` is called (loop only; it is set for the wait),
+// `deadline` passes or `stop` fires.
+Task<Ready> WaitKicked(std::function<void()>* kick, Deadline deadline, Stop* stop);
 // Resumes a suspended coroutine's handler on its executor with `value`.
 template <typename Handler, typename T>
 void Complete(std::shared_ptr<Handler> h, T value) {
@@ -255,11 +272,8 @@ Task<std::optional<T>> Rendezvous<T>::Take(Deadline deadline, Stop* stop) {
       if (value_) co_return std::move(*value_);
     }
     if (deadline.expired() || (stop != nullptr && stop->fired())) break;
-    // Deliver cancels this wait from the loop; the check above and the wait
-    // below run in one turn of the loop, so a Deliver in between still
-    // cancels the wait once it has begun.
-    timer_.expires_at(asio::steady_timer::time_point::max());
-    co_await runtime_internal::WaitTimerOrStop(timer_, deadline, stop);
+    // Deliver's kick runs on the loop, after this check or during the wait.
+    if (co_await runtime_internal::WaitKicked(&kick_, deadline, stop) != Ready::kReady) break;
   }
   std::lock_guard<std::mutex> lk(mu_);
   if (value_) co_return std::move(*value_);

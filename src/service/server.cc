@@ -1,7 +1,5 @@
 #include "service/server.h"
 
-#include <asio/experimental/awaitable_operators.hpp>
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -274,13 +272,14 @@ Task<bool> Server::NextFrame(Conn& c, uint16_t* type, std::string* payload) {
 
 Task<void> Server::Handle(Conn& c, uint16_t type, const std::string& payload) {
   const Handling how = hooks_.handling(c.local, type);
-  dyad::Stop stop(rt_.executor(), &rt_.stopping());
+  auto stop = std::make_shared<dyad::Stop>(rt_.executor(), &rt_.stopping());
   Channel& ch = c.ch;
+  dyad::Stop* s = stop.get();
   RequestContext ctx{ch,
                      c.local ? Link::kLocal : Link::kPeer,
                      c.local ? nullptr : &c.peer,
-                     [&stop, &ch] { return stop.fired() || ch.PeerClosed(); },
-                     &stop,
+                     [s, &ch] { return s->fired() || ch.PeerClosed(); },
+                     s,
                      &rt_};
   switch (how) {
     case Handling::kInline:
@@ -297,29 +296,17 @@ Task<void> Server::Handle(Conn& c, uint16_t type, const std::string& payload) {
       parked_.fetch_sub(1);
       co_return;
     case Handling::kTask: {
-      using asio::experimental::awaitable_operators::operator||;
       parked_.fetch_add(1);
       ch.CaptureSends(&c.out);
-      co_await (hooks_.serve_task(ctx, type, payload) || WatchHangup(c, stop));
+      // The requester hanging up fires the request's Stop: its waits end.
+      std::shared_ptr<asio::cancellation_signal> unwatch = WatchHangup(ch, rt_.executor(), stop);
+      co_await hooks_.serve_task(ctx, type, payload);
+      unwatch->emit(asio::cancellation_type::all);
       ch.CaptureSends(nullptr);
       parked_.fetch_sub(1);
       co_return;
     }
   }
-}
-
-Task<void> Server::WatchHangup(Conn& c, dyad::Stop& stop) {
-  // Readable while a request waits: either the requester hung up, or it
-  // sent its next request early (then nothing more is watched: the wait
-  // still ends at its deadline).
-  if (co_await WaitReady(c.ch, POLLIN, Deadline::Never(), nullptr) == Ready::kReady) {
-    char b;
-    const ssize_t n = ::recv(c.ch.fd(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-      stop.Fire(Status(DYAD_RC_CANCELLED, "the requester went away"));
-  }
-  // Until the request ends (which cancels this).
-  (void)co_await Sleep(Deadline::Never(), nullptr);
 }
 
 Task<bool> Server::Flush(Conn& c) {

@@ -100,8 +100,6 @@ class Server {
   Task<void> Handle(Conn& c, uint16_t type, const std::string& payload);
   // Sends the replies collected in c.out without blocking the loop.
   Task<bool> Flush(Conn& c);
-  // Fires `stop` when the requester hangs up; ends when cancelled.
-  Task<void> WatchHangup(Conn& c, dyad::Stop& stop);
   void EndHandshake(Conn& c);
   void Close(Conn& c);
   std::string Who(const Conn& c) const;

@@ -193,9 +193,11 @@ void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadli
 Task<Result<ConsumeReply>> Service::Consume(const ConsumeRequest& req, Deadline deadline,
                                             dyad::Stop* stop, CancelFn cancel,
                                             std::optional<std::string> published) {
-  // The record may come from the store: on the pool.
+  // The record may come from the store (on the pool), unless the request
+  // carries it or the wait for its publication has just read it.
+  auto record = [&] { return ConsumeRecord(req, true, deadline, cancel, published); };
   Result<FileRecord> rec =
-      co_await StoreCall([&] { return ConsumeRecord(req, true, deadline, cancel, published); });
+      req.have_record || published.has_value() ? record() : co_await StoreCall(record);
   if (!rec.ok()) co_return rec.status();
   Result<ConsumeReply> r = co_await placement_->Place(PlacementFor(req, *rec), deadline, stop);
   ForgetFailedRecord(req, r);
