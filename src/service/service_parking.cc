@@ -24,7 +24,7 @@ Task<Result<std::optional<std::string>>> Service::WaitPublished(
   if (deadline.expired() || cache_.Get(ns, key)) co_return Published();
   // Published already (or the store fails): the usual path answers at
   // once, without asking the store again.
-  Result<Published> now = co_await StoreCall([this, &ns, &key] { return kvs_->Get(ns, key); });
+  Result<Published> now = co_await kvs_->GetTask(*runtime_, ns, key);
   if (!now.ok() || now->has_value()) co_return now.ok() ? std::move(*now) : Published();
 
   // Listed in `dyad status` while it waits (the client's pid from the
