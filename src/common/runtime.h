@@ -193,7 +193,11 @@ class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
       value_.emplace(std::move(value));
     }
     asio::post(ex_, [self = this->shared_from_this()] {
-      if (self->kick_) self->kick_();
+      // Moved out first: the wait it ends clears kick_, which must not
+      // destroy the function while it runs.
+      std::function<void()> kick = std::move(self->kick_);
+      self->kick_ = nullptr;
+      if (kick) kick();
     });
   }
   Task<std::optional<T>> Take(Deadline deadline, Stop* stop);

@@ -11,8 +11,11 @@ Task<void> Drive(Runtime& rt, Resumable& op, Stop* stop, ServiceStats* stats, co
   int64_t budget_ns = kBudgetNs;
   for (;;) {
     Resumable::Wait w;
-    const bool done =
-        op.NextStepBlocks() ? co_await rt.Offload([&op, &w] { return op.Step(&w); }) : op.Step(&w);
+    bool done = false;  // (an if: GCC 12 mis-compiles a co_await inside ?:)
+    if (op.NextStepBlocks())
+      done = co_await rt.Offload([&op, &w] { return op.Step(&w); });
+    else
+      done = op.Step(&w);
     if (done) co_return;
     // The bytes are likely microseconds away: a short spin spares the
     // round trip through the loop.

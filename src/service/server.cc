@@ -185,15 +185,19 @@ void Server::Close(Conn& c) {
 }
 
 Task<void> Server::Serve(std::shared_ptr<Conn> c) {
-  if (!c->local && !co_await Handshake(*c)) {
+  bool refused = false;
+  if (!c->local) refused = !co_await Handshake(*c);
+  if (refused) {
     EndHandshake(*c);
   } else {
     EndHandshake(*c);
     uint16_t type = 0;
     std::string payload;
-    while (!c->closed && !c->ch.broken() && co_await NextFrame(*c, &type, &payload)) {
+    while (!c->closed && !c->ch.broken()) {
+      if (!co_await NextFrame(*c, &type, &payload)) break;
       co_await Handle(*c, type, payload);
-      if (!c->out.empty() && !co_await Flush(*c)) break;
+      if (c->out.empty()) continue;
+      if (!co_await Flush(*c)) break;
     }
   }
   conns_.erase(c.get());

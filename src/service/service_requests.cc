@@ -196,11 +196,16 @@ Task<Result<ConsumeReply>> Service::Consume(const ConsumeRequest& req, Deadline 
   // The record may come from the store (on the pool), unless the request
   // carries it or the wait for its publication has just read it.
   auto record = [&] { return ConsumeRecord(req, true, deadline, cancel, published); };
-  Result<FileRecord> rec =
-      req.have_record || published.has_value() ? record() : co_await StoreCall(record);
+  // (Written as an if: GCC 12 mis-compiles a co_await inside ?:.)
+  Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "no record");
+  if (req.have_record || published.has_value() || cache_.Get(req.ns, req.key).has_value())
+    rec = record();  // no store call: nothing to leave the loop for
+  else
+    rec = co_await StoreCall(record);
   if (!rec.ok()) co_return rec.status();
   Result<ConsumeReply> r = co_await placement_->Place(PlacementFor(req, *rec), deadline, stop);
   ForgetFailedRecord(req, r);
+  if (r.ok() || r.status().code() != DYAD_RC_STALE || req.have_record) co_return r;
   // A version its owner refuses is read again from the store, once.
   Result<FileRecord> again = co_await StoreCall([&] { return RecordAfterStale(req, *rec, r); });
   if (again.ok()) {
