@@ -3,11 +3,12 @@
 # checkout, keyed by the tarball's hash, so that a second run (another
 # checkout, a clean CI clone) costs nothing.
 #
-# usage: build-flux-core.sh [--print] [TARBALL]
+# usage: build-flux-core.sh [--print | --sources] [TARBALL]
 #   TARBALL  a flux-core-<version>.tar.xz export (default: the 0.73.0 one in
 #            $DYAD_FLUX_SOURCES, ../shared/flux-core beside the checkout)
 #   --print  print the prefix the tarball builds into and exit (0 when it is
 #            built, 1 when not)
+#   --sources  print the folder where the tarballs are looked for, and exit
 #
 # Without a tarball found, a 0.73.0 prefix already in the cache is used.
 #
@@ -27,8 +28,12 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
 print_only=0
+sources_only=0
 if [ "${1:-}" = "--print" ]; then
   print_only=1
+  shift
+elif [ "${1:-}" = "--sources" ]; then
+  sources_only=1
   shift
 fi
 
@@ -59,6 +64,10 @@ find_sources() {
   echo "$(dirname "$top")/shared/flux-core"
 }
 sources=$(find_sources)
+if [ "$sources_only" = 1 ]; then
+  echo "$sources"
+  exit 0
+fi
 tarball=${1:-$sources/flux-core-0.73.0.tar.xz}
 if [ ! -f "$tarball" ]; then
   # No sources here, but 0.73.0 built from them before (another checkout
