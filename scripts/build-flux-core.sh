@@ -3,16 +3,20 @@
 # checkout, keyed by the tarball's hash, so that a second run (another
 # checkout, a clean CI clone) costs nothing.
 #
-# usage: build-flux-core.sh [--print] [TARBALL]
+# usage: build-flux-core.sh [--print | --sources] [TARBALL]
 #   TARBALL  a flux-core-<version>.tar.xz export (default: the 0.73.0 one in
 #            $DYAD_FLUX_SOURCES, ../shared/flux-core beside the checkout)
 #   --print  print the prefix the tarball builds into and exit (0 when it is
 #            built, 1 when not)
+#   --sources  print the folder where the tarballs are looked for, and exit
+#
+# Without a tarball found, a 0.73.0 prefix already in the cache is used.
 #
 # Environment:
 #   DYAD_FLUX_CACHE    where prefixes go (default /var/cache/dyad/flux when
 #                      writable, else ${XDG_CACHE_HOME:-~/.cache}/dyad/flux)
-#   DYAD_FLUX_SOURCES  the folder holding the tarballs
+#   DYAD_FLUX_SOURCES  the folder holding the tarballs (default: shared/flux-core
+#                      beside the checkout or beside one of its parent folders)
 #   DYAD_FLUX_JOBS     make -j (default: the number of CPUs)
 #
 # Prints the prefix on its last line of output. The build needs the Debian
@@ -23,16 +27,14 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
-sources=${DYAD_FLUX_SOURCES:-$(dirname "$top")/shared/flux-core}
 print_only=0
+sources_only=0
 if [ "${1:-}" = "--print" ]; then
   print_only=1
   shift
-fi
-tarball=${1:-$sources/flux-core-0.73.0.tar.xz}
-if [ ! -f "$tarball" ]; then
-  echo "build-flux-core.sh: no tarball $tarball (set DYAD_FLUX_SOURCES or name one)" >&2
-  exit 2
+elif [ "${1:-}" = "--sources" ]; then
+  sources_only=1
+  shift
 fi
 
 if [ -n "${DYAD_FLUX_CACHE:-}" ]; then
@@ -41,6 +43,46 @@ elif mkdir -p /var/cache/dyad/flux 2>/dev/null && [ -w /var/cache/dyad/flux ]; t
   cache=/var/cache/dyad/flux
 else
   cache=${XDG_CACHE_HOME:-$HOME/.cache}/dyad/flux
+fi
+
+# The sources: $DYAD_FLUX_SOURCES, else shared/flux-core beside the
+# checkout or beside one of its parent folders.
+find_sources() {
+  if [ -n "${DYAD_FLUX_SOURCES:-}" ]; then
+    echo "$DYAD_FLUX_SOURCES"
+    return
+  fi
+  d=$(dirname "$top")
+  while :; do
+    if [ -d "$d/shared/flux-core" ]; then
+      echo "$d/shared/flux-core"
+      return
+    fi
+    [ "$d" = / ] && break
+    d=$(dirname "$d")
+  done
+  echo "$(dirname "$top")/shared/flux-core"
+}
+sources=$(find_sources)
+if [ "$sources_only" = 1 ]; then
+  echo "$sources"
+  exit 0
+fi
+tarball=${1:-$sources/flux-core-0.73.0.tar.xz}
+if [ ! -f "$tarball" ]; then
+  # No sources here, but 0.73.0 built from them before (another checkout
+  # of this machine): that prefix serves.
+  if [ -z "${1:-}" ]; then
+    for cached in "$cache"/flux-core-0.73.0-*; do
+      if [ -x "$cached/bin/flux" ]; then
+        [ "$print_only" = 1 ] || echo "flux-core 0.73.0 already built (no sources at $sources)"
+        echo "$cached"
+        exit 0
+      fi
+    done
+  fi
+  echo "build-flux-core.sh: no tarball $tarball (set DYAD_FLUX_SOURCES or name one)" >&2
+  exit 2
 fi
 
 base=$(basename "$tarball" .tar.xz)            # flux-core-0.73.0

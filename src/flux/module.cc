@@ -38,6 +38,7 @@
 #include "client/client.h"
 #include "common/config.h"
 #include "common/fsutil.h"
+#include "common/trace.h"
 #include "flux/fetch_file.h"
 #include "flux/module_options.h"
 #include "flux/secret.h"
@@ -50,35 +51,6 @@ constexpr double kLockWaitS = 60;                          // a producer's lock,
 constexpr double kStatusTimeoutS = 2;                      // stats-get's round trip to the service
 constexpr size_t kMaxStatsJobs = 8;                        // stats round trips in flight at once
 constexpr const char* kRootKey = "dyadmod.embedded-root";  // -k embedded: rank 0's address
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 struct Module;
 
@@ -239,11 +211,11 @@ void OnFetch(flux_t* h, flux_msg_handler_t*, const flux_msg_t* msg, void* arg) {
 std::string ModulePart(Module* m) {
   const Supervisor::Snapshot s = m->sup->Get();
   std::ostringstream j;
-  j << "{\"rank\":" << m->rank << ",\"socket\":" << JsonString(m->socket)
-    << ",\"producer_path\":" << JsonString(m->producer) << ",\"store\":" << JsonString(m->opt.kvs)
-    << ",\"service\":{\"state\":" << JsonString(s.state) << ",\"pid\":" << s.pid
+  j << "{\"rank\":" << m->rank << ",\"socket\":" << JsonQuote(m->socket)
+    << ",\"producer_path\":" << JsonQuote(m->producer) << ",\"store\":" << JsonQuote(m->opt.kvs)
+    << ",\"service\":{\"state\":" << JsonQuote(s.state) << ",\"pid\":" << s.pid
     << ",\"starts\":" << s.starts << ",\"restarts\":" << s.restarts << ",\"exits\":" << s.exits
-    << ",\"last_exit\":" << JsonString(s.last_exit) << ",\"up_since\":" << std::fixed << s.up_since
+    << ",\"last_exit\":" << JsonQuote(s.last_exit) << ",\"up_since\":" << std::fixed << s.up_since
     << "}";
   j.unsetf(std::ios::fixed);
   j << ",\"fetch\":{\"requests\":" << m->fetch_requests << ",\"served\":" << m->fetch_served
@@ -269,22 +241,22 @@ std::string ServicePart(const std::string& socket) {
       j << ",\"counters\":{";
       bool first = true;
       for (const auto& [k, v] : reply->counters) {
-        j << (first ? "" : ",") << JsonString(k) << ":" << v;
+        j << (first ? "" : ",") << JsonQuote(k) << ":" << v;
         first = false;
       }
       j << "},\"info\":{";
       first = true;
       for (const auto& [k, v] : reply->info) {
-        j << (first ? "" : ",") << JsonString(k) << ":" << JsonString(v);
+        j << (first ? "" : ",") << JsonQuote(k) << ":" << JsonQuote(v);
         first = false;
       }
       j << "}";
     } else {
-      j << ",\"status_error\":" << JsonString(reply.status().message());
+      j << ",\"status_error\":" << JsonQuote(reply.status().message());
     }
   } catch (const std::exception& e) {
     j.str("");
-    j << ",\"status_error\":" << JsonString(e.what());
+    j << ",\"status_error\":" << JsonQuote(e.what());
   }
   return j.str();
 }

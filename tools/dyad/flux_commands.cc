@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "common/config.h"
 
 extern char** environ;
 
@@ -100,7 +102,7 @@ int CmdFluxStart(const FluxStartOptions& o) {
   // (the module sees the broker's environment, not this one: the caller's
   // DYAD_DTL_MODE goes on the command line)
   std::string mode = o.mode;
-  if (const char* env = std::getenv("DYAD_DTL_MODE"); mode.empty() && env != nullptr) mode = env;
+  if (std::optional<std::string> env = GetEnv("DYAD_DTL_MODE"); mode.empty() && env) mode = *env;
   if (!mode.empty()) args.insert(args.end(), {"--mode", mode});
   if (!o.kvs.empty()) args.insert(args.end(), {"--kvs", o.kvs});
   if (o.debug) args.push_back("--debug");

@@ -23,7 +23,8 @@ class DyadCpp(CMakePackage):
     variant("munge", default=True, description="MUNGE authentication between services")
     variant("python", default=True, description="pydyad, the Python bindings")
     variant("flux", default=False,
-            description="Flux integration (flux module, flux:// store); not in the tree yet")
+            description="Flux integration: the dyad.so module, the flux:// store, "
+            "consumers on brokers without the module")
 
     depends_on("c", type="build")
     depends_on("cxx", type="build")
@@ -42,9 +43,6 @@ class DyadCpp(CMakePackage):
     depends_on("py-pybind11", when="+python", type="build")
     depends_on("flux-core", when="+flux")
     depends_on("googletest", type="test")
-
-    conflicts("+flux", msg="the Flux integration (DYAD_ENABLE_FLUX) has not landed yet; "
-              "see packaging/spack/README.md")
 
     def cmake_args(self):
         spec = self.spec
