@@ -127,11 +127,6 @@ enum class Trust : uint8_t {
   kAuthenticated,    // a TCP peer that completed the handshake
 };
 
-// Microseconds a Channel spins (polling and yielding) for an expected
-// frame before sleeping: $DYAD_SPIN_US, default kDefaultSpinUs, 0 disables.
-constexpr int kDefaultSpinUs = 50;
-int SpinBudgetUs();
-
 class Channel {
  public:
   // Every creator says how far it trusts the peer; a new connection from
@@ -240,10 +235,6 @@ class Channel {
   Status SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
                        uint64_t* sent = nullptr);
 
-  // Polls for `events` for up to SpinBudgetUs() without sleeping; true if
-  // they arrived. For waits whose answer is known to be imminent.
-  bool SpinFor(short events);
-
   // True if the peer hung up (checked without blocking).
   bool PeerClosed() const;
 
@@ -284,7 +275,6 @@ class Channel {
   std::unique_ptr<RecordCipher> recv_cipher_;
   int64_t protected_at_ms_ = 0;  // monotonic; 0: not protected by a handshake yet
   bool broken_ = false;
-  bool expecting_ = false;          // a frame was just sent; the answer is imminent
   std::string* capture_ = nullptr;  // see CaptureSends()
   std::string unread_;              // see Unread(); consumed from unread_pos_
   size_t unread_pos_ = 0;

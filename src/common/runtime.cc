@@ -15,7 +15,6 @@
 
 namespace dyad {
 
-
 namespace {
 
 asio::steady_timer::time_point Expiry(Deadline d) {

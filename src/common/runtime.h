@@ -22,6 +22,11 @@
 
 #include <poll.h>
 
+// asio 1.22 enables co_await with clang only for the coroutines TS;
+// clang 16 in C++20 mode has the standard ones, which asio also uses.
+#if defined(__clang__) && defined(__cpp_impl_coroutine) && !defined(ASIO_HAS_CO_AWAIT)
+#define ASIO_HAS_CO_AWAIT 1
+#endif
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>

@@ -93,7 +93,6 @@ class FetchOp final : public Resumable {
   std::string payload_;
   FetchReply reply_;
   Deadline deadline_ = Deadline::Never();  // of the current wait
-  bool spin_ = false;                      // a request was just sent
   TransferStats ts_;
   TransferRegistry::Entry progress_;
   std::unique_ptr<PullOp> pull_;  // uses session_, ts_ and the sink

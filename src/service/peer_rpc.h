@@ -52,7 +52,6 @@ class PeerRpcOp final : public Resumable {
   std::unique_ptr<Channel> session_;
   Channel::PartialFrame frame_;
   std::string payload_;
-  bool spin_ = true;      // the first wait for the reply: it is likely microseconds away
   bool replied_ = false;  // a whole reply frame arrived
   bool done_ = false;
   Status status_;

@@ -17,9 +17,6 @@ Task<void> Drive(Runtime& rt, Resumable& op, Stop* stop, ServiceStats* stats, co
     else
       done = op.Step(&w);
     if (done) co_return;
-    // The bytes are likely microseconds away: a short spin spares the
-    // round trip through the loop.
-    if (w.spin && w.ch != nullptr && w.ch->SpinFor(POLLIN)) continue;
     if (w.deadline.expired()) {
       op.Expired();
       continue;

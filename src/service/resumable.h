@@ -33,7 +33,6 @@ class Resumable {
   struct Wait {
     Channel* ch = nullptr;  // until ch->fd() is readable (or hung up)
     Deadline deadline = Deadline::Never();
-    bool spin = false;  // the bytes are likely microseconds away (Channel::SpinFor)
     // Also (or instead) until `fd` is ready for `events` (POLLIN or
     // POLLOUT): a socket still connecting, a transport's completion event.
     int fd = -1;

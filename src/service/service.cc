@@ -26,6 +26,7 @@
 #include "service/peers.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
+#include "service/record_feed.h"
 #include "service/resumable.h"
 #include "service/server.h"
 #include "service/transfers.h"
@@ -278,6 +279,8 @@ void Service::BuildParts() {
       [nc = node_cache_.get()](const std::string& ns, const FileRecord& rec) {
         nc->Supersede(ns, rec);
       });
+  if (opt_.follow_records)
+    record_feed_ = std::make_unique<RecordFeed>(kvs_.get(), &cache_, runtime_.get(), &stats_);
 }
 
 std::string Service::StoreDescription() const {
@@ -345,6 +348,7 @@ void Service::Teardown() {
     if (runtime_) runtime_->FireStop();
     if (async_thread_.joinable()) async_thread_.join();
     if (runtime_) runtime_->Shutdown();
+    if (record_feed_) record_feed_->Stop();  // after the pool: nothing starts a watch now
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
     // Closed, not left to queue connections nobody will accept.
     unix_listener_.reset();

@@ -54,6 +54,7 @@ class Server;
 class VersionNotices;
 class TransferRegistry;
 class Prefetcher;
+class RecordFeed;
 class TransportSet;
 class WaitRegistry;
 struct RequestContext;
@@ -99,6 +100,7 @@ struct ServiceOptions {
   int64_t wait_log_ms = 10000;
   uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
   uint32_t prefetch_per_peer = 8;     // DYAD_PREFETCH_PER_PEER
+  bool follow_records = true;         // DYAD_FOLLOW_RECORDS (service/record_feed.h)
 };
 
 class Service {
@@ -282,7 +284,8 @@ class Service {
   std::unique_ptr<FileServer> file_server_;
   std::unique_ptr<TransferRegistry> transfers_in_flight_;
   std::unique_ptr<Prefetcher> prefetch_;
-  std::unique_ptr<WaitRegistry> waits_;  // parked waits for a publication (dyad status)
+  std::unique_ptr<RecordFeed> record_feed_;  // records of the namespaces consumed here
+  std::unique_ptr<WaitRegistry> waits_;      // parked waits for a publication (dyad status)
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;

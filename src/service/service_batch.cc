@@ -27,11 +27,8 @@ namespace {
 // cannot take every connection.
 constexpr size_t kBatchParallelism = 8;
 
-// Store reads of one batch consume at once: one per CPU (2 to 8). Each
-// reader polls for its reply (DYAD_SPIN_US) before sleeping, so more
-// readers than CPUs mostly poll against each other and the applications:
-// on 2 CPUs, 8 readers cost node 1's service a third more CPU in the
-// DataLoader benchmark than 2, for no earlier look-ahead.
+// Store reads of one batch consume at once: one per CPU (2 to 8); more
+// readers than CPUs cost the service CPU for no earlier look-ahead.
 size_t LocateParallelism() {
   static const size_t n =
       std::clamp<size_t>(std::thread::hardware_concurrency(), 2, kBatchParallelism);

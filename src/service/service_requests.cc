@@ -12,6 +12,7 @@
 #include "service/node_cache.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
+#include "service/record_feed.h"
 #include "service/server.h"
 #include "service/service.h"
 #include "service/transfers.h"
@@ -158,6 +159,7 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
 
 Task<void> Service::HandleLocate(RequestContext& ctx, LocateRequest req) {
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  if (record_feed_) record_feed_->Follow(req.ns);
   std::optional<std::string> published;
   if (req.wait) {
     Result<std::optional<std::string>> w = co_await WaitPublished(ctx, req.ns, req.key, deadline);
@@ -306,6 +308,7 @@ void Service::ForgetFailedRecord(const ConsumeRequest& req, const Result<Consume
 
 Task<void> Service::HandleConsume(RequestContext& ctx, ConsumeRequest req) {
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  if (record_feed_ && !req.have_record) record_feed_->Follow(req.ns);
   std::optional<std::string> published;
   if (!req.have_record) {
     Result<std::optional<std::string>> w =

@@ -278,9 +278,7 @@ Task<Result<std::optional<std::string>>> EmbeddedKvs::GetTask(Runtime& rt, const
     const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
     Status st =
         ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsGet), EncodeRequest(req), deadline);
-    // The root answers within microseconds: a short spin, else the loop.
-    if (st.ok() && !ch->SpinFor(POLLIN) &&
-        co_await WaitReady(*ch, POLLIN, deadline, nullptr) != Ready::kReady)
+    if (st.ok() && co_await WaitReady(*ch, POLLIN, deadline, nullptr) != Ready::kReady)
       st = Status(DYAD_RC_TIMEOUT, "no reply");
     std::string body;
     if (st.ok()) st = ReceiveReply(*ch, &body, deadline);
