@@ -78,13 +78,13 @@ std::vector<ConfigEntry> CoreEntries() {
       {"DYAD_PREFETCH_CONCURRENCY", ConfigKind::kUint, "8", "service",
        "Most prefetch fetches a service runs at once (explicit consumes never wait for them); "
        "a fetch is one file, or a batch of up to 64 files of at most 256 KiB from one owner."},
+      {"DYAD_FOLLOW_RECORDS", ConfigKind::kBool, "true", "service",
+       "Keep a local replica of the records of each namespace this node consumes from (up to 8), "
+       "fed by the store's watch, so that a consume asks its owner but not the store. Each "
+       "followed namespace holds one change feed of the store open."},
       {"DYAD_PREFETCH_PER_PEER", ConfigKind::kUint, "8", "service",
        "Most prefetch fetches a service runs at once from one owner (batches from one owner: "
        "at most 2, so that new publications gather into the next batch)."},
-      {"DYAD_SPIN_US", ConfigKind::kUint, "50", "both",
-       "Microseconds to poll for an expected reply before sleeping (and, in dyad-service, for a "
-       "client's next request after answering it); saves the thread wake-up that dominates "
-       "small-request latency. 0 disables spinning."},
       {"DYAD_PRELOAD_ON_ERROR", ConfigKind::kString, "fail", "client",
        "What libdyad_wrapper.so does when DYAD cannot serve a managed open or close (service "
        "unreachable, timeout): 'fail' the call with an errno (EIO, ETIMEDOUT, ...) or 'pass' it "

@@ -231,6 +231,25 @@ Result<PeerCred> UnixPeerCredentials(int fd) {
 
 Channel::Channel(UniqueFd fd, Trust trust) : fd_(std::move(fd)), trust_(trust) {}
 
+Channel::~Channel() { attachment_.reset(); }
+
+Channel& Channel::operator=(Channel&& other) noexcept {
+  if (this == &other) return *this;
+  attachment_.reset();  // before this channel's descriptor closes
+  fd_ = std::move(other.fd_);
+  trust_ = other.trust_;
+  protection_ = other.protection_;
+  send_cipher_ = std::move(other.send_cipher_);
+  recv_cipher_ = std::move(other.recv_cipher_);
+  protected_at_ms_ = other.protected_at_ms_;
+  broken_ = other.broken_;
+  capture_ = other.capture_;
+  unread_ = std::move(other.unread_);
+  unread_pos_ = other.unread_pos_;
+  attachment_ = std::move(other.attachment_);
+  return *this;
+}
+
 size_t Channel::frame_limit() const {
   return trust_ == Trust::kUnauthenticated ? kHandshakeFramePayload : kMaxFramePayload;
 }
@@ -248,30 +267,6 @@ bool Channel::Retired() const {
          static_cast<int64_t>(MonoNs() / 1000000) + 1 - protected_at_ms_ > kMaxSessionAgeMs;
 }
 
-int SpinBudgetUs() {
-  static const int budget = [] {
-    Result<uint64_t> us = EnvUint("DYAD_SPIN_US", kDefaultSpinUs);
-    if (!us.ok()) return kDefaultSpinUs;
-    return static_cast<int>(std::min<uint64_t>(*us, 100000));
-  }();
-  return budget;
-}
-
-bool Channel::SpinFor(short events) {
-  if ((events & POLLIN) != 0 && has_unread()) return true;
-  const int budget = SpinBudgetUs();
-  if (budget <= 0) return false;
-  const uint64_t until = MonoNs() + static_cast<uint64_t>(budget) * 1000;
-  do {
-    pollfd p{fd_.get(), events, 0};
-    if (::poll(&p, 1, 0) > 0) return true;
-    // Yield rather than burn: on an oversubscribed node the peer we are
-    // waiting for may need this very core.
-    sched_yield();
-  } while (MonoNs() < until);
-  return false;
-}
-
 Status Channel::WaitFor(short events, Deadline deadline) {
   for (;;) {
     pollfd p{fd_.get(), events, 0};
@@ -287,7 +282,6 @@ Status Channel::WaitFor(short events, Deadline deadline) {
 }
 
 Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
-  expecting_ = true;
   if (capture_ != nullptr) {
     capture_->append(static_cast<const char*>(buf), len);
     return Status::OK();
@@ -316,7 +310,6 @@ Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
 }
 
 Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadline deadline) {
-  expecting_ = true;
   if (capture_ != nullptr) {
     for (std::string_view p : parts) capture_->append(p.data(), p.size());
     return Status::OK();
@@ -483,12 +476,6 @@ Result<size_t> Channel::CheckHeader(const char hdr[kFrameHeaderSize]) const {
 // between calls: one frame reader, whichever way it is driven.
 template <typename Step>
 Status Channel::DriveFrame(const PartialFrame& f, Deadline deadline, Step step) {
-  // Right after a send the answer is usually microseconds away: spinning
-  // briefly first saves the wake-up of a sleeping thread, which dominates a
-  // round trip on virtualized and power-saving hosts.
-  const bool expecting = expecting_;
-  expecting_ = false;
-  if (expecting && !has_unread()) (void)SpinFor(POLLIN);
   for (;;) {
     Result<bool> r = step();
     if (!r.ok()) return r.status();
@@ -525,7 +512,6 @@ Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_
     broken_ = true;
     return Status(DYAD_RC_BADREQUEST, "a file range cannot be sent from an inline handler");
   }
-  expecting_ = true;
   off_t off = static_cast<off_t>(offset);
   uint64_t done = 0;
   // sendfile blocks on this (blocking) socket; SO_SNDTIMEO turns "no

@@ -127,18 +127,14 @@ enum class Trust : uint8_t {
   kAuthenticated,    // a TCP peer that completed the handshake
 };
 
-// Microseconds a Channel spins (polling and yielding) for an expected
-// frame before sleeping: $DYAD_SPIN_US, default kDefaultSpinUs, 0 disables.
-constexpr int kDefaultSpinUs = 50;
-int SpinBudgetUs();
-
 class Channel {
  public:
   // Every creator says how far it trusts the peer; a new connection from
   // the network is kUnauthenticated until its handshake completes.
   Channel(UniqueFd fd, Trust trust);
   Channel(Channel&&) = default;
-  Channel& operator=(Channel&&) = default;
+  Channel& operator=(Channel&& other) noexcept;
+  ~Channel();
 
   int fd() const { return fd_.get(); }
   bool broken() const { return broken_; }
@@ -224,6 +220,9 @@ class Channel {
   // loop serves a request inline and then writes the reply itself without
   // ever blocking on a peer that does not read. Not for SendFileRange.
   void CaptureSends(std::string* sink) { capture_ = sink; }
+  // The slot of an event loop's state for this channel (common/runtime.h);
+  // dropped before the descriptor is closed.
+  std::shared_ptr<void>& attachment() { return attachment_; }
 
   Status SendAll(const void* buf, size_t len, Deadline deadline);
   // Sends the pieces back to back (one system call when they fit).
@@ -235,10 +234,6 @@ class Channel {
   // `idle_ms` bounds the time without progress, not the whole transfer.
   Status SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
                        uint64_t* sent = nullptr);
-
-  // Polls for `events` for up to SpinBudgetUs() without sleeping; true if
-  // they arrived. For waits whose answer is known to be imminent.
-  bool SpinFor(short events);
 
   // True if the peer hung up (checked without blocking).
   bool PeerClosed() const;
@@ -280,10 +275,12 @@ class Channel {
   std::unique_ptr<RecordCipher> recv_cipher_;
   int64_t protected_at_ms_ = 0;  // monotonic; 0: not protected by a handshake yet
   bool broken_ = false;
-  bool expecting_ = false;          // a frame was just sent; the answer is imminent
   std::string* capture_ = nullptr;  // see CaptureSends()
   std::string unread_;              // see Unread(); consumed from unread_pos_
   size_t unread_pos_ = 0;
+  // What an event loop keeps with this channel (its registration of the
+  // descriptor, common/runtime.h); released before the descriptor closes.
+  std::shared_ptr<void> attachment_;
 };
 
 // Client side of a local service's Unix socket: checks (SO_PEERCRED) that

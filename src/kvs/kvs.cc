@@ -21,6 +21,12 @@ Result<KvsValues> Kvs::MultiGet(const std::string& ns, const std::vector<std::st
   return out;
 }
 
+Task<Result<std::optional<std::string>>> Kvs::GetTask(Runtime& rt, const std::string& ns,
+                                                      const std::string& key) {
+  if (in_process()) co_return Get(ns, key);
+  co_return co_await rt.Offload([this, &ns, &key] { return Get(ns, key); });
+}
+
 Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& key,
                                      Deadline deadline, KvsWaitCallback done) {
   (void)ns;

@@ -32,6 +32,7 @@
 
 #include "common/backend.h"
 #include "common/cancel.h"
+#include "common/runtime.h"
 #include "common/status.h"
 #include "common/time.h"
 
@@ -66,11 +67,21 @@ class Kvs {
  public:
   virtual ~Kvs() = default;
   virtual std::string name() const = 0;
+  // True when every call answers from this process's memory, never waiting
+  // on another process (the root's own store): a caller on an event loop
+  // may call it there rather than hand it to a thread.
+  virtual bool in_process() const { return false; }
   // The capabilities of this store's row (common/backend.h).
   KvsCaps caps() const;
 
   virtual Status Put(const std::string& ns, const std::string& key, const std::string& value) = 0;
   virtual Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) = 0;
+  // Get, as a task of a service's runtime (common/runtime.h): a store
+  // whose client can wait for its reply on the loop does (the embedded
+  // store's pooled links); the others run Get on the runtime's pool, or at
+  // once when they answer from this process.
+  virtual Task<Result<std::optional<std::string>>> GetTask(Runtime& rt, const std::string& ns,
+                                                           const std::string& key);
   virtual Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                                    const CancelFn& cancel = nullptr) = 0;
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;

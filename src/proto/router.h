@@ -18,6 +18,7 @@
 
 #include "common/cancel.h"
 #include "common/net.h"
+#include "common/runtime.h"
 #include "common/wire.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
@@ -26,51 +27,27 @@ namespace dyad {
 
 enum class Link { kLocal, kPeer };
 
-struct RequestContext;
-class RequestParking;
-
-// A request set aside while it waits (for a publication, say) without
-// holding a worker thread; see RequestParking.
-class ParkedRequest {
- public:
-  virtual ~ParkedRequest() = default;
-  // Call exactly once, from any thread, when the wait is over: `finish`
-  // then runs on a worker with the request's context and must send the
-  // reply (or park the request again).
-  virtual void Resume(std::function<void(RequestContext&)> finish) = 0;
-  // What to do should the requester hang up or the service stop while the
-  // request is parked: end the wait soon (its completion still calls
-  // Resume). Runs at once if that already happened.
-  virtual void OnHangup(std::function<void()> cancel) = 0;
-};
-
-class RequestParking {
- public:
-  virtual ~RequestParking() = default;
-  // Releases the handler's worker once the handler returns; the handler
-  // must then return without replying and arrange for Resume to be called.
-  virtual std::shared_ptr<ParkedRequest> Park() = 0;
-  // Parks the request until its connection can take more bytes (a
-  // response the requester is slow to read, common/wire_queue.h): `more`
-  // then runs on a worker with the request's context. Should the requester
-  // hang up, the service stop, or no room come within `timeout_ms`,
-  // `give_up` runs there instead, and the connection is closed after it.
-  // The handler returns at once after this, sending nothing more.
-  virtual void ParkUntilWritable(std::function<void(RequestContext&)> more,
-                                 std::function<void(RequestContext&)> give_up,
-                                 int64_t timeout_ms) = 0;
-};
-
+// What a handler knows of its request.
 struct RequestContext {
   Channel& ch;
   Link link;
   const PeerIdentity* peer;  // the authenticated peer service (kPeer), else null
   CancelFn cancel;           // true once the requester hung up or the service stops
-  // Non-null when the handler may park its request instead of blocking.
-  RequestParking* parking = nullptr;
+  // The request's Stop (common/runtime.h): fires when the requester hangs
+  // up or the service stops; every wait of a task handler names it.
+  Stop* stop = nullptr;
+  Runtime* runtime = nullptr;
 };
 
+// A handler that answers at once or blocks (on a store's client, a disk):
+// the service runs it on its pool of threads for blocking calls.
 using RequestHandler = std::function<void(RequestContext& ctx, const std::string& payload)>;
+// A handler that waits (for a publication, a peer, room in the socket): a
+// task on the service's loop (common/runtime.h), holding no thread while it
+// waits. Its replies are collected and sent once it ends, without blocking,
+// unless it was routed as streaming (it then sends as it goes, without
+// blocking: common/wire_queue.h).
+using TaskHandler = std::function<Task<void>(RequestContext& ctx, const std::string& payload)>;
 
 class RequestRouter {
  public:
@@ -86,6 +63,10 @@ class RequestRouter {
   virtual void RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) {
     Route(link, type, counter, std::move(handler));
   }
+  // As Route, for a handler that waits: a task on the loop (see TaskHandler).
+  // `streaming`: it sends its own replies as it goes (a fetch's response).
+  virtual void RouteTask(Link link, MsgType type, const char* counter, TaskHandler handler,
+                         bool streaming = false) = 0;
 
   // A typed route: the payload is decoded as a `Request` (its DecodeFrom,
   // every byte used) before `handle` sees it; a payload that does not
@@ -101,6 +82,23 @@ class RequestRouter {
             if (!req.DecodeFrom(d) || !d.done()) return Malformed(ctx, type);
             (owner->*handle)(ctx, req);
           });
+  }
+
+  // A typed task route (as the typed Route above).
+  template <typename Request, typename Owner>
+  void RouteTask(Link link, MsgType type, const char* counter, Owner* owner,
+                 Task<void> (Owner::*handle)(RequestContext&, Request)) {
+    RouteTask(
+        link, type, counter,
+        [this, owner, handle, type](RequestContext& ctx, const std::string& payload) -> Task<void> {
+          Request req;
+          Decoder d(payload);
+          if (!req.DecodeFrom(d) || !d.done()) {
+            Malformed(ctx, type);
+            co_return;
+          }
+          co_await (owner->*handle)(ctx, std::move(req));
+        });
   }
 
   // Answers a request of `type` whose payload does not decode

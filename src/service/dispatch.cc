@@ -8,11 +8,17 @@
 namespace dyad {
 
 void Dispatcher::Route(Link link, MsgType type, const char* counter, RequestHandler handler) {
-  Add(link, type, counter, std::move(handler), false);
+  Add(link, type, counter, Entry{{}, std::move(handler), nullptr, Handling::kBlocking});
 }
 
 void Dispatcher::RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) {
-  Add(link, type, counter, std::move(handler), true);
+  Add(link, type, counter, Entry{{}, std::move(handler), nullptr, Handling::kInline});
+}
+
+void Dispatcher::RouteTask(Link link, MsgType type, const char* counter, TaskHandler handler,
+                           bool streaming) {
+  Add(link, type, counter,
+      Entry{{}, nullptr, std::move(handler), streaming ? Handling::kStreaming : Handling::kTask});
 }
 
 void Dispatcher::Malformed(RequestContext& ctx, MsgType type) {
@@ -22,24 +28,22 @@ void Dispatcher::Malformed(RequestContext& ctx, MsgType type) {
             {}, reply_timeout_ms_, stats_);
 }
 
-bool Dispatcher::RunsInline(Link link, uint16_t type) const {
+Handling Dispatcher::HandlingOf(Link link, uint16_t type) const {
   auto it = table_.find(std::make_pair(link, type));
-  return it != table_.end() && it->second.runs_inline;
+  return it == table_.end() ? Handling::kInline : it->second.handling;
 }
 
-void Dispatcher::Add(Link link, MsgType type, const char* counter, RequestHandler handler,
-                     bool runs_inline) {
+void Dispatcher::Add(Link link, MsgType type, const char* counter, Entry entry) {
   const auto key = std::make_pair(link, static_cast<uint16_t>(type));
   if (table_.count(key) != 0) {
     DYAD_LOG_ERROR("two handlers for '%s'", MsgTypeName(key.second));
     std::abort();  // a programming error, found by every test that starts a service
   }
-  const ServiceStats::Counter c =
-      counter != nullptr ? ServiceStats::Find(counter) : ServiceStats::kNumCounters;
-  table_[key] = Entry{c, std::move(handler), runs_inline};
+  entry.counter = counter != nullptr ? ServiceStats::Find(counter) : ServiceStats::kNumCounters;
+  table_[key] = std::move(entry);
 }
 
-void Dispatcher::Dispatch(RequestContext& ctx, uint16_t type, const std::string& payload) const {
+const Dispatcher::Entry* Dispatcher::Find(RequestContext& ctx, uint16_t type) const {
   auto it = table_.find(std::make_pair(ctx.link, type));
   if (it == table_.end()) {
     const char* where = ctx.link == Link::kLocal ? "from local clients" : "from other services";
@@ -47,10 +51,27 @@ void Dispatcher::Dispatch(RequestContext& ctx, uint16_t type, const std::string&
               Status(DYAD_RC_BADREQUEST, "rank " + std::to_string(rank_) + " serves no '" +
                                              MsgTypeName(type) + "' requests " + where),
               {}, reply_timeout_ms_, stats_);
-    return;
+    return nullptr;
   }
   if (it->second.counter != ServiceStats::kNumCounters) stats_->Add(it->second.counter);
-  it->second.handler(ctx, payload);
+  return &it->second;
+}
+
+void Dispatcher::Dispatch(RequestContext& ctx, uint16_t type, const std::string& payload) const {
+  const Entry* e = Find(ctx, type);
+  if (e == nullptr) return;
+  if (e->handler) e->handler(ctx, payload);  // task routes are served by DispatchTask
+}
+
+Task<void> Dispatcher::DispatchTask(RequestContext& ctx, uint16_t type,
+                                    const std::string& payload) const {
+  const Entry* e = Find(ctx, type);
+  if (e == nullptr) co_return;
+  if (e->task) {
+    co_await e->task(ctx, payload);
+  } else {
+    e->handler(ctx, payload);
+  }
 }
 
 }  // namespace dyad

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "proto/router.h"
+#include "service/server.h"
 #include "service/stats.h"
 
 namespace dyad {
@@ -24,21 +25,29 @@ class Dispatcher final : public RequestRouter {
 
   void Route(Link link, MsgType type, const char* counter, RequestHandler handler) override;
   void RouteInline(Link link, MsgType type, const char* counter, RequestHandler handler) override;
+  void RouteTask(Link link, MsgType type, const char* counter, TaskHandler handler,
+                 bool streaming = false) override;
   using RequestRouter::Route;
+  using RequestRouter::RouteTask;
   void Malformed(RequestContext& ctx, MsgType type) override;
-  // True when the handler of `type` on `link` was registered with
-  // RouteInline (it may run on the event loop).
-  bool RunsInline(Link link, uint16_t type) const;
-  // Runs the handler of `type` on ctx.link, or replies that there is none.
+  // How requests of `type` on `link` are served (an unknown type: inline,
+  // its error reply is sent at once).
+  Handling HandlingOf(Link link, uint16_t type) const;
+  // Runs the inline or blocking handler of `type` on ctx.link, or replies
+  // that there is none.
   void Dispatch(RequestContext& ctx, uint16_t type, const std::string& payload) const;
+  // Runs the task handler of `type` on ctx.link.
+  Task<void> DispatchTask(RequestContext& ctx, uint16_t type, const std::string& payload) const;
 
  private:
   struct Entry {
     ServiceStats::Counter counter;
     RequestHandler handler;
-    bool runs_inline = false;
+    TaskHandler task;
+    Handling handling = Handling::kBlocking;
   };
-  void Add(Link link, MsgType type, const char* counter, RequestHandler handler, bool runs_inline);
+  void Add(Link link, MsgType type, const char* counter, Entry entry);
+  const Entry* Find(RequestContext& ctx, uint16_t type) const;
   const uint32_t rank_;
   const int64_t reply_timeout_ms_;
   ServiceStats* stats_;

@@ -87,7 +87,6 @@ bool FetchOp::TakeSession(Wait* wait) {
     return false;
   }
   stage_ = Stage::kReply;
-  spin_ = true;  // the reply is usually microseconds away
   return false;
 }
 
@@ -109,8 +108,7 @@ bool FetchOp::ReadReply(Wait* wait) {
     return false;
   }
   if (!done) {
-    *wait = Wait{session_.get(), deadline_, spin_};
-    spin_ = false;
+    *wait = Wait{session_.get(), deadline_};
     return true;
   }
   Decoder d(body);
@@ -161,11 +159,8 @@ bool FetchOp::StepPull(Wait* wait) {
     const int64_t idle = pull_->idle_ms();
     deadline_ = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
   }
-  // The first bytes follow the reply immediately on the session (small
-  // files are all first bytes): worth a spin.
-  const int wake = pull_->wake_fd();
-  *wait = Wait{session_.get(), deadline_, got == 0 && wake < 0};
-  wait->fd = wake;
+  *wait = Wait{session_.get(), deadline_};
+  wait->fd = pull_->wake_fd();
   return true;
 }
 
@@ -188,7 +183,7 @@ bool FetchOp::ReadVerdict(Wait* wait) {
   std::string body;
   Status st = NextReply(&done, &body);
   if (st.ok() && !done) {
-    *wait = Wait{session_.get(), deadline_, false};
+    *wait = Wait{session_.get(), deadline_};
     return true;
   }
   if (!st.ok()) {
@@ -216,6 +211,19 @@ void FetchOp::FailRpc(const Status& st) {
   else
     Release();
   End(Status(st.code(), what_ + ": " + st.message()));
+}
+
+bool FetchOp::NextStepBlocks() const {
+  switch (stage_) {
+    case Stage::kStart:
+      return !peers_->Known(rec_.owner_rank);
+    case Stage::kSession:
+      return dial_ && dial_->NextStepBlocks();
+    case Stage::kReply:
+      return transport_->caps().same_node_only;
+    default:
+      return false;
+  }
 }
 
 void FetchOp::Expired() {

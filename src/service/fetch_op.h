@@ -47,6 +47,9 @@ class FetchOp final : public Resumable {
 
   bool Step(Wait* wait) override;
   void Expired() override;
+  // A step that may ask the store for the owner's address, or land the
+  // bytes with a transport that copies on this node's disk (no PullOp).
+  bool NextStepBlocks() const override;
   void Abandon(const Status& why) override;
 
   // Once Step returned true.
@@ -90,7 +93,6 @@ class FetchOp final : public Resumable {
   std::string payload_;
   FetchReply reply_;
   Deadline deadline_ = Deadline::Never();  // of the current wait
-  bool spin_ = false;                      // a request was just sent
   TransferStats ts_;
   TransferRegistry::Entry progress_;
   std::unique_ptr<PullOp> pull_;  // uses session_, ts_ and the sink

@@ -7,13 +7,6 @@
 
 namespace dyad {
 
-Status Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out) {
-  FetchOp op(peers_, rpc_timeout_ms_, transfers_, rec, &transport, sink_fd);
-  RunBlocking(op);
-  *out = op.outcome();
-  return op.status();
-}
-
 std::shared_ptr<FetchOp> Fetcher::NewOp(const FileRecord& rec, Transport& transport, int sink_fd) {
   return std::make_shared<FetchOp>(peers_, rpc_timeout_ms_, transfers_, rec, &transport, sink_fd);
 }

@@ -40,10 +40,8 @@ class Fetcher {
   Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms, TransferRegistry* transfers = nullptr)
       : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms), transfers_(transfers) {}
 
-  // Fetches `rec` from its owner with `transport` into `sink_fd`, waiting
-  // on this thread (a FetchOp run by RunBlocking).
-  Status Fetch(const FileRecord& rec, Transport& transport, int sink_fd, FetchOutcome* out);
-  // The same fetch as an operation a request can park on (fetch_op.h).
+  // A fetch of `rec` from its owner with `transport` into `sink_fd`, as an
+  // operation the runtime drives (fetch_op.h, resumable.h).
   std::shared_ptr<FetchOp> NewOp(const FileRecord& rec, Transport& transport, int sink_fd);
 
   // Asks `owner` for every file of `recs` (files of at most `max_inline`

@@ -1,5 +1,7 @@
 #include "service/file_server.h"
 
+#include <sys/inotify.h>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -22,13 +24,17 @@ void SendReply(Channel& ch, const Status& st, const std::string& body, int64_t t
 }
 
 void FileServer::Route(RequestRouter& router, bool batches) {
-  router.Route(
+  router.RouteTask(
       Link::kPeer, MsgType::kFetch, "requests.fetch",
-      [this](RequestContext& ctx, const std::string& payload) { HandleFetch(ctx, payload); });
+      [this](RequestContext& ctx, const std::string& payload) { return HandleFetch(ctx, payload); },
+      true);
   if (!batches) return;
-  router.Route(
+  router.RouteTask(
       Link::kPeer, MsgType::kFetchBatch, nullptr,
-      [this](RequestContext& ctx, const std::string& payload) { HandleFetchBatch(ctx, payload); });
+      [this](RequestContext& ctx, const std::string& payload) {
+        return HandleFetchBatch(ctx, payload);
+      },
+      true);
 }
 
 Status FileServer::Stale(const std::string& upath, const char* when) const {
@@ -45,23 +51,30 @@ void FileServer::Refuse(RequestContext& ctx, const std::string& upath, const Sta
   SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
 }
 
-Status FileServer::WaitShared(RequestContext& ctx, int fd, const std::string& upath) {
-  // A producer holds an exclusive lock while writing; wait for it, bounded,
-  // so a half-written file is never served.
-  const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
+bool FileServer::TryShared(int fd) {
+  // A producer holds an exclusive lock while writing: a half-written file
+  // is never served.
   while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) return Status::OK();  // no locking: serve anyway
-    if (deadline.expired() || (ctx.cancel && ctx.cancel()))
-      return Status(DYAD_RC_TIMEOUT, "'" + upath + "' stayed locked by its producer");
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (errno == EINTR) continue;
+    return errno != EWOULDBLOCK;  // no locking there: serve anyway
   }
-  return Status::OK();
+  return true;
 }
 
-Status FileServer::LockShared(RequestContext& ctx, int fd, const std::string& upath) {
-  Status st = WaitShared(ctx, fd, upath);
-  if (!st.ok()) SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
-  return st;
+Task<bool> FileServer::WaitUnlocked(RequestContext& ctx, const std::string& upath,
+                                    Deadline deadline, int64_t* pause_ms) {
+  // Woken when the producer closes the file (which ends its lock), else
+  // looked at again after a pause that grows: a lock given up without a
+  // close is seen within a second.
+  UniqueFd watch(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  if (watch.valid() &&
+      ::inotify_add_watch(watch.get(), (prod_real_ + "/" + upath).c_str(),
+                          IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_DELETE_SELF | IN_MOVE_SELF) < 0)
+    watch.reset();
+  const Ready r = co_await WaitReady(watch.valid() ? watch.get() : -1, POLLIN,
+                                     deadline.Min(*pause_ms), ctx.stop);
+  *pause_ms = std::min<int64_t>(*pause_ms * 2, 1000);
+  co_return r != Ready::kStopped && !deadline.expired();
 }
 
 TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::string& upath,
@@ -72,67 +85,66 @@ TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::st
       transport.caps().data_on_session ? SessionProgress(ctx.ch.fd(), size) : nullptr);
 }
 
-void FileServer::Drive(RequestContext& ctx, const std::shared_ptr<Response>& r) {
-  // This worker waits for the requester at most kParkAfterMs in all, however
-  // the waits are spread: one that reads a byte now and then gets no more
-  // of a thread than one that does not read.
-  int64_t wait_budget_ns = kParkAfterMs * 1000000;
+Task<void> FileServer::Send(RequestContext& ctx, std::shared_ptr<Response> r) {
+  const Status idle(DYAD_RC_TIMEOUT, "the requester took no bytes for " +
+                                         std::to_string(rpc_timeout_ms_) +
+                                         " ms (--rpc-timeout), or hung up");
   for (;;) {
     bool flush = false;
     while (!r->ended && !flush && r->out.Gathering(kGatheredFileBytes)) {
       Result<Fill> f = r->fill(ctx, r->out);
       if (!f.ok()) {
         ctx.ch.MarkBroken();
-        return r->done(ctx, f.status());
+        co_return r->done(ctx, f.status());
       }
-      if (*f == Fill::kPeer) return WaitForPeer(ctx, r);
+      if (*f == Fill::kPeer) {
+        // The transport waits on the requester (its offer, credits): the
+        // wait holds no thread.
+        std::shared_ptr<Resumable> wait = r->peer();
+        co_await Drive(*ctx.runtime, *wait, ctx.stop, stats_, "fetch.parked_for_peer");
+        continue;
+      }
       r->ended = *f == Fill::kEnd;
       flush = *f == Fill::kFlush;
     }
-    if (r->ended && r->out.empty()) return r->done(ctx, Status::OK());
-    // A requester slower than this worker costs no thread for longer than
-    // kParkAfterMs: the request then waits on the event loop for room.
-    // Without a loop to park on, the idle bound is the only limit.
-    Result<WireQueue::Pumped> p = ctx.parking != nullptr
-                                      ? r->out.Pump(ctx.ch, kParkAfterMs, &wait_budget_ns)
-                                      : r->out.Pump(ctx.ch, rpc_timeout_ms_);
-    if (!p.ok()) return r->done(ctx, p.status());
+    if (r->ended && r->out.empty()) co_return r->done(ctx, Status::OK());
+    Result<WireQueue::Pumped> p = r->out.Pump(ctx.ch, 0);
+    if (!p.ok()) co_return r->done(ctx, p.status());
     if (*p == WireQueue::Pumped::kAllSent) continue;
-    const Status idle(DYAD_RC_TIMEOUT, "the requester took no bytes for " +
-                                           std::to_string(rpc_timeout_ms_) +
-                                           " ms (--rpc-timeout), or hung up");
-    if (ctx.parking == nullptr) {
-      ctx.ch.MarkBroken();
-      return r->done(ctx, idle);
+    // The requester has not taken what is queued: wait for room (no
+    // thread held). Past kParkAfterMs the wait counts as parked, and what
+    // the response holds unsent is charged: sessions that stop reading
+    // cannot together hold more than kParkedOutputCap.
+    Ready room = co_await WaitReady(ctx.ch, POLLOUT, Deadline::AfterMs(kParkAfterMs), ctx.stop);
+    if (room == Ready::kTimeout) {
+      if (!Charge(*r)) {
+        const uint32_t peer = ctx.peer != nullptr ? ctx.peer->rank : 0u;
+        const Status full(DYAD_RC_CONNLOST,
+                          "closed the session of rank " + std::to_string(peer) +
+                              ": it took none of " + std::to_string(r->out.memory_bytes()) +
+                              " reply bytes for " + std::to_string(kParkAfterMs) +
+                              " ms while replies waiting for their requesters already hold " +
+                              std::to_string(unsent_bytes()) + " bytes (at most " +
+                              std::to_string(kParkedOutputCap) + ")");
+        stats_->AddNamed("fetch.closed_for_output");
+        DYAD_LOG_WARN("%s", full.message().c_str());
+        ctx.ch.MarkBroken();
+        co_return r->done(ctx, full);
+      }
+      stats_->AddNamed("fetch.parked_for_room");
+      room = co_await WaitReady(ctx.ch, POLLOUT, Deadline::AfterMs(rpc_timeout_ms_), ctx.stop);
+      Uncharge(*r);
     }
-    // What it holds unsent is counted while it waits: sessions that stop
-    // reading cannot together hold more than kParkedOutputCap.
-    if (!Charge(*r)) {
-      const uint32_t peer = ctx.peer != nullptr ? ctx.peer->rank : 0u;
-      const Status full(DYAD_RC_CONNLOST,
-                        "closed the session of rank " + std::to_string(peer) +
-                            ": it took none of " + std::to_string(r->out.memory_bytes()) +
-                            " reply bytes for " + std::to_string(kParkAfterMs) +
-                            " ms while replies waiting for their requesters already hold " +
-                            std::to_string(unsent_bytes()) + " bytes (at most " +
-                            std::to_string(kParkedOutputCap) + ")");
-      stats_->AddNamed("fetch.closed_for_output");
-      DYAD_LOG_WARN("%s", full.message().c_str());
+    if (room != Ready::kReady) {
+      if (room == Ready::kStopped || room == Ready::kTimeout) {
+        DYAD_LOG_WARN("%s took no bytes of its response within its bound; closing",
+                      ctx.peer != nullptr ? ("peer rank " + std::to_string(ctx.peer->rank)).c_str()
+                                          : "requester");
+      }
       ctx.ch.MarkBroken();
-      return r->done(ctx, full);
+      ::shutdown(ctx.ch.fd(), SHUT_RDWR);
+      co_return r->done(ctx, idle);
     }
-    stats_->AddNamed("fetch.parked_for_room");
-    ctx.parking->ParkUntilWritable(
-        [this, r](RequestContext& c) {
-          Uncharge(*r);
-          Drive(c, r);
-        },
-        [this, r, idle](RequestContext& c) {
-          Uncharge(*r);
-          r->done(c, idle);
-        },
-        rpc_timeout_ms_);
-    return;
   }
 }
 
@@ -151,12 +163,6 @@ void FileServer::Uncharge(Response& r) {
   r.charged = 0;
 }
 
-void FileServer::WaitForPeer(RequestContext& ctx, const std::shared_ptr<Response>& r) {
-  RunParked(
-      ctx, r->peer(), watcher_, stats_, [this, r](RequestContext& c) { Drive(c, r); },
-      "fetch.parked_for_peer");
-}
-
 void FileServer::QueueReply(Channel& ch, WireQueue& out, const Status& st,
                             const std::string& body) {
   std::string frame;
@@ -166,18 +172,31 @@ void FileServer::QueueReply(Channel& ch, WireQueue& out, const Status& st,
   out.Bytes(std::move(frame));
 }
 
-void FileServer::Respond(RequestContext& ctx, const std::string& payload, Prepare prepare) {
-  auto r = std::make_shared<Response>();
-  // Every reply goes through the response's queue, in order.
-  ctx.ch.CaptureSends(&r->captured);
-  (this->*prepare)(ctx, payload, r.get());
-  ctx.ch.CaptureSends(nullptr);
-  r->out.Bytes(std::move(r->captured));
-  Drive(ctx, r);
+Task<void> FileServer::Respond(RequestContext& ctx, const std::string& payload, Prepare prepare) {
+  const Deadline locked_until = Deadline::AfterMs(rpc_timeout_ms_);
+  int64_t pause_ms = 10;
+  for (;;) {
+    auto r = std::make_shared<Response>();
+    // Every reply goes through the response's queue, in order.
+    ctx.ch.CaptureSends(&r->captured);
+    (this->*prepare)(ctx, payload, r.get());
+    ctx.ch.CaptureSends(nullptr);
+    if (!r->locked.empty()) {
+      // Its producer holds the file locked (writing it): wait, bounded.
+      if (co_await WaitUnlocked(ctx, r->locked, locked_until, &pause_ms)) continue;
+      const Status st(DYAD_RC_TIMEOUT, "'" + r->locked + "' stayed locked by its producer");
+      ctx.ch.CaptureSends(&r->captured);
+      SendReply(ctx.ch, st, {}, rpc_timeout_ms_, stats_);
+      ctx.ch.CaptureSends(nullptr);
+    }
+    r->out.Bytes(std::move(r->captured));
+    co_await Send(ctx, std::move(r));
+    co_return;
+  }
 }
 
-void FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
-  Respond(ctx, payload, &FileServer::PrepareFetch);
+Task<void> FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
+  co_await Respond(ctx, payload, &FileServer::PrepareFetch);
 }
 
 // What a fetch being sent holds on to.
@@ -229,7 +248,10 @@ void FileServer::PrepareFetch(RequestContext& ctx, const std::string& payload, R
     return Refuse(ctx, *upath, Status(DYAD_RC_PERM, "'" + *upath + "' is not a regular file"));
   // Under the shared lock a producer that follows the protocol cannot be
   // rewriting the file; one that does not is caught by the check after it.
-  if (!LockShared(ctx, fd->get(), *upath).ok()) return;
+  if (!TryShared(fd->get())) {
+    r->locked = *upath;  // Respond waits for the producer, then prepares again
+    return;
+  }
   if (fstat(fd->get(), &st) != 0)
     return SendReply(ctx.ch, StatusFromErrno(errno, "stat '" + *upath + "'"), {}, rpc_timeout_ms_,
                      stats_);

@@ -14,7 +14,6 @@
 
 #include "common/wire_queue.h"
 #include "proto/router.h"
-#include "service/fd_watch.h"
 #include "service/resumable.h"
 #include "service/stats.h"
 #include "service/transfers.h"
@@ -43,21 +42,15 @@ class FileServer {
   void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) {
     on_serve_ = std::move(fn);
   }
-  // Where a fetch whose transport moves the file off the session (a PushOp,
-  // transport.h) parks while the requester is slow to offer, credit or
-  // take its bytes: without a watcher such a push waits on its worker.
-  // Set before serving starts.
-  void SetWatcher(FdWatcher* watcher) { watcher_ = watcher; }
-  void HandleFetch(RequestContext& ctx, const std::string& payload);
+  // kFetch: a task on the runtime, which waits for the requester (room,
+  // its offer or credits) and for a producer's lock without a thread.
+  Task<void> HandleFetch(RequestContext& ctx, const std::string& payload);
   // kFetchBatch (file_server_batch.cc): small files inline, one reply each.
-  void HandleFetchBatch(RequestContext& ctx, const std::string& payload);
+  Task<void> HandleFetchBatch(RequestContext& ctx, const std::string& payload);
 
-  // A response waits on the event loop, holding no worker, once its worker
-  // has waited this long in all for the requester to take bytes
-  // (RequestParking). Each park
-  // costs hand-offs between threads, and on a loaded node a requester that
-  // does read can leave the socket full for tens of milliseconds: 10 ms
-  // cost a fast requester ~10 % of its throughput on 2 busy cores.
+  // A response whose requester has taken no bytes for this long counts as
+  // parked for room (fetch.parked_for_room), and what it holds unsent is
+  // charged against kParkedOutputCap.
   static constexpr int64_t kParkAfterMs = 100;
 
   // What sessions that stop reading can hold (docs/security.md). Every
@@ -98,6 +91,7 @@ class FileServer {
     std::function<std::shared_ptr<Resumable>()> peer;
     bool ended = false;    // fill said kEnd
     uint64_t charged = 0;  // of parked_bytes_, while parked for room
+    std::string locked;    // the prepare found this file locked by its producer
   };
   // Counts `r`'s unsent memory in parked_bytes_; false when that would
   // pass kParkedOutputCap. Uncharge gives it back (idempotent).
@@ -105,17 +99,14 @@ class FileServer {
   void Uncharge(Response& r);
   // Queues one reply frame (sealed as the session seals) on `out`.
   void QueueReply(Channel& ch, WireQueue& out, const Status& st, const std::string& body);
-  // Prepares a response to `payload` (its first replies are captured), then
-  // drives it.
+  // Prepares a response to `payload` (its first replies are captured;
+  // again once its file is no longer locked by its producer), then sends it.
   using Prepare = void (FileServer::*)(RequestContext&, const std::string&, Response*);
-  void Respond(RequestContext& ctx, const std::string& payload, Prepare prepare);
-  // Sends `r`, filling its queue as it goes, parking the request while the
-  // requester takes nothing; ends with r's done step.
-  void Drive(RequestContext& ctx, const std::shared_ptr<Response>& r);
-  // Runs r's peer step on this worker while the requester answers soon,
-  // else parks the request (counting `fetch.parked_for_peer`) until the
-  // session or the transport's wake fd is readable; then drives r again.
-  void WaitForPeer(RequestContext& ctx, const std::shared_ptr<Response>& r);
+  Task<void> Respond(RequestContext& ctx, const std::string& payload, Prepare prepare);
+  // Sends `r`, filling its queue as it goes and waiting (no thread held)
+  // for the requester to take it, or for r's peer step (counting
+  // `fetch.parked_for_peer` when that lasts); ends with r's done step.
+  Task<void> Send(RequestContext& ctx, std::shared_ptr<Response> r);
   // A fetch's checks and first reply; on success sets r's steps.
   void PrepareFetch(RequestContext& ctx, const std::string& payload, Response* r);
   Result<Fill> FillFetch(RequestContext& ctx, Sending& s, WireQueue& out);
@@ -125,11 +116,14 @@ class FileServer {
   void BatchDone(RequestContext& ctx, Batch& b, const Status& why);
   void Refuse(RequestContext& ctx, const std::string& upath, const Status& st);
   Status Stale(const std::string& upath, const char* when) const;
-  // Waits (bounded) for the producer's exclusive lock to go; an error reply
-  // has been sent when this fails.
-  Status LockShared(RequestContext& ctx, int fd, const std::string& upath);
-  // The same wait, without replying.
-  Status WaitShared(RequestContext& ctx, int fd, const std::string& upath);
+  // Takes the shared lock if the producer holds none (true), or says the
+  // producer holds it (false).
+  static bool TryShared(int fd);
+  // Waits until the producer may have let `upath` go (it closed the file,
+  // or `*pause_ms` passed, which then doubles up to a second); false at
+  // `deadline` or when the request's Stop fires.
+  Task<bool> WaitUnlocked(RequestContext& ctx, const std::string& upath, Deadline deadline,
+                          int64_t* pause_ms);
   // One item of a batch: the whole file into `part`, or why not.
   Status ReadInline(RequestContext& ctx, const FetchBatchItem& item, uint64_t max_inline,
                     FetchBatchPart* part);
@@ -145,7 +139,6 @@ class FileServer {
   ServiceStats* stats_;
   std::function<void(const std::string&, uint32_t)> on_serve_;
   TransferRegistry* transfers_;
-  FdWatcher* watcher_ = nullptr;
   std::atomic<uint64_t> parked_bytes_{0};
 };
 

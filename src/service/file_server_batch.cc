@@ -87,11 +87,11 @@ struct FileServer::Batch {
   std::unique_ptr<TraceSpan> span;
 };
 
-void FileServer::HandleFetchBatch(RequestContext& ctx, const std::string& payload) {
+Task<void> FileServer::HandleFetchBatch(RequestContext& ctx, const std::string& payload) {
   stats_->AddNamed("requests.fetch_batch");
   // Files are read one at a time, as the requester takes the replies
   // before them.
-  Respond(ctx, payload, &FileServer::PrepareBatch);
+  co_await Respond(ctx, payload, &FileServer::PrepareBatch);
 }
 
 void FileServer::PrepareBatch(RequestContext& ctx, const std::string& payload, Response* r) {

@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
   if (auto t = dyad::EnvTimeoutMs("DYAD_RPC_TIMEOUT", 60000); t.ok() && *t > 0)
     rpc_timeout_s = static_cast<double>(*t) / 1000.0;
   std::string info_log, error_log, secret_file;
+  opt.follow_records = dyad::EnvBool("DYAD_FOLLOW_RECORDS", true);
   opt.munge = dyad::EnvBool("DYAD_MUNGE", false);
   opt.munge_socket = Setting("DYAD_MUNGE_SOCKET");
   opt.insecure = dyad::EnvBool("DYAD_INSECURE", false);

@@ -267,39 +267,44 @@ void Service::Deregister() {
                   st.ToString().c_str());
 }
 
-void Service::UpkeepLoop() {
+Task<void> Service::Upkeep() {
   constexpr int64_t kCheckEveryMs = 3000;
   int64_t since_check = 0;
   uint64_t reported = 0;  // incarnation of a usurper already reported
-  // Sleeps on the stop condition, not on the publication queue's: a
-  // notify_one meant for the queue's worker must never wake this thread.
-  while (PauseUnlessStopping(kHousekeepingMs)) {
-    Housekeep();
-    since_check += kHousekeepingMs;
-    if (since_check < kCheckEveryMs) continue;
-    since_check = 0;
-    Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
-    ServiceRecord other;
-    if (v.ok() && !v->has_value()) {
-      Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
-      if (st.ok())
-        DYAD_LOG_WARN(
-            "membership record was missing from the metadata store (root restarted?); "
-            "registered again");
-    } else if (v.ok() && (!ServiceRecord::Decode(**v, &other) || other.rank != opt_.rank)) {
-      // Corrupted (not a record of this rank): write it again.
-      if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
-        DYAD_LOG_WARN(
-            "membership record of rank %u was corrupted in the metadata store; "
-            "repaired",
-            opt_.rank);
-    } else if (v.ok() && other.incarnation != incarnation_ && other.incarnation != reported) {
-      reported = other.incarnation;
-      DYAD_LOG_ERROR(
-          "rank %u is now registered by another dyad-service (%s): two services were "
-          "started with this rank and peers now reach the other one; stop one of them",
-          opt_.rank, DescribeHolder(other).c_str());
-    }
+  dyad::Stop& stop = runtime_->stopping();
+  while (co_await Sleep(Deadline::AfterMs(kHousekeepingMs), &stop)) {
+    // Both touch the disk or the store: on the pool.
+    const bool check = (since_check += kHousekeepingMs) >= kCheckEveryMs;
+    if (check) since_check = 0;
+    co_await runtime_->Offload([this, check, &reported] {
+      Housekeep();
+      if (check) CheckMembership(&reported);
+    });
+  }
+}
+
+void Service::CheckMembership(uint64_t* reported) {
+  Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
+  ServiceRecord other;
+  if (v.ok() && !v->has_value()) {
+    Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
+    if (st.ok())
+      DYAD_LOG_WARN(
+          "membership record was missing from the metadata store (root restarted?); "
+          "registered again");
+  } else if (v.ok() && (!ServiceRecord::Decode(**v, &other) || other.rank != opt_.rank)) {
+    // Corrupted (not a record of this rank): write it again.
+    if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
+      DYAD_LOG_WARN(
+          "membership record of rank %u was corrupted in the metadata store; "
+          "repaired",
+          opt_.rank);
+  } else if (v.ok() && other.incarnation != incarnation_ && other.incarnation != *reported) {
+    *reported = other.incarnation;
+    DYAD_LOG_ERROR(
+        "rank %u is now registered by another dyad-service (%s): two services were "
+        "started with this rank and peers now reach the other one; stop one of them",
+        opt_.rank, DescribeHolder(other).c_str());
   }
 }
 

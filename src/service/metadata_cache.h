@@ -29,14 +29,25 @@ class MetadataCache {
 
   void Put(const std::string& ns, const std::string& key, const FileRecord& rec) {
     std::lock_guard<std::mutex> lk(mu_);
-    std::string k = Join(ns, key);
-    auto [it, inserted] = map_.insert_or_assign(k, rec);
-    if (inserted) order_.push_back(std::move(k));
-    if (map_.size() > capacity_) {
-      while (map_.size() > capacity_ / 2 && !order_.empty()) {
-        map_.erase(order_.front());
-        order_.pop_front();
-      }
+    PutLocked(ns, key, rec, true);
+  }
+
+  // Put unless a record of (ns, key) is there already (which is newer than
+  // a listing read before it arrived). True if it was put.
+  bool PutIfAbsent(const std::string& ns, const std::string& key, const FileRecord& rec) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return PutLocked(ns, key, rec, false);
+  }
+
+  // Drops every record of `ns` (its feed may have missed changes).
+  void EraseNamespace(const std::string& ns) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::string prefix = ns + '\0';
+    for (auto it = map_.begin(); it != map_.end();) {
+      if (it->first.compare(0, prefix.size(), prefix) == 0)
+        it = map_.erase(it);
+      else
+        ++it;
     }
   }
 
@@ -51,6 +62,20 @@ class MetadataCache {
   }
 
  private:
+  bool PutLocked(const std::string& ns, const std::string& key, const FileRecord& rec,
+                 bool replace) {
+    std::string k = Join(ns, key);
+    if (!replace && map_.count(k) != 0) return false;
+    auto [it, inserted] = map_.insert_or_assign(k, rec);
+    if (inserted) order_.push_back(std::move(k));
+    if (map_.size() > capacity_) {
+      while (map_.size() > capacity_ / 2 && !order_.empty()) {
+        map_.erase(order_.front());
+        order_.pop_front();
+      }
+    }
+    return true;
+  }
   static std::string Join(const std::string& ns, const std::string& key) {
     std::string k;
     k.reserve(ns.size() + 1 + key.size());

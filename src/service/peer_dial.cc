@@ -165,7 +165,7 @@ bool PeerDial::Connected(Wait* wait) {
 
 bool PeerDial::Handshake(Wait* wait) {
   if (!hs_->Step(*ch_, dial_deadline_)) {
-    *wait = Wait{ch_.get(), dial_deadline_, false};
+    *wait = Wait{ch_.get(), dial_deadline_};
     return true;
   }
   DialEnded(hs_->status());

@@ -38,6 +38,8 @@ class PeerDial final : public Resumable {
 
   bool Step(Wait* wait) override;
   void Expired() override;
+  // Its first step may ask the store for the owner's address.
+  bool NextStepBlocks() const override { return stage_ == Stage::kStart && !peers_->Known(rank_); }
   void Abandon(const Status& why) override;
 
   // The session, or why there is none; once Step returned true (once).

@@ -36,8 +36,7 @@ bool PeerRpcOp::Step(Wait* wait) {
     return true;
   }
   if (!*r) {
-    *wait = Wait{session_.get(), deadline_, spin_};
-    spin_ = false;
+    *wait = Wait{session_.get(), deadline_};
     return false;
   }
   replied_ = true;

@@ -30,6 +30,7 @@ class PeerRpcOp final : public Resumable {
 
   bool Step(Wait* wait) override;
   void Expired() override;
+  bool NextStepBlocks() const override { return dial_ && dial_->NextStepBlocks(); }
   void Abandon(const Status& why) override;
 
   // Once Step returned true: the reply's status, and its body on success.
@@ -51,7 +52,6 @@ class PeerRpcOp final : public Resumable {
   std::unique_ptr<Channel> session_;
   Channel::PartialFrame frame_;
   std::string payload_;
-  bool spin_ = true;      // the first wait for the reply: it is likely microseconds away
   bool replied_ = false;  // a whole reply frame arrived
   bool done_ = false;
   Status status_;

@@ -27,6 +27,12 @@ PeerDirectory::PeerDirectory(Kvs* kvs, const Authenticator* auth, PeerIdentity s
                              int64_t rpc_timeout_ms)
     : kvs_(kvs), auth_(auth), self_(self), rpc_timeout_ms_(rpc_timeout_ms) {}
 
+bool PeerDirectory::Known(uint32_t rank) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = peers_.find(rank);
+  return it != peers_.end() && it->second.have_record;
+}
+
 Result<ServiceRecord> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
   if (!refresh) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -67,7 +73,7 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address,
 
 Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline deadline) {
   PeerDial dial(this, rank, deadline);
-  RunBlocking(dial);
+  rt_->RunSync(Drive(*rt_, dial, &rt_->stopping(), nullptr));
   return dial.Take();
 }
 

@@ -16,7 +16,7 @@
 // answer its handshake. One dial per rank at a time: callers that need a
 // new session to a rank already being dialled wait for that dial's outcome
 // (a hung owner costs one connection attempt per --rpc-timeout, not one
-// per consume). Acquire() is a PeerDial run on the calling thread.
+// per consume). Acquire() is a PeerDial run to its end for a blocking caller.
 #pragma once
 
 #include <atomic>
@@ -29,6 +29,7 @@
 
 #include "common/cancel.h"
 #include "common/net.h"
+#include "common/runtime.h"
 #include "kvs/kvs.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
@@ -55,10 +56,14 @@ class PeerDirectory {
 
   // Membership record of `rank` (cached; `refresh` forces a store lookup).
   Result<ServiceRecord> Resolve(uint32_t rank, bool refresh);
+  // True when Resolve(rank, false) would answer without the store.
+  bool Known(uint32_t rank) const;
 
   // A session to `rank` (pooled or new). Return it with Release when the
   // conversation ended cleanly; a broken channel is dropped.
   Result<std::unique_ptr<Channel>> Acquire(uint32_t rank, Deadline deadline);
+  // The runtime dials run on (Acquire runs one to its end); set before use.
+  void SetRuntime(Runtime* rt) { rt_ = rt; }
 
   // The parts of a dial that belong to the directory (PeerDial uses them):
   // an idle pooled session (null: none); the flight of a dial to `rank`
@@ -119,7 +124,8 @@ class PeerDirectory {
   const Authenticator* auth_;
   PeerIdentity self_;
   int64_t rpc_timeout_ms_;
-  std::mutex mu_;
+  Runtime* rt_ = nullptr;
+  mutable std::mutex mu_;
   std::map<uint32_t, Peer> peers_;
   std::atomic<uint64_t> dialing_{0};
   std::atomic<uint64_t> waiting_on_dial_{0};

@@ -1,4 +1,5 @@
 #include "service/placement.h"
+#include "service/resumable.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -37,12 +38,33 @@ bool Placement::IsCurrentCopy(const std::string& dest, const FileRecord& rec) co
   return cache_->IsCurrent(dest, rec);
 }
 
-Result<ConsumeReply> Placement::Place(const PlacementRequest& req, Deadline deadline,
-                                      const CancelFn& cancel) {
+Task<Result<ConsumeReply>> Placement::Place(PlacementRequest req, Deadline deadline, Stop* stop) {
   Result<Plan> plan = Prepare(req);
-  if (!plan.ok()) return plan.status();
-  if (plan->route == Route::kInPlace) return InPlace(req.record);
-  return Deduplicated(req, plan->route, plan->transport, deadline, cancel);
+  if (!plan.ok()) co_return plan.status();
+  if (plan->route == Route::kInPlace) co_return InPlace(req.record);
+  const FileRecord& rec = req.record;
+  const std::string dest = req.cons_root + "/" + rec.upath;
+  const Deadline join_by = JoinBy(deadline);
+  for (;;) {
+    bool joined = false;
+    std::shared_ptr<InFlight> flight = Claim(dest, rec, &joined);
+    if (!flight) co_return CurrentCopy(dest, rec);
+    if (!joined) {
+      Result<ConsumeReply> result = co_await Transfer(req, plan->route, plan->transport, stop);
+      Settle(dest, flight, result);
+      co_return result;
+    }
+    Result<ConsumeReply> r = co_await Join(flight, rec, join_by, stop);
+    // The consume that led the transfer went away (and took it along):
+    // this one places the file itself.
+    if (r.ok() || r.status().code() != DYAD_RC_CANCELLED || join_by.expired() ||
+        (stop != nullptr && stop->fired()))
+      co_return r;
+  }
+}
+
+Result<ConsumeReply> Placement::PlaceNow(const PlacementRequest& req, Deadline deadline) {
+  return rt_->RunSync(Place(req, deadline, &rt_->stopping()));
 }
 
 Result<Placement::Plan> Placement::Prepare(const PlacementRequest& req) {
@@ -118,30 +140,6 @@ ConsumeReply Placement::CurrentCopy(const std::string& dest, const FileRecord& r
   return reply;
 }
 
-Result<ConsumeReply> Placement::Deduplicated(const PlacementRequest& req, Route route,
-                                             Transport* transport, Deadline deadline,
-                                             const CancelFn& cancel) {
-  const FileRecord& rec = req.record;
-  const std::string dest = req.cons_root + "/" + rec.upath;
-  const Deadline join_by = JoinBy(deadline);
-  for (;;) {
-    bool joined = false;
-    std::shared_ptr<InFlight> flight = Claim(dest, rec, &joined);
-    if (!flight) return CurrentCopy(dest, rec);
-    if (!joined) {
-      Result<ConsumeReply> result = Transfer(req, route, transport);
-      Settle(dest, flight, result);
-      return result;
-    }
-    Result<ConsumeReply> r = Join(flight, rec, join_by, cancel);
-    // The consume that led the transfer went away (and took it along):
-    // this one places the file itself.
-    if (r.ok() || r.status().code() != DYAD_RC_CANCELLED || join_by.expired() ||
-        (cancel && cancel()))
-      return r;
-  }
-}
-
 void Placement::Settle(const std::string& dest, const std::shared_ptr<InFlight>& flight,
                        const Result<ConsumeReply>& result) {
   std::vector<std::function<void(const Result<ConsumeReply>&)>> joiners;
@@ -153,7 +151,6 @@ void Placement::Settle(const std::string& dest, const std::shared_ptr<InFlight>&
     joiners.swap(flight->joiners);
     inflight_.erase(dest);
   }
-  flight->cv.notify_all();
   if (joiners.empty()) return;
   const Result<ConsumeReply> joined = Joined(flight->status, flight->reply);
   for (auto& j : joiners) j(joined);
@@ -176,33 +173,44 @@ Deadline Placement::JoinBy(Deadline deadline) const {
   return deadline.never() || deadline.time_point() > transfer.time_point() ? deadline : transfer;
 }
 
-Result<ConsumeReply> Placement::Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
-                                     Deadline deadline, const CancelFn& cancel) {
+Task<Result<ConsumeReply>> Placement::Join(std::shared_ptr<InFlight> flight, FileRecord rec,
+                                           Deadline deadline, Stop* stop) {
   stats_->Add(ServiceStats::kConsumeJoined);
-  std::unique_lock<std::mutex> lk(mu_);
-  while (!flight->done) {
-    flight->cv.wait_until(lk, deadline.Min(250).time_point());
-    if (flight->done) break;
-    if (deadline.expired())
-      return Status(DYAD_RC_TIMEOUT, "timed out waiting for the transfer of '" + rec.upath +
-                                         "' started by another consumer");
-    if (cancel && cancel()) return Status(DYAD_RC_CANCELLED, "consumer went away");
+  auto joined = std::make_shared<Rendezvous<Result<ConsumeReply>>>(rt_->executor());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (flight->done) co_return Joined(flight->status, flight->reply);
+    flight->joiners.push_back([joined](const Result<ConsumeReply>& r) { joined->Deliver(r); });
   }
-  return Joined(flight->status, flight->reply);
+  // Past kOwnerParkAfterMs the wait counts as parked, as a fetch's would.
+  std::optional<Result<ConsumeReply>> r =
+      co_await joined->Take(deadline.Min(kOwnerParkAfterMs), stop);
+  if (!r && !deadline.expired() && (stop == nullptr || !stop->fired())) {
+    stats_->AddNamed("consume.parked_for_owner");
+    rt_->long_waits.fetch_add(1);
+    r = co_await joined->Take(deadline, stop);
+    rt_->long_waits.fetch_sub(1);
+  }
+  if (r) co_return std::move(*r);
+  if (stop != nullptr && stop->fired()) co_return Status(DYAD_RC_CANCELLED, "consumer went away");
+  co_return Status(DYAD_RC_TIMEOUT, "timed out waiting for the transfer of '" + rec.upath +
+                                        "' started by another consumer");
 }
 
-Result<ConsumeReply> Placement::Transfer(const PlacementRequest& req, Route route,
-                                         Transport* transport) {
+Task<Result<ConsumeReply>> Placement::Transfer(PlacementRequest req, Route route,
+                                               Transport* transport, Stop* stop) {
   Moving m;
-  m.req = req;
+  m.req = std::move(req);
   m.plan = Plan{route, transport};
   Begin(m);
   if (m.error.ok() && m.fetch) {
     do {
-      RunBlocking(*m.fetch);
+      co_await Drive(*rt_, *m.fetch, stop, stats_);
     } while (Retry(m));
+    co_return Complete(m);
   }
-  return Complete(m);
+  // A copy within this node (or a failure before any): the disk, on the pool.
+  co_return co_await rt_->Offload([this, &m] { return Complete(m); });
 }
 
 Status Placement::Room(const PlacementRequest& req, std::shared_ptr<void>* hold) {

@@ -32,7 +32,6 @@
 #include "common/trace.h"
 #include "proto/protocol.h"
 #include "proto/router.h"
-#include "service/fd_watch.h"
 #include "service/fetch_op.h"
 #include "service/fetcher.h"
 #include "service/node_cache.h"
@@ -78,21 +77,16 @@ class Placement {
   bool IsCurrentCopy(const std::string& dest, const FileRecord& rec) const;
 
   // Returns once cons_root/record.upath is a complete copy of the record's
-  // file (or needs none), waiting for a transfer already in flight.
-  Result<ConsumeReply> Place(const PlacementRequest& req, Deadline deadline,
-                             const CancelFn& cancel);
-
-  // What PlaceParked ends with: runs with the request's context.
-  using PlaceDone = std::function<void(RequestContext&, const Result<ConsumeReply>&)>;
-  // As Place, for a request that may park (placement_parked.cc): a fetch
-  // from a slow or silent owner, and a wait for another consume's transfer
-  // of the same file, hold no worker once they last (resumable.h). `done`
-  // runs exactly once: on this thread when nothing parked, else on a worker
-  // after the request resumed. Without ctx.parking or a watcher, Place.
-  void PlaceParked(RequestContext& ctx, const PlacementRequest& req, Deadline deadline,
-                   PlaceDone done);
-  // The service's watcher of parked fetches' sessions; set before serving.
-  void SetWatcher(FdWatcher* watcher) { watcher_ = watcher; }
+  // file (or needs none), waiting for a transfer already in flight. A task
+  // on the runtime: the fetch from a slow or silent owner, and the wait for
+  // another consume's transfer of the same file, hold no thread; `stop`
+  // (may be null) ends them (the requester went away, the service stops).
+  // Blocking callers run it with Runtime::RunSync (PlaceNow).
+  Task<Result<ConsumeReply>> Place(PlacementRequest req, Deadline deadline, Stop* stop);
+  // Place, run to its end from a thread that is not the runtime's loop.
+  Result<ConsumeReply> PlaceNow(const PlacementRequest& req, Deadline deadline);
+  // The runtime the placements run on; set before the first.
+  void SetRuntime(Runtime* rt) { rt_ = rt; }
 
   // Places several files, as Place() each (placement_batch.cc): the small
   // files of `reqs` that another node owns travel together, one kFetchBatch
@@ -114,8 +108,7 @@ class Placement {
     bool done = false;
     Status status;
     ConsumeReply reply;
-    std::condition_variable cv;
-    // Parked joiners: called once with the result when it is settled.
+    // Joiners: called once with the result when it is settled.
     std::vector<std::function<void(const Result<ConsumeReply>&)>> joiners;
   };
   struct Plan {
@@ -152,29 +145,21 @@ class Placement {
   // current copy (null), or transfer (a new flight, registered).
   std::shared_ptr<InFlight> Claim(const std::string& dest, const FileRecord& rec, bool* joined);
   ConsumeReply CurrentCopy(const std::string& dest, const FileRecord& rec);
-  Result<ConsumeReply> Deduplicated(const PlacementRequest& req, Route route, Transport* transport,
-                                    Deadline deadline, const CancelFn& cancel);
   // How long a consume with `deadline` waits for another's transfer of
   // the file it asked for (placement.cc).
   Deadline JoinBy(Deadline deadline) const;
-  Result<ConsumeReply> Join(const std::shared_ptr<InFlight>& flight, const FileRecord& rec,
-                            Deadline deadline, const CancelFn& cancel);
+  Task<Result<ConsumeReply>> Join(std::shared_ptr<InFlight> flight, FileRecord rec,
+                                  Deadline deadline, Stop* stop);
   // A joiner's view of the flight's result.
   static Result<ConsumeReply> Joined(const Status& st, const ConsumeReply& reply);
-  Result<ConsumeReply> Transfer(const PlacementRequest& req, Route route, Transport* transport);
+  Task<Result<ConsumeReply>> Transfer(PlacementRequest req, Route route, Transport* transport,
+                                      Stop* stop);
   // Transfer's steps: the temporary and the fetch; after the fetch ended,
   // true when it starts again on a fresh session (once, for a pooled
   // session that outlived its peer); the end (Finish, or abort).
   void Begin(Moving& m);
   bool Retry(Moving& m);
   Result<ConsumeReply> Complete(Moving& m);
-  // placement_parked.cc.
-  void JoinParked(RequestContext& ctx, const std::shared_ptr<InFlight>& flight,
-                  const PlacementRequest& req, Deadline deadline, PlaceDone done);
-  void AfterJoin(RequestContext& ctx, const PlacementRequest& req, Deadline deadline,
-                 const Result<ConsumeReply>& r, const PlaceDone& done);
-  void FetchParked(RequestContext& ctx, std::shared_ptr<Moving> m, PlaceDone done);
-  void Conclude(RequestContext& ctx, Moving& m, const PlaceDone& done);
   // The end of every transfer: stamp, rename into place, index, count.
   Result<ConsumeReply> Finish(const PlacementRequest& req, Route route, Transport* transport,
                               AtomicFile& out, const FetchOutcome& outcome, uint64_t t0);
@@ -207,7 +192,7 @@ class Placement {
   TransferRegistry* transfers_;
   NodeCache* cache_;
   Fetcher fetcher_;
-  FdWatcher* watcher_ = nullptr;
+  Runtime* rt_ = nullptr;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<InFlight>> inflight_;
   std::mutex room_mu_;

@@ -8,8 +8,8 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/time.h"
+#include "common/worker_pool.h"
 #include "service/placement.h"
-#include "service/worker_pool.h"
 
 namespace dyad {
 
@@ -65,7 +65,7 @@ std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<Placem
     if (k < groups.size())
       return PlaceGroup(reqs, groups[k], transport, deadline, cancel, &flights, &out);
     const size_t i = single[k - groups.size()];
-    out[i] = Place(reqs[i], deadline, cancel);
+    out[i] = PlaceNow(reqs[i], deadline);
   });
   return out;
 }
@@ -102,7 +102,7 @@ void Placement::PlaceGroup(const std::vector<PlacementRequest>& reqs,
   if (!mine.empty()) FetchTogether(reqs, mine, transport, *flights, out);
   // In flight elsewhere (another consume, a prefetch, or this batch's own
   // copy of the same file): wait for it as Place() would.
-  for (size_t i : joins) (*out)[i] = Place(reqs[i], deadline, cancel);
+  for (size_t i : joins) (*out)[i] = PlaceNow(reqs[i], deadline);
 }
 
 void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
@@ -145,7 +145,8 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
     if (settled[k]) continue;
     const size_t i = mine[k];
     Result<ConsumeReply> r =
-        one_by_one ? Transfer(reqs[i], Route::kRemote, transport) : Result<ConsumeReply>(st);
+        one_by_one ? rt_->RunSync(Transfer(reqs[i], Route::kRemote, transport, &rt_->stopping()))
+                   : Result<ConsumeReply>(st);
     (*out)[i] = r;
     Settle(dest(i), flights[i], r);
   }

@@ -1,21 +1,16 @@
-// resumable.h: an operation that waits on a peer, and the two ways to run it.
+// resumable.h: an operation that waits on a peer, written as steps, and
+// the one way to run it (Drive, a task on the service's runtime).
 //
 // A fetch from another service waits on its owner for a session (a new
 // one's connect and handshake, or another fetch's dial to it: PeerDial,
 // peer_dial.h), then three times (the reply, the file bytes, the verdict).
 // Written as a Resumable, its Step makes the progress the session allows
 // without blocking and otherwise says what it waits for (the session
-// readable, a connecting socket writable, by a deadline). Two drivers run the same
-// object, so there is one implementation of each such operation:
-//  * RunBlocking waits on the calling thread (the prefetcher's threads,
-//    PlaceBatch, any caller without a request that can park);
-//  * RunParked serves a request: it waits on its worker as RunBlocking
-//    does while the waits are short (kParkAfterMs in all per stint: the
-//    fast path stays a spin and a poll), then parks the request
-//    (router.h) with the session watched by the service's FdWatcher, and
-//    runs the next step on a worker when bytes arrive. A slow or silent
-//    owner therefore holds no worker of the requesting service.
-// A Resumable is used by one thread at a time; the drivers guarantee it.
+// readable, a connecting socket writable, by a deadline). Drive runs it as
+// a task (common/runtime.h): the waits hold no thread, a step that may
+// block (a store lookup, a copy on disk) runs on the runtime's pool, and a
+// caller outside the loop runs the same task with Runtime::RunSync.
+// A Resumable is used by one task at a time.
 #pragma once
 
 #include <poll.h>
@@ -25,9 +20,8 @@
 #include <memory>
 
 #include "common/net.h"
+#include "common/runtime.h"
 #include "common/time.h"
-#include "proto/router.h"
-#include "service/fd_watch.h"
 #include "service/stats.h"
 
 namespace dyad {
@@ -39,7 +33,6 @@ class Resumable {
   struct Wait {
     Channel* ch = nullptr;  // until ch->fd() is readable (or hung up)
     Deadline deadline = Deadline::Never();
-    bool spin = false;  // the bytes are likely microseconds away (Channel::SpinFor)
     // Also (or instead) until `fd` is ready for `events` (POLLIN or
     // POLLOUT): a socket still connecting, a transport's completion event.
     int fd = -1;
@@ -54,24 +47,19 @@ class Resumable {
   // The requester hung up or the service stops: the operation ends with
   // `why`, releasing what it holds (its session is shut down).
   virtual void Abandon(const Status& why) = 0;
+  // True when the next Step may block in the kernel or a library (a store
+  // lookup, a copy on disk): Drive runs it on the runtime's pool.
+  virtual bool NextStepBlocks() const { return false; }
 };
 
-// Runs `op` to its end on this thread, polling between steps.
-void RunBlocking(Resumable& op);
-
-// A request waits on its worker at most this long in all per stint before
-// it parks: as the owner side's FileServer::kParkAfterMs, a park costs
-// thread hand-offs, and on a loaded node a reply or a chunk may take tens
-// of milliseconds without anything being wrong.
+// A wait on a peer that lasts longer than this counts as "parked" (the
+// counter Drive is given): a sign of a slow or silent peer.
 constexpr int64_t kOwnerParkAfterMs = 100;
 
-// Runs `op` for the request of `ctx` (see above); `then` runs with the
-// request's context once `op` ended, on this thread when it never parked,
-// else on a worker after the request resumed. Without ctx.parking or a
-// watcher, as RunBlocking. Each park counts `counter` (a requester's wait
-// on its owner by default; an owner's wait on its requester names its own).
-void RunParked(RequestContext& ctx, std::shared_ptr<Resumable> op, FdWatcher* watcher,
-               ServiceStats* stats, std::function<void(RequestContext&)> then,
-               const char* counter = "consume.parked_for_owner");
+// Runs `op` to its end (see above). `stop` (may be null) ends its waits:
+// the op is told to Abandon. Each wait that lasts kOwnerParkAfterMs counts
+// `counter` (a requester's wait on its owner by default).
+Task<void> Drive(Runtime& rt, Resumable& op, Stop* stop, ServiceStats* stats,
+                 const char* counter = "consume.parked_for_owner");
 
 }  // namespace dyad

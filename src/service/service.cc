@@ -22,14 +22,13 @@
 #include "proto/munge/munge.h"
 #include "service/advertise.h"
 #include "service/dispatch.h"
-#include "service/fd_watch.h"
 #include "service/file_server.h"
 #include "service/peers.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
-#include "service/reactor.h"
+#include "service/record_feed.h"
 #include "service/resumable.h"
-#include "service/threaded_waits.h"
+#include "service/server.h"
 #include "service/transfers.h"
 #include "service/transports.h"
 #include "service/versions.h"
@@ -122,16 +121,19 @@ Status Service::StartSteps() {
   DYAD_RETURN_IF_ERROR(OpenListeners());
   dispatch_ = std::make_unique<Dispatcher>(opt_.rank, opt_.rpc_timeout_ms, &stats_);
   DYAD_RETURN_IF_ERROR(OpenStore());
+  // Twice the workers of the old two pools: the bound of blocking calls.
+  runtime_ = std::make_unique<Runtime>(2 * std::max<size_t>(opt_.workers, 1), opt_.worker_idle_ms);
+  DYAD_RETURN_IF_ERROR(runtime_->Start());
   BuildParts();
   RouteRequests();
   TraceSetProcessName("dyad-service rank " + std::to_string(opt_.rank) + " (" + hostname_ + ")");
 
   // Serve before registering: the root must answer its own registration
   // and others may start fetching as soon as the record is visible.
-  DYAD_RETURN_IF_ERROR(StartReactor());
+  DYAD_RETURN_IF_ERROR(StartServer());
   DYAD_RETURN_IF_ERROR(RegisterMembership());
   async_thread_ = std::thread([this] { AsyncPublishLoop(); });
-  upkeep_thread_ = std::thread([this] { UpkeepLoop(); });
+  runtime_->Spawn(Upkeep());
 
   DYAD_LOG_INFO(
       "serving: rank %u (incarnation %016llx), peers on %s, clients on %s, producer "
@@ -256,6 +258,8 @@ void Service::BuildParts() {
   if (!prod_real_.empty()) node_cache_->ProtectTree(prod_real_);
   placement_ = std::make_unique<Placement>(pc, peers_.get(), transports_.get(), &stats_,
                                            transfers_in_flight_.get(), node_cache_.get());
+  peers_->SetRuntime(runtime_.get());
+  placement_->SetRuntime(runtime_.get());
   file_server_ =
       std::make_unique<FileServer>(opt_.rank, prod_real_, opt_.rpc_timeout_ms, transports_.get(),
                                    &stats_, transfers_in_flight_.get());
@@ -275,6 +279,8 @@ void Service::BuildParts() {
       [nc = node_cache_.get()](const std::string& ns, const FileRecord& rec) {
         nc->Supersede(ns, rec);
       });
+  if (opt_.follow_records)
+    record_feed_ = std::make_unique<RecordFeed>(kvs_.get(), &cache_, runtime_.get(), &stats_);
 }
 
 std::string Service::StoreDescription() const {
@@ -337,13 +343,12 @@ void Service::Teardown() {
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
     if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
-    // Parked fetches end (DYAD_RC_CANCELLED) on workers still running;
-    // fetches parking from now on end at once.
-    if (fd_watcher_) fd_watcher_->Stop();
-    if (reactor_) reactor_->Stop();  // closes every connection, drains the workers
-    if (threaded_waits_) threaded_waits_->Stop();
+    if (server_) server_->Stop();      // closes every connection
+    // Every wait ends (DYAD_RC_CANCELLED), the pending publications' too.
+    if (runtime_) runtime_->FireStop();
     if (async_thread_.joinable()) async_thread_.join();
-    if (upkeep_thread_.joinable()) upkeep_thread_.join();
+    if (runtime_) runtime_->Shutdown();
+    if (record_feed_) record_feed_->Stop();  // after the pool: nothing starts a watch now
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
     // Closed, not left to queue connections nobody will accept.
     unix_listener_.reset();
@@ -368,44 +373,37 @@ bool Service::WaitFor(int64_t ms) {
   return stop_cv_.wait_for(lk, std::chrono::milliseconds(ms), [this] { return stopped_; });
 }
 
-Status Service::StartReactor() {
-  threaded_waits_ = std::make_unique<ThreadedWaits>(kvs_.get());
-  ReactorConfig rc;
-  rc.unix_listener = unix_listener_.get();
-  rc.tcp_listener = tcp_listener_.get();
-  rc.max_connections = opt_.max_connections;
-  rc.max_unauthenticated = opt_.max_unauthenticated;
-  rc.max_per_peer = opt_.max_per_peer;
-  rc.workers = opt_.workers;
-  rc.worker_idle_ms = opt_.worker_idle_ms;
-  rc.linger_us = opt_.linger_us;
-  rc.auth = auth_.get();
-  rc.self = PeerIdentity{opt_.rank, incarnation_};
-  ReactorHooks hooks;
-  hooks.dispatch = [this](RequestContext& ctx, uint16_t type, const std::string& payload) {
-    Serve(ctx, type, payload);
+Status Service::StartServer() {
+  ServerConfig sc;
+  sc.unix_listener = unix_listener_.get();
+  sc.tcp_listener = tcp_listener_.get();
+  sc.max_connections = opt_.max_connections;
+  sc.max_unauthenticated = opt_.max_unauthenticated;
+  sc.max_per_peer = opt_.max_per_peer;
+  sc.auth = auth_.get();
+  sc.self = PeerIdentity{opt_.rank, incarnation_};
+  ServerHooks hooks;
+  hooks.handling = [this](bool local, uint16_t type) {
+    return dispatch_->HandlingOf(local ? Link::kLocal : Link::kPeer, type);
+  };
+  hooks.serve = [this](RequestContext& ctx, uint16_t type, const std::string& payload) {
+    if (stopping_) return ctx.ch.MarkBroken();
+    dispatch_->Dispatch(ctx, type, payload);
+  };
+  hooks.serve_task = [this](RequestContext& ctx, uint16_t type,
+                            const std::string& payload) -> Task<void> {
+    if (stopping_) {
+      ctx.ch.MarkBroken();
+      co_return;
+    }
+    co_await dispatch_->DispatchTask(ctx, type, payload);
   };
   hooks.reply_error = [this](Channel& ch, const Status& st) {
     SendReply(ch, st, {}, kRefusalReplyMs, &stats_);
   };
   hooks.refused = [this](const std::string& why) { NoteRefusal(why); };
-  hooks.runs_inline = [this](bool local, uint16_t type) {
-    return dispatch_->RunsInline(local ? Link::kLocal : Link::kPeer, type);
-  };
-  fd_watcher_ = std::make_unique<FdWatcher>();
-  DYAD_RETURN_IF_ERROR(fd_watcher_->Start());
-  placement_->SetWatcher(fd_watcher_.get());
-  file_server_->SetWatcher(fd_watcher_.get());
-  reactor_ = std::make_unique<Reactor>(rc, std::move(hooks));
-  return reactor_->Start();
-}
-
-void Service::Serve(RequestContext& ctx, uint16_t type, const std::string& payload) {
-  if (stopping_) {
-    ctx.ch.MarkBroken();
-    return;
-  }
-  dispatch_->Dispatch(ctx, type, payload);
+  server_ = std::make_unique<Server>(*runtime_, sc, std::move(hooks));
+  return server_->Start();
 }
 
 void Service::NoteRefusal(const std::string& why) {
@@ -451,9 +449,10 @@ void Service::AsyncPublishLoop() {
       backoff = std::min<int64_t>(backoff * 2, 2000);
     }
     // The store holds the record now: its notices can be confirmed.
-    if (stored && !p.notices.empty() && !stopping_) {
+    if (stored && !p.notices.empty() && !runtime_->stopping().fired()) {
       std::shared_ptr<Resumable> send = notices_->Sending(std::move(p.notices), p.upath);
-      RunBlocking(*send);
+      runtime_->RunSync(
+          Drive(*runtime_, *send, &runtime_->stopping(), &stats_, "notices.parked_for_peer"));
     }
     stats_.Sub(ServiceStats::kAsyncPending);
   }

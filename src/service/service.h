@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "common/net.h"
+#include "common/runtime.h"
 #include "common/status.h"
 #include "kvs/kvs.h"
 #include "proto/auth.h"
@@ -43,18 +44,17 @@
 namespace dyad {
 
 class Dispatcher;
-class FdWatcher;
 class TraceSpan;
 class FileServer;
 class PeerDirectory;
 class NodeCache;
 class Placement;
 struct PlacementRequest;
-class Reactor;
-class ThreadedWaits;
+class Server;
 class VersionNotices;
 class TransferRegistry;
 class Prefetcher;
+class RecordFeed;
 class TransportSet;
 class WaitRegistry;
 struct RequestContext;
@@ -84,7 +84,6 @@ struct ServiceOptions {
   uint32_t max_per_peer = 16;      // unauthenticated ones per remote address
   uint32_t workers = 8;            // threads of each worker pool (local clients, peers)
   int64_t worker_idle_ms = 30000;  // DYAD_WORKER_IDLE_MS: an idle worker ends
-  int64_t linger_us = 300;         // ReactorConfig::linger_us (0: hand back at once)
   // False: answer batched fetches as a service from before them did (no
   // such request), so that a mixed-version cluster can be checked.
   bool serve_fetch_batch = true;
@@ -101,6 +100,7 @@ struct ServiceOptions {
   int64_t wait_log_ms = 10000;
   uint32_t prefetch_concurrency = 8;  // DYAD_PREFETCH_CONCURRENCY
   uint32_t prefetch_per_peer = 8;     // DYAD_PREFETCH_PER_PEER
+  bool follow_records = true;         // DYAD_FOLLOW_RECORDS (service/record_feed.h)
 };
 
 class Service {
@@ -136,51 +136,60 @@ class Service {
   void RouteRequests();
   std::string StoreDescription() const;
 
-  // Connection plumbing (reactor.h): the event loop hands each request here.
-  Status StartReactor();
-  void Serve(RequestContext& ctx, uint16_t type, const std::string& payload);
+  // Connection plumbing (server.h): each connection a task on the runtime.
+  Status StartServer();
   void NoteRefusal(const std::string& why);
-  // service_parking.cc: when the requested key is not published yet, parks
-  // the request (no thread waits) and runs `then` once it is, or at the
-  // deadline (on a worker, with a context that may park again: a consume's
-  // fetch); true if parked.
-  // Not parked because the key is published: `*published` gets its value.
-  // `upath` and `cons_path` describe the wait for `dyad status` (waits.h).
-  bool ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
-                          Deadline deadline, std::function<void(RequestContext&)> then,
-                          std::optional<std::string>* published, const std::string& upath = {},
-                          const std::string& cons_path = {});
+  // service_parking.cc: when `key` is not published yet, waits for its
+  // publication (a task: no thread held) until `deadline` or the request's
+  // Stop. Its value when published (or found at once); nullopt when the
+  // wait ended without it (the store failed, the deadline passed: the
+  // usual path then answers); DYAD_RC_CANCELLED when the requester went
+  // away. The wait is listed (waits.h) for `dyad status` meanwhile.
+  Task<Result<std::optional<std::string>>> WaitPublished(RequestContext& ctx, const std::string& ns,
+                                                         const std::string& key, Deadline deadline,
+                                                         const std::string& upath = {},
+                                                         const std::string& cons_path = {});
   // One pass of housekeeping (every kHousekeepingMs on the upkeep thread):
   // trims the node cache to its budget and logs (info) each wait for a
   // publication that passes --wait-log.
   void Housekeep();
   static constexpr int64_t kHousekeepingMs = 1000;
 
+  // Runs `fn`, a call of the metadata store: at once when the store answers
+  // from this process (the root's own), else on the runtime's pool.
+  template <typename F>
+  Task<std::invoke_result_t<F>> StoreCall(F fn) {
+    if (kvs_->in_process()) co_return fn();
+    co_return co_await runtime_->Offload(std::move(fn));
+  }
+
   // Local client requests (service_requests.cc); each sends one reply.
-  void HandlePublish(RequestContext& ctx, const PublishRequest& req);
-  void HandleLocate(RequestContext& ctx, const LocateRequest& req);
+  Task<void> HandlePublish(RequestContext& ctx, PublishRequest req);
+  // The publication up to the store's record (may block: on the pool).
+  // True when it replied already (an error, or an asynchronous publish);
+  // else the record and the services to notify.
+  bool StorePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* rec,
+                        std::set<uint32_t>* previous);
+  Task<void> HandleLocate(RequestContext& ctx, LocateRequest req);
   void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
                     const std::optional<std::string>& published = std::nullopt);
-  void HandleConsume(RequestContext& ctx, const ConsumeRequest& req);
-  void FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
-                     const std::optional<std::string>& published = std::nullopt);
-  // FinishConsume's reply (on whichever worker the placement ended).
+  Task<void> HandleConsume(RequestContext& ctx, ConsumeRequest req);
+  // A consume's reply.
   void ReplyConsume(RequestContext& ctx, const ConsumeRequest& req, const Result<ConsumeReply>& r,
                     TraceSpan& span);
   void HandleList(RequestContext& ctx, const ListRequest& req);
   void HandleRemove(RequestContext& ctx, const RemoveRequest& req);
   void HandleStatus(RequestContext& ctx);
   // Read-write ownership (service_versions.cc).
-  void HandleSupersede(RequestContext& ctx, const SupersedeNotice& n);
+  Task<void> HandleSupersede(RequestContext& ctx, SupersedeNotice n);
   Status AdoptCopy(const PublishRequest& req, const FileRecord& rec);
   std::set<uint32_t> PreviousOwners(const std::string& ns, const std::string& key,
                                     const std::string& upath);
   // Tells the previous owners and this node's readers of `rec.upath` of
   // its new version, then runs `then` (parked meanwhile when a receiver is
   // slow: service_versions.cc).
-  void NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
-                            const PublishRequest& req, const FileRecord& rec,
-                            std::function<void(RequestContext&)> then);
+  Task<void> NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
+                                  const PublishRequest& req, const FileRecord& rec);
   // The notices NotifyPreviousOwners sends (the readers are taken).
   VersionNotices::Addressed AddressNotices(const std::set<uint32_t>& owners,
                                            const PublishRequest& req, const FileRecord& rec);
@@ -190,7 +199,7 @@ class Service {
   void HandlePeers(RequestContext& ctx, const PeersRequest& req);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req);
-  void HandleConsumeBatch(RequestContext& ctx, const ConsumeBatchRequest& req);
+  Task<void> HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest req);
   // The batch's items whose record is known, placed together; each result
   // goes to settle(index in items, result).
   void PlacePublished(const std::vector<ConsumeRequest>& items,
@@ -203,8 +212,12 @@ class Service {
   Result<FileRecord> Locate(const std::string& ns, const std::string& key, bool wait,
                             Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr,
                             const std::optional<std::string>& published = std::nullopt);
-  Result<ConsumeReply> Consume(const ConsumeRequest& req, Deadline deadline, const CancelFn& cancel,
-                               const std::optional<std::string>& published = std::nullopt);
+  // One consume: the record (located, or waited for until `deadline`),
+  // then its placement; `stop` ends its waits (the requester's, or the
+  // service's). Blocking callers run it with Runtime::RunSync.
+  Task<Result<ConsumeReply>> Consume(const ConsumeRequest& req, Deadline deadline, dyad::Stop* stop,
+                                     CancelFn cancel,
+                                     std::optional<std::string> published = std::nullopt);
   // Consume()'s parts: the record to place (the request's own, else located:
   // waiting for publication until `deadline` only when `wait`; a cached
   // record the local copy already matches is confirmed with the store),
@@ -236,10 +249,12 @@ class Service {
   // Stops listeners, connections and threads (once; from Stop or Start).
   void Teardown();
   void AsyncPublishLoop();
-  // The upkeep thread: Housekeep() every kHousekeepingMs, and every 3 s
+  // The upkeep task: Housekeep() every kHousekeepingMs, and every 3 s
   // re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
-  void UpkeepLoop();
+  Task<void> Upkeep();
+  // One membership check of Upkeep (blocks on the store: on the pool).
+  void CheckMembership(uint64_t* reported);
   // On a clean stop: marks this service's registration as stopped
   // (ServiceRecord::stopped_ns) so `dyad peers` says "stopped", not "down",
   // and a restart takes the rank without a warning. Bounded (2 s at most).
@@ -253,6 +268,8 @@ class Service {
   std::string hostname_;
   uint64_t started_ns_ = 0;
   std::shared_ptr<const Authenticator> auth_;  // set by Start()
+  // The runtime every part runs on (common/runtime.h); destroyed after them.
+  std::unique_ptr<Runtime> runtime_;
   ServiceStats stats_;
   MetadataCache cache_;
   std::atomic<uint64_t> publish_seq_{0};  // FileRecord::seq of this incarnation
@@ -267,14 +284,12 @@ class Service {
   std::unique_ptr<FileServer> file_server_;
   std::unique_ptr<TransferRegistry> transfers_in_flight_;
   std::unique_ptr<Prefetcher> prefetch_;
-  std::unique_ptr<WaitRegistry> waits_;  // parked waits for a publication (dyad status)
+  std::unique_ptr<RecordFeed> record_feed_;  // records of the namespaces consumed here
+  std::unique_ptr<WaitRegistry> waits_;      // parked waits for a publication (dyad status)
 
   UniqueFd unix_listener_;
   UniqueFd tcp_listener_;
-  std::unique_ptr<Reactor> reactor_;
-  // Sessions of parked consumes' fetches (fd_watch.h): one thread.
-  std::unique_ptr<FdWatcher> fd_watcher_;
-  std::unique_ptr<ThreadedWaits> threaded_waits_;  // stores without Kvs::StartWait
+  std::unique_ptr<Server> server_;
   std::mutex refusal_mu_;
   uint64_t refused_since_log_ = 0;
   uint64_t last_refusal_log_ns_ = 0;
@@ -291,8 +306,7 @@ class Service {
   std::condition_variable async_cv_;
   std::list<PendingPublish> async_queue_;
   std::thread async_thread_;
-  std::thread upkeep_thread_;  // UpkeepLoop
-  std::string listen_bound_;   // where the peer listener is bound (the ready file's listen=)
+  std::string listen_bound_;  // where the peer listener is bound (the ready file's listen=)
   std::string member_value_;
 
   std::atomic<bool> stopping_{false};

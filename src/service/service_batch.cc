@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/worker_pool.h"
 #include "service/dispatch.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
 #include "service/service.h"
-#include "service/worker_pool.h"
 
 namespace dyad {
 
@@ -27,11 +27,8 @@ namespace {
 // cannot take every connection.
 constexpr size_t kBatchParallelism = 8;
 
-// Store reads of one batch consume at once: one per CPU (2 to 8). Each
-// reader polls for its reply (DYAD_SPIN_US) before sleeping, so more
-// readers than CPUs mostly poll against each other and the applications:
-// on 2 CPUs, 8 readers cost node 1's service a third more CPU in the
-// DataLoader benchmark than 2, for no earlier look-ahead.
+// Store reads of one batch consume at once: one per CPU (2 to 8); more
+// readers than CPUs cost the service CPU for no earlier look-ahead.
 size_t LocateParallelism() {
   static const size_t n =
       std::clamp<size_t>(std::thread::hardware_concurrency(), 2, kBatchParallelism);
@@ -113,8 +110,7 @@ void Service::HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req) {
   Reply(ch, Status::OK(), e.data());
 }
 
-void Service::HandleConsumeBatch(RequestContext& ctx, const ConsumeBatchRequest& req) {
-  Channel& ch = ctx.ch;
+Task<void> Service::HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest req) {
   const std::vector<ConsumeRequest>& items = req.items;
   ConsumeBatchReply reply;
   reply.results.resize(items.size());
@@ -129,43 +125,50 @@ void Service::HandleConsumeBatch(RequestContext& ctx, const ConsumeBatchRequest&
   };
   // Every item's record, from the locate cache or the batch's store reads,
   // without waiting; reads still made per item run several at once, since
-  // each is a round trip.
-  BatchRecords read = ReadBatchRecords(*kvs_, cache_, items);
+  // each is a round trip (on the pool: they block on the store).
   std::vector<std::optional<FileRecord>> records(items.size());
   std::vector<size_t> unpublished;
-  std::mutex mu;
-  ForEachParallel(items.size(), read.own_reads > 0 ? LocateParallelism() : 1, [&](size_t i) {
-    if (items[i].ns == kMembersNamespace)
-      return settle(i, Status(DYAD_RC_PERM,
-                              "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
-    Result<FileRecord> rec =
-        read.absent[i] ? Result<FileRecord>(Status(DYAD_RC_NOTFOUND, "not published"))
-                       : ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms),
-                                       ctx.cancel, read.value[i]);
-    if (rec.ok()) {
-      records[i] = std::move(*rec);
-    } else {
+  co_await runtime_->Offload([&] {
+    BatchRecords read = ReadBatchRecords(*kvs_, cache_, items);
+    std::mutex mu;
+    ForEachParallel(items.size(), read.own_reads > 0 ? LocateParallelism() : 1, [&](size_t i) {
+      if (items[i].ns == kMembersNamespace)
+        return settle(i, Status(DYAD_RC_PERM, "namespace '" + std::string(kMembersNamespace) +
+                                                  "' holds no files"));
+      Result<FileRecord> rec =
+          read.absent[i] ? Result<FileRecord>(Status(DYAD_RC_NOTFOUND, "not published"))
+                         : ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms),
+                                         ctx.cancel, read.value[i]);
       std::lock_guard<std::mutex> lk(mu);
-      unpublished.push_back(i);
-    }
+      if (rec.ok()) {
+        records[i] = std::move(*rec);
+      } else {
+        unpublished.push_back(i);
+      }
+    });
   });
   // Files not published yet (or whose record could not be read now): each
-  // consumed as alone, waiting for its publication within its timeout and
-  // reporting what a single consume would, beside the placement of the
-  // others.
-  std::thread waiting;
-  if (!unpublished.empty())
-    waiting = std::thread([&] {
-      ForEachParallel(unpublished.size(), kBatchParallelism, [&](size_t k) {
-        const size_t i = unpublished[k];
-        settle(i, Consume(items[i], Deadline::AfterMs(items[i].timeout_ms), ctx.cancel));
-      });
-    });
-  PlacePublished(items, records, ctx.cancel, settle);
-  if (waiting.joinable()) waiting.join();
+  // consumed as alone, a task of its own with its own deadline, waiting for
+  // its publication and reporting what a single consume would, beside the
+  // placement of the others. None holds a thread while it waits.
+  auto pending = std::make_shared<std::atomic<size_t>>(unpublished.size());
+  auto all_done = std::make_shared<Rendezvous<bool>>(runtime_->executor());
+  for (size_t i : unpublished) {
+    runtime_->Spawn([](Service* self, const ConsumeRequest& item, RequestContext& c, size_t index,
+                       std::function<void(size_t, const Result<ConsumeReply>&)> done,
+                       std::shared_ptr<std::atomic<size_t>> left,
+                       std::shared_ptr<Rendezvous<bool>> all) -> Task<void> {
+      done(index,
+           co_await self->Consume(item, Deadline::AfterMs(item.timeout_ms), c.stop, c.cancel));
+      if (left->fetch_sub(1) == 1) all->Deliver(true);
+    }(this, items[i], ctx, i, settle, pending, all_done));
+  }
+  // The published ones: small files of one owner in one request each.
+  co_await runtime_->Offload([&] { PlacePublished(items, records, ctx.cancel, settle); });
+  if (!unpublished.empty()) (void)co_await all_done->Take(Deadline::Never(), nullptr);
   Encoder e;
   reply.EncodeTo(e);
-  Reply(ch, Status::OK(), e.data());
+  Reply(ctx.ch, Status::OK(), e.data());
 }
 
 void Service::PlacePublished(

@@ -1,39 +1,32 @@
 // service_parking.cc: requests that wait for a publication without a thread.
 //
 // A consume or a waiting locate of a key nobody has published yet would
-// otherwise hold a worker for as long as the producer takes (minutes, in a
-// workflow whose consumers start first). Such a request is parked instead:
-// the store calls back when the key is put (Kvs::StartWait; stores without
-// it wait on a thread of ThreadedWaits), and the request then runs again on
-// a worker, finding the record in the node's cache. A parked wait holds no
-// thread but is not invisible: it is registered (waits.h) with its file,
-// namespace, client pid and age for `dyad status`, and the housekeeping
-// thread below logs it once it has lasted --wait-log seconds.
+// otherwise hold a thread for as long as the producer takes (minutes, in a
+// workflow whose consumers start first). Its task waits instead: the store
+// calls back when the key is put (Kvs::StartWait), or its own wait runs on
+// the runtime's pool for a store without one. A wait holds no thread but is
+// not invisible: it is registered (waits.h) with its file, namespace,
+// client pid and age for `dyad status`, and the housekeeping below logs it
+// once it has lasted --wait-log seconds.
 #include "common/log.h"
 #include "service/file_server.h"
 #include "service/node_cache.h"
 #include "service/prefetch.h"
 #include "service/service.h"
-#include "service/threaded_waits.h"
 #include "service/waits.h"
 
 namespace dyad {
 
-bool Service::ParkUntilPublished(RequestContext& ctx, const std::string& ns, const std::string& key,
-                                 Deadline deadline, std::function<void(RequestContext&)> then,
-                                 std::optional<std::string>* published, const std::string& upath,
-                                 const std::string& cons_path) {
-  if (ctx.parking == nullptr || deadline.expired() || cache_.Get(ns, key)) return false;
-  // Published already (or the store fails): the ordinary path answers at
+Task<Result<std::optional<std::string>>> Service::WaitPublished(
+    RequestContext& ctx, const std::string& ns, const std::string& key, Deadline deadline,
+    const std::string& upath, const std::string& cons_path) {
+  using Published = std::optional<std::string>;
+  if (deadline.expired() || cache_.Get(ns, key)) co_return Published();
+  // Published already (or the store fails): the usual path answers at
   // once, without asking the store again.
-  Result<std::optional<std::string>> now = kvs_->Get(ns, key);
-  if (!now.ok()) return false;
-  if (now->has_value()) {
-    *published = std::move(*now);
-    return false;
-  }
+  Result<Published> now = co_await kvs_->GetTask(*runtime_, ns, key);
+  if (!now.ok() || now->has_value()) co_return now.ok() ? std::move(*now) : Published();
 
-  std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
   // Listed in `dyad status` while it waits (the client's pid from the
   // socket's credentials).
   WaitRegistry::Wait what;
@@ -44,36 +37,40 @@ bool Service::ParkUntilPublished(RequestContext& ctx, const std::string& ns, con
   if (Result<PeerCred> cred = UnixPeerCredentials(ctx.ch.fd()); cred.ok())
     what.pid = static_cast<uint32_t>(cred->pid);
   const uint64_t wait_id = waits_->Add(std::move(what));
-  KvsWaitCallback done = [this, parked, ns, key, then, wait_id](Result<std::string> r) {
-    waits_->Remove(wait_id);
-    if (r.ok()) {
-      FileRecord rec;
-      if (FileRecord::Decode(*r, &rec)) cache_.Put(ns, key, rec);
-    } else if (r.status().code() == DYAD_RC_CANCELLED) {
-      // The requester hung up, or the service is stopping.
-      return parked->Resume([this, st = r.status()](RequestContext& c) { Reply(c.ch, st); });
-    }
-    // Published (the record is in the cache now) or timed out: the request
-    // runs again and gives its usual answer, without waiting.
-    parked->Resume(then);
-  };
-  Result<KvsWaitTicket> ticket = kvs_->StartWait(ns, key, deadline, done);
+  struct Unlist {
+    WaitRegistry* waits;
+    uint64_t id;
+    ~Unlist() { waits->Remove(id); }
+  } unlist{waits_.get(), wait_id};
+
+  Result<std::string> r = Status(DYAD_RC_CANCELLED, "the requester went away");
+  auto rv = std::make_shared<Rendezvous<Result<std::string>>>(runtime_->executor());
+  Result<KvsWaitTicket> ticket = kvs_->StartWait(
+      ns, key, deadline, [rv](Result<std::string> v) { rv->Deliver(std::move(v)); });
   if (ticket.ok()) {
-    parked->OnHangup([this, t = *ticket] { kvs_->CancelWait(t); });
-    return true;
-  }
-  if (ticket.status().code() == DYAD_RC_NOTSUP) {
-    Result<std::shared_ptr<std::atomic<bool>>> flag =
-        threaded_waits_->Start(ns, key, deadline, std::move(done));
-    if (flag.ok()) {
-      parked->OnHangup([f = *flag] { *f = true; });
-      return true;
+    std::optional<Result<std::string>> got = co_await rv->Take(Deadline::Never(), ctx.stop);
+    if (!got) {
+      kvs_->CancelWait(*ticket);  // its callback runs before this returns
+      got = co_await rv->Take(Deadline::AfterMs(0), nullptr);
     }
-    ticket = flag.status();
+    if (got) r = std::move(*got);
+  } else if (ticket.status().code() == DYAD_RC_NOTSUP) {
+    // A store without asynchronous waits: its wait on the pool.
+    r = co_await runtime_->Offload([this, &ns, &key, deadline, cancel = ctx.cancel] {
+      return kvs_->Wait(ns, key, deadline, cancel);
+    });
+  } else {
+    co_return ticket.status();
   }
-  waits_->Remove(wait_id);  // no wait started: `done` never runs
-  parked->Resume([this, st = ticket.status()](RequestContext& c) { Reply(c.ch, st); });
-  return true;
+  if (r.ok()) {
+    FileRecord rec;
+    if (FileRecord::Decode(*r, &rec)) cache_.Put(ns, key, rec);
+    co_return Published(std::move(*r));
+  }
+  // The requester hung up, or the service is stopping.
+  if (r.status().code() == DYAD_RC_CANCELLED) co_return r.status();
+  // Timed out (or the store failed): the usual answer, without waiting.
+  co_return Published();
 }
 
 void Service::Housekeep() {

@@ -8,12 +8,12 @@
 #include "common/log.h"
 #include "common/trace.h"
 #include "service/dispatch.h"
-#include "service/fd_watch.h"
 #include "service/file_server.h"
 #include "service/node_cache.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
-#include "service/reactor.h"
+#include "service/record_feed.h"
+#include "service/server.h"
 #include "service/service.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -35,44 +35,59 @@ Status ReservedNamespace() {
 
 void Service::RouteRequests() {
   Dispatcher& d = *dispatch_;
-  d.Route(Link::kLocal, MsgType::kPublish, "requests.publish", this, &Service::HandlePublish);
-  d.Route(Link::kLocal, MsgType::kLocate, "requests.locate", this, &Service::HandleLocate);
-  d.Route(Link::kLocal, MsgType::kConsume, "requests.consume", this, &Service::HandleConsume);
+  d.RouteTask(Link::kLocal, MsgType::kPublish, "requests.publish", this, &Service::HandlePublish);
+  d.RouteTask(Link::kLocal, MsgType::kLocate, "requests.locate", this, &Service::HandleLocate);
+  d.RouteTask(Link::kLocal, MsgType::kConsume, "requests.consume", this, &Service::HandleConsume);
   d.Route(Link::kLocal, MsgType::kList, "requests.list", this, &Service::HandleList);
   d.Route(Link::kLocal, MsgType::kRemove, nullptr, this, &Service::HandleRemove);
   d.Route(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
   d.Route(Link::kLocal, MsgType::kPrefetch, nullptr, this, &Service::HandlePrefetch);
-  d.Route(Link::kLocal, MsgType::kConsumeBatch, nullptr, this, &Service::HandleConsumeBatch);
-  d.Route(Link::kPeer, MsgType::kSupersede, nullptr, this, &Service::HandleSupersede);
+  d.RouteTask(Link::kLocal, MsgType::kConsumeBatch, nullptr, this, &Service::HandleConsumeBatch);
+  d.RouteTask(Link::kPeer, MsgType::kSupersede, nullptr, this, &Service::HandleSupersede);
   d.Route(Link::kLocal, MsgType::kStatus, "requests.status",
           [this](RequestContext& ctx, const std::string&) { HandleStatus(ctx); });
   for (Link link : {Link::kLocal, Link::kPeer})
-    dispatch_->Route(
+    dispatch_->RouteInline(
         link, MsgType::kPing, nullptr,
         [this](RequestContext& ctx, const std::string&) { Reply(ctx.ch, Status::OK()); });
   file_server_->Route(*dispatch_, opt_.serve_fetch_batch);
 }
 
-void Service::HandlePublish(RequestContext& ctx, const PublishRequest& req) {
+Task<void> Service::HandlePublish(RequestContext& ctx, PublishRequest req) {
+  FileRecord rec;
+  std::set<uint32_t> previous;
+  const bool replied = co_await StoreCall(
+      [this, &ctx, &req, &rec, &previous] { return StorePublication(ctx, req, &rec, &previous); });
+  if (replied) co_return;
+  co_await NotifyPreviousOwners(ctx, previous, req, rec);
+  Reply(ctx.ch, Status::OK());
+}
+
+bool Service::StorePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* out,
+                               std::set<uint32_t>* previous_out) {
   Channel& ch = ctx.ch;
-  if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
+  auto Replied = [this](Channel& c, const Status& st) {
+    Reply(c, st);
+    return true;
+  };
+  if (req.ns == kMembersNamespace) return Replied(ch, ReservedNamespace());
   TraceSpan span("publish", "service");
   span.Arg("path", req.upath);
   Result<std::string> upath = ValidateUpath(req.upath);
-  if (!upath.ok()) return Reply(ch, upath.status());
+  if (!upath.ok()) return Replied(ch, upath.status());
   if (prod_real_.empty())
-    return Reply(ch,
-                 Status(DYAD_RC_BADMANAGEDPATH,
-                        "this dyad-service serves no producer directory; start it with the "
-                        "producer path (dyad-service ... " +
-                            (req.prod_path.empty() ? std::string("DIR") : req.prod_path) + ")"));
+    return Replied(ch,
+                   Status(DYAD_RC_BADMANAGEDPATH,
+                          "this dyad-service serves no producer directory; start it with the "
+                          "producer path (dyad-service ... " +
+                              (req.prod_path.empty() ? std::string("DIR") : req.prod_path) + ")"));
   if (req.prod_path != prod_real_)
-    return Reply(ch, Status(DYAD_RC_BADMANAGEDPATH,
-                            "producer path '" + req.prod_path +
-                                "' is not the directory this dyad-service serves ('" + prod_real_ +
-                                "'); set DYAD_PATH_PRODUCER to it"));
-  if (req.key.empty()) return Reply(ch, Status(DYAD_RC_BADREQUEST, "empty key"));
-  FileRecord rec;
+    return Replied(ch, Status(DYAD_RC_BADMANAGEDPATH,
+                              "producer path '" + req.prod_path +
+                                  "' is not the directory this dyad-service serves ('" +
+                                  prod_real_ + "'); set DYAD_PATH_PRODUCER to it"));
+  if (req.key.empty()) return Replied(ch, Status(DYAD_RC_BADREQUEST, "empty key"));
+  FileRecord& rec = *out;
   rec.owner_rank = opt_.rank;
   rec.owner_incarnation = incarnation_;
   rec.size = req.size;
@@ -80,10 +95,11 @@ void Service::HandlePublish(RequestContext& ctx, const PublishRequest& req) {
   rec.published_ns = WallNs();
   rec.upath = *upath;
   rec.seq = publish_seq_.fetch_add(1, std::memory_order_relaxed) + 1;
-  const std::set<uint32_t> previous = PreviousOwners(req.ns, req.key, rec.upath);
+  std::set<uint32_t>& previous = *previous_out;
+  previous = PreviousOwners(req.ns, req.key, rec.upath);
   if (!req.adopted_copy.empty()) {
     Status ast = AdoptCopy(req, rec);
-    if (!ast.ok()) return Reply(ch, ast);
+    if (!ast.ok()) return Replied(ch, ast);
   }
   cache_.Put(req.ns, req.key, rec);
   // The published file itself is no copy (it may have been one, placed in
@@ -101,14 +117,13 @@ void Service::HandlePublish(RequestContext& ctx, const PublishRequest& req) {
     }
     stats_.Add(ServiceStats::kAsyncPending);
     async_cv_.notify_one();
-    return Reply(ch, Status::OK());
+    return Replied(ch, Status::OK());
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());
   span.Rc(st);
   if (!st.ok())
-    return Reply(ch, Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString()));
-  NotifyPreviousOwners(ctx, previous, req, rec,
-                       [this](RequestContext& c) { Reply(c.ch, Status::OK()); });
+    return Replied(ch, Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString()));
+  return false;
 }
 
 Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
@@ -142,15 +157,20 @@ Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key
   return rec;
 }
 
-void Service::HandleLocate(RequestContext& ctx, const LocateRequest& req) {
+Task<void> Service::HandleLocate(RequestContext& ctx, LocateRequest req) {
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  if (record_feed_) record_feed_->Follow(req.ns);
   std::optional<std::string> published;
-  if (req.wait &&
-      ParkUntilPublished(
-          ctx, req.ns, req.key, deadline,
-          [this, req, deadline](RequestContext& c) { FinishLocate(c, req, deadline); }, &published))
-    return;
-  FinishLocate(ctx, req, deadline, published);
+  if (req.wait) {
+    Result<std::optional<std::string>> w = co_await WaitPublished(ctx, req.ns, req.key, deadline);
+    if (!w.ok()) {
+      Reply(ctx.ch, w.status());
+      co_return;
+    }
+    published = std::move(*w);
+  }
+  co_await StoreCall(
+      [this, &ctx, &req, deadline, &published] { FinishLocate(ctx, req, deadline, published); });
 }
 
 void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
@@ -172,18 +192,29 @@ void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadli
   Reply(ch, Status::OK(), e.data());
 }
 
-Result<ConsumeReply> Service::Consume(const ConsumeRequest& req, Deadline deadline,
-                                      const CancelFn& cancel,
-                                      const std::optional<std::string>& published) {
-  Result<FileRecord> rec = ConsumeRecord(req, true, deadline, cancel, published);
-  if (!rec.ok()) return rec.status();
-  Result<ConsumeReply> r = placement_->Place(PlacementFor(req, *rec), deadline, cancel);
+Task<Result<ConsumeReply>> Service::Consume(const ConsumeRequest& req, Deadline deadline,
+                                            dyad::Stop* stop, CancelFn cancel,
+                                            std::optional<std::string> published) {
+  // The record may come from the store (on the pool), unless the request
+  // carries it or the wait for its publication has just read it.
+  auto record = [&] { return ConsumeRecord(req, true, deadline, cancel, published); };
+  // (Written as an if: GCC 12 mis-compiles a co_await inside ?:.)
+  Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "no record");
+  if (req.have_record || published.has_value() || cache_.Get(req.ns, req.key).has_value())
+    rec = record();  // no store call: nothing to leave the loop for
+  else
+    rec = co_await StoreCall(record);
+  if (!rec.ok()) co_return rec.status();
+  Result<ConsumeReply> r = co_await placement_->Place(PlacementFor(req, *rec), deadline, stop);
   ForgetFailedRecord(req, r);
-  if (Result<FileRecord> again = RecordAfterStale(req, *rec, r); again.ok()) {
-    r = placement_->Place(PlacementFor(req, *again), deadline, cancel);
+  if (r.ok() || r.status().code() != DYAD_RC_STALE || req.have_record) co_return r;
+  // A version its owner refuses is read again from the store, once.
+  Result<FileRecord> again = co_await StoreCall([&] { return RecordAfterStale(req, *rec, r); });
+  if (again.ok()) {
+    r = co_await placement_->Place(PlacementFor(req, *again), deadline, stop);
     ForgetFailedRecord(req, r);
   }
-  return r;
+  co_return r;
 }
 
 Result<FileRecord> Service::RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
@@ -275,39 +306,24 @@ void Service::ForgetFailedRecord(const ConsumeRequest& req, const Result<Consume
     cache_.Erase(req.ns, req.key);
 }
 
-void Service::HandleConsume(RequestContext& ctx, const ConsumeRequest& req) {
+Task<void> Service::HandleConsume(RequestContext& ctx, ConsumeRequest req) {
   const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
+  if (record_feed_ && !req.have_record) record_feed_->Follow(req.ns);
   std::optional<std::string> published;
-  if (!req.have_record &&
-      ParkUntilPublished(
-          ctx, req.ns, req.key, deadline,
-          [this, req, deadline](RequestContext& c) { FinishConsume(c, req, deadline); }, &published,
-          req.upath, req.cons_path))
-    return;
-  FinishConsume(ctx, req, deadline, published);
-}
-
-void Service::FinishConsume(RequestContext& ctx, const ConsumeRequest& req, Deadline deadline,
-                            const std::optional<std::string>& published) {
-  auto span = std::make_shared<TraceSpan>("consume", "service");
-  span->Arg("path", req.upath);
-  Result<FileRecord> rec = ConsumeRecord(req, true, deadline, ctx.cancel, published);
-  if (!rec.ok()) return ReplyConsume(ctx, req, rec.status(), *span);
-  // A fetch from a slow or silent owner parks the request rather than
-  // holding this worker (placement_parked.cc).
-  auto reply = [this, req, span](RequestContext& c, const Result<ConsumeReply>& r) {
-    ForgetFailedRecord(req, r);
-    ReplyConsume(c, req, r, *span);
-  };
-  // A version its owner refuses is read again from the store, once.
-  placement_->PlaceParked(ctx, PlacementFor(req, *rec), deadline,
-                          [this, req, deadline, reply, failed = *rec](
-                              RequestContext& c, const Result<ConsumeReply>& r) {
-                            ForgetFailedRecord(req, r);
-                            Result<FileRecord> again = RecordAfterStale(req, failed, r);
-                            if (!again.ok()) return reply(c, r);
-                            placement_->PlaceParked(c, PlacementFor(req, *again), deadline, reply);
-                          });
+  if (!req.have_record) {
+    Result<std::optional<std::string>> w =
+        co_await WaitPublished(ctx, req.ns, req.key, deadline, req.upath, req.cons_path);
+    if (!w.ok()) {
+      Reply(ctx.ch, w.status());
+      co_return;
+    }
+    published = std::move(*w);
+  }
+  TraceSpan span("consume", "service");
+  span.Arg("path", req.upath);
+  Result<ConsumeReply> r =
+      co_await Consume(req, deadline, ctx.stop, ctx.cancel, std::move(published));
+  ReplyConsume(ctx, req, r, span);
 }
 
 void Service::ReplyConsume(RequestContext& ctx, const ConsumeRequest& req,
@@ -358,15 +374,15 @@ void Service::HandleStatus(RequestContext& ctx) {
   StatusReply r;
   r.counters = stats_.Snapshot();
   r.counters["cache.entries"] = cache_.size();
-  if (reactor_) {
-    r.counters["connections.open"] = reactor_->live();
-    r.counters["connections.handshaking"] = reactor_->unauthenticated();
-    r.counters["requests.parked"] = reactor_->parked();
+  if (server_) {
+    r.counters["connections.open"] = server_->live();
+    r.counters["connections.handshaking"] = server_->unauthenticated();
+    r.counters["requests.parked"] = server_->parked();
   }
-  if (fd_watcher_) {
+  if (runtime_) {
     // Parked consumes whose owner (or whose file's other consumer) has
     // not answered yet.
-    r.counters["consume.waiting_on_owner"] = fd_watcher_->pending();
+    r.counters["consume.waiting_on_owner"] = runtime_->long_waits.load();
   }
   if (peers_) {
     // New sessions to other services being dialled, and requests waiting

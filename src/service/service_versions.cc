@@ -9,6 +9,7 @@
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/node_cache.h"
+#include "service/resumable.h"
 #include "service/service.h"
 #include "service/versions.h"
 
@@ -64,13 +65,12 @@ VersionNotices::Addressed Service::AddressNotices(const std::set<uint32_t>& owne
   return to;
 }
 
-void Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
-                                   const PublishRequest& req, const FileRecord& rec,
-                                   std::function<void(RequestContext&)> then) {
+Task<void> Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uint32_t>& owners,
+                                         const PublishRequest& req, const FileRecord& rec) {
   VersionNotices::Addressed to = AddressNotices(owners, req, rec);
-  if (to.empty()) return then(ctx);
-  RunParked(ctx, notices_->Sending(std::move(to), rec.upath), fd_watcher_.get(), &stats_,
-            std::move(then), "notices.parked_for_peer");
+  if (to.empty()) co_return;
+  std::shared_ptr<Resumable> send = notices_->Sending(std::move(to), rec.upath);
+  co_await Drive(*runtime_, *send, ctx.stop, &stats_, "notices.parked_for_peer");
 }
 
 // A notice is a claim by whoever holds the cluster credential; the store
@@ -104,35 +104,39 @@ Result<FileRecord> Service::ConfirmNotice(const SupersedeNotice& n) {
   return rec;
 }
 
-void Service::HandleSupersede(RequestContext& ctx, const SupersedeNotice& notice) {
+Task<void> Service::HandleSupersede(RequestContext& ctx, SupersedeNotice n) {
   Channel& ch = ctx.ch;
-  SupersedeNotice n = notice;  // takes the store's record, and is forwarded
   Result<std::string> upath = ValidateUpath(n.record.upath);
-  if (!upath.ok() || *upath != n.record.upath || n.ns == kMembersNamespace || n.key.empty())
-    return Reply(ch, Status(DYAD_RC_BADREQUEST, "invalid supersede notice"));
-  Result<FileRecord> confirmed = ConfirmNotice(n);
+  if (!upath.ok() || *upath != n.record.upath || n.ns == kMembersNamespace || n.key.empty()) {
+    Reply(ch, Status(DYAD_RC_BADREQUEST, "invalid supersede notice"));
+    co_return;
+  }
+  Result<FileRecord> confirmed = co_await StoreCall([this, &n] { return ConfirmNotice(n); });
   if (!confirmed.ok()) {
     stats_.AddNamed("notices.unconfirmed");
     DYAD_LOG_WARN("ignored a supersede notice from rank %u: %s",
                   ctx.peer != nullptr ? ctx.peer->rank : 0u, confirmed.status().ToString().c_str());
-    return Reply(ch, confirmed.status());
+    Reply(ch, confirmed.status());
+    co_return;
   }
   stats_.AddNamed("notices.confirmed");
   n.record = *confirmed;
   cache_.Put(n.ns, n.key, n.record);
   node_cache_->Supersede(n.ns, n.record);
-  if (!n.forward) return Reply(ch, Status::OK());
-  const std::vector<uint32_t> readers = notices_->TakeReaders(n.record.upath);
-  std::set<uint32_t> ranks(readers.begin(), readers.end());
-  if (ctx.peer != nullptr) ranks.erase(ctx.peer->rank);
-  ranks.erase(n.record.owner_rank);
-  n.forward = false;
-  VersionNotices::Addressed to;
-  notices_->Address(ranks, n, &to);
-  if (to.empty()) return Reply(ch, Status::OK());
-  RunParked(
-      ctx, notices_->Sending(std::move(to), n.record.upath), fd_watcher_.get(), &stats_,
-      [this](RequestContext& c) { Reply(c.ch, Status::OK()); }, "notices.parked_for_peer");
+  if (n.forward) {
+    const std::vector<uint32_t> readers = notices_->TakeReaders(n.record.upath);
+    std::set<uint32_t> ranks(readers.begin(), readers.end());
+    if (ctx.peer != nullptr) ranks.erase(ctx.peer->rank);
+    ranks.erase(n.record.owner_rank);
+    n.forward = false;
+    VersionNotices::Addressed to;
+    notices_->Address(ranks, n, &to);
+    if (!to.empty()) {
+      std::shared_ptr<Resumable> send = notices_->Sending(std::move(to), n.record.upath);
+      co_await Drive(*runtime_, *send, ctx.stop, &stats_, "notices.parked_for_peer");
+    }
+  }
+  Reply(ch, Status::OK());
 }
 
 }  // namespace dyad

@@ -265,6 +265,12 @@ inline const std::vector<MetricRow>& MetricRows() {
       {"consume.stale_record_reread", T::kCounter, "consume_stale_record_reread",
        "Consumes whose cached record the owner refused as stale, placed again from the store's "
        "record."},
+      {"records.fed", T::kCounter, "records_fed",
+       "Records of followed namespaces the store's watch feed brought to this service, so that "
+       "their consumes skip the store."},
+      {"records.seeded", T::kCounter, "records_seeded",
+       "Records of followed namespaces listed from the store when this service started following "
+       "them (or after a resync)."},
       {"node_cache.pinned_bytes", T::kGauge, "node_cache_pinned_bytes",
        "Bytes of copies the node cache cannot remove (permission, read-only file system); not "
        "counted against the budget."},

@@ -63,6 +63,10 @@ class VersionNotices::SendOp final : public Resumable {
   void Expired() override {
     if (rpc_) rpc_->Expired();
   }
+  bool NextStepBlocks() const override {
+    return rpc_ ? rpc_->NextStepBlocks()
+                : next_ < to_.size() && !v_->peers_->Known(to_[next_].first);
+  }
   // The requester went away or the service stops: the rest are not sent.
   void Abandon(const Status& why) override {
     if (rpc_) rpc_->Abandon(why);

@@ -240,6 +240,9 @@ TEST_F(DialPark, BlockingAcquireSharesTheDial) {
   ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
   Authenticator auth("test-secret-0123456789abcdef0123");
   PeerDirectory peers(kvs->get(), &auth, PeerIdentity{7, 1}, 1000);
+  Runtime rt(2, 1000);  // the blocking caller's dial runs on a runtime
+  ASSERT_TRUE(rt.Start().ok());
+  peers.SetRuntime(&rt);
   const uint64_t t0 = MonoNs();
   auto acquire = [&] { return peers.Acquire(kStuckRank, Deadline::AfterMs(5000)).status(); };
   auto one = std::async(std::launch::async, acquire);

@@ -21,6 +21,7 @@
 #include "proto/protocol.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -73,6 +74,41 @@ TEST_F(TwoServices, PublishedFileArrivesIntactOnTheOtherNode) {
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->local);
   EXPECT_EQ(svc_b_->stats().Get(ServiceStats::kTransfersIn), 1u);
+}
+
+uint64_t Named(Service* svc, const std::string& name) {
+  auto all = svc->stats().Snapshot();
+  auto it = all.find(name);
+  return it == all.end() ? 0 : it->second;
+}
+
+// The first consume in a namespace makes B follow its records: files
+// published later reach B through the store's watch feed, and their
+// consumes do not ask the store. A republish between two consumes is never
+// missed, whether the feed has brought it yet or not.
+TEST_F(TwoServices, FollowedRecordsSkipTheStoreAndARepublishIsNeverMissed) {
+  ASSERT_TRUE(Publish("first", "one").ok());
+  ASSERT_TRUE(Consume("first").ok());
+  ASSERT_TRUE(Publish("second", "two").ok());
+  // The feed brings it, or the listing does (when B's watch started after it).
+  ASSERT_TRUE(testutil::Eventually(
+      [&] { return Named(svc_b_, "records.fed") + Named(svc_b_, "records.seeded") >= 1; }, 5000))
+      << "B did not learn the later publication";
+  const uint64_t misses = svc_b_->stats().Get(ServiceStats::kCacheMisses);
+  Result<ConsumeReply> r = Consume("second");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ReadAll(dir_b_ + "/second"), "two");
+  EXPECT_EQ(svc_b_->stats().Get(ServiceStats::kCacheMisses), misses) << "asked the store";
+
+  // Republished: consumed at once (before the feed may have told B) and
+  // again later, each consume gets the new bytes.
+  for (int round = 0; round < 20; ++round) {
+    const std::string data = "version " + std::to_string(round) + std::string(round * 7, 'x');
+    ASSERT_TRUE(Publish("second", data).ok());
+    r = Consume("second");
+    ASSERT_TRUE(r.ok()) << round << ": " << r.status().ToString();
+    ASSERT_EQ(ReadAll(dir_b_ + "/second"), data) << "round " << round << ": a stale version";
+  }
 }
 
 TEST_F(TwoServices, EmptyFileIsData) {

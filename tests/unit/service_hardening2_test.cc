@@ -6,6 +6,7 @@
 //  * a record that lies about its file's size fails its transfer;
 //  * a locked file named in a batch is answered busy at once;
 //  * what sessions that never read their replies hold is bounded.
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -70,6 +71,9 @@ class Hardening2 : public ::testing::Test {
     ASSERT_TRUE(st.ok()) << st.ToString();
     ServiceOptions ob = SecondServiceOptions(oa, base_, "embedded://" + a_->tcp_address());
     ob.cache_bytes = b_budget;
+    // B learns records only as these tests arrange (notices, lookups), not
+    // from the store's feed (TwoServices.FollowedRecords... covers that).
+    ob.follow_records = false;
     b_ = std::make_unique<Service>(ob);
     st = b_->Start();
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -361,6 +365,87 @@ TEST_F(Hardening2, LockedFileInBatchIsAnsweredBusyAtOnce) {
   lock.reset();
   ASSERT_TRUE(Consume("locked.dat").ok());
   EXPECT_EQ(ReadAll(cons_ + "/locked.dat"), "being rewritten");
+}
+
+// Threads of this process (both services run in it).
+size_t ThreadsNow() {
+  size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+// No request type holds a thread while its file is locked: eight batches
+// of the most items a batch may name (1,024), all the locked file, and 32
+// single fetches of it, together with a consume of another file. The
+// batches are answered busy item by item, the single fetches wait for the
+// lock on the loop (no thread each), the other consume is served, and the
+// process gains no thread per waiting request.
+TEST_F(Hardening2, LockedFileHoldsNoThreadForAnyRequestType) {
+  StartServices();
+  ASSERT_TRUE(Publish("locked.dat", "being rewritten").ok());
+  ASSERT_TRUE(Publish("other.dat", "served meanwhile").ok());
+  UniqueFd lock(::open((base_ + "/a/locked.dat").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(lock.valid());
+  ASSERT_EQ(::flock(lock.get(), LOCK_EX), 0);
+  const size_t threads_before = ThreadsNow();
+
+  FetchBatchRequest batch;
+  batch.max_inline = 64u << 10;
+  for (uint32_t i = 0; i < kMaxFetchBatchItems; ++i) batch.items.push_back({"locked.dat", 0});
+  Encoder eb;
+  batch.EncodeTo(eb);
+  std::vector<std::unique_ptr<Channel>> batches;
+  for (uint32_t i = 0; i < 8; ++i) {
+    batches.push_back(ConnectPeer(*a_, 100 + i));
+    ASSERT_TRUE(batches.back());
+    ASSERT_TRUE(batches.back()
+                    ->SendFrame(static_cast<uint16_t>(MsgType::kFetchBatch), eb.data(),
+                                Deadline::AfterMs(2000))
+                    .ok());
+  }
+  FetchRequest one;
+  one.upath = "locked.dat";
+  one.transport = "tcp";
+  Encoder ef;
+  one.EncodeTo(ef);
+  std::vector<std::unique_ptr<Channel>> singles;
+  for (uint32_t i = 0; i < 32; ++i) {
+    singles.push_back(ConnectPeer(*a_, 200 + i));
+    ASSERT_TRUE(singles.back());
+    ASSERT_TRUE(
+        singles.back()
+            ->SendFrame(static_cast<uint16_t>(MsgType::kFetch), ef.data(), Deadline::AfterMs(2000))
+            .ok());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<ConsumeReply> r = Consume("other.dat");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(ReadAll(cons_ + "/other.dat"), "served meanwhile");
+  const size_t threads_during = ThreadsNow();
+  std::fprintf(stderr, "threads: %zu before, %zu with 8 x 1,024 batch items and 32 fetches\n",
+               threads_before, threads_during);
+  EXPECT_LE(threads_during, threads_before + 4) << "waiting requests hold threads";
+
+  for (auto& ch : batches) {
+    std::string body;
+    ASSERT_TRUE(ReceiveReply(*ch, &body, Deadline::AfterMs(4000)).ok());  // the count
+    for (uint32_t i = 0; i < kMaxFetchBatchItems; ++i) {
+      Status busy = ReceiveReply(*ch, &body, Deadline::AfterMs(4000));
+      ASSERT_EQ(busy.code(), DYAD_RC_NOTSUP) << i << ": " << busy.ToString();
+    }
+  }
+  // Unlocked, every single fetch is answered with the file.
+  lock.reset();
+  for (auto& ch : singles) {
+    std::string body;
+    Status st = ReceiveReply(*ch, &body, Deadline::AfterMs(4000));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
 }
 
 // Item 13 (part): sixteen authenticated sessions that ask for a batch of

@@ -104,23 +104,26 @@ Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
   return Result<std::unique_ptr<Channel>>(std::move(ch));
 }
 
-Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* reused) {
-  *reused = false;
+std::unique_ptr<Channel> EmbeddedKvs::TakeIdle() {
   std::unique_ptr<Channel> ch;
-  {
-    std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock, before dialling
-    MutexLock lk(pool_mu_);
-    while (!idle_.empty() && !ch) {
-      IdleChannel c = std::move(idle_.back());
-      idle_.pop_back();
-      if (IdleChannelUsable(*c.ch, c.since)) {
-        ch = std::move(c.ch);
-      } else {
-        stale.push_back(std::move(c.ch));
-      }
+  std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock
+  MutexLock lk(pool_mu_);
+  while (!idle_.empty() && !ch) {
+    IdleChannel c = std::move(idle_.back());
+    idle_.pop_back();
+    if (IdleChannelUsable(*c.ch, c.since)) {
+      ch = std::move(c.ch);
+    } else {
+      stale.push_back(std::move(c.ch));
     }
   }
-  if (ch) {
+  lk.Unlock();
+  return ch;
+}
+
+Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* reused) {
+  *reused = false;
+  if (std::unique_ptr<Channel> ch = TakeIdle()) {
     *reused = true;
     return Result<std::unique_ptr<Channel>>(std::move(ch));
   }
@@ -251,6 +254,10 @@ Result<std::optional<std::string>> EmbeddedKvs::Get(const std::string& ns, const
   req.key = key;
   std::string body;
   DYAD_RETURN_IF_ERROR(Call(MsgType::kKvsGet, req, &body));
+  return DecodeGet(body);
+}
+
+Result<std::optional<std::string>> EmbeddedKvs::DecodeGet(const std::string& body) const {
   Decoder d(body);
   const bool found = d.Bool();
   std::string value = d.Str(kMaxFramePayload);
@@ -259,6 +266,30 @@ Result<std::optional<std::string>> EmbeddedKvs::Get(const std::string& ns, const
   }
   if (!found) return std::optional<std::string>();
   return std::optional<std::string>(std::move(value));
+}
+
+Task<Result<std::optional<std::string>>> EmbeddedKvs::GetTask(Runtime& rt, const std::string& ns,
+                                                              const std::string& key) {
+  std::unique_ptr<Channel> ch = CheckFields(ns, key, {}).ok() ? TakeIdle() : nullptr;
+  if (ch) {
+    KvsRequest req;
+    req.ns = ns;
+    req.key = key;
+    const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
+    Status st =
+        ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsGet), EncodeRequest(req), deadline);
+    if (st.ok() && co_await WaitReady(*ch, POLLIN, deadline, nullptr) != Ready::kReady)
+      st = Status(DYAD_RC_TIMEOUT, "no reply");
+    std::string body;
+    if (st.ok()) st = ReceiveReply(*ch, &body, deadline);
+    if (!ch->broken()) {
+      Release(std::move(ch));
+      if (!st.ok()) co_return st.Annotate("kvs.get on the embedded store at " + address_text_);
+      co_return DecodeGet(body);
+    }
+    // A broken link: the blocking path dials again and retries.
+  }
+  co_return co_await rt.Offload([this, &ns, &key] { return Get(ns, key); });
 }
 
 Status EmbeddedKvs::Remove(const std::string& ns, const std::string& key) {

@@ -70,6 +70,10 @@ class EmbeddedKvs final : public Kvs {
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
+  // On a pooled link, the reply waited for on the loop; else (no idle
+  // link, a link that failed) Get on the pool, which dials and retries.
+  Task<Result<std::optional<std::string>>> GetTask(Runtime& rt, const std::string& ns,
+                                                   const std::string& key) override;
   // One kKvsMultiGet per up to kMaxMultiGetKeys keys (or per frame of
   // values). A root from before kKvsMultiGet refuses it: then one kKvsGet
   // per key, and the root is asked again kMultiGetRetryMs later (it may
@@ -103,6 +107,10 @@ class EmbeddedKvs final : public Kvs {
   // A pooled channel when one is idle and still connected, else a new one.
   // `*reused` tells which, because a reused channel may be stale.
   Result<std::unique_ptr<Channel>> Borrow(Deadline deadline, bool* reused);
+  // A pooled link still usable, or null.
+  std::unique_ptr<Channel> TakeIdle();
+  // The body of a kvs.get reply.
+  Result<std::optional<std::string>> DecodeGet(const std::string& body) const;
   Result<std::unique_ptr<Channel>> Dial(Deadline deadline);
   void Release(std::unique_ptr<Channel> ch);
   void DropIdle();

@@ -27,73 +27,64 @@ int64_t SliceMs(int64_t timeout_ms) {
                         : std::min(timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
 }
 
-// A peer's wait without a thread: parked until the store answers (at most
-// one slice, as in EmbeddedKvsServer), then replied to from a worker.
-void HandleWaitParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestContext& ctx,
+// A peer's wait without a thread: a task until the store answers (at most
+// one slice, as in EmbeddedKvsServer), or the peer goes away.
+Task<void> HandleWait(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
                       const std::string& payload) {
   constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWait);
   KvsRequest req;
-  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) return;
+  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) co_return;
   const int64_t ms = SliceMs(req.timeout_ms);
-  std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
-  // What the store's threads hold refers to the server weakly: the last
-  // reference to it (and so to the store) must never be dropped on one of
-  // the store's own threads, whose destructor joins them.
-  const std::weak_ptr<EmbeddedKvsServer> weak = server;
-  auto reply = [weak](const Status& st, const std::string& body) {
-    return [weak, st, body](RequestContext& c) {
-      const std::shared_ptr<EmbeddedKvsServer> s = weak.lock();
-      if (s == nullptr || !s->SendResult(kType, st, body, c.ch).ok()) c.ch.MarkBroken();
-    };
-  };
+  auto answer = std::make_shared<Rendezvous<Result<std::string>>>(ctx.runtime->executor());
   Result<KvsWaitTicket> ticket = server->store()->StartWait(
-      req.ns, req.key, Deadline::AfterMs(ms), [parked, reply](Result<std::string> r) {
-        if (!r.ok()) return parked->Resume(reply(r.status(), {}));
-        Encoder e;
-        e.Bool(true).Str(*r);
-        parked->Resume(reply(Status::OK(), e.Take()));
-      });
-  if (!ticket.ok()) return parked->Resume(reply(ticket.status(), {}));
-  parked->OnHangup([weak, t = *ticket] {
-    if (const std::shared_ptr<EmbeddedKvsServer> s = weak.lock()) s->store()->CancelWait(t);
-  });
+      req.ns, req.key, Deadline::AfterMs(ms),
+      [answer](Result<std::string> r) { answer->Deliver(std::move(r)); });
+  Result<std::string> r = ticket.status();
+  if (ticket.ok()) {
+    std::optional<Result<std::string>> got = co_await answer->Take(Deadline::Never(), ctx.stop);
+    if (!got) {
+      server->store()->CancelWait(*ticket);  // its callback runs before this returns
+      got = co_await answer->Take(Deadline::AfterMs(0), nullptr);
+    }
+    r = got ? std::move(*got) : Result<std::string>(Status(DYAD_RC_CANCELLED, "cancelled"));
+  }
+  std::string body;
+  if (r.ok()) {
+    Encoder e;
+    e.Bool(true).Str(*r);
+    body = e.Take();
+  }
+  if (!server->SendResult(kType, r.status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
 }
 
 // A peer's watch poll without a thread: answered now when there are
-// changes, else parked until a Put brings one or its slice ends.
-void HandleWatchParked(const std::shared_ptr<EmbeddedKvsServer>& server, RequestContext& ctx,
+// changes, else a task until a Put brings one or its slice ends.
+Task<void> HandleWatch(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
                        const std::string& payload) {
   constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWatch);
   KvsWatchRequest req;
-  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) return;
+  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) co_return;
   const int64_t ms = SliceMs(req.timeout_ms);
-  // Weakly, as in HandleWaitParked: the feeds' timer must not drop the
-  // last reference to the server that owns it.
-  const std::weak_ptr<EmbeddedKvsServer> weak = server;
-  auto send = [weak](RequestContext& c, const Result<KvsWatchReply>& r) {
-    std::string body;
-    if (r.ok()) {
-      Encoder e;
-      r->EncodeTo(e);
-      body = e.Take();
-    }
-    const std::shared_ptr<EmbeddedKvsServer> s = weak.lock();
-    if (s == nullptr || !s->SendResult(kType, r.status(), body, c.ch).ok()) c.ch.MarkBroken();
-  };
-  std::shared_ptr<ParkedRequest> parked = ctx.parking->Park();
+  auto answer = std::make_shared<Rendezvous<Result<KvsWatchReply>>>(ctx.runtime->executor());
   ChangeFeeds::PollTicket ticket = 0;
-  std::optional<Result<KvsWatchReply>> now = server->feeds().StartPoll(
+  std::optional<Result<KvsWatchReply>> r = server->feeds().StartPoll(
       req, Deadline::AfterMs(ms),
-      [parked, send](Result<KvsWatchReply> r) {
-        parked->Resume([send, r = std::move(r)](RequestContext& c) { send(c, r); });
-      },
-      &ticket);
-  if (now) {
-    return parked->Resume([send, r = std::move(*now)](RequestContext& c) { send(c, r); });
+      [answer](Result<KvsWatchReply> got) { answer->Deliver(std::move(got)); }, &ticket);
+  if (!r) {
+    r = co_await answer->Take(Deadline::Never(), ctx.stop);
+    if (!r) {
+      server->feeds().CancelPoll(ticket);
+      r = co_await answer->Take(Deadline::AfterMs(0), nullptr);
+    }
   }
-  parked->OnHangup([weak, ticket] {
-    if (const std::shared_ptr<EmbeddedKvsServer> s = weak.lock()) s->feeds().CancelPoll(ticket);
-  });
+  if (!r) r = Result<KvsWatchReply>(Status(DYAD_RC_CANCELLED, "cancelled"));
+  std::string body;
+  if (r->ok()) {
+    Encoder e;
+    (*r)->EncodeTo(e);
+    body = e.Take();
+  }
+  if (!server->SendResult(kType, r->status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
 }
 
 }  // namespace
@@ -105,10 +96,6 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     // The handler keeps the server alive as long as the service routes to it.
     RequestHandler handler = [server = server_, type](RequestContext& ctx,
                                                       const std::string& payload) {
-      if (type == MsgType::kKvsWait && ctx.parking != nullptr)
-        return HandleWaitParked(server, ctx, payload);
-      if (type == MsgType::kKvsWatch && ctx.parking != nullptr)
-        return HandleWatchParked(server, ctx, payload);
       Status sent = server->Handle(static_cast<uint16_t>(type), payload, ctx.ch, ctx.cancel);
       if (!sent.ok()) ctx.ch.MarkBroken();
     };
@@ -117,12 +104,20 @@ EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
     // batched read at most kMultiGetReplyBytes of values, a listing is
     // measured before it is copied and stops at one frame, or scans at
     // most KeyTable::kMaxOrderedScan keys when it needs key order): the
-    // service's event loop runs them itself. Waits and watch polls wait, so
-    // they park (a worker only starts them).
+    // service's event loop runs them itself. Waits and watch polls wait:
+    // tasks on the loop, holding no thread.
     // Batched reads have a counter of their own: `dyad status` then tells
     // how many reads were batched.
-    if (type == MsgType::kKvsWait || type == MsgType::kKvsWatch) {
-      router.Route(Link::kPeer, type, "requests.kvs", std::move(handler));
+    if (type == MsgType::kKvsWait) {
+      router.RouteTask(Link::kPeer, type, "requests.kvs",
+                       [server = server_](RequestContext& ctx, const std::string& payload) {
+                         return HandleWait(server, ctx, payload);
+                       });
+    } else if (type == MsgType::kKvsWatch) {
+      router.RouteTask(Link::kPeer, type, "requests.kvs",
+                       [server = server_](RequestContext& ctx, const std::string& payload) {
+                         return HandleWatch(server, ctx, payload);
+                       });
     } else if (type == MsgType::kKvsMultiGet) {
       router.RouteInline(Link::kPeer, type, "requests.kvs.multi_get", std::move(handler));
     } else {

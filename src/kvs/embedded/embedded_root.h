@@ -5,8 +5,8 @@
 // (EmbeddedKvsServer). EmbeddedRoot is the Kvs the root itself uses: the
 // same MemoryKvs, with the server's handlers registered on the service's
 // peer link when it is opened (OpenKvs_embedded with KvsOptions::router).
-// Waits, its own and its peers', park without a thread (MemoryKvs::StartWait)
-// when the service can park requests (RequestContext::parking).
+// Waits, its own and its peers', hold no thread (MemoryKvs::StartWait; a
+// peer's wait is a task on the service's runtime).
 #pragma once
 
 #include <memory>
@@ -26,6 +26,7 @@ class EmbeddedRoot final : public Kvs {
   explicit EmbeddedRoot(RequestRouter& router);
 
   std::string name() const override { return "embedded"; }
+  bool in_process() const override { return true; }
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override {
     return store_->Put(ns, key, value);
   }

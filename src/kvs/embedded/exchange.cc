@@ -17,20 +17,12 @@ constexpr size_t kReplyReadAhead = 4096;
 // Reads the start of the reply to the request just sent on `ch` with one
 // recv where Channel::RecvFrame alone takes three (poll, header, payload),
 // and hands it back to `ch` (Unread), from which ReceiveReply then takes
-// the frame. Waits as RecvFrame would: first DYAD_SPIN_US of non-blocking
-// reads, yielding the CPU between them (the answer usually comes within
-// microseconds, and a sleeping thread's wake-up costs more), then poll
-// until `deadline`. Reading ahead is safe on this link only: the root sends
-// exactly one reply per request, so whatever arrives belongs to this reply
-// (anything after it stays in `ch`, which EmbeddedKvs then keeps out of
-// its pool). A timeout breaks the link, as the reply may still come.
+// the frame. Waits in poll until `deadline`. Reading ahead is safe on this link only: the root
+// sends exactly one reply per request, so whatever arrives belongs to this reply (anything after it
+// stays in `ch`, which EmbeddedKvs then keeps out of its pool). A timeout breaks the link, as the
+// reply may still come.
 Status ReadReplyAhead(Channel& ch, const Deadline& deadline) {
   char buf[kReplyReadAhead];
-  const uint64_t spin_until = MonoNs() + static_cast<uint64_t>(SpinBudgetUs()) * 1000;
-  bool spinning = SpinBudgetUs() > 0;
-  // No reply comes back within one system call of its request: yield
-  // first (on an idle CPU this returns at once), then look.
-  if (spinning) sched_yield();
   for (;;) {
     const ssize_t n = ::recv(ch.fd(), buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) {
@@ -45,11 +37,6 @@ Status ReadReplyAhead(Channel& ch, const Deadline& deadline) {
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       ch.MarkBroken();
       return StatusFromErrno(errno, "recv", DYAD_RC_CONNLOST);
-    }
-    if (spinning) {
-      spinning = MonoNs() < spin_until;
-      sched_yield();
-      continue;
     }
     pollfd p{ch.fd(), POLLIN, 0};
     const int r = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));

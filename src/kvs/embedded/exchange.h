@@ -13,8 +13,7 @@ namespace dyad {
 
 // Sends `request` as a frame of `type` on `ch` and receives the root's
 // reply (its body in `*body`, its status returned), reading the reply's
-// start with one system call where RecvFrame alone takes three: waits
-// first DYAD_SPIN_US with non-blocking reads, yielding the CPU, then in
+// start with one system call where RecvFrame alone takes three: waits in
 // poll until `deadline`. Safe on this link only, where the root sends one
 // reply per request: bytes after the reply stay unread in `ch`
 // (Channel::has_unread), which then must not be reused. A failure of the

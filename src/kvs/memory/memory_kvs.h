@@ -48,6 +48,7 @@ class MemoryKvs final : public Kvs {
   MemoryKvs& operator=(const MemoryKvs&) = delete;
 
   std::string name() const override { return "memory"; }
+  bool in_process() const override { return true; }
 
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;

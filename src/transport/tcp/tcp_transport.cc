@@ -34,10 +34,6 @@ Status DrivePull(Channel& ch, PullOp& op) {
     Result<bool> r = op.Step();
     if (!r.ok()) return r.status();
     if (*r) return Status::OK();
-    // The first bytes follow the fetch reply immediately: spin for them
-    // rather than pay a sleeping thread's wake-up (small files are all
-    // first bytes).
-    if (op.moved() == 0 && ch.SpinFor(POLLIN)) continue;
     const int64_t idle = op.idle_ms();
     const Deadline deadline = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
     for (;;) {

@@ -100,8 +100,6 @@ Status DriveOp(Channel& session, UcxOp& op) {
       std::this_thread::yield();
       continue;
     }
-    // The first answer follows the reply at once: worth a spin.
-    if (op.moved() == 0 && session.SpinFor(POLLIN)) continue;
     if (idle.expired())
       return op.Fail(
           Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(op.idle_ms()) + " ms"));

@@ -1,4 +1,4 @@
-#include "service/worker_pool.h"
+#include "common/worker_pool.h"
 
 #include <pthread.h>
 

@@ -1,0 +1,332 @@
+#include "common/runtime.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <sys/socket.h>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/worker_pool.h"
+
+namespace dyad {
+
+namespace {
+
+asio::steady_timer::time_point Expiry(Deadline d) {
+  return d.never() ? asio::steady_timer::time_point::max() : d.time_point();
+}
+
+asio::posix::stream_descriptor::wait_type WaitType(short events) {
+  return (events & POLLOUT) != 0 ? asio::posix::stream_descriptor::wait_write
+                                 : asio::posix::stream_descriptor::wait_read;
+}
+
+// A descriptor registered with the loop for the length of one wait: a
+// duplicate, so that the caller's descriptor (and any registration of it
+// elsewhere) is left alone.
+struct OwnedWait {
+  asio::posix::stream_descriptor sd;
+  OwnedWait(asio::any_io_executor ex, int fd) : sd(ex) {
+    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup >= 0) {
+      std::error_code ec;
+      sd.assign(dup, ec);
+      if (ec) ::close(dup);
+    }
+  }
+};
+
+// A channel's registration with the loop, kept with the channel.
+struct ChannelWait {
+  asio::posix::stream_descriptor sd;
+  ChannelWait(asio::any_io_executor ex, int fd) : sd(ex) {
+    std::error_code ec;
+    sd.assign(fd, ec);
+  }
+  ~ChannelWait() {
+    if (sd.is_open()) (void)sd.release();  // the channel closes its descriptor
+  }
+};
+
+// One wait: whichever of its sources ends it first (a descriptor ready, the
+// deadline, its Stop, a kick), the others are cancelled one by one (never
+// another wait's operation on the same descriptor). Loop only.
+class WaitOp : public std::enable_shared_from_this<WaitOp> {
+ public:
+  explicit WaitOp(asio::any_io_executor ex) : timer_(ex) {}
+
+  template <typename Handler>
+  void Start(Handler handler, asio::posix::stream_descriptor* a, short events_a,
+             asio::posix::stream_descriptor* b, short events_b, Deadline deadline, Stop* stop,
+             std::function<void()>* kick) {
+    auto h = std::make_shared<Handler>(std::move(handler));
+    done_ = [h](Ready r) { (*h)(r); };
+    auto self = shared_from_this();
+    if (stop != nullptr) {
+      stop_ = stop;
+      stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped); });
+      if (stop_ticket_ == 0) return Finish(Ready::kStopped);
+    }
+    if (kick != nullptr) {
+      kick_ = kick;
+      *kick = [self] { self->Finish(Ready::kReady); };
+    }
+    if (a != nullptr && a->is_open())
+      a->async_wait(WaitType(events_a),
+                    asio::bind_cancellation_slot(sig_a_.slot(), [self](std::error_code ec) {
+                      if (!ec) self->Finish(Ready::kReady);
+                    }));
+    if (b != nullptr && b->is_open())
+      b->async_wait(WaitType(events_b),
+                    asio::bind_cancellation_slot(sig_b_.slot(), [self](std::error_code ec) {
+                      if (!ec) self->Finish(Ready::kReady);
+                    }));
+    if (!deadline.never()) {
+      timer_.expires_at(Expiry(deadline));
+      timer_.async_wait([self](std::error_code ec) {
+        if (!ec) self->Finish(Ready::kTimeout);
+      });
+    }
+  }
+
+ private:
+  void Finish(Ready r) {
+    if (finished_) return;
+    finished_ = true;
+    sig_a_.emit(asio::cancellation_type::all);
+    sig_b_.emit(asio::cancellation_type::all);
+    timer_.cancel();
+    if (stop_ != nullptr && stop_ticket_ != 0) stop_->Forget(stop_ticket_);
+    if (kick_ != nullptr) *kick_ = nullptr;
+    std::function<void(Ready)> done = std::move(done_);
+    done(r);
+  }
+
+  asio::steady_timer timer_;
+  asio::cancellation_signal sig_a_, sig_b_;
+  Stop* stop_ = nullptr;
+  uint64_t stop_ticket_ = 0;
+  std::function<void()>* kick_ = nullptr;
+  std::function<void(Ready)> done_;
+  bool finished_ = false;
+};
+
+Task<Ready> WaitOn(asio::posix::stream_descriptor* a, short events_a,
+                   asio::posix::stream_descriptor* b, short events_b, Deadline deadline, Stop* stop,
+                   std::function<void()>* kick = nullptr) {
+  if (stop != nullptr && stop->fired()) co_return Ready::kStopped;
+  if (deadline.expired()) co_return Ready::kTimeout;
+  auto ex = co_await asio::this_coro::executor;
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(Ready)>(
+      [&](auto handler) {
+        std::make_shared<WaitOp>(ex)->Start(std::move(handler), a, events_a, b, events_b, deadline,
+                                            stop, kick);
+      },
+      asio::use_awaitable);
+}
+
+}  // namespace
+
+// --- Stop --------------------------------------------------------------------
+
+namespace {
+thread_local bool t_on_loop = false;  // this thread runs a runtime's loop
+}  // namespace
+
+Stop::Stop(asio::any_io_executor ex, Stop* parent) : ex_(std::move(ex)), parent_(parent) {}
+
+Stop::~Stop() {
+  if (parent_ != nullptr && parent_ticket_ != 0) parent_->Forget(parent_ticket_);
+}
+
+void Stop::Fire(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (fired_.load()) return;
+    why_ = why;
+    fired_.store(true, std::memory_order_release);
+  }
+  // On the loop its waiters end now; from another thread the loop ends them
+  // (a Stop fired from elsewhere outlives its waits: the service's, a test's).
+  if (t_on_loop) return Notify();
+  asio::post(ex_, [this] { Notify(); });
+}
+
+void Stop::Notify() {
+  std::map<uint64_t, std::function<void()>> waiters;
+  waiters.swap(waiters_);
+  for (auto& [ticket, fn] : waiters) fn();
+}
+
+bool Stop::fired() const {
+  return fired_.load(std::memory_order_acquire) || (parent_ != nullptr && parent_->fired());
+}
+
+Status Stop::why() const {
+  if (fired_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return why_;
+  }
+  if (parent_ != nullptr && parent_->fired()) return parent_->why();
+  return Status(DYAD_RC_CANCELLED, "cancelled");
+}
+
+uint64_t Stop::OnFire(std::function<void()> fn) {
+  if (fired()) return 0;
+  // A parent's firing reaches this Stop's waiters through one waiter of
+  // the parent's, registered while this one has any.
+  if (parent_ != nullptr && parent_ticket_ == 0) {
+    parent_ticket_ = parent_->OnFire([this] {
+      parent_ticket_ = 0;
+      Notify();
+    });
+    if (parent_ticket_ == 0) return 0;
+  }
+  const uint64_t ticket = next_++;
+  waiters_.emplace(ticket, std::move(fn));
+  return ticket;
+}
+
+void Stop::Forget(uint64_t ticket) {
+  waiters_.erase(ticket);
+  if (waiters_.empty() && parent_ != nullptr && parent_ticket_ != 0) {
+    parent_->Forget(parent_ticket_);
+    parent_ticket_ = 0;
+  }
+}
+
+// --- waits -------------------------------------------------------------------
+
+namespace runtime_internal {
+
+Task<Ready> WaitKicked(std::function<void()>* kick, Deadline deadline, Stop* stop) {
+  co_return co_await WaitOn(nullptr, 0, nullptr, 0, deadline, stop, kick);
+}
+
+}  // namespace runtime_internal
+
+Task<Ready> WaitReady(int fd, short events, Deadline deadline, Stop* stop, int fd2, short events2) {
+  auto ex = co_await asio::this_coro::executor;
+  std::optional<OwnedWait> a, b;
+  if (fd >= 0) a.emplace(ex, fd);
+  if (fd2 >= 0) b.emplace(ex, fd2);
+  co_return co_await WaitOn(a ? &a->sd : nullptr, events, b ? &b->sd : nullptr, events2, deadline,
+                            stop);
+}
+
+Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, int fd2,
+                      short events2) {
+  auto ex = co_await asio::this_coro::executor;
+  std::shared_ptr<void>& slot = ch.attachment();
+  if (!slot) slot = std::make_shared<ChannelWait>(ex, ch.fd());
+  auto* mine = static_cast<ChannelWait*>(slot.get());
+  std::optional<OwnedWait> b;
+  if (fd2 >= 0) b.emplace(ex, fd2);
+  co_return co_await WaitOn(&mine->sd, events, b ? &b->sd : nullptr, events2, deadline, stop);
+}
+
+std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io_executor ex,
+                                                       std::shared_ptr<Stop> stop) {
+  std::shared_ptr<void>& att = ch.attachment();
+  if (!att) att = std::make_shared<ChannelWait>(ex, ch.fd());
+  auto* mine = static_cast<ChannelWait*>(att.get());
+  const int fd = ch.fd();
+  auto unwatch = std::make_shared<asio::cancellation_signal>();
+  mine->sd.async_wait(
+      asio::posix::stream_descriptor::wait_read,
+      asio::bind_cancellation_slot(unwatch->slot(), [fd, stop, unwatch](std::error_code ec) {
+        if (ec) return;
+        char b;
+        const ssize_t n = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+          stop->Fire(Status(DYAD_RC_CANCELLED, "the requester went away"));
+      }));
+  return unwatch;
+}
+
+Task<bool> Sleep(Deadline deadline, Stop* stop) {
+  std::function<void()> never;
+  co_return co_await WaitOn(nullptr, 0, nullptr, 0, deadline, stop, &never) != Ready::kStopped;
+}
+
+// --- Runtime -------------------------------------------------------------------
+
+Runtime::Runtime(size_t pool_threads, int64_t pool_idle_ms)
+    : root_stop_(std::make_unique<Stop>(io_.get_executor())),
+      pool_(std::make_unique<WorkerPool>("dyad-pool", pool_threads, pool_idle_ms)) {}
+
+Runtime::~Runtime() { Shutdown(); }
+
+Status Runtime::Start() {
+  if (running_.exchange(true)) return Status::OK();
+  work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
+      io_.get_executor());
+  loop_ = std::thread([this] {
+    loop_id_ = std::this_thread::get_id();
+    t_on_loop = true;
+    for (;;) {
+      try {
+        io_.run();
+        break;
+      } catch (const std::exception& e) {
+        DYAD_LOG_ERROR("runtime: a task threw: %s", e.what());
+      }
+    }
+  });
+  pthread_setname_np(loop_.native_handle(), "dyad-loop");
+  return Status::OK();
+}
+
+void Runtime::FireStop() { root_stop_->Fire(Status(DYAD_RC_CANCELLED, "the service is stopping")); }
+
+void Runtime::Shutdown(int64_t grace_ms) {
+  if (!running_.exchange(false)) {
+    if (pool_) pool_->Stop();
+    return;
+  }
+  FireStop();
+  const Deadline grace = Deadline::AfterMs(grace_ms);
+  while (tasks_.load() != 0 && !grace.expired())
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (tasks_.load() != 0)
+    DYAD_LOG_WARN("runtime: %llu tasks still running after %lld ms; stopping the loop",
+                  static_cast<unsigned long long>(tasks_.load()), static_cast<long long>(grace_ms));
+  work_.reset();
+  pool_->Stop();  // queued blocking calls run and post their results
+  io_.stop();
+  if (loop_.joinable()) loop_.join();
+}
+
+void Runtime::Spawn(Task<void> task) {
+  tasks_.fetch_add(1);
+  asio::co_spawn(io_, std::move(task), [this](std::exception_ptr e) {
+    tasks_.fetch_sub(1);
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      DYAD_LOG_ERROR("runtime: a task ended with an exception: %s", ex.what());
+    }
+  });
+}
+
+void Runtime::RunSync(Task<void> task) {
+  std::promise<void> done;
+  std::future<void> f = done.get_future();
+  tasks_.fetch_add(1);
+  asio::co_spawn(io_, std::move(task), [this, &done](std::exception_ptr e) {
+    tasks_.fetch_sub(1);
+    if (e) return done.set_exception(e);
+    done.set_value();
+  });
+  f.get();
+}
+
+bool Runtime::Submit(std::function<void()> fn) { return pool_->Submit(std::move(fn)); }
+
+}  // namespace dyad

@@ -1,0 +1,292 @@
+// runtime.h: the service's one runtime: an event loop (standalone asio)
+// on which every wait is a C++20 coroutine.
+//
+// A request, a fetch, a transfer, a store wait: each operation that waits
+// on a peer, a publication, a lock, a buffer or a timer is one
+// straight-line `Task` that suspends at its waits; the loop thread runs
+// whichever task can go on. A wait holds no thread, whatever it waits for
+// and however long, so threads follow the CPU work, not the waits:
+//  * one loop thread runs every task;
+//  * one bounded pool (Offload) runs what must leave the loop: calls that
+//    block in the kernel or in a library (a store's client, a disk copy,
+//    MUNGE), started lazily and ended when idle.
+// Every wait is bounded by a deadline and ends early when its Stop fires
+// (the requester hung up, the service stops): WaitReady says which.
+// A caller outside the loop (a tool, a test, a thread of its own) runs a
+// task to completion with RunSync; there is no second implementation of
+// any operation for blocking callers.
+//
+// Only the service and its parts include this; the client libraries that
+// load into applications never do.
+#pragma once
+
+#include <poll.h>
+
+// asio 1.22 enables co_await with clang only for the coroutines TS;
+// clang 16 in C++20 mode has the standard ones, which asio also uses.
+#if defined(__clang__) && defined(__cpp_impl_coroutine) && !defined(ASIO_HAS_CO_AWAIT)
+#define ASIO_HAS_CO_AWAIT 1
+#endif
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+
+namespace dyad {
+
+class Channel;
+class WorkerPool;
+
+template <typename T = void>
+using Task = asio::awaitable<T>;
+
+// A one-shot signal that ends waits: once fired, every wait that names it
+// ends, now and later. A Stop may have a parent (a request's Stop has the
+// service's): it counts as fired when its parent has.
+class Stop {
+ public:
+  explicit Stop(asio::any_io_executor ex, Stop* parent = nullptr);
+  ~Stop();
+  Stop(const Stop&) = delete;
+  Stop& operator=(const Stop&) = delete;
+
+  // Fires (from any thread; the first reason stays): the waits that name
+  // it (or a child) end on the loop.
+  void Fire(const Status& why);
+  bool fired() const;
+  // The reason of the first Stop of the chain that fired.
+  Status why() const;
+
+  // Loop only: `fn` runs (on the loop) once this Stop or a parent fires,
+  // unless Forget(ticket) came first. 0 when it fired already.
+  uint64_t OnFire(std::function<void()> fn);
+  void Forget(uint64_t ticket);
+
+ private:
+  void Notify();  // on the loop
+  asio::any_io_executor ex_;
+  std::atomic<bool> fired_{false};
+  mutable std::mutex mu_;
+  Status why_;  // guarded by mu_
+  Stop* parent_;
+  uint64_t parent_ticket_ = 0;
+  // Loop only.
+  uint64_t next_ = 1;
+  std::map<uint64_t, std::function<void()>> waiters_;
+};
+
+enum class Ready { kReady, kTimeout, kStopped };
+
+// The service's runtime (see above). Start() starts the loop thread;
+// Stop() fires the root Stop (every wait ends), lets the tasks finish,
+// then joins the loop and the pool.
+class Runtime {
+ public:
+  // `pool_threads`: the bound of the pool for blocking calls; threads start
+  // as calls need them and end after `pool_idle_ms` idle.
+  Runtime(size_t pool_threads, int64_t pool_idle_ms);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Status Start();
+  // Fires stopping() (idempotent): every wait that names it ends.
+  void FireStop();
+  // Fires the stop, gives the tasks (RunSync's included) `grace_ms` to
+  // end, then stops the loop and the pool and joins them. Idempotent.
+  void Shutdown(int64_t grace_ms = 2000);
+
+  asio::io_context& io() { return io_; }
+  asio::any_io_executor executor() { return io_.get_executor(); }
+  // Fires when the service stops: every request's Stop descends from it.
+  Stop& stopping() { return *root_stop_; }
+  bool running() const { return running_.load(); }
+  bool InLoop() const { return std::this_thread::get_id() == loop_id_.load(); }
+
+  // Starts `task` on the loop, detached; it must end by itself (its waits
+  // name a Stop descending from stopping()).
+  void Spawn(Task<void> task);
+  // Tasks started by Spawn that have not ended.
+  uint64_t tasks() const { return tasks_.load(); }
+
+  // Runs `fn` on the pool and resumes with its result on the loop. `fn`
+  // may block; it must not touch loop-only state.
+  template <typename F>
+  Task<std::invoke_result_t<F>> Offload(F fn);
+
+  // Runs `task` to its end from a thread that is not the loop, blocking
+  // this thread meanwhile (tools, tests, a thread of the caller's own).
+  template <typename T>
+  T RunSync(Task<T> task);
+  void RunSync(Task<void> task);
+
+  // Waits on a peer in progress that have lasted long enough to count as
+  // parked (service/resumable.h), for `dyad status`.
+  std::atomic<uint64_t> long_waits{0};
+
+  // Posts `fn` to the loop.
+  void Post(std::function<void()> fn) { asio::post(io_, std::move(fn)); }
+
+ private:
+  bool Submit(std::function<void()> fn);
+
+  asio::io_context io_;
+  std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::unique_ptr<Stop> root_stop_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::thread loop_;
+  std::atomic<std::thread::id> loop_id_{};
+  std::atomic<bool> running_{false};
+  std::atomic<uint64_t> tasks_{0};
+};
+
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT; a hang-up or an
+// error counts as ready), or `fd2` for `events2` (-1: none), or `deadline`,
+// or `stop` fires (may be null). The descriptors' owner keeps them open
+// during the wait. On the loop only.
+Task<Ready> WaitReady(int fd, short events, Deadline deadline, Stop* stop, int fd2 = -1,
+                      short events2 = POLLIN);
+// The same for a Channel: its descriptor's registration is kept with the
+// channel (created at its first wait), so a session's waits cost no
+// registration each.
+Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, int fd2 = -1,
+                      short events2 = POLLIN);
+// Fires `stop` should the peer of `ch` hang up (readable with nothing to
+// read) before the returned signal is emitted; a request that arrives
+// early is left for its turn (nothing more is watched then). On the loop.
+std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io_executor ex,
+                                                       std::shared_ptr<Stop> stop);
+// Sleeps until `deadline` or until `stop` fires (false then).
+Task<bool> Sleep(Deadline deadline, Stop* stop);
+
+// A result delivered by a callback from any thread (a store's wait, a
+// flight that settles): the first Deliver counts; Take waits for it, until
+// `deadline` or `stop` (nullopt then; a later Take may still get it).
+template <typename T>
+class Rendezvous : public std::enable_shared_from_this<Rendezvous<T>> {
+ public:
+  explicit Rendezvous(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  // From any thread; the first call wins.
+  void Deliver(T value) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (value_) return;
+      value_.emplace(std::move(value));
+    }
+    asio::post(ex_, [self = this->shared_from_this()] {
+      // Moved out first: the wait it ends clears kick_, which must not
+      // destroy the function while it runs.
+      std::function<void()> kick = std::move(self->kick_);
+      self->kick_ = nullptr;
+      if (kick) kick();
+    });
+  }
+  Task<std::optional<T>> Take(Deadline deadline, Stop* stop);
+
+ private:
+  asio::any_io_executor ex_;
+  std::mutex mu_;
+  std::optional<T> value_;      // guarded by mu_
+  std::function<void()> kick_;  // loop only: ends the Take waiting now
+};
+
+// --- templates ---------------------------------------------------------------
+
+namespace runtime_internal {
+// Waits until `*kick` is called (loop only; it is set for the wait),
+// `deadline` passes or `stop` fires.
+Task<Ready> WaitKicked(std::function<void()>* kick, Deadline deadline, Stop* stop);
+// Resumes a suspended coroutine's handler on its executor with `value`.
+template <typename Handler, typename T>
+void Complete(std::shared_ptr<Handler> h, T value) {
+  auto ex = asio::get_associated_executor(*h);
+  asio::post(ex, [h, v = std::move(value)]() mutable { std::move (*h)(std::move(v)); });
+}
+}  // namespace runtime_internal
+
+template <typename F>
+Task<std::invoke_result_t<F>> Runtime::Offload(F fn) {
+  using R = std::invoke_result_t<F>;
+  if constexpr (std::is_void_v<R>) {
+    co_await Offload([fn = std::move(fn)]() mutable {
+      fn();
+      return true;
+    });
+    co_return;
+  } else {
+    auto initiate = [this, fn = std::move(fn)](auto handler) mutable {
+      using H = decltype(handler);
+      auto h = std::make_shared<H>(std::move(handler));
+      auto run = std::make_shared<F>(std::move(fn));
+      if (!Submit([h, run] { runtime_internal::Complete(h, std::optional<R>((*run)())); }))
+        runtime_internal::Complete(h, std::optional<R>());  // stopping: the loop runs it
+    };
+    std::optional<R> r =
+        co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::optional<R>)>(
+            std::move(initiate), asio::use_awaitable);
+    if (!r) co_return fn();  // the pool is stopping: run it here
+    co_return std::move(*r);
+  }
+}
+
+template <typename T>
+T Runtime::RunSync(Task<T> task) {
+  std::promise<T> done;
+  std::future<T> f = done.get_future();
+  tasks_.fetch_add(1);
+  asio::co_spawn(
+      io_,
+      [](Task<T> t, std::promise<T>* p, std::atomic<uint64_t>* n) -> Task<void> {
+        try {
+          p->set_value(co_await std::move(t));
+        } catch (...) {
+          p->set_exception(std::current_exception());
+        }
+        n->fetch_sub(1);
+      }(std::move(task), &done, &tasks_),
+      asio::detached);
+  return f.get();
+}
+
+template <typename T>
+Task<std::optional<T>> Rendezvous<T>::Take(Deadline deadline, Stop* stop) {
+  auto self = this->shared_from_this();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (value_) co_return std::move(*value_);
+    }
+    if (deadline.expired() || (stop != nullptr && stop->fired())) break;
+    // Deliver's kick runs on the loop, after this check or during the wait.
+    if (co_await runtime_internal::WaitKicked(&kick_, deadline, stop) != Ready::kReady) break;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (value_) co_return std::move(*value_);
+  co_return std::nullopt;
+}
+
+}  // namespace dyad

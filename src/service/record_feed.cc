@@ -1,0 +1,101 @@
+#include "service/record_feed.h"
+
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "proto/protocol.h"
+
+namespace dyad {
+
+void RecordFeed::Follow(const std::string& ns) {
+  if (!kvs_->caps().watch) return;
+  {
+    MutexLock lk(mu_);
+    if (stopping_ || followed_.count(ns) != 0 || followed_.size() >= kMaxNamespaces) return;
+    followed_.emplace(ns, 0);
+  }
+  // The watch and the listing ask the store: on the pool, never the loop.
+  rt_->Spawn([](RecordFeed* self, std::string ns) -> Task<void> {
+    co_await self->rt_->Offload([self, &ns] { self->Start(ns); });
+  }(this, ns));
+}
+
+void RecordFeed::Start(const std::string& ns) {
+  // Watch first, then list: a publication between the two is seen by both,
+  // never by neither (a listed record never replaces a fed one: Seed).
+  Result<KvsWatchTicket> t = kvs_->Watch(ns, [this, ns](const KvsChange& c) { OnChange(ns, c); });
+  if (!t.ok()) {
+    DYAD_LOG_WARN("records of namespace '%s' are read from the store per consume: %s", ns.c_str(),
+                  t.status().ToString().c_str());
+    return;  // stays in followed_: not tried again on every consume
+  }
+  bool kept = false;
+  {
+    MutexLock lk(mu_);
+    if (!stopping_) {
+      followed_[ns] = *t;
+      kept = true;
+    }
+  }
+  if (!kept) {
+    kvs_->Unwatch(*t);  // stopped meanwhile
+    return;
+  }
+  Seed(ns);
+}
+
+void RecordFeed::Seed(const std::string& ns) {
+  Result<std::vector<KvsEntry>> all = kvs_->List(ns, "", kSeedLimit);
+  if (!all.ok()) {
+    DYAD_LOG_WARN("records of namespace '%s': listing failed (%s); the feed still follows it",
+                  ns.c_str(), all.status().ToString().c_str());
+    return;
+  }
+  uint64_t seeded = 0;
+  for (const auto& [key, value] : *all) {
+    FileRecord rec;
+    if (!FileRecord::Decode(value, &rec)) continue;
+    if (cache_->PutIfAbsent(ns, key, rec)) ++seeded;
+  }
+  if (seeded != 0) stats_->AddNamed("records.seeded", seeded);
+}
+
+void RecordFeed::OnChange(const std::string& ns, const KvsChange& c) {
+  if (c.resync) {
+    // Changes may have been missed: what this service knows of the
+    // namespace is no longer trusted; the store is listed again.
+    cache_->EraseNamespace(ns);
+    {
+      MutexLock lk(mu_);
+      if (stopping_) return;
+    }
+    rt_->Spawn([](RecordFeed* self, std::string ns) -> Task<void> {
+      co_await self->rt_->Offload([self, &ns] { self->Seed(ns); });
+    }(this, ns));
+    return;
+  }
+  FileRecord rec;
+  if (!FileRecord::Decode(c.value, &rec)) return;  // not a file record
+  cache_->Put(ns, c.key, rec);
+  stats_->AddNamed("records.fed");
+}
+
+void RecordFeed::Stop() {
+  std::vector<KvsWatchTicket> tickets;
+  {
+    MutexLock lk(mu_);
+    stopping_ = true;
+    for (const auto& [ns, t] : followed_)
+      if (t != 0) tickets.push_back(t);
+    followed_.clear();
+  }
+  for (KvsWatchTicket t : tickets) kvs_->Unwatch(t);
+}
+
+size_t RecordFeed::followed() const {
+  MutexLock lk(mu_);
+  return followed_.size();
+}
+
+}  // namespace dyad

@@ -1,0 +1,340 @@
+#include "service/server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/time.h"
+
+namespace dyad {
+
+namespace {
+
+// Short sends on a fresh socket (a refusal, a challenge) never wait long:
+// its buffer is empty.
+constexpr int64_t kFreshSendMs = 100;
+// At the cap of connections in their handshake, one that has waited this
+// long without finishing gives its place to a newcomer (Admit).
+constexpr int64_t kDisplaceAfterMs = 20;
+// Connections accepted in one turn before the others get the loop.
+constexpr int kAcceptBurst = 256;
+constexpr size_t kReadChunk = 64u << 10;
+
+std::string RemoteHost(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, host, sizeof host);
+    else if (ss.ss_family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, host, sizeof host);
+  }
+  return host;
+}
+
+}  // namespace
+
+struct Server::Conn {
+  Conn(UniqueFd fd, bool is_local) : ch(std::move(fd), Trust::kUnauthenticated), local(is_local) {}
+  Channel ch;
+  const bool local;
+  std::string peer_host;  // TCP: the remote address the per-peer cap counts
+  PeerIdentity peer;      // once authenticated
+  bool handshaking = false;
+  Deadline handshake_deadline = Deadline::Never();
+  std::list<Conn*>::iterator in_handshakes;
+  Channel::PartialFrame partial;
+  std::string payload;  // of the frame being received
+  std::string out;      // replies not sent yet
+  bool closed = false;
+};
+
+Server::Server(Runtime& rt, ServerConfig config, ServerHooks hooks)
+    : rt_(rt), cfg_(std::move(config)), hooks_(std::move(hooks)) {}
+
+Server::~Server() = default;
+
+Status Server::Start() {
+  for (int fd : {cfg_.unix_listener, cfg_.tcp_listener}) {
+    if (fd < 0) continue;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    rt_.Spawn(Accept(fd, fd == cfg_.unix_listener));
+  }
+  return Status::OK();
+}
+
+void Server::Stop() {
+  rt_.Post([this] {
+    if (stopped_) return;
+    stopped_ = true;
+    // Each connection's task sees its socket end (and its request's Stop
+    // fires through the runtime's).
+    for (auto& [raw, c] : conns_) ::shutdown(c->ch.fd(), SHUT_RDWR);
+  });
+}
+
+std::string Server::Who(const Conn& c) const {
+  return c.local ? std::string("local client") : "peer rank " + std::to_string(c.peer.rank);
+}
+
+std::string Server::Admit(bool local, const std::string& peer_host) {
+  if (conns_.size() >= cfg_.max_connections)
+    return "connection cap reached (" + std::to_string(cfg_.max_connections) +
+           ", DYAD_MAX_CONNECTIONS)";
+  if (local) return std::string();
+  auto it = per_peer_.find(peer_host);
+  if (it != per_peer_.end() && it->second >= cfg_.max_per_peer)
+    return "too many connections in their handshake from " + peer_host + " (" +
+           std::to_string(cfg_.max_per_peer) + ", DYAD_MAX_UNAUTHENTICATED_PER_PEER)";
+  if (handshaking_.size() >= cfg_.max_unauthenticated && !DisplaceOldestHandshake())
+    return "too many connections in their handshake (" + std::to_string(cfg_.max_unauthenticated) +
+           ", DYAD_MAX_UNAUTHENTICATED)";
+  return std::string();
+}
+
+// A real peer finishes its handshake within a round trip or two; connections
+// that stay silent can only fill the places. So at the cap the oldest
+// handshake that has waited kDisplaceAfterMs makes room for the newcomer
+// (handshaking_ is in arrival order): a flood of silent connections then
+// mostly displaces itself, and shuts a real peer out only by opening the
+// whole cap's worth of connections within the peer's own handshake time.
+bool Server::DisplaceOldestHandshake() {
+  for (Conn* c : handshaking_) {
+    const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
+    if (waited < kDisplaceAfterMs) return false;  // the rest arrived later still
+    hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
+                   " ms (from " + c->peer_host + ")");
+    EndHandshake(*c);
+    Close(*c);
+    return true;
+  }
+  return false;
+}
+
+Task<void> Server::Accept(int listen_fd, bool local) {
+  dyad::Stop& stop = rt_.stopping();
+  while (!stop.fired()) {
+    if (co_await WaitReady(listen_fd, POLLIN, Deadline::Never(), &stop) != Ready::kReady) break;
+    for (int accepted = 0; accepted < kAcceptBurst && !stop.fired(); ++accepted) {
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          DYAD_LOG_WARN("accept: %s", std::strerror(errno));  // EMFILE: the caps are too high
+        break;
+      }
+      auto c = std::make_shared<Conn>(UniqueFd(fd), local);
+      if (!local) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        c->peer_host = RemoteHost(fd);
+      }
+      const std::string why =
+          stopped_ ? std::string("the service is stopping") : Admit(local, c->peer_host);
+      if (!why.empty()) {
+        hooks_.refused(why);
+        continue;  // closes it: refused before any byte is read
+      }
+      if (local) {
+        PeerCred cred;
+        if (Status admit = AdmitLocalClient(c->ch, &cred); !admit.ok()) {
+          DYAD_LOG_WARN("refused local client pid %d uid %u (service runs as uid %u): %s", cred.pid,
+                        cred.uid, geteuid(), admit.ToString().c_str());
+          hooks_.reply_error(c->ch, admit);
+          continue;
+        }
+      } else {
+        c->handshaking = true;
+        c->handshake_deadline = Deadline::AfterMs(cfg_.handshake_ms);
+        ++per_peer_[c->peer_host];
+        c->in_handshakes = handshaking_.insert(handshaking_.end(), c.get());
+        unauthenticated_ = handshaking_.size();
+      }
+      conns_.emplace(c.get(), c);
+      live_ = conns_.size();
+      rt_.Spawn(Serve(std::move(c)));
+    }
+  }
+}
+
+void Server::EndHandshake(Conn& c) {
+  if (!c.handshaking) return;
+  c.handshaking = false;
+  handshaking_.erase(c.in_handshakes);
+  auto it = per_peer_.find(c.peer_host);
+  if (it != per_peer_.end() && --it->second == 0) per_peer_.erase(it);
+  unauthenticated_ = handshaking_.size();
+}
+
+void Server::Close(Conn& c) {
+  if (c.closed) return;
+  c.closed = true;
+  // Ends whatever the connection's task waits for on its socket; the task
+  // then drops the connection.
+  ::shutdown(c.ch.fd(), SHUT_RDWR);
+  c.ch.MarkBroken();
+}
+
+Task<void> Server::Serve(std::shared_ptr<Conn> c) {
+  bool refused = false;
+  if (!c->local) refused = !co_await Handshake(*c);
+  if (refused) {
+    EndHandshake(*c);
+  } else {
+    EndHandshake(*c);
+    uint16_t type = 0;
+    std::string payload;
+    while (!c->closed && !c->ch.broken()) {
+      if (!co_await NextFrame(*c, &type, &payload)) break;
+      co_await Handle(*c, type, payload);
+      if (c->out.empty()) continue;
+      if (!co_await Flush(*c)) break;
+    }
+  }
+  conns_.erase(c.get());
+  live_ = conns_.size();
+}
+
+Task<bool> Server::Handshake(Conn& c) {
+  Result<std::unique_ptr<Authenticator::PendingAccept>> hs =
+      cfg_.auth->AcceptBegin(c.ch, cfg_.self, Deadline::AfterMs(kFreshSendMs));
+  if (!hs.ok()) {
+    hooks_.refused("handshake: " + hs.status().ToString());
+    co_return false;
+  }
+  // The peer's answer, assembled as it arrives (at most the small frame
+  // limit of an unauthenticated link), then checked on the pool (MUNGE
+  // may block).
+  std::string frame;
+  for (;;) {
+    if (frame.size() >= kFrameHeaderSize) {
+      Result<size_t> need = c.ch.CheckHeader(frame.data());
+      if (!need.ok()) {
+        hooks_.refused("handshake: " + need.status().ToString());
+        co_return false;
+      }
+      if (frame.size() >= kFrameHeaderSize + *need) break;
+    }
+    char buf[4096];
+    const ssize_t n = ::recv(c.ch.fd(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      frame.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return false;
+    const Ready r = co_await WaitReady(c.ch, POLLIN, c.handshake_deadline, &rt_.stopping());
+    if (r == Ready::kStopped || c.closed) co_return false;
+    if (r == Ready::kTimeout) {
+      hooks_.refused("handshake: not completed within " + std::to_string(cfg_.handshake_ms) +
+                     " ms (from " + c.peer_host + ")");
+      co_return false;
+    }
+  }
+  c.ch.Unread(std::move(frame));
+  // Checked off the loop; the connection stays in the handshake count (it
+  // cannot be displaced meanwhile: it has answered).
+  EndHandshake(c);
+  Authenticator::PendingAccept& pending = **hs;
+  Status st = co_await rt_.Offload([this, &c, &pending] {
+    return cfg_.auth->AcceptFinish(pending, c.ch, c.handshake_deadline, &c.peer);
+  });
+  if (!st.ok()) {
+    hooks_.refused("handshake: " + st.ToString());
+    co_return false;
+  }
+  co_return !c.closed;
+}
+
+Task<bool> Server::NextFrame(Conn& c, uint16_t* type, std::string* payload) {
+  for (;;) {
+    Result<bool> got = c.ch.RecvFrameNow(&c.partial, type, payload);
+    if (!got.ok()) {
+      if (got.status().code() != DYAD_RC_CONNLOST) {
+        DYAD_LOG_WARN("%s: %s", Who(c).c_str(), got.status().ToString().c_str());
+        hooks_.reply_error(c.ch, got.status());
+      }
+      co_return false;
+    }
+    if (*got) {
+      c.partial.Reset();
+      co_return true;
+    }
+    const Ready r = co_await WaitReady(c.ch, POLLIN, Deadline::Never(), &rt_.stopping());
+    if (r != Ready::kReady || c.closed) co_return false;
+  }
+}
+
+Task<void> Server::Handle(Conn& c, uint16_t type, const std::string& payload) {
+  const Handling how = hooks_.handling(c.local, type);
+  auto stop = std::make_shared<dyad::Stop>(rt_.executor(), &rt_.stopping());
+  Channel& ch = c.ch;
+  dyad::Stop* s = stop.get();
+  RequestContext ctx{ch,
+                     c.local ? Link::kLocal : Link::kPeer,
+                     c.local ? nullptr : &c.peer,
+                     [s, &ch] { return s->fired() || ch.PeerClosed(); },
+                     s,
+                     &rt_};
+  switch (how) {
+    case Handling::kInline:
+      ch.CaptureSends(&c.out);
+      hooks_.serve(ctx, type, payload);
+      ch.CaptureSends(nullptr);
+      co_return;
+    case Handling::kBlocking:
+      co_await rt_.Offload([this, &ctx, type, &payload] { hooks_.serve(ctx, type, payload); });
+      co_return;
+    case Handling::kStreaming:
+      parked_.fetch_add(1);
+      co_await hooks_.serve_task(ctx, type, payload);
+      parked_.fetch_sub(1);
+      co_return;
+    case Handling::kTask: {
+      parked_.fetch_add(1);
+      ch.CaptureSends(&c.out);
+      // The requester hanging up fires the request's Stop: its waits end.
+      std::shared_ptr<asio::cancellation_signal> unwatch = WatchHangup(ch, rt_.executor(), stop);
+      co_await hooks_.serve_task(ctx, type, payload);
+      unwatch->emit(asio::cancellation_type::all);
+      ch.CaptureSends(nullptr);
+      parked_.fetch_sub(1);
+      co_return;
+    }
+  }
+}
+
+Task<bool> Server::Flush(Conn& c) {
+  size_t sent = 0;
+  while (sent < c.out.size()) {
+    const ssize_t n =
+        ::send(c.ch.fd(), c.out.data() + sent, c.out.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // A peer that does not read holds its own connection only: it gets
+      // no more service until it has taken its replies.
+      if (co_await WaitReady(c.ch, POLLOUT, Deadline::Never(), &rt_.stopping()) != Ready::kReady ||
+          c.closed)
+        co_return false;
+      continue;
+    }
+    co_return false;  // reset, or gone
+  }
+  c.out.clear();
+  co_return !c.ch.broken();
+}
+
+}  // namespace dyad

@@ -1,0 +1,172 @@
+// The service's runtime (common/runtime.h) on real descriptors: a wait
+// ends when its descriptor is ready, at its deadline, or when its Stop
+// fires, whichever comes first, and reports which; thousands of waits hold
+// no thread; a blocking call goes to the bounded pool and resumes on the
+// loop; RunSync runs a task to its end for a caller outside the loop.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/net.h"
+#include "common/runtime.h"
+
+namespace dyad {
+namespace {
+
+size_t ThreadCount() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+struct SocketPair {
+  UniqueFd a, b;
+  SocketPair() {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    a.reset(fds[0]);
+    b.reset(fds[1]);
+  }
+};
+
+class RuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(rt_.Start().ok()); }
+  void TearDown() override { rt_.Shutdown(); }
+  Runtime rt_{2, 1000};
+};
+
+TEST_F(RuntimeTest, WaitEndsWhenReadableAtDeadlineOrStop) {
+  SocketPair s;
+  // Readable: bytes arrive after the wait began.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(::write(s.b.get(), "x", 1), 1);
+  });
+  EXPECT_EQ(rt_.RunSync(WaitReady(s.a.get(), POLLIN, Deadline::AfterMs(5000), nullptr)),
+            Ready::kReady);
+  writer.join();
+  char c;
+  ASSERT_EQ(::read(s.a.get(), &c, 1), 1);
+
+  // Nothing arrives: the deadline.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rt_.RunSync(WaitReady(s.a.get(), POLLIN, Deadline::AfterMs(100), nullptr)),
+            Ready::kTimeout);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(90));
+
+  // A Stop fired from another thread ends the wait at once, with its reason.
+  Stop stop(rt_.executor(), &rt_.stopping());
+  std::thread firer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stop.Fire(Status(DYAD_RC_CANCELLED, "the requester went away"));
+  });
+  EXPECT_EQ(rt_.RunSync(WaitReady(s.a.get(), POLLIN, Deadline::Never(), &stop)), Ready::kStopped);
+  firer.join();
+  EXPECT_EQ(stop.why().message(), "the requester went away");
+  // A Stop that fired ends later waits at once.
+  EXPECT_EQ(rt_.RunSync(WaitReady(s.a.get(), POLLIN, Deadline::Never(), &stop)), Ready::kStopped);
+}
+
+TEST_F(RuntimeTest, EitherOfTwoDescriptorsAndWritableRoom) {
+  SocketPair s, t;
+  ASSERT_EQ(::write(t.b.get(), "y", 1), 1);
+  EXPECT_EQ(rt_.RunSync(
+                WaitReady(s.a.get(), POLLIN, Deadline::AfterMs(5000), nullptr, t.a.get(), POLLIN)),
+            Ready::kReady);
+  // An empty socket has room.
+  EXPECT_EQ(rt_.RunSync(WaitReady(s.a.get(), POLLOUT, Deadline::AfterMs(5000), nullptr)),
+            Ready::kReady);
+  // A hang-up counts as ready.
+  s.b.reset();
+  EXPECT_EQ(rt_.RunSync(WaitReady(s.a.get(), POLLIN, Deadline::AfterMs(5000), nullptr)),
+            Ready::kReady);
+}
+
+TEST_F(RuntimeTest, ChannelWaitsKeepOneRegistration) {
+  SocketPair s;
+  Channel ch(std::move(s.a), Trust::kUnauthenticated);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(::write(s.b.get(), "z", 1), 1);
+    EXPECT_EQ(rt_.RunSync(WaitReady(ch, POLLIN, Deadline::AfterMs(5000), nullptr)), Ready::kReady);
+    char c;
+    ASSERT_EQ(::read(ch.fd(), &c, 1), 1);
+  }
+  EXPECT_TRUE(ch.attachment() != nullptr);
+  EXPECT_EQ(rt_.RunSync(WaitReady(ch, POLLIN, Deadline::AfterMs(50), nullptr)), Ready::kTimeout);
+}
+
+// A thousand waits on silent peers hold no thread; the service's stop
+// ends them all.
+TEST_F(RuntimeTest, ThousandWaitsHoldNoThreadAndEndAtTheStop) {
+  std::vector<std::unique_ptr<SocketPair>> pairs;
+  std::atomic<int> stopped{0};
+  const size_t before = ThreadCount();
+  for (int i = 0; i < 1000; ++i) {
+    pairs.push_back(std::make_unique<SocketPair>());
+    rt_.Spawn([](int fd, Stop* stop, std::atomic<int>* n) -> Task<void> {
+      if (co_await WaitReady(fd, POLLIN, Deadline::Never(), stop) == Ready::kStopped) ++*n;
+    }(pairs.back()->a.get(), &rt_.stopping(), &stopped));
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (rt_.tasks() != 1000 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(rt_.tasks(), 1000u);
+  EXPECT_LE(ThreadCount(), before + 1);
+  rt_.Shutdown();
+  EXPECT_EQ(stopped.load(), 1000);
+  EXPECT_EQ(rt_.tasks(), 0u);
+}
+
+TEST_F(RuntimeTest, OffloadRunsOnThePoolAndResumesOnTheLoop) {
+  const std::thread::id caller = std::this_thread::get_id();
+  struct Seen {
+    std::thread::id pool, after;
+    int value = 0;
+  };
+  Seen seen = rt_.RunSync([](Runtime* rt) -> Task<Seen> {
+    Seen s;
+    s.value = co_await rt->Offload([&s] {
+      s.pool = std::this_thread::get_id();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // blocks: not on the loop
+      return 42;
+    });
+    s.after = std::this_thread::get_id();
+    co_return s;
+  }(&rt_));
+  EXPECT_EQ(seen.value, 42);
+  EXPECT_NE(seen.pool, caller);
+  EXPECT_NE(seen.pool, seen.after);
+  EXPECT_NE(seen.after, caller);
+}
+
+TEST_F(RuntimeTest, RendezvousDeliversFromAnyThreadOrTimesOut) {
+  auto r = std::make_shared<Rendezvous<int>>(rt_.executor());
+  std::thread t([r] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    r->Deliver(7);
+    r->Deliver(8);  // the first wins
+  });
+  std::optional<int> got = rt_.RunSync(r->Take(Deadline::AfterMs(5000), nullptr));
+  t.join();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, 7);
+  auto never = std::make_shared<Rendezvous<int>>(rt_.executor());
+  EXPECT_FALSE(rt_.RunSync(never->Take(Deadline::AfterMs(50), nullptr)).has_value());
+  never->Deliver(1);  // late: a later Take gets it
+  EXPECT_EQ(rt_.RunSync(never->Take(Deadline::AfterMs(5000), nullptr)).value_or(0), 1);
+}
+
+}  // namespace
+}  // namespace dyad
