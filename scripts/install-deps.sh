@@ -35,6 +35,7 @@ build req pkg-config        -
 build req libssl-dev        -
 build req libcli11-dev      -
 build req nlohmann-json3-dev -
+build req libasio-dev       -
 build opt ccache            compiler_cache_(rebuilds_from_scratch)
 build opt libucx-dev        UCX_transport
 build opt libfabric-dev     OFI_(libfabric)_transport
@@ -49,6 +50,7 @@ demo  req pkg-config        -
 demo  req libssl-dev        -
 demo  req libcli11-dev      -
 demo  req nlohmann-json3-dev -
+demo  req libasio-dev       -
 demo  opt ccache            compiler_cache_(rebuilds_from_scratch)
 demo  opt iproute2          network_namespaces_(the_demo_uses_loopback_instead)
 test  req libgtest-dev      -

@@ -32,6 +32,7 @@ class DyadCpp(CMakePackage):
     depends_on("pkgconfig", type="build")
     depends_on("cli11", type="build")
     depends_on("nlohmann-json", type="build")
+    depends_on("asio@1.22:", type="build")
     depends_on("openssl")
 
     depends_on("ucx", when="+ucx")
