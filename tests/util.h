@@ -10,7 +10,9 @@
 // belongs to the thread that owns its scope.
 #pragma once
 
+#include <dirent.h>
 #include <stdlib.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -24,6 +26,20 @@
 
 namespace dyad {
 namespace testutil {
+
+// Threads of process `pid` (entries of /proc/PID/task; 0: this process);
+// 0 if it is gone.
+inline size_t ThreadsOf(pid_t pid = 0) {
+  const std::string dir =
+      pid == 0 ? std::string("/proc/self/task") : "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  size_t n = 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
 
 // Removes `path` and everything under it; nothing when it is empty or gone.
 // Directories a test made unwritable or unsearchable are opened up first.

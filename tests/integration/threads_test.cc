@@ -1,7 +1,6 @@
 // A service's threads are bounded and lazy (docs/architecture.md): idle, it
 // runs at most six; serving requests starts workers up to --workers per
 // pool; idle connections add none.
-#include <dirent.h>
 
 #include <string>
 #include <vector>
@@ -11,27 +10,15 @@
 namespace dyad::it {
 namespace {
 
-// Threads of process `pid` (entries of /proc/PID/task); 0 if it is gone.
-size_t ThreadsOf(pid_t pid) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  size_t n = 0;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
 // The count once it has stayed the same for 1 s (threads that are starting
 // or ending settle), within 10 s.
 size_t SettledThreadsOf(pid_t pid) {
-  size_t last = ThreadsOf(pid);
+  size_t last = testutil::ThreadsOf(pid);
   const Deadline deadline = Deadline::AfterMs(10000);
   int same = 0;
   while (!deadline.expired() && same < 10) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const size_t now = ThreadsOf(pid);
+    const size_t now = testutil::ThreadsOf(pid);
     same = now == last ? same + 1 : 0;
     last = now;
   }
@@ -63,7 +50,7 @@ TEST_F(ThreadsTest, IdleServiceRunsAtMostSixThreadsAndIdleConnectionsAddNone) {
   Produce(files);
   ConsumeOk(files);
   const pid_t b = cluster().ServicePid(1);
-  EXPECT_LE(ThreadsOf(b), kIdleServiceThreads + 2 * 8);
+  EXPECT_LE(testutil::ThreadsOf(b), kIdleServiceThreads + 2 * 8);
   const size_t busy = SettledThreadsOf(b);
   EXPECT_LE(busy, kIdleServiceThreads);
   // 300 idle local clients and 100 idle TCP connections: no new thread.

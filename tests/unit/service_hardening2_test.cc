@@ -6,7 +6,6 @@
 //  * a record that lies about its file's size fails its transfer;
 //  * a locked file named in a batch is answered busy at once;
 //  * what sessions that never read their replies hold is bounded.
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -367,17 +366,6 @@ TEST_F(Hardening2, LockedFileInBatchIsAnsweredBusyAtOnce) {
   EXPECT_EQ(ReadAll(cons_ + "/locked.dat"), "being rewritten");
 }
 
-// Threads of this process (both services run in it).
-size_t ThreadsNow() {
-  size_t n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-  }
-  return n;
-}
-
 // No request type holds a thread while its file is locked: eight batches
 // of the most items a batch may name (1,024), all the locked file, and 32
 // single fetches of it, together with a consume of another file. The
@@ -391,7 +379,7 @@ TEST_F(Hardening2, LockedFileHoldsNoThreadForAnyRequestType) {
   UniqueFd lock(::open((base_ + "/a/locked.dat").c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(lock.valid());
   ASSERT_EQ(::flock(lock.get(), LOCK_EX), 0);
-  const size_t threads_before = ThreadsNow();
+  const size_t threads_before = testutil::ThreadsOf();
 
   FetchBatchRequest batch;
   batch.max_inline = 64u << 10;
@@ -426,7 +414,7 @@ TEST_F(Hardening2, LockedFileHoldsNoThreadForAnyRequestType) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   EXPECT_EQ(ReadAll(cons_ + "/other.dat"), "served meanwhile");
-  const size_t threads_during = ThreadsNow();
+  const size_t threads_during = testutil::ThreadsOf();
   std::fprintf(stderr, "threads: %zu before, %zu with 8 x 1,024 batch items and 32 fetches\n",
                threads_before, threads_during);
   EXPECT_LE(threads_during, threads_before + 4) << "waiting requests hold threads";

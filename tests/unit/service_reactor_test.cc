@@ -3,7 +3,6 @@
 // handshake and requests waiting for a publication hold no thread. Threads
 // are counted in /proc/self/task (both services run in this process);
 // nothing here is timed.
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -25,6 +24,7 @@
 #include "service/service.h"
 #include "transport/tcp/tcp_transport.h"
 #include "unit/service_pair.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -35,16 +35,6 @@ using testing_services::ReadAll;
 using testing_services::SecondServiceOptions;
 using testing_services::WriteAndPublish;
 using testing_services::WriteFile;
-
-size_t ThreadCount() {
-  size_t n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  if (d == nullptr) return 0;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
 
 // Two services with two workers per pool, A the embedded root.
 class ReactorTest : public ::testing::Test {
@@ -150,7 +140,7 @@ TEST_F(ReactorTest, IdleConnectionsHoldNoThread) {
   // Warm up: a real exchange starts every lazily created thread.
   ASSERT_TRUE(Publish("warm.dat", "warm").ok());
   ASSERT_TRUE(Consume("warm.dat").ok());
-  const size_t before = ThreadCount();
+  const size_t before = testutil::ThreadsOf();
 
   std::vector<UniqueFd> clients;
   Result<SocketAddress> ux = ParseAddress("unix:" + base_ + "/a.sock");
@@ -186,7 +176,7 @@ TEST_F(ReactorTest, IdleConnectionsHoldNoThread) {
   EXPECT_EQ(Counter(base_ + "/a.sock", "connections.handshaking"), 10u);
 
   // One thread per connection would add 610; allow the odd lazy thread.
-  const size_t during = ThreadCount();
+  const size_t during = testutil::ThreadsOf();
   EXPECT_LE(during, before + 3) << "threads before " << before << ", during " << during;
 
   // Real work goes on meanwhile, and each idle connection still works.
@@ -210,7 +200,7 @@ TEST_F(ReactorTest, IdleConnectionsHoldNoThread) {
 TEST_F(ReactorTest, WaitingRequestsAreParkedNotHeldByWorkers) {
   ASSERT_TRUE(Publish("warm.dat", "warm").ok());
   ASSERT_TRUE(Consume("warm.dat").ok());
-  const size_t before = ThreadCount();
+  const size_t before = testutil::ThreadsOf();
 
   // 40 locates waiting on the root, far more than its 2 local workers.
   constexpr int kWaiters = 40;
@@ -236,7 +226,7 @@ TEST_F(ReactorTest, WaitingRequestsAreParkedNotHeldByWorkers) {
   }
   EXPECT_EQ(AwaitCounter(base_ + "/a.sock", "requests.parked", kWaiters),
             static_cast<uint64_t>(kWaiters));
-  EXPECT_LE(ThreadCount(), before + 3);
+  EXPECT_LE(testutil::ThreadsOf(), before + 3);
 
   // The publication (a request of its own) is served while all wait, and
   // wakes every one of them.

@@ -3,7 +3,6 @@
 // fires, whichever comes first, and reports which; thousands of waits hold
 // no thread; a blocking call goes to the bounded pool and resumes on the
 // loop; RunSync runs a task to its end for a caller outside the loop.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,19 +15,10 @@
 
 #include "common/net.h"
 #include "common/runtime.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
-
-size_t ThreadCount() {
-  size_t n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  if (d == nullptr) return 0;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
 
 struct SocketPair {
   UniqueFd a, b;
@@ -112,7 +102,7 @@ TEST_F(RuntimeTest, ChannelWaitsKeepOneRegistration) {
 TEST_F(RuntimeTest, ThousandWaitsHoldNoThreadAndEndAtTheStop) {
   std::vector<std::unique_ptr<SocketPair>> pairs;
   std::atomic<int> stopped{0};
-  const size_t before = ThreadCount();
+  const size_t before = testutil::ThreadsOf();
   for (int i = 0; i < 1000; ++i) {
     pairs.push_back(std::make_unique<SocketPair>());
     rt_.Spawn([](int fd, Stop* stop, std::atomic<int>* n) -> Task<void> {
@@ -123,7 +113,7 @@ TEST_F(RuntimeTest, ThousandWaitsHoldNoThreadAndEndAtTheStop) {
   while (rt_.tasks() != 1000 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(rt_.tasks(), 1000u);
-  EXPECT_LE(ThreadCount(), before + 1);
+  EXPECT_LE(testutil::ThreadsOf(), before + 1);
   rt_.Shutdown();
   EXPECT_EQ(stopped.load(), 1000);
   EXPECT_EQ(rt_.tasks(), 0u);
