@@ -40,7 +40,7 @@ Status FluxStatus(int err, const std::string& what, dyad_rc_t code) {
 double Seconds(int64_t ms) { return static_cast<double>(ms) / 1000.0; }
 
 // Waits for `f` at most `ms`; false with errno set (ETIMEDOUT) otherwise.
-bool Ready(flux_future_t* f, int64_t ms) { return flux_future_wait_for(f, Seconds(ms)) == 0; }
+bool FutureReady(flux_future_t* f, int64_t ms) { return flux_future_wait_for(f, Seconds(ms)) == 0; }
 
 // A lookup's raw value as a string (the JSON text the store wrote).
 bool LookupText(flux_future_t* f, std::string* out) {
@@ -121,7 +121,7 @@ Status ReadDirAt(flux_t* h, const std::string& root, const std::string& key, int
     return FluxStatus(errno, "flux:// read directory '" + key + "'", DYAD_RC_FLUXFAIL);
   const char* obj = nullptr;
   Status st;
-  if (!Ready(f, timeout_ms) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
+  if (!FutureReady(f, timeout_ms) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
     const int err = errno;
     if (err != ENOENT)
       st = FluxStatus(err, "flux:// read directory '" + key + "'", DYAD_RC_FLUXFAIL);
@@ -139,7 +139,7 @@ Status RootOf(flux_t* h, const std::string& fns, int64_t timeout_ms, std::string
   if (f == nullptr) return FluxStatus(errno, "flux:// namespace '" + fns + "'", DYAD_RC_FLUXFAIL);
   const char* obj = nullptr;
   Status st;
-  if (!Ready(f, timeout_ms) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
+  if (!FutureReady(f, timeout_ms) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
     const int err = errno;
     if (err != ENOTSUP) st = FluxStatus(err, "flux:// namespace '" + fns + "'", DYAD_RC_FLUXFAIL);
   } else {
@@ -155,7 +155,7 @@ Status CreateNamespace(flux_t* h, const std::string& fns, int64_t timeout_ms) {
   if (f == nullptr)
     return FluxStatus(errno, "flux:// create namespace '" + fns + "'", DYAD_RC_FLUXFAIL);
   Status st;
-  if (!Ready(f, timeout_ms) || flux_future_get(f, nullptr) < 0) {
+  if (!FutureReady(f, timeout_ms) || flux_future_get(f, nullptr) < 0) {
     const int err = errno;
     if (err != EEXIST)
       st = FluxStatus(err, "flux:// create namespace '" + fns + "'", DYAD_RC_FLUXFAIL);
@@ -391,7 +391,7 @@ Status FluxKvs::Commit(flux_t* h, const std::string& fns, const std::string& fke
     flux_kvs_txn_destroy(txn);
     if (f == nullptr) return FluxStatus(errno, what, DYAD_RC_BADCOMMIT);
     int err = 0;
-    if (!Ready(f, options_.rpc_timeout_ms) || flux_future_get(f, nullptr) < 0) err = errno;
+    if (!FutureReady(f, options_.rpc_timeout_ms) || flux_future_get(f, nullptr) < 0) err = errno;
     flux_future_destroy(f);
     if (err == 0) return Status::OK();
     if (err == ENOTSUP && attempt == 0) {  // no such namespace
@@ -452,7 +452,7 @@ Result<KvsValues> FluxKvs::MultiGet(const std::string& ns, const std::vector<std
       if (st.ok()) {
         const std::string fkey = FluxKey(keys[base + i]);
         std::string text;
-        if (Ready(fs[i], options_.rpc_timeout_ms) && LookupText(fs[i], &text)) {
+        if (FutureReady(fs[i], options_.rpc_timeout_ms) && LookupText(fs[i], &text)) {
           std::string value;
           st = DecodeStored(text, fkey, &value);
           if (st.ok()) out[base + i] = std::move(value);
@@ -495,7 +495,7 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
     const char* obj = nullptr;
     std::map<std::string, std::string> leaves;
     if (st.ok()) {
-      if (f == nullptr || !Ready(f, tmo) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
+      if (f == nullptr || !FutureReady(f, tmo) || flux_kvs_lookup_get_treeobj(f, &obj) < 0) {
         st = FluxStatus(errno, "flux:// read directory '" + dir + "'", DYAD_RC_FLUXFAIL);
       } else if (!DirEntries(obj, &leaves)) {
         st = Status(DYAD_RC_BADMETADATA, "flux:// '" + dir + "' is not a directory object");
@@ -538,7 +538,7 @@ Result<std::vector<KvsEntry>> FluxKvs::List(const std::string& ns, const std::st
     for (size_t i = 0; i < n; ++i) {
       std::string text;
       if (st.ok()) {
-        if (fs[i] == nullptr || !Ready(fs[i], tmo) || !LookupText(fs[i], &text)) {
+        if (fs[i] == nullptr || !FutureReady(fs[i], tmo) || !LookupText(fs[i], &text)) {
           st = FluxStatus(errno, "flux:// list: read '" + by_ref[base + i].second + "'",
                           DYAD_RC_FLUXFAIL);
         } else if (!DecodeStored(text, by_ref[base + i].second, &out[by_ref[base + i].first].second)
@@ -947,7 +947,7 @@ Status StartRootWatch(flux_t* h, const std::string& fns, const std::string& top,
   if (w == nullptr)
     return FluxStatus(errno, "flux:// watch namespace '" + fns + "'", DYAD_RC_FLUXFAIL);
   const char* obj = nullptr;
-  if (!Ready(w, tmo) || flux_kvs_lookup_get_treeobj(w, &obj) < 0) {
+  if (!FutureReady(w, tmo) || flux_kvs_lookup_get_treeobj(w, &obj) < 0) {
     st = FluxStatus(errno, "flux:// watch namespace '" + fns + "'", DYAD_RC_FLUXFAIL);
     flux_future_destroy(w);
     return st;
@@ -969,7 +969,7 @@ void StopRootWatch(flux_future_t* f) {
   // Cancel, and wait (briefly) for the end of the stream before letting go.
   if (flux_kvs_lookup_cancel(f) == 0) {
     for (int i = 0; i < 20; ++i) {
-      if (!Ready(f, 50)) continue;
+      if (!FutureReady(f, 50)) continue;
       const char* obj = nullptr;
       if (flux_kvs_lookup_get_treeobj(f, &obj) < 0) break;  // ENODATA: ended
       flux_future_reset(f);
@@ -1043,7 +1043,7 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
       if (st.ok()) resync();
       continue;
     }
-    if (!Ready(feed->f, kCancelPollMs)) {
+    if (!FutureReady(feed->f, kCancelPollMs)) {
       if (errno == ETIMEDOUT) continue;
     }
     const char* obj = nullptr;
@@ -1077,7 +1077,7 @@ void FluxKvs::FeedMain(WatchFeed* feed) {
         const std::string fkey = dir + "." + leaf->first;
         if (!InlineValue(leaf->second, &text)) {
           flux_future_t* f = flux_kvs_lookupat(feed->h, 0, fkey.c_str(), root.c_str());
-          const bool ok = f != nullptr && Ready(f, tmo) && LookupText(f, &text);
+          const bool ok = f != nullptr && FutureReady(f, tmo) && LookupText(f, &text);
           if (f != nullptr) flux_future_destroy(f);
           if (!ok) {
             st = FluxStatus(errno, "flux:// watch: read '" + fkey + "'", DYAD_RC_FLUXFAIL);
