@@ -3,7 +3,7 @@
 // A pooled session is taken at once. Otherwise the session is dialled in
 // steps that never block (a non-blocking connect that waits for the socket
 // to be writable, then the connecting side of the handshake, ClientHandshake,
-// that waits for it to be readable), so a fetch run by RunParked parks its
+// that waits for it to be readable), so a fetch driven on the loop parks its
 // request while an owner is slow: an owner that accepts connections but
 // never sends its challenge (hung, stopped) or an address whose SYNs are
 // dropped holds no worker of the requesting service.

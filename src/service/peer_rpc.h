@@ -2,9 +2,9 @@
 //
 // Takes a session to the rank (PeerDial: pooled, or dialled in steps that
 // never block), sends the request, and assembles the reply without waiting
-// (Channel::RecvFrameNow). Run by RunParked, a request that must hear from
-// another service (a version notice before a publication returns) parks
-// while that service is slow or silent instead of holding its worker.
+// (Channel::RecvFrameNow). Driven on the loop (Drive, service/resumable.h), a request that must
+// hear from another service (a version notice before a publication returns) parks while that
+// service is slow or silent instead of holding its worker.
 //
 // Bounds: the session and the reply together `timeout_ms`. A session that
 // answered is returned to the pool; one that timed out or broke is not.

@@ -48,7 +48,7 @@ class VersionNotices {
   // Appends `notice` for every rank in `ranks` but this one to `*to`.
   void Address(const std::set<uint32_t>& ranks, const SupersedeNotice& notice, Addressed* to) const;
   // Sends `to` one after the other, each bounded by the RPC timeout, as a
-  // Resumable (service/peer_rpc.h): run by RunParked, a slow or silent
+  // Resumable (service/peer_rpc.h): driven on the loop, a slow or silent
   // receiver holds no worker. A receiver that does not accept it is logged
   // and skipped.
   std::shared_ptr<Resumable> Sending(Addressed to, std::string upath);
