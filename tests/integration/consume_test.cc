@@ -317,5 +317,27 @@ TEST_F(ConsumeTest, MetadataRootRestartWhileConsumerWaits) {
   EXPECT_EQ(r[0].verified, 1);
 }
 
+TEST_F(ConsumeTest, FollowedRecordsAcrossARootRestartAreTheNewOnes) {
+  // B follows the namespace from its first consume (DYAD_FOLLOW_RECORDS).
+  // The root (node A) restarts with an empty store, and the producer
+  // publishes new contents under the same names: B's consumes return the
+  // new bytes, never its copies of the old ones.
+  const std::vector<ManifestEntry> before = {{"followed-1.dat", 1000}, {"followed-2.dat", 2000}};
+  Produce(before);
+  ConsumeOk(before);
+  ASSERT_TRUE(cluster().RestartService(kA).ok());
+  const std::vector<ManifestEntry> after = {{"followed-1.dat", 3000}, {"followed-2.dat", 5000}};
+  Produce(after);
+  ConsumeOk(after);
+  // Published after B follows: B learns the record without a lookup.
+  const std::vector<ManifestEntry> later = {{"followed-3.dat", 700}};
+  Produce(later);
+  ConsumeOk(later);
+  // (Each counter is shown once it happened.)
+  auto fed = cluster().Counter(kB, "records.fed");
+  auto seeded = cluster().Counter(kB, "records.seeded");
+  EXPECT_GE((fed.ok() ? *fed : 0) + (seeded.ok() ? *seeded : 0), 1u);
+}
+
 }  // namespace
 }  // namespace dyad::it
