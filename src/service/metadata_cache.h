@@ -27,6 +27,11 @@ class MetadataCache {
     return it->second;
   }
 
+  bool Contains(const std::string& ns, const std::string& key) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return map_.count(Join(ns, key)) != 0;
+  }
+
   void Put(const std::string& ns, const std::string& key, const FileRecord& rec) {
     std::lock_guard<std::mutex> lk(mu_);
     PutLocked(ns, key, rec, true);

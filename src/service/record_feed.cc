@@ -15,10 +15,13 @@ void RecordFeed::Follow(const std::string& ns) {
     if (stopping_ || followed_.count(ns) != 0 || followed_.size() >= kMaxNamespaces) return;
     followed_.emplace(ns, 0);
   }
-  // The watch and the listing ask the store: on the pool, never the loop.
-  rt_->Spawn([](RecordFeed* self, std::string ns) -> Task<void> {
-    co_await self->rt_->Offload([self, &ns] { self->Start(ns); });
-  }(this, ns));
+  OnPool(&RecordFeed::Start, ns);
+}
+
+void RecordFeed::OnPool(void (RecordFeed::*step)(const std::string&), const std::string& ns) {
+  rt_->Spawn([](RecordFeed* self, decltype(step) step, std::string ns) -> Task<void> {
+    co_await self->rt_->Offload([self, step, &ns] { (self->*step)(ns); });
+  }(this, step, ns));
 }
 
 void RecordFeed::Start(const std::string& ns) {
@@ -70,9 +73,7 @@ void RecordFeed::OnChange(const std::string& ns, const KvsChange& c) {
       MutexLock lk(mu_);
       if (stopping_) return;
     }
-    rt_->Spawn([](RecordFeed* self, std::string ns) -> Task<void> {
-      co_await self->rt_->Offload([self, &ns] { self->Seed(ns); });
-    }(this, ns));
+    OnPool(&RecordFeed::Seed, ns);
     return;
   }
   FileRecord rec;
@@ -91,11 +92,6 @@ void RecordFeed::Stop() {
     followed_.clear();
   }
   for (KvsWatchTicket t : tickets) kvs_->Unwatch(t);
-}
-
-size_t RecordFeed::followed() const {
-  MutexLock lk(mu_);
-  return followed_.size();
 }
 
 }  // namespace dyad

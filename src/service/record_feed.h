@@ -46,9 +46,10 @@ class RecordFeed {
   // Ends every watch; no callback runs after it returns.
   void Stop();
 
-  size_t followed() const;
-
  private:
+  // Runs `step` for `ns` on the runtime's pool: it asks the store, which
+  // may block, so never on the loop.
+  void OnPool(void (RecordFeed::*step)(const std::string&), const std::string& ns);
   void Start(const std::string& ns);
   void Seed(const std::string& ns);
   void OnChange(const std::string& ns, const KvsChange& c);

@@ -228,9 +228,9 @@ class Service {
                                    const std::optional<std::string>& published = std::nullopt);
   PlacementRequest PlacementFor(const ConsumeRequest& req, const FileRecord& rec) const;
   void ForgetFailedRecord(const ConsumeRequest& req, const Result<ConsumeReply>& r);
-  // After a placement of `failed` (a located record) that its owner
-  // refused as stale: the store's record, when it names another version
-  // (to place once more), else an error.
+  // After a placement of `failed` (a located record, not one the request
+  // carried) that its owner refused as stale (`r`): the store's record, when it names another
+  // version (to place once more), else an error.
   Result<FileRecord> RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
                                       const Result<ConsumeReply>& r);
 

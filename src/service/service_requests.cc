@@ -200,7 +200,7 @@ Task<Result<ConsumeReply>> Service::Consume(const ConsumeRequest& req, Deadline 
   auto record = [&] { return ConsumeRecord(req, true, deadline, cancel, published); };
   // (Written as an if: GCC 12 mis-compiles a co_await inside ?:.)
   Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "no record");
-  if (req.have_record || published.has_value() || cache_.Get(req.ns, req.key).has_value())
+  if (req.have_record || published.has_value() || cache_.Contains(req.ns, req.key))
     rec = record();  // no store call: nothing to leave the loop for
   else
     rec = co_await StoreCall(record);
@@ -220,7 +220,6 @@ Task<Result<ConsumeReply>> Service::Consume(const ConsumeRequest& req, Deadline 
 Result<FileRecord> Service::RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
                                              const Result<ConsumeReply>& r) {
   const Status none(DYAD_RC_NOTFOUND, "no other record");
-  if (r.ok() || r.status().code() != DYAD_RC_STALE || req.have_record) return none;
   // ForgetFailedRecord dropped the cached record: this reads the store.
   Result<FileRecord> fresh = Locate(req.ns, req.key, false, Deadline::AfterMs(0), nullptr);
   if (!fresh.ok() || fresh->upath != failed.upath || IdOf(*fresh) == IdOf(failed)) return none;

@@ -147,6 +147,21 @@ class Hardening2 : public ::testing::Test {
     return ch;
   }
 
+  // `n` authenticated peer sessions to A (as ranks first_rank, ...), each of
+  // which has sent `payload` as one frame of `type`; only those that did.
+  std::vector<std::unique_ptr<Channel>> SendFromPeers(uint32_t n, uint32_t first_rank, MsgType type,
+                                                      const std::string& payload) {
+    std::vector<std::unique_ptr<Channel>> sent;
+    for (uint32_t i = 0; i < n; ++i) {
+      std::unique_ptr<Channel> ch = ConnectPeer(*a_, first_rank + i);
+      const bool ok =
+          ch && ch->SendFrame(static_cast<uint16_t>(type), payload, Deadline::AfterMs(2000)).ok();
+      EXPECT_TRUE(ok) << "session " << i;
+      if (ok) sent.push_back(std::move(ch));
+    }
+    return sent;
+  }
+
   // Sends B a supersede notice for `rec` from an authenticated peer.
   Status SendNotice(const FileRecord& rec) {
     std::unique_ptr<Channel> ch = ConnectPeer(*b_, 7);
@@ -329,15 +344,9 @@ TEST_F(Hardening2, LockedFileInBatchIsAnsweredBusyAtOnce) {
   req.items.push_back({"free.dat", 0});
   Encoder e;
   req.EncodeTo(e);
-  std::vector<std::unique_ptr<Channel>> sessions;
-  for (uint32_t i = 0; i < 8; ++i) {
-    sessions.push_back(ConnectPeer(*a_, 100 + i));
-    ASSERT_TRUE(sessions.back());
-    ASSERT_TRUE(sessions.back()
-                    ->SendFrame(static_cast<uint16_t>(MsgType::kFetchBatch), e.data(),
-                                Deadline::AfterMs(2000))
-                    .ok());
-  }
+  std::vector<std::unique_ptr<Channel>> sessions =
+      SendFromPeers(8, 100, MsgType::kFetchBatch, e.data());
+  ASSERT_EQ(sessions.size(), 8u);
   // Meanwhile B consumes another file of A's within its 5 s bound.
   ASSERT_TRUE(Publish("other.dat", "served meanwhile").ok());
   Result<ConsumeReply> r = Consume("other.dat");
@@ -386,29 +395,17 @@ TEST_F(Hardening2, LockedFileHoldsNoThreadForAnyRequestType) {
   for (uint32_t i = 0; i < kMaxFetchBatchItems; ++i) batch.items.push_back({"locked.dat", 0});
   Encoder eb;
   batch.EncodeTo(eb);
-  std::vector<std::unique_ptr<Channel>> batches;
-  for (uint32_t i = 0; i < 8; ++i) {
-    batches.push_back(ConnectPeer(*a_, 100 + i));
-    ASSERT_TRUE(batches.back());
-    ASSERT_TRUE(batches.back()
-                    ->SendFrame(static_cast<uint16_t>(MsgType::kFetchBatch), eb.data(),
-                                Deadline::AfterMs(2000))
-                    .ok());
-  }
+  std::vector<std::unique_ptr<Channel>> batches =
+      SendFromPeers(8, 100, MsgType::kFetchBatch, eb.data());
+  ASSERT_EQ(batches.size(), 8u);
   FetchRequest one;
   one.upath = "locked.dat";
   one.transport = "tcp";
   Encoder ef;
   one.EncodeTo(ef);
-  std::vector<std::unique_ptr<Channel>> singles;
-  for (uint32_t i = 0; i < 32; ++i) {
-    singles.push_back(ConnectPeer(*a_, 200 + i));
-    ASSERT_TRUE(singles.back());
-    ASSERT_TRUE(
-        singles.back()
-            ->SendFrame(static_cast<uint16_t>(MsgType::kFetch), ef.data(), Deadline::AfterMs(2000))
-            .ok());
-  }
+  std::vector<std::unique_ptr<Channel>> singles =
+      SendFromPeers(32, 200, MsgType::kFetch, ef.data());
+  ASSERT_EQ(singles.size(), 32u);
   const auto t0 = std::chrono::steady_clock::now();
   Result<ConsumeReply> r = Consume("other.dat");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -454,15 +451,9 @@ TEST_F(Hardening2, SilentSessionMemoryIsBounded) {
   req.EncodeTo(e);
   const uint64_t parked_before = Counter(base_ + "/a.sock", "fetch.parked_for_room");
   const uint64_t rss_before = ResidentBytes();
-  std::vector<std::unique_ptr<Channel>> silent;
-  for (uint32_t i = 0; i < 16; ++i) {
-    silent.push_back(ConnectPeer(*a_, 200 + i));
-    ASSERT_TRUE(silent.back());
-    ASSERT_TRUE(silent.back()
-                    ->SendFrame(static_cast<uint16_t>(MsgType::kFetchBatch), e.data(),
-                                Deadline::AfterMs(2000))
-                    .ok());
-  }
+  std::vector<std::unique_ptr<Channel>> silent =
+      SendFromPeers(16, 200, MsgType::kFetchBatch, e.data());
+  ASSERT_EQ(silent.size(), 16u);
   // Each fills its socket, then waits on A's loop for room.
   ASSERT_TRUE(Eventually(
       [&] { return Counter(base_ + "/a.sock", "fetch.parked_for_room") >= parked_before + 16; },
