@@ -145,7 +145,7 @@ class Runtime {
   void RunSync(Task<void> task);
 
   // Waits on a peer in progress that have lasted long enough to count as
-  // parked (service/resumable.h), for `dyad status`.
+  // parked (service/peer_waits.h), for `dyad status`.
   std::atomic<uint64_t> long_waits{0};
 
   // Posts `fn` to the loop.

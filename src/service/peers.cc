@@ -6,7 +6,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "service/peer_dial.h"
-#include "service/resumable.h"
+#include "service/peer_waits.h"
 
 namespace dyad {
 
@@ -72,9 +72,8 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address,
 }
 
 Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline deadline) {
-  PeerDial dial(this, rank, deadline);
-  rt_->RunSync(Drive(*rt_, dial, &rt_->stopping(), nullptr));
-  return dial.Take();
+  PeerWaits waits(*rt_, &rt_->stopping(), nullptr);
+  return rt_->RunSync(DialPeer(*this, rank, deadline, waits));
 }
 
 std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {

@@ -32,7 +32,6 @@
 #include "common/trace.h"
 #include "proto/protocol.h"
 #include "proto/router.h"
-#include "service/fetch_op.h"
 #include "service/fetcher.h"
 #include "service/node_cache.h"
 #include "service/peers.h"
@@ -123,7 +122,8 @@ class Placement {
     std::string dest;
     std::shared_ptr<InFlight> flight;
     AtomicFile out;
-    std::shared_ptr<FetchOp> fetch;
+    bool fetch = false;  // from the owner (else a copy within this node)
+    FetchResult fetched;
     Status error;  // a failure outside the fetch (the temporary)
     bool retried = false;
     uint64_t t0 = 0;

@@ -23,11 +23,11 @@
 #include "service/advertise.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
 #include "service/record_feed.h"
-#include "service/resumable.h"
 #include "service/server.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -450,9 +450,8 @@ void Service::AsyncPublishLoop() {
     }
     // The store holds the record now: its notices can be confirmed.
     if (stored && !p.notices.empty() && !runtime_->stopping().fired()) {
-      std::shared_ptr<Resumable> send = notices_->Sending(std::move(p.notices), p.upath);
-      runtime_->RunSync(
-          Drive(*runtime_, *send, &runtime_->stopping(), &stats_, "notices.parked_for_peer"));
+      PeerWaits waits(*runtime_, &runtime_->stopping(), &stats_, "notices.parked_for_peer");
+      runtime_->RunSync(notices_->Send(std::move(p.notices), p.upath, waits));
     }
     stats_.Sub(ServiceStats::kAsyncPending);
   }
