@@ -183,6 +183,11 @@ std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io
 // Sleeps until `deadline` or until `stop` fires (false then).
 Task<bool> Sleep(Deadline deadline, Stop* stop);
 
+// Runs `fn(0)` ... `fn(n - 1)` as tasks on the loop, at most `width` at
+// once, and returns when every one has ended. Each must end by itself
+// (its waits name a Stop). `fn` is kept until then. On the loop.
+Task<void> ForEachTask(Runtime& rt, size_t n, size_t width, std::function<Task<void>(size_t)> fn);
+
 // A result delivered by a callback from any thread (a store's wait, a
 // flight that settles): the first Deliver counts; Take waits for it, until
 // `deadline` or `stop` (nullopt then; a later Take may still get it).

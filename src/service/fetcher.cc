@@ -102,18 +102,26 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
   co_return std::move(out);
 }
 
-Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs,
-                           uint64_t max_inline, const PartFn& on_part, size_t* answered) {
+Task<Status> Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs,
+                                 uint64_t max_inline, const PartFn& on_part, size_t* answered,
+                                 PeerWaits& waits) {
   *answered = 0;
   TraceSpan span("fetch.batch", "service");
   span.Arg("owner", owner).Arg("files", recs.size());
   const std::string what =
       "batch fetch of " + std::to_string(recs.size()) + " files from rank " + std::to_string(owner);
+  auto fail = [&what](const Status& st) { return Status(st.code(), what + ": " + st.message()); };
   const Deadline setup = Deadline::AfterMs(rpc_timeout_ms_);
-  Result<std::unique_ptr<Channel>> session = peers_->Acquire(owner, setup);
-  if (!session.ok())
-    return Status(session.status().code(), what + ": " + session.status().message());
+  Result<std::unique_ptr<Channel>> session = co_await DialPeer(*peers_, owner, setup, waits);
+  if (!session.ok()) co_return fail(session.status());
   Channel& ch = **session;
+  // Back to the pool at the end, unless it broke or is out of step.
+  struct Return {
+    PeerDirectory* peers;
+    uint32_t rank;
+    std::unique_ptr<Channel>* ch;
+    ~Return() { peers->Release(rank, std::move(*ch)); }
+  } give_back{peers_, owner, &*session};
   FetchBatchRequest req;
   req.max_inline = max_inline;
   for (const FileRecord* r : recs) req.items.push_back({r->upath, r->version});
@@ -122,44 +130,47 @@ Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>&
   Status st = ch.SendFrame(static_cast<uint16_t>(MsgType::kFetchBatch), e.data(), setup);
   if (!st.ok()) {
     ch.MarkBroken();
-    return Status(st.code(), what + ": " + st.message());
+    co_return fail(st);
   }
-  // Every answer is a reply frame; one that cannot be read leaves the
-  // session out of step, so any failure to receive one ends it.
+  // Every answer is a reply frame, each within --rpc-timeout; one that
+  // cannot be read leaves the session out of step, so any failure to
+  // receive one ends it (AwaitReply marks it broken).
+  const std::string late =
+      "no answer from the owner within " + std::to_string(rpc_timeout_ms_) + " ms (--rpc-timeout)";
   std::string body;
-  auto next = [&ch, &body, this](Status* answer) -> Status {
-    uint16_t type = 0;
-    std::string payload;
-    Status rs = ch.RecvFrame(&type, &payload, Deadline::AfterMs(rpc_timeout_ms_));
-    if (rs.ok() &&
-        (type != static_cast<uint16_t>(MsgType::kReply) || !DecodeReply(payload, answer, &body)))
-      rs = Status(DYAD_RC_BADUNPACK, "malformed reply");
-    if (!rs.ok()) ch.MarkBroken();
-    return rs;
+  auto next = [&](Status* answer) -> Task<Status> {
+    bool replied = false;
+    Status rs =
+        co_await AwaitReply(ch, Deadline::AfterMs(rpc_timeout_ms_), waits, late, &body, &replied);
+    if (!replied || ch.broken()) {
+      ch.MarkBroken();
+      co_return rs;
+    }
+    *answer = rs;
+    co_return Status::OK();
   };
   Status answer;
-  st = next(&answer);
-  if (!st.ok()) return Status(st.code(), what + ": " + st.message());
+  st = co_await next(&answer);
+  if (!st.ok()) co_return fail(st);
   if (!answer.ok()) {
-    peers_->Release(owner, std::move(*session));
     // An owner without batches names the request it does not serve.
     const dyad_rc_t code = answer.code() == DYAD_RC_BADREQUEST ? DYAD_RC_NOTSUP : answer.code();
-    return Status(code, what + ": " + answer.message());
+    co_return Status(code, what + ": " + answer.message());
   }
   Decoder head(body);
   if (head.U32() != recs.size() || !head.done()) {
     ch.MarkBroken();
-    return Status(DYAD_RC_BADUNPACK, what + ": malformed reply");
+    co_return Status(DYAD_RC_BADUNPACK, what + ": malformed reply");
   }
   FetchBatchPart part;
   for (size_t i = 0; i < recs.size(); ++i) {
-    st = next(&answer);
-    if (!st.ok()) return Status(st.code(), what + ": " + st.message());
+    st = co_await next(&answer);
+    if (!st.ok()) co_return fail(st);
     if (answer.ok()) {
       Decoder d(body);
       if (!part.DecodeFrom(d) || !d.done()) {
         ch.MarkBroken();
-        return Status(DYAD_RC_BADUNPACK, what + ": malformed part for '" + recs[i]->upath + "'");
+        co_return Status(DYAD_RC_BADUNPACK, what + ": malformed part for '" + recs[i]->upath + "'");
       }
     }
     // Bytes the record does not announce are not taken (the budget
@@ -173,8 +184,7 @@ Status Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRecord*>&
     *answered = i + 1;
     on_part(i, answer, answer.ok() ? &part : nullptr);
   }
-  peers_->Release(owner, std::move(*session));
-  return Status::OK();
+  co_return Status::OK();
 }
 
 }  // namespace dyad

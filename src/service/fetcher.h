@@ -65,8 +65,9 @@ class Fetcher {
   // items from `*answered` on got no answer (DYAD_RC_NOTSUP: the owner
   // predates kFetchBatch); the caller fetches those one by one.
   using PartFn = std::function<void(size_t i, const Status& st, FetchBatchPart* part)>;
-  Status FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs, uint64_t max_inline,
-                    const PartFn& on_part, size_t* answered);
+  Task<Status> FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs,
+                          uint64_t max_inline, const PartFn& on_part, size_t* answered,
+                          PeerWaits& waits);
 
  private:
   PeerDirectory* peers_;

@@ -326,8 +326,8 @@ std::vector<Prefetcher::Item> Prefetcher::PlaceAll(std::vector<Item>& items) {
   }
   std::vector<Item> retries;
   if (preqs.empty()) return retries;
-  std::vector<Result<ConsumeReply>> results = placement_->PlaceBatch(
-      preqs, Deadline::AfterMs(cfg_.transfer_timeout_ms), [this] { return stopped_.load(); });
+  std::vector<Result<ConsumeReply>> results =
+      placement_->PlaceBatchNow(std::move(preqs), Deadline::AfterMs(cfg_.transfer_timeout_ms));
   for (size_t k = 0; k < placed.size(); ++k) {
     Item& item = *placed[k];
     const Result<ConsumeReply>& r = results[k];

@@ -342,10 +342,11 @@ void Service::Teardown() {
   // Parked waits end with DYAD_RC_CANCELLED, and their requests get that reply.
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
+    // Every wait ends (DYAD_RC_CANCELLED), the pending publications' and
+    // the prefetcher's transfers' too.
+    if (runtime_) runtime_->FireStop();
     if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
     if (server_) server_->Stop();      // closes every connection
-    // Every wait ends (DYAD_RC_CANCELLED), the pending publications' too.
-    if (runtime_) runtime_->FireStop();
     if (async_thread_.joinable()) async_thread_.join();
     if (runtime_) runtime_->Shutdown();
     if (record_feed_) record_feed_->Stop();  // after the pool: nothing starts a watch now

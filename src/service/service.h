@@ -202,9 +202,9 @@ class Service {
   Task<void> HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest req);
   // The batch's items whose record is known, placed together; each result
   // goes to settle(index in items, result).
-  void PlacePublished(const std::vector<ConsumeRequest>& items,
-                      const std::vector<std::optional<FileRecord>>& records, const CancelFn& cancel,
-                      const std::function<void(size_t, const Result<ConsumeReply>&)>& settle);
+  Task<void> PlacePublished(const std::vector<ConsumeRequest>& items,
+                            const std::vector<std::optional<FileRecord>>& records, dyad::Stop* stop,
+                            const std::function<void(size_t, const Result<ConsumeReply>&)>& settle);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked). `published`: what the
