@@ -50,11 +50,11 @@ Task<Status> AwaitFlight(PeerDirectory& peers, uint32_t rank, const std::string&
   co_return st;
 }
 
-// Connects to `addr` and authenticates, by `deadline`. `*stopped` is set
-// when the Stop ended it (the status is then the Stop's reason).
-Task<Result<std::unique_ptr<Channel>>> Connect(PeerDirectory& peers, const SocketAddress& addr,
-                                               Deadline deadline, PeerWaits& waits,
-                                               PeerIdentity* peer, bool* stopped) {
+}  // namespace
+
+Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const SocketAddress& addr,
+                                                   Deadline deadline, PeerWaits& waits,
+                                                   PeerIdentity* peer, bool* stopped) {
   bool connected = false;
   Result<UniqueFd> fd = ConnectStart(addr, &connected);
   if (!fd.ok()) co_return fd.status();
@@ -85,6 +85,8 @@ Task<Result<std::unique_ptr<Channel>>> Connect(PeerDirectory& peers, const Socke
   *peer = hs.peer();
   co_return std::move(ch);
 }
+
+namespace {
 
 // Ends the flight a caller leads: with the dial's outcome, or, when the
 // caller went away first (its Stop, or its task dropped), as abandoned so
@@ -130,7 +132,7 @@ Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t r
     if (!addr.ok())
       ch = addr.status();
     else
-      ch = co_await Connect(peers, *addr, dial_by, waits, &peer, &stopped);
+      ch = co_await ConnectPeer(peers, *addr, dial_by, waits, &peer, &stopped);
     if (stopped) co_return ch;  // (the flight ends as abandoned)
     ch = peers.FinishDial(rank, *rec, std::move(ch), peer);
     leading.End(ch.ok() ? Status::OK() : ch.status());

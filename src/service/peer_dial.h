@@ -31,6 +31,13 @@
 
 namespace dyad {
 
+// The dial itself: connects to `addr` and authenticates (the connecting
+// side of the handshake) by `deadline`; `*peer` is who answered.
+// `*stopped` is set when the Stop ended it (the status is its reason).
+Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const SocketAddress& addr,
+                                                   Deadline deadline, PeerWaits& waits,
+                                                   PeerIdentity* peer, bool* stopped);
+
 Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t rank,
                                                 Deadline deadline, PeerWaits& waits);
 

@@ -124,6 +124,11 @@ Status Service::StartSteps() {
   // Twice the workers of the old two pools: the bound of blocking calls.
   runtime_ = std::make_unique<Runtime>(2 * std::max<size_t>(opt_.workers, 1), opt_.worker_idle_ms);
   DYAD_RETURN_IF_ERROR(runtime_->Start());
+  {
+    std::lock_guard<std::mutex> lk(stop_mu_);
+    startup_stop_ = std::make_unique<dyad::Stop>(runtime_->executor(), &runtime_->stopping());
+    if (stopping_) startup_stop_->Fire(Status(DYAD_RC_CANCELLED, "stopped during start-up"));
+  }
   BuildParts();
   RouteRequests();
   TraceSetProcessName("dyad-service rank " + std::to_string(opt_.rank) + " (" + hostname_ + ")");
@@ -326,6 +331,7 @@ void Service::Stop() {
     stop_cv_.notify_all();  // start-up pauses
     if (starting_ || !started_) {
       if (kvs_) kvs_->Shutdown();
+      if (startup_stop_) startup_stop_->Fire(Status(DYAD_RC_CANCELLED, "stopped during start-up"));
       if (starting_) return;  // Start() sees stopping_ and tears down itself
       stopped_ = true;        // nothing to tear down
       return;

@@ -196,7 +196,7 @@ class Service {
   // The store's record when it is the version notice `n` names, else why
   // the notice is not acted on.
   Result<FileRecord> ConfirmNotice(const SupersedeNotice& n);
-  void HandlePeers(RequestContext& ctx, const PeersRequest& req);  // service_peers.cc
+  Task<void> HandlePeers(RequestContext& ctx, PeersRequest req);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req);
   Task<void> HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest req);
@@ -242,6 +242,8 @@ class Service {
   Status CheckSameHostPeers();
   Status ClaimRank();
   Status CheckOwnAddress();
+  // A probe of `rec` during start-up, ended by a stop request.
+  ProbeResult ProbeNow(const ServiceRecord& rec);
   ServiceRecord OwnRecord() const;
   // Sleeps up to `ms`; false (at once) when the service is stopping.
   bool PauseUnlessStopping(int64_t ms);
@@ -270,6 +272,9 @@ class Service {
   std::shared_ptr<const Authenticator> auth_;  // set by Start()
   // The runtime every part runs on (common/runtime.h); destroyed after them.
   std::unique_ptr<Runtime> runtime_;
+  // Ends the start-up's waits on the runtime (probes) when the service is
+  // asked to stop while starting; set with runtime_, under stop_mu_.
+  std::unique_ptr<dyad::Stop> startup_stop_;
   ServiceStats stats_;
   MetadataCache cache_;
   std::atomic<uint64_t> publish_seq_{0};  // FileRecord::seq of this incarnation

@@ -40,7 +40,7 @@ void Service::RouteRequests() {
   d.RouteTask(Link::kLocal, MsgType::kConsume, "requests.consume", this, &Service::HandleConsume);
   d.Route(Link::kLocal, MsgType::kList, "requests.list", this, &Service::HandleList);
   d.Route(Link::kLocal, MsgType::kRemove, nullptr, this, &Service::HandleRemove);
-  d.Route(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
+  d.RouteTask(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
   d.Route(Link::kLocal, MsgType::kPrefetch, nullptr, this, &Service::HandlePrefetch);
   d.RouteTask(Link::kLocal, MsgType::kConsumeBatch, nullptr, this, &Service::HandleConsumeBatch);
   d.RouteTask(Link::kPeer, MsgType::kSupersede, nullptr, this, &Service::HandleSupersede);
