@@ -6,6 +6,18 @@
 #include "service/peer_rpc.h"
 
 namespace dyad {
+namespace {
+
+// Whatever happens in a conversation, its session goes back to the pool at
+// the end unless it broke or is out of step (marked broken then).
+struct GiveBack {
+  PeerDirectory* peers;
+  uint32_t rank;
+  std::unique_ptr<Channel>* ch;
+  ~GiveBack() { peers->Release(rank, std::move(*ch)); }
+};
+
+}  // namespace
 
 Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
                                  PeerWaits& waits) {
@@ -27,14 +39,7 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
     co_return end(stale ? DYAD_RC_BADFETCH : session.status().code(), session.status().message());
   }
   Channel& ch = **session;
-  // Whatever happens next, the session goes back to the pool unless it
-  // broke or is out of step (marked broken then).
-  struct Return {
-    PeerDirectory* peers;
-    uint32_t rank;
-    std::unique_ptr<Channel>* ch;
-    ~Return() { peers->Release(rank, std::move(*ch)); }
-  } give_back{peers_, rec.owner_rank, &*session};
+  GiveBack give_back{peers_, rec.owner_rank, &*session};
 
   Result<std::string> args = transport.PrepareRequest();
   if (!args.ok()) co_return end(args.status().code(), args.status().message());
@@ -115,13 +120,7 @@ Task<Status> Fetcher::FetchBatch(uint32_t owner, const std::vector<const FileRec
   Result<std::unique_ptr<Channel>> session = co_await DialPeer(*peers_, owner, setup, waits);
   if (!session.ok()) co_return fail(session.status());
   Channel& ch = **session;
-  // Back to the pool at the end, unless it broke or is out of step.
-  struct Return {
-    PeerDirectory* peers;
-    uint32_t rank;
-    std::unique_ptr<Channel>* ch;
-    ~Return() { peers->Release(rank, std::move(*ch)); }
-  } give_back{peers_, owner, &*session};
+  GiveBack give_back{peers_, owner, &*session};
   FetchBatchRequest req;
   req.max_inline = max_inline;
   for (const FileRecord* r : recs) req.items.push_back({r->upath, r->version});
