@@ -137,7 +137,6 @@ Status Service::StartSteps() {
   // and others may start fetching as soon as the record is visible.
   DYAD_RETURN_IF_ERROR(StartServer());
   DYAD_RETURN_IF_ERROR(RegisterMembership());
-  async_thread_ = std::thread([this] { AsyncPublishLoop(); });
   runtime_->Spawn(Upkeep());
 
   DYAD_LOG_INFO(
@@ -344,7 +343,6 @@ void Service::Stop() {
 }
 
 void Service::Teardown() {
-  async_cv_.notify_all();
   // Parked waits end with DYAD_RC_CANCELLED, and their requests get that reply.
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
@@ -353,7 +351,6 @@ void Service::Teardown() {
     if (runtime_) runtime_->FireStop();
     if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
     if (server_) server_->Stop();      // closes every connection
-    if (async_thread_.joinable()) async_thread_.join();
     if (runtime_) runtime_->Shutdown();
     if (record_feed_) record_feed_->Stop();  // after the pool: nothing starts a watch now
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
@@ -429,36 +426,51 @@ void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
   SendReply(ch, st, body, opt_.rpc_timeout_ms, &stats_);
 }
 
-void Service::AsyncPublishLoop() {
+void Service::QueueAsyncPublish(PendingPublish p) {
+  stats_.Add(ServiceStats::kAsyncPending);
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lk(async_mu_);
+    async_queue_.push_back(std::move(p));
+    start = !async_draining_;
+    async_draining_ = true;
+  }
+  if (start) runtime_->Spawn(DrainAsyncPublications());
+}
+
+Task<void> Service::DrainAsyncPublications() {
+  dyad::Stop& stopping = runtime_->stopping();
   for (;;) {
     PendingPublish p;
     {
-      std::unique_lock<std::mutex> lk(async_mu_);
-      async_cv_.wait(lk, [this] { return stopping_ || !async_queue_.empty(); });
-      if (async_queue_.empty()) return;  // stopping and drained
+      std::lock_guard<std::mutex> lk(async_mu_);
+      if (async_queue_.empty()) {
+        async_draining_ = false;
+        co_return;
+      }
       p = std::move(async_queue_.front());
       async_queue_.pop_front();
     }
     int64_t backoff = 50;
     bool stored = false;
     for (int attempt = 0;; ++attempt) {
-      Status st = kvs_->Put(p.ns, p.key, p.value);
+      Status st = co_await StoreCall([this, &p] { return kvs_->Put(p.ns, p.key, p.value); });
       if (st.ok()) {
         stored = true;
         break;
       }
-      if (attempt >= 8 || stopping_) {
+      if (attempt >= 8 || stopping.fired()) {
         DYAD_LOG_ERROR("asynchronous publish of key '%s' failed: %s", p.key.c_str(),
                        st.ToString().c_str());
         break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff));
+      co_await Sleep(Deadline::AfterMs(backoff), &stopping);  // a stop: the next try is the last
       backoff = std::min<int64_t>(backoff * 2, 2000);
     }
     // The store holds the record now: its notices can be confirmed.
-    if (stored && !p.notices.empty() && !runtime_->stopping().fired()) {
-      PeerWaits waits(*runtime_, &runtime_->stopping(), &stats_, "notices.parked_for_peer");
-      runtime_->RunSync(notices_->Send(std::move(p.notices), p.upath, waits));
+    if (stored && !p.notices.empty() && !stopping.fired()) {
+      PeerWaits waits(*runtime_, &stopping, &stats_, "notices.parked_for_peer");
+      co_await notices_->Send(std::move(p.notices), p.upath, waits);
     }
     stats_.Sub(ServiceStats::kAsyncPending);
   }

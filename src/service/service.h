@@ -250,7 +250,6 @@ class Service {
   Status WriteReadyFile();
   // Stops listeners, connections and threads (once; from Stop or Start).
   void Teardown();
-  void AsyncPublishLoop();
   // The upkeep task: Housekeep() every kHousekeepingMs, and every 3 s
   // re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
@@ -307,10 +306,14 @@ class Service {
     VersionNotices::Addressed notices;
     std::string upath;
   };
+  // Queues an asynchronous publication's record for the store.
+  void QueueAsyncPublish(PendingPublish p);
+  // Stores the queued records in order, each retried with a backoff, then
+  // sends its version notices; a task that runs while the queue has any.
+  Task<void> DrainAsyncPublications();
   std::mutex async_mu_;
-  std::condition_variable async_cv_;
-  std::list<PendingPublish> async_queue_;
-  std::thread async_thread_;
+  std::list<PendingPublish> async_queue_;  // guarded by async_mu_
+  bool async_draining_ = false;            // a DrainAsyncPublications runs; guarded by async_mu_
   std::string listen_bound_;  // where the peer listener is bound (the ready file's listen=)
   std::string member_value_;
 
