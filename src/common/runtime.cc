@@ -306,14 +306,18 @@ void Runtime::Shutdown(int64_t grace_ms) {
 
 void Runtime::Spawn(Task<void> task) {
   tasks_.fetch_add(1);
-  asio::co_spawn(io_, std::move(task), [this](std::exception_ptr e) {
-    tasks_.fetch_sub(1);
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      DYAD_LOG_ERROR("runtime: a task ended with an exception: %s", ex.what());
-    }
+  // Posted, never run inline: a caller on the loop may hold a lock the
+  // task takes (co_spawn alone would run it at once up to its first wait).
+  asio::post(io_, [this, t = std::move(task)]() mutable {
+    asio::co_spawn(io_, std::move(t), [this](std::exception_ptr e) {
+      tasks_.fetch_sub(1);
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        DYAD_LOG_ERROR("runtime: a task ended with an exception: %s", ex.what());
+      }
+    });
   });
 }
 

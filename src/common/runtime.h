@@ -127,8 +127,9 @@ class Runtime {
   bool running() const { return running_.load(); }
   bool InLoop() const { return std::this_thread::get_id() == loop_id_.load(); }
 
-  // Starts `task` on the loop, detached; it must end by itself (its waits
-  // name a Stop descending from stopping()).
+  // Starts `task` on the loop, detached, after the caller's turn (never
+  // inline, whoever calls); it must end by itself (its waits name a Stop
+  // descending from stopping()).
   void Spawn(Task<void> task);
   // Tasks started by Spawn that have not ended.
   uint64_t tasks() const { return tasks_.load(); }

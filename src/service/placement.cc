@@ -66,11 +66,6 @@ Result<ConsumeReply> Placement::PlaceNow(const PlacementRequest& req, Deadline d
   return rt_->RunSync(Place(req, deadline, &rt_->stopping()));
 }
 
-std::vector<Result<ConsumeReply>> Placement::PlaceBatchNow(std::vector<PlacementRequest> reqs,
-                                                           Deadline deadline) {
-  return rt_->RunSync(PlaceBatch(std::move(reqs), deadline, &rt_->stopping(), 1));
-}
-
 Result<Placement::Plan> Placement::Prepare(const PlacementRequest& req) {
   Result<Route> route = Decide(req);
   if (!route.ok()) return route.status();

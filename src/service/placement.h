@@ -99,10 +99,6 @@ class Placement {
   Task<std::vector<Result<ConsumeReply>>> PlaceBatch(std::vector<PlacementRequest> reqs,
                                                      Deadline deadline, Stop* stop,
                                                      size_t parallelism = 1);
-  // PlaceBatch (one at a time), run to its end from a thread that is not
-  // the runtime's loop, its waits ended by the service's stop.
-  std::vector<Result<ConsumeReply>> PlaceBatchNow(std::vector<PlacementRequest> reqs,
-                                                  Deadline deadline);
   // Largest file PlaceBatch sends inline in a batch.
   static constexpr uint64_t kBatchInline = 256u << 10;
 

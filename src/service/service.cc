@@ -275,7 +275,8 @@ void Service::BuildParts() {
   fc.max_inflight = opt_.prefetch_concurrency;
   fc.max_per_peer = opt_.prefetch_per_peer;
   fc.transfer_timeout_ms = opt_.rpc_timeout_ms;
-  prefetch_ = std::make_unique<Prefetcher>(fc, kvs_.get(), placement_.get(), &cache_);
+  prefetch_ =
+      std::make_unique<Prefetcher>(fc, runtime_.get(), kvs_.get(), placement_.get(), &cache_);
   // The node cache's budget bounds what is fetched ahead, and every
   // publication the prefetcher's watch sees supersedes older copies.
   prefetch_->SetAdmit([nc = node_cache_.get()](uint64_t bytes) { return nc->Admit(bytes); });
