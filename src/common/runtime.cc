@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <sys/socket.h>
+
+#include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/posix/stream_descriptor.hpp>
@@ -304,14 +306,18 @@ void Runtime::Shutdown(int64_t grace_ms) {
 
 void Runtime::Spawn(Task<void> task) {
   tasks_.fetch_add(1);
-  asio::co_spawn(io_, std::move(task), [this](std::exception_ptr e) {
-    tasks_.fetch_sub(1);
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      DYAD_LOG_ERROR("runtime: a task ended with an exception: %s", ex.what());
-    }
+  // Posted, never run inline: a caller on the loop may hold a lock the
+  // task takes (co_spawn alone would run it at once up to its first wait).
+  asio::post(io_, [this, t = std::move(task)]() mutable {
+    asio::co_spawn(io_, std::move(t), [this](std::exception_ptr e) {
+      tasks_.fetch_sub(1);
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        DYAD_LOG_ERROR("runtime: a task ended with an exception: %s", ex.what());
+      }
+    });
   });
 }
 
@@ -328,5 +334,29 @@ void Runtime::RunSync(Task<void> task) {
 }
 
 bool Runtime::Submit(std::function<void()> fn) { return pool_->Submit(std::move(fn)); }
+
+Task<void> ForEachTask(Runtime& rt, size_t n, size_t width, std::function<Task<void>(size_t)> fn) {
+  if (n == 0) co_return;
+  // `width` runners take the next index until none is left; the last to
+  // end wakes the caller. All of it runs on the loop: no lock.
+  struct Shared {
+    std::function<Task<void>(size_t)> fn;
+    size_t n = 0;
+    size_t next = 0;
+    size_t running = 0;
+    std::shared_ptr<Rendezvous<bool>> all_done;
+  };
+  auto sh = std::make_shared<Shared>();
+  sh->fn = std::move(fn);
+  sh->n = n;
+  sh->running = std::clamp<size_t>(width, 1, n);
+  sh->all_done = std::make_shared<Rendezvous<bool>>(rt.executor());
+  for (size_t r = sh->running; r > 0; --r)
+    rt.Spawn([](std::shared_ptr<Shared> s) -> Task<void> {
+      while (s->next < s->n) co_await s->fn(s->next++);
+      if (--s->running == 0) s->all_done->Deliver(true);
+    }(sh));
+  (void)co_await sh->all_done->Take(Deadline::Never(), nullptr);
+}
 
 }  // namespace dyad

@@ -127,8 +127,9 @@ class Runtime {
   bool running() const { return running_.load(); }
   bool InLoop() const { return std::this_thread::get_id() == loop_id_.load(); }
 
-  // Starts `task` on the loop, detached; it must end by itself (its waits
-  // name a Stop descending from stopping()).
+  // Starts `task` on the loop, detached, after the caller's turn (never
+  // inline, whoever calls); it must end by itself (its waits name a Stop
+  // descending from stopping()).
   void Spawn(Task<void> task);
   // Tasks started by Spawn that have not ended.
   uint64_t tasks() const { return tasks_.load(); }
@@ -145,7 +146,7 @@ class Runtime {
   void RunSync(Task<void> task);
 
   // Waits on a peer in progress that have lasted long enough to count as
-  // parked (service/resumable.h), for `dyad status`.
+  // parked (service/peer_waits.h), for `dyad status`.
   std::atomic<uint64_t> long_waits{0};
 
   // Posts `fn` to the loop.
@@ -182,6 +183,11 @@ std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io
                                                        std::shared_ptr<Stop> stop);
 // Sleeps until `deadline` or until `stop` fires (false then).
 Task<bool> Sleep(Deadline deadline, Stop* stop);
+
+// Runs `fn(0)` ... `fn(n - 1)` as tasks on the loop, at most `width` at
+// once, and returns when every one has ended. Each must end by itself
+// (its waits name a Stop). `fn` is kept until then. On the loop.
+Task<void> ForEachTask(Runtime& rt, size_t n, size_t width, std::function<Task<void>(size_t)> fn);
 
 // A result delivered by a callback from any thread (a store's wait, a
 // flight that settles): the first Deliver counts; Take waits for it, until

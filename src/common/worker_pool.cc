@@ -95,15 +95,4 @@ void WorkerPool::Run() {
   }
 }
 
-void ForEachParallel(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> helpers;
-  for (size_t h = 1; h < std::min(threads, n); ++h) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
-}
-
 }  // namespace dyad

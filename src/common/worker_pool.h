@@ -64,10 +64,4 @@ class WorkerPool {
   std::vector<std::thread> ended_;                  // ended, to join; guarded by mu_
 };
 
-// Calls fn(0) .. fn(n - 1) on up to `threads` threads, this one included,
-// each taking the next index as it finishes one; returns once all are done.
-// For work one request fans out (a batch's store reads or placements), on
-// threads that live only as long as that request.
-void ForEachParallel(size_t n, size_t threads, const std::function<void(size_t)>& fn);
-
 }  // namespace dyad

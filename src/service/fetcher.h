@@ -3,12 +3,22 @@
 // FetchBatch() asks one owner for many small files in one kFetchBatch and
 // hands each answer to the caller as it arrives (prefetch).
 //
-// Fetch() takes a pooled (or new) authenticated session to the owner,
-// sends the FetchRequest with the transport's arguments, and lets the
-// transport land the bytes in `sink_fd` (fetch_op.h: the same conversation
-// as a FetchOp, which a request can park on). It decides nothing about where
-// the file goes or whether it is needed (that is Placement's job): it moves
-// bytes and reports what happened. Thread-safe.
+// Fetch() is one fetch of one file, a coroutine on the service's runtime
+// (transport.h has the conversation): take a pooled (or new) authenticated
+// session to the owner (DialPeer), send the FetchRequest with the
+// transport's arguments, receive the FetchReply, let the transport's
+// PullOp land the bytes in the sink (DriveTransfer), receive the owner's
+// verdict (the file did not change while it was sent). None of its waits
+// holds a thread. It decides nothing about where the file goes or whether
+// it is needed (that is Placement's job): it moves bytes and reports what
+// happened.
+//
+// Bounds: the session (connect and handshake, or the wait for another's
+// dial) and the reply together --rpc-timeout, the verdict --rpc-timeout;
+// the bytes the transport's idle limit without progress. Errors name the
+// file and the owner; `retryable` says the session died before the owner
+// answered (a pooled session that outlived its peer: a fresh one may well
+// succeed). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,13 +27,12 @@
 #include <vector>
 
 #include "proto/protocol.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/transfers.h"
 #include "transport/transport.h"
 
 namespace dyad {
-
-class FetchOp;
 
 struct FetchOutcome {
   uint64_t version = 0;  // the owner's version of what it sent
@@ -34,15 +43,21 @@ struct FetchOutcome {
   bool retryable = false;
 };
 
+struct FetchResult {
+  Status status;
+  FetchOutcome outcome;
+};
+
 class Fetcher {
  public:
   // `transfers` (may be null) lists each fetch while its bytes move.
   Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms, TransferRegistry* transfers = nullptr)
       : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms), transfers_(transfers) {}
 
-  // A fetch of `rec` from its owner with `transport` into `sink_fd`, as an
-  // operation the runtime drives (fetch_op.h, resumable.h).
-  std::shared_ptr<FetchOp> NewOp(const FileRecord& rec, Transport& transport, int sink_fd);
+  // A fetch of `rec` from its owner with `transport` into `sink_fd` (see
+  // above), its waits through `waits`.
+  Task<FetchResult> Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
+                          PeerWaits& waits);
 
   // Asks `owner` for every file of `recs` (files of at most `max_inline`
   // bytes) in one request; `on_part(i, status, part)` is called for item i
@@ -50,8 +65,9 @@ class Fetcher {
   // items from `*answered` on got no answer (DYAD_RC_NOTSUP: the owner
   // predates kFetchBatch); the caller fetches those one by one.
   using PartFn = std::function<void(size_t i, const Status& st, FetchBatchPart* part)>;
-  Status FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs, uint64_t max_inline,
-                    const PartFn& on_part, size_t* answered);
+  Task<Status> FetchBatch(uint32_t owner, const std::vector<const FileRecord*>& recs,
+                          uint64_t max_inline, const PartFn& on_part, size_t* answered,
+                          PeerWaits& waits);
 
  private:
   PeerDirectory* peers_;

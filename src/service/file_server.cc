@@ -100,8 +100,8 @@ Task<void> FileServer::Send(RequestContext& ctx, std::shared_ptr<Response> r) {
       if (*f == Fill::kPeer) {
         // The transport waits on the requester (its offer, credits): the
         // wait holds no thread.
-        std::shared_ptr<Resumable> wait = r->peer();
-        co_await Drive(*ctx.runtime, *wait, ctx.stop, stats_, "fetch.parked_for_peer");
+        PeerWaits waits(*ctx.runtime, ctx.stop, stats_, "fetch.parked_for_peer");
+        co_await r->peer(ctx, waits);
         continue;
       }
       r->ended = *f == Fill::kEnd;
@@ -205,12 +205,10 @@ struct FileServer::Sending {
   FileSource src;
   Transport* transport = nullptr;
   std::string request_args;
-  uint64_t queued = 0;           // bytes of the file queued so far (QueueChunk)
-  bool pushed = false;           // Push done (transports that send whole files)
-  std::unique_ptr<PushOp> push;  // the push in progress, when the transport has ops
-  Status push_status;            // how the push ended
-  std::shared_ptr<Resumable> push_wait;
-  bool same = false;  // the verdict
+  uint64_t queued = 0;  // bytes of the file queued so far (QueueChunk)
+  bool pushed = false;  // the PushOp ended (transports that send whole files)
+  Status push_status;   // how
+  bool same = false;    // the verdict
   TransferStats ts;
   TransferRegistry::Entry progress;
   std::unique_ptr<TraceSpan> span;
@@ -285,55 +283,15 @@ void FileServer::PrepareFetch(RequestContext& ctx, const std::string& payload, R
   s->span = std::move(span);
   s->progress = TrackSend(ctx, *upath, *s->transport, s->src.size);
   r->fill = [this, s](RequestContext& c, WireQueue& out) { return FillFetch(c, *s, out); };
-  r->peer = [s] { return s->push_wait; };
+  r->peer = [this, s](RequestContext& c, PeerWaits& waits) { return Push(c, *s, waits); };
   r->done = [this, s](RequestContext& c, const Status& why) { FetchDone(c, *s, why); };
 }
 
-// A transport's PushOp as a Resumable (resumable.h): each step moves what
-// the op can now; between steps the request waits for the session (the
-// requester's offer, credits, error or hang-up) or the op's wake fd (its
-// sends completing). No progress within the transport's idle bound ends
-// the push. The op is released as soon as the push ends.
-class FileServer::PushWait final : public Resumable {
- public:
-  PushWait(Channel& ch, Sending& s) : ch_(ch), s_(s) { Progressed(); }
-
-  bool Step(Wait* wait) override {
-    if (s_.pushed) return true;
-    Result<bool> r = s_.push->Step();
-    if (!r.ok() || *r) {
-      Finish(r.status());
-      return true;
-    }
-    if (s_.push->moved() != last_) Progressed();
-    *wait = Wait{&ch_, deadline_};
-    wait->fd = s_.push->wake_fd();
-    return false;
-  }
-  void Expired() override {
-    Finish(s_.push->Fail(Status(DYAD_RC_TIMEOUT, "the requester made no progress for " +
-                                                     std::to_string(s_.push->idle_ms()) + " ms")));
-  }
-  void Abandon(const Status& why) override { Finish(s_.push->Fail(why)); }
-
- private:
-  void Progressed() {
-    last_ = s_.push->moved();
-    const int64_t idle = s_.push->idle_ms();
-    deadline_ = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
-  }
-  void Finish(const Status& st) {
-    if (s_.pushed) return;
-    s_.pushed = true;
-    s_.push_status = st;
-    s_.push.reset();
-  }
-
-  Channel& ch_;
-  Sending& s_;  // owns this
-  uint64_t last_ = 0;
-  Deadline deadline_ = Deadline::Never();
-};
+Task<void> FileServer::Push(RequestContext& ctx, Sending& s, PeerWaits& waits) {
+  std::unique_ptr<PushOp> push = s.transport->StartPush(ctx.ch, s.src, s.request_args, &s.ts);
+  s.push_status = co_await DriveTransfer(*push, ctx.ch, waits, "the requester made no progress");
+  s.pushed = true;
+}
 
 Result<FileServer::Fill> FileServer::FillFetch(RequestContext& ctx, Sending& s, WireQueue& out) {
   if (s.transport->queues_chunks() && s.queued < s.src.size) {
@@ -343,17 +301,9 @@ Result<FileServer::Fill> FileServer::FillFetch(RequestContext& ctx, Sending& s, 
     return Fill::kQueued;
   }
   if (!s.transport->queues_chunks() && !s.pushed) {
-    // The transport writes the session itself: the reply must be out first.
-    if (!out.empty()) return Fill::kFlush;
-    if (s.push_wait) return Fill::kPeer;  // (a push that ended set `pushed`)
-    s.push = s.transport->StartPush(ctx.ch, s.src, s.request_args, &s.ts);
-    if (s.push) {
-      s.push_wait = std::make_shared<PushWait>(ctx.ch, s);
-      return Fill::kPeer;
-    }
-    // A transport without ops waits on its own completions here.
-    DYAD_RETURN_IF_ERROR(s.transport->Push(ctx.ch, s.src, s.request_args, &s.ts));
-    s.pushed = true;
+    // The transport writes the session itself (Push): the reply must be
+    // out first.
+    return out.empty() ? Fill::kPeer : Fill::kFlush;
   }
   DYAD_RETURN_IF_ERROR(s.push_status);
   // The verdict: the requester places the copy only if the file is still

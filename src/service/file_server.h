@@ -14,7 +14,7 @@
 
 #include "common/wire_queue.h"
 #include "proto/router.h"
-#include "service/resumable.h"
+#include "service/peer_waits.h"
 #include "service/stats.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -73,7 +73,6 @@ class FileServer {
   // the requester takes it, so that one that stops reading holds no thread.
   struct Sending;
   struct Batch;
-  class PushWait;
   // What a response's fill step did: queued something (call again while
   // the queue gathers), must wait until the queue is sent, queued the end,
   // or must wait for the requester through the response's `peer` step.
@@ -87,8 +86,9 @@ class FileServer {
         [](RequestContext&, WireQueue&) { return Result<Fill>(Fill::kEnd); };
     std::function<void(RequestContext&, const Status&)> done = [](RequestContext&, const Status&) {
     };
-    // For kPeer: the wait on the requester, run (and parked) as a Resumable.
-    std::function<std::shared_ptr<Resumable>()> peer;
+    // For kPeer: the exchange with the requester that the transport
+    // drives itself (its offers, credits), run through `waits`.
+    std::function<Task<void>(RequestContext&, PeerWaits&)> peer;
     bool ended = false;    // fill said kEnd
     uint64_t charged = 0;  // of parked_bytes_, while parked for room
     std::string locked;    // the prepare found this file locked by its producer
@@ -110,6 +110,8 @@ class FileServer {
   // A fetch's checks and first reply; on success sets r's steps.
   void PrepareFetch(RequestContext& ctx, const std::string& payload, Response* r);
   Result<Fill> FillFetch(RequestContext& ctx, Sending& s, WireQueue& out);
+  // The transport's PushOp of `s`, run to its end (kPeer).
+  Task<void> Push(RequestContext& ctx, Sending& s, PeerWaits& waits);
   void FetchDone(RequestContext& ctx, Sending& s, const Status& why);
   void PrepareBatch(RequestContext& ctx, const std::string& payload, Response* r);
   Result<Fill> FillBatch(RequestContext& ctx, Batch& b, WireQueue& out);

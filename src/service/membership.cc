@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "service/advertise.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/service.h"
 #include "service/transports.h"
@@ -157,6 +158,11 @@ Status Service::CheckSameHostPeers() {
   return Status::OK();
 }
 
+ProbeResult Service::ProbeNow(const ServiceRecord& rec) {
+  PeerWaits waits(*runtime_, startup_stop_.get(), nullptr);
+  return runtime_->RunSync(peers_->Probe(rec, Deadline::AfterMs(kProbeMs), waits));
+}
+
 // Takes the rank unless a live service holds it.
 Status Service::ClaimRank() {
   const std::string key = MemberKey(opt_.rank);
@@ -174,8 +180,7 @@ Status Service::ClaimRank() {
                   LocalDateTime(holder.stopped_ns, "?").c_str());
   } else if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
              holder.incarnation != incarnation_) {
-    const ProbeResult probe =
-        peers_->Probe(holder, Deadline::AfterMs(kProbeMs), [this] { return stopping_.load(); });
+    const ProbeResult probe = ProbeNow(holder);
     if (stopping_) return Stopped();
     if (probe.state == PeerState::kAlive)
       return Status(DYAD_RC_PERM, "rank " + std::to_string(opt_.rank) +
@@ -204,8 +209,7 @@ Status Service::ClaimRank() {
 // this host differently from its peers).
 Status Service::CheckOwnAddress() {
   ServiceRecord self = OwnRecord();
-  const ProbeResult probe =
-      peers_->Probe(self, Deadline::AfterMs(kProbeMs), [this] { return stopping_.load(); });
+  const ProbeResult probe = ProbeNow(self);
   if (stopping_) return Stopped();
   switch (probe.state) {
     case PeerState::kAlive:

@@ -1,235 +1,143 @@
 #include "service/peer_dial.h"
 
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
+
+#include "proto/auth.h"
 
 namespace dyad {
-
 namespace {
 
-Resumable::Wait WaitOn(int fd, short events, Deadline deadline) {
-  Resumable::Wait w;
-  w.fd = fd;
-  w.events = events;
-  w.deadline = deadline;
-  return w;
+// Until `deadline`; a dial that ends a little after it (it began a little
+// later, as it usually does when the callers started together) is waited
+// for, so the waiters report its error rather than a timeout of their own.
+Deadline JoinBy(Deadline deadline, Deadline theirs) {
+  constexpr int64_t kOutcomeGraceMs = 250;
+  if (deadline.never() || theirs.never()) return deadline;
+  const int64_t left = theirs.RemainingMs();
+  if (left <= deadline.RemainingMs() + kOutcomeGraceMs)
+    return Deadline::AfterMs(left + kOutcomeGraceMs);
+  return deadline;
 }
 
-// True when `fd` is ready for `events` now (a hang-up or error counts).
-bool ReadyNow(int fd, short events) {
-  pollfd p{fd, events, 0};
-  for (;;) {
-    const int n = ::poll(&p, 1, 0);
-    if (n < 0 && errno == EINTR) continue;
-    return n != 0;  // an error: the next call reports it
+// The outcome of another caller's dial to `rank`: OK (the owner answers),
+// CANCELLED (its requester went away: one of its waiters leads now), or
+// why it failed, timed out or this caller's Stop fired.
+Task<Status> AwaitFlight(PeerDirectory& peers, uint32_t rank, const std::string& address,
+                         PeerDirectory::DialFlight& flight, Deadline deadline, PeerWaits& waits) {
+  // A duplicate of the flight's eventfd: one watch per descriptor.
+  UniqueFd fd(::dup(flight.done_fd.get()));
+  Status st = fd.valid() ? Status::OK() : StatusFromErrno(errno, "dup");
+  const Deadline until = JoinBy(deadline, flight.deadline);
+  while (st.ok()) {
+    bool done = false;
+    const Status outcome = peers.DialOutcome(flight, &done);
+    if (done) {
+      st = outcome;
+      break;
+    }
+    const Ready r = co_await waits.OnFd(fd.get(), POLLIN, until);
+    if (r == Ready::kStopped) st = waits.Stopped();
+    if (r == Ready::kTimeout)
+      st = Status(DYAD_RC_TIMEOUT, "connect to dyad-service rank " + std::to_string(rank) + " at " +
+                                       address +
+                                       ": timed out waiting for the connection another "
+                                       "request is making");
   }
+  peers.LeaveDial();
+  co_return st;
 }
 
 }  // namespace
 
-PeerDial::PeerDial(PeerDirectory* peers, uint32_t rank, Deadline deadline)
-    : peers_(peers),
-      rank_(rank),
-      deadline_(deadline),
-      dial_deadline_(deadline),
-      result_(Status(DYAD_RC_CANCELLED, "the dial did not end")) {}
-
-PeerDial::~PeerDial() {
-  if (stage_ != Stage::kDone) Abandon(Status(DYAD_RC_CANCELLED, "abandoned"));
-}
-
-bool PeerDial::Step(Wait* wait) {
-  for (;;) {
-    bool waits = false;
-    switch (stage_) {
-      case Stage::kStart:
-        waits = Start(wait);
-        break;
-      case Stage::kJoined:
-        waits = WaitJoined(wait);
-        break;
-      case Stage::kConnecting:
-        waits = Connected(wait);
-        break;
-      case Stage::kHandshake:
-        waits = Handshake(wait);
-        break;
-      case Stage::kDone:
-        return true;
-    }
-    if (waits) return false;
-  }
-}
-
-bool PeerDial::Start(Wait* wait) {
-  if (std::unique_ptr<Channel> idle = peers_->TakeIdle(rank_)) {
-    End(std::move(idle));
-    return false;
-  }
-  Result<ServiceRecord> rec = peers_->Resolve(rank_, false);
-  if (!rec.ok()) {
-    End(rec.status());
-    return false;
-  }
-  rec_ = *rec;
-  Result<SocketAddress> addr = ParseAddress(rec_.address);
-  if (!addr.ok()) {
-    DialEnded(addr.status());
-    return false;
-  }
-  addr_ = *addr;
-  dial_deadline_ = deadline_.Min(peers_->rpc_timeout_ms());
-  if (!alone_) {
-    flight_ = peers_->JoinDial(rank_, dial_deadline_, &lead_);
-    if (flight_ && !lead_) {
-      joined_ = true;
-      joined_fd_.reset(::dup(flight_->done_fd.get()));
-      if (!joined_fd_.valid()) {
-        End(StatusFromErrno(errno, "dup"));
-        return false;
-      }
-      JoinBy();
-      stage_ = Stage::kJoined;
-      return WaitJoined(wait);
-    }
-  }
-  return BeginConnect(wait);
-}
-
-bool PeerDial::WaitJoined(Wait* wait) {
-  bool done = false;
-  const Status st = peers_->DialOutcome(*flight_, &done);
-  if (!done) {
-    *wait = WaitOn(joined_fd_.get(), POLLIN, join_deadline_);
-    return true;
-  }
-  LeaveFlight();
-  if (st.ok()) {
-    alone_ = true;  // the owner answers: take the pooled session or dial one
-    stage_ = Stage::kStart;
-  } else if (st.code() == DYAD_RC_CANCELLED) {
-    stage_ = Stage::kStart;  // its requester went away: one of its waiters leads now
-  } else {
-    End(st);
-  }
-  return false;
-}
-
-// Until our deadline; a dial that ends a little after it (it began a
-// little later, as it usually does when the callers started together) is
-// waited for, so the waiters report its error rather than a timeout of
-// their own.
-void PeerDial::JoinBy() {
-  constexpr int64_t kOutcomeGraceMs = 250;
-  join_deadline_ = deadline_;
-  const Deadline theirs = flight_->deadline;
-  if (deadline_.never() || theirs.never()) return;
-  const int64_t left = theirs.RemainingMs();
-  if (left <= deadline_.RemainingMs() + kOutcomeGraceMs)
-    join_deadline_ = Deadline::AfterMs(left + kOutcomeGraceMs);
-}
-
-bool PeerDial::BeginConnect(Wait* wait) {
+Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const SocketAddress& addr,
+                                                   Deadline deadline, PeerWaits& waits,
+                                                   PeerIdentity* peer, bool* stopped) {
   bool connected = false;
-  Result<UniqueFd> fd = ConnectStart(addr_, &connected);
-  if (!fd.ok()) {
-    DialEnded(fd.status());
-    return false;
-  }
-  connecting_ = std::move(*fd);
-  stage_ = Stage::kConnecting;
-  if (connected) return Connected(wait);
-  *wait = WaitOn(connecting_.get(), POLLOUT, dial_deadline_);
-  return true;
-}
-
-bool PeerDial::Connected(Wait* wait) {
-  if (!ch_) {
-    if (!ReadyNow(connecting_.get(), POLLOUT)) {
-      *wait = WaitOn(connecting_.get(), POLLOUT, dial_deadline_);
-      return true;
+  Result<UniqueFd> fd = ConnectStart(addr, &connected);
+  if (!fd.ok()) co_return fd.status();
+  if (!connected) {
+    const Ready r = co_await waits.OnFd(fd->get(), POLLOUT, deadline);
+    if (r == Ready::kTimeout)
+      co_return Status(DYAD_RC_TIMEOUT, "connect " + addr.ToString() + " timed out");
+    if (r == Ready::kStopped) {
+      *stopped = true;
+      co_return waits.Stopped();
     }
-    if (Status st = ConnectFinish(connecting_.get(), addr_); !st.ok()) {
-      DialEnded(st);
-      return false;
+    if (Status st = ConnectFinish(fd->get(), addr); !st.ok()) co_return st;
+  }
+  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
+  ClientHandshake hs(peers.auth(), peers.self());
+  while (!hs.Step(*ch, deadline)) {
+    const Ready r = co_await waits.Readable(*ch, deadline);
+    if (r == Ready::kStopped) {
+      *stopped = true;
+      co_return waits.Stopped();
     }
-    ch_ = std::make_unique<Channel>(std::move(connecting_), Trust::kUnauthenticated);
+    if (r == Ready::kTimeout) {
+      hs.Expired(*ch);
+      break;
+    }
   }
-  hs_ = std::make_unique<ClientHandshake>(peers_->auth(), peers_->self());
-  stage_ = Stage::kHandshake;
-  return Handshake(wait);
+  if (!hs.status().ok()) co_return hs.status();
+  *peer = hs.peer();
+  co_return std::move(ch);
 }
 
-bool PeerDial::Handshake(Wait* wait) {
-  if (!hs_->Step(*ch_, dial_deadline_)) {
-    *wait = Wait{ch_.get(), dial_deadline_};
-    return true;
+namespace {
+
+// Ends the flight a caller leads: with the dial's outcome, or, when the
+// caller went away first (its Stop, or its task dropped), as abandoned so
+// that one of the waiters leads the next.
+struct Leading {
+  PeerDirectory& peers;
+  const uint32_t rank;
+  std::shared_ptr<PeerDirectory::DialFlight> flight;
+  void End(const Status& st) {
+    if (flight) peers.EndDial(rank, flight, st);
+    flight.reset();
   }
-  DialEnded(hs_->status());
-  return false;
-}
+  ~Leading() { End(Status(DYAD_RC_CANCELLED, "the request that was connecting went away")); }
+};
 
-void PeerDial::DialEnded(const Status& st) {
-  const PeerIdentity peer = hs_ ? hs_->peer() : PeerIdentity{};
-  Result<std::unique_ptr<Channel>> r = st;
-  if (st.ok()) r = std::move(ch_);
-  ch_.reset();  // a failed handshake's channel: closed here
-  hs_.reset();
-  connecting_.reset();
-  r = peers_->FinishDial(rank_, rec_, std::move(r), peer);
-  if (lead_ && flight_) peers_->EndDial(rank_, flight_, r.ok() ? Status::OK() : r.status());
-  End(std::move(r));
-}
+}  // namespace
 
-void PeerDial::Expired() {
-  switch (stage_) {
-    case Stage::kJoined:
-      LeaveFlight();
-      End(Status(DYAD_RC_TIMEOUT, "connect to dyad-service rank " + std::to_string(rank_) + " at " +
-                                      rec_.address +
-                                      ": timed out waiting for the connection another "
-                                      "request is making"));
-      return;
-    case Stage::kConnecting:
-      DialEnded(Status(DYAD_RC_TIMEOUT, "connect " + addr_.ToString() + " timed out"));
-      return;
-    case Stage::kHandshake:
-      hs_->Expired(*ch_);
-      DialEnded(hs_->status());
-      return;
-    default:
-      return;
+Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t rank,
+                                                Deadline deadline, PeerWaits& waits) {
+  bool alone = false;  // another's dial succeeded: dial without a flight
+  for (;;) {
+    if (std::unique_ptr<Channel> idle = peers.TakeIdle(rank)) co_return std::move(idle);
+    Result<ServiceRecord> rec = co_await waits.Run(
+        !peers.Known(rank), [&peers, rank] { return peers.Resolve(rank, false); });
+    if (!rec.ok()) co_return rec.status();
+    const Deadline dial_by = deadline.Min(peers.rpc_timeout_ms());
+    std::shared_ptr<PeerDirectory::DialFlight> flight;
+    bool lead = false;
+    if (!alone) {
+      flight = peers.JoinDial(rank, dial_by, &lead);
+      if (flight && !lead) {
+        const Status st = co_await AwaitFlight(peers, rank, rec->address, *flight, deadline, waits);
+        if (st.ok()) alone = true;  // the owner answers: take the pooled session or dial one
+        if (st.ok() || st.code() == DYAD_RC_CANCELLED) continue;
+        co_return st;
+      }
+    }
+    Leading leading{peers, rank, lead ? flight : nullptr};
+    Result<std::unique_ptr<Channel>> ch = Status(DYAD_RC_CANCELLED, "the dial did not end");
+    PeerIdentity peer;
+    bool stopped = false;
+    Result<SocketAddress> addr = ParseAddress(rec->address);
+    if (!addr.ok())
+      ch = addr.status();
+    else
+      ch = co_await ConnectPeer(peers, *addr, dial_by, waits, &peer, &stopped);
+    if (stopped) co_return ch;  // (the flight ends as abandoned)
+    ch = peers.FinishDial(rank, *rec, std::move(ch), peer);
+    leading.End(ch.ok() ? Status::OK() : ch.status());
+    co_return ch;
   }
 }
-
-void PeerDial::Abandon(const Status& why) {
-  if (stage_ == Stage::kDone) return;
-  if (lead_ && flight_)
-    peers_->EndDial(rank_, flight_,
-                    Status(DYAD_RC_CANCELLED, "the request that was connecting went away"));
-  End(why);
-}
-
-void PeerDial::LeaveFlight() {
-  if (joined_) peers_->LeaveDial();
-  joined_ = false;
-  joined_fd_.reset();
-  flight_.reset();
-  lead_ = false;
-}
-
-void PeerDial::End(Result<std::unique_ptr<Channel>> r) {
-  LeaveFlight();
-  hs_.reset();
-  ch_.reset();  // closes an unfinished dial's socket
-  connecting_.reset();
-  result_ = std::move(r);
-  stage_ = Stage::kDone;
-}
-
-Result<std::unique_ptr<Channel>> PeerDial::Take() { return std::move(result_); }
 
 }  // namespace dyad

@@ -6,15 +6,13 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "service/peer_dial.h"
-#include "service/resumable.h"
+#include "service/peer_rpc.h"
+#include "service/peer_waits.h"
 
 namespace dyad {
 
 namespace {
 constexpr size_t kMaxIdleSessionsPerPeer = 8;
-// One connection attempt of a probe: short, so a stop request is seen soon
-// and a silent address is retried rather than waited on.
-constexpr int64_t kProbeSliceMs = 250;
 
 std::string Hex(uint64_t v) {
   char buf[20];
@@ -56,25 +54,9 @@ Result<ServiceRecord> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
   return rec;
 }
 
-Result<std::unique_ptr<Channel>> PeerDirectory::Dial(const std::string& address, Deadline deadline,
-                                                     const CancelFn& cancel, PeerIdentity* peer) {
-  Result<SocketAddress> addr = ParseAddress(address);
-  if (!addr.ok()) return addr.status();
-  Result<UniqueFd> fd = Status(DYAD_RC_TIMEOUT, "no attempt");
-  do {
-    fd = Connect(*addr, cancel ? deadline.Min(kProbeSliceMs) : deadline);
-    if (fd.ok() || fd.status().code() != DYAD_RC_TIMEOUT) break;
-  } while (!deadline.expired() && !(cancel && cancel()));
-  if (!fd.ok()) return fd.status();
-  auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
-  DYAD_RETURN_IF_ERROR(auth_->Connect(*ch, self_, deadline, peer));
-  return ch;
-}
-
 Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline deadline) {
-  PeerDial dial(this, rank, deadline);
-  rt_->RunSync(Drive(*rt_, dial, &rt_->stopping(), nullptr));
-  return dial.Take();
+  PeerWaits waits(*rt_, &rt_->stopping(), nullptr);
+  return rt_->RunSync(DialPeer(*this, rank, deadline, waits));
 }
 
 std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
@@ -192,35 +174,43 @@ Status PeerDirectory::Mismatch(uint32_t rank, const ServiceRecord& rec, const Pe
   return Status(DYAD_RC_STALE, msg);
 }
 
-ProbeResult PeerDirectory::Probe(const ServiceRecord& rec, Deadline deadline,
-                                 const CancelFn& cancel) {
+Task<ProbeResult> PeerDirectory::Probe(const ServiceRecord& rec, Deadline deadline,
+                                       PeerWaits& waits) {
   ProbeResult r;
   const uint64_t t0 = MonoNs();
   PeerIdentity peer;
-  Result<std::unique_ptr<Channel>> ch = Dial(rec.address, deadline, cancel, &peer);
+  bool stopped = false;
+  Result<std::unique_ptr<Channel>> ch = Status(DYAD_RC_CANCELLED, "not probed");
+  Result<SocketAddress> addr = ParseAddress(rec.address);
+  if (!addr.ok())
+    ch = addr.status();
+  else
+    ch = co_await ConnectPeer(*this, *addr, deadline, waits, &peer, &stopped);
   if (!ch.ok()) {
     r.state = ch.status().code() == DYAD_RC_AUTH ? PeerState::kRefused : PeerState::kDown;
     r.status = ch.status();
-    return r;
+    co_return r;
   }
   r.identity = peer;
   if (peer.rank != rec.rank || peer.incarnation != rec.incarnation) {
     r.state = PeerState::kOtherIdentity;
     r.status = Status(DYAD_RC_STALE, rec.address + " answers as rank " + std::to_string(peer.rank) +
                                          " incarnation " + Hex(peer.incarnation));
-    return r;
+    co_return r;
   }
+  Status st = (*ch)->SendFrame(static_cast<uint16_t>(MsgType::kPing), std::string(), deadline);
   std::string body;
-  Status st = CallRpc(**ch, MsgType::kPing, std::string(), &body, deadline);
+  if (st.ok())
+    st = co_await AwaitReply(**ch, deadline, waits, "no answer to a ping in time", &body, nullptr);
   r.rtt_ns = MonoNs() - t0;
   if (!st.ok()) {
     r.state = PeerState::kDown;
     r.status = st.Annotate("ping");
-    return r;
+    co_return r;
   }
   r.state = PeerState::kAlive;
   Touch(rec.rank);
-  return r;
+  co_return r;
 }
 
 void PeerDirectory::Touch(uint32_t rank) {

@@ -11,12 +11,13 @@
 // record. Probe() checks that a record's service is alive without pooling
 // the session (rank claims at start-up, `dyad peers`). Thread-safe.
 //
-// A new session is dialled by a PeerDial (peer_dial.h), in steps that never
-// block, so a fetch can park while an owner is slow to accept or to
-// answer its handshake. One dial per rank at a time: callers that need a
-// new session to a rank already being dialled wait for that dial's outcome
-// (a hung owner costs one connection attempt per --rpc-timeout, not one
-// per consume). Acquire() is a PeerDial run to its end for a blocking caller.
+// A new session is dialled by DialPeer (peer_dial.h), a task on the
+// service's runtime, so a fetch holds no thread while an owner is slow to
+// accept or to answer its handshake. One dial per rank at a time: callers
+// that need a new session to a rank already being dialled wait for that
+// dial's outcome (a hung owner costs one connection attempt per
+// --rpc-timeout, not one per consume). Acquire() is DialPeer run to its end
+// for a blocking caller.
 #pragma once
 
 #include <atomic>
@@ -27,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "common/cancel.h"
 #include "common/net.h"
 #include "common/runtime.h"
 #include "kvs/kvs.h"
@@ -50,6 +50,8 @@ struct ProbeResult {
   uint64_t rtt_ns = 0;
 };
 
+class PeerWaits;
+
 class PeerDirectory {
  public:
   PeerDirectory(Kvs* kvs, const Authenticator* auth, PeerIdentity self, int64_t rpc_timeout_ms);
@@ -65,7 +67,7 @@ class PeerDirectory {
   // The runtime dials run on (Acquire runs one to its end); set before use.
   void SetRuntime(Runtime* rt) { rt_ = rt; }
 
-  // The parts of a dial that belong to the directory (PeerDial uses them):
+  // The parts of a dial that belong to the directory (DialPeer uses them):
   // an idle pooled session (null: none); the flight of a dial to `rank`
   // (`*lead` true: the caller dials by `deadline` and must end it with
   // EndDial; false: it
@@ -101,9 +103,9 @@ class PeerDirectory {
   void Invalidate(uint32_t rank);
 
   // Connects to rec.address, authenticates and pings, within `deadline`
-  // (connection attempts are sliced so `cancel` is honoured within 250 ms).
-  // kAlive only when the answer comes from rec.rank with rec.incarnation.
-  ProbeResult Probe(const ServiceRecord& rec, Deadline deadline, const CancelFn& cancel = nullptr);
+  // (a task on the runtime; `waits`' Stop ends it). kAlive only when the
+  // answer comes from rec.rank with rec.incarnation.
+  Task<ProbeResult> Probe(const ServiceRecord& rec, Deadline deadline, PeerWaits& waits);
   // Wall clock of the last authenticated exchange with `rank` (0: never).
   uint64_t LastContact(uint32_t rank);
 
@@ -116,8 +118,6 @@ class PeerDirectory {
     uint64_t reported_incarnation = 0;    // record already reported as answered by another
     std::shared_ptr<DialFlight> dialing;  // the dial in flight, if any
   };
-  Result<std::unique_ptr<Channel>> Dial(const std::string& address, Deadline deadline,
-                                        const CancelFn& cancel, PeerIdentity* peer);
   Status Mismatch(uint32_t rank, const ServiceRecord& rec, const PeerIdentity& peer);
   void Touch(uint32_t rank);
   Kvs* kvs_;

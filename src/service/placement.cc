@@ -1,5 +1,4 @@
 #include "service/placement.h"
-#include "service/resumable.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +11,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "common/trace.h"
-#include "service/resumable.h"
+#include "service/peer_waits.h"
 #include "transport/local/local_transport.h"
 
 namespace dyad {
@@ -204,8 +203,9 @@ Task<Result<ConsumeReply>> Placement::Transfer(PlacementRequest req, Route route
   m.plan = Plan{route, transport};
   Begin(m);
   if (m.error.ok() && m.fetch) {
+    PeerWaits waits(*rt_, stop, stats_);
     do {
-      co_await Drive(*rt_, *m.fetch, stop, stats_);
+      m.fetched = co_await fetcher_.Fetch(m.req.record, *m.plan.transport, m.out.fd(), waits);
     } while (Retry(m));
     co_return Complete(m);
   }
@@ -276,12 +276,12 @@ void Placement::Begin(Moving& m) {
     m.error = m.error.Annotate("prepare '" + rec.upath + "' in consumer directory");
     return;
   }
-  if (m.plan.route != Route::kOwnFile) m.fetch = fetcher_.NewOp(rec, *m.plan.transport, m.out.fd());
+  m.fetch = m.plan.route != Route::kOwnFile;
 }
 
 bool Placement::Retry(Moving& m) {
-  const Status& st = m.fetch->status();
-  if (st.ok() || !m.fetch->outcome().retryable || m.retried) return false;
+  const Status& st = m.fetched.status;
+  if (st.ok() || !m.fetched.outcome.retryable || m.retried) return false;
   m.retried = true;
   // A pooled session may have outlived its peer (restart, idle close):
   // forget what we know about the owner and try once more on a fresh file.
@@ -291,21 +291,18 @@ bool Placement::Retry(Moving& m) {
   peers_->Invalidate(rec.owner_rank);
   m.out.Abort();
   m.error = m.out.Create(m.req.cons_root, rec.upath);
-  if (!m.error.ok()) return false;
-  m.fetch = fetcher_.NewOp(rec, *m.plan.transport, m.out.fd());
-  return true;
+  return m.error.ok();
 }
 
 Result<ConsumeReply> Placement::Complete(Moving& m) {
   FetchOutcome outcome;
   Status st = m.error;
   if (st.ok() && m.fetch) {
-    st = m.fetch->status();
-    outcome = m.fetch->outcome();
+    st = m.fetched.status;
+    outcome = m.fetched.outcome;
   } else if (st.ok()) {
     st = CopyOwnFile(m.req.record, m.out.fd(), &outcome);
   }
-  m.fetch.reset();
   m.room.reset();  // the bytes are on disk now (or the temporary is removed below)
   if (m.span) m.span->Rc(st);
   m.span.reset();

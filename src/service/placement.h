@@ -32,7 +32,6 @@
 #include "common/trace.h"
 #include "proto/protocol.h"
 #include "proto/router.h"
-#include "service/fetch_op.h"
 #include "service/fetcher.h"
 #include "service/node_cache.h"
 #include "service/peers.h"
@@ -93,12 +92,13 @@ class Placement {
   // per owner (up to kMaxFetchBatchItems each), when their transport
   // carries data on the session (tcp); the rest, and any the owner's batch
   // did not deliver, one by one. Up to `parallelism` of these batches and
-  // single files at once (threads of the call). Results in the order of
-  // `reqs`. For the prefetcher and batch consumes: one request per owner
-  // instead of one per file.
-  std::vector<Result<ConsumeReply>> PlaceBatch(const std::vector<PlacementRequest>& reqs,
-                                               Deadline deadline, const CancelFn& cancel,
-                                               size_t parallelism = 1);
+  // single files at once (tasks on the runtime: none holds a thread while
+  // it waits on an owner). Results in the order of `reqs`. For the
+  // prefetcher and batch consumes: one request per owner instead of one
+  // per file. `stop` (may be null) ends the waits.
+  Task<std::vector<Result<ConsumeReply>>> PlaceBatch(std::vector<PlacementRequest> reqs,
+                                                     Deadline deadline, Stop* stop,
+                                                     size_t parallelism = 1);
   // Largest file PlaceBatch sends inline in a batch.
   static constexpr uint64_t kBatchInline = 256u << 10;
 
@@ -123,7 +123,8 @@ class Placement {
     std::string dest;
     std::shared_ptr<InFlight> flight;
     AtomicFile out;
-    std::shared_ptr<FetchOp> fetch;
+    bool fetch = false;  // from the owner (else a copy within this node)
+    FetchResult fetched;
     Status error;  // a failure outside the fetch (the temporary)
     bool retried = false;
     uint64_t t0 = 0;
@@ -168,15 +169,16 @@ class Placement {
               const Result<ConsumeReply>& result);
   // One owner's group of PlaceBatch: copies already current, the rest
   // through FetchTogether, joining transfers already in flight.
-  void PlaceGroup(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& group,
-                  Transport* transport, Deadline deadline, const CancelFn& cancel,
-                  std::vector<std::shared_ptr<InFlight>>* flights,
-                  std::vector<Result<ConsumeReply>>* out);
+  Task<void> PlaceGroup(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& group,
+                        Transport* transport, Deadline deadline, Stop* stop,
+                        std::vector<std::shared_ptr<InFlight>>* flights,
+                        std::vector<Result<ConsumeReply>>* out);
   // PlaceBatch's part: `mine` (indexes of `reqs`, one owner, flights
   // registered in `flights`) through one kFetchBatch, then one by one.
-  void FetchTogether(const std::vector<PlacementRequest>& reqs, const std::vector<size_t>& mine,
-                     Transport* transport, const std::vector<std::shared_ptr<InFlight>>& flights,
-                     std::vector<Result<ConsumeReply>>* out);
+  Task<void> FetchTogether(const std::vector<PlacementRequest>& reqs,
+                           const std::vector<size_t>& mine, Transport* transport, Stop* stop,
+                           const std::vector<std::shared_ptr<InFlight>>& flights,
+                           std::vector<Result<ConsumeReply>>* out);
   // Writes one file received inline and places it.
   Result<ConsumeReply> Land(const PlacementRequest& req, Transport* transport,
                             const FetchBatchPart& part, uint64_t t0);

@@ -8,14 +8,14 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/time.h"
-#include "common/worker_pool.h"
+#include "service/peer_waits.h"
 #include "service/placement.h"
 
 namespace dyad {
 
-std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<PlacementRequest>& reqs,
-                                                        Deadline deadline, const CancelFn& cancel,
-                                                        size_t parallelism) {
+Task<std::vector<Result<ConsumeReply>>> Placement::PlaceBatch(std::vector<PlacementRequest> reqs,
+                                                              Deadline deadline, Stop* stop,
+                                                              size_t parallelism) {
   std::vector<Result<ConsumeReply>> out(reqs.size(), Status(DYAD_RC_SYSFAIL, "not placed"));
   // The work, as tasks: a group (up to one kFetchBatch) of small files one
   // owner sends together, or one file placed alone.
@@ -60,21 +60,24 @@ std::vector<Result<ConsumeReply>> Placement::PlaceBatch(const std::vector<Placem
   }
   std::vector<std::shared_ptr<InFlight>> flights(reqs.size());
   // Singles go last: one that joins a transfer of this batch (the same
-  // file twice) then finds it done, or in flight on another thread.
-  ForEachParallel(groups.size() + single.size(), parallelism, [&](size_t k) {
-    if (k < groups.size())
-      return PlaceGroup(reqs, groups[k], transport, deadline, cancel, &flights, &out);
-    const size_t i = single[k - groups.size()];
-    out[i] = PlaceNow(reqs[i], deadline);
-  });
-  return out;
+  // file twice) then finds it done, or in flight in another task.
+  co_await ForEachTask(
+      *rt_, groups.size() + single.size(), parallelism, [&](size_t k) -> Task<void> {
+        if (k < groups.size()) {
+          co_await PlaceGroup(reqs, groups[k], transport, deadline, stop, &flights, &out);
+          co_return;
+        }
+        const size_t i = single[k - groups.size()];
+        out[i] = co_await Place(reqs[i], deadline, stop);
+      });
+  co_return out;
 }
 
-void Placement::PlaceGroup(const std::vector<PlacementRequest>& reqs,
-                           const std::vector<size_t>& group, Transport* transport,
-                           Deadline deadline, const CancelFn& cancel,
-                           std::vector<std::shared_ptr<InFlight>>* flights,
-                           std::vector<Result<ConsumeReply>>* out) {
+Task<void> Placement::PlaceGroup(const std::vector<PlacementRequest>& reqs,
+                                 const std::vector<size_t>& group, Transport* transport,
+                                 Deadline deadline, Stop* stop,
+                                 std::vector<std::shared_ptr<InFlight>>* flights,
+                                 std::vector<Result<ConsumeReply>>* out) {
   std::vector<size_t> mine, hits, joins;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -99,16 +102,17 @@ void Placement::PlaceGroup(const std::vector<PlacementRequest>& reqs,
     stats_->Add(ServiceStats::kConsumeLocal);
     (*out)[i] = r;
   }
-  if (!mine.empty()) FetchTogether(reqs, mine, transport, *flights, out);
+  if (!mine.empty()) co_await FetchTogether(reqs, mine, transport, stop, *flights, out);
   // In flight elsewhere (another consume, a prefetch, or this batch's own
   // copy of the same file): wait for it as Place() would.
-  for (size_t i : joins) (*out)[i] = PlaceNow(reqs[i], deadline);
+  for (size_t i : joins) (*out)[i] = co_await Place(reqs[i], deadline, stop);
 }
 
-void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
-                              const std::vector<size_t>& mine, Transport* transport,
-                              const std::vector<std::shared_ptr<InFlight>>& flights,
-                              std::vector<Result<ConsumeReply>>* out) {
+Task<void> Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
+                                    const std::vector<size_t>& mine, Transport* transport,
+                                    Stop* stop,
+                                    const std::vector<std::shared_ptr<InFlight>>& flights,
+                                    std::vector<Result<ConsumeReply>>* out) {
   const uint64_t t0 = MonoNs();
   auto dest = [&reqs](size_t i) { return reqs[i].cons_root + "/" + reqs[i].record.upath; };
   std::vector<const FileRecord*> recs;
@@ -116,7 +120,8 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
   std::vector<bool> settled(mine.size(), false);
   size_t answered = 0;
   const uint32_t owner = reqs[mine.front()].record.owner_rank;
-  Status st = fetcher_.FetchBatch(
+  PeerWaits waits(*rt_, stop, stats_);
+  Status st = co_await fetcher_.FetchBatch(
       owner, recs, kBatchInline,
       [&](size_t k, const Status& s, FetchBatchPart* part) {
         // Too large to go inline, or busy (its producer holds it locked,
@@ -129,14 +134,13 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
         Settle(dest(i), flights[i], r);
         settled[k] = true;
       },
-      &answered);
+      &answered, waits);
   // What the batch did not deliver goes one fetch each, as Place() would:
   // files too large to go inline or busy, all of them for an owner without batches,
   // and all of them when the batch got no answer at all (a pooled session
   // that outlived its peer; the single fetch retries on a fresh one). A
   // session lost halfway is a failure of the rest: retrying each file
-  // against an owner that just failed would hold this worker for as many
-  // timeouts.
+  // against an owner that just failed would wait for as many timeouts.
   const bool one_by_one = st.ok() || st.code() == DYAD_RC_NOTSUP || answered == 0;
   if (!st.ok())
     DYAD_LOG_DEBUG("%s; %zu files left%s", st.ToString().c_str(), mine.size() - answered,
@@ -144,9 +148,8 @@ void Placement::FetchTogether(const std::vector<PlacementRequest>& reqs,
   for (size_t k = 0; k < mine.size(); ++k) {
     if (settled[k]) continue;
     const size_t i = mine[k];
-    Result<ConsumeReply> r =
-        one_by_one ? rt_->RunSync(Transfer(reqs[i], Route::kRemote, transport, &rt_->stopping()))
-                   : Result<ConsumeReply>(st);
+    Result<ConsumeReply> r = st;
+    if (one_by_one) r = co_await Transfer(reqs[i], Route::kRemote, transport, stop);
     (*out)[i] = r;
     Settle(dest(i), flights[i], r);
   }

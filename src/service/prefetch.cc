@@ -23,15 +23,21 @@ bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath
   return upath.compare(0, pattern.size(), pattern) == 0;
 }
 
-Prefetcher::Prefetcher(PrefetchConfig config, Kvs* kvs, Placement* placement, MetadataCache* cache)
-    : cfg_(config), kvs_(kvs), placement_(placement), cache_(cache) {}
+Prefetcher::Prefetcher(PrefetchConfig config, Runtime* rt, Kvs* kvs, Placement* placement,
+                       MetadataCache* cache)
+    : cfg_(config), rt_(rt), kvs_(kvs), placement_(placement), cache_(cache) {}
 
-void Prefetcher::StartWorkersLocked() {
-  // Lazily, at the first declaration: a service nobody asks to prefetch
-  // runs none of these threads. Never after Stop (which joins them).
-  if (stopping_ || !workers_.empty()) return;
-  const uint32_t n = std::max<uint32_t>(1, cfg_.max_inflight);
-  for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { Worker(); });
+void Prefetcher::PumpLocked() {
+  // Up to max_inflight requests at once, each a task on the runtime; none
+  // after Stop.
+  const uint32_t cap = std::max<uint32_t>(1, cfg_.max_inflight);
+  while (!stopping_ && running_ < cap) {
+    std::vector<Item> items;
+    std::string resync_ns;
+    if (!NextLocked(&items, &resync_ns)) return;
+    ++running_;
+    rt_->Spawn(Work(std::move(items), std::move(resync_ns)));
+  }
 }
 
 Prefetcher::~Prefetcher() { Stop(); }
@@ -44,11 +50,12 @@ void Prefetcher::Stop() {
     stopping_ = true;
     watches.swap(watches_);
   }
-  cv_.notify_all();
   // Unwatch outside mu_: it waits for a callback in progress, which takes mu_.
   for (const auto& [ns, t] : watches) kvs_->Unwatch(t);
-  for (std::thread& w : workers_)
-    if (w.joinable()) w.join();
+  // The requests in flight end (their waits name the service's stop, fired
+  // before this); none starts now.
+  std::unique_lock<std::mutex> lk(mu_);
+  idle_cv_.wait(lk, [this] { return running_ == 0; });
 }
 
 void Prefetcher::SetAdmit(std::function<bool(uint64_t bytes)> admit) {
@@ -68,7 +75,7 @@ void Prefetcher::Kick() {
   std::map<std::string, Item> deferred;
   deferred.swap(deferred_);
   for (auto& [dest, item] : deferred) EnqueueLocked(std::move(item));
-  cv_.notify_all();
+  PumpLocked();
 }
 
 Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
@@ -97,7 +104,6 @@ Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
     } else {
       decls_.push_back(d);
     }
-    StartWorkersLocked();
   }
   // Watch first, then list: a publication between the two is seen by both
   // (the queue keeps one entry per file), never by neither.
@@ -108,7 +114,7 @@ Result<uint32_t> Prefetcher::Declare(const PrefetchRequest& req) {
   // (a full listing, retried until it works).
   std::lock_guard<std::mutex> lk(mu_);
   resync_.insert(req.ns);
-  cv_.notify_one();
+  PumpLocked();
   return 0u;
 }
 
@@ -149,7 +155,7 @@ Result<uint32_t> Prefetcher::QueueListed(const std::string& ns, const Declaratio
       MatchLocked(ns, key, rec);
     }
   }
-  cv_.notify_all();
+  PumpLocked();
   return matched;
 }
 
@@ -166,10 +172,8 @@ void Prefetcher::OnChange(const std::string& ns, const KvsChange& change) {
     // overtakes its prefetch does not ask the store again.
     cache_->Put(ns, change.key, rec);
     MatchLocked(ns, change.key, rec);
-    cv_.notify_one();  // one entry: one worker is enough
-    return;
   }
-  cv_.notify_all();
+  PumpLocked();
 }
 
 void Prefetcher::MatchLocked(const std::string& ns, const std::string& key, const FileRecord& rec) {
@@ -256,33 +260,19 @@ void Prefetcher::GatherLocked(std::vector<Item>* out) {
   }
 }
 
-void Prefetcher::Worker() {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    std::vector<Item> items;
-    std::string resync_ns;
-    cv_.wait(lk, [&] { return stopping_ || NextLocked(&items, &resync_ns); });
-    if (stopping_) return;
-    lk.unlock();
-    if (!resync_ns.empty()) {
-      if (!QueueListed(resync_ns, nullptr).ok()) {
-        // Still owed: this worker pauses (bounded), then puts it back.
-        lk.lock();
-        cv_.wait_for(lk, std::chrono::milliseconds(kRelistPauseMs), [this] { return stopping_; });
-        if (stopping_) return;
-        if (watches_.count(resync_ns) != 0) resync_.insert(resync_ns);  // still declared
-        continue;
-      }
-    } else {
-      Run(std::move(items));
-    }
-    lk.lock();
+Task<void> Prefetcher::Work(std::vector<Item> items, std::string resync_ns) {
+  std::vector<Item> retries;
+  bool relisted = true;
+  if (!resync_ns.empty()) {
+    relisted =
+        co_await rt_->Offload([this, &resync_ns] { return QueueListed(resync_ns, nullptr).ok(); });
+    // Still owed: this request pauses (bounded), then puts it back.
+    if (!relisted) co_await Sleep(Deadline::AfterMs(kRelistPauseMs), &rt_->stopping());
+  } else {
+    retries = co_await PlaceAll(items);
   }
-}
-
-void Prefetcher::Run(std::vector<Item> items) {
-  std::vector<Item> retries = PlaceAll(items);
   std::lock_guard<std::mutex> lk(mu_);
+  if (!relisted && watches_.count(resync_ns) != 0) resync_.insert(resync_ns);  // still declared
   for (Item& item : items) {
     const std::string dest = item.cons_root + "/" + item.record.upath;
     Item* retry = nullptr;
@@ -290,12 +280,16 @@ void Prefetcher::Run(std::vector<Item> items) {
       if (r.cons_root == item.cons_root && r.record.upath == item.record.upath) retry = &r;
     FinishLocked(dest, retry);
   }
-  auto p = per_peer_.find(items.front().record.owner_rank);
-  if (p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
-  cv_.notify_all();
+  if (!items.empty()) {
+    auto p = per_peer_.find(items.front().record.owner_rank);
+    if (p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
+  }
+  --running_;
+  PumpLocked();
+  if (running_ == 0) idle_cv_.notify_all();
 }
 
-std::vector<Prefetcher::Item> Prefetcher::PlaceAll(std::vector<Item>& items) {
+Task<std::vector<Prefetcher::Item>> Prefetcher::PlaceAll(std::vector<Item>& items) {
   std::function<bool(uint64_t)> admit;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -325,9 +319,9 @@ std::vector<Prefetcher::Item> Prefetcher::PlaceAll(std::vector<Item>& items) {
     }
   }
   std::vector<Item> retries;
-  if (preqs.empty()) return retries;
-  std::vector<Result<ConsumeReply>> results = placement_->PlaceBatch(
-      preqs, Deadline::AfterMs(cfg_.transfer_timeout_ms), [this] { return stopped_.load(); });
+  if (preqs.empty()) co_return retries;
+  std::vector<Result<ConsumeReply>> results = co_await placement_->PlaceBatch(
+      std::move(preqs), Deadline::AfterMs(cfg_.transfer_timeout_ms), &rt_->stopping(), 1);
   for (size_t k = 0; k < placed.size(); ++k) {
     Item& item = *placed[k];
     const Result<ConsumeReply>& r = results[k];
@@ -348,7 +342,7 @@ std::vector<Prefetcher::Item> Prefetcher::PlaceAll(std::vector<Item>& items) {
       retries.back().retried = true;
     }
   }
-  return retries;
+  co_return retries;
 }
 
 void Prefetcher::FinishLocked(const std::string& dest, Item* retry) {

@@ -12,8 +12,9 @@
 // Queue. One entry per destination file, newest record wins: a file
 // re-published while queued is fetched once, at its newer version; one
 // re-published while its prefetch is in flight is fetched again after it.
-// Workers take entries in publication order, at most `max_inflight`
-// requests at once and at most `max_per_peer` to one owner; a request
+// Requests take entries in publication order, each a task on the
+// service's runtime (none holds a thread while it waits), at most
+// `max_inflight` requests at once and at most `max_per_peer` to one owner; a request
 // carries up to `max_batch` small files of one owner together
 // (Placement::PlaceBatch: one kFetchBatch instead of a fetch per file), at
 // most `max_batches_per_peer` such requests to one owner at once. Explicit consumes never enter
@@ -39,9 +40,9 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/runtime.h"
 #include "common/status.h"
 #include "kvs/kvs.h"
 #include "proto/protocol.h"
@@ -72,7 +73,9 @@ bool PrefetchPatternMatches(const std::string& pattern, const std::string& upath
 
 class Prefetcher {
  public:
-  Prefetcher(PrefetchConfig config, Kvs* kvs, Placement* placement, MetadataCache* cache);
+  // Its requests are tasks on `rt`.
+  Prefetcher(PrefetchConfig config, Runtime* rt, Kvs* kvs, Placement* placement,
+             MetadataCache* cache);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -86,7 +89,8 @@ class Prefetcher {
       std::function<void(const std::string& ns, const FileRecord& rec)> on_publication);
   // Requeues the entries the budget refused (room may have been freed).
   void Kick();
-  // Ends the workers and the watches. Idempotent.
+  // Ends the watches and waits for the requests in flight to end (they do
+  // once the service's stop has fired). Idempotent.
   void Stop();
 
   // Counters for `dyad status` ("prefetch.*").
@@ -114,21 +118,23 @@ class Prefetcher {
   // Adds to `out` the pending entries that can share a request with
   // out->front() (same owner, namespace, directory and transport; small).
   void GatherLocked(std::vector<Item>* out);
-  // Starts the max_inflight workers if they are not running yet.
-  void StartWorkersLocked();
-  void Worker();
-  void Run(std::vector<Item> items);
+  // Starts requests (tasks) while there are entries or resyncs and fewer
+  // than max_inflight run.
+  void PumpLocked();
+  // One request: a resync's listing, or one owner's entries placed.
+  Task<void> Work(std::vector<Item> items, std::string resync_ns);
   // Admits and places `items`; returns the entries to fetch again.
-  std::vector<Item> PlaceAll(std::vector<Item>& items);
+  Task<std::vector<Item>> PlaceAll(std::vector<Item>& items);
   void FinishLocked(const std::string& dest, Item* retry);
 
   const PrefetchConfig cfg_;
+  Runtime* const rt_;
   Kvs* const kvs_;
   Placement* const placement_;
   MetadataCache* const cache_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable idle_cv_;                                            // running_ became 0
   bool stopping_ = false;                                                      // guarded by mu_
   std::function<bool(uint64_t)> admit_;                                        // guarded by mu_
   std::function<void(const std::string&, const FileRecord&)> on_publication_;  // set once
@@ -141,7 +147,7 @@ class Prefetcher {
   std::set<std::string> active_;                   // destinations in flight
   std::map<std::string, Item> again_;              // newer records of active ones
   std::map<uint32_t, uint32_t> per_peer_;          // requests in flight by owner
-  std::vector<std::thread> workers_;               // started by the first Declare; guarded by mu_
+  uint32_t running_ = 0;                           // requests in flight; guarded by mu_
   std::atomic<bool> stopped_{false};
 
   std::atomic<uint64_t> n_queued_{0}, n_done_{0}, n_present_{0}, n_failed_{0}, n_refused_{0},

@@ -23,11 +23,11 @@
 #include "service/advertise.h"
 #include "service/dispatch.h"
 #include "service/file_server.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
 #include "service/record_feed.h"
-#include "service/resumable.h"
 #include "service/server.h"
 #include "service/transfers.h"
 #include "service/transports.h"
@@ -124,6 +124,11 @@ Status Service::StartSteps() {
   // Twice the workers of the old two pools: the bound of blocking calls.
   runtime_ = std::make_unique<Runtime>(2 * std::max<size_t>(opt_.workers, 1), opt_.worker_idle_ms);
   DYAD_RETURN_IF_ERROR(runtime_->Start());
+  {
+    std::lock_guard<std::mutex> lk(stop_mu_);
+    startup_stop_ = std::make_unique<dyad::Stop>(runtime_->executor(), &runtime_->stopping());
+    if (stopping_) startup_stop_->Fire(Status(DYAD_RC_CANCELLED, "stopped during start-up"));
+  }
   BuildParts();
   RouteRequests();
   TraceSetProcessName("dyad-service rank " + std::to_string(opt_.rank) + " (" + hostname_ + ")");
@@ -132,7 +137,6 @@ Status Service::StartSteps() {
   // and others may start fetching as soon as the record is visible.
   DYAD_RETURN_IF_ERROR(StartServer());
   DYAD_RETURN_IF_ERROR(RegisterMembership());
-  async_thread_ = std::thread([this] { AsyncPublishLoop(); });
   runtime_->Spawn(Upkeep());
 
   DYAD_LOG_INFO(
@@ -271,7 +275,8 @@ void Service::BuildParts() {
   fc.max_inflight = opt_.prefetch_concurrency;
   fc.max_per_peer = opt_.prefetch_per_peer;
   fc.transfer_timeout_ms = opt_.rpc_timeout_ms;
-  prefetch_ = std::make_unique<Prefetcher>(fc, kvs_.get(), placement_.get(), &cache_);
+  prefetch_ =
+      std::make_unique<Prefetcher>(fc, runtime_.get(), kvs_.get(), placement_.get(), &cache_);
   // The node cache's budget bounds what is fetched ahead, and every
   // publication the prefetcher's watch sees supersedes older copies.
   prefetch_->SetAdmit([nc = node_cache_.get()](uint64_t bytes) { return nc->Admit(bytes); });
@@ -326,6 +331,7 @@ void Service::Stop() {
     stop_cv_.notify_all();  // start-up pauses
     if (starting_ || !started_) {
       if (kvs_) kvs_->Shutdown();
+      if (startup_stop_) startup_stop_->Fire(Status(DYAD_RC_CANCELLED, "stopped during start-up"));
       if (starting_) return;  // Start() sees stopping_ and tears down itself
       stopped_ = true;        // nothing to tear down
       return;
@@ -338,15 +344,14 @@ void Service::Stop() {
 }
 
 void Service::Teardown() {
-  async_cv_.notify_all();
   // Parked waits end with DYAD_RC_CANCELLED, and their requests get that reply.
   if (kvs_) kvs_->Shutdown();
   std::thread([this] {
+    // Every wait ends (DYAD_RC_CANCELLED), the pending publications' and
+    // the prefetcher's transfers' too.
+    if (runtime_) runtime_->FireStop();
     if (prefetch_) prefetch_->Stop();  // no new fetches while the rest stops
     if (server_) server_->Stop();      // closes every connection
-    // Every wait ends (DYAD_RC_CANCELLED), the pending publications' too.
-    if (runtime_) runtime_->FireStop();
-    if (async_thread_.joinable()) async_thread_.join();
     if (runtime_) runtime_->Shutdown();
     if (record_feed_) record_feed_->Stop();  // after the pool: nothing starts a watch now
     if (!opt_.socket_path.empty() && unix_listener_.valid()) ::unlink(opt_.socket_path.c_str());
@@ -422,37 +427,51 @@ void Service::Reply(Channel& ch, const Status& st, const std::string& body) {
   SendReply(ch, st, body, opt_.rpc_timeout_ms, &stats_);
 }
 
-void Service::AsyncPublishLoop() {
+void Service::QueueAsyncPublish(PendingPublish p) {
+  stats_.Add(ServiceStats::kAsyncPending);
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lk(async_mu_);
+    async_queue_.push_back(std::move(p));
+    start = !async_draining_;
+    async_draining_ = true;
+  }
+  if (start) runtime_->Spawn(DrainAsyncPublications());
+}
+
+Task<void> Service::DrainAsyncPublications() {
+  dyad::Stop& stopping = runtime_->stopping();
   for (;;) {
     PendingPublish p;
     {
-      std::unique_lock<std::mutex> lk(async_mu_);
-      async_cv_.wait(lk, [this] { return stopping_ || !async_queue_.empty(); });
-      if (async_queue_.empty()) return;  // stopping and drained
+      std::lock_guard<std::mutex> lk(async_mu_);
+      if (async_queue_.empty()) {
+        async_draining_ = false;
+        co_return;
+      }
       p = std::move(async_queue_.front());
       async_queue_.pop_front();
     }
     int64_t backoff = 50;
     bool stored = false;
     for (int attempt = 0;; ++attempt) {
-      Status st = kvs_->Put(p.ns, p.key, p.value);
+      Status st = co_await StoreCall([this, &p] { return kvs_->Put(p.ns, p.key, p.value); });
       if (st.ok()) {
         stored = true;
         break;
       }
-      if (attempt >= 8 || stopping_) {
+      if (attempt >= 8 || stopping.fired()) {
         DYAD_LOG_ERROR("asynchronous publish of key '%s' failed: %s", p.key.c_str(),
                        st.ToString().c_str());
         break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff));
+      co_await Sleep(Deadline::AfterMs(backoff), &stopping);  // a stop: the next try is the last
       backoff = std::min<int64_t>(backoff * 2, 2000);
     }
     // The store holds the record now: its notices can be confirmed.
-    if (stored && !p.notices.empty() && !runtime_->stopping().fired()) {
-      std::shared_ptr<Resumable> send = notices_->Sending(std::move(p.notices), p.upath);
-      runtime_->RunSync(
-          Drive(*runtime_, *send, &runtime_->stopping(), &stats_, "notices.parked_for_peer"));
+    if (stored && !p.notices.empty() && !stopping.fired()) {
+      PeerWaits waits(*runtime_, &stopping, &stats_, "notices.parked_for_peer");
+      co_await notices_->Send(std::move(p.notices), p.upath, waits);
     }
     stats_.Sub(ServiceStats::kAsyncPending);
   }

@@ -196,15 +196,15 @@ class Service {
   // The store's record when it is the version notice `n` names, else why
   // the notice is not acted on.
   Result<FileRecord> ConfirmNotice(const SupersedeNotice& n);
-  void HandlePeers(RequestContext& ctx, const PeersRequest& req);  // service_peers.cc
+  Task<void> HandlePeers(RequestContext& ctx, PeersRequest req);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req);
   Task<void> HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest req);
   // The batch's items whose record is known, placed together; each result
   // goes to settle(index in items, result).
-  void PlacePublished(const std::vector<ConsumeRequest>& items,
-                      const std::vector<std::optional<FileRecord>>& records, const CancelFn& cancel,
-                      const std::function<void(size_t, const Result<ConsumeReply>&)>& settle);
+  Task<void> PlacePublished(const std::vector<ConsumeRequest>& items,
+                            const std::vector<std::optional<FileRecord>>& records, dyad::Stop* stop,
+                            const std::function<void(size_t, const Result<ConsumeReply>&)>& settle);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
   // Cache, then global store (waiting when asked). `published`: what the
@@ -242,13 +242,14 @@ class Service {
   Status CheckSameHostPeers();
   Status ClaimRank();
   Status CheckOwnAddress();
+  // A probe of `rec` during start-up, ended by a stop request.
+  ProbeResult ProbeNow(const ServiceRecord& rec);
   ServiceRecord OwnRecord() const;
   // Sleeps up to `ms`; false (at once) when the service is stopping.
   bool PauseUnlessStopping(int64_t ms);
   Status WriteReadyFile();
   // Stops listeners, connections and threads (once; from Stop or Start).
   void Teardown();
-  void AsyncPublishLoop();
   // The upkeep task: Housekeep() every kHousekeepingMs, and every 3 s
   // re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
@@ -270,6 +271,9 @@ class Service {
   std::shared_ptr<const Authenticator> auth_;  // set by Start()
   // The runtime every part runs on (common/runtime.h); destroyed after them.
   std::unique_ptr<Runtime> runtime_;
+  // Ends the start-up's waits on the runtime (probes) when the service is
+  // asked to stop while starting; set with runtime_, under stop_mu_.
+  std::unique_ptr<dyad::Stop> startup_stop_;
   ServiceStats stats_;
   MetadataCache cache_;
   std::atomic<uint64_t> publish_seq_{0};  // FileRecord::seq of this incarnation
@@ -302,10 +306,14 @@ class Service {
     VersionNotices::Addressed notices;
     std::string upath;
   };
+  // Queues an asynchronous publication's record for the store.
+  void QueueAsyncPublish(PendingPublish p);
+  // Stores the queued records in order, each retried with a backoff, then
+  // sends its version notices; a task that runs while the queue has any.
+  Task<void> DrainAsyncPublications();
   std::mutex async_mu_;
-  std::condition_variable async_cv_;
-  std::list<PendingPublish> async_queue_;
-  std::thread async_thread_;
+  std::list<PendingPublish> async_queue_;  // guarded by async_mu_
+  bool async_draining_ = false;            // a DrainAsyncPublications runs; guarded by async_mu_
   std::string listen_bound_;  // where the peer listener is bound (the ready file's listen=)
   std::string member_value_;
 

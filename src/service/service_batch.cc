@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "common/log.h"
-#include "common/worker_pool.h"
 #include "service/dispatch.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
@@ -128,53 +127,53 @@ Task<void> Service::HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest 
   // each is a round trip (on the pool: they block on the store).
   std::vector<std::optional<FileRecord>> records(items.size());
   std::vector<size_t> unpublished;
-  co_await runtime_->Offload([&] {
-    BatchRecords read = ReadBatchRecords(*kvs_, cache_, items);
-    std::mutex mu;
-    ForEachParallel(items.size(), read.own_reads > 0 ? LocateParallelism() : 1, [&](size_t i) {
-      if (items[i].ns == kMembersNamespace)
-        return settle(i, Status(DYAD_RC_PERM, "namespace '" + std::string(kMembersNamespace) +
-                                                  "' holds no files"));
-      Result<FileRecord> rec =
-          read.absent[i] ? Result<FileRecord>(Status(DYAD_RC_NOTFOUND, "not published"))
-                         : ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms),
-                                         ctx.cancel, read.value[i]);
-      std::lock_guard<std::mutex> lk(mu);
-      if (rec.ok()) {
-        records[i] = std::move(*rec);
-      } else {
-        unpublished.push_back(i);
-      }
-    });
-  });
+  BatchRecords read = co_await StoreCall([&] { return ReadBatchRecords(*kvs_, cache_, items); });
+  // Items whose record must still be read or confirmed go to the store
+  // (on the pool for a store of another process), several at once.
+  const bool own_reads = read.own_reads > 0;
+  co_await ForEachTask(
+      *runtime_, items.size(), own_reads ? LocateParallelism() : 1, [&](size_t i) -> Task<void> {
+        if (items[i].ns == kMembersNamespace) {
+          settle(i, Status(DYAD_RC_PERM,
+                           "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
+          co_return;
+        }
+        Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "not published");
+        auto find = [&] {
+          return ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms), ctx.cancel,
+                               read.value[i]);
+        };
+        if (!read.absent[i] && own_reads) rec = co_await StoreCall(find);
+        if (!read.absent[i] && !own_reads) rec = find();
+        if (rec.ok()) {
+          records[i] = std::move(*rec);
+        } else {
+          unpublished.push_back(i);
+        }
+      });
   // Files not published yet (or whose record could not be read now): each
   // consumed as alone, a task of its own with its own deadline, waiting for
   // its publication and reporting what a single consume would, beside the
-  // placement of the others. None holds a thread while it waits.
-  auto pending = std::make_shared<std::atomic<size_t>>(unpublished.size());
-  auto all_done = std::make_shared<Rendezvous<bool>>(runtime_->executor());
-  for (size_t i : unpublished) {
-    runtime_->Spawn([](Service* self, const ConsumeRequest& item, RequestContext& c, size_t index,
-                       std::function<void(size_t, const Result<ConsumeReply>&)> done,
-                       std::shared_ptr<std::atomic<size_t>> left,
-                       std::shared_ptr<Rendezvous<bool>> all) -> Task<void> {
-      done(index,
-           co_await self->Consume(item, Deadline::AfterMs(item.timeout_ms), c.stop, c.cancel));
-      if (left->fetch_sub(1) == 1) all->Deliver(true);
-    }(this, items[i], ctx, i, settle, pending, all_done));
-  }
-  // The published ones: small files of one owner in one request each.
-  co_await runtime_->Offload([&] { PlacePublished(items, records, ctx.cancel, settle); });
-  if (!unpublished.empty()) (void)co_await all_done->Take(Deadline::Never(), nullptr);
+  // placement of the others (small files of one owner in one request
+  // each). None holds a thread while it waits.
+  co_await ForEachTask(
+      *runtime_, 1 + unpublished.size(), 1 + unpublished.size(), [&](size_t k) -> Task<void> {
+        if (k == 0) {
+          co_await PlacePublished(items, records, ctx.stop, settle);
+          co_return;
+        }
+        const ConsumeRequest& item = items[unpublished[k - 1]];
+        settle(unpublished[k - 1],
+               co_await Consume(item, Deadline::AfterMs(item.timeout_ms), ctx.stop, ctx.cancel));
+      });
   Encoder e;
   reply.EncodeTo(e);
   Reply(ctx.ch, Status::OK(), e.data());
 }
 
-void Service::PlacePublished(
+Task<void> Service::PlacePublished(
     const std::vector<ConsumeRequest>& items, const std::vector<std::optional<FileRecord>>& records,
-    const CancelFn& cancel,
-    const std::function<void(size_t, const Result<ConsumeReply>&)>& settle) {
+    dyad::Stop* stop, const std::function<void(size_t, const Result<ConsumeReply>&)>& settle) {
   std::vector<size_t> placed;
   std::vector<PlacementRequest> preqs;
   int64_t longest_ms = 0;  // the batch's placement waits (joins) as long as its most patient item
@@ -185,11 +184,11 @@ void Service::PlacePublished(
     longest_ms =
         items[i].timeout_ms < 0 || longest_ms < 0 ? -1 : std::max(longest_ms, items[i].timeout_ms);
   }
-  if (preqs.empty()) return;
+  if (preqs.empty()) co_return;
   // Small files of one owner travel in one request (Placement::PlaceBatch)
   // rather than a fetch conversation each.
-  std::vector<Result<ConsumeReply>> results =
-      placement_->PlaceBatch(preqs, Deadline::AfterMs(longest_ms), cancel, kBatchParallelism);
+  std::vector<Result<ConsumeReply>> results = co_await placement_->PlaceBatch(
+      std::move(preqs), Deadline::AfterMs(longest_ms), stop, kBatchParallelism);
   for (size_t k = 0; k < placed.size(); ++k) {
     ForgetFailedRecord(items[placed[k]], results[k]);
     settle(placed[k], results[k]);

@@ -2,12 +2,11 @@
 // store, each with its liveness as this service sees it (a bounded,
 // authenticated ping) and the last time it exchanged anything with it.
 #include <algorithm>
-#include <atomic>
-#include <thread>
 
 #include "common/format.h"
 #include "common/log.h"
 #include "service/dispatch.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/service.h"
 
@@ -20,9 +19,13 @@ constexpr size_t kProbeParallelism = 32;
 constexpr int64_t kMaxProbeMs = 10000;
 }  // namespace
 
-void Service::HandlePeers(RequestContext& ctx, const PeersRequest& req) {
-  Result<std::vector<KvsEntry>> all = kvs_->List(kMembersNamespace, "rank.", 0);
-  if (!all.ok()) return Reply(ctx.ch, all.status().Annotate("list the registered services"));
+Task<void> Service::HandlePeers(RequestContext& ctx, PeersRequest req) {
+  Result<std::vector<KvsEntry>> all =
+      co_await StoreCall([this] { return kvs_->List(kMembersNamespace, "rank.", 0); });
+  if (!all.ok()) {
+    Reply(ctx.ch, all.status().Annotate("list the registered services"));
+    co_return;
+  }
   PeersReply reply;
   for (const auto& [key, value] : *all) {
     PeerInfo p;
@@ -37,37 +40,33 @@ void Service::HandlePeers(RequestContext& ctx, const PeersRequest& req) {
 
   const Deadline deadline =
       Deadline::AfterMs(std::clamp<int64_t>(req.probe_timeout_ms, 1, kMaxProbeMs));
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < reply.peers.size(); i = next++) {
-      PeerInfo& p = reply.peers[i];
-      if (p.record.rank == opt_.rank && p.record.incarnation == incarnation_) {
-        p.state = PeerState::kAlive;
-        p.last_contact_ns = WallNs();
-        p.detail = "this service";
-        continue;
-      }
-      if (p.record.stopped_ns != 0) {
-        // It deregistered on a clean stop: nothing to probe, nothing wrong.
-        p.state = PeerState::kStopped;
-        p.detail = "stopped cleanly " + LocalDateTime(p.record.stopped_ns, "");
-        p.last_contact_ns = peers_->LastContact(p.record.rank);
-        continue;
-      }
-      if (req.probe) {
-        const ProbeResult r = peers_->Probe(p.record, deadline, ctx.cancel);
-        p.state = r.state;
-        p.rtt_ns = r.rtt_ns;
-        if (r.state != PeerState::kAlive) p.detail = r.status.message();
-      }
-      p.last_contact_ns = peers_->LastContact(p.record.rank);
-    }
-  };
-  std::vector<std::thread> pool;
-  const size_t n = std::min(kProbeParallelism, reply.peers.size());
-  for (size_t i = 1; i < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+  // Probed as tasks, kProbeParallelism at a time: none holds a thread.
+  PeerWaits waits(*runtime_, ctx.stop, nullptr);
+  co_await ForEachTask(*runtime_, reply.peers.size(), kProbeParallelism,
+                       [&](size_t i) -> Task<void> {
+                         PeerInfo& p = reply.peers[i];
+                         if (p.record.rank == opt_.rank && p.record.incarnation == incarnation_) {
+                           p.state = PeerState::kAlive;
+                           p.last_contact_ns = WallNs();
+                           p.detail = "this service";
+                           co_return;
+                         }
+                         if (p.record.stopped_ns != 0) {
+                           // It deregistered on a clean stop: nothing to
+                           // probe, nothing wrong.
+                           p.state = PeerState::kStopped;
+                           p.detail = "stopped cleanly " + LocalDateTime(p.record.stopped_ns, "");
+                           p.last_contact_ns = peers_->LastContact(p.record.rank);
+                           co_return;
+                         }
+                         if (req.probe) {
+                           const ProbeResult r = co_await peers_->Probe(p.record, deadline, waits);
+                           p.state = r.state;
+                           p.rtt_ns = r.rtt_ns;
+                           if (r.state != PeerState::kAlive) p.detail = r.status.message();
+                         }
+                         p.last_contact_ns = peers_->LastContact(p.record.rank);
+                       });
 
   Encoder e;
   reply.EncodeTo(e);

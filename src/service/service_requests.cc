@@ -40,7 +40,7 @@ void Service::RouteRequests() {
   d.RouteTask(Link::kLocal, MsgType::kConsume, "requests.consume", this, &Service::HandleConsume);
   d.Route(Link::kLocal, MsgType::kList, "requests.list", this, &Service::HandleList);
   d.Route(Link::kLocal, MsgType::kRemove, nullptr, this, &Service::HandleRemove);
-  d.Route(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
+  d.RouteTask(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
   d.Route(Link::kLocal, MsgType::kPrefetch, nullptr, this, &Service::HandlePrefetch);
   d.RouteTask(Link::kLocal, MsgType::kConsumeBatch, nullptr, this, &Service::HandleConsumeBatch);
   d.RouteTask(Link::kPeer, MsgType::kSupersede, nullptr, this, &Service::HandleSupersede);
@@ -109,14 +109,9 @@ bool Service::StorePublication(RequestContext& ctx, const PublishRequest& req, F
   node_cache_->Supersede(req.ns, rec);
   if (req.async) {
     // Receivers confirm a notice with the store, so the notices go once
-    // the record is there (AsyncPublishLoop).
-    VersionNotices::Addressed to = AddressNotices(previous, req, rec);
-    {
-      std::lock_guard<std::mutex> lk(async_mu_);
-      async_queue_.push_back({req.ns, req.key, rec.Encode(), std::move(to), rec.upath});
-    }
-    stats_.Add(ServiceStats::kAsyncPending);
-    async_cv_.notify_one();
+    // the record is there (DrainAsyncPublications).
+    QueueAsyncPublish(
+        {req.ns, req.key, rec.Encode(), AddressNotices(previous, req, rec), rec.upath});
     return Replied(ch, Status::OK());
   }
   Status st = kvs_->Put(req.ns, req.key, rec.Encode());

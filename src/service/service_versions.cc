@@ -9,7 +9,7 @@
 #include "service/dispatch.h"
 #include "service/file_server.h"
 #include "service/node_cache.h"
-#include "service/resumable.h"
+#include "service/peer_waits.h"
 #include "service/service.h"
 #include "service/versions.h"
 
@@ -69,8 +69,8 @@ Task<void> Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uin
                                          const PublishRequest& req, const FileRecord& rec) {
   VersionNotices::Addressed to = AddressNotices(owners, req, rec);
   if (to.empty()) co_return;
-  std::shared_ptr<Resumable> send = notices_->Sending(std::move(to), rec.upath);
-  co_await Drive(*runtime_, *send, ctx.stop, &stats_, "notices.parked_for_peer");
+  PeerWaits waits(*runtime_, ctx.stop, &stats_, "notices.parked_for_peer");
+  co_await notices_->Send(std::move(to), rec.upath, waits);
 }
 
 // A notice is a claim by whoever holds the cluster credential; the store
@@ -132,8 +132,8 @@ Task<void> Service::HandleSupersede(RequestContext& ctx, SupersedeNotice n) {
     VersionNotices::Addressed to;
     notices_->Address(ranks, n, &to);
     if (!to.empty()) {
-      std::shared_ptr<Resumable> send = notices_->Sending(std::move(to), n.record.upath);
-      co_await Drive(*runtime_, *send, ctx.stop, &stats_, "notices.parked_for_peer");
+      PeerWaits waits(*runtime_, ctx.stop, &stats_, "notices.parked_for_peer");
+      co_await notices_->Send(std::move(to), n.record.upath, waits);
     }
   }
   Reply(ch, Status::OK());

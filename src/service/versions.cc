@@ -3,6 +3,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "service/peer_rpc.h"
+#include "service/peer_waits.h"
 
 namespace dyad {
 
@@ -40,50 +41,17 @@ void VersionNotices::Address(const std::set<uint32_t>& ranks, const SupersedeNot
     if (rank != self_) to->emplace_back(rank, e.data());
 }
 
-// The notices of one publication, one receiver after the other.
-class VersionNotices::SendOp final : public Resumable {
- public:
-  SendOp(VersionNotices* v, Addressed to, std::string upath)
-      : v_(v), to_(std::move(to)), upath_(std::move(upath)) {}
-
-  bool Step(Wait* wait) override {
-    while (next_ < to_.size()) {
-      if (!rpc_)
-        rpc_ = std::make_unique<PeerRpcOp>(v_->peers_, to_[next_].first, MsgType::kSupersede,
-                                           to_[next_].second, v_->rpc_timeout_ms_);
-      if (!rpc_->Step(wait)) return false;
-      if (!rpc_->status().ok())
-        DYAD_LOG_WARN("cannot tell rank %u that '%s' has a new version: %s", to_[next_].first,
-                      upath_.c_str(), rpc_->status().ToString().c_str());
-      rpc_.reset();
-      ++next_;
-    }
-    return true;
+Task<void> VersionNotices::Send(Addressed to, std::string upath, PeerWaits& waits) {
+  // One receiver after the other; the Stop (the requester went away, the
+  // service stops) leaves the rest unsent.
+  for (const auto& [rank, notice] : to) {
+    Result<std::string> r =
+        co_await PeerRpc(*peers_, rank, MsgType::kSupersede, notice, rpc_timeout_ms_, waits);
+    if (waits.stopped()) co_return;
+    if (!r.ok())
+      DYAD_LOG_WARN("cannot tell rank %u that '%s' has a new version: %s", rank, upath.c_str(),
+                    r.status().ToString().c_str());
   }
-  void Expired() override {
-    if (rpc_) rpc_->Expired();
-  }
-  bool NextStepBlocks() const override {
-    return rpc_ ? rpc_->NextStepBlocks()
-                : next_ < to_.size() && !v_->peers_->Known(to_[next_].first);
-  }
-  // The requester went away or the service stops: the rest are not sent.
-  void Abandon(const Status& why) override {
-    if (rpc_) rpc_->Abandon(why);
-    rpc_.reset();
-    next_ = to_.size();
-  }
-
- private:
-  VersionNotices* const v_;
-  const Addressed to_;
-  const std::string upath_;
-  size_t next_ = 0;
-  std::unique_ptr<PeerRpcOp> rpc_;
-};
-
-std::shared_ptr<Resumable> VersionNotices::Sending(Addressed to, std::string upath) {
-  return std::make_shared<SendOp>(this, std::move(to), std::move(upath));
 }
 
 }  // namespace dyad

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "proto/protocol.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
-#include "service/resumable.h"
 
 namespace dyad {
 
@@ -47,15 +47,12 @@ class VersionNotices {
   using Addressed = std::vector<std::pair<uint32_t, std::string>>;
   // Appends `notice` for every rank in `ranks` but this one to `*to`.
   void Address(const std::set<uint32_t>& ranks, const SupersedeNotice& notice, Addressed* to) const;
-  // Sends `to` one after the other, each bounded by the RPC timeout, as a
-  // Resumable (service/peer_rpc.h): driven on the loop, a slow or silent
-  // receiver holds no worker. A receiver that does not accept it is logged
-  // and skipped.
-  std::shared_ptr<Resumable> Sending(Addressed to, std::string upath);
+  // Sends `to` one after the other, each bounded by the RPC timeout
+  // (service/peer_rpc.h): a slow or silent receiver holds no thread. A
+  // receiver that does not accept it is logged and skipped.
+  Task<void> Send(Addressed to, std::string upath, PeerWaits& waits);
 
  private:
-  class SendOp;
-
   const uint32_t self_;
   PeerDirectory* peers_;
   const int64_t rpc_timeout_ms_;
