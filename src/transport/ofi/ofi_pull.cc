@@ -295,12 +295,4 @@ std::unique_ptr<PullOp> OfiTransport::StartPull(Channel& session, uint64_t size,
   return std::make_unique<OfiRmaPull>(session, std::move(s), options_.idle_ms, stats);
 }
 
-Status OfiTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
-                          int sink_fd, TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
-  std::unique_ptr<PullOp> op = StartPull(session, size, reply_args, sink_fd, stats);
-  return DriveOfiOp(session, *op);
-}
-
 }  // namespace dyad

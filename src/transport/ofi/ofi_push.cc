@@ -192,12 +192,4 @@ std::unique_ptr<PushOp> OfiTransport::StartPush(Channel& session, const FileSour
                                       options_.idle_ms, stats);
 }
 
-Status OfiTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
-                          TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
-  std::unique_ptr<PushOp> op = StartPush(session, src, request_args, stats);
-  return DriveOfiOp(session, *op);
-}
-
 }  // namespace dyad

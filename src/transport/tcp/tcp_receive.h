@@ -7,7 +7,7 @@
 //    decrypted) as it streams through a buffer of kSealedReadBytes.
 // Each Step reads only what the socket holds (MSG_DONTWAIT, non-blocking
 // splice) and keeps its place (bytes landed, the partial frame), so the
-// same code serves TcpTransport::Pull (which polls between steps) and a
+// same code serves Transport::Pull (which polls between steps) and a
 // service that parks the request while the owner is silent.
 #pragma once
 
