@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "common/time.h"
+#include "common/wire.h"
 
 namespace dyad {
 namespace {
@@ -67,13 +68,10 @@ Status PumpChunks(Transport& t, Channel& session, const FileSource& src, Transfe
     if (st.ok() && *p == WireQueue::Pumped::kStalled && idle_ms > 0)
       st = Status(DYAD_RC_TIMEOUT, "peer made no progress for " + std::to_string(idle_ms) + " ms");
     stats->bytes = std::min<uint64_t>(out.sent(), src.size);
-    if (!st.ok()) {
-      session.MarkBroken();
-      ::shutdown(session.fd(), SHUT_RDWR);
-      return st.Annotate(t.name() + " push of '" + src.path + "' (sent " +
-                         std::to_string(out.sent()) + " bytes of " + std::to_string(src.size) +
-                         ")");
-    }
+    if (!st.ok())
+      return BreakSession(session, st.Annotate(t.name() + " push of '" + src.path + "' (sent " +
+                                               std::to_string(out.sent()) + " bytes of " +
+                                               std::to_string(src.size) + ")"));
   }
   stats->bytes = src.size;
   return Status::OK();
@@ -91,11 +89,7 @@ class Settled final : public TransferOp {
   uint64_t moved() const override { return 0; }
   int64_t idle_ms() const override { return idle_ms_; }
   Status Fail(const Status& why) override {
-    if (session_ != nullptr) {
-      session_->MarkBroken();
-      ::shutdown(session_->fd(), SHUT_RDWR);
-    }
-    return why;
+    return session_ != nullptr ? BreakSession(*session_, why) : why;
   }
 
  private:
@@ -105,6 +99,19 @@ class Settled final : public TransferOp {
 };
 
 }  // namespace
+
+Status BreakSession(Channel& session, const Status& st) {
+  session.MarkBroken();
+  ::shutdown(session.fd(), SHUT_RDWR);
+  return st;
+}
+
+Status TellAndBreakSession(Channel& session, uint16_t error_frame, const Status& st) {
+  Encoder e;
+  e.I32(static_cast<int32_t>(st.code())).Str(st.message());
+  (void)session.SendFrame(error_frame, e.data(), Deadline::AfterMs(100));
+  return BreakSession(session, st);
+}
 
 std::unique_ptr<TransferOp> SettledOp(Status result, int64_t idle_ms, Channel* session) {
   return std::make_unique<Settled>(std::move(result), idle_ms, session);

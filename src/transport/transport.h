@@ -111,6 +111,15 @@ class TransferOp {
 using PullOp = TransferOp;
 using PushOp = TransferOp;
 
+// A failed transfer leaves its session out of step with the protocol, so
+// the session can never be reused: BreakSession marks it broken and shuts
+// it down, so the peer fails at once instead of after its own idle bound,
+// and returns `st`. TellAndBreakSession first tells the peer why, in one
+// best-effort frame of the transport's `error_frame` type (code and
+// message, common/wire.h encoding; the session may already be gone).
+Status BreakSession(Channel& session, const Status& st);
+Status TellAndBreakSession(Channel& session, uint16_t error_frame, const Status& st);
+
 // A transfer that is settled when it is made, for transports to return
 // where nothing needs to move (an empty file, bytes sent in the reply) or
 // the arguments were refused before anything moved: its first Step returns

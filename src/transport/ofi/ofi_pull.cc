@@ -42,7 +42,7 @@ class OfiSimplePull final : public PullOp {
     // Small files need no fabric: the data came in the reply, and the
     // owner sends nothing more.
     Status st = WriteFully(sink_fd_, data_.data(), data_.size());
-    if (!st.ok()) return OfiFailSession(session_, st.Annotate("ofi pull"));
+    if (!st.ok()) return BreakSession(session_, st.Annotate("ofi pull"));
     stats_->bytes = data_.size();
     stats_->chunks = 1;
     done_ = true;
@@ -52,7 +52,8 @@ class OfiSimplePull final : public PullOp {
   int64_t idle_ms() const override { return idle_ms_; }
   Status Fail(const Status& why) override {
     // The owner of an inline reply sends nothing more and waits for nothing.
-    return owner_told_ ? OfiFailSession(session_, why) : OfiSendErrorAndFail(session_, why);
+    return owner_told_ ? BreakSession(session_, why)
+                       : TellAndBreakSession(session_, kOfiErrorFrame, why);
   }
 
  private:
@@ -243,8 +244,8 @@ Status OfiRmaPull::End(const Status& st) {
                          ": fi_read refused as busy (EAGAIN) for " + std::to_string(ms) + " ms");
   }
   result_ = result_.Annotate(What());
-  return owner_reported_ ? OfiFailSession(session_, result_)
-                         : OfiSendErrorAndFail(session_, result_);
+  return owner_reported_ ? BreakSession(session_, result_)
+                         : TellAndBreakSession(session_, kOfiErrorFrame, result_);
 }
 
 }  // namespace

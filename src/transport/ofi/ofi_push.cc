@@ -39,7 +39,9 @@ class OfiSimplePush final : public PushOp {
   }
   uint64_t moved() const override { return stats_->bytes; }
   int64_t idle_ms() const override { return idle_ms_; }
-  Status Fail(const Status& why) override { return OfiSendErrorAndFail(session_, why); }
+  Status Fail(const Status& why) override {
+    return TellAndBreakSession(session_, kOfiErrorFrame, why);
+  }
 
  private:
   Channel& session_;
@@ -161,7 +163,7 @@ Status OfiRmaPush::End(const Status& st) {
   if (st.ok()) return st;
   result_ = st.Annotate("ofi push of '" + src_.path + "' (sent " + std::to_string(stats_->bytes) +
                         " of " + std::to_string(src_.size) + " bytes)");
-  return OfiSendErrorAndFail(session_, result_);
+  return TellAndBreakSession(session_, kOfiErrorFrame, result_);
 }
 
 }  // namespace

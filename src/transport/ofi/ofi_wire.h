@@ -90,11 +90,6 @@ inline Deadline OfiIdle(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
 }
 
-// After a failure the session is out of step with the protocol: it is
-// marked broken and shut down, so the peer fails at once.
-Status OfiFailSession(Channel& ch, const Status& st);
-// Tells the peer why (best effort), then fails the session.
-Status OfiSendErrorAndFail(Channel& ch, const Status& st);
 // The peer's kError frame as a Status ("owner failed: ...").
 Status OfiDecodeError(const std::string& payload, const char* who);
 // Sends a frame carrying one u64.

@@ -26,11 +26,6 @@ std::unique_ptr<PullOp> MakeSealedPull(Channel& ch, uint64_t size, int sink_fd,
                                        const TransportOptions& options, TransferStats* stats,
                                        size_t read_bytes);
 
-// A failed transfer leaves the session's byte stream out of step with its
-// framing, so the session can never be reused. Shutting it down as well
-// makes the peer fail at once instead of after its own idle bound.
-Status FailSession(Channel& ch, const Status& st);
-
 // "received GOT of SIZE bytes", for error messages.
 std::string Progress(uint64_t got, uint64_t size);
 

@@ -19,8 +19,6 @@
 namespace dyad {
 namespace {
 
-using tcp_internal::FailSession;
-
 // Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
 constexpr size_t kDefaultChunk = 1u << 20;
 
@@ -38,7 +36,7 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
   if (*offset >= src.size) return Status::OK();
   if (src.fd < 0) {
     // The FetchReply already promised bytes the requester will wait for.
-    return FailSession(
+    return BreakSession(
         session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
   }
   const bool sealed = session.protection() != LinkProtection::kNone;
@@ -66,13 +64,13 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
   std::string frame(head + len + tail, '\0');
   char* data = frame.data() + head;
   if (Status rs = PreadFully(src.fd, data, len, *offset); !rs.ok())
-    return FailSession(
+    return BreakSession(
         session, rs.Annotate("tcp push of '" + src.path + "' at byte " + std::to_string(*offset)));
   if (sealed) {
     unsigned char* tag = reinterpret_cast<unsigned char*>(frame.data() + frame.size() - tail);
     Status st =
         session.SealFrame(static_cast<uint16_t>(MsgType::kFileData), data, len, frame.data(), tag);
-    if (!st.ok()) return FailSession(session, st.Annotate("tcp push of '" + src.path + "'"));
+    if (!st.ok()) return BreakSession(session, st.Annotate("tcp push of '" + src.path + "'"));
   }
   out->Bytes(std::move(frame));
   *offset += len;
