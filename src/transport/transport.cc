@@ -29,7 +29,8 @@ Status IdleExpired(int64_t idle_ms) {
 // Runs `op` to its end on this thread: steps it, and between steps sleeps
 // until the session or the op's wake fd is readable (hang-ups and errors
 // surface in the next Step). The idle bound restarts whenever moved()
-// advances; its expiry fails the op with DYAD_RC_TIMEOUT.
+// advances; its expiry fails the op with DYAD_RC_TIMEOUT. An op that
+// blocks() (the local copy) finishes inside its Step: it is just stepped.
 Status Drive(Channel& session, TransferOp& op) {
   uint64_t moved = op.moved();
   Deadline idle = IdleFrom(op.idle_ms());
