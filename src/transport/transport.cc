@@ -18,10 +18,6 @@ namespace {
 // costs at most this much, never a hang (a timer, not a spin).
 constexpr int64_t kMaxPollMs = 1000;
 
-Deadline IdleFrom(int64_t idle_ms) {
-  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
-}
-
 Status IdleExpired(int64_t idle_ms) {
   return Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(idle_ms) + " ms");
 }
@@ -33,14 +29,14 @@ Status IdleExpired(int64_t idle_ms) {
 // blocks() (the local copy) finishes inside its Step: it is just stepped.
 Status Drive(Channel& session, TransferOp& op) {
   uint64_t moved = op.moved();
-  Deadline idle = IdleFrom(op.idle_ms());
+  Deadline idle = IdleDeadline(op.idle_ms());
   for (;;) {
     Result<bool> r = op.Step();
     if (!r.ok()) return r.status();
     if (*r) return Status::OK();
     if (op.moved() != moved) {
       moved = op.moved();
-      idle = IdleFrom(op.idle_ms());
+      idle = IdleDeadline(op.idle_ms());
     }
     if (idle.expired()) return op.Fail(IdleExpired(op.idle_ms()));
     // Rounded up, so a wait that has not expired never polls for 0 ms.
@@ -100,6 +96,10 @@ class Settled final : public TransferOp {
 };
 
 }  // namespace
+
+Deadline IdleDeadline(int64_t idle_ms) {
+  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
+}
 
 Status BreakSession(Channel& session, const Status& st) {
   session.MarkBroken();

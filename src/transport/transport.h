@@ -41,6 +41,7 @@
 #include "common/backend.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "common/time.h"
 #include "common/wire_queue.h"
 
 namespace dyad {
@@ -110,6 +111,10 @@ class TransferOp {
 };
 using PullOp = TransferOp;
 using PushOp = TransferOp;
+
+// The bound of a transfer's wait without progress: `idle_ms` from now;
+// never for idle_ms <= 0 (TransportOptions::idle_ms).
+Deadline IdleDeadline(int64_t idle_ms);
 
 // A failed transfer leaves its session out of step with the protocol, so
 // the session can never be reused: BreakSession marks it broken and shuts

@@ -128,7 +128,7 @@ Result<bool> OfiRmaPull::StepRun() {
     if (received_ + posted_ + written_ == before) break;
   }
   if (written_ < s_.g.chunks) return false;
-  DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiDoneFrame, s_.g.chunks, OfiIdle(idle_ms_)));
+  DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiDoneFrame, s_.g.chunks, IdleDeadline(idle_ms_)));
   return true;
 }
 
@@ -140,7 +140,7 @@ Status OfiRmaPull::TakeBuffer(bool* got) {
   buf_->SetNotify(wake_.get());
   active_ = std::make_unique<OfiActivity>(*s_.fabric);
   *got = true;
-  return OfiSendU64(session_, kOfiReadyFrame, 0, OfiIdle(idle_ms_));
+  return OfiSendU64(session_, kOfiReadyFrame, 0, IdleDeadline(idle_ms_));
 }
 
 // Takes every announcement the session holds now (at most a window ahead
@@ -211,7 +211,7 @@ Status OfiRmaPull::WriteCompleted() {
     stats_->bytes += len;
     stats_->chunks += 1;
     if (written_ + s_.g.window < s_.g.chunks)
-      DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiCreditFrame, written_, OfiIdle(idle_ms_)));
+      DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiCreditFrame, written_, IdleDeadline(idle_ms_)));
     ++written_;
   }
   return Status::OK();

@@ -123,7 +123,7 @@ Status OfiRmaPush::Announce() {
     c.key = key;
     DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, buf_->base + slot * buf_->slot_bytes,
                                     static_cast<size_t>(c.length), next_ * g_.chunk));
-    DYAD_RETURN_IF_ERROR(session_.SendFrame(kOfiChunkFrame, c.Encode(), OfiIdle(idle_ms_)));
+    DYAD_RETURN_IF_ERROR(session_.SendFrame(kOfiChunkFrame, c.Encode(), IdleDeadline(idle_ms_)));
     stats_->bytes += c.length;
     stats_->chunks += 1;
     ++next_;

@@ -85,11 +85,6 @@ struct OfiGeometry {
 Result<OfiGeometry> OfiGeometryFor(uint64_t size, uint64_t owner_slot, uint32_t owner_slots,
                                    uint64_t requester_slot, uint32_t requester_slots);
 
-// A bound for waits of `idle_ms` without progress (<= 0: none).
-inline Deadline OfiIdle(int64_t idle_ms) {
-  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
-}
-
 // The peer's kError frame as a Status ("owner failed: ...").
 Status OfiDecodeError(const std::string& payload, const char* who);
 // Sends a frame carrying one u64.
