@@ -4,17 +4,29 @@
 // owner service over an authenticated Channel (the "session"):
 //   requester: PrepareRequest() -> transport_args sent in the FetchRequest
 //   owner:     validates the path, opens the file, replies FetchReply
-//              (size, version, its own transport_args), then Push()
-//   requester: Pull() lands exactly `size` bytes into the sink fd.
+//              (size, version, its own ReplyArgs()), then moves the file:
+//              StartPush()'s op, or QueueChunk() for transports that
+//              stream on the session (queues_chunks())
+//   requester: StartPull()'s op lands exactly `size` bytes into the sink fd.
 // The session carries control traffic; each transport decides how data
 // moves: "tcp" streams it on the session itself (sendfile on the sender,
 // bounded buffers on the receiver); "local" passes only the owner's path and
 // copies within the node; "ucx" moves chunks as messages into the
 // requester's registered memory (or writes them there directly on one host)
-// and uses the session for small control frames; RMA transports (e.g. a
-// future libfabric RMA read) exchange registered-memory keys in
-// transport_args and use the session only to signal completion. Nothing
-// transport-specific leaks into the service.
+// and uses the session for small control frames; "ofi" reads the owner's
+// registered memory with one-sided RMA, keys exchanged in transport_args.
+// Nothing transport-specific leaks into the service.
+//
+// Every transfer is written once, per direction, as a TransferOp whose Step
+// never waits on the peer: the service runs the ops on its runtime (no
+// thread held while a peer is slow), and Transport::Pull / Push, the one
+// blocking driver (transport.cc), run the same ops on the calling thread
+// for tests and tools. A new transport writes:
+//   * PrepareRequest / ReplyArgs: what each end tells the other;
+//   * StartPull: the requester's op (never null);
+//   * StartPush: the owner's op (never null), or, for a transport whose
+//     bytes are framed on the session, QueueChunk + queues_chunks() instead;
+//   * its row (caps, selectors, settings) in its folder's row.cc.
 //
 // Both ends must bound every wait (no progress for `idle_ms` is an error)
 // and never hold a whole file in memory. A Transport is shared by all
@@ -29,6 +41,7 @@
 #include "common/backend.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "common/time.h"
 #include "common/wire_queue.h"
 
 namespace dyad {
@@ -61,26 +74,29 @@ struct TransportOptions {
   int64_t idle_ms = 60000;       // no progress for this long fails the transfer
 };
 
-// A transfer as a resumable operation, on either end: a requester's Pull
-// (Transport::StartPull) or an owner's Push (Transport::StartPush). Each
-// Step moves what it can now and never waits, so a caller can wait for the
-// session (or wake_fd) to become readable however it likes (poll on its
-// thread, or an event loop that holds no thread meanwhile). Used by one
-// thread at a time; errors mark the session broken (and shut it down).
+// A transfer as a resumable operation, on either end: a requester's pull
+// (Transport::StartPull) or an owner's push (Transport::StartPush). Each
+// Step moves what it can now and never waits on the peer, so a caller can
+// wait for the session (or wake_fd) to become readable however it likes (an
+// event loop that holds no thread meanwhile, or Transport::Pull / Push on
+// the calling thread). Used by one thread at a time (which may change
+// between steps); errors mark the session broken (and shut it down) where
+// the session carries the transfer.
 class TransferOp {
  public:
   virtual ~TransferOp() = default;
   // True once the transfer is complete on this end (every byte in the
   // sink; every byte handed over and acknowledged as the transport
   // requires); false when the session (or wake_fd) must become readable
-  // before the next Step can make progress.
+  // before the next Step can make progress. Argument errors found when the
+  // op was made are returned by its first Step.
   virtual Result<bool> Step() = 0;
   // For transports whose data moves off the session: a descriptor that
   // becomes readable when the transport's own completions may let Step
   // progress (e.g. an event fd its progress engine signals). The caller
   // waits for it or the session, whichever comes first. -1: the session only.
   virtual int wake_fd() const { return -1; }
-  // Bytes moved so far (landed, or sent); progress resets the caller's
+  // Bytes moved so far (landed, or sent); progress restarts the caller's
   // idle bound.
   virtual uint64_t moved() const = 0;
   // The transport's bound on a wait without progress (<= 0: none).
@@ -91,9 +107,34 @@ class TransferOp {
   // Ends the transfer with `why` (no progress within idle_ms, the
   // requester gone): breaks the session so the peer stops at once.
   virtual Status Fail(const Status& why) = 0;
+  // True when Step may block on the disk for long (the "local" transport's
+  // copy within the node): a service runs such a Step on its thread pool,
+  // never on its event loop. Such a Step never waits on the peer either.
+  virtual bool blocks() const { return false; }
 };
 using PullOp = TransferOp;
 using PushOp = TransferOp;
+
+// The bound of a transfer's wait without progress: `idle_ms` from now;
+// never for idle_ms <= 0 (TransportOptions::idle_ms).
+Deadline IdleDeadline(int64_t idle_ms);
+
+// A failed transfer leaves its session out of step with the protocol, so
+// the session can never be reused: BreakSession marks it broken and shuts
+// it down, so the peer fails at once instead of after its own idle bound,
+// and returns `st`. TellAndBreakSession first tells the peer why, in one
+// best-effort frame of the transport's `error_frame` type (code and
+// message, common/wire.h encoding; the session may already be gone).
+Status BreakSession(Channel& session, const Status& st);
+Status TellAndBreakSession(Channel& session, uint16_t error_frame, const Status& st);
+
+// A transfer that is settled when it is made, for transports to return
+// where nothing needs to move (an empty file, bytes sent in the reply) or
+// the arguments were refused before anything moved: its first Step returns
+// true (`result` OK) or `result`. With `session` non-null a failure (also
+// a later Fail) marks that session broken and shuts it down, so the peer
+// stops at once.
+std::unique_ptr<TransferOp> SettledOp(Status result, int64_t idle_ms, Channel* session = nullptr);
 
 class Transport {
  public:
@@ -101,6 +142,7 @@ class Transport {
   virtual std::string name() const = 0;
   // The capabilities of this transport's row (common/backend.h).
   TransportCaps caps() const;
+  const TransportOptions& options() const { return options_; }
 
   // Requester: bytes to put in FetchRequest::transport_args.
   virtual Result<std::string> PrepareRequest() { return std::string(); }
@@ -124,54 +166,66 @@ class Transport {
   // "" when there is nothing to say.
   virtual std::string Probe() const { return std::string(); }
 
-  // Owner: after sending the FetchReply, move `src` to the requester.
-  // `request_args` are the requester's transport_args.
-  virtual Status Push(Channel& session, const FileSource& src, const std::string& request_args,
-                      TransferStats* stats) = 0;
-
-  // Owner, transports that stream on the session (caps().data_on_session):
-  // queues the next chunk of `src` from `*offset` on (wire-ready: framed and
-  // sealed as Push would send it) and advances `*offset`. The caller sends
-  // the queue as the requester takes it (common/wire_queue.h), so a
-  // requester that stops reading holds no thread, then queues the next
-  // chunk; chunks must be sent in the order they were queued. Errors mark
-  // the session broken. Others: DYAD_RC_NOTSUP (use Push).
-  virtual Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
-                            WireQueue* out) {
-    (void)session, (void)src, (void)offset, (void)out;
-    return Status(DYAD_RC_NOTSUP, name() + " sends only whole files (Push)");
-  }
-  virtual bool queues_chunks() const { return false; }
-
-  // Owner: transport_args to put into the FetchReply (before Push).
+  // Owner: transport_args to put into the FetchReply (before the push).
   virtual Result<std::string> ReplyArgs(const FileSource& src) {
     (void)src;
     return std::string();
   }
 
-  // Requester: after receiving the FetchReply, land reply.size bytes in
-  // `sink_fd` (opened for writing at offset 0).
-  virtual Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-                      TransferStats* stats) = 0;
+  // --- The two directions, each written once as an op. ---
 
-  // Requester: Pull as a PullOp. Null when the transport has none (its
-  // Pull waits on its own completions): callers use Pull. `session`,
-  // `sink_fd` and `stats` (non-null) must outlive the op.
-  virtual std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size,
-                                            const std::string& reply_args, int sink_fd,
-                                            TransferStats* stats) {
-    (void)session, (void)size, (void)reply_args, (void)sink_fd, (void)stats;
-    return nullptr;
-  }
+  // Requester, after receiving the FetchReply: an op that lands reply.size
+  // bytes in `sink_fd` (opened for writing at offset 0). Never null, for
+  // every transport; `*stats` is reset when the op is made and counts what
+  // it moves. `session`, `sink_fd` and `stats` (non-null) must outlive the
+  // op.
+  virtual std::unique_ptr<TransferOp> StartPull(Channel& session, uint64_t size,
+                                                const std::string& reply_args, int sink_fd,
+                                                TransferStats* stats) = 0;
 
-  // Owner, transports that send whole files (not queues_chunks()): Push as
-  // a PushOp. Null when the transport has none: callers use Push. `session`,
-  // `src` and `stats` (non-null) must outlive the op.
-  virtual std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
-                                            const std::string& request_args, TransferStats* stats) {
-    (void)session, (void)src, (void)request_args, (void)stats;
-    return nullptr;
+  // Owner, after sending the FetchReply: an op that moves `src` to the
+  // requester; `request_args` are the requester's transport_args. Never
+  // null for a transport that does not queue chunks (queues_chunks()
+  // false); one that does ("tcp") returns null: its owner uses QueueChunk.
+  // `session`, `src` and `stats` (non-null) must outlive the op.
+  virtual std::unique_ptr<TransferOp> StartPush(Channel& session, const FileSource& src,
+                                                const std::string& request_args,
+                                                TransferStats* stats) = 0;
+
+  // Owner, transports that frame the file on the session (queues_chunks()):
+  // queues the next chunk of `src` from `*offset` on (wire-ready: framed and
+  // sealed) and advances `*offset`. The caller sends the queue as the
+  // requester takes it (common/wire_queue.h), so a requester that stops
+  // reading holds no thread, and a small file goes out with the reply and
+  // the verdict in one send; then it queues the next chunk. Chunks must be
+  // sent in the order they were queued. Errors mark the session broken.
+  // Others: DYAD_RC_NOTSUP (StartPush).
+  virtual Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
+                            WireQueue* out) {
+    (void)session, (void)src, (void)offset, (void)out;
+    return Status(DYAD_RC_NOTSUP, name() + " sends only whole files (StartPush)");
   }
+  virtual bool queues_chunks() const { return false; }
+
+  // --- The one blocking driver (transport.cc), for tests and tools. ---
+
+  // Requester: StartPull's op run to its end on this thread. Between steps
+  // it polls the session (POLLIN) and the op's wake_fd; no progress
+  // (moved()) within idle_ms() fails the op with DYAD_RC_TIMEOUT. `stats`
+  // may be null.
+  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+              TransferStats* stats);
+  // Owner: the whole push on this thread: for queues_chunks() transports,
+  // QueueChunk's chunks sent as the requester takes them (no room for
+  // options().idle_ms is DYAD_RC_TIMEOUT); otherwise StartPush's op run as
+  // Pull runs its op. `stats` may be null.
+  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
+              TransferStats* stats);
+
+ protected:
+  explicit Transport(const TransportOptions& options) : options_(options) {}
+
+  const TransportOptions options_;
 };
 
 // Creates a transport by name or DTL mode (any case, aliases accepted)

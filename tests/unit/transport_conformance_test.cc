@@ -24,11 +24,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -813,6 +815,8 @@ TEST_P(TransportConformance, StalledOwnerTimesOut) {
   EXPECT_LT(waited, (kIdleMs + 1000) / 1000.0);
   if (data_on_session()) {
     EXPECT_EQ(pulled.st.code(), DYAD_RC_TIMEOUT) << pulled.st.ToString();
+    // The one blocking driver names the bound (brief tp, item 4).
+    EXPECT_NE(pulled.st.message().find("500 ms"), std::string::npos) << pulled.st.ToString();
     EXPECT_GE(waited, (kIdleMs - 50) / 1000.0);
     EXPECT_TRUE(link_.requester->broken());
     ExpectNoFinalFile("stall");
@@ -848,6 +852,8 @@ TEST_P(TransportConformance, StalledRequesterTimesOut) {
             << " s: " << owner_result.st.ToString() << std::endl;
   if (data_on_session()) {
     EXPECT_EQ(owner_result.st.code(), DYAD_RC_TIMEOUT) << owner_result.st.ToString();
+    EXPECT_NE(owner_result.st.message().find("500 ms"), std::string::npos)
+        << owner_result.st.ToString();
     EXPECT_GE(waited, (kIdleMs - 50) / 1000.0);
   }
 }
@@ -1070,6 +1076,212 @@ TEST(LocalTransportPull, RefusesSymlinksAndNonFiles) {
             DYAD_RC_STALE);
   EXPECT_TRUE(t.Pull(session, 100, LocalArgs(dir, "real", real), sink.get(), nullptr).ok());
   RemoveTree(dir);
+}
+
+// Brief tp, item 2: the local transport's pull is an op too (never null),
+// which copies in its first Step and says so with blocks() (a service runs
+// it on its pool); its push has nothing to send and is done at once.
+TEST(LocalTransportOps, StartPullReturnsABlockingOpThatLandsTheBytes) {
+  ScopedTempDir dir("local-op");
+  ASSERT_FALSE(dir.path.empty());
+  const uint64_t size = 3 * kMiB + 5;
+  ASSERT_TRUE(WriteRandomFile(dir.path + "/real", size, 21).ok());
+  LocalTransport t{TransportOptions()};
+  Link link;
+  ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+  UniqueFd sink(::open((dir.path + "/sink").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+  ASSERT_TRUE(sink.valid());
+
+  FileSource src;
+  src.size = size;
+  TransferStats pushed;
+  pushed.bytes = 99;  // reset when the op is made
+  std::unique_ptr<PushOp> push = t.StartPush(*link.owner, src, "", &pushed);
+  ASSERT_NE(push, nullptr);
+  Result<bool> pushed_step = push->Step();
+  ASSERT_TRUE(pushed_step.ok()) << pushed_step.status().ToString();
+  EXPECT_TRUE(*pushed_step);
+  EXPECT_EQ(pushed.bytes, 0u);
+
+  TransferStats stats;
+  std::unique_ptr<PullOp> op = t.StartPull(
+      *link.requester, size, LocalArgs(dir.path, "real", dir.path + "/real"), sink.get(), &stats);
+  ASSERT_NE(op, nullptr);
+  EXPECT_TRUE(op->blocks());
+  EXPECT_EQ(op->moved(), 0u);  // nothing copied before the first Step
+  Result<bool> r = op->Step();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(op->moved(), size);
+  EXPECT_EQ(stats.bytes, size);
+  EXPECT_TRUE(SameContent(dir.path + "/real", dir.path + "/sink"));
+  EXPECT_FALSE(link.requester->broken());
+
+  // Refused arguments are the first Step's error, not a null op.
+  std::unique_ptr<PullOp> bad = t.StartPull(*link.requester, size, "garbage", sink.get(), &stats);
+  ASSERT_NE(bad, nullptr);
+  EXPECT_EQ(bad->Step().status().code(), DYAD_RC_BADUNPACK);
+}
+
+// Brief tp, items 2 and 3: every transport's StartPull is an op (also for
+// arguments it refuses, whose first Step fails), and so is StartPush for
+// every transport that does not queue chunks.
+TEST(TransportOps, StartPullAndStartPushAreNeverNull) {
+  for (const std::string& name : TransportNames()) {
+    SCOPED_TRACE(name);
+    TransportOptions options;
+    options.idle_ms = 2000;
+    Result<std::unique_ptr<Transport>> t = CreateTransport(name, options);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    Link link;
+    ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+    TransferStats stats;
+    std::unique_ptr<PullOp> empty = (*t)->StartPull(*link.requester, 0, "", -1, &stats);
+    EXPECT_NE(empty, nullptr);
+    // A sink that does not exist is refused at the first Step.
+    std::unique_ptr<PullOp> no_sink = (*t)->StartPull(*link.requester, 100, "", -1, &stats);
+    ASSERT_NE(no_sink, nullptr);
+    Result<bool> r = no_sink->Step();
+    EXPECT_FALSE(r.ok());
+    no_sink.reset();
+    FileSource src;
+    src.size = 0;
+    src.path = "/nonexistent";
+    std::unique_ptr<PushOp> push = (*t)->StartPush(*link.owner, src, "", &stats);
+    EXPECT_EQ(push == nullptr, (*t)->queues_chunks());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The one blocking driver (Transport::Pull and Push, transport.cc), with
+// ops whose progress the test controls.
+
+// What the driver did to a ScriptedOp (kept by the test: the driver owns
+// and destroys the op).
+struct DriverCalls {
+  int steps = 0;
+  int fails = 0;
+};
+
+// An op that moves what its wake fd counted each time it was signalled and
+// ends after `total` bytes.
+class ScriptedOp final : public TransferOp {
+ public:
+  ScriptedOp(int wake_fd, uint64_t total, int64_t idle_ms, DriverCalls* calls)
+      : wake_(wake_fd), total_(total), idle_ms_(idle_ms), calls_(calls) {}
+  Result<bool> Step() override {
+    ++calls_->steps;
+    uint64_t v = 0;
+    if (::read(wake_, &v, sizeof v) == static_cast<ssize_t>(sizeof v)) moved_ += v;
+    return moved_ >= total_;
+  }
+  int wake_fd() const override { return wake_; }
+  uint64_t moved() const override { return moved_; }
+  int64_t idle_ms() const override { return idle_ms_; }
+  Status Fail(const Status& why) override {
+    ++calls_->fails;
+    return why.Annotate("scripted");
+  }
+
+ private:
+  const int wake_;
+  const uint64_t total_;
+  const int64_t idle_ms_;
+  DriverCalls* const calls_;
+  uint64_t moved_ = 0;
+};
+
+// A transport whose pull and push are one ScriptedOp.
+class ScriptedTransport final : public Transport {
+ public:
+  ScriptedTransport(int wake_fd, uint64_t total, int64_t idle_ms, DriverCalls* calls)
+      : Transport(TransportOptions()),
+        wake_(wake_fd),
+        total_(total),
+        idle_ms_(idle_ms),
+        calls_(calls) {}
+  std::string name() const override { return "scripted"; }
+  std::unique_ptr<TransferOp> StartPull(Channel&, uint64_t, const std::string&, int,
+                                        TransferStats*) override {
+    return std::make_unique<ScriptedOp>(wake_, total_, idle_ms_, calls_);
+  }
+  std::unique_ptr<TransferOp> StartPush(Channel&, const FileSource&, const std::string&,
+                                        TransferStats*) override {
+    return std::make_unique<ScriptedOp>(wake_, total_, idle_ms_, calls_);
+  }
+
+ private:
+  const int wake_;
+  const uint64_t total_;
+  const int64_t idle_ms_;
+  DriverCalls* const calls_;
+};
+
+struct EventFd {
+  EventFd() : fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  void Signal() const {
+    const uint64_t one = 1;
+    (void)!::write(fd.get(), &one, sizeof one);
+  }
+  UniqueFd fd;
+};
+
+// Brief tp, item 4: a peer that never sends fails the transfer at idle_ms
+// with DYAD_RC_TIMEOUT naming the bound, through the op's Fail (which
+// breaks the session in real transports), in both directions; meanwhile
+// the driver sleeps (a spinning one would step thousands of times).
+TEST(TransferDriver, NoProgressWithinIdleMsIsATimeoutNamingTheBound) {
+  for (const bool pull : {true, false}) {
+    SCOPED_TRACE(pull ? "pull" : "push");
+    EventFd wake;
+    ASSERT_TRUE(wake.fd.valid());
+    DriverCalls calls;
+    ScriptedTransport t(wake.fd.get(), 10, 300, &calls);
+    Link link;
+    ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+    FileSource src;
+    src.size = 10;
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st =
+        pull ? t.Pull(*link.requester, 10, "", -1, nullptr) : t.Push(*link.owner, src, "", nullptr);
+    const double waited = Seconds(std::chrono::steady_clock::now() - t0);
+    EXPECT_EQ(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
+    EXPECT_NE(st.message().find("300 ms"), std::string::npos) << st.ToString();
+    EXPECT_EQ(calls.fails, 1);
+    EXPECT_NE(st.message().find("scripted"), std::string::npos) << "not ended through Fail";
+    EXPECT_GE(waited, 0.29);
+    EXPECT_LT(waited, 1.5);
+    EXPECT_LE(calls.steps, 5);
+  }
+}
+
+// Brief tp, item 4: progress (moved() advancing) restarts the idle bound,
+// so a slow transfer that keeps moving outlives idle_ms several times over,
+// and the driver sleeps between the op's wake-ups instead of spinning.
+TEST(TransferDriver, ProgressRestartsTheIdleBoundAndTheDriverSleeps) {
+  EventFd wake;
+  ASSERT_TRUE(wake.fd.valid());
+  constexpr int kBytes = 8;
+  DriverCalls calls;
+  ScriptedTransport t(wake.fd.get(), kBytes, 300, &calls);
+  Link link;
+  ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+  std::atomic<bool> stop{false};
+  std::thread peer([&] {
+    for (int i = 0; i < kBytes && !stop; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      wake.Signal();
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = t.Pull(*link.requester, kBytes, "", -1, nullptr);
+  const double took = Seconds(std::chrono::steady_clock::now() - t0);
+  stop = true;
+  peer.join();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(took, 1.0);  // 8 x 150 ms: well past the 300 ms bound
+  EXPECT_EQ(calls.fails, 0);
+  EXPECT_LE(calls.steps, 3 * kBytes);
 }
 
 #ifdef DYAD_HAVE_UCX

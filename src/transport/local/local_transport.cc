@@ -127,33 +127,46 @@ class ScopedFilePosition {
   const off_t pos_;
 };
 
-}  // namespace
+// The requester's copy as an op: its first Step copies the whole file (it
+// may block on the disk, never on the peer: blocks()), so a service runs it
+// on its pool. Nothing crosses the session, so a failure leaves it usable.
+class LocalPull final : public PullOp {
+ public:
+  LocalPull(uint64_t size, std::string reply_args, int sink_fd, int64_t idle_ms,
+            TransferStats* stats)
+      : size_(size),
+        reply_args_(std::move(reply_args)),
+        sink_fd_(sink_fd),
+        idle_ms_(idle_ms),
+        stats_(stats) {}
 
-LocalTransport::LocalTransport(const TransportOptions& options) : options_(options) {}
+  Result<bool> Step() override {
+    if (!done_) {
+      done_ = true;
+      result_ = Copy();
+    }
+    if (!result_.ok()) return result_;
+    return true;
+  }
+  uint64_t moved() const override { return stats_->bytes; }
+  int64_t idle_ms() const override { return idle_ms_; }
+  Status Fail(const Status& why) override { return why; }
+  bool blocks() const override { return true; }
 
-// The reply names the file by where the owner resolved it (its root and the
-// path beneath) and by what it is (device, inode): the requester opens it
-// beneath the same root, never following a symlink out of it, and accepts
-// only the very file the owner checked.
-Result<std::string> LocalTransport::ReplyArgs(const FileSource& src) {
-  if (src.root.empty() || src.root[0] != '/' || src.upath.empty())
-    return Status(DYAD_RC_BADREQUEST, "local transport needs the owner's root and path");
-  Encoder e;
-  e.Str(src.root).Str(src.upath).U64(src.dev).U64(src.ino);
-  return e.data();
-}
+ private:
+  Status Copy();
 
-Status LocalTransport::Push(Channel& session, const FileSource& src,
-                            const std::string& request_args, TransferStats* stats) {
-  // The requester reads the file itself; nothing goes on the session.
-  if (stats != nullptr) *stats = TransferStats();
-  return Status::OK();
-}
+  const uint64_t size_;
+  const std::string reply_args_;
+  const int sink_fd_;
+  const int64_t idle_ms_;
+  TransferStats* const stats_;
+  bool done_ = false;
+  Status result_;
+};
 
-Status LocalTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
-                            int sink_fd, TransferStats* stats) {
-  if (stats != nullptr) *stats = TransferStats();
-  Decoder d(reply_args);
+Status LocalPull::Copy() {
+  Decoder d(reply_args_);
   const std::string root = d.Str();
   const std::string upath = d.Str();
   const uint64_t dev = d.U64();
@@ -174,14 +187,48 @@ Status LocalTransport::Pull(Channel& session, uint64_t size, const std::string& 
   if (static_cast<uint64_t>(st.st_dev) != dev || static_cast<uint64_t>(st.st_ino) != ino)
     return Status(DYAD_RC_STALE,
                   "local pull: '" + path + "' is no longer the file the owner checked");
-  if (static_cast<uint64_t>(st.st_size) < size) {
+  if (static_cast<uint64_t>(st.st_size) < size_) {
     return Status(DYAD_RC_BADFIO, "local pull: '" + path + "' is " + Bytes(st.st_size) +
-                                      " bytes, the owner promised " + Bytes(size) +
+                                      " bytes, the owner promised " + Bytes(size_) +
                                       " (changed since the reply?)");
   }
-  if (sink_fd < 0) return Status(DYAD_RC_BADFIO, "local pull: no sink file descriptor");
-  Status copied = CopyRange(src.get(), sink_fd, size, stats);
+  if (sink_fd_ < 0) return Status(DYAD_RC_BADFIO, "local pull: no sink file descriptor");
+  Status copied = LocalTransport::CopyRange(src.get(), sink_fd_, size_, stats_);
   return copied.Annotate("local pull of '" + path + "'");
+}
+
+}  // namespace
+
+LocalTransport::LocalTransport(const TransportOptions& options) : Transport(options) {}
+
+// The reply names the file by where the owner resolved it (its root and the
+// path beneath) and by what it is (device, inode): the requester opens it
+// beneath the same root, never following a symlink out of it, and accepts
+// only the very file the owner checked.
+Result<std::string> LocalTransport::ReplyArgs(const FileSource& src) {
+  if (src.root.empty() || src.root[0] != '/' || src.upath.empty())
+    return Status(DYAD_RC_BADREQUEST, "local transport needs the owner's root and path");
+  Encoder e;
+  e.Str(src.root).Str(src.upath).U64(src.dev).U64(src.ino);
+  return e.data();
+}
+
+// The requester reads the file itself: nothing goes on the session, and
+// the push is done at its first Step.
+std::unique_ptr<PushOp> LocalTransport::StartPush(Channel& session, const FileSource& src,
+                                                  const std::string& request_args,
+                                                  TransferStats* stats) {
+  (void)session, (void)src, (void)request_args;
+  *stats = TransferStats();
+  return SettledOp(Status::OK(), options_.idle_ms);
+}
+
+std::unique_ptr<PullOp> LocalTransport::StartPull(Channel& session, uint64_t size,
+                                                  const std::string& reply_args, int sink_fd,
+                                                  TransferStats* stats) {
+  (void)session;
+  *stats = TransferStats();
+  return std::make_unique<LocalPull>(size, reply_args, sink_fd, options_.idle_ms, stats);
 }
 
 Status LocalTransport::CopyRange(int src_fd, int dst_fd, uint64_t size, TransferStats* stats) {

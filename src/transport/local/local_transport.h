@@ -1,8 +1,8 @@
 // local_transport.h: the "local" transport, for two services on one node.
 //
 // Nothing crosses the session: the owner's FetchReply carries the absolute
-// path of the validated file (ReplyArgs), Push sends nothing, and the
-// requester copies the bytes itself inside the kernel (copy_file_range, which
+// path of the validated file (ReplyArgs), the push sends nothing, and the
+// requester's pull copies the bytes itself inside the kernel (copy_file_range, which
 // may share extents on filesystems that support it; then sendfile; then
 // read/write through a bounded buffer). Holes in a sparse source are kept as
 // holes. The requester opens the path with O_NOFOLLOW and requires a regular
@@ -28,10 +28,13 @@ class LocalTransport final : public Transport {
   std::string name() const override { return "local"; }
 
   Result<std::string> ReplyArgs(const FileSource& src) override;
-  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
-              TransferStats* stats) override;
-  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-              TransferStats* stats) override;
+  // The requester's copy, done by the op's first Step (blocks(): it may
+  // wait on the disk, never on the peer).
+  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
+                                    int sink_fd, TransferStats* stats) override;
+  // Nothing to send: the op is done at its first Step.
+  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
+                                    const std::string& request_args, TransferStats* stats) override;
 
   // Copies bytes [0, size) of `src_fd` to `dst_fd` at dst_fd's current file
   // position, leaving that position just past the copied range and the
@@ -40,9 +43,6 @@ class LocalTransport final : public Transport {
   // ends before `size` bytes. For the service when it owns both files (no
   // session involved).
   static Status CopyRange(int src_fd, int dst_fd, uint64_t size, TransferStats* stats);
-
- private:
-  const TransportOptions options_;
 };
 
 }  // namespace dyad

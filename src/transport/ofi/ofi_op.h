@@ -2,8 +2,7 @@
 // and the owner's PushOp share (transport.h has the TransferOp contract):
 // an event fd as wake_fd, which the transfer's completions, its pool
 // (a buffer given back) and the fabric (a busy read worth retrying)
-// signal; frames taken from the session only as far as it holds them; and
-// the loop that runs an op on the calling thread (Pull, Push).
+// signal; and frames taken from the session only as far as it holds them.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +51,5 @@ class OfiTransferOp : public TransferOp {
  private:
   Channel::PartialFrame frame_;
 };
-
-// Runs `op` on this thread to its end: between steps, polls the session
-// and the op's wake fd; no progress (moved()) for op.idle_ms() fails it.
-Status DriveOfiOp(Channel& session, TransferOp& op);
 
 }  // namespace dyad

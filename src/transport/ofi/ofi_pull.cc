@@ -42,7 +42,7 @@ class OfiSimplePull final : public PullOp {
     // Small files need no fabric: the data came in the reply, and the
     // owner sends nothing more.
     Status st = WriteFully(sink_fd_, data_.data(), data_.size());
-    if (!st.ok()) return OfiFailSession(session_, st.Annotate("ofi pull"));
+    if (!st.ok()) return BreakSession(session_, st.Annotate("ofi pull"));
     stats_->bytes = data_.size();
     stats_->chunks = 1;
     done_ = true;
@@ -52,7 +52,8 @@ class OfiSimplePull final : public PullOp {
   int64_t idle_ms() const override { return idle_ms_; }
   Status Fail(const Status& why) override {
     // The owner of an inline reply sends nothing more and waits for nothing.
-    return owner_told_ ? OfiFailSession(session_, why) : OfiSendErrorAndFail(session_, why);
+    return owner_told_ ? BreakSession(session_, why)
+                       : TellAndBreakSession(session_, kOfiErrorFrame, why);
   }
 
  private:
@@ -127,7 +128,7 @@ Result<bool> OfiRmaPull::StepRun() {
     if (received_ + posted_ + written_ == before) break;
   }
   if (written_ < s_.g.chunks) return false;
-  DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiDoneFrame, s_.g.chunks, OfiIdle(idle_ms_)));
+  DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiDoneFrame, s_.g.chunks, IdleDeadline(idle_ms_)));
   return true;
 }
 
@@ -139,7 +140,7 @@ Status OfiRmaPull::TakeBuffer(bool* got) {
   buf_->SetNotify(wake_.get());
   active_ = std::make_unique<OfiActivity>(*s_.fabric);
   *got = true;
-  return OfiSendU64(session_, kOfiReadyFrame, 0, OfiIdle(idle_ms_));
+  return OfiSendU64(session_, kOfiReadyFrame, 0, IdleDeadline(idle_ms_));
 }
 
 // Takes every announcement the session holds now (at most a window ahead
@@ -210,7 +211,7 @@ Status OfiRmaPull::WriteCompleted() {
     stats_->bytes += len;
     stats_->chunks += 1;
     if (written_ + s_.g.window < s_.g.chunks)
-      DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiCreditFrame, written_, OfiIdle(idle_ms_)));
+      DYAD_RETURN_IF_ERROR(OfiSendU64(session_, kOfiCreditFrame, written_, IdleDeadline(idle_ms_)));
     ++written_;
   }
   return Status::OK();
@@ -243,8 +244,8 @@ Status OfiRmaPull::End(const Status& st) {
                          ": fi_read refused as busy (EAGAIN) for " + std::to_string(ms) + " ms");
   }
   result_ = result_.Annotate(What());
-  return owner_reported_ ? OfiFailSession(session_, result_)
-                         : OfiSendErrorAndFail(session_, result_);
+  return owner_reported_ ? BreakSession(session_, result_)
+                         : TellAndBreakSession(session_, kOfiErrorFrame, result_);
 }
 
 }  // namespace
@@ -293,14 +294,6 @@ std::unique_ptr<PullOp> OfiTransport::StartPull(Channel& session, uint64_t size,
   s.size = size;
   s.sink_fd = sink_fd;
   return std::make_unique<OfiRmaPull>(session, std::move(s), options_.idle_ms, stats);
-}
-
-Status OfiTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
-                          int sink_fd, TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
-  std::unique_ptr<PullOp> op = StartPull(session, size, reply_args, sink_fd, stats);
-  return DriveOfiOp(session, *op);
 }
 
 }  // namespace dyad

@@ -39,7 +39,9 @@ class OfiSimplePush final : public PushOp {
   }
   uint64_t moved() const override { return stats_->bytes; }
   int64_t idle_ms() const override { return idle_ms_; }
-  Status Fail(const Status& why) override { return OfiSendErrorAndFail(session_, why); }
+  Status Fail(const Status& why) override {
+    return TellAndBreakSession(session_, kOfiErrorFrame, why);
+  }
 
  private:
   Channel& session_;
@@ -121,7 +123,7 @@ Status OfiRmaPush::Announce() {
     c.key = key;
     DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, buf_->base + slot * buf_->slot_bytes,
                                     static_cast<size_t>(c.length), next_ * g_.chunk));
-    DYAD_RETURN_IF_ERROR(session_.SendFrame(kOfiChunkFrame, c.Encode(), OfiIdle(idle_ms_)));
+    DYAD_RETURN_IF_ERROR(session_.SendFrame(kOfiChunkFrame, c.Encode(), IdleDeadline(idle_ms_)));
     stats_->bytes += c.length;
     stats_->chunks += 1;
     ++next_;
@@ -161,7 +163,7 @@ Status OfiRmaPush::End(const Status& st) {
   if (st.ok()) return st;
   result_ = st.Annotate("ofi push of '" + src_.path + "' (sent " + std::to_string(stats_->bytes) +
                         " of " + std::to_string(src_.size) + " bytes)");
-  return OfiSendErrorAndFail(session_, result_);
+  return TellAndBreakSession(session_, kOfiErrorFrame, result_);
 }
 
 }  // namespace
@@ -190,14 +192,6 @@ std::unique_ptr<PushOp> OfiTransport::StartPush(Channel& session, const FileSour
   if (!g.ok()) return simple(g.status().Annotate(what));
   return std::make_unique<OfiRmaPush>(session, src, engine.fabric, engine.send.get(), *g,
                                       options_.idle_ms, stats);
-}
-
-Status OfiTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
-                          TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
-  std::unique_ptr<PushOp> op = StartPush(session, src, request_args, stats);
-  return DriveOfiOp(session, *op);
 }
 
 }  // namespace dyad

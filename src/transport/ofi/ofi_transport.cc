@@ -41,7 +41,7 @@ size_t SlotBytes(size_t chunk_size, size_t max_msg) {
 }  // namespace
 
 OfiTransport::OfiTransport(const TransportOptions& options)
-    : options_(options), config_(OfiConfig::FromEnv()), pool_buffers_(PoolBuffersFromEnv()) {}
+    : Transport(options), config_(OfiConfig::FromEnv()), pool_buffers_(PoolBuffersFromEnv()) {}
 
 OfiTransport::~OfiTransport() {
   if (!engine_) return;

@@ -40,7 +40,7 @@
 // otherwise returns for its caller to wait on the session or the op's
 // wake fd (an event fd that our reads' completions, a freed pool buffer
 // and a busy read worth retrying signal), e.g. parked on a service's
-// event loop. Pull and Push run the same ops, polling on their thread.
+// event loop, or by Transport::Pull / Push polling on their thread.
 //
 // Threading: thread-safe; one instance serves every concurrent transfer of
 // a service. Sessions are used only by the calling thread. An op must not
@@ -74,12 +74,7 @@ class OfiTransport final : public Transport {
   std::string Probe() const override;
   std::string SameHostOnly() const override;
   Result<std::string> ReplyArgs(const FileSource& src) override;
-  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
-              TransferStats* stats) override;
-  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-              TransferStats* stats) override;
-  // The transfer as resumable ops (transport.h); Push and Pull run the
-  // same ops on the calling thread.
+  // The transfer as resumable ops (transport.h); never null.
   std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
                                     int sink_fd, TransferStats* stats) override;
   std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
@@ -100,7 +95,6 @@ class OfiTransport final : public Transport {
   Status CheckPeer(const Engine& e, const std::string& provider, const std::string& host,
                    const char* who) const;
 
-  const TransportOptions options_;
   const OfiConfig config_;
   const int pool_buffers_;
   mutable Mutex start_mu_;

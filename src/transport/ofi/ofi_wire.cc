@@ -104,19 +104,6 @@ Result<OfiGeometry> OfiGeometryFor(uint64_t size, uint64_t owner_slot, uint32_t 
   return g;
 }
 
-Status OfiFailSession(Channel& ch, const Status& st) {
-  ch.MarkBroken();
-  ::shutdown(ch.fd(), SHUT_RDWR);
-  return st;
-}
-
-Status OfiSendErrorAndFail(Channel& ch, const Status& st) {
-  Encoder e;
-  e.I32(static_cast<int32_t>(st.code())).Str(st.message());
-  (void)ch.SendFrame(kOfiErrorFrame, e.data(), Deadline::AfterMs(100));
-  return OfiFailSession(ch, st);
-}
-
 Status OfiDecodeError(const std::string& payload, const char* who) {
   Decoder d(payload);
   const int32_t code = d.I32();

@@ -85,16 +85,6 @@ struct OfiGeometry {
 Result<OfiGeometry> OfiGeometryFor(uint64_t size, uint64_t owner_slot, uint32_t owner_slots,
                                    uint64_t requester_slot, uint32_t requester_slots);
 
-// A bound for waits of `idle_ms` without progress (<= 0: none).
-inline Deadline OfiIdle(int64_t idle_ms) {
-  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
-}
-
-// After a failure the session is out of step with the protocol: it is
-// marked broken and shut down, so the peer fails at once.
-Status OfiFailSession(Channel& ch, const Status& st);
-// Tells the peer why (best effort), then fails the session.
-Status OfiSendErrorAndFail(Channel& ch, const Status& st);
 // The peer's kError frame as a Status ("owner failed: ...").
 Status OfiDecodeError(const std::string& payload, const char* who);
 // Sends a frame carrying one u64.

@@ -37,7 +37,7 @@ class TcpPull : public PullOp {
   uint64_t moved() const override { return got_; }
   int64_t idle_ms() const override { return options_.idle_ms; }
   Status Fail(const Status& why) override {
-    return FailSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
+    return BreakSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
   }
 
  protected:
@@ -63,7 +63,7 @@ class StreamPull final : public TcpPull {
 
   Result<bool> Step() override {
     Result<bool> r = StepModes();
-    if (!r.ok()) return FailSession(ch_, r.status().Annotate("tcp pull"));
+    if (!r.ok()) return BreakSession(ch_, r.status().Annotate("tcp pull"));
     return r;
   }
 
@@ -283,12 +283,6 @@ class SealedPull final : public TcpPull {
 
 std::string Progress(uint64_t got, uint64_t size) {
   return "received " + std::to_string(got) + " of " + std::to_string(size) + " bytes";
-}
-
-Status FailSession(Channel& ch, const Status& st) {
-  ch.MarkBroken();
-  ::shutdown(ch.fd(), SHUT_RDWR);
-  return st;
 }
 
 std::unique_ptr<PullOp> MakeStreamPull(Channel& ch, uint64_t size, int sink_fd,

@@ -7,7 +7,7 @@
 //    decrypted) as it streams through a buffer of kSealedReadBytes.
 // Each Step reads only what the socket holds (MSG_DONTWAIT, non-blocking
 // splice) and keeps its place (bytes landed, the partial frame), so the
-// same code serves TcpTransport::Pull (which polls between steps) and a
+// same code serves Transport::Pull (which polls between steps) and a
 // service that parks the request while the owner is silent.
 #pragma once
 
@@ -25,11 +25,6 @@ std::unique_ptr<PullOp> MakeStreamPull(Channel& ch, uint64_t size, int sink_fd,
 std::unique_ptr<PullOp> MakeSealedPull(Channel& ch, uint64_t size, int sink_fd,
                                        const TransportOptions& options, TransferStats* stats,
                                        size_t read_bytes);
-
-// A failed transfer leaves the session's byte stream out of step with its
-// framing, so the session can never be reused. Shutting it down as well
-// makes the peer fail at once instead of after its own idle bound.
-Status FailSession(Channel& ch, const Status& st);
 
 // "received GOT of SIZE bytes", for error messages.
 std::string Progress(uint64_t got, uint64_t size);

@@ -1,8 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,7 +12,6 @@
 #include "common/backend.h"
 #include "common/fsutil.h"
 #include "common/log.h"
-#include "common/time.h"
 #include "common/wire_queue.h"
 #include "proto/protocol.h"
 #include "transport/tcp/tcp_receive.h"
@@ -22,35 +19,12 @@
 namespace dyad {
 namespace {
 
-using tcp_internal::FailSession;
-
 // Used when options.chunk_size is 0 (a misconfiguration, not a reason to fail).
 constexpr size_t kDefaultChunk = 1u << 20;
 
-// Runs `op` on this thread: between steps, polls until the session is
-// readable; no progress for options.idle_ms fails the transfer.
-Status DrivePull(Channel& ch, PullOp& op) {
-  for (;;) {
-    Result<bool> r = op.Step();
-    if (!r.ok()) return r.status();
-    if (*r) return Status::OK();
-    const int64_t idle = op.idle_ms();
-    const Deadline deadline = idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never();
-    for (;;) {
-      pollfd p{ch.fd(), POLLIN, 0};
-      const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(1000)));
-      if (n > 0) break;  // hang-ups and errors surface in the next step
-      if (n < 0 && errno != EINTR) return op.Fail(StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST));
-      if (n == 0 && deadline.expired())
-        return op.Fail(
-            Status(DYAD_RC_TIMEOUT, "no data from peer for " + std::to_string(idle) + " ms"));
-    }
-  }
-}
-
 }  // namespace
 
-TcpTransport::TcpTransport(const TransportOptions& options) : options_(options) {}
+TcpTransport::TcpTransport(const TransportOptions& options) : Transport(options) {}
 
 size_t TcpTransport::SealedChunk() const {
   const size_t chunk = options_.chunk_size > 0 ? options_.chunk_size : kDefaultChunk;
@@ -62,7 +36,7 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
   if (*offset >= src.size) return Status::OK();
   if (src.fd < 0) {
     // The FetchReply already promised bytes the requester will wait for.
-    return FailSession(
+    return BreakSession(
         session, Status(DYAD_RC_BADFIO, "tcp push of '" + src.path + "': no open file descriptor"));
   }
   const bool sealed = session.protection() != LinkProtection::kNone;
@@ -90,45 +64,16 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
   std::string frame(head + len + tail, '\0');
   char* data = frame.data() + head;
   if (Status rs = PreadFully(src.fd, data, len, *offset); !rs.ok())
-    return FailSession(
+    return BreakSession(
         session, rs.Annotate("tcp push of '" + src.path + "' at byte " + std::to_string(*offset)));
   if (sealed) {
     unsigned char* tag = reinterpret_cast<unsigned char*>(frame.data() + frame.size() - tail);
     Status st =
         session.SealFrame(static_cast<uint16_t>(MsgType::kFileData), data, len, frame.data(), tag);
-    if (!st.ok()) return FailSession(session, st.Annotate("tcp push of '" + src.path + "'"));
+    if (!st.ok()) return BreakSession(session, st.Annotate("tcp push of '" + src.path + "'"));
   }
   out->Bytes(std::move(frame));
   *offset += len;
-  return Status::OK();
-}
-
-Status TcpTransport::Push(Channel& session, const FileSource& src, const std::string& request_args,
-                          TransferStats* stats) {
-  (void)request_args;
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
-  *stats = TransferStats();
-  WireQueue out;
-  uint64_t offset = 0;
-  while (offset < src.size || !out.empty()) {
-    while (offset < src.size && out.Gathering(kGatheredFileBytes)) {
-      DYAD_RETURN_IF_ERROR(QueueChunk(session, src, &offset, &out));
-      ++stats->chunks;
-    }
-    // options.idle_ms bounds each wait for room (<= 0: no bound).
-    Result<WireQueue::Pumped> p = out.Pump(session, options_.idle_ms > 0 ? options_.idle_ms : 1000);
-    Status st = p.status();
-    if (st.ok() && *p == WireQueue::Pumped::kStalled && options_.idle_ms > 0)
-      st = Status(DYAD_RC_TIMEOUT,
-                  "peer made no progress for " + std::to_string(options_.idle_ms) + " ms");
-    stats->bytes = std::min<uint64_t>(out.sent(), src.size);
-    if (!st.ok())
-      return FailSession(session, st.Annotate("tcp push of '" + src.path + "' (sent " +
-                                              std::to_string(out.sent()) + " bytes of " +
-                                              std::to_string(src.size) + ")"));
-  }
-  stats->bytes = src.size;
   return Status::OK();
 }
 
@@ -136,21 +81,22 @@ std::unique_ptr<PullOp> TcpTransport::StartPull(Channel& session, uint64_t size,
                                                 const std::string& reply_args, int sink_fd,
                                                 TransferStats* stats) {
   (void)reply_args;
+  *stats = TransferStats();
+  if (size == 0) return SettledOp(Status::OK(), options_.idle_ms);
+  if (sink_fd < 0)
+    return SettledOp(Status(DYAD_RC_BADFIO, "tcp pull: no sink file descriptor"), options_.idle_ms,
+                     &session);
   if (session.protection() != LinkProtection::kNone)
     return tcp_internal::MakeSealedPull(session, size, sink_fd, options_, stats, kSealedReadBytes);
   return tcp_internal::MakeStreamPull(session, size, sink_fd, options_, stats);
 }
 
-Status TcpTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
-                          int sink_fd, TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
-  *stats = TransferStats();
-  if (size == 0) return Status::OK();
-  if (sink_fd < 0)
-    return FailSession(session, Status(DYAD_RC_BADFIO, "tcp pull: no sink file descriptor"));
-  std::unique_ptr<PullOp> op = StartPull(session, size, reply_args, sink_fd, stats);
-  return DrivePull(session, *op);
+// Chunks are queued (QueueChunk): there is no push op.
+std::unique_ptr<PushOp> TcpTransport::StartPush(Channel& session, const FileSource& src,
+                                                const std::string& request_args,
+                                                TransferStats* stats) {
+  (void)session, (void)src, (void)request_args, (void)stats;
+  return nullptr;
 }
 
 DYAD_DEFINE_TRANSPORT_FACTORY(tcp, TcpTransport)

@@ -19,8 +19,9 @@
 // options.idle_ms bounds the time without progress on either side (<= 0: no
 // bound). Pushing blocks SIGPIPE on the sending thread (WireQueue), so a
 // vanished peer is an error, never a signal, whatever the process's
-// disposition. Push sends the whole file; QueueChunk hands the file server
-// one chunk at a time, which it sends as the requester takes it.
+// disposition. QueueChunk hands the owner one chunk at a time, which it
+// sends as the requester takes it (the file server, or Transport::Push);
+// the requester's side is StartPull's op.
 //
 // Threading: a TcpTransport holds only immutable options; one instance is
 // shared by every concurrent transfer of a service. Each call uses only its
@@ -40,14 +41,13 @@ class TcpTransport final : public Transport {
 
   std::string name() const override { return "tcp"; }
 
-  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
-              TransferStats* stats) override;
-  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-              TransferStats* stats) override;
-  // The receiving side of Pull, one step at a time (tcp_receive.h). A
-  // size of 0 needs no op: callers skip it.
+  // The receiving side, one step at a time (tcp_receive.h).
   std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
                                     int sink_fd, TransferStats* stats) override;
+  // Null: the owner queues chunks (QueueChunk), which the file server
+  // gathers with its reply and verdict, and Transport::Push pumps.
+  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
+                                    const std::string& request_args, TransferStats* stats) override;
   Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
                     WireQueue* out) override;
   bool queues_chunks() const override { return true; }
@@ -64,8 +64,6 @@ class TcpTransport final : public Transport {
 
  private:
   size_t SealedChunk() const;
-
-  const TransportOptions options_;
 };
 
 }  // namespace dyad

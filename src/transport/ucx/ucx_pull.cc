@@ -306,7 +306,7 @@ Status RequesterPull::Stop(const Status& st, bool tell_owner, bool owner_stopped
   if (owner_stopped && lease_) lease_->OwnerStopped();
   Release();
   stage_ = Stage::kFailed;
-  return tell_owner ? SendErrorAndFail(session_, st) : FailSession(session_, st);
+  return tell_owner ? TellAndBreakSession(session_, kErrorFrame, st) : BreakSession(session_, st);
 }
 
 void RequesterPull::Release() {

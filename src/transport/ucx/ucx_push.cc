@@ -292,7 +292,8 @@ Status OwnerPush::Stop(const Status& st, bool tell_requester) {
   if (stage_ == Stage::kFailed) return why;
   Release();
   stage_ = Stage::kFailed;
-  return tell_requester ? SendErrorAndFail(session_, why) : FailSession(session_, why);
+  return tell_requester ? TellAndBreakSession(session_, kErrorFrame, why)
+                        : BreakSession(session_, why);
 }
 
 void OwnerPush::Release() {

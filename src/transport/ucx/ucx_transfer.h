@@ -52,8 +52,6 @@ class UcxOp : public TransferOp {
   Result<bool> Step() final;
   int wake_fd() const override { return wake_ ? wake_->fd() : -1; }
   int64_t idle_ms() const override { return r_.options.idle_ms; }
-  // The worker moved during the last Step: more may follow at once.
-  bool busy() const { return busy_; }
 
  protected:
   UcxOp(Resources& r, Channel& session) : r_(r), session_(session) {}
@@ -71,13 +69,7 @@ class UcxOp : public TransferOp {
 
  private:
   Channel::PartialFrame partial_;
-  bool busy_ = false;
 };
-
-// Runs `op` to its end on this thread (Transport::Push and Pull): steps it
-// while the worker moves, otherwise sleeps until the session or the wake fd
-// is readable; no progress within idle_ms fails it.
-Status DriveOp(Channel& session, UcxOp& op);
 
 // The owner's side of a fetch (Transport::StartPush).
 std::unique_ptr<PushOp> StartPushOp(Resources& r, Channel& session, const FileSource& src,

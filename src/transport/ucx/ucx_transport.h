@@ -40,12 +40,7 @@ class UcxTransport final : public Transport {
   Result<std::string> PrepareRequest() override;
   Status Warm() override;
   std::string Details() const override;
-  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
-              TransferStats* stats) override;
-  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-              TransferStats* stats) override;
-  // Never null: every transfer of this transport is a TransferOp (Push and
-  // Pull run one on the calling thread).
+  // The state machines of ucx_pull.cc and ucx_push.cc; never null.
   std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
                                     int sink_fd, TransferStats* stats) override;
   std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,

@@ -130,17 +130,4 @@ uint64_t NextTransferId() {
   return next.fetch_add(1) & kTransferIdMask;
 }
 
-Status FailSession(Channel& session, const Status& st) {
-  session.MarkBroken();
-  ::shutdown(session.fd(), SHUT_RDWR);
-  return st;
-}
-
-Status SendErrorAndFail(Channel& session, const Status& st) {
-  Encoder e;
-  e.I32(static_cast<int32_t>(st.code())).Str(st.message());
-  (void)session.SendFrame(kErrorFrame, e.data(), Deadline::AfterMs(100));
-  return FailSession(session, st);
-}
-
 }  // namespace dyad::ucx

@@ -69,11 +69,4 @@ Status RecvCredit(Channel& session, uint64_t index, Deadline deadline);
 uint64_t ChunkTag(uint64_t transfer_id, uint64_t index);
 uint64_t NextTransferId();
 
-// After a failure the session is out of step with the protocol, so it can
-// never be reused; shutting it down makes the peer fail at once.
-Status FailSession(Channel& session, const Status& st);
-// Tells the peer why we stop (best effort: the session may be gone), then
-// fails the session.
-Status SendErrorAndFail(Channel& session, const Status& st);
-
 }  // namespace dyad::ucx

@@ -53,10 +53,6 @@ dyad_rc_t CodeForUcs(ucs_status_t s) {
   }
 }
 
-Deadline IdleDeadline(int64_t idle_ms) {
-  return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
-}
-
 Worker::~Worker() {
   StopProgress();
   DrainCloses();

@@ -35,8 +35,6 @@ Status UcxStatus(dyad_rc_t code, const std::string& what, ucs_status_t s);
 // DYAD_RC_CONNLOST for errors that mean the peer (or the path to it) is
 // gone, DYAD_RC_TIMEOUT for a UCX timeout, else DYAD_RC_UCXCOMM_FAIL.
 dyad_rc_t CodeForUcs(ucs_status_t s);
-// `idle_ms` from now; never for idle_ms <= 0.
-Deadline IdleDeadline(int64_t idle_ms);
 
 class Worker {
  public:
