@@ -33,8 +33,7 @@ Task<Ready> PeerWaits::Wait(Channel* ch, int fd, short events, Deadline deadline
 Task<Status> DriveTransfer(TransferOp& op, Channel& session, PeerWaits& waits,
                            const char* idle_what) {
   const int64_t idle = op.idle_ms();
-  auto idle_bound = [idle] { return idle > 0 ? Deadline::AfterMs(idle) : Deadline::Never(); };
-  Deadline deadline = idle_bound();
+  Deadline deadline = IdleDeadline(idle);
   uint64_t moved = op.moved();
   for (;;) {
     Result<bool> r = co_await waits.Run(op.blocks(), [&op] { return op.Step(); });
@@ -42,7 +41,7 @@ Task<Status> DriveTransfer(TransferOp& op, Channel& session, PeerWaits& waits,
     if (*r) co_return Status::OK();
     if (op.moved() != moved) {  // progress: the idle bound starts again
       moved = op.moved();
-      deadline = idle_bound();
+      deadline = IdleDeadline(idle);
     }
     const Ready w = co_await waits.Readable(session, deadline, op.wake_fd());
     if (w == Ready::kTimeout)

@@ -101,9 +101,6 @@ class TransferOp {
   virtual uint64_t moved() const = 0;
   // The transport's bound on a wait without progress (<= 0: none).
   virtual int64_t idle_ms() const = 0;
-  // True when Step may block on the disk for long (a copy within the
-  // node): the service runs such a Step on its pool.
-  virtual bool blocks() const { return false; }
   // Ends the transfer with `why` (no progress within idle_ms, the
   // requester gone): breaks the session so the peer stops at once.
   virtual Status Fail(const Status& why) = 0;
