@@ -141,11 +141,12 @@ class ReadOp : public std::enable_shared_from_this<ReadOp> {
       stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped, {}, 0); });
       if (stop_ticket_ == 0) return Finish(Ready::kStopped, {}, 0);
     }
-    buf_.resize(std::min(std::max<size_t>(max, 1), kMaxRead));
+    len_ = std::min(std::max<size_t>(max, 1), kMaxRead);
+    buf_.reset(new char[len_]);  // not zeroed: a read fills what is used
     // A read, not a wait: asio tries it at once when the descriptor may
     // hold bytes, else queues it without re-arming the descriptor.
     sd->async_read_some(
-        asio::buffer(buf_.data(), buf_.size()),
+        asio::buffer(buf_.get(), len_),
         asio::bind_cancellation_slot(sig_.slot(), [self](std::error_code ec, size_t n) {
           if (ec != asio::error::operation_aborted) self->Finish(Ready::kReady, ec, n);
         }));
@@ -167,14 +168,15 @@ class ReadOp : public std::enable_shared_from_this<ReadOp> {
     Outcome o;
     o.ready = r;
     o.ec = ec;
-    if (r == Ready::kReady && !ec) o.bytes.assign(buf_.data(), n);
+    if (r == Ready::kReady && !ec) o.bytes.assign(buf_.get(), n);
     std::function<void(Outcome)> done = std::move(done_);
     done(std::move(o));
   }
 
   asio::steady_timer timer_;
   asio::cancellation_signal sig_;
-  std::string buf_;
+  std::unique_ptr<char[]> buf_;
+  size_t len_ = 0;
   Stop* stop_ = nullptr;
   uint64_t stop_ticket_ = 0;
   std::function<void(Outcome)> done_;
