@@ -150,7 +150,13 @@ TEST(EmbeddedWatch, OneFeedThreadServesEveryWatchedNamespace) {
   }
   for (int i = 0; i < kNamespaces; ++i) {
     ASSERT_TRUE(AwaitChanges(*logs[i], 3)) << Ns(i);
-    EXPECT_EQ(Changes(*logs[i]), (std::vector<std::string>{"a=1", "b=2", "a=3"})) << Ns(i);
+    // The root reports each changed key in order with its value when the
+    // reply is sent (change_feed.h), so the first "a" may already be 3.
+    const std::vector<std::string> got = Changes(*logs[i]);
+    ASSERT_EQ(got.size(), 3u) << Ns(i);
+    EXPECT_TRUE(got[0] == "a=1" || got[0] == "a=3") << Ns(i) << ": " << got[0];
+    EXPECT_EQ(got[1], "b=2") << Ns(i);
+    EXPECT_EQ(got[2], "a=3") << Ns(i);
   }
 
   // Unwatch of one namespace is prompt and final; the others go on.
