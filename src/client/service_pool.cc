@@ -163,11 +163,16 @@ Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* r
   // root): a socket planted by another user must not answer our requests.
   Status st = TrustLocalService(*ch);
   if (!st.ok()) return st.Annotate("dyad-service socket '" + socket_path_ + "'");
+  // A reply's header and payload in one recv (the link carries frames
+  // only, all read through the Channel; WaitReadable looks at what was
+  // read ahead first).
+  ch->SetReadAhead(kReplyReadAhead);
   return ch;
 }
 
 void ServicePool::Return(std::unique_ptr<Channel> ch) {
-  if (ch == nullptr || ch->broken()) return;
+  // Bytes after the reply: the link is out of step with its requests.
+  if (ch == nullptr || ch->broken() || ch->has_unread()) return;
   MutexLock lk(mu_);
   if (pid_ != ::getpid() || idle_.size() >= kMaxIdle) return;  // dropped (closed) on return
   idle_.push_back(std::move(ch));
@@ -179,6 +184,7 @@ Status ServicePool::WaitReadable(Channel& ch, Deadline deadline) {
       ch.MarkBroken();
       return Status(DYAD_RC_CANCELLED, "interrupted");
     }
+    if (ch.has_unread()) return Status::OK();  // read ahead with the previous frame
     pollfd p{ch.fd(), POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(deadline.RemainingMs(kInterruptSliceMs)));
     if (n > 0) return Status::OK();  // data, or hang-up that RecvFrame reports

@@ -53,6 +53,8 @@ class ServicePool {
  public:
   static constexpr size_t kMaxIdle = 8;
   static constexpr int64_t kInterruptSliceMs = 200;
+  // Bytes a reply is read with at once (Channel::SetReadAhead).
+  static constexpr size_t kReplyReadAhead = 4096;
 
   // `socket` is a path ("/tmp/dyad-1000/service.sock"), "unix:/path", or a
   // relative path (taken against the working directory now).

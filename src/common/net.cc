@@ -244,6 +244,7 @@ Channel& Channel::operator=(Channel&& other) noexcept {
   protected_at_ms_ = other.protected_at_ms_;
   broken_ = other.broken_;
   capture_ = other.capture_;
+  read_ahead_ = other.read_ahead_;
   unread_ = std::move(other.unread_);
   unread_pos_ = other.unread_pos_;
   attachment_ = std::move(other.attachment_);

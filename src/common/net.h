@@ -238,6 +238,18 @@ class Channel {
   // True if the peer hung up (checked without blocking).
   bool PeerClosed() const;
 
+  // Reads ahead: a receive that wants fewer than `bytes` bytes asks the
+  // socket for up to `bytes` (at most 4 KiB: one recv then usually takes a
+  // frame's header and payload, and those of the frames behind it) and
+  // keeps the surplus as unread bytes, which every receive call takes
+  // first. Only for a link whose bytes are all read through this Channel
+  // (frames, RecvSome): nobody may read its descriptor directly, nor wait
+  // for it to be readable without first taking what has_unread() holds.
+  // 0 (the default): every receive asks the socket for what it wants, no
+  // more. The surplus is held only while it waits: an idle link keeps no
+  // buffer.
+  void SetReadAhead(size_t bytes) { read_ahead_ = bytes; }
+
   // Bytes read from the socket by someone else (a service's event loop
   // assembling frames without blocking) that the receive calls must see
   // first, in order, before reading the socket again.
@@ -276,6 +288,7 @@ class Channel {
   int64_t protected_at_ms_ = 0;  // monotonic; 0: not protected by a handshake yet
   bool broken_ = false;
   std::string* capture_ = nullptr;  // see CaptureSends()
+  size_t read_ahead_ = 0;           // see SetReadAhead()
   std::string unread_;              // see Unread(); consumed from unread_pos_
   size_t unread_pos_ = 0;
   // What an event loop keeps with this channel (its registration of the

@@ -20,8 +20,26 @@ Result<size_t> Channel::RecvNow(void* buf, size_t len) {
     if (unread_pos_ == unread_.size()) TakeUnread();  // releases the buffer
     return n;
   }
+  // Reading ahead: the socket's bytes go to a buffer of read_ahead_ bytes
+  // first; what the caller did not want stays unread (copied off the
+  // stack only when there is any).
+  constexpr size_t kStackAhead = 4096;
+  char ahead[kStackAhead];
+  const bool read_ahead = len < read_ahead_;
+  char* into = read_ahead ? ahead : static_cast<char*>(buf);
+  const size_t want = read_ahead ? std::min(read_ahead_, kStackAhead) : len;
   for (;;) {
-    const ssize_t n = ::recv(fd_.get(), buf, len, MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd_.get(), into, want, MSG_DONTWAIT);
+    if (n > 0 && read_ahead) {
+      const size_t got = static_cast<size_t>(n);
+      const size_t mine = std::min(len, got);
+      std::memcpy(buf, ahead, mine);
+      if (got > mine) {
+        unread_.assign(ahead + mine, got - mine);
+        unread_pos_ = 0;
+      }
+      return mine;
+    }
     if (n > 0) return static_cast<size_t>(n);
     if (n == 0) {
       broken_ = true;

@@ -118,6 +118,73 @@ class WaitOp : public std::enable_shared_from_this<WaitOp> {
   bool finished_ = false;
 };
 
+// One read of a channel's socket into a buffer of its own (so a read that
+// completes after its wait ended, by deadline or Stop, writes nowhere it
+// should not), bounded by a deadline and a Stop like WaitOp. Loop only.
+class ReadOp : public std::enable_shared_from_this<ReadOp> {
+ public:
+  static constexpr size_t kMaxRead = 16u << 10;
+  explicit ReadOp(asio::any_io_executor ex) : timer_(ex) {}
+
+  struct Outcome {
+    Ready ready = Ready::kReady;
+    std::error_code ec;
+    std::string bytes;
+  };
+
+  template <typename Handler>
+  void Start(Handler handler, asio::posix::stream_descriptor* sd, size_t max, Deadline deadline,
+             Stop* stop) {
+    auto h = std::make_shared<Handler>(std::move(handler));
+    done_ = [h](Outcome o) { (*h)(std::move(o)); };
+    auto self = shared_from_this();
+    if (stop != nullptr) {
+      stop_ = stop;
+      stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped, {}, 0); });
+      if (stop_ticket_ == 0) return Finish(Ready::kStopped, {}, 0);
+    }
+    len_ = std::min(std::max<size_t>(max, 1), kMaxRead);
+    buf_.reset(new char[len_]);  // not zeroed: a read fills what is used
+    // A read, not a wait: asio tries it at once when the descriptor may
+    // hold bytes, else queues it without re-arming the descriptor.
+    sd->async_read_some(
+        asio::buffer(buf_.get(), len_),
+        asio::bind_cancellation_slot(sig_.slot(), [self](std::error_code ec, size_t n) {
+          if (ec != asio::error::operation_aborted) self->Finish(Ready::kReady, ec, n);
+        }));
+    if (!deadline.never()) {
+      timer_.expires_at(Expiry(deadline));
+      timer_.async_wait([self](std::error_code ec) {
+        if (!ec) self->Finish(Ready::kTimeout, {}, 0);
+      });
+    }
+  }
+
+ private:
+  void Finish(Ready r, std::error_code ec, size_t n) {
+    if (finished_) return;
+    finished_ = true;
+    sig_.emit(asio::cancellation_type::all);
+    timer_.cancel();
+    if (stop_ != nullptr && stop_ticket_ != 0) stop_->Forget(stop_ticket_);
+    Outcome o;
+    o.ready = r;
+    o.ec = ec;
+    if (r == Ready::kReady && !ec) o.bytes.assign(buf_.get(), n);
+    std::function<void(Outcome)> done = std::move(done_);
+    done(std::move(o));
+  }
+
+  asio::steady_timer timer_;
+  asio::cancellation_signal sig_;
+  std::unique_ptr<char[]> buf_;
+  size_t len_ = 0;
+  Stop* stop_ = nullptr;
+  uint64_t stop_ticket_ = 0;
+  std::function<void(Outcome)> done_;
+  bool finished_ = false;
+};
+
 Task<Ready> WaitOn(asio::posix::stream_descriptor* a, short events_a,
                    asio::posix::stream_descriptor* b, short events_b, Deadline deadline, Stop* stop,
                    std::function<void()>* kick = nullptr) {
@@ -232,23 +299,43 @@ Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, 
   co_return co_await WaitOn(&mine->sd, events, b ? &b->sd : nullptr, events2, deadline, stop);
 }
 
-std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io_executor ex,
-                                                       std::shared_ptr<Stop> stop) {
-  std::shared_ptr<void>& att = ch.attachment();
-  if (!att) att = std::make_shared<ChannelWait>(ex, ch.fd());
-  auto* mine = static_cast<ChannelWait*>(att.get());
-  const int fd = ch.fd();
-  auto unwatch = std::make_shared<asio::cancellation_signal>();
-  mine->sd.async_wait(
-      asio::posix::stream_descriptor::wait_read,
-      asio::bind_cancellation_slot(unwatch->slot(), [fd, stop, unwatch](std::error_code ec) {
-        if (ec) return;
-        char b;
-        const ssize_t n = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-          stop->Fire(Status(DYAD_RC_CANCELLED, "the requester went away"));
-      }));
-  return unwatch;
+void StartReadInto(asio::any_io_executor ex, Channel& ch, size_t max, Deadline deadline, Stop* stop,
+                   std::function<void(Ready, Status)> done) {
+  std::shared_ptr<void>& slot = ch.attachment();
+  if (!slot) slot = std::make_shared<ChannelWait>(ex, ch.fd());
+  auto* mine = static_cast<ChannelWait*>(slot.get());
+  Channel* chp = &ch;
+  std::make_shared<ReadOp>(ex)->Start(
+      [chp, done = std::move(done)](ReadOp::Outcome o) {
+        Status error;
+        if (o.ready == Ready::kReady) {
+          if (o.ec == asio::error::eof) {
+            error = Status(DYAD_RC_CONNLOST, "peer closed the connection");
+          } else if (o.ec) {
+            error = Status(DYAD_RC_CONNLOST, "read: " + o.ec.message());
+          } else {
+            chp->Unread(std::move(o.bytes));
+          }
+        }
+        done(o.ready, std::move(error));
+      },
+      &mine->sd, max, deadline, stop);
+}
+
+Task<Ready> ReadInto(Channel& ch, size_t max, Deadline deadline, Stop* stop, Status* error) {
+  if (stop != nullptr && stop->fired()) co_return Ready::kStopped;
+  if (deadline.expired()) co_return Ready::kTimeout;
+  auto ex = co_await asio::this_coro::executor;
+  auto [ready, st] =
+      co_await asio::async_initiate<decltype(asio::use_awaitable), void(Ready, Status)>(
+          [&](auto handler) {
+            auto h = std::make_shared<decltype(handler)>(std::move(handler));
+            StartReadInto(ex, ch, max, deadline, stop,
+                          [h](Ready r, Status s) { (*h)(r, std::move(s)); });
+          },
+          asio::use_awaitable);
+  if (!st.ok()) *error = std::move(st);
+  co_return ready;
 }
 
 Task<bool> Sleep(Deadline deadline, Stop* stop) {

@@ -176,11 +176,22 @@ Task<Ready> WaitReady(int fd, short events, Deadline deadline, Stop* stop, int f
 // registration each.
 Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, int fd2 = -1,
                       short events2 = POLLIN);
-// Fires `stop` should the peer of `ch` hang up (readable with nothing to
-// read) before the returned signal is emitted; a request that arrives
-// early is left for its turn (nothing more is watched then). On the loop.
-std::shared_ptr<asio::cancellation_signal> WatchHangup(Channel& ch, asio::any_io_executor ex,
-                                                       std::shared_ptr<Stop> stop);
+// Reads what the socket of `ch` holds (at least one byte, at most `max`,
+// up to 16 KiB) into the channel's unread bytes (Channel::Unread), from
+// which its frame calls then take whole frames: one system call usually
+// brings a frame's header and payload, and those of frames behind it.
+// Waits until bytes come, `deadline` or `stop`. A hang-up or a socket
+// error gives kReady with `*error` set (DYAD_RC_CONNLOST); `ch` is left as
+// it is (a requester that shut down its sending side still gets its
+// reply). Unlike WaitReady it costs no re-registration of the descriptor
+// per call (a read is tried, then queued). On the loop only; nobody else
+// may read the descriptor meanwhile.
+Task<Ready> ReadInto(Channel& ch, size_t max, Deadline deadline, Stop* stop, Status* error);
+// The same started from a callback: `done` runs once on the loop, with
+// how it ended and the hang-up or error (OK otherwise), possibly before
+// this returns (a Stop that fired). The caller keeps `ch` alive until then.
+void StartReadInto(asio::any_io_executor ex, Channel& ch, size_t max, Deadline deadline, Stop* stop,
+                   std::function<void(Ready, Status)> done);
 // Sleeps until `deadline` or until `stop` fires (false then).
 Task<bool> Sleep(Deadline deadline, Stop* stop);
 

@@ -26,7 +26,9 @@ constexpr int64_t kFreshSendMs = 100;
 constexpr int64_t kDisplaceAfterMs = 20;
 // Connections accepted in one turn before the others get the loop.
 constexpr int kAcceptBurst = 256;
-constexpr size_t kReadChunk = 64u << 10;
+// Bytes a request link reads at once (ReadInto): the header and payload of
+// a request, and of those behind it, in one system call.
+constexpr size_t kRequestReadAhead = 16u << 10;
 
 std::string RemoteHost(int fd) {
   sockaddr_storage ss{};
@@ -43,6 +45,18 @@ std::string RemoteHost(int fd) {
 
 }  // namespace
 
+// A read of a connection started while a task request waits (Server::
+// Handle): it watches for the requester's hang-up during the request, and
+// what it reads (the next request, or the hang-up) is the next frame
+// read's. Loop only.
+struct Server::PendingRead {
+  bool serving = true;  // the request is still being served
+  bool done = false;
+  Ready ready = Ready::kReady;
+  Status error;                // a hang-up or a socket error
+  std::function<void()> kick;  // wakes a ReadFrame waiting for it
+};
+
 struct Server::Conn {
   Conn(UniqueFd fd, bool is_local) : ch(std::move(fd), Trust::kUnauthenticated), local(is_local) {}
   Channel ch;
@@ -56,6 +70,7 @@ struct Server::Conn {
   std::string payload;  // of the frame being received
   std::string out;      // replies not sent yet
   bool closed = false;
+  std::shared_ptr<PendingRead> pending;  // a read started during a request
 };
 
 Server::Server(Runtime& rt, ServerConfig config, ServerHooks hooks)
@@ -195,11 +210,13 @@ Task<void> Server::Serve(std::shared_ptr<Conn> c) {
     std::string payload;
     while (!c->closed && !c->ch.broken()) {
       if (!co_await NextFrame(*c, &type, &payload)) break;
-      co_await Handle(*c, type, payload);
+      co_await Handle(c, type, payload);
       if (c->out.empty()) continue;
       if (!co_await Flush(*c)) break;
     }
   }
+  // A read still pending would keep the connection open: end it.
+  if (c->pending && !c->pending->done) Close(*c);
   conns_.erase(c.get());
   live_ = conns_.size();
 }
@@ -211,35 +228,29 @@ Task<bool> Server::Handshake(Conn& c) {
     hooks_.refused("handshake: " + hs.status().ToString());
     co_return false;
   }
-  // The peer's answer, assembled as it arrives (at most the small frame
-  // limit of an unauthenticated link), then checked on the pool (MUNGE
-  // may block).
-  std::string frame;
-  for (;;) {
-    if (frame.size() >= kFrameHeaderSize) {
-      Result<size_t> need = c.ch.CheckHeader(frame.data());
-      if (!need.ok()) {
-        hooks_.refused("handshake: " + need.status().ToString());
-        co_return false;
-      }
-      if (frame.size() >= kFrameHeaderSize + *need) break;
-    }
-    char buf[4096];
-    const ssize_t n = ::recv(c.ch.fd(), buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) {
-      frame.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return false;
-    const Ready r = co_await WaitReady(c.ch, POLLIN, c.handshake_deadline, &rt_.stopping());
-    if (r == Ready::kStopped || c.closed) co_return false;
-    if (r == Ready::kTimeout) {
+  // The peer's answer (at most the small frame limit of an unauthenticated
+  // link), read as every frame is, then checked on the pool (MUNGE may
+  // block) from the channel, where it is handed back.
+  uint16_t type = 0;
+  std::string payload;
+  Status error;
+  switch (co_await ReadFrame(c, c.handshake_deadline, &type, &payload, &error)) {
+    case FrameRead::kFrame:
+      break;
+    case FrameRead::kFailed:
+      if (error.code() != DYAD_RC_CONNLOST) hooks_.refused("handshake: " + error.ToString());
+      co_return false;
+    case FrameRead::kStopped:
+      co_return false;
+    case FrameRead::kTimeout:
       hooks_.refused("handshake: not completed within " + std::to_string(cfg_.handshake_ms) +
                      " ms (from " + c.peer_host + ")");
       co_return false;
-    }
   }
+  std::string frame(kFrameHeaderSize, '\0');
+  EncodeFrameHeader(frame.data(), type, static_cast<uint32_t>(payload.size()));
+  frame += payload;
+  frame += c.ch.TakeUnread();  // what came behind it (a peer's first request) stays after it
   c.ch.Unread(std::move(frame));
   // Checked off the loop; the connection stays in the handshake count (it
   // cannot be displaced meanwhile: it has answered).
@@ -255,26 +266,61 @@ Task<bool> Server::Handshake(Conn& c) {
   co_return !c.closed;
 }
 
-Task<bool> Server::NextFrame(Conn& c, uint16_t* type, std::string* payload) {
+Task<Server::FrameRead> Server::ReadFrame(Conn& c, Deadline deadline, uint16_t* type,
+                                          std::string* payload, Status* error) {
   for (;;) {
-    Result<bool> got = c.ch.RecvFrameNow(&c.partial, type, payload);
-    if (!got.ok()) {
-      if (got.status().code() != DYAD_RC_CONNLOST) {
-        DYAD_LOG_WARN("%s: %s", Who(c).c_str(), got.status().ToString().c_str());
-        hooks_.reply_error(c.ch, got.status());
+    // Frames are taken from the bytes read so far; the socket is read
+    // (ReadInto) only when they hold no whole frame.
+    if (c.ch.has_unread()) {
+      Result<bool> got = c.ch.RecvFrameNow(&c.partial, type, payload);
+      if (!got.ok()) {
+        *error = got.status();
+        co_return FrameRead::kFailed;
       }
-      co_return false;
+      if (*got) {
+        c.partial.Reset();
+        co_return FrameRead::kFrame;
+      }
     }
-    if (*got) {
-      c.partial.Reset();
-      co_return true;
+    // A read that began while the last request waited: its bytes (or the
+    // hang-up it saw) come first, and no second read may run beside it.
+    if (c.pending) {
+      std::shared_ptr<PendingRead> p = c.pending;
+      if (!p->done) {
+        const Ready r = co_await runtime_internal::WaitKicked(&p->kick, deadline, &rt_.stopping());
+        if (!p->done) co_return r == Ready::kTimeout ? FrameRead::kTimeout : FrameRead::kStopped;
+      }
+      c.pending.reset();
+      if (p->ready != Ready::kReady || c.closed) co_return FrameRead::kStopped;
+      if (!p->error.ok()) {
+        *error = p->error;
+        co_return FrameRead::kFailed;
+      }
+      continue;
     }
-    const Ready r = co_await WaitReady(c.ch, POLLIN, Deadline::Never(), &rt_.stopping());
-    if (r != Ready::kReady || c.closed) co_return false;
+    // Before the handshake at most one small frame is read at once.
+    const size_t max = c.ch.trust() == Trust::kUnauthenticated
+                           ? kFrameHeaderSize + c.ch.frame_limit()
+                           : kRequestReadAhead;
+    const Ready r = co_await ReadInto(c.ch, max, deadline, &rt_.stopping(), error);
+    if (r == Ready::kStopped || c.closed) co_return FrameRead::kStopped;
+    if (r == Ready::kTimeout) co_return FrameRead::kTimeout;
+    if (!error->ok()) co_return FrameRead::kFailed;
   }
 }
 
-Task<void> Server::Handle(Conn& c, uint16_t type, const std::string& payload) {
+Task<bool> Server::NextFrame(Conn& c, uint16_t* type, std::string* payload) {
+  Status error;
+  const FrameRead how = co_await ReadFrame(c, Deadline::Never(), type, payload, &error);
+  if (how == FrameRead::kFailed && error.code() != DYAD_RC_CONNLOST) {
+    DYAD_LOG_WARN("%s: %s", Who(c).c_str(), error.ToString().c_str());
+    hooks_.reply_error(c.ch, error);
+  }
+  co_return how == FrameRead::kFrame;
+}
+
+Task<void> Server::Handle(std::shared_ptr<Conn> conn, uint16_t type, const std::string& payload) {
+  Conn& c = *conn;
   const Handling how = hooks_.handling(c.local, type);
   auto stop = std::make_shared<dyad::Stop>(rt_.executor(), &rt_.stopping());
   Channel& ch = c.ch;
@@ -303,9 +349,29 @@ Task<void> Server::Handle(Conn& c, uint16_t type, const std::string& payload) {
       parked_.fetch_add(1);
       ch.CaptureSends(&c.out);
       // The requester hanging up fires the request's Stop: its waits end.
-      std::shared_ptr<asio::cancellation_signal> unwatch = WatchHangup(ch, rt_.executor(), stop);
+      // Watched by a read of the connection, which the next ReadFrame then
+      // takes over (the next request's read, begun early): the watch costs
+      // no system call, nor registration, of its own. A request that
+      // arrived already (pipelined) is left for its turn, unwatched.
+      std::shared_ptr<PendingRead> pending;
+      if (!conn->pending && !conn->closed && !ch.has_unread()) {
+        pending = std::make_shared<PendingRead>();
+        conn->pending = pending;
+        StartReadInto(rt_.executor(), ch, kRequestReadAhead, Deadline::Never(), &rt_.stopping(),
+                      [conn, pending, stop](Ready r, Status error) {
+                        pending->ready = r;
+                        pending->error = std::move(error);
+                        pending->done = true;
+                        if (pending->serving && r == Ready::kReady && !pending->error.ok())
+                          stop->Fire(Status(DYAD_RC_CANCELLED, "the requester went away"));
+                        if (pending->kick) {
+                          std::function<void()> kick = pending->kick;  // its wait clears it
+                          kick();
+                        }
+                      });
+      }
       co_await hooks_.serve_task(ctx, type, payload);
-      unwatch->emit(asio::cancellation_type::all);
+      if (pending) pending->serving = false;
       ch.CaptureSends(nullptr);
       parked_.fetch_sub(1);
       co_return;

@@ -84,6 +84,7 @@ class Server {
   uint64_t parked() const { return parked_.load(); }
 
   struct Conn;
+  struct PendingRead;
 
  private:
   Task<void> Accept(int listen_fd, bool local);
@@ -94,10 +95,24 @@ class Server {
   bool DisplaceOldestHandshake();
   Task<void> Serve(std::shared_ptr<Conn> c);
   Task<bool> Handshake(Conn& c);
-  // Reads the next frame without blocking the loop; false when the
-  // connection ends (closed, malformed, stopped).
+  // How ReadFrame ended.
+  enum class FrameRead {
+    kFrame,    // *type and *payload are the next frame
+    kFailed,   // *error: the link failed (CONNLOST) or sent a malformed frame
+    kTimeout,  // `deadline` passed
+    kStopped,  // the service stops, or the connection was closed
+  };
+  // The one frame reader of a connection, for the handshake as for the
+  // requests: takes what the socket holds without blocking the loop (at
+  // most the frame limit of the link's trust: small until the handshake
+  // succeeded), waiting for readability until `deadline` in between.
+  Task<FrameRead> ReadFrame(Conn& c, Deadline deadline, uint16_t* type, std::string* payload,
+                            Status* error);
+  // The next request's frame; false when the connection ends (closed,
+  // malformed: the peer is told why, stopped).
   Task<bool> NextFrame(Conn& c, uint16_t* type, std::string* payload);
-  Task<void> Handle(Conn& c, uint16_t type, const std::string& payload);
+  Task<void> Handle(std::shared_ptr<Conn> conn, uint16_t type, const std::string& payload);
+
   // Sends the replies collected in c.out without blocking the loop.
   Task<bool> Flush(Conn& c);
   void EndHandshake(Conn& c);

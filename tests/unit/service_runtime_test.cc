@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -156,6 +157,106 @@ TEST_F(RuntimeTest, RendezvousDeliversFromAnyThreadOrTimesOut) {
   EXPECT_FALSE(rt_.RunSync(never->Take(Deadline::AfterMs(50), nullptr)).has_value());
   never->Deliver(1);  // late: a later Take gets it
   EXPECT_EQ(rt_.RunSync(never->Take(Deadline::AfterMs(5000), nullptr)).value_or(0), 1);
+}
+
+// Frames as the peer sends them: header and payload, back to back.
+std::string Frames(const std::vector<std::string>& payloads) {
+  std::string out;
+  for (const std::string& p : payloads) {
+    char hdr[kFrameHeaderSize];
+    EncodeFrameHeader(hdr, 7, static_cast<uint32_t>(p.size()));
+    out.append(hdr, kFrameHeaderSize);
+    out += p;
+  }
+  return out;
+}
+
+// Item 3 of the feed brief: the service reads what a link holds into the
+// channel in one read (ReadInto) and takes whole frames from it, so three
+// requests sent together cost one read, not a header and a payload read
+// each; the read ends like any wait (deadline, Stop), and a hang-up is
+// reported, not waited on.
+TEST_F(RuntimeTest, ReadIntoTakesEveryFrameThereInOneReadAndEndsLikeAWait) {
+  SocketPair s;
+  Channel ch(std::move(s.a), Trust::kAuthenticated);
+  const std::string wire = Frames({"first", "second", std::string(3000, 'x')});
+  ASSERT_EQ(::write(s.b.get(), wire.data(), wire.size()), static_cast<ssize_t>(wire.size()));
+  Status error;
+  ASSERT_EQ(rt_.RunSync(ReadInto(ch, 16u << 10, Deadline::AfterMs(5000), nullptr, &error)),
+            Ready::kReady);
+  ASSERT_TRUE(error.ok()) << error.ToString();
+  // All three frames came with the one read: the socket is empty now.
+  char probe;
+  EXPECT_EQ(::recv(ch.fd(), &probe, 1, MSG_DONTWAIT | MSG_PEEK), -1);
+  std::vector<std::string> got;
+  Channel::PartialFrame f;
+  while (ch.has_unread()) {
+    uint16_t type = 0;
+    std::string payload;
+    Result<bool> r = ch.RecvFrameNow(&f, &type, &payload);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(*r);
+    EXPECT_EQ(type, 7);
+    got.push_back(payload);
+    f.Reset();
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"first", "second", std::string(3000, 'x')}));
+
+  // At most `max` bytes at once (a link still in its handshake).
+  ASSERT_EQ(::write(s.b.get(), "0123456789", 10), 10);
+  ASSERT_EQ(rt_.RunSync(ReadInto(ch, 4, Deadline::AfterMs(5000), nullptr, &error)), Ready::kReady);
+  EXPECT_EQ(ch.TakeUnread(), "0123");
+  ASSERT_EQ(rt_.RunSync(ReadInto(ch, 100, Deadline::AfterMs(5000), nullptr, &error)),
+            Ready::kReady);
+  EXPECT_EQ(ch.TakeUnread(), "456789");
+
+  // Nothing comes: the deadline; a Stop from another thread.
+  EXPECT_EQ(rt_.RunSync(ReadInto(ch, 100, Deadline::AfterMs(50), nullptr, &error)),
+            Ready::kTimeout);
+  Stop stop(rt_.executor(), &rt_.stopping());
+  std::thread firer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    stop.Fire(Status(DYAD_RC_CANCELLED, "stopping"));
+  });
+  EXPECT_EQ(rt_.RunSync(ReadInto(ch, 100, Deadline::Never(), &stop, &error)), Ready::kStopped);
+  firer.join();
+  EXPECT_TRUE(error.ok());
+  EXPECT_FALSE(ch.has_unread());
+
+  // Bytes sent after a wait gave up are read by the next one, not lost.
+  ASSERT_EQ(::write(s.b.get(), "late", 4), 4);
+  ASSERT_EQ(rt_.RunSync(ReadInto(ch, 100, Deadline::AfterMs(5000), nullptr, &error)),
+            Ready::kReady);
+  EXPECT_EQ(ch.TakeUnread(), "late");
+
+  // The peer hangs up: reported at once.
+  s.b.reset();
+  ASSERT_EQ(rt_.RunSync(ReadInto(ch, 100, Deadline::AfterMs(5000), nullptr, &error)),
+            Ready::kReady);
+  EXPECT_EQ(error.code(), DYAD_RC_CONNLOST) << error.ToString();
+}
+
+// A blocking reader that reads ahead (Channel::SetReadAhead, the client's
+// link to its service) takes a reply's header and payload, and the frame
+// behind it, with one recv; without it nothing past the frame is read.
+TEST(ChannelReadAhead, OneRecvTakesTheFramesThereAndTheRestStaysUnread) {
+  for (size_t ahead : {size_t{0}, size_t{4096}}) {
+    SocketPair s;
+    Channel ch(std::move(s.a), Trust::kLocalPeer);
+    ch.SetReadAhead(ahead);
+    const std::string wire = Frames({"reply", "next"});
+    ASSERT_EQ(::write(s.b.get(), wire.data(), wire.size()), static_cast<ssize_t>(wire.size()));
+    uint16_t type = 0;
+    std::string payload;
+    ASSERT_TRUE(ch.RecvFrame(&type, &payload, Deadline::AfterMs(5000)).ok());
+    EXPECT_EQ(payload, "reply");
+    EXPECT_EQ(ch.has_unread(), ahead > 0) << ahead;
+    char probe;
+    EXPECT_EQ(::recv(ch.fd(), &probe, 1, MSG_DONTWAIT | MSG_PEEK), ahead > 0 ? -1 : 1) << ahead;
+    ASSERT_TRUE(ch.RecvFrame(&type, &payload, Deadline::AfterMs(5000)).ok());
+    EXPECT_EQ(payload, "next");
+    EXPECT_FALSE(ch.has_unread());
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "kvs/embedded/embedded_kvs.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -88,6 +89,7 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
       auth_(options.auth ? *options.auth : Authenticator(options.secret)),
       self_{options.self_rank, options.self_incarnation},
       rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000),
+      feed_wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       waits_(std::make_unique<EmbeddedWaits>(this)) {}
 
 // --- connections -------------------------------------------------------------

@@ -14,10 +14,12 @@
 // survive a restart of the root. The root keeps its data in memory: after a
 // restart the store is empty until services publish again.
 //
-// Watch: one feed thread per watched namespace long-polls the root's change
-// feed (kKvsWatch, change_feed.h) on a channel of its own, from a position
-// that survives reconnections; a restarted root (or a watcher that fell
-// behind) makes it deliver a resync.
+// Watch: each watched namespace long-polls the root's change feed
+// (kKvsWatch, change_feed.h) on a channel of its own, from a position that
+// survives reconnections; a restarted root (or a watcher that fell behind)
+// makes it deliver a resync. One thread serves the feeds of every
+// namespace (it waits for all their replies in one poll), started by the
+// first Watch and ended when the last Unwatch leaves none.
 //
 // StartWait: a table of waits served by the namespace's feed (one feed per
 // namespace however many waits; see embedded_waits.h), so a service parks
@@ -135,22 +137,39 @@ class EmbeddedKvs final : public Kvs {
   bool SleepUnlessCancelled(int64_t ms, const Deadline& deadline, const CancelFn& cancel);
   bool Cancelled(const CancelFn& cancel) const;
 
-  // One namespace's feed (embedded_watch.cc).
+  // One namespace's feed (embedded_watch.cc): its link to the root and its
+  // position there. The fields marked "feed thread" are used by that thread
+  // only; the others are guarded by feed_mu_.
   struct Feed {
     std::string ns;
-    std::thread thread;
-    bool stop = false;         // guarded by feed_mu_
-    bool established = false;  // first position known; guarded by feed_mu_
-    bool quiet_first = true;   // Watch is still waiting for it; guarded by feed_mu_
-    int fd = -1;               // the link in use, shut down to stop; guarded by feed_mu_
+    bool stop = false;         // nobody watches it: the thread drops it
+    bool established = false;  // first position known
+    bool quiet_first = true;   // Watch is still waiting for it
     // The root's refusal of the latest poll (at its limit of watched
-    // namespaces, say); OK once a poll is answered. guarded by feed_mu_
+    // namespaces, say); OK once a poll is answered.
     Status refused;
-    int64_t refused_backoff_ms = 0;  // feed thread only
+    // Feed thread:
+    std::unique_ptr<Channel> ch;  // null until dialled, and after a failure
+    KvsWatchRequest cursor;       // the position asked for next
+    bool in_flight = false;       // a poll is outstanding on `ch`
+    Channel::PartialFrame frame;  // of its reply, as far as it arrived
+    std::string payload;
+    // When to dial or poll next; with a poll in flight, when its reply is
+    // overdue.
+    SteadyClock::time_point due;
+    int64_t dial_backoff_ms = kBackoffFirstMs;
+    int64_t refused_backoff_ms = 0;
   };
-  void FeedLoop(Feed* feed);
-  bool FeedPoll(Feed* feed, Channel& ch, KvsWatchRequest* cursor);
-  void StopFeed(std::unique_ptr<Feed> feed);
+  // The one thread of every feed: started by the first Watch, returns once
+  // no feed is left (or StopFeeds).
+  void FeedLoop();
+  bool FeedDial(Feed& f);
+  void FeedSend(Feed& f);
+  // Reads what arrived of `f`'s reply and acts on a complete one.
+  void FeedReceive(Feed& f);
+  // `f`'s link failed: dial again.
+  void FeedLost(Feed& f, SteadyClock::time_point now);
+  void WakeFeeds();
   void StopFeeds();
 
   void NoteOutage(const Status& st);
@@ -177,7 +196,11 @@ class EmbeddedKvs final : public Kvs {
   WatchList watchers_;
   Mutex feed_mu_;
   std::condition_variable feed_cv_;
-  std::map<std::string, std::unique_ptr<Feed>> feeds_ GUARDED_BY(feed_mu_);
+  std::map<std::string, std::shared_ptr<Feed>> feeds_ GUARDED_BY(feed_mu_);
+  std::thread feed_thread_ GUARDED_BY(feed_mu_);
+  bool feed_running_ GUARDED_BY(feed_mu_) = false;  // feed_thread_ has not returned
+  bool feeds_closed_ GUARDED_BY(feed_mu_) = false;  // StopFeeds ran: no more watches
+  const UniqueFd feed_wake_;                        // eventfd that wakes the feed thread
 
   // Declared last: destroyed first, while the feeds it uses still exist.
   std::unique_ptr<EmbeddedWaits> waits_;

@@ -3,20 +3,18 @@
 //
 // Every wait is an entry in a table keyed by (namespace, key). The waits of
 // one namespace share the store's watch of it (EmbeddedKvs::Watch: one
-// change feed per namespace, one connection and one thread whatever the
-// number of waits): a Put reported by the feed ends every wait on its key,
-// on the feed's thread. A new wait is first checked with a Get, made after
-// the feed is established, so a key published before the wait started is
-// found and one published after it is reported by the feed; nothing falls
-// in between. When the feed may have missed changes (it reconnected to a
-// restarted root, or fell behind the root's ring) every wait of the
-// namespace is checked again. One helper thread runs those checks, the
-// deadlines, and the retries of checks that could not reach the root; it
-// drops a namespace's watch once no wait has used it for kIdleWatchMs.
+// change feed per namespace, one connection whatever the number of waits,
+// and one thread for the feeds of all namespaces): a Put reported by the feed ends every wait on
+// its key, on the feed's thread. A new wait is first checked with a Get, made after the feed is
+// established, so a key published before the wait started is found and one published after it is
+// reported by the feed; nothing falls in between. When the feed may have missed changes (it
+// reconnected to a restarted root, or fell behind the root's ring) every wait of the namespace is
+// checked again. One helper thread runs those checks, the deadlines, and the retries of checks that
+// could not reach the root; it drops a namespace's watch once no wait has used it for kIdleWatchMs.
 //
 // So 10,000 consumers waiting on distinct keys cost the root one feed per
-// namespace per service, not 10,000 connections, and a service's threads
-// stay 2 + one per watched namespace.
+// namespace per service, not 10,000 connections, and they cost the service
+// two threads (the feeds' and the helper) however many namespaces it waits in.
 //
 // Threading: thread-safe. `done` runs once: on the feed's thread, the
 // helper thread, or the thread of Cancel/Shutdown; never inside Start.
