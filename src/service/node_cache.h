@@ -55,6 +55,8 @@
 // the file system calls of eviction.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <list>
 #include <map>
@@ -107,6 +109,10 @@ class NodeCache {
   // `consumed`: a consumer asked for it (false: prefetched ahead).
   void NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
                    bool consumed = true);
+  // The same with the placed file's fstat, taken by the placement after
+  // stamping it (AtomicFile::CommitOptions::placed): no stat of the path.
+  void NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
+                   bool consumed, const struct stat& placed);
 
   // A consume found the copy at `path` current: it becomes the most
   // recently consumed (counted in node_cache.hits), then evicts to budget.
