@@ -191,29 +191,6 @@ Status MakeParentDirs(const std::string& root, const std::string& upath) {
 
 namespace {
 
-// Permission bits a new file gets from `mode` under this process's umask
-// (read once from /proc: the umask cannot be read without changing it, and
-// neither the service nor the clients change theirs after starting), or
-// -1 when unknown.
-int CreatedMode(mode_t mode) {
-  static const int umask_bits = [] {
-    std::FILE* f = std::fopen("/proc/self/status", "re");
-    if (f == nullptr) return -1;
-    char line[256];
-    int bits = -1;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-      unsigned v = 0;
-      if (std::sscanf(line, "Umask: %o", &v) == 1) {
-        bits = static_cast<int>(v & 0777);
-        break;
-      }
-    }
-    std::fclose(f);
-    return bits;
-  }();
-  return umask_bits < 0 ? -1 : static_cast<int>(mode & 0777 & ~static_cast<mode_t>(umask_bits));
-}
-
 // A temporary name for `leaf`: kPartPrefix, the leaf (shortened), this
 // process's random prefix (64 bits from getrandom, once) and a counter.
 // What keeps a temporary safe is O_EXCL | O_NOFOLLOW (a planted name is
@@ -299,10 +276,7 @@ Status AtomicFile::Create(const std::string& root, const std::string& upath) {
     // Invisible until linked, so it may have its final mode from the start
     // (Commit changes it only when the producer's differs).
     fd_.reset(::openat(dir_.get(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644));
-    if (fd_.valid()) {
-      created_mode_ = CreatedMode(0644);
-      return Status::OK();
-    }
+    if (fd_.valid()) return Status::OK();
     const int err = errno;
     // No O_TMPFILE here (the file system, or a kernel before 3.11 that
     // takes the flag for O_DIRECTORY): a named temporary instead.
@@ -321,7 +295,6 @@ Status AtomicFile::CreateNamed(const std::string& what) {
                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (fd_.valid()) {
       temp_name_ = std::move(*name);
-      created_mode_ = CreatedMode(0600);
       return Status::OK();
     }
     if (errno != EEXIST || attempt == 8)
@@ -363,12 +336,6 @@ Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data, mode_t mode) {
 Status AtomicFile::Commit(const CommitOptions& o) {
   if (!fd_.valid()) return Status(DYAD_RC_BADFIO, "commit without an open temporary");
   const std::string& what = temp_name_.empty() ? leaf_ : temp_name_;
-  // Permission bits only: never set-id or sticky bits from a peer.
-  const mode_t mode = o.mode & 0777;
-  if (created_mode_ != static_cast<int>(mode)) {
-    if (::fchmod(fd_.get(), mode) != 0) return StatusFromErrno(errno, "chmod " + what);
-    created_mode_ = static_cast<int>(mode);
-  }
   if (o.version_ns != 0) {
     timespec ts[2];
     ts[0].tv_sec = 0;
@@ -379,15 +346,25 @@ Status AtomicFile::Commit(const CommitOptions& o) {
   }
   if (o.xattr_name != nullptr)
     (void)::fsetxattr(fd_.get(), o.xattr_name, o.xattr_value.data(), o.xattr_value.size(), 0);
+  // Permission bits only: never set-id or sticky bits from a peer.
+  const mode_t mode = o.mode & 0777;
+  bool chmod_needed = true;
   if (o.expect_size >= 0 || o.placed != nullptr) {
+    // After futimens: the mtime as the file system keeps it (its
+    // granularity), which the node cache compares later.
     struct stat st;
     if (::fstat(fd_.get(), &st) != 0) return StatusFromErrno(errno, "stat " + what);
     if (o.expect_size >= 0 && st.st_size != o.expect_size)
       return Status(DYAD_RC_STALE, std::to_string(st.st_size) + " bytes arrived, " +
                                        std::to_string(o.expect_size) +
                                        " were expected; nothing was placed");
+    // Created 0644 (under the umask): usually the producer's mode already.
+    chmod_needed = (st.st_mode & 07777) != mode;
+    st.st_mode = (st.st_mode & ~static_cast<mode_t>(07777)) | mode;
     if (o.placed != nullptr) *o.placed = st;
   }
+  if (chmod_needed && ::fchmod(fd_.get(), mode) != 0)
+    return StatusFromErrno(errno, "chmod " + what);
   if (o.fsync_data && ::fsync(fd_.get()) != 0) return StatusFromErrno(errno, "fsync " + what);
   if (temp_name_.empty()) {
     DYAD_RETURN_IF_ERROR(LinkUnnamed());

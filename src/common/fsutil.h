@@ -117,7 +117,6 @@ class AtomicFile {
   UniqueFd fd_;
   std::string leaf_;
   std::string temp_name_;  // "" for an unnamed file
-  int created_mode_ = -1;  // permission bits the file has now (-1: unknown)
   bool committed_ = false;
 };
 

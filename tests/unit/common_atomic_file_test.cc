@@ -91,6 +91,29 @@ TEST_P(AtomicFileTest, NewFileAppearsCompleteWithItsModeAndVersion) {
   EXPECT_EQ(placed.st_size, 5);
 }
 
+// The mode is the producer's whatever this process's umask is now (the
+// permission change is skipped only when the file already has that mode).
+TEST_P(AtomicFileTest, ModeIsExactUnderAnyUmask) {
+  for (const mode_t mask : {mode_t{077}, mode_t{0}, mode_t{022}}) {
+    const mode_t old = ::umask(mask);
+    for (const mode_t want : {mode_t{0644}, mode_t{0600}, mode_t{0666}}) {
+      AtomicFile f;
+      const std::string name = "m" + std::to_string(mask) + "-" + std::to_string(want);
+      ASSERT_TRUE(f.Create(root_, name).ok());
+      AtomicFile::CommitOptions o;
+      o.mode = want;
+      struct stat placed;
+      o.placed = &placed;
+      ASSERT_TRUE(f.Commit(o).ok());
+      struct stat st;
+      ASSERT_EQ(::stat((root_ + "/" + name).c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 07777, want) << "umask " << mask;
+      EXPECT_EQ(placed.st_mode & 07777, want);
+    }
+    ::umask(old);
+  }
+}
+
 // The version stamp travels with the file (where user attributes exist).
 TEST_P(AtomicFileTest, ExtendedAttributeIsSetBeforeTheFileHasItsName) {
   AtomicFile f;
