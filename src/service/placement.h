@@ -10,9 +10,10 @@
 //   kRemote   another node owns it: the requested or default transport.
 // Every copy is de-duplicated (one transfer per destination file on this
 // node; concurrent requests wait for it and share its result) and atomic
-// (bytes land in a temporary beside the destination, renamed into place
-// when complete and stamped with the owner's version, so a later request
-// can tell a current copy without asking anyone). Copies are indexed in the
+// (bytes land in a file without a name in the destination's directory,
+// AtomicFile, which is stamped with the owner's version and linked into
+// place when complete, so a later request can tell a current copy without
+// asking anyone). Copies are indexed in the
 // NodeCache, which says whether a copy is the record's version (a copy of
 // the current version costs no transfer; another version is replaced by
 // the atomic rename) and keeps them within the node's byte budget.
