@@ -5,11 +5,15 @@
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "common/seal.h"
@@ -129,9 +133,22 @@ Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& u
                                    std::string* leaf) {
   Result<std::string> rel = ValidateUpath(upath);
   if (!rel.ok()) return rel.status();
+  const size_t last = rel->rfind('/');
+  if (!root.empty() && root[0] == '/') {
+    // Usually nothing on the way is a symlink: one openat2 from the root of
+    // the file system that refuses every symlink (the root's own path
+    // included) reaches the directory through real directories only, hence
+    // beneath `root` (`rel` has no ".."). Otherwise the walk below decides.
+    const std::string parent = last == std::string::npos ? root : root + "/" + rel->substr(0, last);
+    const long fd = Openat2(AT_FDCWD, parent, O_RDONLY | O_DIRECTORY, 0,
+                            RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+    if (fd >= 0) {
+      if (leaf != nullptr) *leaf = last == std::string::npos ? *rel : rel->substr(last + 1);
+      return UniqueFd(static_cast<int>(fd));
+    }
+  }
   UniqueFd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir.valid()) return StatusFromErrno(errno, "open managed directory '" + root + "'");
-  const size_t last = rel->rfind('/');
   if (last != std::string::npos) {
     // Usually the directories exist: one openat2 that refuses every symlink
     // (and anything resolving outside `root`) opens them all. Otherwise the
@@ -172,13 +189,80 @@ Status MakeParentDirs(const std::string& root, const std::string& upath) {
   return OpenParentBeneath(root, upath, true, nullptr).status();
 }
 
+namespace {
+
+// A temporary name for `leaf`: kPartPrefix, the leaf (shortened), this
+// process's random prefix (64 bits from getrandom, once) and a counter.
+// What keeps a temporary safe is O_EXCL | O_NOFOLLOW (a planted name is
+// skipped, never followed) and the directory's descriptor, not the name:
+// whoever can list the directory sees the names anyway. The random prefix
+// keeps two processes (two services of one node, a restarted one) from
+// colliding; the counter never repeats a name within the process.
+Result<std::string> TempName(const std::string& leaf) {
+  static std::once_flag once;
+  static char prefix[17];
+  static Status prefix_status;
+  static std::atomic<uint64_t> counter{0};
+  std::call_once(once, [] {
+    unsigned char rnd[8];
+    prefix_status = RandomBytes(rnd, sizeof rnd);
+    for (size_t i = 0; i < sizeof rnd; ++i)
+      std::snprintf(prefix + 2 * i, 3, "%02x", static_cast<unsigned>(rnd[i]));
+  });
+  if (!prefix_status.ok()) return prefix_status;
+  char suffix[40];
+  std::snprintf(suffix, sizeof suffix, ".%s%llx", prefix,
+                static_cast<unsigned long long>(counter.fetch_add(1, std::memory_order_relaxed)));
+  std::string base = leaf;
+  if (base.size() > 200) base.resize(200);
+  return kPartPrefix + base + suffix;
+}
+
+// How this process links an O_TMPFILE file: linkat(AT_EMPTY_PATH) needs
+// CAP_DAC_READ_SEARCH; /proc/self/fd with AT_SYMLINK_FOLLOW needs /proc.
+// Learned at the first link and kept.
+enum LinkWay : int { kLinkUnknown = 0, kLinkEmptyPath, kLinkProc, kLinkNone };
+std::atomic<int> g_link_way{kLinkUnknown};
+std::atomic<bool> g_force_named{false};
+
+// linkat of the unnamed file `fd` as `name` in `dir`: 0, or -1 with errno.
+int LinkFd(int fd, int dir, const char* name) {
+  const int way = g_link_way.load(std::memory_order_relaxed);
+  if (way == kLinkUnknown || way == kLinkEmptyPath) {
+    if (::linkat(fd, "", dir, name, AT_EMPTY_PATH) == 0) {
+      g_link_way.store(kLinkEmptyPath, std::memory_order_relaxed);
+      return 0;
+    }
+    // Without the capability the empty path is looked up as a name: ENOENT.
+    if (errno != ENOENT || way == kLinkEmptyPath) return -1;
+  }
+  char proc[40];
+  std::snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+  if (::linkat(AT_FDCWD, proc, dir, name, AT_SYMLINK_FOLLOW) == 0) {
+    g_link_way.store(kLinkProc, std::memory_order_relaxed);
+    return 0;
+  }
+  const int err = errno;
+  if (err == EEXIST)
+    g_link_way.store(kLinkProc, std::memory_order_relaxed);
+  else if (err == ENOENT && way == kLinkUnknown && ::access("/proc/self/fd", F_OK) != 0)
+    g_link_way.store(kLinkNone, std::memory_order_relaxed);  // no /proc: named temporaries
+  errno = err;
+  return -1;
+}
+
+}  // namespace
+
 AtomicFile::~AtomicFile() { Abort(); }
+
+void AtomicFile::ForceNamedTemporaries(bool on) { g_force_named.store(on); }
 
 void AtomicFile::Abort() {
   if (!committed_ && !temp_name_.empty() && dir_.valid())
     ::unlinkat(dir_.get(), temp_name_.c_str(), 0);
   temp_name_.clear();
   fd_.reset();
+  dir_.reset();
 }
 
 Status AtomicFile::Create(const std::string& root, const std::string& upath) {
@@ -187,42 +271,108 @@ Status AtomicFile::Create(const std::string& root, const std::string& upath) {
   Result<UniqueFd> dir = OpenParentBeneath(root, upath, true, &leaf_);
   if (!dir.ok()) return dir.status();
   dir_ = std::move(*dir);
-  unsigned char rnd[8];
-  DYAD_RETURN_IF_ERROR(RandomBytes(rnd, sizeof rnd));
-  char suffix[20];
-  std::snprintf(suffix, sizeof suffix, "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
-                rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-  std::string base = leaf_;
-  if (base.size() > 200) base.resize(200);
-  temp_name_ = kPartPrefix + base + "." + suffix;
-  // Private until committed, when it gets the owner's mode.
-  fd_.reset(::openat(dir_.get(), temp_name_.c_str(),
-                     O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd_.valid()) {
+  const std::string what = "'" + root + "/" + upath + "'";
+  if (g_link_way.load(std::memory_order_relaxed) != kLinkNone && !g_force_named.load()) {
+    // Invisible until linked, so it may have its final mode from the start
+    // (Commit changes it only when the producer's differs).
+    fd_.reset(::openat(dir_.get(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644));
+    if (fd_.valid()) return Status::OK();
     const int err = errno;
-    temp_name_.clear();
-    return StatusFromErrno(err, "create temporary for '" + root + "/" + upath + "'");
+    // No O_TMPFILE here (the file system, or a kernel before 3.11 that
+    // takes the flag for O_DIRECTORY): a named temporary instead.
+    if (err != EOPNOTSUPP && err != EISDIR && err != EINVAL)
+      return StatusFromErrno(err, "create the file for " + what);
   }
-  return Status::OK();
+  return CreateNamed(what);
+}
+
+Status AtomicFile::CreateNamed(const std::string& what) {
+  for (int attempt = 0;; ++attempt) {
+    Result<std::string> name = TempName(leaf_);
+    if (!name.ok()) return name.status();
+    // Private until committed, when it gets the owner's mode.
+    fd_.reset(::openat(dir_.get(), name->c_str(),
+                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (fd_.valid()) {
+      temp_name_ = std::move(*name);
+      return Status::OK();
+    }
+    if (errno != EEXIST || attempt == 8)
+      return StatusFromErrno(errno, "create temporary for " + what);
+  }
+}
+
+Status AtomicFile::LinkUnnamed() {
+  // A new file: its name straight away (it cannot exist half written).
+  if (LinkFd(fd_.get(), dir_.get(), leaf_.c_str()) == 0) return Status::OK();
+  if (errno != EEXIST) return StatusFromErrno(errno, "link '" + leaf_ + "' into place");
+  // A new version of a file already there: a temporary name, renamed over
+  // the old one (renameat replaces whatever has the final name, even a
+  // symlink, without following it).
+  for (int attempt = 0;; ++attempt) {
+    Result<std::string> name = TempName(leaf_);
+    if (!name.ok()) return name.status();
+    if (LinkFd(fd_.get(), dir_.get(), name->c_str()) != 0) {
+      if (errno == EEXIST && attempt < 8) continue;
+      return StatusFromErrno(errno, "link a temporary for '" + leaf_ + "'");
+    }
+    if (::renameat(dir_.get(), name->c_str(), dir_.get(), leaf_.c_str()) != 0) {
+      const int err = errno;
+      ::unlinkat(dir_.get(), name->c_str(), 0);
+      return StatusFromErrno(err, "rename into '" + leaf_ + "'");
+    }
+    return Status::OK();
+  }
 }
 
 Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data, mode_t mode) {
+  CommitOptions o;
+  o.version_ns = version_ns;
+  o.fsync_data = fsync_data;
+  o.mode = mode;
+  return Commit(o);
+}
+
+Status AtomicFile::Commit(const CommitOptions& o) {
   if (!fd_.valid()) return Status(DYAD_RC_BADFIO, "commit without an open temporary");
-  // Permission bits only: never set-id or sticky bits from a peer.
-  if (::fchmod(fd_.get(), mode & 0777) != 0) return StatusFromErrno(errno, "chmod " + temp_name_);
-  if (version_ns != 0) {
+  const std::string& what = temp_name_.empty() ? leaf_ : temp_name_;
+  if (o.version_ns != 0) {
     timespec ts[2];
     ts[0].tv_sec = 0;
     ts[0].tv_nsec = UTIME_OMIT;
-    ts[1].tv_sec = static_cast<time_t>(version_ns / 1000000000ull);
-    ts[1].tv_nsec = static_cast<long>(version_ns % 1000000000ull);
-    if (::futimens(fd_.get(), ts) != 0) return StatusFromErrno(errno, "futimens " + temp_name_);
+    ts[1].tv_sec = static_cast<time_t>(o.version_ns / 1000000000ull);
+    ts[1].tv_nsec = static_cast<long>(o.version_ns % 1000000000ull);
+    if (::futimens(fd_.get(), ts) != 0) return StatusFromErrno(errno, "futimens " + what);
   }
-  if (fsync_data && ::fsync(fd_.get()) != 0) return StatusFromErrno(errno, "fsync " + temp_name_);
-  // renameat replaces whatever has the final name (even a symlink) without
-  // following it.
-  if (::renameat(dir_.get(), temp_name_.c_str(), dir_.get(), leaf_.c_str()) != 0)
+  if (o.xattr_name != nullptr)
+    (void)::fsetxattr(fd_.get(), o.xattr_name, o.xattr_value.data(), o.xattr_value.size(), 0);
+  // Permission bits only: never set-id or sticky bits from a peer.
+  const mode_t mode = o.mode & 0777;
+  bool chmod_needed = true;
+  if (o.expect_size >= 0 || o.placed != nullptr) {
+    // After futimens: the mtime as the file system keeps it (its
+    // granularity), which the node cache compares later.
+    struct stat st;
+    if (::fstat(fd_.get(), &st) != 0) return StatusFromErrno(errno, "stat " + what);
+    if (o.expect_size >= 0 && st.st_size != o.expect_size)
+      return Status(DYAD_RC_STALE, std::to_string(st.st_size) + " bytes arrived, " +
+                                       std::to_string(o.expect_size) +
+                                       " were expected; nothing was placed");
+    // Created 0644 (under the umask): usually the producer's mode already.
+    chmod_needed = (st.st_mode & 07777) != mode;
+    st.st_mode = (st.st_mode & ~static_cast<mode_t>(07777)) | mode;
+    if (o.placed != nullptr) *o.placed = st;
+  }
+  if (chmod_needed && ::fchmod(fd_.get(), mode) != 0)
+    return StatusFromErrno(errno, "chmod " + what);
+  if (o.fsync_data && ::fsync(fd_.get()) != 0) return StatusFromErrno(errno, "fsync " + what);
+  if (temp_name_.empty()) {
+    DYAD_RETURN_IF_ERROR(LinkUnnamed());
+  } else if (::renameat(dir_.get(), temp_name_.c_str(), dir_.get(), leaf_.c_str()) != 0) {
+    // renameat replaces whatever has the final name (even a symlink)
+    // without following it.
     return StatusFromErrno(errno, "rename into '" + leaf_ + "'");
+  }
   committed_ = true;
   fd_.reset();
   dir_.reset();

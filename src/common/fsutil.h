@@ -5,10 +5,11 @@
 //    ValidateUpath: non-empty, not absolute, no "..", no NUL;
 //  * files are opened beneath a managed directory with openat2
 //    RESOLVE_BENEATH, so symlinks cannot escape it;
-//  * received files are written to a hidden temporary name in the target
-//    directory and renamed into place only when complete (AtomicFile), so
-//    a reader never sees a partial file and a crash leaves only a temporary
-//    that the next service start removes.
+//  * received files are written to a file without a name (O_TMPFILE) in
+//    the target directory, or where the file system has none to a hidden
+//    temporary name, and get their name only when complete (AtomicFile), so
+//    a reader never sees a partial file and a crash leaves nothing (or a
+//    named temporary that the next service start removes).
 #pragma once
 
 #include <sys/stat.h>
@@ -55,33 +56,67 @@ Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& u
 // OpenParentBeneath.
 Status MakeParentDirs(const std::string& root, const std::string& upath);
 
-// A file being received: created under a temporary name beside the final
-// path, renamed into place by Commit, removed on destruction otherwise. The
-// directories come from OpenParentBeneath and every later step works on the
-// directory's descriptor, so no symlink can redirect the file elsewhere.
+// A file being received, placed atomically: Create opens it without a name
+// (O_TMPFILE) in the destination's directory, Commit stamps it (mode,
+// version as mtime, optionally an extended attribute) and links it under
+// its final name when that is free, or links it under a temporary name and
+// renames that over the old file (a new version replacing a copy); the
+// destructor drops it otherwise (an unnamed file leaves nothing behind,
+// even after a crash). Where the file system has no O_TMPFILE (EOPNOTSUPP,
+// EISDIR, EINVAL), or the process cannot link one, the file is created
+// under a hidden temporary name (kPartPrefix) beside the final path and
+// renamed into place. The directory comes from OpenParentBeneath and every
+// later step works on its descriptor, so no symlink can redirect the file
+// elsewhere. Temporary names are the process's random prefix (read once)
+// and a counter: never reused within the process, and created with O_EXCL,
+// so a name planted by someone else is skipped, never followed.
 class AtomicFile {
  public:
+  // What Commit does besides linking.
+  struct CommitOptions {
+    uint64_t version_ns = 0;  // the file's mtime (0: left as written)
+    bool fsync_data = false;
+    mode_t mode = 0644;  // permission bits only (never set-id or sticky bits)
+    // Best effort: an extended attribute (ignored where unsupported).
+    const char* xattr_name = nullptr;
+    std::string xattr_value;
+    // When >= 0: the file must have exactly this size, else nothing is
+    // placed (DYAD_RC_STALE).
+    int64_t expect_size = -1;
+    // When set: the placed file's fstat (after stamping).
+    struct stat* placed = nullptr;
+  };
+
   AtomicFile() = default;
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   ~AtomicFile();
 
-  // Creates the temporary for `root`/`upath` (creating parent directories).
+  // Creates the file for `root`/`upath` (creating parent directories).
   Status Create(const std::string& root, const std::string& upath);
   int fd() const { return fd_.get(); }
+  // True when the file being written has no name (O_TMPFILE).
+  bool unnamed() const { return fd_.valid() && temp_name_.empty(); }
   // Gives the file `mode`'s permission bits (the producer's), sets the
   // modification time to `version_ns` (the producer's mtime, so a later
   // check can tell whether the local copy is current), optionally fsyncs,
-  // and renames over the final path.
+  // and puts it at the final path.
   Status Commit(uint64_t version_ns, bool fsync_data, mode_t mode = 0644);
-  // Removes the temporary now.
+  Status Commit(const CommitOptions& options);
+  // Drops the file now.
   void Abort();
+  // Tests: every later Create in this process uses a named temporary, as
+  // on a file system without O_TMPFILE (false: back to unnamed files).
+  static void ForceNamedTemporaries(bool on);
 
  private:
+  Status CreateNamed(const std::string& what);
+  Status LinkUnnamed();
+
   UniqueFd dir_;
   UniqueFd fd_;
   std::string leaf_;
-  std::string temp_name_;
+  std::string temp_name_;  // "" for an unnamed file
   bool committed_ = false;
 };
 

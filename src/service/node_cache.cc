@@ -74,10 +74,18 @@ void NodeCache::RefreshWaitingLocked() {
 void NodeCache::NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
                             bool consumed) {
   struct stat st;
-  const bool present = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    // Already gone (removed by someone): nothing to index.
+    Forget(path);
+    return;
+  }
+  NoteFetched(ns, path, rec, consumed, st);
+}
+
+void NodeCache::NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
+                            bool consumed, const struct stat& st) {
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = by_path_.find(path); it != by_path_.end()) DropLocked(it);
-  if (!present) return;  // already gone (removed by someone): nothing to index
   Entry e;
   e.ns_upath = FileKey(ns, rec.upath);
   e.id = IdOf(rec);

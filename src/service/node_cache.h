@@ -1,7 +1,7 @@
 // node_cache.h: the index of the copies this service placed in consumer
 // directories (fetched copies), their versions, and the node's byte budget.
 //
-// Every copy Placement renames into a consumer directory is recorded here
+// Every copy Placement puts into a consumer directory is recorded here
 // with the identity of the record it is a copy of (CopyId) and the time it
 // was last consumed. The index answers "is this copy the current version?"
 // (a version is the owner's: its rank, incarnation and publication counter,
@@ -40,7 +40,7 @@
 //  * call Admit(size) before starting a prefetch; on false, do not start it
 //    now (the budget has no room for more unconsumed copies) and try again
 //    after a later NoteHit/NoteFetched frees room;
-//  * after a prefetched copy is renamed into place, call
+//  * after a prefetched copy is placed, call
 //    NoteFetched(ns, path, record, /*consumed=*/false); such a copy counts
 //    as "waiting" until a consume hits it (NoteHit) or, since most consumes
 //    of a prefetched file are level-1 ones the service never sees, until
@@ -54,6 +54,8 @@
 // Thread-safe; no method blocks on anything but the index's own mutex and
 // the file system calls of eviction.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <list>
@@ -102,11 +104,15 @@ class NodeCache {
   // (always with no budget). Does not reserve anything.
   bool Admit(uint64_t bytes);
 
-  // A copy of `rec` was renamed into place at `path` (absolute). Replaces
+  // A copy of `rec` was placed at `path` (absolute). Replaces
   // what the index held for `path`, then evicts down to the budget.
   // `consumed`: a consumer asked for it (false: prefetched ahead).
   void NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
                    bool consumed = true);
+  // The same with the placed file's fstat, taken by the placement after
+  // stamping it (AtomicFile::CommitOptions::placed): no stat of the path.
+  void NoteFetched(const std::string& ns, const std::string& path, const FileRecord& rec,
+                   bool consumed, const struct stat& placed);
 
   // A consume found the copy at `path` current: it becomes the most
   // recently consumed (counted in node_cache.hits), then evicts to budget.

@@ -213,6 +213,19 @@ Task<Result<ConsumeReply>> Placement::Transfer(PlacementRequest req, Route route
   co_return co_await rt_->Offload([this, &m] { return Complete(m); });
 }
 
+bool Placement::TakeRoom(const PlacementRequest& req, const std::string& dir, FsRoom* room) {
+  struct statvfs vfs;
+  ++fs_checks_;
+  if (::statvfs(dir.c_str(), &vfs) != 0 && ::statvfs(req.cons_root.c_str(), &vfs) != 0)
+    return false;
+  const uint64_t unit = vfs.f_frsize != 0 ? vfs.f_frsize : vfs.f_bsize;
+  room->free_bytes = static_cast<uint64_t>(vfs.f_bavail) * unit;
+  room->total_bytes = static_cast<uint64_t>(vfs.f_blocks) * unit;
+  room->taken_ns = MonoNs();
+  room->released_at = released_;
+  return true;
+}
+
 Status Placement::Room(const PlacementRequest& req, std::shared_ptr<void>* hold) {
   const FileRecord& rec = req.record;
   const uint64_t budget = cache_ != nullptr ? cache_->budget() : 0;
@@ -223,17 +236,38 @@ Status Placement::Room(const PlacementRequest& req, std::shared_ptr<void>* hold)
                       " bytes (dyad-service --cache-bytes / DYAD_CACHE_BYTES): a copy of it "
                       "cannot be kept here; raise the budget");
   // The file's own directory when it exists (it may be another mount).
-  struct statvfs vfs;
   const std::string dest = req.cons_root + "/" + rec.upath;
   const std::string parent = dest.substr(0, dest.rfind('/'));
   // Transfers admitted but not placed yet hold their size (checked and
   // reserved together: concurrent prefetches cannot all pass one check).
   std::lock_guard<std::mutex> lk(room_mu_);
-  if (::statvfs(parent.c_str(), &vfs) != 0 && ::statvfs(req.cons_root.c_str(), &vfs) != 0)
-    return Status::OK();  // AtomicFile::Create reports what is wrong
-  const uint64_t unit = vfs.f_frsize != 0 ? vfs.f_frsize : vfs.f_bsize;
-  const uint64_t free_now = static_cast<uint64_t>(vfs.f_bavail) * unit;
-  const uint64_t avail = free_now > reserved_ ? free_now - reserved_ : 0;
+  if (rooms_.size() >= 1024) rooms_.clear();  // bounded: directories come and go
+  auto it = rooms_.find(parent);
+  bool fresh = false;
+  if (it == rooms_.end() || MonoNs() - it->second.taken_ns > kRoomRefreshMs * 1000000ull ||
+      released_ - it->second.released_at > kRoomRefreshBytes) {
+    FsRoom taken;
+    if (!TakeRoom(req, parent, &taken)) return Status::OK();  // AtomicFile::Create reports it
+    it = rooms_.insert_or_assign(parent, taken).first;
+    fresh = true;
+  }
+  uint64_t avail = 0, floor = 0;
+  for (;;) {
+    const FsRoom& r = it->second;
+    // What was placed since the statvfs is not in its figure: count every
+    // byte released since as written.
+    const uint64_t since = released_ - r.released_at;
+    const uint64_t free_now = r.free_bytes > since ? r.free_bytes - since : 0;
+    avail = free_now > reserved_ ? free_now - reserved_ : 0;
+    floor = req.prefetched ? std::max(cfg_.prefetch_min_free_bytes,
+                                      r.total_bytes / 100 * cfg_.prefetch_min_free_pct)
+                           : 0;
+    const bool short_of_room = rec.size > avail || (req.prefetched && avail - rec.size < floor);
+    if (!short_of_room || fresh) break;
+    // Refused only on a figure taken now.
+    if (!TakeRoom(req, parent, &it->second)) return Status::OK();
+    fresh = true;
+  }
   if (rec.size > avail)
     return Status(DYAD_RC_NOSPACE, "'" + rec.upath + "' is " + std::to_string(rec.size) +
                                        " bytes but the consumer directory '" + req.cons_root +
@@ -242,22 +276,18 @@ Status Placement::Room(const PlacementRequest& req, std::shared_ptr<void>* hold)
                                                          "write)"
                                                        : "") +
                                        "; nothing was transferred");
-  if (req.prefetched) {
-    const uint64_t total = static_cast<uint64_t>(vfs.f_blocks) * unit;
-    const uint64_t floor =
-        std::max(cfg_.prefetch_min_free_bytes, total / 100 * cfg_.prefetch_min_free_pct);
-    if (avail - rec.size < floor)
-      return Status(DYAD_RC_NOSPACE,
-                    "prefetch of '" + rec.upath + "' (" + std::to_string(rec.size) +
-                        " bytes) would leave less than the free-space floor of " +
-                        std::to_string(floor) + " bytes in '" + req.cons_root +
-                        "' (dyad-service --prefetch-min-free); it is fetched when consumed");
-  }
+  if (req.prefetched && avail - rec.size < floor)
+    return Status(DYAD_RC_NOSPACE,
+                  "prefetch of '" + rec.upath + "' (" + std::to_string(rec.size) +
+                      " bytes) would leave less than the free-space floor of " +
+                      std::to_string(floor) + " bytes in '" + req.cons_root +
+                      "' (dyad-service --prefetch-min-free); it is fetched when consumed");
   reserved_ += rec.size;
   const uint64_t size = rec.size;
   *hold = std::shared_ptr<void>(nullptr, [this, size](void*) {
     std::lock_guard<std::mutex> g(room_mu_);
     reserved_ -= size;
+    released_ += size;
   });
   return Status::OK();
 }
@@ -317,28 +347,34 @@ Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
                                        Transport* transport, AtomicFile& out,
                                        const FetchOutcome& outcome, uint64_t t0) {
   const FileRecord& rec = req.record;
+  FileRecord placed = rec;
+  placed.version = outcome.version;
+  placed.size = outcome.bytes;
+  AtomicFile::CommitOptions commit;
+  commit.version_ns = outcome.version;
+  commit.mode = outcome.mode;
+  // The copy's version for clients that know the record
+  // (dyad_consume_w_metadata): best effort, without user attributes they
+  // ask the service instead.
+  commit.xattr_name = kVersionXattr;
+  commit.xattr_value = VersionStamp(placed);
   // Checked again on arrival, whatever the transport: the bytes that
   // landed are as many as the record announced (a file of this node's
   // producer is copied as it is now).
   if (route != Route::kOwnFile) {
-    struct stat st;
-    if (::fstat(out.fd(), &st) != 0)
-      return StatusFromErrno(errno, "stat the copy of '" + rec.upath + "'");
-    if (outcome.bytes != rec.size || static_cast<uint64_t>(st.st_size) != rec.size)
-      return Status(DYAD_RC_STALE, "'" + rec.upath + "': " + std::to_string(st.st_size) +
+    if (outcome.bytes != rec.size)
+      return Status(DYAD_RC_STALE, "'" + rec.upath + "': " + std::to_string(outcome.bytes) +
                                        " bytes arrived, its record says " +
                                        std::to_string(rec.size) + "; nothing was placed");
+    commit.expect_size = static_cast<int64_t>(rec.size);
   }
-  FileRecord placed = rec;
-  placed.version = outcome.version;
-  placed.size = outcome.bytes;
-  // Best effort: without user attributes, clients ask the service instead.
-  const std::string stamp = VersionStamp(placed);
-  (void)::fsetxattr(out.fd(), kVersionXattr, stamp.data(), stamp.size(), 0);
-  DYAD_RETURN_IF_ERROR(out.Commit(outcome.version, false, outcome.mode));
+  struct stat st;
+  commit.placed = &st;
+  Status committed = out.Commit(commit);
+  if (!committed.ok()) return committed.Annotate("place '" + rec.upath + "'");
   if (cache_ != nullptr)
     cache_->NoteFetched(req.ns, req.cons_root + "/" + rec.upath, placed,
-                        /*consumed=*/!req.prefetched);
+                        /*consumed=*/!req.prefetched, st);
   stats_->Add(ServiceStats::kTransfersIn);
   stats_->Add(ServiceStats::kBytesIn, outcome.bytes);
   ConsumeReply reply;

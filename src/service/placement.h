@@ -10,9 +10,10 @@
 //   kRemote   another node owns it: the requested or default transport.
 // Every copy is de-duplicated (one transfer per destination file on this
 // node; concurrent requests wait for it and share its result) and atomic
-// (bytes land in a temporary beside the destination, renamed into place
-// when complete and stamped with the owner's version, so a later request
-// can tell a current copy without asking anyone). Copies are indexed in the
+// (bytes land in a file without a name in the destination's directory,
+// AtomicFile, which is stamped with the owner's version and linked into
+// place when complete, so a later request can tell a current copy without
+// asking anyone). Copies are indexed in the
 // NodeCache, which says whether a copy is the record's version (a copy of
 // the current version costs no transfer; another version is replaced by
 // the atomic rename) and keeps them within the node's byte budget.
@@ -101,6 +102,13 @@ class Placement {
                                                      size_t parallelism = 1);
   // Largest file PlaceBatch sends inline in a batch.
   static constexpr uint64_t kBatchInline = 256u << 10;
+
+  // How many times Room asked the file system for its free space (statvfs;
+  // tests: it is cached, see FsRoom).
+  uint64_t fs_checks() const {
+    std::lock_guard<std::mutex> lk(room_mu_);
+    return fs_checks_;
+  }
 
  private:
   enum class Route { kInPlace, kOwnFile, kSameNode, kRemote };
@@ -197,8 +205,26 @@ class Placement {
   Runtime* rt_ = nullptr;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<InFlight>> inflight_;
-  std::mutex room_mu_;
-  uint64_t reserved_ = 0;  // bytes of transfers admitted by Room and not placed yet
+  // What Room knows of a directory's file system: a statvfs, reused while
+  // younger than kRoomRefreshMs and until kRoomRefreshBytes more bytes were
+  // released since (the bytes released are counted as written: the check
+  // errs on the side of less room, never more), and taken again before
+  // Room refuses anything.
+  struct FsRoom {
+    uint64_t free_bytes = 0;   // f_bavail, when taken
+    uint64_t total_bytes = 0;  // f_blocks, when taken
+    uint64_t taken_ns = 0;     // MonoNs
+    uint64_t released_at = 0;  // released_ when taken
+  };
+  static constexpr uint64_t kRoomRefreshMs = 200;
+  static constexpr uint64_t kRoomRefreshBytes = 64u << 20;
+  bool TakeRoom(const PlacementRequest& req, const std::string& dir, FsRoom* room);
+
+  mutable std::mutex room_mu_;
+  uint64_t fs_checks_ = 0;               // statvfs calls (under room_mu_)
+  uint64_t reserved_ = 0;                // bytes of transfers admitted by Room and not placed yet
+  uint64_t released_ = 0;                // bytes of reservations released, ever (under room_mu_)
+  std::map<std::string, FsRoom> rooms_;  // by directory (under room_mu_)
 };
 
 // True if `path` exists as a regular file with exactly this size and version.

@@ -71,11 +71,12 @@ size_t TransferRegistry::size() const {
 }
 
 TransferRegistry::Probe SinkProgress(int sink_fd) {
-  auto fd = std::make_shared<UniqueFd>(::fcntl(sink_fd, F_DUPFD_CLOEXEC, 0));
-  if (!fd->valid()) return nullptr;
-  return [fd]() -> uint64_t {
+  if (sink_fd < 0) return nullptr;
+  // No duplicate of the descriptor (a fcntl and a close per transfer): the
+  // entry holding this probe is removed before the sink closes (header).
+  return [sink_fd]() -> uint64_t {
     struct stat st;
-    if (::fstat(fd->get(), &st) != 0) return TransferInfo::kUnknownBytes;
+    if (::fstat(sink_fd, &st) != 0) return TransferInfo::kUnknownBytes;
     return static_cast<uint64_t>(st.st_size);
   };
 }

@@ -69,7 +69,8 @@ struct TransferRegistry::Entry::Item {
 };
 
 // Progress of a receiver writing `sink_fd` from offset 0: its current size.
-// The probe keeps its own duplicate of the descriptor.
+// The probe uses the descriptor itself: its entry must go before the sink
+// closes (as every entry's, above).
 TransferRegistry::Probe SinkProgress(int sink_fd);
 // Progress of a sender streaming on the TCP socket `fd`: bytes acknowledged
 // by the peer since now (TCP_INFO), capped at `total`.

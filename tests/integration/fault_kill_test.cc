@@ -55,7 +55,8 @@ class KillTest : public TwoNodeTest {
     t->files = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
     t->consumer =
         StartWorker(kRequester, "consume", t->files, {}, {{"DYAD_CONSUME_TIMEOUT", "30"}});
-    ASSERT_TRUE(WaitForPartialTransfer(t->consumer, dmd(kRequester), 20000))
+    ASSERT_TRUE(WaitForPartialTransfer(t->consumer, dmd(kRequester), 20000,
+                                       cluster().ServicePid(kRequester)))
         << "the transfer never started\n"
         << Output(t->files);
   }

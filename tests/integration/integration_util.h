@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -121,16 +122,50 @@ inline void MakeSparse(const std::string& path, uint64_t size) {
   ASSERT_EQ(::pwrite(fd.get(), &tail, 1, static_cast<off_t>(size - 1)), 1);
 }
 
-// Waits until a temporary of a transfer in progress holds data below `dir`.
-// False if `consumer` exits first or nothing shows up in time.
+// True when process `pid` writes a file without a name (O_TMPFILE: its
+// descriptor's link reads "<dir>/#<inode> (deleted)") below `dir` that
+// holds data already: a placement in progress.
+inline bool WritesUnnamedFileBelow(pid_t pid, const std::string& dir) {
+  if (pid <= 0) return false;
+  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* d = ::opendir(fds.c_str());
+  if (d == nullptr) return false;
+  char real[PATH_MAX];
+  const std::string root = ::realpath(dir.c_str(), real) != nullptr ? real : dir;
+  bool found = false;
+  while (dirent* e = ::readdir(d)) {
+    const std::string fd = fds + "/" + e->d_name;
+    char target[PATH_MAX];
+    const ssize_t n = ::readlink(fd.c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    const std::string t(target, static_cast<size_t>(n));
+    const std::string deleted = " (deleted)";
+    if (t.rfind(root + "/", 0) != 0 || t.size() < deleted.size() ||
+        t.compare(t.size() - deleted.size(), deleted.size(), deleted) != 0)
+      continue;
+    struct stat st;
+    if (::stat(fd.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+// Waits until a transfer in progress holds data below `dir`: a named
+// temporary, or a file without a name written by `service` (its pid; 0:
+// named temporaries only). False if `consumer` exits first or nothing
+// shows up in time.
 inline bool WaitForPartialTransfer(emu::Process& consumer, const std::string& dir,
-                                   int64_t timeout_ms) {
+                                   int64_t timeout_ms, pid_t service = 0) {
   const Deadline deadline = Deadline::AfterMs(timeout_ms);
   while (!deadline.expired()) {
     for (const auto& rel : PartFiles(dir)) {
       struct stat st;
       if (::stat((dir + "/" + rel).c_str(), &st) == 0 && st.st_size > 0) return true;
     }
+    if (WritesUnnamedFileBelow(service, dir)) return true;
     if (consumer.Exited()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -282,7 +317,7 @@ class TwoNodeTest : public ::testing::Test {
     Produce({{name, static_cast<int64_t>(size)}}, {"--no-write"});
     t.files = NewWorkerFiles({{name, static_cast<int64_t>(size)}});
     t.consumer = StartWorker(kB, "consume", t.files, {"--no-verify"});
-    if (WaitForPartialTransfer(t.consumer, dmd(kB), 30000))
+    if (WaitForPartialTransfer(t.consumer, dmd(kB), 30000, cluster().ServicePid(kB)))
       t.state = TransferState::kInProgress;
     else if (!t.limited && t.consumer.Exited())
       t.state = TransferState::kTooFast;

@@ -1,5 +1,6 @@
 // service_transfers_test.cc: the registry of transfers in flight and its
 // progress probes (a sink file's size, bytes a TCP peer acknowledged).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -45,8 +46,27 @@ TEST(TransferRegistryTest, SinkProgressFollowsTheFileItWatches) {
   std::string data(12345, 'x');
   ASSERT_TRUE(WriteFully(fd.get(), data.data(), data.size()).ok());
   EXPECT_EQ(probe(), 12345u);
-  fd.reset();  // the probe keeps its own descriptor
-  EXPECT_EQ(probe(), 12345u);
+}
+
+// Issue 28, placement at the file system's minimum: the progress probe of a
+// placement costs no system call until `dyad status` asks (it used to
+// duplicate the sink's descriptor: a fcntl and a close per file placed).
+TEST(TransferRegistryTest, SinkProgressKeepsNoDescriptorOfItsOwn) {
+  char path[] = "/tmp/dyad-transfers-XXXXXX";
+  UniqueFd fd(::mkstemp(path));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(path);
+  const int before = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+  ASSERT_GE(before, 0);
+  ::close(before);
+  TransferRegistry::Probe probe = SinkProgress(fd.get());
+  ASSERT_TRUE(probe);
+  // The lowest free descriptor is the same: the probe opened none.
+  const int after = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+  EXPECT_EQ(after, before);
+  ::close(after);
+  fd.reset();
+  EXPECT_EQ(probe(), TransferInfo::kUnknownBytes);
 }
 
 TEST(TransferRegistryTest, SessionProgressCountsAcknowledgedBytes) {

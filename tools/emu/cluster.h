@@ -174,7 +174,8 @@ class EmuCluster {
   ClusterOptions options_;
   std::vector<Node> nodes_;
   bool netns_ = false;
-  std::string base_;
+  std::string root_;  // <tmp_parent>/dyademu-XXXXXX: owner.pid, removed at teardown
+  std::string base_;  // root_/c-XXXXXX: the nodes' directories (cluster.cc: SpreadBelow)
   std::string shared_;
   std::string secret_;
   std::string secret_file_;
