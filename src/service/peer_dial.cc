@@ -119,6 +119,7 @@ Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t r
       flight = peers.JoinDial(rank, dial_by, &lead);
       if (flight && !lead) {
         const Status st = co_await AwaitFlight(peers, rank, rec->address, *flight, deadline, waits);
+        if (waits.stopped()) co_return waits.Stopped();  // (no new dial for a caller gone)
         if (st.ok()) alone = true;  // the owner answers: take the pooled session or dial one
         if (st.ok() || st.code() == DYAD_RC_CANCELLED) continue;
         co_return st;
