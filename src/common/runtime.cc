@@ -55,12 +55,57 @@ struct ChannelWait {
   }
 };
 
+// What every operation on the loop shares: it ends once, at the first of
+// its own completion, its deadline and its Stop; ending cancels the timer
+// and forgets the Stop (the operation cancels its own parts). Loop only.
+class BoundedOp {
+ protected:
+  explicit BoundedOp(asio::any_io_executor ex) : timer_(ex) {}
+
+  // Arms the Stop and the deadline, which end `self` with kStopped and
+  // kTimeout (self->Finish(r)). False when the Stop had fired already:
+  // `self` has ended, the caller starts nothing.
+  template <typename Op>
+  bool Arm(const std::shared_ptr<Op>& self, Deadline deadline, Stop* stop) {
+    if (stop != nullptr) {
+      stop_ = stop;
+      stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped); });
+      if (stop_ticket_ == 0) {
+        self->Finish(Ready::kStopped);
+        return false;
+      }
+    }
+    if (!deadline.never()) {
+      timer_.expires_at(Expiry(deadline));
+      timer_.async_wait([self](std::error_code ec) {
+        if (!ec) self->Finish(Ready::kTimeout);
+      });
+    }
+    return true;
+  }
+  // True the first time only: the caller then cancels its parts and
+  // reports the outcome.
+  bool Settle() {
+    if (finished_) return false;
+    finished_ = true;
+    timer_.cancel();
+    if (stop_ != nullptr && stop_ticket_ != 0) stop_->Forget(stop_ticket_);
+    return true;
+  }
+
+ private:
+  asio::steady_timer timer_;
+  Stop* stop_ = nullptr;
+  uint64_t stop_ticket_ = 0;
+  bool finished_ = false;
+};
+
 // One wait: whichever of its sources ends it first (a descriptor ready, the
 // deadline, its Stop, a kick), the others are cancelled one by one (never
-// another wait's operation on the same descriptor). Loop only.
-class WaitOp : public std::enable_shared_from_this<WaitOp> {
+// another wait's operation on the same descriptor).
+class WaitOp : public BoundedOp, public std::enable_shared_from_this<WaitOp> {
  public:
-  explicit WaitOp(asio::any_io_executor ex) : timer_(ex) {}
+  explicit WaitOp(asio::any_io_executor ex) : BoundedOp(ex) {}
 
   template <typename Handler>
   void Start(Handler handler, asio::posix::stream_descriptor* a, short events_a,
@@ -69,11 +114,7 @@ class WaitOp : public std::enable_shared_from_this<WaitOp> {
     auto h = std::make_shared<Handler>(std::move(handler));
     done_ = [h](Ready r) { (*h)(r); };
     auto self = shared_from_this();
-    if (stop != nullptr) {
-      stop_ = stop;
-      stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped); });
-      if (stop_ticket_ == 0) return Finish(Ready::kStopped);
-    }
+    if (!Arm(self, deadline, stop)) return;
     if (kick != nullptr) {
       kick_ = kick;
       *kick = [self] { self->Finish(Ready::kReady); };
@@ -88,43 +129,30 @@ class WaitOp : public std::enable_shared_from_this<WaitOp> {
                     asio::bind_cancellation_slot(sig_b_.slot(), [self](std::error_code ec) {
                       if (!ec) self->Finish(Ready::kReady);
                     }));
-    if (!deadline.never()) {
-      timer_.expires_at(Expiry(deadline));
-      timer_.async_wait([self](std::error_code ec) {
-        if (!ec) self->Finish(Ready::kTimeout);
-      });
-    }
   }
 
- private:
   void Finish(Ready r) {
-    if (finished_) return;
-    finished_ = true;
+    if (!Settle()) return;
     sig_a_.emit(asio::cancellation_type::all);
     sig_b_.emit(asio::cancellation_type::all);
-    timer_.cancel();
-    if (stop_ != nullptr && stop_ticket_ != 0) stop_->Forget(stop_ticket_);
     if (kick_ != nullptr) *kick_ = nullptr;
     std::function<void(Ready)> done = std::move(done_);
     done(r);
   }
 
-  asio::steady_timer timer_;
+ private:
   asio::cancellation_signal sig_a_, sig_b_;
-  Stop* stop_ = nullptr;
-  uint64_t stop_ticket_ = 0;
   std::function<void()>* kick_ = nullptr;
   std::function<void(Ready)> done_;
-  bool finished_ = false;
 };
 
 // One read of a channel's socket into a buffer of its own (so a read that
 // completes after its wait ended, by deadline or Stop, writes nowhere it
-// should not), bounded by a deadline and a Stop like WaitOp. Loop only.
-class ReadOp : public std::enable_shared_from_this<ReadOp> {
+// should not), bounded like a WaitOp.
+class ReadOp : public BoundedOp, public std::enable_shared_from_this<ReadOp> {
  public:
   static constexpr size_t kMaxRead = 16u << 10;
-  explicit ReadOp(asio::any_io_executor ex) : timer_(ex) {}
+  explicit ReadOp(asio::any_io_executor ex) : BoundedOp(ex) {}
 
   struct Outcome {
     Ready ready = Ready::kReady;
@@ -138,11 +166,7 @@ class ReadOp : public std::enable_shared_from_this<ReadOp> {
     auto h = std::make_shared<Handler>(std::move(handler));
     done_ = [h](Outcome o) { (*h)(std::move(o)); };
     auto self = shared_from_this();
-    if (stop != nullptr) {
-      stop_ = stop;
-      stop_ticket_ = stop->OnFire([self] { self->Finish(Ready::kStopped, {}, 0); });
-      if (stop_ticket_ == 0) return Finish(Ready::kStopped, {}, 0);
-    }
+    if (!Arm(self, deadline, stop)) return;
     len_ = std::min(std::max<size_t>(max, 1), kMaxRead);
     buf_.reset(new char[len_]);  // not zeroed: a read fills what is used
     // A read, not a wait: asio tries it at once when the descriptor may
@@ -152,21 +176,11 @@ class ReadOp : public std::enable_shared_from_this<ReadOp> {
         asio::bind_cancellation_slot(sig_.slot(), [self](std::error_code ec, size_t n) {
           if (ec != asio::error::operation_aborted) self->Finish(Ready::kReady, ec, n);
         }));
-    if (!deadline.never()) {
-      timer_.expires_at(Expiry(deadline));
-      timer_.async_wait([self](std::error_code ec) {
-        if (!ec) self->Finish(Ready::kTimeout, {}, 0);
-      });
-    }
   }
 
- private:
-  void Finish(Ready r, std::error_code ec, size_t n) {
-    if (finished_) return;
-    finished_ = true;
+  void Finish(Ready r, std::error_code ec = {}, size_t n = 0) {
+    if (!Settle()) return;
     sig_.emit(asio::cancellation_type::all);
-    timer_.cancel();
-    if (stop_ != nullptr && stop_ticket_ != 0) stop_->Forget(stop_ticket_);
     Outcome o;
     o.ready = r;
     o.ec = ec;
@@ -175,14 +189,11 @@ class ReadOp : public std::enable_shared_from_this<ReadOp> {
     done(std::move(o));
   }
 
-  asio::steady_timer timer_;
+ private:
   asio::cancellation_signal sig_;
   std::unique_ptr<char[]> buf_;
   size_t len_ = 0;
-  Stop* stop_ = nullptr;
-  uint64_t stop_ticket_ = 0;
   std::function<void(Outcome)> done_;
-  bool finished_ = false;
 };
 
 Task<Ready> WaitOn(asio::posix::stream_descriptor* a, short events_a,
