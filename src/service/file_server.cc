@@ -141,9 +141,7 @@ Task<void> FileServer::Send(RequestContext& ctx, std::shared_ptr<Response> r) {
                       ctx.peer != nullptr ? ("peer rank " + std::to_string(ctx.peer->rank)).c_str()
                                           : "requester");
       }
-      ctx.ch.MarkBroken();
-      ::shutdown(ctx.ch.fd(), SHUT_RDWR);
-      co_return r->done(ctx, idle);
+      co_return r->done(ctx, BreakSession(ctx.ch, idle));
     }
   }
 }

@@ -1,7 +1,5 @@
 #include "service/peer_rpc.h"
 
-#include <sys/socket.h>
-
 #include "service/peer_dial.h"
 
 namespace dyad {
@@ -20,12 +18,11 @@ Task<Status> AwaitReply(Channel& session, Deadline deadline, PeerWaits& waits,
     }
     const Ready w = co_await waits.Readable(session, deadline);
     // A late answer would put the session out of step: it is not reused.
-    if (w != Ready::kReady) session.MarkBroken();
-    if (w == Ready::kTimeout) co_return Status(DYAD_RC_TIMEOUT, timeout_what);
-    if (w == Ready::kStopped) {
-      (void)::shutdown(session.fd(), SHUT_RDWR);  // the peer stops at once
-      co_return waits.Stopped();
+    if (w == Ready::kTimeout) {
+      session.MarkBroken();
+      co_return Status(DYAD_RC_TIMEOUT, timeout_what);
     }
+    if (w == Ready::kStopped) co_return BreakSession(session, waits.Stopped());  // stops the peer
   }
 }
 
@@ -48,10 +45,7 @@ Task<Result<std::string>> PeerRpc(PeerDirectory& peers, uint32_t rank, MsgType t
                              &body, &replied);
   // A reply (even one saying no) leaves the session ready for the next
   // request; anything else leaves it in the middle of an exchange.
-  if (!replied) {
-    ch.MarkBroken();
-    (void)::shutdown(ch.fd(), SHUT_RDWR);
-  }
+  if (!replied) BreakSession(ch, st);
   peers.Release(rank, std::move(*session));
   if (!st.ok()) co_return st;
   co_return body;
