@@ -3,9 +3,12 @@
 //
 // Two emulated nodes; the producer (a `dyad demo` worker on node A) writes
 // and publishes --count files of --size bytes; the consumer is this
-// process, a client of node B's service through the C API, reading into a
-// consumer directory of its own (so its level-1 shortcut applies: a file
-// present there is complete).
+// process, a client of node B's service through the C API. --layout picks
+// where it reads: `private`, a consumer directory of its own (every file
+// present there is complete: level 1), or `shared`, node B's one managed
+// directory, also its producer directory, as the README and
+// docs/deployment.md set nodes up (a copy is recognised as complete by its
+// version stamp).
 //   after      the consumer declares the prefetch (dyad_prefetch), the
 //              producer publishes every file, then the consumer reads every
 //              file in order (dyad_consume + open/read/close): files/s,
@@ -48,6 +51,7 @@ struct Args {
   uint64_t count = 5000;
   uint64_t size = 4096;
   std::string phases = "after,backlog,streaming";
+  std::string layout = "private";
   ClusterArgs cl;
   bool Has(const char* p) const { return phases.find(p) != std::string::npos; }
 };
@@ -55,9 +59,12 @@ struct Args {
 void Usage() {
   std::printf(
       "usage: dyad-prefetch [--count N] [--size BYTES] [--phases after,backlog,streaming]\n"
-      "                     [--mode MODE] [--loopback] [--tmp DIR] [--json]\n"
+      "                     [--layout private|shared] [--mode MODE] [--loopback] [--tmp DIR]\n"
+      "                     [--json]\n"
       "Small files consumed with prefetch declared, against a plain read of the same files\n"
-      "from tmpfs and against the producer's own publish rate (default 5000 files of 4096 B).\n");
+      "from tmpfs and against the producer's own publish rate (default 5000 files of 4096 B).\n"
+      "--layout: the consumer reads from a directory of its own (private, the default) or\n"
+      "from the node's one managed directory, which is also its producer directory (shared).\n");
 }
 
 std::vector<emu::ManifestEntry> Files(const std::string& dir, uint64_t count, uint64_t size) {
@@ -268,13 +275,17 @@ int Drive(const Args& a) {
   auto cluster = StartBenchCluster("dyad-prefetch", 2, a.cl);
   if (!cluster) return 1;
   emu::EmuCluster& c = *cluster;
-  // A consumer directory of its own on node B (not B's producer directory),
-  // so a file present there is complete: the level-1 shortcut.
-  const std::string cons = c.node(1).dir + "/consumer";
+  // private: a consumer directory of its own on node B (not B's producer
+  // directory); shared: B's managed directory, as the node's environment
+  // sets it (producer = consumer directory).
+  const bool shared = a.layout == "shared";
+  const std::string cons = shared ? c.node(1).dmd : c.node(1).dir + "/consumer";
   ::mkdir(cons.c_str(), 0755);
   for (const auto& [k, v] : c.node(1).env) ::setenv(k.c_str(), v.c_str(), 1);
-  ::unsetenv("DYAD_PATH_PRODUCER");
-  ::setenv("DYAD_PATH_CONSUMER", cons.c_str(), 1);
+  if (!shared) {
+    ::unsetenv("DYAD_PATH_PRODUCER");
+    ::setenv("DYAD_PATH_CONSUMER", cons.c_str(), 1);
+  }
   if (dyad_init_env(DYAD_COMM_RECV, nullptr) != DYAD_RC_OK) {
     std::fprintf(stderr, "dyad_init_env: %s\n", dyad_last_error());
     return 1;
@@ -289,7 +300,8 @@ int Drive(const Args& a) {
   const double r_backlog = f.backlog_producer_fps > 0 ? f.backlog_fps / f.backlog_producer_fps : 0;
   if (a.cl.json) {
     std::printf(
-        "{\"bench\": \"prefetch\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\",\n"
+        "{\"bench\": \"prefetch\", \"count\": %llu, \"size\": %llu, \"link\": \"%s\", "
+        "\"layout\": \"%s\",\n"
         " \"after\": {\"files_per_s\": %.1f, \"tmpfs_files_per_s\": %.1f, \"ratio\": %.3f, "
         "\"service_requests\": %llu, \"producer_files_per_s\": %.1f, "
         "\"in_place_files_per_s\": %.1f},\n"
@@ -298,20 +310,21 @@ int Drive(const Args& a) {
         " \"streaming\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
         "\"ratio\": %.3f},\n \"failures\": %d}\n",
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
-        c.uses_netns() ? "veth" : "loopback", f.after_fps, f.tmpfs_fps, r_after, f.misses,
-        f.producer_fps, f.in_place_fps, f.backlog_fps, f.backlog_producer_fps, r_backlog,
+        c.uses_netns() ? "veth" : "loopback", a.layout.c_str(), f.after_fps, f.tmpfs_fps, r_after,
+        f.misses, f.producer_fps, f.in_place_fps, f.backlog_fps, f.backlog_producer_fps, r_backlog,
         f.stream_fps, f.stream_producer_fps, r_stream, f.failures);
   } else {
-    std::printf("dyad-prefetch: %llu files of %s, link: %s\n",
+    std::printf("dyad-prefetch: %llu files of %s, link: %s, consumer directory: %s\n",
                 static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
-                c.uses_netns() ? "veth pair between network namespaces" : "loopback");
+                c.uses_netns() ? "veth pair between network namespaces" : "loopback",
+                shared ? "the node's one managed directory (shared)" : "a private one");
     std::printf("\n%-52s %12s %8s\n", "row", "files/s", "ratio");
     std::printf("%-52s %12.0f %8s\n", "plain open/read/close from tmpfs (best of 3)", f.tmpfs_fps,
                 "");
     std::printf("%-52s %12.0f %8.2f\n", "plain open/read/close in the consumer directory",
                 f.in_place_fps, f.tmpfs_fps > 0 ? f.in_place_fps / f.tmpfs_fps : 0);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (after phase)", f.producer_fps, "");
-    std::printf("%-52s %12.0f %8.2f  (target >= 0.5; %llu reached the service)\n",
+    std::printf("%-52s %12.0f %8.2f  (target >= 0.8; %llu reached the service)\n",
                 "consume+read after publication, prefetch declared", f.after_fps, r_after,
                 f.misses);
     std::printf("%-52s %12.0f %8.2f\n", "the same consume+read again (all level-1)", f.again_fps,
@@ -331,13 +344,24 @@ int Drive(const Args& a) {
 
 int Main(int argc, char** argv) {
   Args a;
-  const int rc = ParseArgs(argc, argv, "dyad-prefetch", Usage, &a.cl,
-                           [&a](const std::string& s, const NextArg& next) {
-                             if (s == "--count") return TakeU64(next, &a.count, 1);
-                             if (s == "--size") return TakeU64(next, &a.size);
-                             if (s == "--phases") return TakeString(next, &a.phases);
-                             return OptionResult::kNotMine;
-                           });
+  const int rc = ParseArgs(
+      argc, argv, "dyad-prefetch", Usage, &a.cl, [&a](const std::string& s, const NextArg& next) {
+        if (s == "--count") return TakeU64(next, &a.count, 1);
+        if (s == "--size") return TakeU64(next, &a.size);
+        if (s == "--phases") return TakeString(next, &a.phases);
+        if (s == "--layout") {
+          const OptionResult r = TakeString(next, &a.layout);
+          if (r == OptionResult::kTaken && a.layout != "private" && a.layout != "shared") {
+            std::fprintf(stderr,
+                         "dyad-prefetch: --layout is private or shared, "
+                         "not '%s'\n",
+                         a.layout.c_str());
+            return OptionResult::kBad;
+          }
+          return r;
+        }
+        return OptionResult::kNotMine;
+      });
   return rc >= 0 ? rc : Drive(a);
 }
 

@@ -57,14 +57,6 @@ bool Overlap(const std::string& a, const std::string& b) {
   return RelativeTo(a, b).has_value() || RelativeTo(b, a).has_value();
 }
 
-// Whether `path` carries the version stamp of `rec` (kVersionXattr).
-bool HasStamp(const std::string& path, const FileRecord& rec) {
-  const std::string want = VersionStamp(rec);
-  char buf[64];
-  const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, buf, sizeof(buf));
-  return n == static_cast<ssize_t>(want.size()) && want.compare(0, want.size(), buf, n) == 0;
-}
-
 // mkdir -p, ignoring failures: the service reports a directory it cannot use.
 void MakeDirs(const std::string& abs) {
   size_t pos = 1;
@@ -109,6 +101,12 @@ bool StrictlyUnder(std::string_view dir, std::string_view path) {
 }
 
 }  // namespace
+
+bool HasStamp(const std::string& path, const FileRecord& rec) {
+  char buf[64];
+  const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, buf, sizeof(buf));
+  return n > 0 && StampNames(std::string_view(buf, static_cast<size_t>(n)), rec);
+}
 
 void MarkChecked() { ::setenv(DYAD_CHECK_ENV, "ok", 1); }
 
@@ -372,6 +370,23 @@ bool Client::ConsumerDirIsPrivate() {
   return !Overlap(*served, cons);
 }
 
+bool Client::Level1(const std::string& path) {
+  if (config_.shared_storage) return false;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  // A copy a service placed carries its version stamp; while the stamp
+  // still describes the file's size and content time, nobody has written
+  // to it since, so it is complete in either layout.
+  char stamp[64];
+  const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, stamp, sizeof stamp);
+  if (n > 0 && StampDescribes(std::string_view(stamp, static_cast<size_t>(n)),
+                              static_cast<uint64_t>(st.st_size), MtimeNs(st)))
+    return true;
+  // Otherwise: DYAD only links complete files into a consumer directory, so
+  // any regular file in a directory no producer writes to is complete.
+  return ConsumerDirIsPrivate();
+}
+
 Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
   const uint64_t start = MonoNs();
   Result<std::string> upath = Resolve(fname, Side::kConsumer);
@@ -382,20 +397,13 @@ Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
   }
   if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
     DeclareConfiguredPrefetch();
-  // Level 1 of the file locator: DYAD only renames complete files into a
-  // consumer directory, so a regular file present in a directory no
-  // producer writes to is complete, and no message is needed.
-  if (!config_.shared_storage) {
-    struct stat st;
-    const std::string path = cons_.given() + "/" + *upath;
-    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ConsumerDirIsPrivate()) {
-      if (info != nullptr) {
-        info->level1 = true;
-        info->elapsed_ns = MonoNs() - start;
-      }
-      if (config_.check) MarkChecked();
-      return Status::OK();
+  if (Level1(cons_.given() + "/" + *upath)) {
+    if (info != nullptr) {
+      info->level1 = true;
+      info->elapsed_ns = MonoNs() - start;
     }
+    if (config_.check) MarkChecked();
+    return Status::OK();
   }
   Status st = ConsumeRequestFor(*upath, nullptr, info);
   if (info != nullptr) info->elapsed_ns = MonoNs() - start;

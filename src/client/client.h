@@ -129,6 +129,10 @@ struct ConsumeInfo {
   uint64_t elapsed_ns = 0;
 };
 
+// Whether `path` carries the version stamp of exactly `rec` (kVersionXattr,
+// either form): a copy of that version, placed by DYAD.
+bool HasStamp(const std::string& path, const FileRecord& rec);
+
 class Client {
  public:
   // Validates and normalizes `config` (absolute managed paths, clamped bins
@@ -239,8 +243,12 @@ class Client {
   Status NoModule(const Status& st, const char* op) const;
   // Sends the DYAD_PREFETCH declarations once (client_batch.cc).
   void DeclareConfiguredPrefetch();
-  // True when a file present in the consumer directory is known complete
-  // (the directory is private to consumers; see the .cc).
+  // Level 1 of the file locator: true when `path` (in the consumer
+  // directory) is known complete without a message: a copy a service placed
+  // that nobody changed since (its version stamp describes it), in either
+  // layout, or any regular file of a directory private to consumers.
+  bool Level1(const std::string& path);
+  // True when no producer writes into the consumer directory (see the .cc).
   bool ConsumerDirIsPrivate();
   Status Finish(Status st, const char* op, const std::string& fname) const;
   Deadline WaitDeadline() const;

@@ -95,11 +95,7 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
       (*results)[i] = Finish(upath.status(), "consume", fnames[i]);
       continue;
     }
-    struct stat st;
-    const std::string path = cons_.given() + "/" + *upath;
-    if (!config_.shared_storage && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-        ConsumerDirIsPrivate())
-      continue;  // level 1: complete already
+    if (Level1(cons_.given() + "/" + *upath)) continue;  // complete already
     if (cons.empty()) cons = EnsureConsumerDir();
     req.items.push_back(BuildConsumeRequest(*upath, cons));
     if (timeout_ms != kConfiguredTimeout)

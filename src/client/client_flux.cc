@@ -126,11 +126,7 @@ Status Client::ConsumeViaFlux(const std::string& upath, const FileRecord* record
   struct stat st;
   if (size_known && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
       static_cast<uint64_t>(st.st_size) == rec.size && MtimeNs(st) == rec.version) {
-    char buf[64];
-    const std::string want = VersionStamp(rec);
-    const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, buf, sizeof buf);
-    if (rec.seq == 0 ||
-        (n == static_cast<ssize_t>(want.size()) && want.compare(0, want.size(), buf, n) == 0)) {
+    if (rec.seq == 0 || HasStamp(path, rec)) {
       if (info != nullptr) info->reply.local = true;
       if (config_.check) MarkChecked();
       return Status::OK();

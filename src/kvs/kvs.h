@@ -54,11 +54,14 @@ using KvsWaitTicket = uint64_t;
 // One event of a watched namespace: a Put of (key, value), or `resync`:
 // changes may have been missed (a link to the store was lost, the watcher
 // fell behind, the store restarted) and the watcher should List the
-// namespace again to catch up.
+// namespace again to catch up; or `lost`: the link to the store broke just
+// now, changes may be missed until the resync that follows once it is back
+// (not every store reports it).
 struct KvsChange {
   std::string key;
   std::string value;
   bool resync = false;
+  bool lost = false;
 };
 using KvsWatchCallback = std::function<void(const KvsChange&)>;
 using KvsWatchTicket = uint64_t;

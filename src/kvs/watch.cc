@@ -86,6 +86,12 @@ void WatchList::Resync(const std::string& ns) {
   Deliver(Of(&ns), c);
 }
 
+void WatchList::Lost(const std::string& ns) {
+  KvsChange c;
+  c.lost = true;
+  Deliver(Of(&ns), c);
+}
+
 void WatchList::ResyncAll() {
   KvsChange c;
   c.resync = true;

@@ -40,6 +40,7 @@ class WatchList {
 
   void Notify(const std::string& ns, const std::string& key, const std::string& value);
   void Resync(const std::string& ns);
+  void Lost(const std::string& ns);
   void ResyncAll();
 
  private:

@@ -91,7 +91,7 @@ bool FileRecord::Decode(const std::string& bytes, FileRecord* out) {
   return true;
 }
 
-std::string VersionStamp(const FileRecord& rec) {
+std::string VersionStamp(const FileRecord& rec, bool revocable) {
   Encoder e;
   e.U8(1)
       .U32(rec.owner_rank)
@@ -99,7 +99,25 @@ std::string VersionStamp(const FileRecord& rec) {
       .U64(rec.seq)
       .U64(rec.size)
       .U64(rec.version);
+  if (revocable) e.U8(1);
   return e.Take();
+}
+
+bool StampNames(std::string_view stamp, const FileRecord& rec) {
+  const std::string want = VersionStamp(rec);
+  return (stamp.size() == want.size() || stamp.size() == want.size() + 1) &&
+         stamp.compare(0, want.size(), want) == 0;
+}
+
+bool StampDescribes(std::string_view stamp, uint64_t size, uint64_t version) {
+  Decoder d(stamp);
+  if (d.U8() != 1) return false;
+  (void)d.U32();  // owner rank
+  (void)d.U64();  // owner incarnation
+  (void)d.U64();  // publication counter
+  const uint64_t s = d.U64();
+  const uint64_t v = d.U64();
+  return d.U8() == 1 && d.done() && s == size && v == version;
 }
 
 std::string ServiceRecord::Encode() const {

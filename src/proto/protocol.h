@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -85,9 +86,22 @@ struct FileRecord {
 // Copies placed by a service carry their version in this extended
 // attribute (where the file system has user attributes), so a client that
 // knows the record (dyad_consume_w_metadata) can tell a current copy
-// without asking the service: VersionStamp(record) == the attribute.
+// without asking the service: StampNames(attribute, record).
+//
+// A `revocable` stamp ends with one more byte: the placing service follows
+// the record's namespace and withdraws the stamp as soon as the copy is no
+// longer current, so a client may take such a copy as complete and current
+// from its stamp alone (StampDescribes), also in a directory producers
+// write to.
 inline constexpr const char* kVersionXattr = "user.dyad.version";
-std::string VersionStamp(const FileRecord& rec);
+std::string VersionStamp(const FileRecord& rec, bool revocable = false);
+// True when `stamp` (either form) is the stamp of exactly `rec`'s version.
+bool StampNames(std::string_view stamp, const FileRecord& rec);
+// True when `stamp` is a revocable stamp of a copy of `size` bytes and
+// content time `version`: the file still is the copy a service placed (a
+// local write since then changed its size or mtime) and that service has
+// not withdrawn it.
+bool StampDescribes(std::string_view stamp, uint64_t size, uint64_t version);
 
 // Where a service can be reached; stored in the metadata store under
 // namespace kMembersNamespace, key "rank.<N>".

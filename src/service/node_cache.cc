@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -102,8 +103,47 @@ void NodeCache::NoteFetched(const std::string& ns, const std::string& path, cons
   bytes_ += e.id.size;
   if (!consumed) waiting_bytes_ += e.id.size;
   by_file_[e.ns_upath].insert(path);
-  by_path_.emplace(path, std::move(e));
+  const auto placed = by_path_.emplace(path, std::move(e)).first;
+  // Stamped before a gap that began since: withdrawn now, as GapBegins did
+  // for the copies indexed then.
+  if (gapped_.count(ns) != 0 && Protected(path)) Unstamp(path, placed->second);
   EvictLocked(path);
+}
+
+void NodeCache::Following(const std::string& ns) {
+  std::lock_guard<std::mutex> lk(mu_);
+  following_.insert(ns);
+}
+
+void NodeCache::GapBegins(const std::string& ns) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!gapped_.insert(ns).second || protected_root_.empty()) return;
+  const std::string prefix = FileKey(ns, "");
+  for (auto it = by_file_.lower_bound(prefix);
+       it != by_file_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    for (const std::string& path : it->second)
+      if (Protected(path)) Unstamp(path, by_path_.at(path));
+}
+
+size_t NodeCache::followed_namespaces() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t n = 0;
+  for (const std::string& ns : following_) n += gapped_.count(ns) == 0 ? 1 : 0;
+  return n;
+}
+
+void NodeCache::GapEnds(const std::string& ns) {
+  std::lock_guard<std::mutex> lk(mu_);
+  gapped_.erase(ns);
+}
+
+bool NodeCache::StampRevocable(const std::string& ns, const std::string& path) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return RevocableLocked(ns, path);
+}
+
+bool NodeCache::RevocableLocked(const std::string& ns, const std::string& path) const {
+  return following_.count(ns) != 0 && gapped_.count(ns) == 0 && Protected(path);
 }
 
 bool NodeCache::NoteHit(const std::string& path) {
@@ -112,6 +152,9 @@ bool NodeCache::NoteHit(const std::string& path) {
   if (it == by_path_.end()) return false;
   Entry& e = it->second;
   const bool prefetched = !e.consumed;
+  // The client asked although the copy is here: its stamp was placed
+  // before the namespace was followed, or withdrawn in a gap since ended.
+  if (RevocableLocked(e.ns_upath.substr(0, e.ns_upath.find('\0')), path)) Restamp(path, e);
   MarkConsumedLocked(e);
   e.used_ns = MonoNs();
   lru_.splice(lru_.begin(), lru_, e.lru);
@@ -148,6 +191,7 @@ size_t NodeCache::Supersede(const std::string& ns, const FileRecord& rec) {
   // version they opened (the inode lives on), and nobody new may get it.
   for (const std::string& path : stale) {
     if (Protected(path)) {
+      Unstamp(path, by_path_.at(path));
       DropLocked(by_path_.find(path));
       continue;
     }
@@ -243,6 +287,49 @@ bool NodeCache::Protected(const std::string& path) const {
   return !protected_root_.empty() && RelativeTo(protected_root_, path).has_value();
 }
 
+// A superseded copy in the producer tree stays (see ProtectTree), but while
+// it still is the very file placed, its version stamp goes: clients trust a
+// stamped copy without a message (level 1), and this one is no longer
+// current. A read-only copy whose stamp its owner may not change (no write
+// permission) cannot be open for writing by anyone but root either, so it
+// is removed instead, as outside the producer tree.
+void NodeCache::Unstamp(const std::string& path, const Entry& e) const {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st;
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !IsThePlacedFile(st, e)) return;
+  if (::fremovexattr(fd.get(), kVersionXattr) == 0 || errno == ENODATA || errno == ENOTSUP) return;
+  if ((errno == EACCES || errno == EPERM) && (st.st_mode & 0222) == 0 &&
+      ::unlink(path.c_str()) == 0) {
+    stats_->Add(ServiceStats::kNodeCacheSuperseded);
+    return;
+  }
+  DYAD_LOG_WARN("cannot mark superseded copy '%s' stale: %s", path.c_str(), std::strerror(errno));
+}
+
+// Gives the copy, while it still is the very file placed, the revocable
+// stamp of its version (NoteHit, under the revocation rules above).
+void NodeCache::Restamp(const std::string& path, const Entry& e) const {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st;
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !IsThePlacedFile(st, e)) return;
+  FileRecord rec;
+  rec.owner_rank = e.id.owner_rank;
+  rec.owner_incarnation = e.id.owner_incarnation;
+  rec.seq = e.id.seq;
+  rec.size = e.id.size;
+  rec.version = e.mtime_ns;
+  const std::string want = VersionStamp(rec, /*revocable=*/true);
+  char have[64];
+  const ssize_t n = ::fgetxattr(fd.get(), kVersionXattr, have, sizeof have);
+  if (n == static_cast<ssize_t>(want.size()) && want.compare(0, want.size(), have, n) == 0) return;
+  (void)::fsetxattr(fd.get(), kVersionXattr, want.data(), want.size(), 0);  // best effort
+}
+
+bool NodeCache::IsThePlacedFile(const struct stat& st, const Entry& e) {
+  return static_cast<uint64_t>(st.st_ino) == e.ino && static_cast<uint64_t>(st.st_dev) == e.dev &&
+         static_cast<uint64_t>(st.st_size) == e.id.size && MtimeNs(st) == e.mtime_ns;
+}
+
 // Removes the copy unless a process holds it open (its shared flock makes
 // our non-blocking exclusive one fail; a producer rewriting the path holds
 // an exclusive one) or the file at `path` is no longer the one placed (a
@@ -258,9 +345,7 @@ NodeCache::Removal NodeCache::TryRemove(const std::string& path, const Entry& e)
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return Removal::kBusy;
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Removal::kBusy;
-  if (static_cast<uint64_t>(st.st_ino) != e.ino || static_cast<uint64_t>(st.st_dev) != e.dev ||
-      static_cast<uint64_t>(st.st_size) != e.id.size || MtimeNs(st) != e.mtime_ns)
-    return Removal::kNotTheCopy;
+  if (!IsThePlacedFile(st, e)) return Removal::kNotTheCopy;
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     const int err = errno;
     DYAD_LOG_WARN("cannot evict '%s': %s; its %llu bytes are pinned (node_cache.pinned_bytes)",

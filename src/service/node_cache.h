@@ -97,8 +97,28 @@ class NodeCache {
   // Copies at or below `root` (the producer directory, when a consumer
   // directory overlaps it) are evicted like any other copy, but never
   // unlinked when superseded (the path may hold a file this node produces
-  // by then; the publication's new file replaces it). Set before use.
+  // by then; the publication's new file replaces it): the copy, while it
+  // still is the file placed, loses its version stamp instead, so no client
+  // takes it as current without asking the service. Set before use.
   void ProtectTree(const std::string& root) { protected_root_ = root; }
+
+  // Revocable stamps (proto/protocol.h): a copy in the producer tree may be
+  // taken as current from its stamp alone only while this service learns
+  // every publication of its namespace (the record feed follows it, with
+  // no gap), so that Supersede withdraws the stamp the moment the copy
+  // goes stale.
+  //  * Following(ns): from now on every publication of `ns` reaches
+  //    Supersede (the feed follows it and has listed it once);
+  //  * GapBegins(ns): publications may be missed from now on (the feed's
+  //    link was lost, the store restarted): every copy of `ns` in the
+  //    producer tree loses its stamp at once, and so does one indexed
+  //    until GapEnds(ns) (the namespace has been listed again);
+  //  * StampRevocable(ns, path): whether a copy placed at `path` now gets a
+  //    revocable stamp.
+  void Following(const std::string& ns);
+  void GapBegins(const std::string& ns);
+  void GapEnds(const std::string& ns);
+  bool StampRevocable(const std::string& ns, const std::string& path) const;
 
   // True when `bytes` more of not-yet-consumed copies fit in the budget
   // (always with no budget). Does not reserve anything.
@@ -115,7 +135,8 @@ class NodeCache {
                    bool consumed, const struct stat& placed);
 
   // A consume found the copy at `path` current: it becomes the most
-  // recently consumed (counted in node_cache.hits), then evicts to budget.
+  // recently consumed (counted in node_cache.hits), gets a revocable stamp
+  // when it may have one now (see Following), then evicts to budget.
   // True when the copy had been prefetched and this is its first consume.
   bool NoteHit(const std::string& path);
 
@@ -145,6 +166,9 @@ class NodeCache {
   // Bytes of the copies the cache found it cannot remove.
   uint64_t pinned_bytes() const;
   size_t files() const;
+  // Namespaces followed without a gap now (their copies in the producer
+  // tree get revocable stamps).
+  size_t followed_namespaces() const;
 
  private:
   struct Entry {
@@ -163,6 +187,10 @@ class NodeCache {
   void RefreshWaitingLocked();
   void EvictLocked(const std::string& keep);
   enum class Removal { kRemoved, kBusy, kNotTheCopy, kDenied };
+  static bool IsThePlacedFile(const struct stat& st, const Entry& e);
+  void Unstamp(const std::string& path, const Entry& e) const;
+  void Restamp(const std::string& path, const Entry& e) const;
+  bool RevocableLocked(const std::string& ns, const std::string& path) const;
   Removal TryRemove(const std::string& path, const Entry& e) const;
   bool Protected(const std::string& path) const;
   void PublishGauges() const;
@@ -172,6 +200,8 @@ class NodeCache {
   std::string protected_root_;
   ServiceStats* stats_;
   mutable std::mutex mu_;
+  std::set<std::string> following_;  // namespaces whose publications all reach Supersede
+  std::set<std::string> gapped_;     // ... except during a gap
   std::unordered_map<std::string, Entry> by_path_;
   std::map<std::string, std::set<std::string>> by_file_;  // ns '\0' upath -> paths
   std::list<std::string> lru_;                            // front: most recently consumed

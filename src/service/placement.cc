@@ -354,10 +354,12 @@ Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
   commit.version_ns = outcome.version;
   commit.mode = outcome.mode;
   // The copy's version for clients that know the record
-  // (dyad_consume_w_metadata): best effort, without user attributes they
-  // ask the service instead.
+  // (dyad_consume_w_metadata), and for every client when revocable (level
+  // 1 in the producer tree: node_cache.h): best effort, without user
+  // attributes they ask the service instead.
   commit.xattr_name = kVersionXattr;
-  commit.xattr_value = VersionStamp(placed);
+  commit.xattr_value = VersionStamp(
+      placed, cache_ != nullptr && cache_->StampRevocable(req.ns, req.cons_root + "/" + rec.upath));
   // Checked again on arrival, whatever the transport: the bytes that
   // landed are as many as the record announced (a file of this node's
   // producer is copied as it is now).

@@ -45,40 +45,61 @@ void RecordFeed::Start(const std::string& ns) {
     kvs_->Unwatch(*t);  // stopped meanwhile
     return;
   }
-  Seed(ns);
+  // Watched, then listed: every publication reaches the copies from now on.
+  if (Seed(ns) && copies_ != nullptr) copies_->Following(ns);
 }
 
-void RecordFeed::Seed(const std::string& ns) {
+bool RecordFeed::Seed(const std::string& ns) {
   Result<std::vector<KvsEntry>> all = kvs_->List(ns, "", kSeedLimit);
   if (!all.ok()) {
     DYAD_LOG_WARN("records of namespace '%s': listing failed (%s); the feed still follows it",
                   ns.c_str(), all.status().ToString().c_str());
-    return;
+    return false;
   }
   uint64_t seeded = 0;
   for (const auto& [key, value] : *all) {
     FileRecord rec;
     if (!FileRecord::Decode(value, &rec)) continue;
-    if (cache_->PutIfAbsent(ns, key, rec)) ++seeded;
+    // A record fed meanwhile is as new or newer: it stays, and has
+    // superseded the copies of older versions already.
+    if (!cache_->PutIfAbsent(ns, key, rec)) continue;
+    ++seeded;
+    if (copies_ != nullptr) copies_->Supersede(ns, rec);
   }
   if (seeded != 0) stats_->AddNamed("records.seeded", seeded);
+  return true;
+}
+
+void RecordFeed::Reseed(const std::string& ns) {
+  if (!Seed(ns) || copies_ == nullptr) return;
+  copies_->GapEnds(ns);
+  copies_->Following(ns);
 }
 
 void RecordFeed::OnChange(const std::string& ns, const KvsChange& c) {
+  if (c.lost) {
+    // Until the resync: no copy of the namespace is taken as current from
+    // its stamp alone.
+    if (copies_ != nullptr) copies_->GapBegins(ns);
+    return;
+  }
   if (c.resync) {
     // Changes may have been missed: what this service knows of the
-    // namespace is no longer trusted; the store is listed again.
+    // namespace is no longer trusted (its records, the stamps of its
+    // copies); the store is listed again.
+    if (copies_ != nullptr) copies_->GapBegins(ns);
     cache_->EraseNamespace(ns);
     {
       MutexLock lk(mu_);
       if (stopping_) return;
     }
-    OnPool(&RecordFeed::Seed, ns);
+    OnPool(&RecordFeed::Reseed, ns);
     return;
   }
   FileRecord rec;
   if (!FileRecord::Decode(c.value, &rec)) return;  // not a file record
   cache_->Put(ns, c.key, rec);
+  if (copies_ != nullptr) copies_->Supersede(ns, rec);
   stats_->AddNamed("records.fed");
 }
 

@@ -24,6 +24,7 @@
 #include "common/thread_annotations.h"
 #include "kvs/kvs.h"
 #include "service/metadata_cache.h"
+#include "service/node_cache.h"
 #include "service/stats.h"
 
 namespace dyad {
@@ -33,8 +34,10 @@ class RecordFeed {
   static constexpr size_t kMaxNamespaces = 8;
   static constexpr uint32_t kSeedLimit = 65536;
 
-  RecordFeed(Kvs* kvs, MetadataCache* cache, Runtime* rt, ServiceStats* stats)
-      : kvs_(kvs), cache_(cache), rt_(rt), stats_(stats) {}
+  // `copies` (may be null) hears every record learned (Supersede) and
+  // whether the feed is complete (NodeCache::Following, GapBegins, GapEnds).
+  RecordFeed(Kvs* kvs, MetadataCache* cache, NodeCache* copies, Runtime* rt, ServiceStats* stats)
+      : kvs_(kvs), cache_(cache), copies_(copies), rt_(rt), stats_(stats) {}
   ~RecordFeed() { Stop(); }
   RecordFeed(const RecordFeed&) = delete;
   RecordFeed& operator=(const RecordFeed&) = delete;
@@ -51,11 +54,15 @@ class RecordFeed {
   // may block, so never on the loop.
   void OnPool(void (RecordFeed::*step)(const std::string&), const std::string& ns);
   void Start(const std::string& ns);
-  void Seed(const std::string& ns);
+  // Lists the namespace into the cache; false when the listing failed.
+  bool Seed(const std::string& ns);
+  // After a resync: lists again, then ends the copies' gap.
+  void Reseed(const std::string& ns);
   void OnChange(const std::string& ns, const KvsChange& c);
 
   Kvs* kvs_;
   MetadataCache* cache_;
+  NodeCache* copies_;
   Runtime* rt_;
   ServiceStats* stats_;
   mutable Mutex mu_;

@@ -285,7 +285,8 @@ void Service::BuildParts() {
         nc->Supersede(ns, rec);
       });
   if (opt_.follow_records)
-    record_feed_ = std::make_unique<RecordFeed>(kvs_.get(), &cache_, runtime_.get(), &stats_);
+    record_feed_ = std::make_unique<RecordFeed>(kvs_.get(), &cache_, node_cache_.get(),
+                                                runtime_.get(), &stats_);
 }
 
 std::string Service::StoreDescription() const {

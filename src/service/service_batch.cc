@@ -15,6 +15,7 @@
 #include "service/dispatch.h"
 #include "service/placement.h"
 #include "service/prefetch.h"
+#include "service/record_feed.h"
 #include "service/service.h"
 
 namespace dyad {
@@ -101,6 +102,9 @@ void Service::HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req) {
     return Reply(ch, Status(DYAD_RC_BADREQUEST, "prefetch pattern too long or not text"));
   Result<uint32_t> n = prefetch_->Declare(req);
   if (!n.ok()) return Reply(ch, n.status());
+  // Followed as by a consume: the copies fetched ahead can then be taken
+  // as current from their stamps (NodeCache::StampRevocable).
+  if (record_feed_ && !req.cancel) record_feed_->Follow(req.ns);
   if (!req.cancel)
     DYAD_LOG_DEBUG("prefetch of '%s' into %s declared (%u already published)", req.pattern.c_str(),
                    req.cons_path.c_str(), *n);

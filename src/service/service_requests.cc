@@ -389,6 +389,7 @@ void Service::HandleStatus(RequestContext& ctx) {
   r.counters["node_cache.pinned_bytes"] = node_cache_->pinned_bytes();
   r.counters["node_cache.files"] = node_cache_->files();
   r.counters["node_cache.budget"] = node_cache_->budget();
+  r.counters["records.followed"] = node_cache_->followed_namespaces();
   if (prefetch_) prefetch_->AddCounters(&r.counters);
   r.info["version"] = DYAD_VERSION;
   r.info["rank"] = std::to_string(opt_.rank);

@@ -271,6 +271,10 @@ inline const std::vector<MetricRow>& MetricRows() {
       {"records.seeded", T::kCounter, "records_seeded",
        "Records of followed namespaces listed from the store when this service started following "
        "them (or after a resync)."},
+      {"records.followed", T::kGauge, "records_followed",
+       "Namespaces this service follows without a gap: it learns each of their publications, so "
+       "its copies of their files in the producer directory carry revocable version stamps that "
+       "clients trust without a message."},
       {"node_cache.pinned_bytes", T::kGauge, "node_cache_pinned_bytes",
        "Bytes of copies the node cache cannot remove (permission, read-only file system); not "
        "counted against the budget."},

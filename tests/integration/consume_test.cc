@@ -76,6 +76,33 @@ TEST_F(ConsumeTest, PrivateConsumerDirectoryIsLevelOne) {
   EXPECT_EQ(Counter(kB, "transfers.in"), transfers);
 }
 
+TEST_F(ConsumeTest, PlacedCopyInTheOneManagedDirectoryIsLevelOne) {
+  // Nodes as docs/deployment.md sets them up: one managed directory for
+  // producers and consumers. The copy B's service placed there carries its
+  // version stamp, so the second consume asks nobody.
+  const std::string name = "shared/level1.dat";
+  Produce({{name, 4096}});
+  ConsumeOk({{name, 4096}});
+  // The first consume in a namespace starts following it; a copy placed
+  // before that gets its revocable stamp at its next consume through the
+  // service, at the latest.
+  ConsumeOk({{name, 4096}}, {"--no-metadata"});
+  const uint64_t requests = Counter(kB, "requests.consume");
+  ConsumeOk({{name, 4096}}, {"--no-metadata"});
+  EXPECT_EQ(Counter(kB, "requests.consume"), requests) << "level 1 should not ask the service";
+  // A republish between two consumes is never missed: A's notice makes B's
+  // service remove its copy before the producer's call returns, so the next
+  // consume asks the service and gets the new bytes (the worker verifies
+  // them against the new size's pattern).
+  for (int64_t size : {3000, 5000}) {
+    ASSERT_EQ(::unlink(PathOn(kA, name).c_str()), 0);
+    Produce({{name, size}});
+    ConsumeOk({{name, size}}, {"--no-metadata"});
+  }
+  EXPECT_EQ(Counter(kB, "transfers.in"), 3u);
+  EXPECT_EQ(Counter(kB, "requests.consume"), requests + 2);
+}
+
 TEST_F(ConsumeTest, EmptyFileIsTransferredLikeAnyOther) {
   const std::vector<ManifestEntry> files = {{"empty.dat", 0}};
   Produce(files);

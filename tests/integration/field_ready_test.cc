@@ -14,6 +14,7 @@
 //    DYAD_RC_NOSPACE (ENOSPC under the preload library);
 //  * prefetching stops at a free-space floor.
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 
 #include <chrono>
 #include <thread>
@@ -168,15 +169,31 @@ TEST_F(FieldReady, PreloadPrintsWaitNotice) {
 TEST_F(FieldReady, ConsumeVerboseSaysPrefetched) {
   auto decl = Dyad(kB, {"prefetch", "pf/"});
   ASSERT_TRUE(decl.status.success()) << decl.output;
+  // The declaration makes B follow the namespace, so what it fetches ahead
+  // carries revocable stamps (issue 28).
+  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
+      << StatusJson(kB);
   Publish(kA, "pf/a.bin", 200000);
-  ASSERT_TRUE(Eventually(20000, [&] { return Exists(PathOn(kB, "pf/a.bin")); })) << StatusJson(kB);
-  auto r = Dyad(kB, {"consume", "-v", PathOn(kB, "pf/a.bin")});
+  const std::string copy = PathOn(kB, "pf/a.bin");
+  ASSERT_TRUE(Eventually(20000, [&] { return Exists(copy); })) << StatusJson(kB);
+  // Prefetched into the one managed directory: complete here, no request.
+  const uint64_t requests = Counter(kB, "requests.consume");
+  auto r = Dyad(kB, {"consume", "-v", copy});
+  ASSERT_TRUE(r.status.success()) << r.output;
+  EXPECT_NE(r.output.find("already complete locally (no request)"), std::string::npos) << r.output;
+  EXPECT_EQ(Counter(kB, "requests.consume"), requests);
+  // Without its stamp (as after a gap in the feed) the service answers,
+  // and says the copy was prefetched.
+  ASSERT_EQ(::removexattr(copy.c_str(), "user.dyad.version"), 0) << std::strerror(errno);
+  r = Dyad(kB, {"consume", "-v", copy});
   ASSERT_TRUE(r.status.success()) << r.output;
   EXPECT_NE(r.output.find("prefetched"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("same directory or shared storage"), std::string::npos) << r.output;
-  // Consumed once, the next one is a copy fetched earlier.
-  auto again = Dyad(kB, {"consume", "-v", PathOn(kB, "pf/a.bin")});
-  EXPECT_NE(again.output.find("fetched earlier"), std::string::npos) << again.output;
+  // The service stamped it again: the next consume needs no request.
+  auto again = Dyad(kB, {"consume", "-v", copy});
+  EXPECT_NE(again.output.find("already complete locally (no request)"), std::string::npos)
+      << again.output;
+  EXPECT_EQ(Counter(kB, "requests.consume"), requests + 1);
 }
 
 TEST_F(FieldReady, PrefetchDeclaredOnLocalHit) {

@@ -11,6 +11,7 @@
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -179,6 +180,81 @@ TEST_F(NodeCacheTest, FieldReadyCopiesInTheProducerTreeAreEvicted) {
   EXPECT_EQ(cache.bytes(), 100u);
   EXPECT_EQ(cache.files(), 1u);
   EXPECT_EQ(stats_.Get(ServiceStats::kNodeCacheEvictions), 1u);
+}
+
+// Issue 28: with one managed directory clients take a stamped copy as
+// current without a message (level 1), so a superseded copy the producer
+// tree keeps loses its version stamp; a file a local program rewrote at a
+// copy's path is not the copy any more and keeps whatever it has.
+TEST_F(NodeCacheTest, SupersededCopyInTheProducerTreeLosesItsStamp) {
+  NodeCache cache(0, &stats_);
+  cache.ProtectTree(dir_);
+  auto stamp = [this](const std::string& name, const FileRecord& r) {
+    const std::string v = VersionStamp(r);
+    return ::setxattr(Path(name).c_str(), kVersionXattr, v.data(), v.size(), 0) == 0;
+  };
+  auto stamped = [this](const std::string& name) {
+    return ::getxattr(Path(name).c_str(), kVersionXattr, nullptr, 0) > 0;
+  };
+  FileRecord s = Place("s", 10);
+  if (!stamp("s", s)) GTEST_SKIP() << "no user xattrs here";
+  cache.NoteFetched("ns", Path("s"), s);
+  FileRecord t = Place("t", 10);
+  ASSERT_TRUE(stamp("t", t));
+  cache.NoteFetched("ns", Path("t"), t);
+  std::ofstream(Path("t"), std::ios::binary) << std::string(12, 'p');  // same inode, stamp kept
+  for (FileRecord newer : {s, t}) {
+    newer.seq = 2;
+    newer.version += 1000;
+    EXPECT_EQ(cache.Supersede("ns", newer), 1u);
+  }
+  EXPECT_TRUE(Exists("s"));
+  EXPECT_FALSE(stamped("s"));
+  EXPECT_TRUE(Exists("t"));
+  EXPECT_TRUE(stamped("t"));
+  EXPECT_EQ(cache.files(), 0u);
+}
+
+// Issue 28: a copy in the producer tree gets a revocable stamp only while
+// every publication of its namespace reaches the cache; when the feed
+// breaks, the stamps of the namespace's copies go at once, and so does the
+// stamp of a copy indexed during the gap.
+TEST_F(NodeCacheTest, GapWithdrawsTheStampsOfTheNamespace) {
+  NodeCache cache(0, &stats_);
+  cache.ProtectTree(dir_);
+  const std::string outside = testutil::MakeTempDir("dyad-node-cache-private.");
+  ASSERT_FALSE(outside.empty());
+  EXPECT_FALSE(cache.StampRevocable("ns", Path("a")));  // not followed yet
+  cache.Following("ns");
+  EXPECT_TRUE(cache.StampRevocable("ns", Path("a")));
+  EXPECT_FALSE(cache.StampRevocable("other", Path("a")));
+  EXPECT_FALSE(cache.StampRevocable("ns", outside + "/a"));  // private: level 1 needs no stamp
+  testutil::RemoveTree(outside);
+
+  auto place = [&](const std::string& name, const std::string& ns) {
+    FileRecord r = Place(name, 10);
+    const std::string v = VersionStamp(r, true);
+    if (::setxattr(Path(name).c_str(), kVersionXattr, v.data(), v.size(), 0) != 0) return false;
+    cache.NoteFetched(ns, Path(name), r);
+    return true;
+  };
+  auto stamped = [this](const std::string& name) {
+    return ::getxattr(Path(name).c_str(), kVersionXattr, nullptr, 0) > 0;
+  };
+  if (!place("a", "ns")) GTEST_SKIP() << "no user xattrs here";
+  ASSERT_TRUE(place("b", "other"));
+  cache.GapBegins("ns");
+  EXPECT_FALSE(stamped("a"));
+  EXPECT_TRUE(stamped("b"));  // another namespace
+  EXPECT_FALSE(cache.StampRevocable("ns", Path("c")));
+  ASSERT_TRUE(place("c", "ns"));  // stamped before the gap was known to it
+  EXPECT_FALSE(stamped("c"));
+  cache.GapEnds("ns");
+  EXPECT_TRUE(cache.StampRevocable("ns", Path("d")));
+  ASSERT_TRUE(place("d", "ns"));
+  EXPECT_TRUE(stamped("d"));
+  EXPECT_TRUE(Exists("a"));  // never removed from the producer tree
+  EXPECT_EQ(cache.files(), 4u);
 }
 
 // Issue 26 item 1: the cache returns under budget without another consume

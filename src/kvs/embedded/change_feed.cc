@@ -110,7 +110,7 @@ void ChangeFeeds::SweepLocked(SteadyClock::time_point now) {
 }
 
 void ChangeFeeds::Append(const std::string& ns, uint64_t epoch, const KvsChange& c) {
-  if (c.resync) return;  // the memory store never loses changes
+  if (c.resync || c.lost) return;  // the memory store never loses changes
   Answers answers;
   {
     MutexLock lk(mu_);

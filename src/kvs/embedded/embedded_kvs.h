@@ -159,6 +159,7 @@ class EmbeddedKvs final : public Kvs {
     SteadyClock::time_point due;
     int64_t dial_backoff_ms = kBackoffFirstMs;
     int64_t refused_backoff_ms = 0;
+    bool gap_told = false;  // watchers heard a resync for the current loss
   };
   // The one thread of every feed: started by the first Watch, returns once
   // no feed is left (or StopFeeds).

@@ -106,6 +106,7 @@ void EmbeddedWaits::QueueNamespaceLocked(const std::string& ns) {
 }
 
 void EmbeddedWaits::OnChange(const std::string& ns, const KvsChange& change) {
+  if (change.lost) return;  // the resync that follows asks again
   Completions out;
   {
     MutexLock lk(mu_);

@@ -240,6 +240,16 @@ void EmbeddedKvs::FeedLost(Feed& f, SteadyClock::time_point now) {
   f.ch.reset();
   f.in_flight = false;
   f.due = now;
+  // Publications may be missed from now until the feed is back: watchers
+  // hear so at once (once per loss), and get a resync when it is back
+  // (FeedReceive).
+  if (!f.established || f.gap_told) return;
+  {
+    MutexLock lk(feed_mu_);
+    if (f.stop) return;
+  }
+  f.gap_told = true;
+  watchers_.Lost(f.ns);
 }
 
 void EmbeddedKvs::FeedReceive(Feed& f) {
@@ -289,7 +299,8 @@ void EmbeddedKvs::FeedReceive(Feed& f) {
     if (f.stop) return;  // nobody watches it any more
   }
   for (const auto& [k, v] : reply.changes) watchers_.Notify(f.ns, k, v);
-  bool resync = reply.resync;
+  bool resync = reply.resync || f.gap_told;  // the gap ends with a resync
+  f.gap_told = false;
   {
     MutexLock lk(feed_mu_);
     f.refused = Status::OK();
