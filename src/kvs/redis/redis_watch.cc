@@ -167,13 +167,21 @@ void RedisWatcher::Loop() {
     } else {
       DYAD_LOG_DEBUG("redis watch: %s", c.status().ToString().c_str());
     }
-    MutexLock lk(mu_);
-    // Messages published while the link was down are lost: resync once
-    // the subscriptions are confirmed again.
-    for (auto& [channel, sub] : subs_) {
-      if (sub.confirmed) sub.resync_on_confirm = true;
-      sub.confirmed = false;
+    // Messages published while the link is down are lost: watchers hear so
+    // now, and resync once the subscriptions are confirmed again.
+    std::vector<std::string> lost;
+    {
+      MutexLock lk(mu_);
+      for (auto& [channel, sub] : subs_) {
+        if (sub.confirmed) {
+          sub.resync_on_confirm = true;
+          lost.push_back(sub.ns);
+        }
+        sub.confirmed = false;
+      }
     }
+    for (const std::string& ns : lost) watchers_.Lost(ns);
+    MutexLock lk(mu_);
     if (retry_now) continue;
     lk.WaitFor(cv_, std::chrono::milliseconds(backoff), [this]() REQUIRES(mu_) { return stop_; });
     backoff = std::min(backoff * 2, kBackoffMaxMs);
