@@ -48,6 +48,7 @@ namespace dyad::bench {
 namespace {
 
 struct Args {
+  std::string read_list;  // child mode: read the files listed there (see ReadListMain)
   uint64_t count = 5000;
   uint64_t size = 4096;
   std::string phases = "after,backlog,streaming";
@@ -149,10 +150,60 @@ Result<std::vector<emu::FileResult>> Produce(emu::EmuCluster& c, const std::stri
   return emu::ReadResults(manifest + ".produce");
 }
 
+// Child mode (--read-list FILE): open/read/close of every path listed in
+// FILE (one per line), 3 passes; prints the best files/s. Run under
+// LD_PRELOAD=libdyad_wrapper.so, it is an unmodified reader's cost.
+int ReadListMain(const std::string& list) {
+  std::vector<std::string> paths;
+  if (FILE* f = std::fopen(list.c_str(), "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      std::string p(line);
+      if (!p.empty() && p.back() == '\n') p.pop_back();
+      if (!p.empty()) paths.push_back(p);
+    }
+    std::fclose(f);
+  }
+  if (paths.empty()) return 2;
+  double best = 0;
+  int failures = 0;
+  for (int i = 0; i < 3; ++i) {
+    const Pass p = ReadAll(paths, false);
+    failures += p.failures;
+    best = std::max(best, Rate(paths.size(), p.first_ns, p.last_ns));
+  }
+  std::printf("%.1f %d\n", best, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+// Best files/s of ReadListMain over `paths` in a child process, under the
+// preload library when `preload`; 0 on failure.
+double ReadInChild(const std::string& work, const std::vector<std::string>& paths, bool preload) {
+  const std::string list = work + "/read-list";
+  if (FILE* f = std::fopen(list.c_str(), "w")) {
+    for (const std::string& p : paths) std::fprintf(f, "%s\n", p.c_str());
+    std::fclose(f);
+  } else {
+    return 0;
+  }
+  std::string cmd;
+  if (preload) cmd = "LD_PRELOAD='" + std::string(DYAD_BUILD_BIN_DIR) + "/libdyad_wrapper.so' ";
+  cmd += "/proc/" + std::to_string(::getpid()) + "/exe --read-list '" + list + "'";
+  FILE* out = ::popen(cmd.c_str(), "r");
+  if (out == nullptr) return 0;
+  double fps = 0;
+  int failures = -1;
+  if (std::fscanf(out, "%lf %d", &fps, &failures) != 2) fps = 0;
+  if (::pclose(out) != 0 || failures != 0) return 0;
+  return fps;
+}
+
 struct Figures {
+  double preload_fps = 0, preload_plain_fps = 0;  // open/read/close in a child, with and without
   double after_fps = 0, again_fps = 0, tmpfs_fps = 0, in_place_fps = 0, producer_fps = 0,
          stream_fps = 0, stream_producer_fps = 0, backlog_fps = 0, backlog_producer_fps = 0;
-  unsigned long long misses = 0;  // consumes that reached the service (after phase)
+  unsigned long long misses = 0;          // consumes that reached the service (after phase)
+  unsigned long long preload_misses = 0;  // ... of the reads under the preload library
   int failures = 0;
 };
 
@@ -186,6 +237,13 @@ void PhaseAfter(emu::EmuCluster& c, const std::string& dyad, const Args& a, cons
   // The same consumes again: every file local, DYAD's level-1 cost alone.
   const Pass again = ReadAll(paths, true);
   f->again_fps = Rate(files.size(), again.first_ns, again.last_ns);
+  // An unmodified reader (open/read/close) under the preload library, and
+  // the same program without it.
+  const uint64_t before_preload = consumes();
+  f->preload_fps = ReadInChild(c.base_dir(), paths, true);
+  f->preload_plain_fps = ReadInChild(c.base_dir(), paths, false);
+  if (f->preload_fps == 0 || f->preload_plain_fps == 0) ++f->failures;
+  f->preload_misses = consumes() - before_preload;
 
   // The same read without DYAD, in the consumer directory itself: what the
   // directory's file system costs, apart from DYAD's level-1 check.
@@ -304,15 +362,19 @@ int Drive(const Args& a) {
         "\"layout\": \"%s\",\n"
         " \"after\": {\"files_per_s\": %.1f, \"tmpfs_files_per_s\": %.1f, \"ratio\": %.3f, "
         "\"service_requests\": %llu, \"producer_files_per_s\": %.1f, "
-        "\"in_place_files_per_s\": %.1f},\n"
+        "\"in_place_files_per_s\": %.1f, \"preload_files_per_s\": %.1f, "
+        "\"preload_plain_files_per_s\": %.1f, \"preload_ratio\": %.3f, "
+        "\"preload_service_requests\": %llu},\n"
         " \"backlog\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
         "\"ratio\": %.3f},\n"
         " \"streaming\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
         "\"ratio\": %.3f},\n \"failures\": %d}\n",
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", a.layout.c_str(), f.after_fps, f.tmpfs_fps, r_after,
-        f.misses, f.producer_fps, f.in_place_fps, f.backlog_fps, f.backlog_producer_fps, r_backlog,
-        f.stream_fps, f.stream_producer_fps, r_stream, f.failures);
+        f.misses, f.producer_fps, f.in_place_fps, f.preload_fps, f.preload_plain_fps,
+        f.tmpfs_fps > 0 ? f.preload_fps / f.tmpfs_fps : 0, f.preload_misses, f.backlog_fps,
+        f.backlog_producer_fps, r_backlog, f.stream_fps, f.stream_producer_fps, r_stream,
+        f.failures);
   } else {
     std::printf("dyad-prefetch: %llu files of %s, link: %s, consumer directory: %s\n",
                 static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
@@ -329,6 +391,11 @@ int Drive(const Args& a) {
                 f.misses);
     std::printf("%-52s %12.0f %8.2f\n", "the same consume+read again (all level-1)", f.again_fps,
                 f.tmpfs_fps > 0 ? f.again_fps / f.tmpfs_fps : 0);
+    std::printf("%-52s %12.0f %8.2f\n", "open/read/close in a child, no preload",
+                f.preload_plain_fps, f.tmpfs_fps > 0 ? f.preload_plain_fps / f.tmpfs_fps : 0);
+    std::printf("%-52s %12.0f %8.2f  (target >= 0.8; %llu reached the service)\n",
+                "the same under LD_PRELOAD=libdyad_wrapper.so", f.preload_fps,
+                f.tmpfs_fps > 0 ? f.preload_fps / f.tmpfs_fps : 0, f.preload_misses);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (backlog phase)",
                 f.backlog_producer_fps, "");
     std::printf("%-52s %12.0f %8.2f  (pipeline alone, vs the producer)\n",
@@ -349,6 +416,7 @@ int Main(int argc, char** argv) {
         if (s == "--count") return TakeU64(next, &a.count, 1);
         if (s == "--size") return TakeU64(next, &a.size);
         if (s == "--phases") return TakeString(next, &a.phases);
+        if (s == "--read-list") return TakeString(next, &a.read_list);
         if (s == "--layout") {
           const OptionResult r = TakeString(next, &a.layout);
           if (r == OptionResult::kTaken && a.layout != "private" && a.layout != "shared") {
@@ -362,7 +430,8 @@ int Main(int argc, char** argv) {
         }
         return OptionResult::kNotMine;
       });
-  return rc >= 0 ? rc : Drive(a);
+  if (rc >= 0) return rc;
+  return a.read_list.empty() ? Drive(a) : ReadListMain(a.read_list);
 }
 
 }  // namespace

@@ -193,6 +193,11 @@ class Client {
   // takes only files already published (look-ahead), the others end with
   // DYAD_RC_TIMEOUT at once.
   static constexpr int64_t kConfiguredTimeout = INT64_MIN;
+  // A consume of a file the caller has opened already (`fd`, `st` its
+  // fstat): true when it is complete here (level 1: the checks of Consume
+  // on the descriptor, no path lookups, no message); false when the caller
+  // must close it and Consume. For the preload library's opens.
+  bool ConsumeOpened(int fd, const struct stat& st);
   Status ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results,
                       int64_t timeout_ms = kConfiguredTimeout);
   // Declares (or with `cancel` withdraws) that this process will read the
@@ -245,9 +250,13 @@ class Client {
   void DeclareConfiguredPrefetch();
   // Level 1 of the file locator: true when `path` (in the consumer
   // directory) is known complete without a message: a copy a service placed
-  // that nobody changed since (its version stamp describes it), in either
-  // layout, or any regular file of a directory private to consumers.
+  // that nobody changed since (its revocable version stamp describes it),
+  // in either layout, or any regular file of a directory private to
+  // consumers.
   bool Level1(const std::string& path);
+  // The same for a file of the consumer directory, `st` its fstat, with
+  // `stamp` (of `stamp_len` bytes, <= 0: none) its version attribute.
+  bool Complete(const struct stat& st, const char* stamp, ssize_t stamp_len);
   // True when no producer writes into the consumer directory (see the .cc).
   bool ConsumerDirIsPrivate();
   Status Finish(Status st, const char* op, const std::string& fname) const;

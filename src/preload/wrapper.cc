@@ -657,8 +657,11 @@ enum class Action { kPass, kConsume, kProduce };
 
 // Decides, without allocating for absolute names outside the managed
 // directories, what to do with an open of `path` relative to `dirfd`.
-// On kConsume/kProduce, `name` holds the name for the client.
-Action Classify(int dirfd, const char* path, bool write, bool special, std::string* name) {
+// On kConsume/kProduce, `name` holds the name for the client. With
+// `dir_later`, a directory may come back as kConsume: the caller tells it by
+// the descriptor it opens (OpenCommon's probe).
+Action Classify(int dirfd, const char* path, bool write, bool special, std::string* name,
+                bool dir_later = false) {
   if (path == nullptr || path[0] == '\0' || special) return Action::kPass;
   if (g_shutdown.load(std::memory_order_acquire)) return Action::kPass;
   Client* c = GetClient();
@@ -679,7 +682,7 @@ Action Classify(int dirfd, const char* path, bool write, bool special, std::stri
   if (write) return Action::kProduce;
   // A directory is never published; a file this process is writing is
   // already here (reading it back must not wait for its own publication).
-  if (IsDirectory(*name) || Table().WritingPath(*name)) return Action::kPass;
+  if (Table().WritingPath(*name) || (!dir_later && IsDirectory(*name))) return Action::kPass;
   return Action::kConsume;
 }
 
@@ -749,6 +752,37 @@ int CloseCommon(int fd, RealCall real) {
   return rc;
 }
 
+// A read-only open of a consumer file first opens the file as asked, and
+// the client checks that descriptor (ConsumeOpened): a complete copy (level
+// 1) then costs the open the caller wanted plus a few calls on the
+// descriptor, no second path lookup, and the copy checked is the very file
+// returned. O_NONBLOCK keeps a FIFO there from blocking the probe; opens
+// that could create or truncate never probe.
+enum class Probe { kComplete, kDirectory, kAsk };
+constexpr int kProbeExcluded = O_CREAT | O_TRUNC | O_EXCL;
+
+template <typename RealCall>
+Probe ProbeOpen(int flags, RealCall real, int* fd) {
+  *fd = real(flags | O_NONBLOCK);
+  if (*fd < 0) return Probe::kAsk;
+  struct stat st;
+  Probe p = Probe::kAsk;
+  if (::fstat(*fd, &st) == 0)
+    p = S_ISDIR(st.st_mode)                ? Probe::kDirectory
+        : g_client->ConsumeOpened(*fd, st) ? Probe::kComplete
+                                           : Probe::kAsk;
+  // The flags fcntl can change, as the caller asked them (without
+  // O_NONBLOCK unless it asked for it).
+  if (p != Probe::kAsk && (flags & O_NONBLOCK) == 0 &&
+      ::fcntl(*fd, F_SETFL, flags & (O_APPEND | O_DIRECT | O_NOATIME)) != 0)
+    p = Probe::kAsk;
+  if (p == Probe::kAsk) {
+    real_close()(*fd);
+    *fd = -1;
+  }
+  return p;
+}
+
 // The common body of every descriptor-returning open. `real(flags)` performs
 // the real call (it captures the function, dirfd and mode); the flags may
 // differ from the caller's by O_TRUNC (see late_truncate).
@@ -758,7 +792,18 @@ int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
   if (!guard.outermost()) return real(flags);
   const int entry_errno = errno;  // our checks must not change what the caller sees
   std::string name;
-  const Action action = Classify(dirfd, path, WriteFlags(flags), SpecialFlags(flags), &name);
+  const bool probe = !WriteFlags(flags) && (flags & kProbeExcluded) == 0;
+  Action action = Classify(dirfd, path, WriteFlags(flags), SpecialFlags(flags), &name, probe);
+  if (action == Action::kConsume && probe) {
+    int fd = -1;
+    const Probe p = ProbeOpen(flags, real, &fd);
+    if (p != Probe::kAsk) {
+      if (p == Probe::kComplete) HoldCopy(fd);
+      errno = entry_errno;
+      return fd;
+    }
+    if (IsDirectory(name)) action = Action::kPass;  // the probe could not open it
+  }
   if (action == Action::kConsume ||
       (action == Action::kProduce && ConsumeBeforeWrite(name, flags))) {
     if (int err = ConsumeBefore(name); err != 0) {

@@ -196,6 +196,33 @@ TEST_F(FieldReady, ConsumeVerboseSaysPrefetched) {
   EXPECT_EQ(Counter(kB, "requests.consume"), requests + 1);
 }
 
+// Issue 28: an unmodified reader under the preload library opens a copy
+// prefetched into the one managed directory without asking the service,
+// and reads the producer's bytes; a copy a local program rewrote since is
+// asked about again.
+TEST_F(FieldReady, PreloadReadsAPrefetchedCopyWithoutARequest) {
+  ASSERT_TRUE(Dyad(kB, {"prefetch", "pl/"}).status.success());
+  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
+      << StatusJson(kB);
+  Publish(kA, "pl/a.bin", 70000);
+  const std::string copy = PathOn(kB, "pl/a.bin");
+  ASSERT_TRUE(Eventually(20000, [&] { return Exists(copy); })) << StatusJson(kB);
+  const uint64_t requests = Counter(kB, "requests.consume");
+  const Env env = {{"LD_PRELOAD", lib_}};
+  auto r = cluster().RunOnNode(kB, {"cat", copy}, 60000, env);
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  ASSERT_TRUE(r->status.success()) << r->output;
+  EXPECT_EQ(r->output, ReadAll(PathOn(kA, "pl/a.bin")));
+  EXPECT_EQ(Counter(kB, "requests.consume"), requests);
+  // Rewritten here (its content time moves): no longer taken from its stamp.
+  struct timespec later[2] = {{0, UTIME_OMIT}, {0, 0}};
+  later[1].tv_sec = ::time(nullptr) + 100;
+  ASSERT_EQ(::utimensat(AT_FDCWD, copy.c_str(), later, 0), 0);
+  r = cluster().RunOnNode(kB, {"cat", copy}, 60000, env);
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  EXPECT_EQ(Counter(kB, "requests.consume"), requests + 1);
+}
+
 TEST_F(FieldReady, PrefetchDeclaredOnLocalHit) {
   // A consumer directory of its own on B, with a copy already in it.
   const std::string cons = cluster().node(kB).dir + "/cons";
