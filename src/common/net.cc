@@ -434,15 +434,6 @@ Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline dead
   return SendParts({std::string_view(hdr, kFrameHeaderSize), payload}, deadline);
 }
 
-Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline) {
-  if (!send_cipher_) return SendFrame(type, std::string_view(payload, len), deadline);
-  if (len > kMaxFramePayload)
-    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
-  char hdr[kFrameHeaderSize];
-  EncodeFrameHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
-  return SendSealed(hdr, payload, payload, len, deadline);
-}
-
 Status Channel::SealFrame(uint16_t type, char* payload, size_t len, char hdr[kFrameHeaderSize],
                           unsigned char tag[kSealTagSize]) {
   if (!send_cipher_) return Status(DYAD_RC_BADREQUEST, "SealFrame needs a protected session");

@@ -160,9 +160,6 @@ class Channel {
   void AgeForTest(int64_t ms) { protected_at_ms_ -= ms; }
 
   Status SendFrame(uint16_t type, std::string_view payload, Deadline deadline);
-  // As SendFrame, but may overwrite `payload` (encrypting it in place saves
-  // a copy of large payloads such as file chunks).
-  Status SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline);
   // Protected sessions only: seals one frame of `type` around `len` bytes
   // of `payload` for a caller that sends the pieces itself (WireQueue): the
   // header into `hdr`, the tag into `tag`, and on an encrypting session the

@@ -5,7 +5,7 @@
 //   service -> root service   (TCP; embedded metadata store operations)
 //   service -> owner service  (TCP; file fetches)
 // Each request frame has a MsgType; the answer is one kReply frame whose
-// payload starts with a ReplyHeader (status code + message), followed by the
+// payload starts with a status code and message (EncodeReply), followed by the
 // request-specific fields on success. A fetch reply is followed by the file
 // bytes in the format of the chosen transport. TCP links start with the
 // authentication handshake of common/auth.h.
@@ -110,11 +110,6 @@ struct ServiceRecord {
 
 inline const char* kMembersNamespace = "dyad.services";
 std::string MemberKey(uint32_t rank);
-
-struct ReplyHeader {
-  int32_t code = DYAD_RC_OK;
-  std::string message;
-};
 
 // Encodes a reply: header followed by `body` (already-encoded fields).
 std::string EncodeReply(const Status& st, const std::string& body = {});

@@ -165,7 +165,6 @@ class NodeCache {
   enum class Removal { kRemoved, kBusy, kNotTheCopy, kDenied };
   Removal TryRemove(const std::string& path, const Entry& e) const;
   bool Protected(const std::string& path) const;
-  void PublishGauges() const;
 
   const uint64_t budget_;
   const int64_t grace_ms_;
