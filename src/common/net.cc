@@ -283,31 +283,7 @@ Status Channel::WaitFor(short events, Deadline deadline) {
 }
 
 Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
-  if (capture_ != nullptr) {
-    capture_->append(static_cast<const char*>(buf), len);
-    return Status::OK();
-  }
-  const char* p = static_cast<const char*>(buf);
-  while (len > 0) {
-    const ssize_t n = ::send(fd_.get(), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      Status st = WaitFor(POLLOUT, deadline);
-      if (!st.ok()) {
-        broken_ = true;
-        return st;
-      }
-      continue;
-    }
-    broken_ = true;
-    return StatusFromErrno(errno, "send", DYAD_RC_CONNLOST);
-  }
-  return Status::OK();
+  return SendParts({std::string_view(static_cast<const char*>(buf), len)}, deadline);
 }
 
 Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadline deadline) {
