@@ -82,8 +82,10 @@ class Kvs {
   // once when they answer from this process.
   virtual Task<Result<std::optional<std::string>>> GetTask(Runtime& rt, const std::string& ns,
                                                            const std::string& key);
+  // The default is StartWait plus a sleep of this thread (AwaitStarted,
+  // `cancel` asked every 100 ms).
   virtual Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                                   const CancelFn& cancel = nullptr) = 0;
+                                   const CancelFn& cancel = nullptr);
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;
   virtual Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                              uint32_t limit = 0) = 0;
@@ -130,6 +132,15 @@ class Kvs {
   virtual Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change);
   // After Unwatch returns, the callback is not running and never runs again.
   virtual void Unwatch(KvsWatchTicket ticket) { (void)ticket; }
+
+ protected:
+  // The blocking side of an asynchronous wait: calls `start` with a
+  // callback and sleeps until that callback has run, returning what it got.
+  // With `cancel`, asks it every `poll_ms` and, when it says so, calls
+  // `end` with the ticket, which must make the callback run (soon).
+  static Result<std::string> AwaitStarted(
+      const std::function<Result<KvsWaitTicket>(KvsWaitCallback)>& start, const CancelFn& cancel,
+      int64_t poll_ms, const std::function<void(KvsWaitTicket)>& end);
 };
 
 struct KvsOptions {
