@@ -31,16 +31,6 @@ Task<Result<std::optional<std::string>>> Kvs::GetTask(Runtime& rt, const std::st
   co_return co_await rt.Offload([this, &ns, &key] { return Get(ns, key); });
 }
 
-Result<KvsWaitTicket> Kvs::StartWait(const std::string& ns, const std::string& key,
-                                     Deadline deadline, KvsWaitCallback done) {
-  (void)ns;
-  (void)key;
-  (void)deadline;
-  (void)done;
-  return Status(DYAD_RC_NOTSUP, "metadata store '" + name() +
-                                    "' has no asynchronous wait (KvsCaps::async_wait); use Wait");
-}
-
 Result<std::string> Kvs::Wait(const std::string& ns, const std::string& key, Deadline deadline,
                               const CancelFn& cancel) {
   return AwaitStarted(
