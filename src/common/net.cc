@@ -440,12 +440,12 @@ Result<size_t> Channel::CheckHeader(const char hdr[kFrameHeaderSize]) const {
   return static_cast<size_t>(wire_len);
 }
 
-// The blocking receives are the non-blocking ones (net_now.cc) with a wait
+// The blocking receive is the non-blocking one (net_now.cc) with a wait
 // between calls: one frame reader, whichever way it is driven.
-template <typename Step>
-Status Channel::DriveFrame(const PartialFrame& f, Deadline deadline, Step step) {
+Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+  PartialFrame f;
   for (;;) {
-    Result<bool> r = step();
+    Result<bool> r = RecvFrameNow(&f, type, payload);
     if (!r.ok()) return r.status();
     if (*r) return Status::OK();
     Status st = WaitFor(POLLIN, deadline);
@@ -457,21 +457,6 @@ Status Channel::DriveFrame(const PartialFrame& f, Deadline deadline, Step step) 
       return st;
     }
   }
-}
-
-Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
-  PartialFrame f;
-  return DriveFrame(f, deadline, [&] { return RecvFrameNow(&f, type, payload); });
-}
-
-Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
-                                   size_t buf_len,
-                                   const std::function<Status(const char*, size_t)>& sink,
-                                   Deadline deadline) {
-  PartialFrame f;
-  return DriveFrame(f, deadline, [&] {
-    return RecvFrameStreamingNow(&f, want_type, len, max_len, buf, buf_len, sink);
-  });
 }
 
 Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,
