@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -218,6 +219,18 @@ Result<std::string> TempName(const std::string& leaf) {
   return kPartPrefix + base + suffix;
 }
 
+// Calls `make` with fresh temporary names for `leaf` until it succeeds
+// (true; the name it took) or fails (false, errno set) other than because
+// the name is taken, at most 9 names.
+Result<std::string> WithTempName(const std::string& leaf, const std::string& what,
+                                 const std::function<bool(const char*)>& make) {
+  for (int attempt = 0;; ++attempt) {
+    Result<std::string> name = TempName(leaf);
+    if (!name.ok() || make(name->c_str())) return name;
+    if (errno != EEXIST || attempt == 8) return StatusFromErrno(errno, what);
+  }
+}
+
 // How this process links an O_TMPFILE file: linkat(AT_EMPTY_PATH) needs
 // CAP_DAC_READ_SEARCH; /proc/self/fd with AT_SYMLINK_FOLLOW needs /proc.
 // Learned at the first link and kept.
@@ -287,19 +300,16 @@ Status AtomicFile::Create(const std::string& root, const std::string& upath) {
 }
 
 Status AtomicFile::CreateNamed(const std::string& what) {
-  for (int attempt = 0;; ++attempt) {
-    Result<std::string> name = TempName(leaf_);
-    if (!name.ok()) return name.status();
-    // Private until committed, when it gets the owner's mode.
-    fd_.reset(::openat(dir_.get(), name->c_str(),
-                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (fd_.valid()) {
-      temp_name_ = std::move(*name);
-      return Status::OK();
-    }
-    if (errno != EEXIST || attempt == 8)
-      return StatusFromErrno(errno, "create temporary for " + what);
-  }
+  Result<std::string> name =
+      WithTempName(leaf_, "create temporary for " + what, [&](const char* n) {
+        // Private until committed, when it gets the owner's mode.
+        fd_.reset(
+            ::openat(dir_.get(), n, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+        return fd_.valid();
+      });
+  if (!name.ok()) return name.status();
+  temp_name_ = std::move(*name);
+  return Status::OK();
 }
 
 Status AtomicFile::LinkUnnamed() {
@@ -309,20 +319,16 @@ Status AtomicFile::LinkUnnamed() {
   // A new version of a file already there: a temporary name, renamed over
   // the old one (renameat replaces whatever has the final name, even a
   // symlink, without following it).
-  for (int attempt = 0;; ++attempt) {
-    Result<std::string> name = TempName(leaf_);
-    if (!name.ok()) return name.status();
-    if (LinkFd(fd_.get(), dir_.get(), name->c_str()) != 0) {
-      if (errno == EEXIST && attempt < 8) continue;
-      return StatusFromErrno(errno, "link a temporary for '" + leaf_ + "'");
-    }
-    if (::renameat(dir_.get(), name->c_str(), dir_.get(), leaf_.c_str()) != 0) {
-      const int err = errno;
-      ::unlinkat(dir_.get(), name->c_str(), 0);
-      return StatusFromErrno(err, "rename into '" + leaf_ + "'");
-    }
-    return Status::OK();
+  Result<std::string> name =
+      WithTempName(leaf_, "link a temporary for '" + leaf_ + "'",
+                   [&](const char* n) { return LinkFd(fd_.get(), dir_.get(), n) == 0; });
+  if (!name.ok()) return name.status();
+  if (::renameat(dir_.get(), name->c_str(), dir_.get(), leaf_.c_str()) != 0) {
+    const int err = errno;
+    ::unlinkat(dir_.get(), name->c_str(), 0);
+    return StatusFromErrno(err, "rename into '" + leaf_ + "'");
   }
+  return Status::OK();
 }
 
 Status AtomicFile::Commit(uint64_t version_ns, bool fsync_data, mode_t mode) {

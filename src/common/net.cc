@@ -283,31 +283,7 @@ Status Channel::WaitFor(short events, Deadline deadline) {
 }
 
 Status Channel::SendAll(const void* buf, size_t len, Deadline deadline) {
-  if (capture_ != nullptr) {
-    capture_->append(static_cast<const char*>(buf), len);
-    return Status::OK();
-  }
-  const char* p = static_cast<const char*>(buf);
-  while (len > 0) {
-    const ssize_t n = ::send(fd_.get(), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      Status st = WaitFor(POLLOUT, deadline);
-      if (!st.ok()) {
-        broken_ = true;
-        return st;
-      }
-      continue;
-    }
-    broken_ = true;
-    return StatusFromErrno(errno, "send", DYAD_RC_CONNLOST);
-  }
-  return Status::OK();
+  return SendParts({std::string_view(static_cast<const char*>(buf), len)}, deadline);
 }
 
 Status Channel::SendParts(std::initializer_list<std::string_view> parts, Deadline deadline) {
@@ -434,15 +410,6 @@ Status Channel::SendFrame(uint16_t type, std::string_view payload, Deadline dead
   return SendParts({std::string_view(hdr, kFrameHeaderSize), payload}, deadline);
 }
 
-Status Channel::SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline) {
-  if (!send_cipher_) return SendFrame(type, std::string_view(payload, len), deadline);
-  if (len > kMaxFramePayload)
-    return Status(DYAD_RC_BADPACK, "message too large (" + std::to_string(len) + " bytes)");
-  char hdr[kFrameHeaderSize];
-  EncodeFrameHeader(hdr, type, static_cast<uint32_t>(len + kSealTagSize));
-  return SendSealed(hdr, payload, payload, len, deadline);
-}
-
 Status Channel::SealFrame(uint16_t type, char* payload, size_t len, char hdr[kFrameHeaderSize],
                           unsigned char tag[kSealTagSize]) {
   if (!send_cipher_) return Status(DYAD_RC_BADREQUEST, "SealFrame needs a protected session");
@@ -473,12 +440,12 @@ Result<size_t> Channel::CheckHeader(const char hdr[kFrameHeaderSize]) const {
   return static_cast<size_t>(wire_len);
 }
 
-// The blocking receives are the non-blocking ones (net_now.cc) with a wait
+// The blocking receive is the non-blocking one (net_now.cc) with a wait
 // between calls: one frame reader, whichever way it is driven.
-template <typename Step>
-Status Channel::DriveFrame(const PartialFrame& f, Deadline deadline, Step step) {
+Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
+  PartialFrame f;
   for (;;) {
-    Result<bool> r = step();
+    Result<bool> r = RecvFrameNow(&f, type, payload);
     if (!r.ok()) return r.status();
     if (*r) return Status::OK();
     Status st = WaitFor(POLLIN, deadline);
@@ -490,21 +457,6 @@ Status Channel::DriveFrame(const PartialFrame& f, Deadline deadline, Step step) 
       return st;
     }
   }
-}
-
-Status Channel::RecvFrame(uint16_t* type, std::string* payload, Deadline deadline) {
-  PartialFrame f;
-  return DriveFrame(f, deadline, [&] { return RecvFrameNow(&f, type, payload); });
-}
-
-Status Channel::RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
-                                   size_t buf_len,
-                                   const std::function<Status(const char*, size_t)>& sink,
-                                   Deadline deadline) {
-  PartialFrame f;
-  return DriveFrame(f, deadline, [&] {
-    return RecvFrameStreamingNow(&f, want_type, len, max_len, buf, buf_len, sink);
-  });
 }
 
 Status Channel::SendFileRange(int file_fd, uint64_t offset, uint64_t len, int64_t idle_ms,

@@ -160,9 +160,6 @@ class Channel {
   void AgeForTest(int64_t ms) { protected_at_ms_ -= ms; }
 
   Status SendFrame(uint16_t type, std::string_view payload, Deadline deadline);
-  // As SendFrame, but may overwrite `payload` (encrypting it in place saves
-  // a copy of large payloads such as file chunks).
-  Status SendFrameInPlace(uint16_t type, char* payload, size_t len, Deadline deadline);
   // Protected sessions only: seals one frame of `type` around `len` bytes
   // of `payload` for a caller that sends the pieces itself (WireQueue): the
   // header into `hdr`, the tag into `tag`, and on an encrypting session the
@@ -170,17 +167,6 @@ class Channel {
   // they were sealed, with nothing sent on the session in between.
   Status SealFrame(uint16_t type, char* payload, size_t len, char hdr[kFrameHeaderSize],
                    unsigned char tag[kSealTagSize]);
-  // Receives one frame of type `want_type` whose payload is handed to
-  // `sink` piece by piece as it arrives (at most `buf_len` bytes at a time,
-  // through `buf`), so a large payload is never held whole and the socket
-  // keeps draining. On a protected session the pieces are authenticated
-  // (and decrypted) on the way; they are unverified until this returns OK,
-  // so `sink` must write somewhere the caller can discard (DYAD_RC_AUTH
-  // otherwise). Another type (DYAD_RC_BADRPC) or a payload above `max_len`
-  // (DYAD_RC_BADUNPACK) is refused before any byte reaches `sink`.
-  Status RecvFrameStreaming(uint16_t want_type, size_t* len, size_t max_len, char* buf,
-                            size_t buf_len, const std::function<Status(const char*, size_t)>& sink,
-                            Deadline deadline);
   // A frame received over several calls without blocking (the *Now calls):
   // how much of its header, payload and tag arrived so far. Reset() before
   // the next frame.
@@ -194,10 +180,17 @@ class Channel {
     bool begun = false;  // header checked (and the record's check begun)
     void Reset() { *this = PartialFrame(); }
   };
-  // As RecvFrameStreaming, but never waits: takes what the socket holds now.
-  // OK(true) once the frame is complete (`*len` set), OK(false) when it needs
-  // more bytes (wait until the socket is readable, then call again with the
-  // same `*f`). Errors as RecvFrameStreaming.
+  // Receives one frame of type `want_type` whose payload is handed to
+  // `sink` piece by piece as it arrives (at most `buf_len` bytes at a time,
+  // through `buf`), so a large payload is never held whole and the socket
+  // keeps draining. On a protected session the pieces are authenticated
+  // (and decrypted) on the way; they are unverified until the frame is
+  // complete, so `sink` must write somewhere the caller can discard
+  // (DYAD_RC_AUTH otherwise). Another type (DYAD_RC_BADRPC) or a payload
+  // above `max_len` (DYAD_RC_BADUNPACK) is refused before any byte reaches
+  // `sink`. Never waits: takes what the socket holds now. OK(true) once the
+  // frame is complete (`*len` set), OK(false) when it needs more bytes
+  // (wait until the socket is readable, then call again with the same `*f`).
   Result<bool> RecvFrameStreamingNow(PartialFrame* f, uint16_t want_type, size_t* len,
                                      size_t max_len, char* buf, size_t buf_len,
                                      const std::function<Status(const char*, size_t)>& sink);
@@ -274,10 +267,6 @@ class Channel {
   // Takes the header of `f` as far as it arrived, then checks it (once).
   // OK(false) while it is incomplete.
   Result<bool> HeaderNow(PartialFrame* f);
-  // Calls `step` (a *Now receive of frame `f`) until it completes, waiting
-  // for the socket in between (until `deadline`).
-  template <typename Step>
-  Status DriveFrame(const PartialFrame& f, Deadline deadline, Step step);
   Status SendSealed(const char* hdr, const char* payload, char* out, size_t len, Deadline deadline);
 
   UniqueFd fd_;

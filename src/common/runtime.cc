@@ -367,7 +367,6 @@ Status Runtime::Start() {
   work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
       io_.get_executor());
   loop_ = std::thread([this] {
-    loop_id_ = std::this_thread::get_id();
     t_on_loop = true;
     for (;;) {
       try {

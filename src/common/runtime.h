@@ -120,12 +120,10 @@ class Runtime {
   // end, then stops the loop and the pool and joins them. Idempotent.
   void Shutdown(int64_t grace_ms = 2000);
 
-  asio::io_context& io() { return io_; }
   asio::any_io_executor executor() { return io_.get_executor(); }
   // Fires when the service stops: every request's Stop descends from it.
   Stop& stopping() { return *root_stop_; }
   bool running() const { return running_.load(); }
-  bool InLoop() const { return std::this_thread::get_id() == loop_id_.load(); }
 
   // Starts `task` on the loop, detached, after the caller's turn (never
   // inline, whoever calls); it must end by itself (its waits name a Stop
@@ -160,7 +158,6 @@ class Runtime {
   std::unique_ptr<Stop> root_stop_;
   std::unique_ptr<WorkerPool> pool_;
   std::thread loop_;
-  std::atomic<std::thread::id> loop_id_{};
   std::atomic<bool> running_{false};
   std::atomic<uint64_t> tasks_{0};
 };

@@ -15,8 +15,9 @@
 //    lexicographic order, at most `limit` (0 = all).
 // MultiGet reads many keys of a namespace as Get would, in as few round
 // trips as the store allows (a default loops over Get).
-// Optional (KvsCaps::async_wait): StartWait, the same wait without a
-// blocked thread, for callers that park thousands of waits at once.
+// StartWait is the same wait without a blocked thread, for callers that
+// park thousands of waits at once; every store has it (KvsCaps::async_wait),
+// and Wait's default is built on it.
 // Optional (KvsCaps::watch): Watch, a feed of every Put in a namespace
 // pushed by the store (prefetch on publication, service/prefetch.h).
 // All methods are thread-safe.
@@ -85,8 +86,10 @@ class Kvs {
   // once when they answer from this process.
   virtual Task<Result<std::optional<std::string>>> GetTask(Runtime& rt, const std::string& ns,
                                                            const std::string& key);
+  // The default is StartWait plus a sleep of this thread (AwaitStarted,
+  // `cancel` asked every 100 ms).
   virtual Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                                   const CancelFn& cancel = nullptr) = 0;
+                                   const CancelFn& cancel = nullptr);
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;
   virtual Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                              uint32_t limit = 0) = 0;
@@ -108,15 +111,14 @@ class Kvs {
   // DYAD_RC_TIMEOUT at the deadline, DYAD_RC_CANCELLED after CancelWait or
   // Shutdown. `done` must be quick and must not block (hand the result to
   // your own thread); it may call StartWait and CancelWait. When StartWait
-  // returns an error, `done` is never called. Stores without it
-  // (KvsCaps::async_wait false) return DYAD_RC_NOTSUP: use Wait.
+  // returns an error, `done` is never called.
   virtual Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key,
-                                          Deadline deadline, KvsWaitCallback done);
+                                          Deadline deadline, KvsWaitCallback done) = 0;
   // Ends a pending StartWait with DYAD_RC_CANCELLED (its `done` runs on
   // this thread before CancelWait returns). A wait that already ended, or
   // whose `done` is running elsewhere, is left alone: `done` still runs
   // exactly once, so anything it touches must stay valid until it has.
-  virtual void CancelWait(KvsWaitTicket ticket) { (void)ticket; }
+  virtual void CancelWait(KvsWaitTicket ticket) = 0;
 
   // Calls `on_change` for every later Put in `ns` (not for keys already
   // there: List them after Watch returns, and nothing is missed), on a
@@ -133,6 +135,15 @@ class Kvs {
   virtual Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change);
   // After Unwatch returns, the callback is not running and never runs again.
   virtual void Unwatch(KvsWatchTicket ticket) { (void)ticket; }
+
+ protected:
+  // The blocking side of an asynchronous wait: calls `start` with a
+  // callback and sleeps until that callback has run, returning what it got.
+  // With `cancel`, asks it every `poll_ms` and, when it says so, calls
+  // `end` with the ticket, which must make the callback run (soon).
+  static Result<std::string> AwaitStarted(
+      const std::function<Result<KvsWaitTicket>(KvsWaitCallback)>& start, const CancelFn& cancel,
+      int64_t poll_ms, const std::function<void(KvsWaitTicket)>& end);
 };
 
 struct KvsOptions {

@@ -50,14 +50,10 @@ std::vector<std::string> WatchList::Namespaces() const {
   return std::vector<std::string>(names.begin(), names.end());
 }
 
-std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string* ns) const {
+std::vector<std::shared_ptr<WatchList::Watcher>> WatchList::Of(const std::string& ns) const {
   std::vector<std::shared_ptr<Watcher>> out;
   MutexLock lk(mu_);
-  if (ns == nullptr) {
-    for (const auto& [t, w] : all_) out.push_back(w);
-    return out;
-  }
-  const auto space = by_ns_.find(*ns);
+  const auto space = by_ns_.find(ns);
   if (space != by_ns_.end())
     for (const auto& [t, w] : space->second) out.push_back(w);
   return out;
@@ -72,7 +68,7 @@ void WatchList::Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const K
 
 void WatchList::Notify(const std::string& ns, const std::string& key, const std::string& value) {
   if (empty()) return;
-  const auto to = Of(&ns);
+  const auto to = Of(ns);
   if (to.empty()) return;
   KvsChange c;
   c.key = key;
@@ -83,19 +79,13 @@ void WatchList::Notify(const std::string& ns, const std::string& key, const std:
 void WatchList::Resync(const std::string& ns) {
   KvsChange c;
   c.resync = true;
-  Deliver(Of(&ns), c);
+  Deliver(Of(ns), c);
 }
 
 void WatchList::Lost(const std::string& ns) {
   KvsChange c;
   c.lost = true;
-  Deliver(Of(&ns), c);
-}
-
-void WatchList::ResyncAll() {
-  KvsChange c;
-  c.resync = true;
-  Deliver(Of(nullptr), c);
+  Deliver(Of(ns), c);
 }
 
 }  // namespace dyad

@@ -41,7 +41,6 @@ class WatchList {
   void Notify(const std::string& ns, const std::string& key, const std::string& value);
   void Resync(const std::string& ns);
   void Lost(const std::string& ns);
-  void ResyncAll();
 
  private:
   struct Watcher {
@@ -51,7 +50,7 @@ class WatchList {
     bool active GUARDED_BY(run_mu) = true;
   };
   void Deliver(const std::vector<std::shared_ptr<Watcher>>& to, const KvsChange& change);
-  std::vector<std::shared_ptr<Watcher>> Of(const std::string* ns) const;
+  std::vector<std::shared_ptr<Watcher>> Of(const std::string& ns) const;
 
   using Watchers = std::map<KvsWatchTicket, std::shared_ptr<Watcher>>;
   mutable Mutex mu_;

@@ -191,15 +191,6 @@ bool PublishRequest::DecodeFrom(Decoder& d) {
   return !d.failed();
 }
 
-void LocateRequest::EncodeTo(Encoder& e) const { e.Str(ns).Str(key).Bool(wait).I64(timeout_ms); }
-bool LocateRequest::DecodeFrom(Decoder& d) {
-  ns = d.Str();
-  key = d.Str();
-  wait = d.Bool();
-  timeout_ms = d.I64();
-  return !d.failed();
-}
-
 void ConsumeRequest::EncodeTo(Encoder& e) const {
   e.Str(ns)
       .Str(key)
@@ -242,21 +233,6 @@ bool ConsumeReply::DecodeFrom(Decoder& d) {
     owner_address = d.Str(1024);
   }
   return !d.failed() && FileRecord::Decode(rec, &record);
-}
-
-void ListRequest::EncodeTo(Encoder& e) const { e.Str(ns).Str(path_prefix).U32(limit); }
-bool ListRequest::DecodeFrom(Decoder& d) {
-  ns = d.Str();
-  path_prefix = d.Str();
-  limit = d.U32();
-  return !d.failed();
-}
-
-void RemoveRequest::EncodeTo(Encoder& e) const { e.Str(ns).Str(key); }
-bool RemoveRequest::DecodeFrom(Decoder& d) {
-  ns = d.Str();
-  key = d.Str();
-  return !d.failed();
 }
 
 void StatusReply::EncodeTo(Encoder& e) const {
@@ -392,18 +368,6 @@ bool PeersReply::DecodeFrom(Decoder& d) {
   return !d.failed();
 }
 
-void KvsRequest::EncodeTo(Encoder& e) const {
-  e.Str(ns).Str(key).Str(value).I64(timeout_ms).U32(limit);
-}
-bool KvsRequest::DecodeFrom(Decoder& d) {
-  ns = d.Str();
-  key = d.Str();
-  value = d.Str();
-  timeout_ms = d.I64();
-  limit = d.U32();
-  return !d.failed();
-}
-
 void SupersedeNotice::EncodeTo(Encoder& e) const {
   e.Str(ns).Str(key).Str(record.Encode()).Bool(forward);
 }
@@ -413,18 +377,6 @@ bool SupersedeNotice::DecodeFrom(Decoder& d) {
   const std::string rec = d.Str();
   forward = d.Bool();
   return !d.failed() && FileRecord::Decode(rec, &record);
-}
-
-void PrefetchRequest::EncodeTo(Encoder& e) const {
-  e.Str(ns).Str(pattern).Str(cons_path).Str(dtl_mode).Bool(cancel);
-}
-bool PrefetchRequest::DecodeFrom(Decoder& d) {
-  ns = d.Str();
-  pattern = d.Str();
-  cons_path = d.Str();
-  dtl_mode = d.Str();
-  cancel = d.Bool();
-  return !d.failed();
 }
 
 void ConsumeBatchRequest::EncodeTo(Encoder& e) const {
@@ -479,18 +431,6 @@ bool KvsMultiGetRequest::DecodeFrom(Decoder& d) {
   return !d.failed();
 }
 
-void KvsWatchRequest::EncodeTo(Encoder& e) const {
-  e.Str(ns).U64(epoch).U64(after).I64(timeout_ms).U32(max_entries);
-}
-bool KvsWatchRequest::DecodeFrom(Decoder& d) {
-  ns = d.Str();
-  epoch = d.U64();
-  after = d.U64();
-  timeout_ms = d.I64();
-  max_entries = d.U32();
-  return !d.failed();
-}
-
 void KvsWatchReply::EncodeTo(Encoder& e) const {
   e.U64(epoch).U64(last).Bool(resync).U32(static_cast<uint32_t>(changes.size()));
   for (const auto& [k, v] : changes) e.Str(k).Str(v);
@@ -507,28 +447,6 @@ bool KvsWatchReply::DecodeFrom(Decoder& d) {
     std::string v = d.Str();
     changes.emplace_back(std::move(k), std::move(v));
   }
-  return !d.failed();
-}
-
-void FetchRequest::EncodeTo(Encoder& e) const {
-  e.Str(upath).Str(transport).Str(transport_args).U64(expect_version);
-}
-bool FetchRequest::DecodeFrom(Decoder& d) {
-  upath = d.Str();
-  transport = d.Str();
-  transport_args = d.Str();
-  expect_version = d.U64();
-  return !d.failed();
-}
-
-void FetchReply::EncodeTo(Encoder& e) const {
-  e.U64(size).U64(version).Str(transport_args).U32(mode);
-}
-bool FetchReply::DecodeFrom(Decoder& d) {
-  size = d.U64();
-  version = d.U64();
-  transport_args = d.Str();
-  mode = d.U32();
   return !d.failed();
 }
 

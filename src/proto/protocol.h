@@ -5,7 +5,7 @@
 //   service -> root service   (TCP; embedded metadata store operations)
 //   service -> owner service  (TCP; file fetches)
 // Each request frame has a MsgType; the answer is one kReply frame whose
-// payload starts with a ReplyHeader (status code + message), followed by the
+// payload starts with a status code and message (EncodeReply), followed by the
 // request-specific fields on success. A fetch reply is followed by the file
 // bytes in the format of the chosen transport. TCP links start with the
 // authentication handshake of common/auth.h.
@@ -23,6 +23,34 @@
 #include "common/wire.h"
 
 namespace dyad {
+
+// In a message struct, DYAD_FIELDS(a, b, ...) defines EncodeTo and
+// DecodeFrom (false when malformed): the fields in the order listed, each
+// by its type (std::string: Str, bool: Bool, uint32_t: U32, uint64_t: U64,
+// int64_t: I64); another type does not compile.
+#define DYAD_FIELDS(...)                                                    \
+  void EncodeTo(Encoder& e) const { ::dyad::EncodeFields(e, __VA_ARGS__); } \
+  bool DecodeFrom(Decoder& d) { return ::dyad::DecodeFields(d, __VA_ARGS__); }
+
+inline void EncodeField(Encoder& e, const std::string& v) { e.Str(v); }
+inline void EncodeField(Encoder& e, bool v) { e.Bool(v); }
+inline void EncodeField(Encoder& e, uint32_t v) { e.U32(v); }
+inline void EncodeField(Encoder& e, uint64_t v) { e.U64(v); }
+inline void EncodeField(Encoder& e, int64_t v) { e.I64(v); }
+inline void DecodeField(Decoder& d, std::string& v) { v = d.Str(); }
+inline void DecodeField(Decoder& d, bool& v) { v = d.Bool(); }
+inline void DecodeField(Decoder& d, uint32_t& v) { v = d.U32(); }
+inline void DecodeField(Decoder& d, uint64_t& v) { v = d.U64(); }
+inline void DecodeField(Decoder& d, int64_t& v) { v = d.I64(); }
+template <typename... T>
+void EncodeFields(Encoder& e, const T&... v) {
+  (EncodeField(e, v), ...);
+}
+template <typename... T>
+bool DecodeFields(Decoder& d, T&... v) {
+  (DecodeField(d, v), ...);
+  return !d.failed();
+}
 
 enum class MsgType : uint16_t {
   kReply = 1,
@@ -125,11 +153,6 @@ struct ServiceRecord {
 inline const char* kMembersNamespace = "dyad.services";
 std::string MemberKey(uint32_t rank);
 
-struct ReplyHeader {
-  int32_t code = DYAD_RC_OK;
-  std::string message;
-};
-
 // Encodes a reply: header followed by `body` (already-encoded fields).
 std::string EncodeReply(const Status& st, const std::string& body = {});
 // Splits a reply into its status and the remaining body bytes.
@@ -158,8 +181,7 @@ struct LocateRequest {
   std::string key;
   bool wait = false;
   int64_t timeout_ms = -1;  // < 0: no limit
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(ns, key, wait, timeout_ms)
 };
 // Locate reply body: FileRecord::Encode() as one string field.
 
@@ -198,16 +220,14 @@ struct ListRequest {
   std::string ns;
   std::string path_prefix;
   uint32_t limit = 0;  // 0: no limit
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(ns, path_prefix, limit)
 };
 // List reply body: u32 count, then count x (key, FileRecord::Encode()).
 
 struct RemoveRequest {
   std::string ns;
   std::string key;
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(ns, key)
 };
 
 // One transfer in flight, as `dyad status` lists it.
@@ -296,8 +316,7 @@ struct PrefetchRequest {
   std::string cons_path;  // absolute, canonical
   std::string dtl_mode;   // "" = service default
   bool cancel = false;
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(ns, pattern, cons_path, dtl_mode, cancel)
 };
 // Prefetch reply body: u32 files already published that matched.
 
@@ -330,8 +349,7 @@ struct KvsRequest {
   std::string value;       // kKvsPut
   int64_t timeout_ms = 0;  // kKvsWait: server-side bound of this wait
   uint32_t limit = 0;      // kKvsList
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(ns, key, value, timeout_ms, limit)
 };
 // Replies: kKvsGet/kKvsWait body: Bool found, Str value.
 //          kKvsList body: u32 count, count x (Str key, Str value).
@@ -360,8 +378,7 @@ struct KvsWatchRequest {
   uint64_t after = 0;
   int64_t timeout_ms = 0;
   uint32_t max_entries = 0;  // 0: the server's bound
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(ns, epoch, after, timeout_ms, max_entries)
 };
 struct KvsWatchReply {
   uint64_t epoch = 0;
@@ -391,8 +408,7 @@ struct FetchRequest {
   std::string transport;        // "tcp", "local", ...
   std::string transport_args;   // opaque, transport-specific
   uint64_t expect_version = 0;  // 0: any
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(upath, transport, transport_args, expect_version)
 };
 
 struct FetchReply {
@@ -400,8 +416,7 @@ struct FetchReply {
   uint64_t version = 0;
   std::string transport_args;  // opaque, transport-specific (e.g. a local path)
   uint32_t mode = 0644;        // the file's permission bits, kept by the copy
-  void EncodeTo(Encoder& e) const;
-  bool DecodeFrom(Decoder& d);
+  DYAD_FIELDS(size, version, transport_args, mode)
 };
 
 // After the bytes of a fetch, the owner sends one more kReply: OK when the

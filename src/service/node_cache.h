@@ -193,7 +193,6 @@ class NodeCache {
   bool RevocableLocked(const std::string& ns, const std::string& path) const;
   Removal TryRemove(const std::string& path, const Entry& e) const;
   bool Protected(const std::string& path) const;
-  void PublishGauges() const;
 
   const uint64_t budget_;
   const int64_t grace_ms_;

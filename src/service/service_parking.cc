@@ -3,8 +3,7 @@
 // A consume or a waiting locate of a key nobody has published yet would
 // otherwise hold a thread for as long as the producer takes (minutes, in a
 // workflow whose consumers start first). Its task waits instead: the store
-// calls back when the key is put (Kvs::StartWait), or its own wait runs on
-// the runtime's pool for a store without one. A wait holds no thread but is
+// calls back when the key is put (Kvs::StartWait). A wait holds no thread but is
 // not invisible: it is registered (waits.h) with its file, namespace,
 // client pid and age for `dyad status`, and the housekeeping below logs it
 // once it has lasted --wait-log seconds.
@@ -54,11 +53,6 @@ Task<Result<std::optional<std::string>>> Service::WaitPublished(
       got = co_await rv->Take(Deadline::AfterMs(0), nullptr);
     }
     if (got) r = std::move(*got);
-  } else if (ticket.status().code() == DYAD_RC_NOTSUP) {
-    // A store without asynchronous waits: its wait on the pool.
-    r = co_await runtime_->Offload([this, &ns, &key, deadline, cancel = ctx.cancel] {
-      return kvs_->Wait(ns, key, deadline, cancel);
-    });
   } else {
     co_return ticket.status();
   }

@@ -52,36 +52,26 @@ WaitInfo WaitRegistry::InfoOf(const Entry& e, uint64_t now) const {
   return i;
 }
 
-std::vector<WaitInfo> WaitRegistry::Snapshot() const {
+std::vector<WaitInfo> WaitRegistry::Snapshot() const { return Collect(0, false); }
+
+std::vector<WaitInfo> WaitRegistry::LongWaits(uint64_t min_age_ns) {
+  return Collect(min_age_ns, true);
+}
+
+std::vector<WaitInfo> WaitRegistry::Collect(uint64_t min_age_ns, bool once) const {
   std::vector<WaitInfo> out;
   std::vector<std::string> cons;
   {
     std::lock_guard<std::mutex> lk(mu_);
     const uint64_t now = MonoNs();
     for (const auto& [id, e] : waits_) {
+      if ((once && e.reported) || now - e.start_ns < min_age_ns) continue;
+      e.reported = e.reported || once;
       out.push_back(InfoOf(e, now));
       cons.push_back(e.w.kind == "consume" ? e.w.cons_path : std::string());
     }
   }
   // Outside the lock: stat() may be slow on a busy file system.
-  for (size_t k = 0; k < out.size(); ++k)
-    if (out[k].kind == "consume") out[k].local = LocalFile(cons[k], out[k].upath);
-  return out;
-}
-
-std::vector<WaitInfo> WaitRegistry::LongWaits(uint64_t min_age_ns) {
-  std::vector<WaitInfo> out;
-  std::vector<std::string> cons;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    const uint64_t now = MonoNs();
-    for (auto& [id, e] : waits_) {
-      if (e.reported || now - e.start_ns < min_age_ns) continue;
-      e.reported = true;
-      out.push_back(InfoOf(e, now));
-      cons.push_back(e.w.kind == "consume" ? e.w.cons_path : std::string());
-    }
-  }
   for (size_t k = 0; k < out.size(); ++k)
     if (out[k].kind == "consume") out[k].local = LocalFile(cons[k], out[k].upath);
   return out;

@@ -52,10 +52,13 @@ class WaitRegistry {
  private:
   struct Entry {
     Wait w;
-    uint64_t start_ns = 0;  // monotonic
-    bool reported = false;
+    uint64_t start_ns = 0;          // monotonic
+    mutable bool reported = false;  // by LongWaits
   };
   WaitInfo InfoOf(const Entry& e, uint64_t now) const;
+  // The waits at least `min_age_ns` old (with `once`, those not collected
+  // with `once` before, marking them), oldest first, each with its local file.
+  std::vector<WaitInfo> Collect(uint64_t min_age_ns, bool once) const;
 
   const std::vector<std::string> dirs_;
   mutable std::mutex mu_;

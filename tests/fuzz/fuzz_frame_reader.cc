@@ -11,8 +11,8 @@
 //     each exactly. A trailing odd byte flips a bit of the sealed stream:
 //     then the altered record must fail with DYAD_RC_AUTH, never be
 //     returned altered.
-//   7, 8: as 5 and 6, received with RecvFrameStreaming (the tcp transport's
-//     file data path) through a small buffer.
+//   7, 8: as 5 and 6, received with RecvFrameStreamingNow (the tcp
+//     transport's file data path) through a small buffer, polling between calls.
 //   9, 10: as 5 and 6, received with RecvFrameNow (a fetch's reply and
 //     verdict, taken without blocking), polling between calls.
 #include <poll.h>
@@ -89,13 +89,19 @@ Status Receive(Channel& ch, How how, const Frame& want, uint16_t* type, std::str
   char buf[97];  // odd on purpose: pieces never align with anything
   size_t len = 0;
   payload->clear();
-  Status st = ch.RecvFrameStreaming(
-      want.type, &len, kMaxFramePayload, buf, sizeof buf,
-      [&](const char* p, size_t n) {
-        payload->append(p, n);
-        return Status::OK();
-      },
-      Deadline::AfterMs(1000));
+  Channel::PartialFrame pf;
+  Status st;
+  for (;;) {
+    Result<bool> r = ch.RecvFrameStreamingNow(&pf, want.type, &len, kMaxFramePayload, buf,
+                                              sizeof buf, [&](const char* p, size_t n) {
+                                                payload->append(p, n);
+                                                return Status::OK();
+                                              });
+    st = r.status();
+    if (!r.ok() || *r) break;
+    pollfd p{ch.fd(), POLLIN, 0};
+    Check(::poll(&p, 1, 1000) == 1);
+  }
   if (st.ok()) {
     Check(len == payload->size());
     *type = want.type;

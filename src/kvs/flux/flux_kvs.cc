@@ -18,7 +18,7 @@
 namespace dyad {
 namespace {
 
-constexpr int64_t kCancelPollMs = 100;
+constexpr int64_t kCancelPollMs = 100;  // a watch feed's check of its stop flag
 constexpr size_t kPipelineDepth = 256;  // lookups in flight on one handle
 
 bool ConnectionErrno(int err) {
@@ -892,33 +892,6 @@ void FluxKvs::Shutdown() {
       Post([this, t] { AbortWait(t); });
     }
   }
-}
-
-Result<std::string> FluxKvs::Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                                  const CancelFn& cancel) {
-  struct Outcome {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<Result<std::string>> result;
-  };
-  auto out = std::make_shared<Outcome>();
-  Result<KvsWaitTicket> t = StartWait(ns, key, deadline, [out](Result<std::string> r) {
-    std::lock_guard<std::mutex> lk(out->mu);
-    out->result = std::move(r);
-    out->cv.notify_all();
-  });
-  if (!t.ok()) return t.status();
-  std::unique_lock<std::mutex> lk(out->mu);
-  while (!out->result) {
-    out->cv.wait_for(lk, std::chrono::milliseconds(kCancelPollMs));
-    if (out->result) break;
-    if (cancel && cancel()) {
-      lk.unlock();
-      CancelWait(*t);  // calls back here (CANCELLED) unless it just ended
-      lk.lock();
-    }
-  }
-  return std::move(*out->result);
 }
 
 // --- watches ------------------------------------------------------------------------------

@@ -23,8 +23,8 @@
 //    lookup is ended with flux_kvs_lookup_cancel (the broker answers
 //    ENODATA, and only then is the future destroyed). Other threads reach
 //    that thread only through a command queue and an eventfd.
-//  * Wait is StartWait plus a condition variable on the caller's thread,
-//    which polls `cancel` every 100 ms and calls CancelWait when it says so.
+//  * Wait is Kvs's: StartWait plus a sleep of the caller's thread, which
+//    polls `cancel` every 100 ms and calls CancelWait when it says so.
 //  * Each Watch has its own thread and handle: a kvs-watch of the
 //    namespace's root (FLUX_KVS_WATCH | FLUX_KVS_WATCH_FULL, one answer per
 //    commit, in commit order) whose successive root snapshots it compares
@@ -74,8 +74,6 @@ class FluxKvs : public Kvs {
   std::string name() const override { return "flux"; }
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
-  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                           const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;

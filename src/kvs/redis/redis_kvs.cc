@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -354,34 +353,13 @@ Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key
                                        (reason.ok() ? "" : " (" + reason.message() + ")"))
         .WithCause(reason.ok() ? DYAD_RC_OK : DYAD_RC_CONNLOST);
   }
-  struct Outcome {
-    Mutex mu;
-    std::condition_variable cv;
-    std::optional<Result<std::string>> result GUARDED_BY(mu);
-  };
-  auto outcome = std::make_shared<Outcome>();
-  Result<KvsWaitTicket> ticket =
-      subscriber_.Add(rkey, SlotOf(rkey), deadline, what, [outcome](Result<std::string> r) {
-        MutexLock lk(outcome->mu);
-        outcome->result = std::move(r);
-        outcome->cv.notify_one();
-      });
-  if (!ticket.ok()) return ticket.status();
-  MutexLock lk(outcome->mu);
-  while (!outcome->result) {
-    // The deadline and Shutdown arrive through the callback; only `cancel`
-    // needs polling, so a wait without one sleeps until it is called.
-    if (!cancel) {
-      lk.Wait(outcome->cv, [&]() REQUIRES(outcome->mu) { return outcome->result.has_value(); });
-      break;
-    }
-    lk.WaitFor(outcome->cv, std::chrono::milliseconds(kCancelPollMs));
-    if (outcome->result) break;
-    lk.Unlock();
-    if (std::optional<Status> why = stopping()) subscriber_.Cancel(*ticket, *why);
-    lk.Lock();
-  }
-  return std::move(*outcome->result);
+  std::optional<Status> why;
+  return AwaitStarted(
+      [&](KvsWaitCallback done) {
+        return subscriber_.Add(rkey, SlotOf(rkey), deadline, what, std::move(done));
+      },
+      cancel ? CancelFn([&] { return (why = stopping()).has_value(); }) : nullptr, kCancelPollMs,
+      [&](KvsWaitTicket t) { subscriber_.Cancel(t, *why); });
 }
 
 Result<std::unique_ptr<Kvs>> OpenKvs_redis(const std::string& url, const KvsOptions& options) {

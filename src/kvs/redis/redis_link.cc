@@ -84,6 +84,12 @@ std::string RedisErrorText(const redisReply* r) {
   return text.empty() ? "ERR" : text;
 }
 
+std::string RedisText(const redisReply* r) {
+  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+             ? std::string(r->str, r->len)
+             : std::string();
+}
+
 bool ParseRedisRedirect(const std::string& error, RedisRedirect* out) {
   RedisRedirect r;
   size_t pos;

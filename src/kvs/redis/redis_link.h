@@ -60,6 +60,8 @@ Status RunRedis(redisContext* c, const std::vector<RedisArgv>& cmds, std::vector
 
 // The text of an error reply, or "" when `r` is not an error.
 std::string RedisErrorText(const redisReply* r);
+// The text of a string or status reply, or "" when `r` is neither.
+std::string RedisText(const redisReply* r);
 
 // A MOVED or ASK error reply: the slot and the node that serves it.
 struct RedisRedirect {

@@ -14,16 +14,6 @@
 #include <sstream>
 
 namespace dyad {
-namespace {
-
-std::string Str(const redisReply* r) {
-  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-             ? std::string(r->str, r->len)
-             : std::string();
-}
-
-}  // namespace
-
 RedisSubscriber::RedisSubscriber(const RedisConfig& config, RedisExecutor* exec)
     : config_(config),
       exec_(exec),
@@ -256,15 +246,15 @@ void RedisSubscriber::HandlePushLocked(const std::string& node, const redisReply
                                        Completions* out) {
   if (r->type == REDIS_REPLY_ERROR) return HandleLinkErrorLocked(node, RedisErrorText(r), out);
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 3) return;
-  const std::string kind = Str(r->element[0]);
-  const std::string name = Str(r->element[1]);
+  const std::string kind = RedisText(r->element[0]);
+  const std::string name = RedisText(r->element[1]);
   auto it = channels_.find(name);
   if (it == channels_.end()) return;
   Channel& ch = it->second;
   if (kind == "message" || kind == "smessage") {
     // The value itself: whichever link it came on, it was put.
     if (r->element[2]->type == REDIS_REPLY_STRING)
-      CompleteChannelLocked(name, Str(r->element[2]), out);
+      CompleteChannelLocked(name, RedisText(r->element[2]), out);
   } else if ((kind == "subscribe" || kind == "ssubscribe") && ch.node == node &&
              ch.state == State::kSubscribing) {
     ch.state = State::kActive;
@@ -319,10 +309,10 @@ void RedisSubscriber::SentinelStep(bool readable) {
     while (sentinel_ && redisGetReplyFromReader(sentinel_.get(), &raw) == REDIS_OK && raw) {
       RedisReply reply(static_cast<redisReply*>(raw));
       const redisReply* r = reply.get();
-      if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || Str(r->element[0]) != "message")
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || RedisText(r->element[0]) != "message")
         continue;
       // "+switch-master": "<name> <old-ip> <old-port> <new-ip> <new-port>"
-      std::istringstream words(Str(r->element[2]));
+      std::istringstream words(RedisText(r->element[2]));
       std::string name, old_ip, old_port;
       RedisAddress now;
       if ((words >> name >> old_ip >> old_port >> now.host >> now.port) &&

@@ -13,12 +13,6 @@
 namespace dyad {
 namespace {
 
-std::string Str(const redisReply* r) {
-  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-             ? std::string(r->str, r->len)
-             : std::string();
-}
-
 // One command on a fresh connection (lookups are rare; no pool needed).
 Result<RedisReply> AskOnce(const RedisAddress& node, const RedisLogin& login, int64_t connect_ms,
                            int64_t command_ms, const RedisArgv& argv) {
@@ -192,7 +186,7 @@ Result<RedisTopology::ClusterView> RedisTopology::AskClusterSlots(const RedisAdd
     const long long lo = range->element[0]->integer;
     const long long hi = range->element[1]->integer;
     RedisAddress master;
-    master.host = Str(range->element[2]->element[0]);
+    master.host = RedisText(range->element[2]->element[0]);
     master.port = static_cast<int>(range->element[2]->element[1]->integer);
     // An empty or "?" endpoint means "the address you reached me at".
     if (master.host.empty() || master.host == "?") master.host = node.host;
@@ -260,8 +254,8 @@ Result<RedisAddress> RedisTopology::AskSentinel(const RedisAddress& sentinel) {
     return Status(DYAD_RC_BADRPC, "sentinel " + sentinel.ToString() + ": unexpected reply");
   }
   RedisAddress primary;
-  primary.host = Str(a->element[0]);
-  primary.port = std::atoi(Str(a->element[1]).c_str());
+  primary.host = RedisText(a->element[0]);
+  primary.port = std::atoi(RedisText(a->element[1]).c_str());
   if (primary.host.empty() || primary.port <= 0 || primary.port > 65535)
     return Status(DYAD_RC_BADRPC, "sentinel " + sentinel.ToString() + ": bad primary address");
   return primary;
@@ -276,7 +270,8 @@ Status RedisTopology::ConfirmPrimary(const RedisAddress& node) {
   if (!r.ok() && r.status().message().find("NOPERM") != std::string::npos) return Status::OK();
   if (!r.ok()) return r.status();
   const redisReply* role = r->get();
-  if (role->type != REDIS_REPLY_ARRAY || role->elements < 1 || Str(role->element[0]) != "master")
+  if (role->type != REDIS_REPLY_ARRAY || role->elements < 1 ||
+      RedisText(role->element[0]) != "master")
     return Status(DYAD_RC_CONNLOST, "redis " + node.ToString() + " is not a primary (yet)");
   return Status::OK();
 }

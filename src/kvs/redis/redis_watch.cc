@@ -15,16 +15,6 @@
 #include "common/time.h"
 
 namespace dyad {
-namespace {
-
-std::string Str(const redisReply* r) {
-  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-             ? std::string(r->str, r->len)
-             : std::string();
-}
-
-}  // namespace
-
 // The first node tried differs from service to service (the clock and
 // this object's address): the watch links of many services spread over a
 // cluster's nodes instead of all landing on the first.
@@ -248,8 +238,8 @@ void RedisWatcher::HandlePush(const redisReply* r) {
     return;
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 3) return;
-  const std::string kind = Str(r->element[0]);
-  const std::string channel = Str(r->element[1]);
+  const std::string kind = RedisText(r->element[0]);
+  const std::string channel = RedisText(r->element[1]);
   std::string ns;
   bool resync = false;
   {
@@ -267,7 +257,8 @@ void RedisWatcher::HandlePush(const redisReply* r) {
   if (resync) watchers_.Resync(ns);
   if (kind != "message") return;
   std::string key, value;
-  if (r->element[2]->type != REDIS_REPLY_STRING || !DecodeMessage(Str(r->element[2]), &key, &value))
+  if (r->element[2]->type != REDIS_REPLY_STRING ||
+      !DecodeMessage(RedisText(r->element[2]), &key, &value))
     return;
   watchers_.Notify(ns, key, value);
 }

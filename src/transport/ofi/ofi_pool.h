@@ -88,10 +88,6 @@ struct OfiBuffer {
   std::chrono::steady_clock::time_point usable_at{};
 
   char* slot(uint64_t i) { return base + (i % static_cast<uint64_t>(slots)) * slot_bytes; }
-  // Remote address of slot i for the peer (see OfiFabric::Registration).
-  uint64_t remote_slot(uint64_t i) const {
-    return region->registration().remote_base + (i % static_cast<uint64_t>(slots)) * slot_bytes;
-  }
   // Receive buffers: the event fd each completed read signals (-1: none).
   // Cleared before that fd is closed; reads of a failed transfer may
   // complete long after it ended.

@@ -107,17 +107,6 @@ Status DecodeErrorFrame(const std::string& payload, const char* who) {
   return Status(static_cast<dyad_rc_t>(code), std::string(who) + " failed: " + msg);
 }
 
-Status RecvCredit(Channel& session, uint64_t index, Deadline deadline) {
-  uint16_t type = 0;
-  std::string payload;
-  DYAD_RETURN_IF_ERROR(session.RecvFrame(&type, &payload, deadline));
-  if (type == kErrorFrame) return DecodeErrorFrame(payload, "requester");
-  Result<uint64_t> credit = DecodeCredit(payload);
-  if (type != kCreditFrame || !credit.ok() || *credit != index)
-    return Status(DYAD_RC_BADUNPACK, "unexpected frame instead of credit " + std::to_string(index));
-  return Status::OK();
-}
-
 uint64_t ChunkTag(uint64_t transfer_id, uint64_t index) {
   return (transfer_id << kIndexBits) | (index & ((uint64_t{1} << kIndexBits) - 1));
 }

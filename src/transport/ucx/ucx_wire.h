@@ -58,10 +58,6 @@ Status DecodeChunk(const std::string& payload, uint64_t* index, uint64_t* length
 // The peer's kError {code, message} as a Status naming `who` failed.
 Status DecodeErrorFrame(const std::string& payload, const char* who);
 
-// Receives kCredit {index} from the requester; its kError or any other
-// frame fails the wait.
-Status RecvCredit(Channel& session, uint64_t index, Deadline deadline);
-
 // A chunk's tag: the requester's transfer id (40 bits) and the chunk index
 // modulo 2^24 (at most kSlots chunks are outstanding, so indexes cannot
 // collide). Ids are unique per process and random across processes, so a
