@@ -278,8 +278,13 @@ dyad_rc_t dyad_set_and_init_dtl_mode(const char* dtl_mode_name,
 dyad_rc_t dyad_clear(void) {
   return Guard("dyad_clear", [&]() -> dyad_rc_t {
     dyad::capi::InitLock lock;
+    // Asynchronous publications still unanswered are waited for (bounded
+    // by the RPC timeout); a failure among them is this call's result. The
+    // context is released either way.
+    Status st;
+    if (std::shared_ptr<dyad::Client> cur = dyad::capi::Current()) st = cur->FlushPublications();
     dyad::capi::Install(nullptr, DYAD_COMM_NONE);
-    return DYAD_RC_OK;
+    return st.ok() ? DYAD_RC_OK : Fail(st);
   });
 }
 
