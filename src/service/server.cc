@@ -30,6 +30,20 @@ constexpr int kAcceptBurst = 256;
 // a request, and of those behind it, in one system call.
 constexpr size_t kRequestReadAhead = 16u << 10;
 
+// Replies held back while more requests are already read (Serve): at most
+// this many bytes before they are sent anyway.
+constexpr size_t kBatchedReplies = 64u << 10;
+
+// True when the bytes read ahead on `ch` begin with a whole frame (its
+// header and every byte the header announces).
+bool HoldsFrame(const Channel& ch) {
+  const std::string_view u = ch.unread_view();
+  if (u.size() < kFrameHeaderSize) return false;
+  uint32_t wire_len = 0;
+  std::memcpy(&wire_len, u.data() + 8, sizeof wire_len);
+  return u.size() - kFrameHeaderSize >= wire_len;
+}
+
 std::string RemoteHost(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
@@ -208,11 +222,34 @@ Task<void> Server::Serve(std::shared_ptr<Conn> c) {
     EndHandshake(*c);
     uint16_t type = 0;
     std::string payload;
+    // Once the requester is gone its replies go nowhere, but the requests
+    // it sent before (a pipeline of asynchronous publications) are still
+    // served, up to the hang-up: what a client sent completely before it
+    // died is neither lost nor half done.
+    bool requester_gone = false;
     while (!c->closed && !c->ch.broken()) {
       if (!co_await NextFrame(*c, &type, &payload)) break;
+      if (!c->out.empty() && !requester_gone) {
+        // Held-back replies go before a handler that writes the socket itself.
+        const Handling how = hooks_.handling(c->local, type);
+        if ((how == Handling::kBlocking || how == Handling::kStreaming) && !co_await Flush(*c)) {
+          requester_gone = true;
+          c->out.clear();
+        }
+      }
       co_await Handle(c, type, payload);
       if (c->out.empty()) continue;
-      if (!co_await Flush(*c)) break;
+      if (requester_gone) {
+        c->out.clear();
+        continue;
+      }
+      // Replies of requests already read wait for the last of them: one
+      // send for a burst of pipelined requests (bounded by kBatchedReplies).
+      if (c->ch.has_unread() && c->out.size() < kBatchedReplies && HoldsFrame(c->ch)) continue;
+      if (!co_await Flush(*c)) {
+        requester_gone = true;
+        c->out.clear();
+      }
     }
   }
   // A read still pending would keep the connection open: end it.
