@@ -145,10 +145,9 @@ Status PublishPipeline::Send(const std::string& request, const std::string& upat
     if (why.code() == DYAD_RC_CONNLOST && attempt == 0 && done == 0 && ch_ == nullptr &&
         failure_.ok())
       continue;
-    Status st = Status(why.code(), "publish '" + upath + "' not sent: " + why.message());
-    if (Status lost = TakeFailure(); !lost.ok())
-      st = Status(lost.code(), lost.message() + "; publish '" + upath + "' not sent");
-    return st;
+    std::string msg = "publish '" + upath + "' not sent: " + why.message();
+    if (Status lost = TakeFailure(); !lost.ok()) msg += "; " + lost.message();
+    return Status(why.code(), msg);
   }
   sent_.push_back(upath);
   return Status::OK();

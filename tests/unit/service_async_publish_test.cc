@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +19,8 @@
 #include "client/client.h"
 #include "client/publish_pipeline.h"
 #include "common/fsutil.h"
+#include "dyad/client/dyad_client.h"
+#include "dyad/core/dyad_ctx.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
 #include "util.h"
@@ -275,6 +278,72 @@ TEST_F(AsyncPublish, ForkedChildUsesItsOwnConnection) {
   EXPECT_EQ(Published("p1"), 1u);
   EXPECT_EQ(Published("c1"), 1u);
   EXPECT_EQ(Counter("requests.publish"), 2u);
+}
+
+// dyad_finalize waits for the outstanding replies and returns a failure
+// among them, naming the file.
+TEST_F(AsyncPublish, DyadFinalizeReportsAFailedAsynchronousPublication) {
+  ASSERT_EQ(::setenv("DYAD_SERVICE_SOCKET", sock_.c_str(), 1), 0);
+  WriteFile(prod_ + "/fin", "x");
+  ASSERT_EQ(
+      dyad_init(false, false, false, true, /*async_publish=*/true, false, 3, 1024, 1,
+                kMembersNamespace, prod_.c_str(), nullptr, false, nullptr, DYAD_COMM_SEND, nullptr),
+      DYAD_RC_OK)
+      << dyad_last_error();
+  EXPECT_EQ(dyad_produce(dyad_ctx_get(), (prod_ + "/fin").c_str()), DYAD_RC_OK);
+  EXPECT_EQ(dyad_finalize(), DYAD_RC_PERM);
+  EXPECT_NE(std::string(dyad_last_error()).find("asynchronous publish 'fin' failed"),
+            std::string::npos)
+      << dyad_last_error();
+  EXPECT_EQ(dyad_ctx_get(), nullptr);  // released all the same
+  ::unsetenv("DYAD_SERVICE_SOCKET");
+}
+
+// A service that reads nothing: produce blocks once the socket buffer is
+// full, at most the RPC timeout, and an interrupt ends the wait at once.
+TEST_F(AsyncPublish, FullSocketBufferBlocksAtMostTheRpcTimeoutAndIsInterruptible) {
+  service_->Stop();
+  service_.reset();
+  ::unlink(sock_.c_str());
+  Result<SocketAddress> addr = ParseAddress("unix:" + sock_);
+  ASSERT_TRUE(addr.ok());
+  Result<UniqueFd> listener = Listen(*addr);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  ClientConfig c = Config();
+  c.rpc_timeout_ms = 300;
+  client_ = Make(c);
+  WriteFile(prod_ + "/full", "x");
+  Status st;
+  int sent = 0;
+  for (; sent < 100000 && st.ok(); ++sent) {
+    const auto t0 = std::chrono::steady_clock::now();
+    st = client_->Produce(prod_ + "/full");
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
+      EXPECT_GE(ms, 250);
+      EXPECT_LT(ms, 3000);
+    }
+  }
+  ASSERT_FALSE(st.ok()) << "the socket buffer never filled";
+  EXPECT_NE(st.message().find("not sent"), std::string::npos) << st.message();
+  // (A timeout in the middle of a request drops the connection: the next
+  // produce fills a new buffer first.)
+  SetInterruptCheck([] { return true; });
+  int64_t ms = 0;
+  st = Status::OK();
+  for (int i = 0; i < 100000 && st.ok(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    st = client_->Produce(prod_ + "/full");
+    ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+  }
+  SetInterruptCheck(nullptr);
+  EXPECT_EQ(st.code(), DYAD_RC_CANCELLED) << st.ToString();
+  EXPECT_LT(ms, 250);
 }
 
 }  // namespace
