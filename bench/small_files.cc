@@ -93,7 +93,8 @@ struct Phase {
 // The async phase: loop rates of the three rows (medians of the runs).
 struct AsyncPhase {
   double plain_fps = 0, async_fps = 0, sync_fps = 0;
-  double finalize_ms = 0;  // the async producer's dyad_finalize (median)
+  double finalize_ms = 0;                      // the async producer's dyad_finalize (median)
+  double async_call_us = 0, sync_call_us = 0;  // median dyad_produce call
   int failures = 0;
   bool ran = false;
 };
@@ -303,7 +304,7 @@ int Drive(const Args& a) {
   AsyncPhase async;
   if (a.Has("async")) {
     async.ran = true;
-    std::vector<double> plain, asy, sync, fin;
+    std::vector<double> plain, asy, sync, fin, async_calls, sync_calls;
     const std::vector<std::string> deferred = {"--defer-results"};
     for (uint64_t rep = 0; rep < a.async_reps; ++rep) {
       struct Row {
@@ -337,6 +338,10 @@ int Drive(const Args& a) {
         }
         if (!success || r->size() != files.size()) ++async.failures;
         row.out->push_back(Rate(r->size(), first, last));
+        for (const auto& x : *r) {
+          if (row.out == &asy) async_calls.push_back(static_cast<double>(x.call_ns) / 1e3);
+          if (row.out == &sync) sync_calls.push_back(static_cast<double>(x.call_ns) / 1e3);
+        }
         if (row.out == &asy) fin.push_back(Runner::FinalizeMs(m));
       }
     }
@@ -344,6 +349,8 @@ int Drive(const Args& a) {
     async.async_fps = Median(asy);
     async.sync_fps = Median(sync);
     async.finalize_ms = Median(fin);
+    async.async_call_us = Median(async_calls);
+    async.sync_call_us = Median(sync_calls);
   }
 
   auto b = c.ServiceStatus(1);
@@ -363,7 +370,8 @@ int Drive(const Args& a) {
         "\"failures\": %d},\n"
         " \"async_publish\": {\"ran\": %s, \"count\": %llu, \"plain_files_per_s\": %.1f, "
         "\"async_files_per_s\": %.1f, \"sync_files_per_s\": %.1f, \"ratio_async_plain\": %.4f, "
-        "\"finalize_ms\": %.3f, \"runs\": %llu, \"failures\": %d},\n"
+        "\"finalize_ms\": %.3f, \"async_call_p50_us\": %.2f, \"sync_call_p50_us\": %.2f, "
+        "\"runs\": %llu, \"failures\": %d},\n"
         " \"transfers_in\": %llu}\n",
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", publish.files_per_s, publish.aux_files_per_s,
@@ -374,7 +382,8 @@ int Drive(const Args& a) {
         async.ran ? "true" : "false", static_cast<unsigned long long>(a.count), async.plain_fps,
         async.async_fps, async.sync_fps,
         async.plain_fps > 0 ? async.async_fps / async.plain_fps : 0.0, async.finalize_ms,
-        static_cast<unsigned long long>(a.async_reps), async.failures, transfers);
+        async.async_call_us, async.sync_call_us, static_cast<unsigned long long>(a.async_reps),
+        async.failures, transfers);
   } else {
     std::printf("\n%-44s %12s %10s %10s %8s\n", "phase", "files/s", "p50 ms", "p99 ms", "errors");
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "publish (dyad_produce calls, synchronous)",
@@ -393,10 +402,11 @@ int Drive(const Args& a) {
       std::printf("\nnode A alone, medians of %llu alternated runs (loop files/s):\n",
                   static_cast<unsigned long long>(a.async_reps));
       std::printf("%-44s %12.0f\n", "write + close (no DYAD call)", async.plain_fps);
-      std::printf("%-44s %12.0f   dyad_finalize %.1f ms\n",
+      std::printf("%-44s %12.0f   dyad_produce p50 %.1f us, dyad_finalize %.1f ms\n",
                   "write + close + publish, DYAD_ASYNC_PUBLISH=1", async.async_fps,
-                  async.finalize_ms);
-      std::printf("%-44s %12.0f\n", "write + close + publish, synchronous", async.sync_fps);
+                  async.async_call_us, async.finalize_ms);
+      std::printf("%-44s %12.0f   dyad_produce p50 %.1f us\n",
+                  "write + close + publish, synchronous", async.sync_fps, async.sync_call_us);
       std::printf("%-44s %12.2f   (target >= 0.5)   errors %d\n", "ratio async / plain",
                   async.plain_fps > 0 ? async.async_fps / async.plain_fps : 0.0, async.failures);
     }

@@ -84,7 +84,11 @@ dyad_rc_t Init(ClientConfig c, dyad_dtl_comm_mode_t comm_mode) {
   InitLock lock;
   if (Context()->initialized.load() && !c.reinit) return DYAD_RC_OK;
   // Re-initialization releases the old context first; if the new settings
-  // fail, the process is left uninitialized (as upstream).
+  // fail, the process is left uninitialized (as upstream). Its asynchronous
+  // publications are waited for (so the new context's calls come after
+  // them), but a failure among them is not reported here: dyad_finalize
+  // before dyad_init reports it.
+  if (std::shared_ptr<Client> old = Current()) (void)old->FlushPublications();
   Install(nullptr, DYAD_COMM_NONE);
   if (c.prod_managed_path.empty() && c.cons_managed_path.empty()) {
     static std::atomic<bool> warned{false};
