@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +30,9 @@ constexpr int kAcceptBurst = 256;
 // Bytes a request link reads at once (ReadInto): the header and payload of
 // a request, and of those behind it, in one system call.
 constexpr size_t kRequestReadAhead = 16u << 10;
+
+// Whether this thread runs as SCHED_BATCH (Server::PreferThroughput).
+thread_local bool t_batch_scheduling = false;
 
 // Replies held back while more requests are already read (Serve): at most
 // this many bytes before they are sent anyway.
@@ -86,6 +90,13 @@ struct Server::Conn {
   bool closed = false;
   std::shared_ptr<PendingRead> pending;  // a read started during a request
 };
+
+void Server::PreferThroughput(bool on) {
+  if (on == t_batch_scheduling) return;
+  sched_param param{};
+  param.sched_priority = 0;
+  if (::sched_setscheduler(0, on ? SCHED_BATCH : SCHED_OTHER, &param) == 0) t_batch_scheduling = on;
+}
 
 Server::Server(Runtime& rt, ServerConfig config, ServerHooks hooks)
     : rt_(rt), cfg_(std::move(config)), hooks_(std::move(hooks)) {}
@@ -229,6 +240,9 @@ Task<void> Server::Serve(std::shared_ptr<Conn> c) {
     bool requester_gone = false;
     while (!c->closed && !c->ch.broken()) {
       if (!co_await NextFrame(*c, &type, &payload)) break;
+      // Only the publish handler knows whether it is asynchronous (it
+      // turns the preference on); every other request turns it off.
+      if (type != static_cast<uint16_t>(MsgType::kPublish)) PreferThroughput(false);
       if (!c->out.empty() && !requester_gone) {
         // Held-back replies go before a handler that writes the socket itself.
         const Handling how = hooks_.handling(c->local, type);
@@ -254,6 +268,7 @@ Task<void> Server::Serve(std::shared_ptr<Conn> c) {
   }
   // A read still pending would keep the connection open: end it.
   if (c->pending && !c->pending->done) Close(*c);
+  PreferThroughput(false);  // a pipeline that ends leaves the loop as it was
   conns_.erase(c.get());
   live_ = conns_.size();
 }

@@ -4,13 +4,16 @@
 // flush, a client killed right after its produces returned loses none of
 // them and publishes none twice, and a connection that breaks is reported
 // with its unconfirmed publications, never replayed.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -344,6 +347,40 @@ TEST_F(AsyncPublish, FullSocketBufferBlocksAtMostTheRpcTimeoutAndIsInterruptible
   SetInterruptCheck(nullptr);
   EXPECT_EQ(st.code(), DYAD_RC_CANCELLED) << st.ToString();
   EXPECT_LT(ms, 250);
+}
+
+// Threads of this process running as SCHED_BATCH (the service's loop while
+// it serves asynchronous publications).
+int BatchThreads() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = ::readdir(d)) {
+    const int tid = std::atoi(e->d_name);
+    if (tid > 0 && ::sched_getscheduler(tid) == SCHED_BATCH) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+// While the loop serves a pipeline of asynchronous publications it runs as
+// SCHED_BATCH (a producer's next request then does not preempt the
+// producer); any other request, and a synchronous publish, turns it back.
+TEST_F(AsyncPublish, LoopServesAsynchronousPublicationsWithoutPreemptingTheProducer) {
+  ASSERT_EQ(BatchThreads(), 0);
+  client_ = Make(Config());
+  WriteFile(prod_ + "/s1", "1");
+  ASSERT_TRUE(client_->Produce(prod_ + "/s1").ok());
+  ASSERT_TRUE(client_->FlushPublications().ok());
+  EXPECT_EQ(BatchThreads(), 1);
+  auto sync = Make(Config(false));
+  ASSERT_TRUE(sync->Ping().ok());
+  EXPECT_EQ(BatchThreads(), 0);
+  ASSERT_TRUE(client_->Produce(prod_ + "/s1").ok());
+  ASSERT_TRUE(client_->FlushPublications().ok());
+  EXPECT_EQ(BatchThreads(), 1);
+  ASSERT_TRUE(sync->Produce(prod_ + "/s1").ok());
+  EXPECT_EQ(BatchThreads(), 0);
 }
 
 }  // namespace
