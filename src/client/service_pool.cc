@@ -1,13 +1,13 @@
 #include "client/service_pool.h"
 
-#include "client/publish_pipeline.h"
-
 #include <poll.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <set>
+
+#include "client/publish_pipeline.h"
 
 namespace dyad {
 namespace {
