@@ -361,8 +361,11 @@ def section_small(r, prof):
         lat_dyad = os.path.join(r.out, "latency-dyad-%d.txt" % size)
         lat_poll = os.path.join(r.out, "latency-poll-%d.txt" % size)
         lat_call = os.path.join(r.out, "latency-dyad-call-%d.txt" % size)
+        # The asynchronous publish rows (plain write+close, DYAD_ASYNC_PUBLISH,
+        # synchronous; node A alone) for 4 KiB files only.
+        phases = "publish,after,streaming" + (",async" if size == 4096 else "")
         d = r.json_of([r.prog("dyad-small-files"), "--count", str(count), "--size", str(size),
-                       "--phases", "publish,after,streaming", "--latencies", lat_dyad,
+                       "--phases", phases, "--latencies", lat_dyad,
                        "--call-latencies", lat_call, "--json"]
                       + r.cluster_args(),
                       180, label="small files DYAD %s x%d" % (human(size), count))
@@ -383,6 +386,16 @@ def section_small(r, prof):
                 "failures": sum(d[k]["failures"] for k in ("publish", "consume_after",
                                                            "streaming")),
             })
+            a = d.get("async_publish") or {}
+            if a.get("ran"):
+                row.update({
+                    "async_plain_fps": a["plain_files_per_s"],
+                    "async_fps": a["async_files_per_s"],
+                    "async_sync_fps": a["sync_files_per_s"],
+                    "ratio_async_plain": a["ratio_async_plain"],
+                    "async_finalize_ms": a["finalize_ms"],
+                })
+                row["failures"] += a["failures"]
         if p:
             row.update({
                 "poll_fps": p["streaming"]["files_per_s"],
@@ -748,6 +761,13 @@ def headline(res):
                          fmt(s4.get("dyad_stream_p50_ms"), 3), fmt(s4.get("poll_p50_ms"), 3),
                          fmt(s4.get("dyad_stream_p99_ms"), 3), fmt(s4.get("poll_p99_ms"), 3)),
                      ""])
+        if s4.get("ratio_async_plain") is not None:
+            rows.append(["4 KiB publish, DYAD_ASYNC_PUBLISH=1 / plain write+close (files/s)",
+                         fmt(s4.get("ratio_async_plain"), 2),
+                         "%s vs %s files/s (synchronous %s)" % (
+                             fmt(s4.get("async_fps"), 0), fmt(s4.get("async_plain_fps"), 0),
+                             fmt(s4.get("async_sync_fps"), 0)),
+                         ">= 0.5"])
         rows.append(["4 KiB files consumed after publish: DYAD files/s / 5,000 target",
                      fmt(ratio(s4.get("dyad_after_fps"), 5000.0), 2),
                      "%s files/s (upstream 250-520)" % fmt(s4.get("dyad_after_fps"), 0),
@@ -885,6 +905,16 @@ def write_report(out, res, figs):
     L.append(table(["size", "files", "DYAD stream files/s", "polling files/s", "ratio",
                     "DYAD p50/p99 ms", "polling p50/p99 ms", "DYAD after files/s",
                     "after p50/p99 ms", "publish files/s", "errors"], rows))
+    for s in res["small"]:
+        if s.get("ratio_async_plain") is None:
+            continue
+        L.append("\nAsynchronous publication (%s files, node A alone, medians of alternated "
+                 "runs): write+close %s files/s; with DYAD_ASYNC_PUBLISH=1 %s files/s "
+                 "(ratio %s, target >= 0.5; dyad_finalize then waited %s ms); synchronous "
+                 "publish %s files/s.\n" % (
+                     human(s["bytes"]), fmt(s.get("async_plain_fps"), 0),
+                     fmt(s.get("async_fps"), 0), fmt(s.get("ratio_async_plain"), 2),
+                     fmt(s.get("async_finalize_ms"), 1), fmt(s.get("async_sync_fps"), 0)))
     if "small" in figs:
         L.append("\n![small files](%s)\n" % figs["small"])
     if res.get("small_modes"):

@@ -13,7 +13,14 @@
 //              publish returning on A to the consume of that file returning
 //              on B (the consumer takes files in order, so a consumer slower
 //              than the producer shows up as growing latency).
-// --phases LIST (publish,after,parallel,streaming; default all) picks phases
+//   async      on node A alone, in one run and alternated --async-reps times
+//              (medians): the same write+close loop of --count files with no
+//              DYAD call ("plain"), with dyad_produce and DYAD_ASYNC_PUBLISH=1,
+//              and with synchronous dyad_produce; files/s of each loop (first
+//              write to last return, the same per-file bookkeeping in each),
+//              the ratio async/plain (target >= 0.5) and how long the async
+//              producer's dyad_finalize waited for the last confirmations.
+// --phases LIST (publish,after,parallel,streaming,async; default all) picks phases
 // (publish and after always run together); --latencies FILE writes the
 // streaming latencies and --call-latencies FILE the dyad_consume call times
 // of the after phase (ms, one per line) for CDF plots.
@@ -44,7 +51,8 @@ struct Args {
   uint64_t consumers = 4;  // parallel consumer processes in the "parallel" phase
   uint64_t count = 5000;
   uint64_t size = 4096;
-  std::string phases = "publish,after,parallel,streaming";
+  std::string phases = "publish,after,parallel,streaming,async";
+  uint64_t async_reps = 3;     // async phase: runs of each row, alternated
   std::string latencies;       // streaming latencies, ms per line
   std::string call_latencies;  // after phase: dyad_consume call times, ms per line
   ClusterArgs cl;
@@ -56,6 +64,7 @@ void Usage() {
       "usage: dyad-small-files [--count N] [--size BYTES] [--consumers N] [--mode MODE]\n"
       "                        [--loopback] [--tmp DIR] [--json] [--phases LIST]\n"
       "                        [--latencies FILE] [--call-latencies FILE] [--kvs URL]\n"
+      "                        [--async-reps N]\n"
       "Publish rate, consume rate and latency for many small files between two emulated\n"
       "nodes (default 5000 files of 4096 bytes). --kvs: the services' metadata store\n"
       "(default: the embedded store hosted by the first node; flux:// inside `flux start`).\n");
@@ -81,6 +90,21 @@ struct Phase {
   int failures = 0;
 };
 
+// The async phase: loop rates of the three rows (medians of the runs).
+struct AsyncPhase {
+  double plain_fps = 0, async_fps = 0, sync_fps = 0;
+  double finalize_ms = 0;                      // the async producer's dyad_finalize (median)
+  double async_call_us = 0, sync_call_us = 0;  // median dyad_produce call
+  int failures = 0;
+  bool ran = false;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 class Runner {
  public:
   Runner(emu::EmuCluster& c, std::string dyad) : c_(c), dyad_(std::move(dyad)) {
@@ -95,7 +119,8 @@ class Runner {
   }
 
   Result<emu::Process> Start(int node, const std::string& role, const std::string& manifest,
-                             const std::vector<std::string>& flags) {
+                             const std::vector<std::string>& flags,
+                             const std::map<std::string, std::string>& env = {}) {
     std::vector<std::string> argv = {dyad_,
                                      "--role",
                                      role,
@@ -106,19 +131,33 @@ class Runner {
                                      "--ready",
                                      manifest + "." + role + ".ready"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    return c_.SpawnOnNode(node, argv, {}, manifest + "." + role + ".out");
+    return c_.SpawnOnNode(node, argv, env, manifest + "." + role + ".out");
   }
 
   Result<std::vector<emu::FileResult>> Finish(emu::Process& p, const std::string& manifest,
-                                              const std::string& role) {
+                                              const std::string& role, bool* success = nullptr) {
     auto st = p.Wait(Deadline::AfterMs(1800000));
     if (!st.ok()) return st.status();
+    if (success != nullptr) *success = st->success();
     auto r = emu::ReadResults(manifest + "." + role);
     if (!r.ok()) return r.status();
     if (!st->success())
       std::fprintf(stderr, "%s worker: %s (see %s.%s.out)\n", role.c_str(), st->ToString().c_str(),
                    manifest.c_str(), role.c_str());
     return r;
+  }
+
+  // The `finalize_ns N` line a producer worker prints (0 when absent).
+  static double FinalizeMs(const std::string& manifest) {
+    FILE* f = std::fopen((manifest + ".produce.out").c_str(), "r");
+    if (f == nullptr) return 0;
+    char line[256];
+    double ms = 0;
+    unsigned long long ns = 0;
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (std::sscanf(line, "finalize_ns %llu", &ns) == 1) ms = static_cast<double>(ns) / 1e6;
+    std::fclose(f);
+    return ms;
   }
 
   bool WaitReady(emu::Process& p, const std::string& manifest, const std::string& role) {
@@ -261,6 +300,59 @@ int Drive(const Args& a) {
     WriteValues(a.latencies, lat);
   }
 
+  // Phase 4: asynchronous publication against a plain write+close.
+  AsyncPhase async;
+  if (a.Has("async")) {
+    async.ran = true;
+    std::vector<double> plain, asy, sync, fin, async_calls, sync_calls;
+    const std::vector<std::string> deferred = {"--defer-results"};
+    for (uint64_t rep = 0; rep < a.async_reps; ++rep) {
+      struct Row {
+        const char* tag;
+        std::vector<std::string> flags;
+        std::map<std::string, std::string> env;
+        std::vector<double>* out;
+      };
+      const Row rows[] = {
+          {"plain", {"--defer-results", "--no-publish"}, {}, &plain},
+          {"async", deferred, {{"DYAD_ASYNC_PUBLISH", "1"}}, &asy},
+          {"sync", deferred, {{"DYAD_ASYNC_PUBLISH", "0"}}, &sync},
+      };
+      for (const Row& row : rows) {
+        const auto files =
+            Files(std::string("async-") + row.tag + std::to_string(rep), a.count, a.size);
+        const std::string m = run.Manifest(files);
+        auto p = run.Start(0, "produce", m, row.flags, row.env);
+        if (!p.ok()) return 1;
+        bool success = false;
+        auto r = run.Finish(*p, m, "produce", &success);
+        if (!r.ok() || r->empty()) {
+          ++async.failures;
+          continue;
+        }
+        uint64_t first = UINT64_MAX, last = 0;
+        for (const auto& x : *r) {
+          first = std::min(first, x.start_ns);
+          last = std::max(last, x.end_ns);
+          if (x.rc != 0) ++async.failures;
+        }
+        if (!success || r->size() != files.size()) ++async.failures;
+        row.out->push_back(Rate(r->size(), first, last));
+        for (const auto& x : *r) {
+          if (row.out == &asy) async_calls.push_back(static_cast<double>(x.call_ns) / 1e3);
+          if (row.out == &sync) sync_calls.push_back(static_cast<double>(x.call_ns) / 1e3);
+        }
+        if (row.out == &asy) fin.push_back(Runner::FinalizeMs(m));
+      }
+    }
+    async.plain_fps = Median(plain);
+    async.async_fps = Median(asy);
+    async.sync_fps = Median(sync);
+    async.finalize_ms = Median(fin);
+    async.async_call_us = Median(async_calls);
+    async.sync_call_us = Median(sync_calls);
+  }
+
   auto b = c.ServiceStatus(1);
   const unsigned long long transfers = b.ok() ? b->counters["transfers.in"] : 0;
   if (a.cl.json) {
@@ -276,13 +368,22 @@ int Drive(const Args& a) {
         " \"streaming\": {\"files_per_s\": %.1f, \"latency_p50_ms\": %.4f, \"latency_p99_ms\": "
         "%.4f, "
         "\"failures\": %d},\n"
+        " \"async_publish\": {\"ran\": %s, \"count\": %llu, \"plain_files_per_s\": %.1f, "
+        "\"async_files_per_s\": %.1f, \"sync_files_per_s\": %.1f, \"ratio_async_plain\": %.4f, "
+        "\"finalize_ms\": %.3f, \"async_call_p50_us\": %.2f, \"sync_call_p50_us\": %.2f, "
+        "\"runs\": %llu, \"failures\": %d},\n"
         " \"transfers_in\": %llu}\n",
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", publish.files_per_s, publish.aux_files_per_s,
         publish.p50_ms, publish.p99_ms, publish.failures, after.files_per_s, after.p50_ms,
         after.p99_ms, after.failures, static_cast<unsigned long long>(a.consumers),
         parallel.files_per_s, parallel.p50_ms, parallel.p99_ms, parallel.failures,
-        streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures, transfers);
+        streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures,
+        async.ran ? "true" : "false", static_cast<unsigned long long>(a.count), async.plain_fps,
+        async.async_fps, async.sync_fps,
+        async.plain_fps > 0 ? async.async_fps / async.plain_fps : 0.0, async.finalize_ms,
+        async.async_call_us, async.sync_call_us, static_cast<unsigned long long>(a.async_reps),
+        async.failures, transfers);
   } else {
     std::printf("\n%-44s %12s %10s %10s %8s\n", "phase", "files/s", "p50 ms", "p99 ms", "errors");
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "publish (dyad_produce calls, synchronous)",
@@ -297,11 +398,27 @@ int Drive(const Args& a) {
                 parallel.p50_ms, parallel.p99_ms, parallel.failures);
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "streaming, consumer first (publish->consume)",
                 streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures);
+    if (async.ran) {
+      std::printf("\nnode A alone, medians of %llu alternated runs (loop files/s):\n",
+                  static_cast<unsigned long long>(a.async_reps));
+      std::printf("%-44s %12.0f\n", "write + close (no DYAD call)", async.plain_fps);
+      std::printf("%-44s %12.0f   dyad_produce p50 %.1f us, dyad_finalize %.1f ms\n",
+                  "write + close + publish, DYAD_ASYNC_PUBLISH=1", async.async_fps,
+                  async.async_call_us, async.finalize_ms);
+      std::printf("%-44s %12.0f   dyad_produce p50 %.1f us\n",
+                  "write + close + publish, synchronous", async.sync_fps, async.sync_call_us);
+      std::printf("%-44s %12.2f   (target >= 0.5)   errors %d\n", "ratio async / plain",
+                  async.plain_fps > 0 ? async.async_fps / async.plain_fps : 0.0, async.failures);
+    }
     std::printf("node B service: transfers.in %llu (expected %llu)\n", transfers,
                 static_cast<unsigned long long>(
                     (do_after + a.Has("parallel") + a.Has("streaming")) * a.count));
   }
-  return publish.failures + after.failures + parallel.failures + streaming.failures == 0 ? 0 : 1;
+  return publish.failures + after.failures + parallel.failures + streaming.failures +
+                     async.failures ==
+                 0
+             ? 0
+             : 1;
 }
 
 int Main(int argc, char** argv) {
@@ -312,6 +429,7 @@ int Main(int argc, char** argv) {
                              if (s == "--size") return TakeU64(next, &a.size);
                              if (s == "--consumers") return TakeU64(next, &a.consumers, 1, 64);
                              if (s == "--phases") return TakeString(next, &a.phases);
+                             if (s == "--async-reps") return TakeU64(next, &a.async_reps, 1, 99);
                              if (s == "--latencies") return TakeString(next, &a.latencies);
                              if (s == "--call-latencies")
                                return TakeString(next, &a.call_latencies);

@@ -84,7 +84,11 @@ dyad_rc_t Init(ClientConfig c, dyad_dtl_comm_mode_t comm_mode) {
   InitLock lock;
   if (Context()->initialized.load() && !c.reinit) return DYAD_RC_OK;
   // Re-initialization releases the old context first; if the new settings
-  // fail, the process is left uninitialized (as upstream).
+  // fail, the process is left uninitialized (as upstream). Its asynchronous
+  // publications are waited for (so the new context's calls come after
+  // them), but a failure among them is not reported here: dyad_finalize
+  // before dyad_init reports it.
+  if (std::shared_ptr<Client> old = Current()) (void)old->FlushPublications();
   Install(nullptr, DYAD_COMM_NONE);
   if (c.prod_managed_path.empty() && c.cons_managed_path.empty()) {
     static std::atomic<bool> warned{false};
@@ -278,8 +282,13 @@ dyad_rc_t dyad_set_and_init_dtl_mode(const char* dtl_mode_name,
 dyad_rc_t dyad_clear(void) {
   return Guard("dyad_clear", [&]() -> dyad_rc_t {
     dyad::capi::InitLock lock;
+    // Asynchronous publications still unanswered are waited for (bounded
+    // by the RPC timeout); a failure among them is this call's result. The
+    // context is released either way.
+    Status st;
+    if (std::shared_ptr<dyad::Client> cur = dyad::capi::Current()) st = cur->FlushPublications();
     dyad::capi::Install(nullptr, DYAD_COMM_NONE);
-    return DYAD_RC_OK;
+    return st.ok() ? DYAD_RC_OK : Fail(st);
   });
 }
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "client/publish_pipeline.h"
 #include "common/backend.h"
 #include "common/config.h"
 #include "common/fsutil.h"
@@ -341,12 +342,29 @@ Status Client::Publish(const std::string& upath, const struct stat& st,
   req.adopted_copy = adopted_copy;
   Encoder e;
   req.EncodeTo(e);
+  if (req.async && adopted_copy.empty()) {
+    // Pipelined (publish_pipeline.h): returns once the request is in the
+    // socket buffer; a failure is reported by the next produce or Flush.
+    Status rs = pool_->Pipeline()->Send(e.data(), upath, RpcDeadline(), config_.rpc_timeout_ms);
+    if (rs.code() == DYAD_RC_NOSERVICE) return NoModule(rs, "publish");
+    if (rs.ok() && config_.check) MarkChecked();
+    return rs;
+  }
+  // A synchronous publication must not overtake asynchronous ones still
+  // queued (the same path published twice would end with the older record).
+  DYAD_RETURN_IF_ERROR(FlushPublications());
   std::string body;
   Status rs = pool_->Call(MsgType::kPublish, e.data(), &body, RpcDeadline(), config_.rpc_timeout_ms,
                           "publish '" + upath + "'");
   if (rs.code() == DYAD_RC_NOSERVICE) return NoModule(rs, "publish");
   if (rs.ok() && config_.check) MarkChecked();
   return rs;
+}
+
+Status Client::FlushPublications() {
+  std::shared_ptr<PublishPipeline> pipeline = pool_->PipelineIfAny();
+  if (pipeline == nullptr) return Status::OK();
+  return pipeline->Flush(RpcDeadline());
 }
 
 bool Client::ConsumerDirIsPrivate() {

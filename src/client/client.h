@@ -167,8 +167,17 @@ class Client {
   // comparisons.
   bool IsManaged(std::string_view fname, Side side) const;
 
-  // Publishes a file that is complete under the producer directory.
+  // Publishes a file that is complete under the producer directory. With
+  // async_publish the request is pipelined (publish_pipeline.h): this
+  // returns once it is written to the service's socket, and a failure is
+  // returned by a later Produce or by FlushPublications.
   Status Produce(const std::string& fname);
+  // Waits (up to the RPC timeout) until every asynchronous publication
+  // sent on this client's connections (DYAD_ASYNC_PUBLISH) is answered by
+  // the service, and returns the earliest failure not reported yet by a
+  // produce (OK when none). dyad_finalize calls it; a synchronous publish
+  // calls it first so as not to overtake queued ones.
+  Status FlushPublications();
   // Read-write ownership: `fname`, a file under the consumer directory that
   // this process wrote, becomes this node's: its bytes are copied to the
   // same path under the producer directory (under the producer lock) and

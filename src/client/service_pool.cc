@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <set>
 
+#include "client/publish_pipeline.h"
+
 namespace dyad {
 namespace {
 
@@ -81,6 +83,36 @@ ServicePool::~ServicePool() {
     Registry().erase(this);
   }
   Clear();
+  std::shared_ptr<PublishPipeline> pipeline;
+  MutexLock lk(mu_);
+  pipeline.swap(pipeline_);
+}
+
+std::shared_ptr<PublishPipeline> ServicePool::Pipeline() {
+  MutexLock lk(mu_);
+  if (pid_ != ::getpid()) {
+    // Forked without our atfork handler: the pipeline is the parent's.
+    DropForChild();
+    pid_ = ::getpid();
+  }
+  if (pipeline_ == nullptr) pipeline_ = std::make_shared<PublishPipeline>(this);
+  return pipeline_;
+}
+
+std::shared_ptr<PublishPipeline> ServicePool::PipelineIfAny() {
+  MutexLock lk(mu_);
+  if (pid_ != ::getpid()) return nullptr;
+  return pipeline_;
+}
+
+void ServicePool::DropForChild() {
+  idle_.clear();
+  if (pipeline_ == nullptr) return;
+  // Its lock may have been held by a thread of the parent: the object is
+  // left alone (leaked), only our copy of its descriptor is closed.
+  pipeline_->CloseDescriptorInChild();
+  new std::shared_ptr<PublishPipeline>(std::move(pipeline_));
+  pipeline_.reset();
 }
 
 size_t ServicePool::idle_count() {
@@ -116,7 +148,7 @@ void ServicePool::AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
   for (ServicePool* p : Registry()) {
     // Closing the child's copies only drops references; the parent's
     // sockets stay connected (no shutdown(), which would affect both).
-    p->idle_.clear();
+    p->DropForChild();
     p->pid_ = self;
     p->mu_.unlock();
   }
@@ -138,8 +170,9 @@ Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* r
     const pid_t self = ::getpid();
     if (pid_ != self) {
       // Forked without our atfork handler (e.g. a raw clone): the idle
-      // connections belong to the parent.
+      // connections (and the pipeline) belong to the parent.
       stale.swap(idle_);
+      DropForChild();
       pid_ = self;
     }
     while (!idle_.empty()) {
@@ -155,6 +188,10 @@ Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* r
       return ch;
     }
   }
+  return Dial(connect_ms);
+}
+
+Result<std::unique_ptr<Channel>> ServicePool::Dial(int64_t connect_ms) {
   if (!address_.ok()) return NoService(address_.status());
   Result<UniqueFd> fd = Connect(*address_, Deadline::AfterMs(connect_ms));
   if (!fd.ok()) return NoService(fd.status());

@@ -39,6 +39,8 @@
 
 namespace dyad {
 
+class PublishPipeline;
+
 // Returns true when the caller wants the current wait abandoned. Called from
 // the waiting thread at least every kInterruptSliceMs and after EINTR.
 using InterruptCheck = std::function<bool()>;
@@ -73,6 +75,19 @@ class ServicePool {
   Status Call(MsgType type, const std::string& request, std::string* body, Deadline deadline,
               int64_t connect_ms, const std::string& what);
 
+  // A new connection to the service, checked to be our own service
+  // (TrustLocalService), outside the pool. DYAD_RC_NOSERVICE when
+  // unreachable.
+  Result<std::unique_ptr<Channel>> Dial(int64_t connect_ms);
+
+  // The pipeline of asynchronous publications on this socket
+  // (publish_pipeline.h), made at the first use; one per pool, so a
+  // re-configured client keeps the publications of the one before. A
+  // forked child gets a new one.
+  std::shared_ptr<PublishPipeline> Pipeline();
+  // The pipeline if one was made (nullptr otherwise), without making one.
+  std::shared_ptr<PublishPipeline> PipelineIfAny();
+
   // Number of idle pooled connections (for tests and diagnostics).
   size_t idle_count();
   // Closes every idle connection.
@@ -91,6 +106,9 @@ class ServicePool {
                 Deadline deadline);
   Status WaitReadable(Channel& ch, Deadline deadline);
   Status NoService(const Status& cause) const;
+  // In a forked child: forgets the parent's idle connections and pipeline
+  // (closing only this process's copies of their descriptors).
+  void DropForChild() REQUIRES(mu_);
 
   std::string socket_path_;
   Result<SocketAddress> address_;
@@ -98,6 +116,7 @@ class ServicePool {
   Mutex mu_;  // a leaf lock
   std::vector<std::unique_ptr<Channel>> idle_ GUARDED_BY(mu_);
   pid_t pid_ GUARDED_BY(mu_);
+  std::shared_ptr<PublishPipeline> pipeline_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

@@ -36,7 +36,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "The managed directory is shared by all nodes (e.g. Lustre): synchronize only, never "
        "transfer."},
       {"DYAD_ASYNC_PUBLISH", ConfigKind::kBool, "false", "client",
-       "Return from produce before the metadata store confirms the publication."},
+       "Pipeline publications: produce returns once its request is written to the node's "
+       "service, without waiting for its reply. A failed publication is reported by the next "
+       "produce of the process (which then does not publish its own file) and by dyad_finalize, "
+       "which waits up to DYAD_RPC_TIMEOUT for every reply."},
       {"DYAD_FSYNC_WRITE", ConfigKind::kBool, "false", "client",
        "fsync a produced file and its directory entry before publishing it."},
       {"DYAD_KEY_DEPTH", ConfigKind::kUint, "3", "client",

@@ -250,6 +250,10 @@ class Channel {
   // Hands back the bytes received but not consumed yet (see Unread).
   std::string TakeUnread();
   bool has_unread() const { return unread_pos_ < unread_.size(); }
+  // The bytes read ahead and not taken yet (valid until the next call).
+  std::string_view unread_view() const {
+    return has_unread() ? std::string_view(unread_).substr(unread_pos_) : std::string_view();
+  }
   // Checks a frame header as RecvFrame would (magic, version, the size
   // limit of the current trust state) without consuming anything; returns
   // the number of bytes that follow the header on the wire (payload and,

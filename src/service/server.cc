@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +30,23 @@ constexpr int kAcceptBurst = 256;
 // Bytes a request link reads at once (ReadInto): the header and payload of
 // a request, and of those behind it, in one system call.
 constexpr size_t kRequestReadAhead = 16u << 10;
+
+// Whether this thread runs as SCHED_BATCH (Server::PreferThroughput).
+thread_local bool t_batch_scheduling = false;
+
+// Replies held back while more requests are already read (Serve): at most
+// this many bytes before they are sent anyway.
+constexpr size_t kBatchedReplies = 64u << 10;
+
+// True when the bytes read ahead on `ch` begin with a whole frame (its
+// header and every byte the header announces).
+bool HoldsFrame(const Channel& ch) {
+  const std::string_view u = ch.unread_view();
+  if (u.size() < kFrameHeaderSize) return false;
+  uint32_t wire_len = 0;
+  std::memcpy(&wire_len, u.data() + 8, sizeof wire_len);
+  return u.size() - kFrameHeaderSize >= wire_len;
+}
 
 std::string RemoteHost(int fd) {
   sockaddr_storage ss{};
@@ -72,6 +90,13 @@ struct Server::Conn {
   bool closed = false;
   std::shared_ptr<PendingRead> pending;  // a read started during a request
 };
+
+void Server::PreferThroughput(bool on) {
+  if (on == t_batch_scheduling) return;
+  sched_param param{};
+  param.sched_priority = 0;
+  if (::sched_setscheduler(0, on ? SCHED_BATCH : SCHED_OTHER, &param) == 0) t_batch_scheduling = on;
+}
 
 Server::Server(Runtime& rt, ServerConfig config, ServerHooks hooks)
     : rt_(rt), cfg_(std::move(config)), hooks_(std::move(hooks)) {}
@@ -208,15 +233,42 @@ Task<void> Server::Serve(std::shared_ptr<Conn> c) {
     EndHandshake(*c);
     uint16_t type = 0;
     std::string payload;
+    // Once the requester is gone its replies go nowhere, but the requests
+    // it sent before (a pipeline of asynchronous publications) are still
+    // served, up to the hang-up: what a client sent completely before it
+    // died is neither lost nor half done.
+    bool requester_gone = false;
     while (!c->closed && !c->ch.broken()) {
       if (!co_await NextFrame(*c, &type, &payload)) break;
+      // Only the publish handler knows whether it is asynchronous (it
+      // turns the preference on); every other request turns it off.
+      if (type != static_cast<uint16_t>(MsgType::kPublish)) PreferThroughput(false);
+      if (!c->out.empty() && !requester_gone) {
+        // Held-back replies go before a handler that writes the socket itself.
+        const Handling how = hooks_.handling(c->local, type);
+        if ((how == Handling::kBlocking || how == Handling::kStreaming) && !co_await Flush(*c)) {
+          requester_gone = true;
+          c->out.clear();
+        }
+      }
       co_await Handle(c, type, payload);
       if (c->out.empty()) continue;
-      if (!co_await Flush(*c)) break;
+      if (requester_gone) {
+        c->out.clear();
+        continue;
+      }
+      // Replies of requests already read wait for the last of them: one
+      // send for a burst of pipelined requests (bounded by kBatchedReplies).
+      if (c->ch.has_unread() && c->out.size() < kBatchedReplies && HoldsFrame(c->ch)) continue;
+      if (!co_await Flush(*c)) {
+        requester_gone = true;
+        c->out.clear();
+      }
     }
   }
   // A read still pending would keep the connection open: end it.
   if (c->pending && !c->pending->done) Close(*c);
+  PreferThroughput(false);  // a pipeline that ends leaves the loop as it was
   conns_.erase(c.get());
   live_ = conns_.size();
 }

@@ -83,6 +83,16 @@ class Server {
   uint64_t unauthenticated() const { return unauthenticated_.load(); }
   uint64_t parked() const { return parked_.load(); }
 
+  // Scheduling of the calling thread (the loop): `on` while it serves a
+  // pipeline of asynchronous publications (DYAD_ASYNC_PUBLISH), off for
+  // every other request. On, the thread runs as SCHED_BATCH: its wake-up
+  // by a producer's next request does not preempt the producer (a Unix
+  // socket's send is a synchronous wake-up that places the reader on the
+  // writer's CPU), so the requests queue in the socket and are served in
+  // bursts instead of one preemption each. Changes the policy only on a
+  // transition (one system call); a refusal leaves the policy as it is.
+  static void PreferThroughput(bool on);
+
   struct Conn;
   struct PendingRead;
 

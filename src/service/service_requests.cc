@@ -54,6 +54,9 @@ void Service::RouteRequests() {
 }
 
 Task<void> Service::HandlePublish(RequestContext& ctx, PublishRequest req) {
+  // A producer pipelining asynchronous publications is not preempted by
+  // each wake-up of this loop (server.h); any other request undoes it.
+  if (ctx.link == Link::kLocal) Server::PreferThroughput(req.async);
   FileRecord rec;
   std::set<uint32_t> previous;
   const bool replied = co_await StoreCall(

@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 
 #include "integration/integration_util.h"
+#include "proto/protocol.h"
 
 namespace dyad::it {
 namespace {
@@ -304,6 +305,19 @@ TEST_F(ConsumeTest, AsynchronousPublishIsConsumed) {
     EXPECT_EQ(x.rc, DYAD_RC_OK) << x.name << ": " << x.message;
     EXPECT_EQ(x.verified, 1) << x.name;
   }
+}
+
+// `dyad produce` reports each file's result, so DYAD_ASYNC_PUBLISH does not
+// make it return before the service answered: a refused publication fails
+// the command (it used to exit 0 with the refusal unread).
+TEST_F(ConsumeTest, DyadProduceCommandReportsRefusalsWithAsyncPublishSet) {
+  WriteFileOn(kA, "cli/refused.dat", 100);
+  auto r =
+      cluster().RunOnNode(kA, {dyad_, "produce", PathOn(kA, "cli/refused.dat")}, 60000,
+                          {{"DYAD_ASYNC_PUBLISH", "1"}, {"DYAD_KVS_NAMESPACE", kMembersNamespace}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->status.success()) << r->output;
+  EXPECT_NE(r->output.find("DYAD_RC_PERM"), std::string::npos) << r->output;
 }
 
 TEST_F(ConsumeTest, KilledWaitingConsumerLeavesTheServiceUsable) {

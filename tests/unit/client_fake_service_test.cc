@@ -87,6 +87,9 @@ TEST_F(FakeServiceTest, PublishCarriesExactFields) {
 
   Status s = c->Produce(prod_link_ + "/1/data0.txt");
   ASSERT_TRUE(s.ok()) << s.ToString();
+  // Asynchronous: the request is sent, its reply collected by the flush.
+  s = c->FlushPublications();
+  ASSERT_TRUE(s.ok()) << s.ToString();
   auto r = fake_->last(MsgType::kPublish);
   ASSERT_TRUE(r.has_value());
   PublishRequest req = Decode<PublishRequest>(r->payload);
@@ -100,6 +103,7 @@ TEST_F(FakeServiceTest, PublishCarriesExactFields) {
 
   // The canonical spelling of the producer directory works too.
   ASSERT_TRUE(c->Produce(prod_real_ + "/1/data0.txt").ok());
+  ASSERT_TRUE(c->FlushPublications().ok());
   EXPECT_EQ(fake_->count(MsgType::kPublish), 2u);
 }
 

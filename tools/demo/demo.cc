@@ -48,11 +48,13 @@ struct RoleOptions {
   std::string role;
   std::string manifest;
   std::string result;
-  std::string ready;     // touched once the context is initialized
-  std::string dir;       // managed directory (default: from the environment)
-  bool write = true;     // producer: create the files (else publish existing ones)
-  bool verify = true;    // consumer: check the content against the pattern
-  bool metadata = true;  // consumer: version from dyad_get_metadata, else from mtime
+  std::string ready;           // touched once the context is initialized
+  std::string dir;             // managed directory (default: from the environment)
+  bool write = true;           // producer: create the files (else publish existing ones)
+  bool verify = true;          // consumer: check the content against the pattern
+  bool metadata = true;        // consumer: version from dyad_get_metadata, else from mtime
+  bool publish = true;         // producer: dyad_produce each file (else write and close only)
+  bool defer_results = false;  // producer: result lines after the loop, not one write per file
 };
 
 uint64_t StatVersion(const struct stat& st) {
@@ -154,7 +156,7 @@ int RunRole(const RoleOptions& o) {
           r.message = st.message();
         }
       }
-      if (r.rc == DYAD_RC_OK) {
+      if (r.rc == DYAD_RC_OK && o.publish) {
         const uint64_t t0 = MonoNs();
         const dyad_rc_t rc = dyad_produce(ctx, path.c_str());
         r.call_ns = MonoNs() - t0;
@@ -167,7 +169,11 @@ int RunRole(const RoleOptions& o) {
         r.size = static_cast<uint64_t>(st.st_size);
         r.version = StatVersion(st);
       }
-      if (!emit(r)) return 2;
+      if (o.defer_results) {
+        pending.push_back(std::move(r));
+      } else if (!emit(r)) {
+        return 2;
+      }
       continue;
     }
     const uint64_t t0 = MonoNs();
@@ -199,8 +205,24 @@ int RunRole(const RoleOptions& o) {
       return 2;
     }
   }
+  // Asynchronous publications (DYAD_ASYNC_PUBLISH) are confirmed here:
+  // a failure among them fails the worker.
+  const uint64_t f0 = MonoNs();
+  const dyad_rc_t fin = dyad_finalize();
+  const uint64_t finalize_ns = MonoNs() - f0;
+  if (producer && o.publish)
+    std::printf("finalize_ns %llu\n", static_cast<unsigned long long>(finalize_ns));
+  std::fflush(stdout);
+  if (DYAD_IS_ERROR(fin)) {
+    ++failures;
+    std::fprintf(stderr, "dyad demo worker: dyad_finalize: %s\n", LastError(fin).c_str());
+  }
   for (size_t k = 0; k < pending.size(); ++k) {
     FileResult& r = pending[k];
+    if (producer) {
+      if (!emit(r)) return 2;
+      continue;
+    }
     if (r.rc == DYAD_RC_OK && r.message.empty()) {
       const uint64_t v0 = MonoNs();
       Status st =
@@ -211,7 +233,6 @@ int RunRole(const RoleOptions& o) {
     }
     if (!emit(r)) return 2;
   }
-  dyad_finalize();
   return failures == 0 ? 0 : 1;
 }
 
@@ -571,6 +592,10 @@ int RunDemo(int argc, char** argv) {
       role.verify = false;
     } else if (a == "--no-metadata") {
       role.metadata = false;
+    } else if (a == "--no-publish") {
+      role.publish = false;
+    } else if (a == "--defer-results") {
+      role.defer_results = true;
     } else {
       std::fprintf(stderr, "dyad demo: unknown option '%s' (see dyad demo --help)\n", a.c_str());
       return 2;

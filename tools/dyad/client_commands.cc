@@ -137,6 +137,10 @@ std::string WaitsTable(const std::vector<dc::WaitingRequest>& waits) {
 
 int CmdProduce(const std::vector<std::string>& paths, bool verbose) {
   const dc::Side side = dc::Side::kProducer;
+  // The command reports each file's result, so it publishes synchronously
+  // even with DYAD_ASYNC_PUBLISH set (an asynchronous failure would only
+  // reach a later call, and this process exits after its last file).
+  ::unsetenv("DYAD_ASYNC_PUBLISH");
   dc::Client client;
   if (!ClientFromEnv("produce", &side, &client)) return kExitFailed;
   bool failed = false;
