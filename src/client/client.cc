@@ -479,8 +479,17 @@ Status Client::ConsumeWithRecordUntraced(const std::string& fname, const FileRec
   return Finish(s, "consume", fname);
 }
 
+void Client::AwaitPublications() {
+  if (std::shared_ptr<PublishPipeline> pipeline = pool_->PipelineIfAny())
+    pipeline->Drain(RpcDeadline());
+}
+
 Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* record,
                                  ConsumeInfo* info) {
+  // A consume asks the service after this process's asynchronous
+  // publications (a file it just published again must not be answered with
+  // the version before).
+  AwaitPublications();
   ConsumeRequest req = BuildConsumeRequest(upath, EnsureConsumerDir());
   if (record != nullptr) {
     req.have_record = true;

@@ -178,6 +178,9 @@ class Client {
   // produce (OK when none). dyad_finalize calls it; a synchronous publish
   // calls it first so as not to overtake queued ones.
   Status FlushPublications();
+  // The same wait, leaving a failure for the next produce or flush to
+  // report (a consume's ordering, not its result).
+  void AwaitPublications();
   // Read-write ownership: `fname`, a file under the consumer directory that
   // this process wrote, becomes this node's: its bytes are copied to the
   // same path under the producer directory (under the producer lock) and

@@ -104,6 +104,7 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
     upaths.push_back(*upath);
   }
   if (req.items.empty()) return Status::OK();
+  AwaitPublications();
   Encoder e;
   req.EncodeTo(e);
   std::string body;

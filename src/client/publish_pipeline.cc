@@ -25,6 +25,11 @@ void PublishPipeline::CloseDescriptorInChild() {
   if (fd >= 0) ::close(fd);
 }
 
+void PublishPipeline::Drain(Deadline deadline) {
+  MutexLock lk(mu_);
+  if (!sent_.empty()) (void)Collect(true, deadline);
+}
+
 size_t PublishPipeline::outstanding() {
   MutexLock lk(mu_);
   return sent_.size();

@@ -66,6 +66,9 @@ class PublishPipeline {
   // Waits until every sent publication is answered (or `deadline`) and
   // returns the earliest failure not reported yet (OK when none).
   Status Flush(Deadline deadline);
+  // Waits until every sent publication is answered (or `deadline`),
+  // keeping a failure for the next Send or Flush to report.
+  void Drain(Deadline deadline);
   // Publications sent and not answered yet.
   size_t outstanding();
 

@@ -316,6 +316,8 @@ WaitNotices& Notices() {
 }
 
 void AtExit();
+void FlushAtExit();
+void FlushPublications();
 void AtForkPrepare();
 void AtForkParent();
 void AtForkChild();
@@ -591,6 +593,8 @@ bool Finish(std::unique_ptr<TrackedFile> file) {
   }
   if (file->lock_fd >= 0) real_close()(file->lock_fd);  // releases LOCK_EX
   if (!file->owned || g_client == nullptr) return true;
+  static std::once_flag flush_at_exit;
+  std::call_once(flush_at_exit, [] { std::atexit(&FlushAtExit); });
   Status st = g_client->Produce(file->path);
   if (st.ok()) return true;
   Report("publish '" + file->path + "'", st);
@@ -602,7 +606,28 @@ void AtExit() {
   // Files a program leaves open at exit are complete now: publish them
   // (the kernel is about to close the descriptors for us).
   for (auto& f : Table().TakeAll()) Finish(std::move(f));
+  FlushPublications();  // those of the files published just now
   g_shutdown.store(true, std::memory_order_release);
+}
+
+// Asynchronous publications (DYAD_ASYNC_PUBLISH) still unanswered at exit
+// are waited for, bounded, so that a failure among them is reported rather
+// than lost with the process (as dyad_finalize does for linked programs).
+void FlushPublications() {
+  if (g_client == nullptr) return;
+  Status st = g_client->FlushPublications();
+  if (st.ok()) return;
+  const std::string msg = "dyad-preload[" + std::to_string(::getpid()) +
+                          "]: asynchronous publication: " + st.ToString() + "\n";
+  ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
+  (void)ignored;
+}
+
+// Registered at the first publication, so that it runs before the exit
+// handlers the program registered earlier (coreutils close stderr in one).
+void FlushAtExit() {
+  ReentryGuard guard;
+  FlushPublications();
 }
 
 // ---------------------------------------------------------------------------

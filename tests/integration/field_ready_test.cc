@@ -17,6 +17,7 @@
 #include <sys/xattr.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "integration/ops_util.h"
@@ -221,6 +222,24 @@ TEST_F(FieldReady, PreloadReadsAPrefetchedCopyWithoutARequest) {
   r = cluster().RunOnNode(kB, {"cat", copy}, 60000, env);
   ASSERT_TRUE(r.ok()) << Str(r.status());
   EXPECT_EQ(Counter(kB, "requests.consume"), requests + 1);
+}
+
+// A program under the preload library with DYAD_ASYNC_PUBLISH exits with
+// its publications still unanswered: the library waits for them at exit and
+// reports a refused one on stderr.
+TEST_F(FieldReady, PreloadReportsAFailedAsynchronousPublicationAtExit) {
+  const std::string src = cluster().node(kA).dir + "/src.bin";  // not a managed file
+  {
+    std::ofstream out(src, std::ios::binary);
+    out << std::string(1000, 's');
+  }
+  const Env env = {{"LD_PRELOAD", lib_},
+                   {"DYAD_ASYNC_PUBLISH", "1"},
+                   {"DYAD_KVS_NAMESPACE", "dyad.services"}};  // refused by every service
+  auto r = cluster().RunOnNode(kA, {"cp", src, PathOn(kA, "copy.bin")}, 60000, env);
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  EXPECT_NE(r->output.find("asynchronous publication"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("copy.bin"), std::string::npos) << r->output;
 }
 
 TEST_F(FieldReady, PrefetchDeclaredOnLocalHit) {

@@ -170,6 +170,24 @@ TEST_F(AsyncPublish, SynchronousPublishWaitsForQueuedAsynchronousOnes) {
   EXPECT_EQ(rec->size, std::string("version two").size());  // the later publication won
 }
 
+TEST_F(AsyncPublish, ConsumeAsksAfterQueuedAsynchronousPublications) {
+  ClientConfig c = Config();
+  c.cons_managed_path = prod_;  // this node's own files, one managed directory
+  client_ = Make(c);
+  for (int i = 0; i < 50; ++i) {
+    WriteFile(prod_ + "/q" + std::to_string(i), "v1");
+    ASSERT_TRUE(client_->Produce(prod_ + "/q" + std::to_string(i)).ok());
+  }
+  WriteFile(prod_ + "/q0", "version two");
+  ASSERT_TRUE(client_->Produce(prod_ + "/q0").ok());
+  ConsumeInfo info;
+  Status st = client_->Consume(prod_ + "/q0", &info);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(client_->pool()->PipelineIfAny()->outstanding(), 0u);
+  EXPECT_EQ(info.reply.record.size, std::string("version two").size());
+  EXPECT_TRUE(client_->FlushPublications().ok());
+}
+
 // The client is killed (SIGKILL) right after its produces returned: every
 // one of them is published, none twice.
 TEST_F(AsyncPublish, ClientKilledAfterProducesLosesNoneAndPublishesNoneTwice) {
