@@ -392,31 +392,33 @@ bool Client::Level1(const std::string& path) {
   if (config_.shared_storage) return false;
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  char stamp[64];
-  const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, stamp, sizeof stamp);
-  return Complete(st, stamp, n);
+  return Complete(st, [&path](char* buf, size_t size) {
+    return ::getxattr(path.c_str(), kVersionXattr, buf, size);
+  });
 }
 
-bool Client::Complete(const struct stat& st, const char* stamp, ssize_t stamp_len) {
+template <typename ReadStamp>
+bool Client::Complete(const struct stat& st, ReadStamp read_stamp) {
+  // DYAD only links complete files into a consumer directory, so any
+  // regular file in a directory no producer writes to is complete.
+  if (ConsumerDirIsPrivate()) return true;
   // A copy a service placed carries its version stamp; while a revocable
   // stamp still describes the file's size and content time, nobody has
   // written to it since and its service has not learnt of a newer version,
-  // so it is complete and current in either layout.
-  if (stamp_len > 0 && StampDescribes(std::string_view(stamp, static_cast<size_t>(stamp_len)),
-                                      static_cast<uint64_t>(st.st_size), MtimeNs(st)))
-    return true;
-  // Otherwise: DYAD only links complete files into a consumer directory, so
-  // any regular file in a directory no producer writes to is complete.
-  return ConsumerDirIsPrivate();
+  // so it is complete and current in any directory.
+  char stamp[64];
+  const ssize_t n = read_stamp(stamp, sizeof stamp);
+  return n > 0 && StampDescribes(std::string_view(stamp, static_cast<size_t>(n)),
+                                 static_cast<uint64_t>(st.st_size), MtimeNs(st));
 }
 
 bool Client::ConsumeOpened(int fd, const struct stat& st) {
   if (config_.shared_storage || !S_ISREG(st.st_mode)) return false;
   if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
     DeclareConfiguredPrefetch();
-  char stamp[64];
-  const ssize_t n = ::fgetxattr(fd, kVersionXattr, stamp, sizeof stamp);
-  if (!Complete(st, stamp, n)) return false;
+  if (!Complete(st,
+                [fd](char* buf, size_t size) { return ::fgetxattr(fd, kVersionXattr, buf, size); }))
+    return false;
   if (config_.check) MarkChecked();
   return true;
 }

@@ -266,9 +266,11 @@ class Client {
   // in either layout, or any regular file of a directory private to
   // consumers.
   bool Level1(const std::string& path);
-  // The same for a file of the consumer directory, `st` its fstat, with
-  // `stamp` (of `stamp_len` bytes, <= 0: none) its version attribute.
-  bool Complete(const struct stat& st, const char* stamp, ssize_t stamp_len);
+  // The same for a file of the consumer directory, `st` its stat;
+  // `read_stamp(buf, size)` reads its version attribute (getxattr's result),
+  // only when the directory is not private.
+  template <typename ReadStamp>
+  bool Complete(const struct stat& st, ReadStamp read_stamp);
   // True when no producer writes into the consumer directory (see the .cc).
   bool ConsumerDirIsPrivate();
   Status Finish(Status st, const char* op, const std::string& fname) const;
