@@ -82,6 +82,16 @@ class AsyncPublish : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? r->counters[name] : 0;
   }
+  // Stops the service and listens on its socket in its place: requests are
+  // accepted (by the kernel) and never read or answered.
+  Result<UniqueFd> SilentListener() {
+    service_->Stop();
+    service_.reset();
+    ::unlink(sock_.c_str());
+    Result<SocketAddress> addr = ParseAddress("unix:" + sock_);
+    if (!addr.ok()) return addr.status();
+    return Listen(*addr);
+  }
   // The published records of namespace "t" under `prefix`.
   size_t Published(const std::string& prefix) {
     auto c = Make(Config(false));
@@ -230,12 +240,7 @@ TEST_F(AsyncPublish, ClientKilledAfterProducesLosesNoneAndPublishesNoneTwice) {
 TEST_F(AsyncPublish, BrokenConnectionReportsUnconfirmedAndDoesNotResend) {
   // In place of the service, a listener that takes requests and never
   // answers them.
-  service_->Stop();
-  service_.reset();
-  ::unlink(sock_.c_str());
-  Result<SocketAddress> addr = ParseAddress("unix:" + sock_);
-  ASSERT_TRUE(addr.ok());
-  Result<UniqueFd> listener = Listen(*addr);
+  Result<UniqueFd> listener = SilentListener();
   ASSERT_TRUE(listener.ok()) << listener.status().ToString();
   client_ = Make(Config());
   ASSERT_NE(client_, nullptr);
@@ -323,12 +328,7 @@ TEST_F(AsyncPublish, DyadFinalizeReportsAFailedAsynchronousPublication) {
 // A service that reads nothing: produce blocks once the socket buffer is
 // full, at most the RPC timeout, and an interrupt ends the wait at once.
 TEST_F(AsyncPublish, FullSocketBufferBlocksAtMostTheRpcTimeoutAndIsInterruptible) {
-  service_->Stop();
-  service_.reset();
-  ::unlink(sock_.c_str());
-  Result<SocketAddress> addr = ParseAddress("unix:" + sock_);
-  ASSERT_TRUE(addr.ok());
-  Result<UniqueFd> listener = Listen(*addr);
+  Result<UniqueFd> listener = SilentListener();
   ASSERT_TRUE(listener.ok()) << listener.status().ToString();
   ClientConfig c = Config();
   c.rpc_timeout_ms = 300;
