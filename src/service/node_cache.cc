@@ -294,9 +294,9 @@ bool NodeCache::Protected(const std::string& path) const {
 // permission) cannot be open for writing by anyone but root either, so it
 // is removed instead, as outside the producer tree.
 void NodeCache::Unstamp(const std::string& path, const Entry& e) const {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st;
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !IsThePlacedFile(st, e)) return;
+  UniqueFd fd = OpenPlaced(path, e, &st);
+  if (!fd.valid()) return;
   if (::fremovexattr(fd.get(), kVersionXattr) == 0 || errno == ENODATA || errno == ENOTSUP) return;
   if ((errno == EACCES || errno == EPERM) && (st.st_mode & 0222) == 0 &&
       ::unlink(path.c_str()) == 0) {
@@ -309,20 +309,26 @@ void NodeCache::Unstamp(const std::string& path, const Entry& e) const {
 // Gives the copy, while it still is the very file placed, the revocable
 // stamp of its version (NoteHit, under the revocation rules above).
 void NodeCache::Restamp(const std::string& path, const Entry& e) const {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st;
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !IsThePlacedFile(st, e)) return;
+  UniqueFd fd = OpenPlaced(path, e, &st);
+  if (!fd.valid()) return;
   FileRecord rec;
   rec.owner_rank = e.id.owner_rank;
   rec.owner_incarnation = e.id.owner_incarnation;
   rec.seq = e.id.seq;
   rec.size = e.id.size;
-  rec.version = e.mtime_ns;
+  rec.version = e.id.version;
   const std::string want = VersionStamp(rec, /*revocable=*/true);
   char have[64];
   const ssize_t n = ::fgetxattr(fd.get(), kVersionXattr, have, sizeof have);
-  if (n == static_cast<ssize_t>(want.size()) && want.compare(0, want.size(), have, n) == 0) return;
+  if (n > 0 && std::string_view(have, static_cast<size_t>(n)) == want) return;
   (void)::fsetxattr(fd.get(), kVersionXattr, want.data(), want.size(), 0);  // best effort
+}
+
+UniqueFd NodeCache::OpenPlaced(const std::string& path, const Entry& e, struct stat* st) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.valid() && (::fstat(fd.get(), st) != 0 || !IsThePlacedFile(*st, e))) fd.reset();
+  return fd;
 }
 
 bool NodeCache::IsThePlacedFile(const struct stat& st, const Entry& e) {

@@ -65,6 +65,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/net.h"
 #include "proto/protocol.h"
 #include "service/stats.h"
 
@@ -188,6 +189,9 @@ class NodeCache {
   void EvictLocked(const std::string& keep);
   enum class Removal { kRemoved, kBusy, kNotTheCopy, kDenied };
   static bool IsThePlacedFile(const struct stat& st, const Entry& e);
+  // `path` opened (read-only, not through a symlink) while it still is the
+  // very file `e` placed, `*st` its fstat; an invalid descriptor otherwise.
+  static UniqueFd OpenPlaced(const std::string& path, const Entry& e, struct stat* st);
   void Unstamp(const std::string& path, const Entry& e) const;
   void Restamp(const std::string& path, const Entry& e) const;
   bool RevocableLocked(const std::string& ns, const std::string& path) const;
