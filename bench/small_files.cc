@@ -13,6 +13,10 @@
 //              publish returning on A to the consume of that file returning
 //              on B (the consumer takes files in order, so a consumer slower
 //              than the producer shows up as growing latency).
+//   chain      the baseline of "after": the same files fetched by a minimal
+//              blocking-socket chain of the same two round trips plus the
+//              same file creation (chain_baseline.h), on the same nodes;
+//              files/s and the ratio after / chain (target >= 0.5);
 //   async      on node A alone, in one run and alternated --async-reps times
 //              (medians): the same write+close loop of --count files with no
 //              DYAD call ("plain"), with dyad_produce and DYAD_ASYNC_PUBLISH=1,
@@ -20,12 +24,11 @@
 //              write to last return, the same per-file bookkeeping in each),
 //              the ratio async/plain (target >= 0.5) and how long the async
 //              producer's dyad_finalize waited for the last confirmations.
-// --phases LIST (publish,after,parallel,streaming,async; default all) picks phases
-// (publish and after always run together); --latencies FILE writes the
-// streaming latencies and --call-latencies FILE the dyad_consume call times
-// of the after phase (ms, one per line) for CDF plots.
-// Every received file is verified after the timed loop. A figure printer,
-// never a pass/fail test.
+// --phases LIST (publish,after,chain,parallel,streaming,async; default all) picks
+// phases (publish and after always run together; chain runs after them); --latencies FILE writes
+// the streaming latencies and --call-latencies FILE the dyad_consume call times of the after phase
+// (ms, one per line) for CDF plots. Every received file is verified after the timed loop. A figure
+// printer, never a pass/fail test.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +42,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "chain_baseline.h"
 #include "common/time.h"
 #include "emu/cluster.h"
 #include "emu/netns.h"
@@ -51,7 +55,7 @@ struct Args {
   uint64_t consumers = 4;  // parallel consumer processes in the "parallel" phase
   uint64_t count = 5000;
   uint64_t size = 4096;
-  std::string phases = "publish,after,parallel,streaming,async";
+  std::string phases = "publish,after,chain,parallel,streaming,async";
   uint64_t async_reps = 3;     // async phase: runs of each row, alternated
   std::string latencies;       // streaming latencies, ms per line
   std::string call_latencies;  // after phase: dyad_consume call times, ms per line
@@ -171,6 +175,40 @@ class Runner {
   int seq_ = 0;
 };
 
+// The chain baseline (chain_baseline.h): its owner on node A, its relay and
+// consumer on node B, the copies under "chain/" of B's managed directory.
+// False when a part did not start or the consumer did not report.
+bool RunChain(emu::EmuCluster& c, const std::string& manifest, Phase* out) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return false;
+  self[n] = 0;
+  const std::string owner_ready = manifest + ".chain-owner";
+  const std::string relay_ready = manifest + ".chain-relay";
+  const std::string sock = c.node(1).run + "/chain.sock";
+  const std::string chain_dir = c.node(1).dmd + "/chain";
+  ::mkdir(chain_dir.c_str(), 0755);
+  auto owner = c.SpawnOnNode(0, {self, "--chain-owner", c.node(0).dmd, c.node(0).ip, owner_ready});
+  if (!owner.ok() || !WaitForFile(owner_ready, *owner)) return false;
+  const std::string port = ReadText(owner_ready);
+  auto relay =
+      c.SpawnOnNode(1, {self, "--chain-relay", chain_dir, c.node(0).ip, port, sock, relay_ready});
+  if (!relay.ok() || !WaitForFile(relay_ready, *relay)) return false;
+  const std::string result = manifest + ".chain.out";
+  auto cons = c.SpawnOnNode(1, {self, "--chain-consume", sock, manifest, chain_dir}, {}, result);
+  if (!cons.ok()) return false;
+  auto st = cons->Wait(Deadline::AfterMs(600000));
+  (void)relay->Wait(Deadline::AfterMs(5000));
+  (void)owner->Wait(Deadline::AfterMs(5000));
+  const std::string text = ReadText(result);
+  if (std::sscanf(text.c_str(), "chain %lf %lf %lf %d", &out->files_per_s, &out->p50_ms,
+                  &out->p99_ms, &out->failures) != 4) {
+    std::fprintf(stderr, "chain baseline: %s\n", text.c_str());
+    return false;
+  }
+  return st.ok() && st->success();
+}
+
 int Drive(const Args& a) {
   const std::string dyad = FindDemoProgram("dyad-small-files");
   if (dyad.empty()) return 2;
@@ -189,7 +227,7 @@ int Drive(const Args& a) {
   Phase publish, after, parallel, streaming;
   const auto files1 = Files("after", a.count, a.size);
   const std::string m1 = run.Manifest(files1);
-  const bool do_after = a.Has("publish") || a.Has("after");
+  const bool do_after = a.Has("publish") || a.Has("after") || a.Has("chain");
   if (do_after) {
     auto p = run.Start(0, "produce", m1, {});
     if (!p.ok()) return 1;
@@ -228,6 +266,12 @@ int Drive(const Args& a) {
     after.p50_ms = emu::Percentile(lat, 50);
     after.p99_ms = emu::Percentile(lat, 99);
     WriteValues(a.call_latencies, lat);
+  }
+
+  // Phase 2a: the chain baseline over the same files, into another directory.
+  Phase chain;
+  if (a.Has("chain")) {
+    if (!RunChain(c, m1, &chain)) ++chain.failures;
   }
 
   // Phase 2b: the same after-the-fact consumption by several consumer
@@ -363,6 +407,8 @@ int Drive(const Args& a) {
         "\"p99_ms\": %.4f, \"failures\": %d},\n"
         " \"consume_after\": {\"files_per_s\": %.1f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
         "\"failures\": %d},\n"
+        " \"chain\": {\"ran\": %s, \"files_per_s\": %.1f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
+        "\"failures\": %d, \"ratio_after_chain\": %.4f},\n"
         " \"consume_parallel\": {\"consumers\": %llu, \"files_per_s\": %.1f, \"p50_ms\": %.4f, "
         "\"p99_ms\": %.4f, \"failures\": %d},\n"
         " \"streaming\": {\"files_per_s\": %.1f, \"latency_p50_ms\": %.4f, \"latency_p99_ms\": "
@@ -376,11 +422,13 @@ int Drive(const Args& a) {
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", publish.files_per_s, publish.aux_files_per_s,
         publish.p50_ms, publish.p99_ms, publish.failures, after.files_per_s, after.p50_ms,
-        after.p99_ms, after.failures, static_cast<unsigned long long>(a.consumers),
-        parallel.files_per_s, parallel.p50_ms, parallel.p99_ms, parallel.failures,
-        streaming.files_per_s, streaming.p50_ms, streaming.p99_ms, streaming.failures,
-        async.ran ? "true" : "false", static_cast<unsigned long long>(a.count), async.plain_fps,
-        async.async_fps, async.sync_fps,
+        after.p99_ms, after.failures, a.Has("chain") ? "true" : "false", chain.files_per_s,
+        chain.p50_ms, chain.p99_ms, chain.failures,
+        chain.files_per_s > 0 ? after.files_per_s / chain.files_per_s : 0.0,
+        static_cast<unsigned long long>(a.consumers), parallel.files_per_s, parallel.p50_ms,
+        parallel.p99_ms, parallel.failures, streaming.files_per_s, streaming.p50_ms,
+        streaming.p99_ms, streaming.failures, async.ran ? "true" : "false",
+        static_cast<unsigned long long>(a.count), async.plain_fps, async.async_fps, async.sync_fps,
         async.plain_fps > 0 ? async.async_fps / async.plain_fps : 0.0, async.finalize_ms,
         async.async_call_us, async.sync_call_us, static_cast<unsigned long long>(a.async_reps),
         async.failures, transfers);
@@ -392,6 +440,12 @@ int Drive(const Args& a) {
                 publish.aux_files_per_s, "", "", "");
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "consume after producer finished (per call)",
                 after.files_per_s, after.p50_ms, after.p99_ms, after.failures);
+    if (a.Has("chain")) {
+      std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", "  minimal blocking-socket chain, same files",
+                  chain.files_per_s, chain.p50_ms, chain.p99_ms, chain.failures);
+      std::printf("%-44s %12.2f   (target >= 0.5)\n", "  ratio consume after / chain",
+                  chain.files_per_s > 0 ? after.files_per_s / chain.files_per_s : 0.0);
+    }
     const std::string par_label =
         "consume after, " + std::to_string(a.consumers) + " consumers in parallel";
     std::printf("%-44s %12.0f %10.3f %10.3f %8d\n", par_label.c_str(), parallel.files_per_s,
@@ -414,14 +468,21 @@ int Drive(const Args& a) {
                 static_cast<unsigned long long>(
                     (do_after + a.Has("parallel") + a.Has("streaming")) * a.count));
   }
-  return publish.failures + after.failures + parallel.failures + streaming.failures +
-                     async.failures ==
+  return publish.failures + after.failures + chain.failures + parallel.failures +
+                     streaming.failures + async.failures ==
                  0
              ? 0
              : 1;
 }
 
 int Main(int argc, char** argv) {
+  // The chain baseline's roles (RunChain starts them on the nodes).
+  const std::string role = argc > 1 ? argv[1] : "";
+  if (role == "--chain-owner" && argc == 5) return chain::Owner(argv[2], argv[3], argv[4]);
+  if (role == "--chain-relay" && argc == 7)
+    return chain::Relay(argv[2], argv[3], static_cast<uint16_t>(std::strtoul(argv[4], nullptr, 10)),
+                        argv[5], argv[6]);
+  if (role == "--chain-consume" && argc == 5) return chain::Consumer(argv[2], argv[3], argv[4]);
   Args a;
   const int rc = ParseArgs(argc, argv, "dyad-small-files", Usage, &a.cl,
                            [&a](const std::string& s, const NextArg& next) {
