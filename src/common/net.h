@@ -232,7 +232,7 @@ class Channel {
   bool PeerClosed() const;
 
   // Reads ahead: a receive that wants fewer than `bytes` bytes asks the
-  // socket for up to `bytes` (at most 4 KiB: one recv then usually takes a
+  // socket for up to `bytes` (at most 16 KiB: one recv then usually takes a
   // frame's header and payload, and those of the frames behind it) and
   // keeps the surplus as unread bytes, which every receive call takes
   // first. Only for a link whose bytes are all read through this Channel

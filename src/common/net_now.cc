@@ -23,7 +23,7 @@ Result<size_t> Channel::RecvNow(void* buf, size_t len) {
   // Reading ahead: the socket's bytes go to a buffer of read_ahead_ bytes
   // first; what the caller did not want stays unread (copied off the
   // stack only when there is any).
-  constexpr size_t kStackAhead = 4096;
+  constexpr size_t kStackAhead = 16384;
   char ahead[kStackAhead];
   const bool read_ahead = len < read_ahead_;
   char* into = read_ahead ? ahead : static_cast<char*>(buf);

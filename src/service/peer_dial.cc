@@ -8,7 +8,11 @@
 #include "proto/auth.h"
 
 namespace dyad {
+
 namespace {
+
+// Bytes a peer session reads at once (Channel::SetReadAhead).
+constexpr size_t kPeerReadAhead = 16u << 10;
 
 // Until `deadline`; a dial that ends a little after it (it began a little
 // later, as it usually does when the callers started together) is waited
@@ -83,6 +87,9 @@ Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const S
   }
   if (!hs.status().ok()) co_return hs.status();
   *peer = hs.peer();
+  // A small file's reply, data and verdict then come in one or two
+  // receives instead of a header and a payload receive per frame.
+  ch->SetReadAhead(kPeerReadAhead);
   co_return std::move(ch);
 }
 

@@ -225,7 +225,9 @@ uint64_t PeerDirectory::LastContact(uint32_t rank) {
 }
 
 void PeerDirectory::Release(uint32_t rank, std::unique_ptr<Channel> ch) {
-  if (!ch || ch->broken() || ch->Retired()) return;
+  // Bytes read ahead past the exchange that ended put the session out of
+  // step: it is closed.
+  if (!ch || ch->broken() || ch->Retired() || ch->has_unread()) return;
   std::lock_guard<std::mutex> lk(mu_);
   Peer& p = peers_[rank];
   p.last_contact_ns = WallNs();

@@ -76,6 +76,32 @@ TEST_F(TwoServices, PublishedFileArrivesIntactOnTheOtherNode) {
   EXPECT_EQ(svc_b_->stats().Get(ServiceStats::kTransfersIn), 1u);
 }
 
+// A peer session reads ahead (one receive takes a small file's reply, its
+// bytes and the verdict): the bytes read with the reply reach the file, on a
+// sealed link (frames) and on an unprotected one (a raw stream after the
+// reply), for sizes around the read-ahead and the inline limit, and the
+// session goes on serving the next fetch.
+TEST(PeerReadAhead, FilesOfEverySizeArriveWholeOnSealedAndUnprotectedLinks) {
+  for (LinkProtection p : {LinkProtection::kIntegrity, LinkProtection::kNone}) {
+    testing_services::ServicePair pair;
+    pair.protection = p;
+    Status st = pair.Start("embedded");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::mt19937 rng(11);
+    const size_t sizes[] = {1, 100, 4096, 16300, 16384, 16500, 65536, 70000, 300000};
+    for (size_t size : sizes) {
+      std::string data(size, '\0');
+      for (auto& c : data) c = static_cast<char>(rng());
+      const std::string name = "ra/" + std::to_string(size);
+      ASSERT_TRUE(pair.Publish(name, data).ok());
+      Result<ConsumeReply> r = pair.Consume(name);
+      ASSERT_TRUE(r.ok()) << r.status().ToString() << " (" << size << " bytes)";
+      EXPECT_EQ(ReadAll(pair.dir_b + "/" + name), data) << size << " bytes";
+    }
+    EXPECT_EQ(pair.b->stats().Get(ServiceStats::kTransfersIn), std::size(sizes));
+  }
+}
+
 uint64_t Named(Service* svc, const std::string& name) {
   auto all = svc->stats().Snapshot();
   auto it = all.find(name);

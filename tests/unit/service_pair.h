@@ -177,6 +177,7 @@ class ServicePair {
     ServiceOptions oa = FirstServiceOptions(base, a_kvs);
     oa.service_mux = mux;
     oa.serve_fetch_batch = a_serves_batches;
+    oa.protection = protection;
     a = std::make_unique<Service>(oa);
     DYAD_RETURN_IF_ERROR(a->Start());
     ServiceOptions ob =
@@ -204,6 +205,7 @@ class ServicePair {
   std::unique_ptr<Service> a, b;
   uint64_t b_cache_bytes = 0;    // B's --cache-bytes (set before Start)
   bool a_serves_batches = true;  // false: A answers kFetchBatch as an older owner
+  LinkProtection protection = LinkProtection::kIntegrity;  // of both services' links
 };
 
 }  // namespace testing_services

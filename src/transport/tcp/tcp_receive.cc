@@ -71,6 +71,16 @@ class StreamPull final : public TcpPull {
   enum class Mode { kSpliceFirst, kSplice, kBuffered };
 
   Result<bool> StepModes() {
+    // Bytes the session read ahead with the reply come first.
+    while (got_ < size_ && ch_.has_unread()) {
+      EnsureBuffer();
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - got_));
+      Result<size_t> n = ch_.RecvSome(buf_.data(), want, Deadline::AfterMs(0));
+      if (!n.ok()) return n.status();
+      DYAD_RETURN_IF_ERROR(WriteSink(buf_.data(), *n));
+      Count(*n);
+    }
+    if (got_ == size_) return true;
     if (mode_ == Mode::kSpliceFirst) mode_ = SetUpSplice() ? Mode::kSplice : Mode::kBuffered;
     if (mode_ == Mode::kSplice) {
       bool unsupported = false;
