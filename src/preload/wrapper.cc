@@ -118,6 +118,7 @@ using Dup3Fn = int (*)(int, int, int);
 using FcntlFn = int (*)(int, int, ...);
 using CloseRangeFn = int (*)(unsigned, unsigned, int);
 using CloseFromFn = void (*)(int);
+using FlockFn = int (*)(int, int);
 
 DYAD_REAL(open, OpenFn)
 DYAD_REAL(open64, OpenFn)
@@ -140,6 +141,7 @@ DYAD_REAL(fcntl, FcntlFn)
 DYAD_REAL(fcntl64, FcntlFn)
 DYAD_REAL(close_range, CloseRangeFn)
 DYAD_REAL(closefrom, CloseFromFn)
+DYAD_REAL(flock, FlockFn)
 
 // ---------------------------------------------------------------------------
 // Re-entry guard: only the outermost intercepted call of a thread does DYAD
@@ -431,6 +433,9 @@ class FileTable {
   }
   // Cheap test used by every close(): nothing tracked means nothing to do.
   bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
+  // True when this process holds the producer's LOCK_EX on the file `fd`
+  // refers to, on a descriptor of our own (LockFile).
+  bool HoldsLockOn(int fd);
   std::vector<std::unique_ptr<TrackedFile>> TakeAll();
 
   void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
@@ -502,6 +507,15 @@ void FileTable::Add(int fd, const std::string& path) {
   const int lock_fd = LockFile(fd, path);
   MutexLock lock(mu_);
   file->lock_fd = lock_fd;
+}
+
+bool FileTable::HoldsLockOn(int fd) {
+  if (empty()) return false;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return false;
+  MutexLock lock(mu_);
+  auto it = by_file_.find(Key{st.st_dev, st.st_ino});
+  return it != by_file_.end() && it->second->lock_fd >= 0 && it->second->lock_fd != fd;
 }
 
 void FileTable::AddAlias(int oldfd, int newfd) {
@@ -1045,6 +1059,22 @@ __attribute__((visibility("default"))) FILE* freopen64(const char* path, const c
 
 __attribute__((visibility("default"))) int close(int fd) {
   return CloseCommon(fd, [&] { return dp::real_close()(fd); });
+}
+
+// flock: the producer's exclusive lock on a file this process writes is
+// held on a descriptor of our own (LockFile), so a lock the program asks
+// for on the same file (DYAD's C++ streams and dyad_producer_lock take it
+// themselves) would wait for this very process until its bound, once per
+// file. The process holds the file exclusively already: such a request is
+// granted at once, and its unlock leaves our lock to the file's last close.
+__attribute__((visibility("default"))) int flock(int fd, int op) {
+  dp::ReentryGuard guard;
+  if (guard.outermost()) {
+    const int e = errno;
+    if (dp::Table().HoldsLockOn(fd)) return 0;
+    errno = e;
+  }
+  return dp::real_flock()(fd, op);
 }
 
 // glibc's fclose closes the descriptor internally (not through close()).

@@ -181,6 +181,25 @@ TEST_F(StreamTest, UpstreamProgramRunsUnchanged) {
   EXPECT_EQ(ReadAll(PathOn(kB, "upstream.txt")), "hello dyad 42\n");
 }
 
+// A program written for the streams, run with the preload library as well
+// (a job script that sets LD_PRELOAD for every step): the library holds the
+// producer's lock on a descriptor of its own, and the stream's own lock on
+// the same file used to wait for it until the lock bound, once per file.
+TEST_F(StreamTest, StreamsRunUnderThePreloadLibrary) {
+  const std::string wrap = std::string(DYAD_BUILD_BIN_DIR) + "/libdyad_wrapper.so";
+  const Env env = {{"LD_PRELOAD", wrap}, {"DYAD_RPC_TIMEOUT", "30"}};
+  for (const std::string& prog : {worker_, portable_}) {
+    const std::string name = prog == worker_ ? "pre-adopt.txt" : "pre-portable.txt";
+    // Bounded well below the 30 s lock bound: a writer waiting for itself fails.
+    RunOk(kA, {prog, "write", PathOn(kA, name), "1000"}, env, 15000);
+    RunOk(kB, {prog, "read", PathOn(kB, name), "1000"}, env, 15000);
+    EXPECT_EQ(ReadAll(PathOn(kB, name)), Lines(1000));
+  }
+  RunOk(kA, {example_, "produce", PathOn(kA, "pre-upstream.txt")}, env, 15000);
+  RunOk(kB, {example_, "consume", PathOn(kB, "pre-upstream.txt")}, env, 15000);
+  EXPECT_EQ(ReadAll(PathOn(kB, "pre-upstream.txt")), "hello dyad 42\n");
+}
+
 TEST_F(StreamTest, FailedConsumeLeavesInputStreamClosed) {
   auto r = cluster().RunOnNode(kB, {worker_, "read", PathOn(kB, "never.txt"), "1"}, 30000,
                                {{"DYAD_CONSUME_TIMEOUT", "0.5"}});
