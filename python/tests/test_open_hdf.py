@@ -109,3 +109,27 @@ def test_hdf5_read_times_out_when_unpublished(cluster, nodes, unique):
             print(e.name)
     """, DYAD_CONSUME_TIMEOUT=1).stdout
     assert out.strip() == "DYAD_RC_TIMEOUT"
+
+
+def test_dyad_open_under_the_preload_library(cluster, nodes, unique):
+    """A pydyad program run with LD_PRELOAD set as well (a job script that sets
+    it for every step): dyad_open's producer lock on the file the library
+    already holds locked for the process is granted at once, instead of
+    waiting for its own process until the lock bound (DYAD_RPC_TIMEOUT)."""
+    wrapper = os.path.join(os.environ["DYAD_BUILD_DIR"], "libdyad_wrapper.so")
+    if not os.path.exists(wrapper):
+        pytest.skip("libdyad_wrapper.so not built")
+    name = f"{unique}.preload"
+    nodes.run(0, f"""
+        import os, pydyad
+        p = os.path.join(os.environ["DYAD_PATH_PRODUCER"], {name!r})
+        with pydyad.dyad_open(p, "w") as f:
+            f.write("under the preload library")
+    """, timeout=20, LD_PRELOAD=wrapper, DYAD_RPC_TIMEOUT=60)
+    out = nodes.run(1, f"""
+        import os, pydyad
+        p = os.path.join(os.environ["DYAD_PATH_CONSUMER"], {name!r})
+        with pydyad.dyad_open(p, "r") as f:
+            print(f.read())
+    """, timeout=20, LD_PRELOAD=wrapper, DYAD_CONSUME_TIMEOUT=15).stdout
+    assert out.strip() == "under the preload library"
