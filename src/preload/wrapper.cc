@@ -119,6 +119,10 @@ using FcntlFn = int (*)(int, int, ...);
 using CloseRangeFn = int (*)(unsigned, unsigned, int);
 using CloseFromFn = void (*)(int);
 using FlockFn = int (*)(int, int);
+using RenameFn = int (*)(const char*, const char*);
+using RenameAtFn = int (*)(int, const char*, int, const char*);
+using RenameAt2Fn = int (*)(int, const char*, int, const char*, unsigned);
+using LinkAtFn = int (*)(int, const char*, int, const char*, int);
 
 DYAD_REAL(open, OpenFn)
 DYAD_REAL(open64, OpenFn)
@@ -142,6 +146,11 @@ DYAD_REAL(fcntl64, FcntlFn)
 DYAD_REAL(close_range, CloseRangeFn)
 DYAD_REAL(closefrom, CloseFromFn)
 DYAD_REAL(flock, FlockFn)
+DYAD_REAL(rename, RenameFn)
+DYAD_REAL(renameat, RenameAtFn)
+DYAD_REAL(renameat2, RenameAt2Fn)
+DYAD_REAL(link, RenameFn)
+DYAD_REAL(linkat, LinkAtFn)
 
 // ---------------------------------------------------------------------------
 // Re-entry guard: only the outermost intercepted call of a thread does DYAD
@@ -404,11 +413,13 @@ Client* GetClient() {
 struct TrackedFile {
   dev_t dev = 0;
   ino_t ino = 0;
-  std::string path;    // absolute (or managed-relative) name for Produce
-  int lock_fd = -1;    // our own descriptor carrying the LOCK_EX
-  int refs = 0;        // descriptors of this process open on the file
-  bool owned = true;   // false in a forked child: the parent publishes
-  bool adopt = false;  // a consumer file: the last close adopts it (Client::Adopt)
+  std::string path;               // absolute (or managed-relative) name for Produce
+  int lock_fd = -1;               // our own descriptor carrying the LOCK_EX
+  int refs = 0;                   // descriptors of this process open on the file
+  bool owned = true;              // false in a forked child: the parent publishes
+  bool adopt = false;             // a consumer file: the last close adopts it (Client::Adopt)
+  bool moved_out = false;         // renamed out of the managed directories: `path` is gone
+  std::vector<std::string> also;  // producer names link()ed to it meanwhile
 };
 
 class FileTable {
@@ -436,6 +447,11 @@ class FileTable {
   // True when this process holds the producer's LOCK_EX on the file `fd`
   // refers to, on a descriptor of our own (LockFile).
   bool HoldsLockOn(int fd);
+  // The file (dev, ino) was just renamed (or, with `link`, linked) to
+  // `path` (nullptr: a name outside the managed directories). When this
+  // process writes it, the entry takes the new name (a link adds it) so
+  // that its last close publishes it there, and true is returned.
+  bool Renamed(dev_t dev, ino_t ino, const std::string* path, bool link);
   std::vector<std::unique_ptr<TrackedFile>> TakeAll();
 
   void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
@@ -518,6 +534,26 @@ bool FileTable::HoldsLockOn(int fd) {
   return it != by_file_.end() && it->second->lock_fd >= 0 && it->second->lock_fd != fd;
 }
 
+bool FileTable::Renamed(dev_t dev, ino_t ino, const std::string* path, bool link) {
+  if (empty()) return false;
+  MutexLock lock(mu_);
+  auto it = by_file_.find(Key{dev, ino});
+  if (it == by_file_.end() || !it->second->owned) return false;
+  TrackedFile& f = *it->second;
+  if (link) {
+    // Only producer names: a consumer name is adopted through `path`.
+    if (path != nullptr && g_client->IsManaged(*path, Side::kProducer) && *path != f.path)
+      f.also.push_back(*path);
+  } else if (path == nullptr) {
+    f.moved_out = true;
+  } else {
+    f.path = *path;
+    f.moved_out = false;
+    f.adopt = !g_client->IsManaged(*path, Side::kProducer);
+  }
+  return true;
+}
+
 void FileTable::AddAlias(int oldfd, int newfd) {
   if (newfd < 0 || empty()) return;
   if (newfd != oldfd) DropStale(newfd);
@@ -596,23 +632,30 @@ void AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
 bool Finish(std::unique_ptr<TrackedFile> file) {
   if (file == nullptr) return true;
   ReentryGuard guard;  // the client's own opens must not come back here
-  if (file->adopt && file->owned && g_client != nullptr) {
+  bool ok = true;
+  if (file->adopt && file->owned && !file->moved_out && g_client != nullptr) {
     // Copied from our descriptor while it still holds LOCK_EX: the bytes
     // this process wrote, whatever happens to the name meanwhile.
     Status st = g_client->Adopt(file->path, file->lock_fd);
-    if (file->lock_fd >= 0) real_close()(file->lock_fd);
-    if (st.ok()) return true;
-    Report("adopt '" + file->path + "'", st);
-    return !g_fail_on_error;
+    if (!st.ok()) {
+      Report("adopt '" + file->path + "'", st);
+      ok = !g_fail_on_error;
+    }
   }
   if (file->lock_fd >= 0) real_close()(file->lock_fd);  // releases LOCK_EX
-  if (!file->owned || g_client == nullptr) return true;
-  static std::once_flag flush_at_exit;
-  std::call_once(flush_at_exit, [] { std::atexit(&FlushAtExit); });
-  Status st = g_client->Produce(file->path);
-  if (st.ok()) return true;
-  Report("publish '" + file->path + "'", st);
-  return !g_fail_on_error;
+  if (!file->owned || g_client == nullptr) return ok;
+  // The file's producer names: the one it was opened (or renamed) under
+  // unless it was adopted or moved out, and those it was linked to.
+  if (!file->adopt && !file->moved_out) file->also.insert(file->also.begin(), file->path);
+  for (const std::string& name : file->also) {
+    static std::once_flag flush_at_exit;
+    std::call_once(flush_at_exit, [] { std::atexit(&FlushAtExit); });
+    Status st = g_client->Produce(name);
+    if (st.ok()) continue;
+    Report("publish '" + name + "'", st);
+    ok = ok && !g_fail_on_error;
+  }
+  return ok;
 }
 
 void AtExit() {
@@ -785,6 +828,83 @@ int CloseCommon(int fd, RealCall real) {
   const bool ok = Finish(std::move(last));
   if (rc == 0 && !ok) {
     errno = EIO;  // the descriptor is closed; the publication failed
+    return -1;
+  }
+  errno = e;
+  return rc;
+}
+
+// rename/link family: the kernel has just given a file the name `path`
+// (relative to `dirfd`, as the caller named it). Under the producer
+// directory (or the consumer directory, adopted, as a write-capable open
+// there is) a regular file is published now, under the producer's LOCK_EX
+// (its writer in another process may not be done: wait for it, bounded, as
+// LockFile does); a file this process still writes takes the name instead
+// and is published at its last close. A name outside moves a file this
+// process writes out of DYAD's hands. Returns false when the publication
+// failed and the call should report failure.
+bool PublishNewName(int dirfd, const char* path, bool link) {
+  std::string name;
+  if (Classify(dirfd, path, /*write=*/true, false, &name) != Action::kProduce) {
+    struct stat st;
+    if (!link && !Table().empty() && ::fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0)
+      Table().Renamed(st.st_dev, st.st_ino, nullptr, false);
+    return true;
+  }
+  // Opened as the caller named it; never a symlink, never blocking on a
+  // FIFO. A file we may not read is locked through a write-only descriptor.
+  constexpr int kFlags = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+  int fd = real_openat()(dirfd, path, O_RDONLY | kFlags);
+  if (fd < 0 && errno == EACCES) fd = real_openat()(dirfd, path, O_WRONLY | kFlags);
+  struct stat st;
+  if (fd < 0) {
+    // A symlink, a directory we cannot open for writing, a name already
+    // gone again: nothing to publish. Anything else is a failure.
+    const int err = errno;
+    if (err == ELOOP || err == ENOENT || err == EISDIR || err == ENXIO ||
+        (::fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)))
+      return true;
+    Report("publish '" + name + "'", StatusFromErrno(err, "open it to lock it"));
+    return !g_fail_on_error;
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      Table().Renamed(st.st_dev, st.st_ino, &name, link)) {
+    real_close()(fd);
+    return true;
+  }
+  Status locked = LockProducerFile(fd, LOCK_EX, g_client->config().rpc_timeout_ms);
+  if (!locked.ok()) {
+    real_close()(fd);
+    Report("publish '" + name + "'", locked.Annotate("lock it"));
+    return !g_fail_on_error;
+  }
+  auto file = std::make_unique<TrackedFile>();
+  file->dev = st.st_dev;
+  file->ino = st.st_ino;
+  file->path = name;
+  file->lock_fd = fd;
+  file->refs = 0;
+  file->adopt = !g_client->IsManaged(name, Side::kProducer);
+  return Finish(std::move(file));
+}
+
+// The common body of the rename and link family. `real()` performs the call;
+// only a successful one is looked at (a failed one returns exactly its
+// errno). The new name is `newdirfd`/`newpath`; with RENAME_EXCHANGE the old
+// name has a new file too. A failed publication fails the call with EIO
+// (the rename has happened), as close does, unless DYAD_PRELOAD_ON_ERROR=pass.
+template <typename RealCall>
+int RenameCommon(int olddirfd, const char* oldpath, int newdirfd, const char* newpath,
+                 bool exchange, bool link, RealCall real) {
+  ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  const int rc = real();
+  if (rc != 0 || g_shutdown.load(std::memory_order_acquire)) return rc;
+  const int e = errno;
+  bool ok = PublishNewName(newdirfd, newpath, link);
+  if (exchange) ok = PublishNewName(olddirfd, oldpath, false) && ok;
+  if (!ok) {
+    errno = EIO;
     return -1;
   }
   errno = e;
@@ -1164,6 +1284,44 @@ __attribute__((visibility("default"))) void closefrom(int lowfd) {
   const int e = errno;
   for (auto& f : files) dp::Finish(std::move(f));
   errno = e;
+}
+
+// rename/link family: a file renamed or linked into the producer directory
+// (mv, Python's os.replace, O_TMPFILE + linkat) is published as its last
+// close would have (RenameCommon). renameat2's flags pass through; with
+// RENAME_EXCHANGE both names hold a new file.
+__attribute__((visibility("default"))) int rename(const char* oldpath, const char* newpath) {
+  return dp::RenameCommon(AT_FDCWD, oldpath, AT_FDCWD, newpath, false, false,
+                          [&] { return dp::real_rename()(oldpath, newpath); });
+}
+
+__attribute__((visibility("default"))) int renameat(int olddirfd, const char* oldpath, int newdirfd,
+                                                    const char* newpath) {
+  return dp::RenameCommon(olddirfd, oldpath, newdirfd, newpath, false, false, [&] {
+    return dp::real_renameat()(olddirfd, oldpath, newdirfd, newpath);
+  });
+}
+
+__attribute__((visibility("default"))) int renameat2(int olddirfd, const char* oldpath,
+                                                     int newdirfd, const char* newpath,
+                                                     unsigned flags) {
+  return dp::RenameCommon(
+      olddirfd, oldpath, newdirfd, newpath, (flags & RENAME_EXCHANGE) != 0, false,
+      [&] { return dp::real_renameat2()(olddirfd, oldpath, newdirfd, newpath, flags); });
+}
+
+__attribute__((visibility("default"))) int link(const char* oldpath, const char* newpath) {
+  return dp::RenameCommon(AT_FDCWD, oldpath, AT_FDCWD, newpath, false, true,
+                          [&] { return dp::real_link()(oldpath, newpath); });
+}
+
+// Also linkat(fd, "", dirfd, name, AT_EMPTY_PATH) and the
+// ("/proc/self/fd/N", AT_SYMLINK_FOLLOW) form that names an O_TMPFILE file.
+__attribute__((visibility("default"))) int linkat(int olddirfd, const char* oldpath, int newdirfd,
+                                                  const char* newpath, int flags) {
+  return dp::RenameCommon(olddirfd, oldpath, newdirfd, newpath, false, true, [&] {
+    return dp::real_linkat()(olddirfd, oldpath, newdirfd, newpath, flags);
+  });
 }
 
 __attribute__((visibility("default"))) int dup2(int oldfd, int newfd) {
