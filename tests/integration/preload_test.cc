@@ -9,6 +9,7 @@
 // cluster down (processes, namespaces, directories) also on failure.
 //
 // Threading: gtest main thread only.
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <cinttypes>
@@ -549,6 +550,55 @@ TEST_F(PreloadTest, RenameExchangeAndLinksPublishTheNewNames) {
   EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "ex2")}, kShortWait), one);
   EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "l1")}, kShortWait), "linked with link");
   EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "l2")}, kShortWait), "linked with linkat");
+}
+
+// Holds LOCK_EX on `path` (as a producer writing it does) with flock(1),
+// outside DYAD, for `secs`; returns once the lock is held.
+emu::Process HoldLock(EmuCluster& cluster, const std::string& path, const std::string& secs,
+                      const std::string& out) {
+  auto p = cluster.SpawnOnNode(kA, {"flock", "-x", path, "sleep", secs}, {}, out);
+  EXPECT_TRUE(p.ok()) << Str(p.status());
+  if (!p.ok()) return emu::Process();
+  const Deadline deadline = Deadline::AfterMs(10000);
+  for (;;) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.valid() && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) break;
+    if (fd.valid()) ::flock(fd.get(), LOCK_UN);
+    if (deadline.expired() || p->Exited()) {
+      ADD_FAILURE() << "flock did not take the lock:\n" << ReadAll(out);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::move(*p);
+}
+
+// A file another process still writes (it holds the producer's LOCK_EX) is
+// published once that lock is released; a lock not released within
+// DYAD_RPC_TIMEOUT fails the call (EIO, one stderr line), nothing published.
+TEST_F(PreloadTest, RenameOfFileAnotherWriterHoldsWaitsForItsLock) {
+  WriteAll(PathOn(kA, "locked.tmp"), "complete");
+  emu::Process holder = HoldLock(cluster(), PathOn(kA, "locked.tmp"), "1.5", work_ + "/h1.out");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(
+      RunOk(kA, {helper_, "calls", "rename", PathOn(kA, "locked.tmp"), PathOn(kA, "locked.dat")}),
+      "rename rc=0 errno=kept\n");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(700))
+      << "published while another process held the file's lock";
+  FinishOk(holder, work_ + "/h1.out");
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "locked.dat")}, kShortWait), "complete");
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
+
+  emu::Process stuck = HoldLock(cluster(), PathOn(kA, "locked.dat"), "30", work_ + "/h2.out");
+  auto r = cluster().RunOnNode(
+      kA, {helper_, "calls", "rename", PathOn(kA, "locked.dat"), PathOn(kA, "stuck.dat")}, 30000,
+      PreloadEnv({{"DYAD_RPC_TIMEOUT", "1"}}));
+  stuck.Kill();
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->output.find("rename rc=-1 errno=EIO\n"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("dyad-preload"), std::string::npos) << r->output;
+  EXPECT_TRUE(Exists(PathOn(kA, "stuck.dat")));
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
 }
 
 // The rename has happened when its publication fails: by default the call
