@@ -16,6 +16,11 @@
 //     contents (no O_TRUNC, no O_CREAT) first consumes the current version;
 //   * a read-only consumer descriptor carries a shared flock(), so the
 //     service's byte budget never evicts a copy a process holds open;
+//   * a successful rename/renameat/renameat2/link/linkat that gives a
+//     regular file a name under the producer directory publishes it (under
+//     the producer's LOCK_EX, as the last close would), or, when this
+//     process still writes that file, renames its tracked entry so that its
+//     last close publishes it under the new name (PublishNewName);
 //   * a read that has waited DYAD_WAIT_NOTICE seconds (default 5 when
 //     stderr is a terminal, else off; 0 turns it off) prints one line on
 //     stderr, once per file, saying which file it waits for and whether a
@@ -536,20 +541,21 @@ bool FileTable::HoldsLockOn(int fd) {
 
 bool FileTable::Renamed(dev_t dev, ino_t ino, const std::string* path, bool link) {
   if (empty()) return false;
+  // Decided before taking the mutex: IsManaged may look at the file system.
+  const bool producer = path != nullptr && g_client->IsManaged(*path, Side::kProducer);
   MutexLock lock(mu_);
   auto it = by_file_.find(Key{dev, ino});
   if (it == by_file_.end() || !it->second->owned) return false;
   TrackedFile& f = *it->second;
   if (link) {
-    // Only producer names: a consumer name is adopted through `path`.
-    if (path != nullptr && g_client->IsManaged(*path, Side::kProducer) && *path != f.path)
-      f.also.push_back(*path);
+    // Only producer names: a consumer name is adopted through `path` alone.
+    if (producer && *path != f.path) f.also.push_back(*path);
   } else if (path == nullptr) {
     f.moved_out = true;
   } else {
     f.path = *path;
     f.moved_out = false;
-    f.adopt = !g_client->IsManaged(*path, Side::kProducer);
+    f.adopt = !producer;
   }
   return true;
 }

@@ -601,6 +601,20 @@ TEST_F(PreloadTest, RenameOfFileAnotherWriterHoldsWaitsForItsLock) {
   EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
 }
 
+// A file renamed into the consumer directory (apart from the producer
+// directory here) makes this node its owner, as writing it there does: it
+// is copied to the producer directory and published from this node.
+TEST_F(PreloadTest, RenameIntoConsumerDirectoryIsAdopted) {
+  const std::string cons = cluster().node(kB).dir + "/cons";
+  ASSERT_EQ(::mkdir(cons.c_str(), 0755), 0);
+  const std::string data = RandomBytes(70000, 41);
+  WriteAll(work_ + "/adopt.src", data);
+  RunOk(kB, {"mv", work_ + "/adopt.src", cons + "/adopt.dat"}, {{"DYAD_PATH_CONSUMER", cons}});
+  EXPECT_EQ(ReadAll(PathOn(kB, "adopt.dat")), data);  // in B's producer directory
+  EXPECT_EQ(Counter(kB, "requests.publish"), 1u);
+  EXPECT_EQ(RunOk(kA, {"cat", PathOn(kA, "adopt.dat")}, kShortWait), data);
+}
+
 // The rename has happened when its publication fails: by default the call
 // says so (-1, EIO, one stderr line), with DYAD_PRELOAD_ON_ERROR=pass it
 // succeeds; either way the file has its new name.
