@@ -39,6 +39,7 @@
 // consistent in a forked child. errno is preserved: callers see exactly the
 // errno of the real call, or a DYAD-chosen errno when a managed open fails.
 #undef _FORTIFY_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -840,6 +841,41 @@ int CloseCommon(int fd, RealCall real) {
   return rc;
 }
 
+// True when a descriptor of this process other than `except` holds an
+// flock (or POSIX lock) on the file `file` describes: a read descriptor of a
+// consumed copy carries LOCK_SH (HoldCopy), and the program may lock files
+// itself. /proc/self/fdinfo/N lists the locks held through descriptor N.
+// Only asked when the producer's LOCK_EX is refused, so its cost (a scan of
+// the descriptors) is paid only then.
+bool LockedHere(const struct stat& file, int except) {
+  DIR* dir = ::opendir("/proc/self/fdinfo");
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (!found) {
+    const struct dirent* ent = ::readdir(dir);
+    if (ent == nullptr) break;
+    char* end = nullptr;
+    const long n = std::strtol(ent->d_name, &end, 10);
+    if (end == ent->d_name || *end != '\0' || n == except || n == ::dirfd(dir)) continue;
+    struct stat st;
+    if (::fstat(static_cast<int>(n), &st) != 0 || st.st_dev != file.st_dev ||
+        st.st_ino != file.st_ino)
+      continue;
+    const std::string info = "/proc/self/fdinfo/" + std::string(ent->d_name);
+    const int fd = real_open()(info.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[4096];
+    const ssize_t got = ::read(fd, buf, sizeof(buf) - 1);
+    real_close()(fd);
+    if (got > 0) {
+      buf[got] = '\0';
+      found = std::strstr(buf, "\nlock:") != nullptr;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
 // rename/link family: the kernel has just given a file the name `path`
 // (relative to `dirfd`, as the caller named it). Under the producer
 // directory (or the consumer directory, adopted, as a write-capable open
@@ -878,7 +914,11 @@ bool PublishNewName(int dirfd, const char* path, bool link) {
     real_close()(fd);
     return true;
   }
-  Status locked = LockProducerFile(fd, LOCK_EX, g_client->config().rpc_timeout_ms);
+  // A lock this process holds itself (it reads the file, or locked it)
+  // cannot be waited for, and excludes any writer's LOCK_EX: publish.
+  Status locked;
+  if (real_flock()(fd, LOCK_EX | LOCK_NB) != 0 && !(errno == EWOULDBLOCK && LockedHere(st, fd)))
+    locked = LockProducerFile(fd, LOCK_EX, g_client->config().rpc_timeout_ms);
   if (!locked.ok()) {
     real_close()(fd);
     Report("publish '" + name + "'", locked.Annotate("lock it"));

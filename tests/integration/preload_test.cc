@@ -601,6 +601,28 @@ TEST_F(PreloadTest, RenameOfFileAnotherWriterHoldsWaitsForItsLock) {
   EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
 }
 
+// A consumed file this process still reads (its descriptor carries the
+// shared lock that keeps the copy from eviction) renamed within the shared
+// directory: the library does not wait for its own process's lock.
+TEST_F(PreloadTest, RenameOfFileThisProcessReadsDoesNotWaitForItsOwnLock) {
+  const std::string text = TextLines(200, "read");
+  WriteAll(work_ + "/read.src", text);
+  RunOk(kA, {"cp", work_ + "/read.src", PathOn(kA, "reading.txt")});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(RunOk(kB,
+                  {"/usr/bin/python3", "-c",
+                   "import os, sys\n"
+                   "d = sys.argv[1]\n"
+                   "with open(os.path.join(d, 'reading.txt'), 'rb') as f:\n"
+                   "    os.rename(os.path.join(d, 'reading.txt'), os.path.join(d, 'read.txt'))\n"
+                   "    sys.stdout.write(f.read().decode())\n",
+                   dmd(kB)},
+                  {{"DYAD_RPC_TIMEOUT", "20"}}),
+            text);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(RunOk(kA, {"cat", PathOn(kA, "read.txt")}, kShortWait), text);
+}
+
 // A file renamed into the consumer directory (apart from the producer
 // directory here) makes this node its owner, as writing it there does: it
 // is copied to the producer directory and published from this node.
