@@ -486,9 +486,10 @@ TEST_F(PreloadTest, RenameOverPublishedFileGivesConsumerNewVersion) {
   EXPECT_EQ(Counter(kA, "requests.publish"), 2u);
 }
 
-// A destination outside the managed directory publishes nothing; a file
-// this process writes that is renamed out is no longer published at its
-// close (which succeeds), and a consumer of its old name times out.
+// A destination outside the managed directory publishes nothing, nor does
+// a directory renamed in; a file this process writes that is renamed out is
+// no longer published at its close (which succeeds), and a consumer of its
+// old name times out.
 TEST_F(PreloadTest, RenameToOutsidePublishesNothing) {
   EXPECT_EQ(
       RunOk(kA, {helper_, "write-rename", PathOn(kA, "gone.tmp"), work_ + "/gone.dat", "5000"}),
@@ -498,6 +499,12 @@ TEST_F(PreloadTest, RenameToOutsidePublishesNothing) {
   EXPECT_EQ(RunOk(kA, {helper_, "calls", "rename", work_ + "/o1", work_ + "/o2", "link",
                        work_ + "/o2", work_ + "/o3"}),
             "rename rc=0 errno=kept\nlink rc=0 errno=kept\n");
+  // A directory renamed in is not published (nor are the files inside it).
+  ASSERT_EQ(::mkdir((work_ + "/dir").c_str(), 0755), 0);
+  WriteAll(work_ + "/dir/inside.dat", "inside");
+  EXPECT_EQ(RunOk(kA, {helper_, "calls", "rename", work_ + "/dir", PathOn(kA, "dir")}),
+            "rename rc=0 errno=kept\n");
+  EXPECT_EQ(ReadAll(PathOn(kA, "dir/inside.dat")), "inside");
   EXPECT_EQ(Counter(kA, "requests.publish"), 0u);
   const auto start = std::chrono::steady_clock::now();
   auto r = cluster().RunOnNode(kB, {"cat", PathOn(kB, "gone.tmp")}, 30000,
