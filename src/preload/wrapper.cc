@@ -16,6 +16,11 @@
 //     contents (no O_TRUNC, no O_CREAT) first consumes the current version;
 //   * a read-only consumer descriptor carries a shared flock(), so the
 //     service's byte budget never evicts a copy a process holds open;
+//   * a successful rename/renameat/renameat2/link/linkat that gives a
+//     regular file a name under the producer directory publishes it (under
+//     the producer's LOCK_EX, as the last close would), or, when this
+//     process still writes that file, renames its tracked entry so that its
+//     last close publishes it under the new name (PublishNewName);
 //   * a read that has waited DYAD_WAIT_NOTICE seconds (default 5 when
 //     stderr is a terminal, else off; 0 turns it off) prints one line on
 //     stderr, once per file, saying which file it waits for and whether a
@@ -34,6 +39,7 @@
 // consistent in a forked child. errno is preserved: callers see exactly the
 // errno of the real call, or a DYAD-chosen errno when a managed open fails.
 #undef _FORTIFY_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -119,6 +125,10 @@ using FcntlFn = int (*)(int, int, ...);
 using CloseRangeFn = int (*)(unsigned, unsigned, int);
 using CloseFromFn = void (*)(int);
 using FlockFn = int (*)(int, int);
+using RenameFn = int (*)(const char*, const char*);
+using RenameAtFn = int (*)(int, const char*, int, const char*);
+using RenameAt2Fn = int (*)(int, const char*, int, const char*, unsigned);
+using LinkAtFn = int (*)(int, const char*, int, const char*, int);
 
 DYAD_REAL(open, OpenFn)
 DYAD_REAL(open64, OpenFn)
@@ -142,6 +152,11 @@ DYAD_REAL(fcntl64, FcntlFn)
 DYAD_REAL(close_range, CloseRangeFn)
 DYAD_REAL(closefrom, CloseFromFn)
 DYAD_REAL(flock, FlockFn)
+DYAD_REAL(rename, RenameFn)
+DYAD_REAL(renameat, RenameAtFn)
+DYAD_REAL(renameat2, RenameAt2Fn)
+DYAD_REAL(link, RenameFn)
+DYAD_REAL(linkat, LinkAtFn)
 
 // ---------------------------------------------------------------------------
 // Re-entry guard: only the outermost intercepted call of a thread does DYAD
@@ -404,11 +419,13 @@ Client* GetClient() {
 struct TrackedFile {
   dev_t dev = 0;
   ino_t ino = 0;
-  std::string path;    // absolute (or managed-relative) name for Produce
-  int lock_fd = -1;    // our own descriptor carrying the LOCK_EX
-  int refs = 0;        // descriptors of this process open on the file
-  bool owned = true;   // false in a forked child: the parent publishes
-  bool adopt = false;  // a consumer file: the last close adopts it (Client::Adopt)
+  std::string path;               // absolute (or managed-relative) name for Produce
+  int lock_fd = -1;               // our own descriptor carrying the LOCK_EX
+  int refs = 0;                   // descriptors of this process open on the file
+  bool owned = true;              // false in a forked child: the parent publishes
+  bool adopt = false;             // a consumer file: the last close adopts it (Client::Adopt)
+  bool moved_out = false;         // renamed out of the managed directories: `path` is gone
+  std::vector<std::string> also;  // producer names link()ed to it meanwhile
 };
 
 class FileTable {
@@ -436,6 +453,11 @@ class FileTable {
   // True when this process holds the producer's LOCK_EX on the file `fd`
   // refers to, on a descriptor of our own (LockFile).
   bool HoldsLockOn(int fd);
+  // The file (dev, ino) was just renamed (or, with `link`, linked) to
+  // `path` (nullptr: a name outside the managed directories). When this
+  // process writes it, the entry takes the new name (a link adds it) so
+  // that its last close publishes it there, and true is returned.
+  bool Renamed(dev_t dev, ino_t ino, const std::string* path, bool link);
   std::vector<std::unique_ptr<TrackedFile>> TakeAll();
 
   void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
@@ -518,6 +540,27 @@ bool FileTable::HoldsLockOn(int fd) {
   return it != by_file_.end() && it->second->lock_fd >= 0 && it->second->lock_fd != fd;
 }
 
+bool FileTable::Renamed(dev_t dev, ino_t ino, const std::string* path, bool link) {
+  if (empty()) return false;
+  // Decided before taking the mutex: IsManaged may look at the file system.
+  const bool producer = path != nullptr && g_client->IsManaged(*path, Side::kProducer);
+  MutexLock lock(mu_);
+  auto it = by_file_.find(Key{dev, ino});
+  if (it == by_file_.end() || !it->second->owned) return false;
+  TrackedFile& f = *it->second;
+  if (link) {
+    // Only producer names: a consumer name is adopted through `path` alone.
+    if (producer && *path != f.path) f.also.push_back(*path);
+  } else if (path == nullptr) {
+    f.moved_out = true;
+  } else {
+    f.path = *path;
+    f.moved_out = false;
+    f.adopt = !producer;
+  }
+  return true;
+}
+
 void FileTable::AddAlias(int oldfd, int newfd) {
   if (newfd < 0 || empty()) return;
   if (newfd != oldfd) DropStale(newfd);
@@ -596,23 +639,30 @@ void AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
 bool Finish(std::unique_ptr<TrackedFile> file) {
   if (file == nullptr) return true;
   ReentryGuard guard;  // the client's own opens must not come back here
-  if (file->adopt && file->owned && g_client != nullptr) {
+  bool ok = true;
+  if (file->adopt && file->owned && !file->moved_out && g_client != nullptr) {
     // Copied from our descriptor while it still holds LOCK_EX: the bytes
     // this process wrote, whatever happens to the name meanwhile.
     Status st = g_client->Adopt(file->path, file->lock_fd);
-    if (file->lock_fd >= 0) real_close()(file->lock_fd);
-    if (st.ok()) return true;
-    Report("adopt '" + file->path + "'", st);
-    return !g_fail_on_error;
+    if (!st.ok()) {
+      Report("adopt '" + file->path + "'", st);
+      ok = !g_fail_on_error;
+    }
   }
   if (file->lock_fd >= 0) real_close()(file->lock_fd);  // releases LOCK_EX
-  if (!file->owned || g_client == nullptr) return true;
-  static std::once_flag flush_at_exit;
-  std::call_once(flush_at_exit, [] { std::atexit(&FlushAtExit); });
-  Status st = g_client->Produce(file->path);
-  if (st.ok()) return true;
-  Report("publish '" + file->path + "'", st);
-  return !g_fail_on_error;
+  if (!file->owned || g_client == nullptr) return ok;
+  // The file's producer names: the one it was opened (or renamed) under
+  // unless it was adopted or moved out, and those it was linked to.
+  if (!file->adopt && !file->moved_out) file->also.insert(file->also.begin(), file->path);
+  for (const std::string& name : file->also) {
+    static std::once_flag flush_at_exit;
+    std::call_once(flush_at_exit, [] { std::atexit(&FlushAtExit); });
+    Status st = g_client->Produce(name);
+    if (st.ok()) continue;
+    Report("publish '" + name + "'", st);
+    ok = ok && !g_fail_on_error;
+  }
+  return ok;
 }
 
 void AtExit() {
@@ -785,6 +835,122 @@ int CloseCommon(int fd, RealCall real) {
   const bool ok = Finish(std::move(last));
   if (rc == 0 && !ok) {
     errno = EIO;  // the descriptor is closed; the publication failed
+    return -1;
+  }
+  errno = e;
+  return rc;
+}
+
+// True when a descriptor of this process other than `except` holds an
+// flock (or POSIX lock) on the file `file` describes: a read descriptor of a
+// consumed copy carries LOCK_SH (HoldCopy), and the program may lock files
+// itself. /proc/self/fdinfo/N lists the locks held through descriptor N.
+// Only asked when the producer's LOCK_EX is refused, so its cost (a scan of
+// the descriptors) is paid only then.
+bool LockedHere(const struct stat& file, int except) {
+  DIR* dir = ::opendir("/proc/self/fdinfo");
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (!found) {
+    const struct dirent* ent = ::readdir(dir);
+    if (ent == nullptr) break;
+    char* end = nullptr;
+    const long n = std::strtol(ent->d_name, &end, 10);
+    if (end == ent->d_name || *end != '\0' || n == except || n == ::dirfd(dir)) continue;
+    struct stat st;
+    if (::fstat(static_cast<int>(n), &st) != 0 || st.st_dev != file.st_dev ||
+        st.st_ino != file.st_ino)
+      continue;
+    const std::string info = "/proc/self/fdinfo/" + std::string(ent->d_name);
+    const int fd = real_open()(info.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[4096];
+    const ssize_t got = ::read(fd, buf, sizeof(buf) - 1);
+    real_close()(fd);
+    if (got > 0) {
+      buf[got] = '\0';
+      found = std::strstr(buf, "\nlock:") != nullptr;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// rename/link family: the kernel has just given a file the name `path`
+// (relative to `dirfd`, as the caller named it). Under the producer
+// directory (or the consumer directory, adopted, as a write-capable open
+// there is) a regular file is published now, under the producer's LOCK_EX
+// (its writer in another process may not be done: wait for it, bounded, as
+// LockFile does); a file this process still writes takes the name instead
+// and is published at its last close. A name outside moves a file this
+// process writes out of DYAD's hands. Returns false when the publication
+// failed and the call should report failure.
+bool PublishNewName(int dirfd, const char* path, bool link) {
+  std::string name;
+  if (Classify(dirfd, path, /*write=*/true, false, &name) != Action::kProduce) {
+    struct stat st;
+    if (!link && !Table().empty() && ::fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0)
+      Table().Renamed(st.st_dev, st.st_ino, nullptr, false);
+    return true;
+  }
+  // Opened as the caller named it; never a symlink, never blocking on a
+  // FIFO. A file we may not read is locked through a write-only descriptor.
+  constexpr int kFlags = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+  int fd = real_openat()(dirfd, path, O_RDONLY | kFlags);
+  if (fd < 0 && errno == EACCES) fd = real_openat()(dirfd, path, O_WRONLY | kFlags);
+  struct stat st;
+  if (fd < 0) {
+    // A symlink, a directory we cannot open for writing, a name already
+    // gone again: nothing to publish. Anything else is a failure.
+    const int err = errno;
+    if (err == ELOOP || err == ENOENT || err == EISDIR || err == ENXIO ||
+        (::fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)))
+      return true;
+    Report("publish '" + name + "'", StatusFromErrno(err, "open it to lock it"));
+    return !g_fail_on_error;
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      Table().Renamed(st.st_dev, st.st_ino, &name, link)) {
+    real_close()(fd);
+    return true;
+  }
+  // A lock this process holds itself (it reads the file, or locked it)
+  // cannot be waited for, and excludes any writer's LOCK_EX: publish.
+  Status locked;
+  if (real_flock()(fd, LOCK_EX | LOCK_NB) != 0 && !(errno == EWOULDBLOCK && LockedHere(st, fd)))
+    locked = LockProducerFile(fd, LOCK_EX, g_client->config().rpc_timeout_ms);
+  if (!locked.ok()) {
+    real_close()(fd);
+    Report("publish '" + name + "'", locked.Annotate("lock it"));
+    return !g_fail_on_error;
+  }
+  auto file = std::make_unique<TrackedFile>();
+  file->dev = st.st_dev;
+  file->ino = st.st_ino;
+  file->path = name;
+  file->lock_fd = fd;
+  file->refs = 0;
+  file->adopt = !g_client->IsManaged(name, Side::kProducer);
+  return Finish(std::move(file));
+}
+
+// The common body of the rename and link family. `real()` performs the call;
+// only a successful one is looked at (a failed one returns exactly its
+// errno). The new name is `newdirfd`/`newpath`; with RENAME_EXCHANGE the old
+// name has a new file too. A failed publication fails the call with EIO
+// (the rename has happened), as close does, unless DYAD_PRELOAD_ON_ERROR=pass.
+template <typename RealCall>
+int RenameCommon(int olddirfd, const char* oldpath, int newdirfd, const char* newpath,
+                 bool exchange, bool link, RealCall real) {
+  ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  const int rc = real();
+  if (rc != 0 || g_shutdown.load(std::memory_order_acquire)) return rc;
+  const int e = errno;
+  bool ok = PublishNewName(newdirfd, newpath, link);
+  if (exchange) ok = PublishNewName(olddirfd, oldpath, false) && ok;
+  if (!ok) {
+    errno = EIO;
     return -1;
   }
   errno = e;
@@ -1164,6 +1330,44 @@ __attribute__((visibility("default"))) void closefrom(int lowfd) {
   const int e = errno;
   for (auto& f : files) dp::Finish(std::move(f));
   errno = e;
+}
+
+// rename/link family: a file renamed or linked into the producer directory
+// (mv, Python's os.replace, O_TMPFILE + linkat) is published as its last
+// close would have (RenameCommon). renameat2's flags pass through; with
+// RENAME_EXCHANGE both names hold a new file.
+__attribute__((visibility("default"))) int rename(const char* oldpath, const char* newpath) {
+  return dp::RenameCommon(AT_FDCWD, oldpath, AT_FDCWD, newpath, false, false,
+                          [&] { return dp::real_rename()(oldpath, newpath); });
+}
+
+__attribute__((visibility("default"))) int renameat(int olddirfd, const char* oldpath, int newdirfd,
+                                                    const char* newpath) {
+  return dp::RenameCommon(olddirfd, oldpath, newdirfd, newpath, false, false, [&] {
+    return dp::real_renameat()(olddirfd, oldpath, newdirfd, newpath);
+  });
+}
+
+__attribute__((visibility("default"))) int renameat2(int olddirfd, const char* oldpath,
+                                                     int newdirfd, const char* newpath,
+                                                     unsigned flags) {
+  return dp::RenameCommon(
+      olddirfd, oldpath, newdirfd, newpath, (flags & RENAME_EXCHANGE) != 0, false,
+      [&] { return dp::real_renameat2()(olddirfd, oldpath, newdirfd, newpath, flags); });
+}
+
+__attribute__((visibility("default"))) int link(const char* oldpath, const char* newpath) {
+  return dp::RenameCommon(AT_FDCWD, oldpath, AT_FDCWD, newpath, false, true,
+                          [&] { return dp::real_link()(oldpath, newpath); });
+}
+
+// Also linkat(fd, "", dirfd, name, AT_EMPTY_PATH) and the
+// ("/proc/self/fd/N", AT_SYMLINK_FOLLOW) form that names an O_TMPFILE file.
+__attribute__((visibility("default"))) int linkat(int olddirfd, const char* oldpath, int newdirfd,
+                                                  const char* newpath, int flags) {
+  return dp::RenameCommon(olddirfd, oldpath, newdirfd, newpath, false, true, [&] {
+    return dp::real_linkat()(olddirfd, oldpath, newdirfd, newpath, flags);
+  });
 }
 
 __attribute__((visibility("default"))) int dup2(int oldfd, int newfd) {

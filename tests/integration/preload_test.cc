@@ -9,6 +9,7 @@
 // cluster down (processes, namespaces, directories) also on failure.
 //
 // Threading: gtest main thread only.
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <cinttypes>
@@ -383,6 +384,288 @@ TEST_F(PreloadTest, Issue26Item11_NoManagedDirectorySaysWhatToSetOncePerProcess)
   auto q = cluster().RunOnNode(kB, {"cat", missing}, 30000, PreloadEnv(quiet));
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->output.find("dyad-preload"), std::string::npos) << q->output;
+}
+
+// ---------------------------------------------------------------------------
+// Files renamed or linked into the producer directory (docs/preload.md,
+// "Renamed and linked files"). Consumers get DYAD_CONSUME_TIMEOUT=10: on a
+// library that does not publish such files they fail instead of hanging.
+
+const Env kShortWait = {{"DYAD_CONSUME_TIMEOUT", "10"}};
+
+// The content dyad-preload-helper writes for `name` (its Content()).
+std::string HelperContent(const std::string& name, size_t size) {
+  uint64_t x = Fnv(name);
+  std::string v(size, '\0');
+  for (size_t i = 0; i < size; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v[i] = static_cast<char>(x >> 56);
+  }
+  return v;
+}
+
+bool SameFileSystem(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev;
+}
+
+// `mv` of a finished file from outside into the producer directory (a
+// rename, not a copy: same file system); a consumer started first gets it.
+TEST_F(PreloadTest, MvOfFinishedFileIntoProducerDirectoryIsPublished) {
+  const std::string data = RandomBytes(kMiB + 3, 11);
+  const std::string src = work_ + "/mv.src";
+  WriteAll(src, data);
+  ASSERT_TRUE(SameFileSystem(src, dmd(kA))) << "mv would copy instead of renaming";
+  const std::string out = work_ + "/mv.out";
+  emu::Process sha = Start(kB, {"sha256sum", PathOn(kB, "mv.bin")}, out, kShortWait);
+  RunOk(kA, {"mv", src, PathOn(kA, "mv.bin")});
+  FinishOk(sha, out);
+  EXPECT_EQ(ReadAll(out), Sha256Of(data, PathOn(kB, "mv.bin")));
+  EXPECT_FALSE(Exists(src));
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
+}
+
+// Python's atomic write: x.tmp written, then os.replace(x.tmp, x); twice,
+// the second replacing a published version the consumer has read.
+TEST_F(PreloadTest, PythonWritesTmpThenOsReplace) {
+  const std::string script =
+      "import os, sys\n"
+      "d, src = sys.argv[1], sys.argv[2]\n"
+      "with open(src, 'rb') as f: data = f.read()\n"
+      "with open(os.path.join(d, 'x.tmp'), 'wb') as f: f.write(data)\n"
+      "os.replace(os.path.join(d, 'x.tmp'), os.path.join(d, 'x'))\n";
+  for (int version = 1; version <= 2; ++version) {
+    const std::string data = RandomBytes(300000 + static_cast<size_t>(version), 20 + version);
+    const std::string src = work_ + "/py" + std::to_string(version) + ".src";
+    WriteAll(src, data);
+    RunOk(kA, {"/usr/bin/python3", "-c", script, dmd(kA), src});
+    EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "x")}, kShortWait), data) << "version " << version;
+  }
+}
+
+// O_TMPFILE + linkat: the /proc/self/fd/N + AT_SYMLINK_FOLLOW form and the
+// AT_EMPTY_PATH form.
+TEST_F(PreloadTest, TmpfileLinkatIsPublished) {
+  for (const std::string form : {"proc", "empty"}) {
+    const std::string name = "tmpfile-" + form + ".dat";
+    EXPECT_EQ(RunOk(kA, {helper_, "tmpfile-link", dmd(kA), name, "150001", form}),
+              "linkat rc=0 errno=-\n");
+    EXPECT_EQ(ReadAll(PathOn(kA, name)), HelperContent(name, 150001));
+    EXPECT_EQ(RunOk(kB, {helper_, "read-threads", PathOn(kB, name)}, kShortWait),
+              HelperLine(PathOn(kB, name), HelperContent(name, 150001)) + "\n");
+  }
+  EXPECT_EQ(Counter(kA, "requests.publish"), 2u);
+}
+
+// A file renamed while this process still writes it is published once, at
+// its last close, under the new name, with every byte.
+TEST_F(PreloadTest, RenameOfFileStillOpenPublishesOnceAtCloseUnderNewName) {
+  const std::string out = work_ + "/openren.out";
+  emu::Process reader =
+      Start(kB, {helper_, "read-threads", PathOn(kB, "openren.dat")}, out, kShortWait);
+  EXPECT_EQ(RunOk(kA, {helper_, "write-rename", PathOn(kA, "openren.tmp"),
+                       PathOn(kA, "openren.dat"), "200000"}),
+            "renamed\nclosed rc=0\n");
+  FinishOk(reader, out);
+  EXPECT_EQ(ReadAll(out),
+            HelperLine(PathOn(kB, "openren.dat"), HelperContent("openren.dat", 200000)) + "\n");
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
+}
+
+// renameat (directory descriptors, relative names) over a published file:
+// the consumer that read the old version gets the new one.
+TEST_F(PreloadTest, RenameOverPublishedFileGivesConsumerNewVersion) {
+  const std::string v1 = TextLines(3000, "v1"), v2 = TextLines(4000, "v2");
+  WriteAll(work_ + "/v1", v1);
+  WriteAll(work_ + "/v2", v2);
+  RunOk(kA, {"cp", work_ + "/v1", PathOn(kA, "over.txt")});
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "over.txt")}, kShortWait), v1);
+  EXPECT_EQ(RunOk(kA, {helper_, "calls", "renameat", work_ + "/v2", PathOn(kA, "over.txt")}),
+            "renameat rc=0 errno=kept\n");
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "over.txt")}, kShortWait), v2);
+  EXPECT_EQ(Counter(kA, "requests.publish"), 2u);
+}
+
+// A destination outside the managed directory publishes nothing, nor does
+// a directory renamed in; a file this process writes that is renamed out is
+// no longer published at its close (which succeeds), and a consumer of its
+// old name times out.
+TEST_F(PreloadTest, RenameToOutsidePublishesNothing) {
+  EXPECT_EQ(
+      RunOk(kA, {helper_, "write-rename", PathOn(kA, "gone.tmp"), work_ + "/gone.dat", "5000"}),
+      "renamed\nclosed rc=0\n");
+  EXPECT_EQ(ReadAll(work_ + "/gone.dat"), HelperContent("gone.dat", 5000));
+  WriteAll(work_ + "/o1", "outside");
+  EXPECT_EQ(RunOk(kA, {helper_, "calls", "rename", work_ + "/o1", work_ + "/o2", "link",
+                       work_ + "/o2", work_ + "/o3"}),
+            "rename rc=0 errno=kept\nlink rc=0 errno=kept\n");
+  // A directory renamed in is not published (nor are the files inside it).
+  ASSERT_EQ(::mkdir((work_ + "/dir").c_str(), 0755), 0);
+  WriteAll(work_ + "/dir/inside.dat", "inside");
+  EXPECT_EQ(RunOk(kA, {helper_, "calls", "rename", work_ + "/dir", PathOn(kA, "dir")}),
+            "rename rc=0 errno=kept\n");
+  EXPECT_EQ(ReadAll(PathOn(kA, "dir/inside.dat")), "inside");
+  EXPECT_EQ(Counter(kA, "requests.publish"), 0u);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = cluster().RunOnNode(kB, {"cat", PathOn(kB, "gone.tmp")}, 30000,
+                               PreloadEnv({{"DYAD_CONSUME_TIMEOUT", "1"}}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->status.success()) << r->output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+// Failing calls keep their errno exactly and publish nothing; a successful
+// call afterwards in the same process (renameat2 RENAME_NOREPLACE) does.
+TEST_F(PreloadTest, FailingRenameKeepsErrnoAndPublishesNothing) {
+  WriteAll(PathOn(kA, "exists.dat"), "already here");
+  WriteAll(work_ + "/fresh.src", "fresh");
+  const std::vector<std::string> failing = {
+      "rename",    PathOn(kA, "missing"), PathOn(kA, "m1"),
+      "noreplace", work_ + "/fresh.src",  PathOn(kA, "exists.dat"),
+      "link",      PathOn(kA, "missing"), PathOn(kA, "m2"),
+      "linkat",    work_ + "/fresh.src",  PathOn(kA, "exists.dat")};
+  const std::string expected =
+      "rename rc=-1 errno=ENOENT\nnoreplace rc=-1 errno=EEXIST\nlink rc=-1 errno=ENOENT\n"
+      "linkat rc=-1 errno=EEXIST\n";
+  std::vector<std::string> argv = {helper_, "calls"};
+  argv.insert(argv.end(), failing.begin(), failing.end());
+  // The same results without the library.
+  auto plain = cluster().RunOnNode(kA, argv, 30000, {});
+  ASSERT_TRUE(plain.ok() && plain->status.success());
+  EXPECT_EQ(plain->output, expected);
+  for (const std::string& s :
+       std::vector<std::string>{"noreplace", work_ + "/fresh.src", PathOn(kA, "fresh.dat")})
+    argv.push_back(s);
+  EXPECT_EQ(RunOk(kA, argv), expected + "noreplace rc=0 errno=kept\n");
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "fresh.dat")}, kShortWait), "fresh");
+}
+
+// RENAME_EXCHANGE publishes both names; link and linkat publish the new
+// name.
+TEST_F(PreloadTest, RenameExchangeAndLinksPublishTheNewNames) {
+  const std::string one = RandomBytes(1000, 31), two = RandomBytes(2000, 32);
+  WriteAll(PathOn(kA, "ex1"), one);
+  WriteAll(PathOn(kA, "ex2"), two);
+  WriteAll(work_ + "/l1", "linked with link");
+  WriteAll(work_ + "/l2", "linked with linkat");
+  EXPECT_EQ(RunOk(kA, {helper_, "calls", "exchange", PathOn(kA, "ex1"), PathOn(kA, "ex2"), "link",
+                       work_ + "/l1", PathOn(kA, "l1"), "linkat", work_ + "/l2", PathOn(kA, "l2")}),
+            "exchange rc=0 errno=kept\nlink rc=0 errno=kept\nlinkat rc=0 errno=kept\n");
+  EXPECT_EQ(Counter(kA, "requests.publish"), 4u);
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "ex1")}, kShortWait), two);
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "ex2")}, kShortWait), one);
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "l1")}, kShortWait), "linked with link");
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "l2")}, kShortWait), "linked with linkat");
+}
+
+// Holds LOCK_EX on `path` (as a producer writing it does) with flock(1),
+// outside DYAD, for `secs`; returns once the lock is held.
+emu::Process HoldLock(EmuCluster& cluster, const std::string& path, const std::string& secs,
+                      const std::string& out) {
+  auto p = cluster.SpawnOnNode(kA, {"flock", "-x", path, "sleep", secs}, {}, out);
+  EXPECT_TRUE(p.ok()) << Str(p.status());
+  if (!p.ok()) return emu::Process();
+  const Deadline deadline = Deadline::AfterMs(10000);
+  for (;;) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.valid() && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) break;
+    if (fd.valid()) ::flock(fd.get(), LOCK_UN);
+    if (deadline.expired() || p->Exited()) {
+      ADD_FAILURE() << "flock did not take the lock:\n" << ReadAll(out);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::move(*p);
+}
+
+// A file another process still writes (it holds the producer's LOCK_EX) is
+// published once that lock is released; a lock not released within
+// DYAD_RPC_TIMEOUT fails the call (EIO, one stderr line), nothing published.
+TEST_F(PreloadTest, RenameOfFileAnotherWriterHoldsWaitsForItsLock) {
+  WriteAll(PathOn(kA, "locked.tmp"), "complete");
+  emu::Process holder = HoldLock(cluster(), PathOn(kA, "locked.tmp"), "1.5", work_ + "/h1.out");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(
+      RunOk(kA, {helper_, "calls", "rename", PathOn(kA, "locked.tmp"), PathOn(kA, "locked.dat")}),
+      "rename rc=0 errno=kept\n");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(700))
+      << "published while another process held the file's lock";
+  FinishOk(holder, work_ + "/h1.out");
+  EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "locked.dat")}, kShortWait), "complete");
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
+
+  emu::Process stuck = HoldLock(cluster(), PathOn(kA, "locked.dat"), "30", work_ + "/h2.out");
+  auto r = cluster().RunOnNode(
+      kA, {helper_, "calls", "rename", PathOn(kA, "locked.dat"), PathOn(kA, "stuck.dat")}, 30000,
+      PreloadEnv({{"DYAD_RPC_TIMEOUT", "1"}}));
+  stuck.Kill();
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->output.find("rename rc=-1 errno=EIO\n"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("dyad-preload"), std::string::npos) << r->output;
+  EXPECT_TRUE(Exists(PathOn(kA, "stuck.dat")));
+  EXPECT_EQ(Counter(kA, "requests.publish"), 1u);
+}
+
+// A consumed file this process still reads (its descriptor carries the
+// shared lock that keeps the copy from eviction) renamed within the shared
+// directory: the library does not wait for its own process's lock.
+TEST_F(PreloadTest, RenameOfFileThisProcessReadsDoesNotWaitForItsOwnLock) {
+  const std::string text = TextLines(200, "read");
+  WriteAll(work_ + "/read.src", text);
+  RunOk(kA, {"cp", work_ + "/read.src", PathOn(kA, "reading.txt")});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(RunOk(kB,
+                  {"/usr/bin/python3", "-c",
+                   "import os, sys\n"
+                   "d = sys.argv[1]\n"
+                   "with open(os.path.join(d, 'reading.txt'), 'rb') as f:\n"
+                   "    os.rename(os.path.join(d, 'reading.txt'), os.path.join(d, 'read.txt'))\n"
+                   "    sys.stdout.write(f.read().decode())\n",
+                   dmd(kB)},
+                  {{"DYAD_RPC_TIMEOUT", "20"}}),
+            text);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(RunOk(kA, {"cat", PathOn(kA, "read.txt")}, kShortWait), text);
+}
+
+// A file renamed into the consumer directory (apart from the producer
+// directory here) makes this node its owner, as writing it there does: it
+// is copied to the producer directory and published from this node.
+TEST_F(PreloadTest, RenameIntoConsumerDirectoryIsAdopted) {
+  const std::string cons = cluster().node(kB).dir + "/cons";
+  ASSERT_EQ(::mkdir(cons.c_str(), 0755), 0);
+  const std::string data = RandomBytes(70000, 41);
+  WriteAll(work_ + "/adopt.src", data);
+  RunOk(kB, {"mv", work_ + "/adopt.src", cons + "/adopt.dat"}, {{"DYAD_PATH_CONSUMER", cons}});
+  EXPECT_EQ(ReadAll(PathOn(kB, "adopt.dat")), data);  // in B's producer directory
+  EXPECT_EQ(Counter(kB, "requests.publish"), 1u);
+  EXPECT_EQ(RunOk(kA, {"cat", PathOn(kA, "adopt.dat")}, kShortWait), data);
+}
+
+// The rename has happened when its publication fails: by default the call
+// says so (-1, EIO, one stderr line), with DYAD_PRELOAD_ON_ERROR=pass it
+// succeeds; either way the file has its new name.
+TEST_F(PreloadTest, RenamePublishFailureFailsWithEioOrPasses) {
+  const Env dead = {{"DYAD_SERVICE_SOCKET", work_ + "/no-such.sock"}};
+  WriteAll(work_ + "/f1", "one");
+  auto r = cluster().RunOnNode(kA, {helper_, "calls", "rename", work_ + "/f1", PathOn(kA, "f1")},
+                               30000, PreloadEnv(dead));
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->output.find("rename rc=-1 errno=EIO\n"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("dyad-preload"), std::string::npos) << r->output;
+  EXPECT_EQ(ReadAll(PathOn(kA, "f1")), "one");
+
+  Env pass = dead;
+  pass["DYAD_PRELOAD_ON_ERROR"] = "pass";
+  WriteAll(work_ + "/f2", "two");
+  auto p = cluster().RunOnNode(kA, {helper_, "calls", "rename", work_ + "/f2", PathOn(kA, "f2")},
+                               30000, PreloadEnv(pass));
+  ASSERT_TRUE(p.ok());
+  EXPECT_NE(p->output.find("rename rc=0 errno=kept\n"), std::string::npos) << p->output;
+  EXPECT_NE(p->output.find("dyad-preload"), std::string::npos) << p->output;
+  EXPECT_EQ(ReadAll(PathOn(kA, "f2")), "two");
 }
 
 }  // namespace

@@ -17,10 +17,23 @@
 //   write-noclose DIR NAME SIZE  writes DIR/NAME and exits without closing.
 //   probe DIR                 prints the result and errno of opens outside
 //       DYAD (missing file, O_CREAT|O_EXCL on an existing one, ...).
+//   write-rename SRC DST SIZE  opens SRC for writing, writes half of DST's
+//       content, rename(SRC, DST), writes the rest through the same
+//       descriptor, waits 300 ms, closes; prints "renamed" and "closed rc=R".
+//   tmpfile-link DIR NAME SIZE proc|empty  open(DIR, O_TMPFILE), writes
+//       NAME's content, names it DIR/NAME with linkat (the
+//       /proc/self/fd/N + AT_SYMLINK_FOLLOW form, or fd "" AT_EMPTY_PATH),
+//       closes; prints "linkat rc=R errno=E".
+//   calls OP SRC DST [OP SRC DST]...  one call per triple, OP one of rename,
+//       renameat (directory descriptors of both names' directories and
+//       their last components), noreplace / exchange (renameat2 with
+//       RENAME_NOREPLACE / RENAME_EXCHANGE), link, linkat; prints
+//       "OP rc=R errno=E" (E is "kept" when a successful call left errno).
 //
 // File content is a function of the name, so tests can verify bytes.
 // Threading: read-threads starts one thread per file; the rest is serial.
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -222,6 +235,79 @@ int Probe(const std::string& dir) {
   return 0;
 }
 
+// The content of the file named by the last component of `path`.
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+int WriteRename(const std::string& src, const std::string& dst, size_t size) {
+  const auto data = Content(BaseName(dst), size);
+  const int fd = ::open(src.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return std::perror("open"), 1;
+  const size_t half = size / 2;
+  if (!WriteAll(fd, data.data(), half)) return std::perror("write"), 1;
+  if (::rename(src.c_str(), dst.c_str()) != 0) return std::perror("rename"), 1;
+  std::printf("renamed\n");
+  std::fflush(stdout);
+  if (!WriteAll(fd, data.data() + half, size - half)) return std::perror("write"), 1;
+  ::usleep(300000);  // a consumer of DST must still wait: the file is open
+  const int rc = ::close(fd);
+  std::printf("closed rc=%d%s%s\n", rc,
+              rc == 0 ? "" : " errno=", rc == 0 ? "" : strerrorname_np(errno));
+  return 0;
+}
+
+int TmpfileLink(const std::string& dir, const std::string& name, size_t size,
+                const std::string& form) {
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) return std::perror("open O_TMPFILE"), 1;
+  const auto data = Content(name, size);
+  if (!WriteAll(fd, data.data(), data.size())) return std::perror("write"), 1;
+  const std::string dst = dir + "/" + name;
+  int rc;
+  if (form == "empty") {
+    rc = ::linkat(fd, "", AT_FDCWD, dst.c_str(), AT_EMPTY_PATH);
+  } else {
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+    rc = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, dst.c_str(), AT_SYMLINK_FOLLOW);
+  }
+  std::printf("linkat rc=%d errno=%s\n", rc, rc == 0 ? "-" : strerrorname_np(errno));
+  if (::close(fd) != 0) return std::perror("close"), 1;
+  return 0;
+}
+
+int Calls(const std::vector<std::string>& args) {
+  for (size_t i = 0; i + 3 <= args.size(); i += 3) {
+    const std::string& op = args[i];
+    const std::string &src = args[i + 1], &dst = args[i + 2];
+    const int sdir = ::open(DirName(src).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int ddir = ::open(DirName(dst).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const std::string sbase = BaseName(src), dbase = BaseName(dst);
+    errno = 1234;
+    int rc = -2;
+    if (op == "rename") rc = ::rename(src.c_str(), dst.c_str());
+    if (op == "renameat") rc = ::renameat(sdir, sbase.c_str(), ddir, dbase.c_str());
+    if (op == "noreplace")
+      rc = ::renameat2(AT_FDCWD, src.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE);
+    if (op == "exchange")
+      rc = ::renameat2(AT_FDCWD, src.c_str(), AT_FDCWD, dst.c_str(), RENAME_EXCHANGE);
+    if (op == "link") rc = ::link(src.c_str(), dst.c_str());
+    if (op == "linkat") rc = ::linkat(sdir, sbase.c_str(), ddir, dbase.c_str(), 0);
+    if (rc == -2) return std::fprintf(stderr, "unknown call %s\n", op.c_str()), 2;
+    std::printf("%s rc=%d errno=%s\n", op.c_str(), rc,
+                rc == 0 ? (errno == 1234 ? "kept" : "changed") : strerrorname_np(errno));
+    if (sdir >= 0) ::close(sdir);
+    if (ddir >= 0) ::close(ddir);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -241,6 +327,12 @@ int main(int argc, char** argv) {
   if (cmd == "write-twice" && argc == 5)
     return WriteTwice(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10));
   if (cmd == "probe" && argc == 3) return Probe(argv[2]);
+  if (cmd == "write-rename" && argc == 5)
+    return WriteRename(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10));
+  if (cmd == "tmpfile-link" && argc == 6)
+    return TmpfileLink(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10), argv[5]);
+  if (cmd == "calls" && argc >= 5 && (argc - 2) % 3 == 0)
+    return Calls(std::vector<std::string>(argv + 2, argv + argc));
   std::fprintf(stderr, "usage: see preload_helper.cc\n");
   return 2;
 }
