@@ -21,6 +21,9 @@
 //     the producer's LOCK_EX, as the last close would), or, when this
 //     process still writes that file, renames its tracked entry so that its
 //     last close publishes it under the new name (PublishNewName);
+//   * a look (stat, lstat, fstatat, statx, access, faccessat) that finds
+//     no file under the consumer directory brings a file that is already
+//     published here and looks again (LookCommon);
 //   * a read that has waited DYAD_WAIT_NOTICE seconds (default 5 when
 //     stderr is a terminal, else off; 0 turns it off) prints one line on
 //     stderr, once per file, saying which file it waits for and whether a
@@ -129,6 +132,13 @@ using RenameFn = int (*)(const char*, const char*);
 using RenameAtFn = int (*)(int, const char*, int, const char*);
 using RenameAt2Fn = int (*)(int, const char*, int, const char*, unsigned);
 using LinkAtFn = int (*)(int, const char*, int, const char*, int);
+using StatFn = int (*)(const char*, struct stat*);
+using Stat64Fn = int (*)(const char*, struct stat64*);
+using FstatatFn = int (*)(int, const char*, struct stat*, int);
+using Fstatat64Fn = int (*)(int, const char*, struct stat64*, int);
+using StatxFn = int (*)(int, const char*, int, unsigned, struct statx*);
+using AccessFn = int (*)(const char*, int);
+using FaccessatFn = int (*)(int, const char*, int, int);
 
 DYAD_REAL(open, OpenFn)
 DYAD_REAL(open64, OpenFn)
@@ -157,6 +167,15 @@ DYAD_REAL(renameat, RenameAtFn)
 DYAD_REAL(renameat2, RenameAt2Fn)
 DYAD_REAL(link, RenameFn)
 DYAD_REAL(linkat, LinkAtFn)
+DYAD_REAL(stat, StatFn)
+DYAD_REAL(stat64, Stat64Fn)
+DYAD_REAL(lstat, StatFn)
+DYAD_REAL(lstat64, Stat64Fn)
+DYAD_REAL(fstatat, FstatatFn)
+DYAD_REAL(fstatat64, Fstatat64Fn)
+DYAD_REAL(statx, StatxFn)
+DYAD_REAL(access, AccessFn)
+DYAD_REAL(faccessat, FaccessatFn)
 
 // ---------------------------------------------------------------------------
 // Re-entry guard: only the outermost intercepted call of a thread does DYAD
@@ -957,6 +976,44 @@ int RenameCommon(int olddirfd, const char* oldpath, int newdirfd, const char* ne
   return rc;
 }
 
+// stat family: a file published elsewhere but not brought here yet is
+// missing to the file system, so a program that looks before it opens
+// (cp, rsync, `test -f`, Python's os.path.exists or getsize) would be told
+// it does not exist. When the real call says ENOENT for a name under the
+// consumer directory, a file that is already published is brought here
+// (a consume that does not wait for a publication) and the call is made
+// again; a name nobody published stays ENOENT at the cost of one request.
+// A published file that cannot be brought fails as a managed open does
+// (DYAD_PRELOAD_ON_ERROR).
+template <typename RealCall>
+int LookCommon(int dirfd, const char* path, RealCall real) {
+  ReentryGuard guard;
+  const int entry_errno = errno;
+  const int rc = real();
+  if (rc == 0 || errno != ENOENT || !guard.outermost() || path == nullptr) return rc;
+  std::string name;
+  if (Classify(dirfd, path, /*write=*/false, false, &name) != Action::kConsume) {
+    errno = ENOENT;
+    return rc;
+  }
+  std::vector<Status> results;
+  Status st = g_client->ConsumeBatch({name}, &results, 0);
+  if (st.ok() && results.size() == 1) st = results[0];
+  if (st.ok()) {
+    errno = entry_errno;  // a call that succeeds leaves errno as it was
+    return real();
+  }
+  if (st.code() != DYAD_RC_TIMEOUT && st.code() != DYAD_RC_NOTFOUND) {
+    Report("bring '" + name + "' here for a look at it", st);
+    if (g_fail_on_error) {
+      errno = ErrnoFor(st);
+      return -1;
+    }
+  }
+  errno = ENOENT;
+  return rc;
+}
+
 // A read-only open of a consumer file first opens the file as asked, and
 // the client checks that descriptor (ConsumeOpened): a complete copy (level
 // 1) then costs the open the caller wanted plus a few calls on the
@@ -1225,6 +1282,42 @@ __attribute__((visibility("default"))) FILE* freopen64(const char* path, const c
 
 __attribute__((visibility("default"))) int close(int fd) {
   return CloseCommon(fd, [&] { return dp::real_close()(fd); });
+}
+
+// stat family (LookCommon): a published file not here yet is brought
+// here when a program looks at its name.
+__attribute__((visibility("default"))) int stat(const char* path, struct stat* buf) {
+  return dp::LookCommon(AT_FDCWD, path, [&] { return dp::real_stat()(path, buf); });
+}
+__attribute__((visibility("default"))) int stat64(const char* path, struct stat64* buf) {
+  return dp::LookCommon(AT_FDCWD, path, [&] { return dp::real_stat64()(path, buf); });
+}
+__attribute__((visibility("default"))) int lstat(const char* path, struct stat* buf) {
+  return dp::LookCommon(AT_FDCWD, path, [&] { return dp::real_lstat()(path, buf); });
+}
+__attribute__((visibility("default"))) int lstat64(const char* path, struct stat64* buf) {
+  return dp::LookCommon(AT_FDCWD, path, [&] { return dp::real_lstat64()(path, buf); });
+}
+__attribute__((visibility("default"))) int fstatat(int dirfd, const char* path, struct stat* buf,
+                                                   int flags) {
+  return dp::LookCommon(dirfd, path, [&] { return dp::real_fstatat()(dirfd, path, buf, flags); });
+}
+__attribute__((visibility("default"))) int fstatat64(int dirfd, const char* path,
+                                                     struct stat64* buf, int flags) {
+  return dp::LookCommon(dirfd, path, [&] { return dp::real_fstatat64()(dirfd, path, buf, flags); });
+}
+__attribute__((visibility("default"))) int statx(int dirfd, const char* path, int flags,
+                                                 unsigned mask, struct statx* buf) {
+  return dp::LookCommon(dirfd, path,
+                        [&] { return dp::real_statx()(dirfd, path, flags, mask, buf); });
+}
+__attribute__((visibility("default"))) int access(const char* path, int mode) {
+  return dp::LookCommon(AT_FDCWD, path, [&] { return dp::real_access()(path, mode); });
+}
+__attribute__((visibility("default"))) int faccessat(int dirfd, const char* path, int mode,
+                                                     int flags) {
+  return dp::LookCommon(dirfd, path,
+                        [&] { return dp::real_faccessat()(dirfd, path, mode, flags); });
 }
 
 // flock: the producer's exclusive lock on a file this process writes is

@@ -138,6 +138,47 @@ TEST_F(PreloadTest, CpProducesAndConsumerStartedFirstBlocksUntilClose) {
   EXPECT_TRUE(PartFiles(dmd(kB)).empty());
 }
 
+// A program that looks before it opens: stat, `test -f`, cp (which stats
+// its source first) and Python's os.path.getsize see a file published on
+// another node (it is brought here at that look), and a name nobody
+// published is missing at once, without waiting for a publication.
+TEST_F(PreloadTest, LookingAtAPublishedFileBringsItHere) {
+  const std::string data = RandomBytes(64 * 1024 + 3, 7);
+  const std::string src = work_ + "/look.bin";
+  WriteAll(src, data);
+  RunOk(kA, {"cp", src, PathOn(kA, "look1.bin")});
+  RunOk(kA, {"cp", src, PathOn(kA, "look2.bin")});
+  RunOk(kA, {"cp", src, PathOn(kA, "look3.bin")});
+  RunOk(kA, {"cp", src, PathOn(kA, "look4.bin")});
+  ASSERT_FALSE(Exists(PathOn(kB, "look1.bin")));
+
+  // GNU stat (statx), then bash's test (stat), cp's source (statx/fstatat).
+  EXPECT_EQ(RunOk(kB, {"stat", "-c", "%s", PathOn(kB, "look1.bin")}),
+            std::to_string(data.size()) + "\n");
+  EXPECT_EQ(ReadAll(PathOn(kB, "look1.bin")), data);
+  EXPECT_EQ(RunOk(kB, {"bash", "-c", "test -f '" + PathOn(kB, "look2.bin") + "' && echo yes"}),
+            "yes\n");
+  const std::string copy = work_ + "/look-copy.bin";
+  RunOk(kB, {"cp", PathOn(kB, "look3.bin"), copy});
+  EXPECT_EQ(ReadAll(copy), data);
+  EXPECT_EQ(
+      RunOk(kB, {"/usr/bin/python3", "-c", "import os,sys; print(os.path.getsize(sys.argv[1]))",
+                 PathOn(kB, "look1.bin")}),
+      std::to_string(data.size()) + "\n");
+
+  // Never published: missing at once, though a consume would wait 30 s.
+  const uint64_t t0 = MonoNs();
+  auto r = cluster().RunOnNode(kB, {"stat", PathOn(kB, "never.bin")}, 20000, PreloadEnv());
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  EXPECT_FALSE(r->timed_out);
+  EXPECT_FALSE(r->status.success()) << r->output;
+  EXPECT_NE(r->output.find("No such file"), std::string::npos) << r->output;
+  EXPECT_LT(MonoNs() - t0, 10ull * 1000000000ull);
+  EXPECT_FALSE(Exists(PathOn(kB, "never.bin")));
+  EXPECT_EQ(RunOk(kB, {"bash", "-c", "test -e '" + PathOn(kB, "never.bin") + "' || echo missing"}),
+            "missing\n");
+}
+
 // A consumer must not see the file while the producer still holds it open.
 TEST_F(PreloadTest, ConsumerWaitsForLastCloseNotForCreate) {
   const std::string out = work_ + "/reader.out";
