@@ -294,6 +294,47 @@ TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
   EXPECT_EQ(RunOk(kB, {"ls", "-1", PathOn(kB, "offdir")}), "in.bin\n");
 }
 
+// A C program's stream of a consumer directory (opendir, and fdopendir as
+// GNU find uses): published names after the real ones, each once, with
+// d_type and a nonzero d_ino; telldir/seekdir land on the same entries and
+// rewinddir reads the same stream again.
+TEST_F(PreloadTest, ListingStreamSeeksAndRewindsOverPublishedNames) {
+  const std::string src = work_ + "/seek.bin";
+  WriteAll(src, RandomBytes(3000, 11));
+  ASSERT_EQ(::mkdir(PathOn(kA, "sub").c_str(), 0755), 0);
+  for (const char* n : {"a.bin", "b.bin", "sub/c.bin"}) RunOk(kA, {"cp", src, PathOn(kA, n)});
+  WriteAll(PathOn(kB, "b.bin"), "here");
+  WriteAll(PathOn(kB, "local.dat"), "here");
+  for (const char* how : {"opendir", "fdopendir"}) {
+    const std::string out = RunOk(kB, {helper_, "list", dmd(kB), how});
+    for (const char* line : {"a.bin REG\n", "b.bin REG\n", "sub DIR\n", "local.dat REG\n",
+                             "seek ok\n", "rewind ok\n"}) {
+      const size_t at = out.find(line);
+      EXPECT_TRUE(at != std::string::npos && (at == 0 || out[at - 1] == '\n'))
+          << how << ": " << line << " in\n"
+          << out;
+      EXPECT_EQ(out.find(line, at + 1), std::string::npos) << how << ": twice\n" << out;
+    }
+    EXPECT_LT(out.find("local.dat"), out.find("a.bin")) << how << ": real entries first\n" << out;
+    EXPECT_EQ(out.find("ino0"), std::string::npos) << out;
+  }
+  EXPECT_FALSE(Exists(PathOn(kB, "a.bin")));  // listed, not brought
+}
+
+// The service is away: a listing shows the files here, succeeds, and says
+// so once on stderr.
+TEST_F(PreloadTest, ListingWithServiceAwayShowsLocalFilesAndSaysSoOnce) {
+  WriteAll(PathOn(kB, "here.dat"), "here");
+  ASSERT_EQ(::mkdir(PathOn(kB, "hsub").c_str(), 0755), 0);
+  const Env dead = {{"DYAD_SERVICE_SOCKET", work_ + "/no-such.sock"}};
+  const std::string out = RunOk(kB, {"ls", "-1", dmd(kB), PathOn(kB, "hsub")}, dead);
+  EXPECT_NE(out.find("here.dat\n"), std::string::npos) << out;
+  const size_t first = out.find("dyad-preload");
+  ASSERT_NE(first, std::string::npos) << out;
+  EXPECT_NE(out.find("the listing shows the files here only"), std::string::npos) << out;
+  EXPECT_EQ(out.find("dyad-preload", first + 1), std::string::npos) << "more than once:\n" << out;
+}
+
 // A consumer must not see the file while the producer still holds it open.
 TEST_F(PreloadTest, ConsumerWaitsForLastCloseNotForCreate) {
   const std::string out = work_ + "/reader.out";
