@@ -23,7 +23,11 @@
 //     last close publishes it under the new name (PublishNewName);
 //   * a look (stat, lstat, fstatat, statx, access, faccessat) that finds
 //     no file under the consumer directory brings a file that is already
-//     published here and looks again (LookCommon);
+//     published here (or makes a directory that holds published files)
+//     and looks again (LookCommon);
+//   * a listing (opendir/fdopendir, readdir/readdir64) of the consumer
+//     directory or one below it returns, after the real entries, the names
+//     published there that are not here yet (ListingOpen, ListingRead);
 //   * a read that has waited DYAD_WAIT_NOTICE seconds (default 5 when
 //     stderr is a terminal, else off; 0 turns it off) prints one line on
 //     stderr, once per file, saying which file it waits for and whether a
@@ -1091,7 +1095,9 @@ bool MadePublishedDirectory(const std::string& name) {
 // it does not exist. When the real call says ENOENT for a name under the
 // consumer directory, a file that is already published is brought here
 // (a consume that does not wait for a publication) and the call is made
-// again; a name nobody published stays ENOENT at the cost of one request.
+// again; a directory holding published files is made here
+// (MadePublishedDirectory); a name nobody published stays ENOENT at the
+// cost of two requests (one with DYAD_PRELOAD_LIST=0).
 // A published file that cannot be brought fails as a managed open does
 // (DYAD_PRELOAD_ON_ERROR).
 template <typename RealCall>

@@ -294,6 +294,19 @@ TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
   EXPECT_EQ(RunOk(kB, {"ls", "-1", PathOn(kB, "offdir")}), "in.bin\n");
 }
 
+// GNU find (fts: openat + fdopendir, fstatat on each directory before it
+// descends) walks into directories only published elsewhere.
+TEST_F(PreloadTest, ListingFindWalksIntoPublishedDirectories) {
+  const std::string src = work_ + "/find.bin";
+  WriteAll(src, RandomBytes(2000, 12));
+  ASSERT_EQ(::mkdir(PathOn(kA, "f1").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(PathOn(kA, "f1/f2").c_str(), 0755), 0);
+  for (const char* n : {"top.bin", "f1/mid.bin", "f1/f2/low.bin"})
+    RunOk(kA, {"cp", src, PathOn(kA, n)});
+  EXPECT_EQ(RunOk(kB, {"bash", "-c", "cd '" + dmd(kB) + "' && find . -name '*.bin' | sort"}),
+            "./f1/f2/low.bin\n./f1/mid.bin\n./top.bin\n");
+}
+
 // A C program's stream of a consumer directory (opendir, and fdopendir as
 // GNU find uses): published names after the real ones, each once, with
 // d_type and a nonzero d_ino; telldir/seekdir land on the same entries and
