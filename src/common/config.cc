@@ -100,6 +100,10 @@ std::vector<ConfigEntry> CoreEntries() {
        "Hide the one line libdyad_wrapper.so writes to stderr (once per process) when it is "
        "preloaded but neither DYAD_PATH_CONSUMER nor DYAD_PATH_PRODUCER is set, i.e. when it "
        "manages no directory."},
+      {"DYAD_PRELOAD_LIST", ConfigKind::kBool, "true", "client",
+       "libdyad_wrapper.so: a listing (opendir/readdir: ls, os.listdir, os.scandir, glob) of the "
+       "consumer directory or a directory below it shows the files published elsewhere that are "
+       "not here yet (one request per opendir); false lists the files here only."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
        "serve spans to this file; processes of one user may share it, and %p (pid) and %h (host) "

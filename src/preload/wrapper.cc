@@ -23,7 +23,11 @@
 //     last close publishes it under the new name (PublishNewName);
 //   * a look (stat, lstat, fstatat, statx, access, faccessat) that finds
 //     no file under the consumer directory brings a file that is already
-//     published here and looks again (LookCommon);
+//     published here (or makes a directory that holds published files)
+//     and looks again (LookCommon);
+//   * a listing (opendir/fdopendir, readdir/readdir64) of the consumer
+//     directory or one below it returns, after the real entries, the names
+//     published there that are not here yet (ListingOpen, ListingRead);
 //   * a read that has waited DYAD_WAIT_NOTICE seconds (default 5 when
 //     stderr is a terminal, else off; 0 turns it off) prints one line on
 //     stderr, once per file, saying which file it waits for and whether a
@@ -76,6 +80,7 @@
 #include "client/client.h"
 #include "client/producer_lock.h"
 #include "common/config.h"
+#include "common/fsutil.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "dyad/common/dyad_rc.h"
@@ -139,6 +144,14 @@ using Fstatat64Fn = int (*)(int, const char*, struct stat64*, int);
 using StatxFn = int (*)(int, const char*, int, unsigned, struct statx*);
 using AccessFn = int (*)(const char*, int);
 using FaccessatFn = int (*)(int, const char*, int, int);
+using OpendirFn = DIR* (*)(const char*);
+using FdopendirFn = DIR* (*)(int);
+using ReaddirFn = struct dirent* (*)(DIR*);
+using Readdir64Fn = struct dirent64* (*)(DIR*);
+using RewinddirFn = void (*)(DIR*);
+using ClosedirFn = int (*)(DIR*);
+using TelldirFn = long (*)(DIR*);
+using SeekdirFn = void (*)(DIR*, long);
 
 DYAD_REAL(open, OpenFn)
 DYAD_REAL(open64, OpenFn)
@@ -176,6 +189,14 @@ DYAD_REAL(fstatat64, Fstatat64Fn)
 DYAD_REAL(statx, StatxFn)
 DYAD_REAL(access, AccessFn)
 DYAD_REAL(faccessat, FaccessatFn)
+DYAD_REAL(opendir, OpendirFn)
+DYAD_REAL(fdopendir, FdopendirFn)
+DYAD_REAL(readdir, ReaddirFn)
+DYAD_REAL(readdir64, Readdir64Fn)
+DYAD_REAL(rewinddir, RewinddirFn)
+DYAD_REAL(closedir, ClosedirFn)
+DYAD_REAL(telldir, TelldirFn)
+DYAD_REAL(seekdir, SeekdirFn)
 
 // ---------------------------------------------------------------------------
 // Re-entry guard: only the outermost intercepted call of a thread does DYAD
@@ -207,6 +228,7 @@ bool g_fail_on_error = true;  // DYAD_PRELOAD_ON_ERROR
 bool g_debug = false;
 std::atomic<bool> g_reported{false};
 int64_t g_wait_notice_ms = 0;  // DYAD_WAIT_NOTICE (0: off)
+bool g_list = true;            // DYAD_PRELOAD_LIST: merge published names into listings
 // Every spelling of the managed directories (as given and canonical, for
 // both sides), set once by Init(): the cheap first filter of MaybeManaged.
 std::string g_prefixes[4];
@@ -225,13 +247,15 @@ bool MaybeManaged(const char* path) {
 // One message per process (the first failure); later ones only in debug
 // mode, so a program that opens thousands of files does not drown its
 // output in copies of "service unreachable".
-void Report(const std::string& what, const Status& st) {
+// `consequence` replaces the usual word on what happens to the call.
+void Report(const std::string& what, const Status& st, const char* consequence = nullptr) {
   const bool first = !g_reported.exchange(true);
   if (!first && !g_debug) return;
   std::string msg = "dyad-preload[" + std::to_string(::getpid()) + "]: " + what + ": " +
                     st.ToString() +
-                    (g_fail_on_error ? " (failing the call; DYAD_PRELOAD_ON_ERROR=pass to bypass)"
-                                     : " (continuing without DYAD: DYAD_PRELOAD_ON_ERROR=pass)") +
+                    (consequence != nullptr ? consequence
+                     : g_fail_on_error ? " (failing the call; DYAD_PRELOAD_ON_ERROR=pass to bypass)"
+                                       : " (continuing without DYAD: DYAD_PRELOAD_ON_ERROR=pass)") +
                     "\n";
   // write(2) rather than stdio: no locks, no buffering, fine in any state.
   ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
@@ -411,6 +435,7 @@ void Init() {
   // Leaked: late closes during exit must still find a live client.
   auto* holder = new std::shared_ptr<Client>(std::move(*client));
   g_client = holder->get();
+  g_list = EnvBool("DYAD_PRELOAD_LIST", true);
   for (const ManagedPath* dir : {&g_client->producer_path(), &g_client->consumer_path()}) {
     for (const std::string* form : {&dir->given(), &dir->canonical()}) {
       if (form->empty()) continue;
@@ -639,17 +664,81 @@ void FileTable::DisownAll() {
 
 // (The locks are held from one handler to the next: beyond what the
 // analysis follows.)
+// ---------------------------------------------------------------------------
+// Directory streams of consumer directories (ListingOpen): the real entries
+// first, then the names published elsewhere that are not here yet.
+
+struct DirStream {
+  struct Extra {
+    std::string name;
+    unsigned char type;  // DT_REG, or DT_DIR for a prefix of deeper paths
+    bool shown;          // a real entry by this name was returned
+  };
+  std::string rel;            // the directory, relative to the consumer directory
+  std::string abs;            // and as an absolute name
+  std::vector<Extra> extras;  // sorted by name
+  std::unordered_map<std::string, size_t> by_name;  // name -> index in extras
+  bool real_done = false;                           // the real stream has ended
+  size_t next_extra = 0;                            // the next extra to consider
+  long position = 0;                                // entries returned since the (re)start: telldir
+  struct dirent ent;                                // what readdir returns for an extra
+  struct dirent64 ent64;                            // what readdir64 returns for an extra
+};
+
+// Streams keyed by DIR*: one lookup per readdir of any stream while a
+// consumer-directory stream is open; none at all otherwise. A stream is used
+// by one thread at a time (POSIX asks that of readdir on one DIR*), so its
+// DirStream is not locked once found; the table is.
+class DirTable {
+ public:
+  void Add(DIR* dir, std::unique_ptr<DirStream> s) {
+    MutexLock lock(mu_);
+    if (streams_.emplace(dir, std::move(s)).second) count_.fetch_add(1, std::memory_order_release);
+  }
+  DirStream* Find(DIR* dir) {
+    if (count_.load(std::memory_order_acquire) == 0) return nullptr;
+    MutexLock lock(mu_);
+    auto it = streams_.find(dir);
+    return it == streams_.end() ? nullptr : it->second.get();
+  }
+  std::unique_ptr<DirStream> Remove(DIR* dir) {
+    if (count_.load(std::memory_order_acquire) == 0) return nullptr;
+    MutexLock lock(mu_);
+    auto it = streams_.find(dir);
+    if (it == streams_.end()) return nullptr;
+    std::unique_ptr<DirStream> s = std::move(it->second);
+    streams_.erase(it);
+    count_.fetch_sub(1, std::memory_order_release);
+    return s;
+  }
+  void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
+  void UnlockAfterFork() RELEASE(mu_) { mu_.unlock(); }
+
+ private:
+  Mutex mu_;
+  std::atomic<int> count_{0};  // streams_.size()
+  std::unordered_map<DIR*, std::unique_ptr<DirStream>> streams_ GUARDED_BY(mu_);
+};
+
+DirTable& Dirs() {
+  static DirTable* dirs = new DirTable();  // leaked: used until exit
+  return *dirs;
+}
+
 void AtForkPrepare() NO_THREAD_SAFETY_ANALYSIS {
   Table().LockForFork();
+  Dirs().LockForFork();
   if (g_wait_notice_ms > 0) Notices().LockForFork();
 }
 void AtForkParent() NO_THREAD_SAFETY_ANALYSIS {
   if (g_wait_notice_ms > 0) Notices().UnlockAfterFork();
+  Dirs().UnlockAfterFork();
   Table().UnlockAfterFork();
 }
 void AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
   if (g_wait_notice_ms > 0) Notices().ResetInChild();
   Table().DisownAll();
+  Dirs().UnlockAfterFork();
   Table().UnlockAfterFork();
 }
 
@@ -976,13 +1065,39 @@ int RenameCommon(int olddirfd, const char* oldpath, int newdirfd, const char* ne
   return rc;
 }
 
+// mkdir -p of `abs` (a directory under the consumer directory), mode 0755.
+void MakeDirectories(const std::string& abs) {
+  for (size_t slash = abs.find('/', 1);; slash = abs.find('/', slash + 1)) {
+    const std::string part = abs.substr(0, slash);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return;
+    if (slash == std::string::npos) return;
+  }
+}
+
+// A name the look calls found missing: when files are published below it
+// (and DYAD_PRELOAD_LIST is on), it is made here as a directory, mkdir -p,
+// and true is returned. One List request (at most one name back).
+bool MadePublishedDirectory(const std::string& name) {
+  if (!g_list || !g_client->has_consumer_path()) return false;
+  const std::string abs =
+      NormalizeAbsolute(name[0] == '/' ? name : g_client->consumer_path().given() + "/" + name);
+  std::optional<std::string> rel = g_client->consumer_path().Match(abs);
+  if (!rel || rel->empty()) return false;
+  Result<std::vector<std::pair<std::string, FileRecord>>> below = g_client->List(*rel + "/", 1);
+  if (!below.ok() || below->empty()) return false;
+  MakeDirectories(abs);
+  return true;
+}
+
 // stat family: a file published elsewhere but not brought here yet is
 // missing to the file system, so a program that looks before it opens
 // (cp, rsync, `test -f`, Python's os.path.exists or getsize) would be told
 // it does not exist. When the real call says ENOENT for a name under the
 // consumer directory, a file that is already published is brought here
 // (a consume that does not wait for a publication) and the call is made
-// again; a name nobody published stays ENOENT at the cost of one request.
+// again; a directory holding published files is made here
+// (MadePublishedDirectory); a name nobody published stays ENOENT at the
+// cost of two requests (one with DYAD_PRELOAD_LIST=0).
 // A published file that cannot be brought fails as a managed open does
 // (DYAD_PRELOAD_ON_ERROR).
 template <typename RealCall>
@@ -1003,7 +1118,14 @@ int LookCommon(int dirfd, const char* path, RealCall real) {
     errno = entry_errno;  // a call that succeeds leaves errno as it was
     return real();
   }
-  if (st.code() != DYAD_RC_TIMEOUT && st.code() != DYAD_RC_NOTFOUND) {
+  if (st.code() == DYAD_RC_TIMEOUT || st.code() == DYAD_RC_NOTFOUND) {
+    // Not a published file: a directory holding published files is made
+    // here (as a listing's opendir makes it), so `ls dir` and os.walk go in.
+    if (MadePublishedDirectory(name)) {
+      errno = entry_errno;
+      return real();
+    }
+  } else {
     Report("bring '" + name + "' here for a look at it", st);
     if (g_fail_on_error) {
       errno = ErrnoFor(st);
@@ -1012,6 +1134,169 @@ int LookCommon(int dirfd, const char* path, RealCall real) {
   }
   errno = ENOENT;
   return rc;
+}
+
+// Directory listings (opendir ... closedir): a program that finds its data
+// by listing a consumer directory (ls, find, os.listdir, os.scandir, glob,
+// ImageFolder) would see only the files already here. A stream of the
+// consumer directory or a directory below it returns the real entries,
+// then one entry per name published in that directory that the real
+// entries did not show: DT_REG for a file, DT_DIR for a directory that
+// holds published files deeper down. The names come from one List request
+// per opendir or rewinddir; a failed request leaves the real entries only
+// (reported once). Opening or looking at such a name brings the file here
+// as any consumer name. DYAD_PRELOAD_LIST=0 turns this off.
+
+// The consumer directory or a directory below it that `path` names (relative
+// names against the working directory, as opendir takes them): `abs` its
+// normalized absolute name, `rel` its name relative to the consumer
+// directory ("" for the directory itself). False for any other directory,
+// after a prefix comparison for absolute names outside.
+bool ListedDirectory(const char* path, std::string* abs, std::string* rel) {
+  if (path == nullptr || path[0] == '\0') return false;
+  if (g_shutdown.load(std::memory_order_acquire)) return false;
+  Client* c = GetClient();
+  if (c == nullptr || !g_list || !c->has_consumer_path()) return false;
+  if (IsAbsolute(path)) {
+    if (!MaybeManaged(path)) return false;
+    *abs = NormalizeAbsolute(path);
+  } else {
+    char buf[4096];
+    if (::getcwd(buf, sizeof(buf)) == nullptr) return false;
+    *abs = NormalizeAbsolute(std::string(buf) + "/" + path);
+  }
+  std::optional<std::string> r = c->consumer_path().Match(*abs);
+  if (!r) return false;
+  *rel = std::move(*r);
+  return true;
+}
+
+// Asks the service for the names published in the directory `rel` and
+// makes them the stream's extras. False when the request failed.
+bool ListPublished(const std::string& rel, const std::string& abs, DirStream* s) {
+  s->extras.clear();
+  s->by_name.clear();
+  const std::string prefix = rel.empty() ? std::string() : rel + "/";
+  Result<std::vector<std::pair<std::string, FileRecord>>> listed = g_client->List(prefix, 0);
+  if (!listed.ok()) {
+    Report("list the files published in '" + abs + "'", listed.status(),
+           " (the listing shows the files here only)");
+    return false;
+  }
+  std::map<std::string, unsigned char> names;
+  for (const auto& entry : *listed) {
+    const std::string& upath = entry.second.upath;
+    if (upath.size() <= prefix.size() || upath.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t slash = upath.find('/', prefix.size());
+    std::string name = upath.substr(
+        prefix.size(), slash == std::string::npos ? std::string::npos : slash - prefix.size());
+    if (name.empty() || name == "." || name == ".." || name.size() > NAME_MAX) continue;
+    names.emplace(std::move(name), slash == std::string::npos ? DT_REG : DT_DIR);
+  }
+  s->extras.reserve(names.size());
+  for (auto& [name, type] : names) {
+    s->by_name.emplace(name, s->extras.size());
+    s->extras.push_back({name, type, false});
+  }
+  return true;
+}
+
+// The stream starts over: real entries first, no extra shown yet.
+void Restart(DirStream* s) {
+  s->real_done = false;
+  s->next_extra = 0;
+  s->position = 0;
+  for (DirStream::Extra& e : s->extras) e.shown = false;
+}
+
+// The body of opendir/fdopendir: `real()` opens the stream; `path` names
+// the directory (nullptr: `fd` does, fdopendir).
+template <typename RealCall>
+DIR* ListingOpen(const char* path, int fd, RealCall real) {
+  ReentryGuard guard;
+  if (!guard.outermost()) return real();
+  DIR* dir = real();
+  if (dir == nullptr && (path == nullptr || errno != ENOENT)) return dir;
+  const int real_errno = errno;
+  std::string abs, rel;
+  bool listed;
+  if (path != nullptr) {
+    listed = ListedDirectory(path, &abs, &rel);
+  } else {
+    std::string name;
+    listed = GetClient() != nullptr && g_list && g_client->has_consumer_path() &&
+             NameFor(fd, ".", &name) && ListedDirectory(name.c_str(), &abs, &rel);
+  }
+  if (!listed) {
+    errno = real_errno;
+    return dir;
+  }
+  auto s = std::make_unique<DirStream>();
+  s->rel = rel;
+  s->abs = abs;
+  const bool ok = ListPublished(rel, abs, s.get());
+  if (dir == nullptr) {
+    // Not here: a directory that only holds files published elsewhere is
+    // made here, as bringing one of its files would.
+    if (!ok || s->extras.empty()) {
+      errno = real_errno;
+      return nullptr;
+    }
+    MakeDirectories(abs);
+    dir = real();
+    if (dir == nullptr) return nullptr;
+  }
+  Dirs().Add(dir, std::move(s));
+  errno = real_errno;
+  return dir;
+}
+
+// readdir/readdir64: the real entries, then the extras no real entry showed.
+template <typename Ent, typename RealCall>
+Ent* ListingRead(DIR* dir, Ent DirStream::*slot, RealCall real) {
+  DirStream* s = Dirs().Find(dir);
+  if (s == nullptr) return real();
+  const int e = errno;
+  if (!s->real_done) {
+    errno = 0;
+    Ent* ent = real();
+    if (ent != nullptr) {
+      if (!s->by_name.empty()) {
+        auto it = s->by_name.find(ent->d_name);
+        if (it != s->by_name.end()) s->extras[it->second].shown = true;
+      }
+      ent->d_off = ++s->position;  // telldir's value after this entry
+      errno = e;
+      return ent;
+    }
+    if (errno != 0) return nullptr;  // a real error ends the stream as it is
+    s->real_done = true;
+  }
+  errno = e;
+  while (s->next_extra < s->extras.size() && s->extras[s->next_extra].shown) ++s->next_extra;
+  if (s->next_extra == s->extras.size()) return nullptr;
+  const DirStream::Extra& x = s->extras[s->next_extra++];
+  Ent& ent = s->*slot;
+  std::memset(&ent, 0, sizeof(ent));
+  // Nonzero (programs skip d_ino 0), stable for a name.
+  ent.d_ino = static_cast<decltype(ent.d_ino)>(std::hash<std::string>()(s->rel + "/" + x.name)) | 1;
+  ent.d_off = ++s->position;
+  ent.d_reclen = sizeof(ent);
+  ent.d_type = x.type;
+  std::memcpy(ent.d_name, x.name.c_str(), x.name.size() + 1);
+  return &ent;
+}
+
+// seekdir to a telldir value of a listed stream: start over and skip that
+// many entries (the extras listed at opendir stay).
+void ListingSeek(DIR* dir, DirStream* s, long pos) {
+  real_rewinddir()(dir);
+  Restart(s);
+  const int e = errno;
+  while (s->position < pos &&
+         ListingRead(dir, &DirStream::ent64, [dir] { return real_readdir64()(dir); }) != nullptr) {
+  }
+  errno = e;
 }
 
 // A read-only open of a consumer file first opens the file as asked, and
@@ -1282,6 +1567,44 @@ __attribute__((visibility("default"))) FILE* freopen64(const char* path, const c
 
 __attribute__((visibility("default"))) int close(int fd) {
   return CloseCommon(fd, [&] { return dp::real_close()(fd); });
+}
+
+// Directory streams (ListingOpen): a consumer directory lists the files
+// published elsewhere too.
+__attribute__((visibility("default"))) DIR* opendir(const char* path) {
+  return dp::ListingOpen(path, -1, [&] { return dp::real_opendir()(path); });
+}
+__attribute__((visibility("default"))) DIR* fdopendir(int fd) {
+  return dp::ListingOpen(nullptr, fd, [&] { return dp::real_fdopendir()(fd); });
+}
+__attribute__((visibility("default"))) struct dirent* readdir(DIR* dir) {
+  return dp::ListingRead(dir, &dp::DirStream::ent, [&] { return dp::real_readdir()(dir); });
+}
+__attribute__((visibility("default"))) struct dirent64* readdir64(DIR* dir) {
+  return dp::ListingRead(dir, &dp::DirStream::ent64, [&] { return dp::real_readdir64()(dir); });
+}
+__attribute__((visibility("default"))) void rewinddir(DIR* dir) {
+  dp::DirStream* s = dp::Dirs().Find(dir);
+  dp::real_rewinddir()(dir);
+  if (s == nullptr) return;
+  dp::Restart(s);
+  dp::ReentryGuard guard;
+  const int e = errno;
+  if (guard.outermost()) dp::ListPublished(s->rel, s->abs, s);
+  errno = e;
+}
+__attribute__((visibility("default"))) long telldir(DIR* dir) {
+  dp::DirStream* s = dp::Dirs().Find(dir);
+  return s == nullptr ? dp::real_telldir()(dir) : s->position;
+}
+__attribute__((visibility("default"))) void seekdir(DIR* dir, long pos) {
+  dp::DirStream* s = dp::Dirs().Find(dir);
+  if (s == nullptr) return dp::real_seekdir()(dir, pos);
+  dp::ListingSeek(dir, s, pos);
+}
+__attribute__((visibility("default"))) int closedir(DIR* dir) {
+  std::unique_ptr<dp::DirStream> s = dp::Dirs().Remove(dir);
+  return dp::real_closedir()(dir);
 }
 
 // stat family (LookCommon): a published file not here yet is brought

@@ -15,6 +15,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -177,6 +178,174 @@ TEST_F(PreloadTest, LookingAtAPublishedFileBringsItHere) {
   EXPECT_FALSE(Exists(PathOn(kB, "never.bin")));
   EXPECT_EQ(RunOk(kB, {"bash", "-c", "test -e '" + PathOn(kB, "never.bin") + "' || echo missing"}),
             "missing\n");
+}
+
+// A training job finds its data by listing a directory: on B, before
+// anything there opened them, `ls -1`, os.listdir, os.scandir (d_type, no
+// stat), glob.glob and pathlib's rglob find every file published on A,
+// also below a subdirectory B does not have yet; reading each gives its
+// exact bytes; a name both here and published appears once.
+TEST_F(PreloadTest, ListingAConsumerDirectoryShowsFilesPublishedElsewhere) {
+  const std::vector<std::string> names = {"lst1.bin",          "lst2.bin",      "lst3.txt",
+                                          "deep/sub/lst4.bin", "deep/lst5.bin", "both.bin"};
+  ASSERT_EQ(::mkdir(PathOn(kA, "deep").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(PathOn(kA, "deep/sub").c_str(), 0755), 0);
+  std::map<std::string, std::string> data;
+  uint32_t seed = 40;
+  for (const std::string& n : names) {
+    data[n] = RandomBytes(4000 + seed, seed);
+    const std::string src = work_ + "/src-" + std::to_string(seed++);
+    WriteAll(src, data[n]);
+    RunOk(kA, {"cp", src, PathOn(kA, n)});
+  }
+  WriteAll(PathOn(kB, "both.bin"), data["both.bin"]);  // here too (as if brought before)
+  WriteAll(PathOn(kB, "local-only.dat"), "local");
+  ASSERT_FALSE(Exists(PathOn(kB, "lst1.bin")));
+  ASSERT_FALSE(Exists(PathOn(kB, "deep")));
+
+  // ls (readdir64): each name once, the subdirectory too.
+  const std::string ls = RunOk(kB, {"ls", "-1", dmd(kB)});
+  for (const char* n :
+       {"lst1.bin\n", "lst2.bin\n", "lst3.txt\n", "deep\n", "both.bin\n", "local-only.dat\n"}) {
+    const size_t at = ls.find(n);
+    EXPECT_TRUE(at != std::string::npos && (at == 0 || ls[at - 1] == '\n')) << n << " in\n" << ls;
+    EXPECT_EQ(ls.find(n, at + 1), std::string::npos) << n << " twice in\n" << ls;
+  }
+
+  // os.scandir gives DT_REG/DT_DIR without a stat: nothing is brought yet.
+  const std::string scan = RunOk(
+      kB,
+      {"/usr/bin/python3", "-c",
+       "import os,sys\n"
+       "for e in sorted(os.scandir(sys.argv[1]), key=lambda e: e.name):\n"
+       "  if e.name.startswith(('lst','deep','both')): print(e.name, e.is_file(), e.is_dir())\n"
+       "print(sorted(n for n in os.listdir(sys.argv[1]) if n.startswith(('lst','deep','both'))))\n",
+       dmd(kB)});
+  EXPECT_EQ(scan,
+            "both.bin True False\ndeep False True\nlst1.bin True False\nlst2.bin True False\n"
+            "lst3.txt True False\n"
+            "['both.bin', 'deep', 'lst1.bin', 'lst2.bin', 'lst3.txt']\n");
+  EXPECT_FALSE(Exists(PathOn(kB, "lst1.bin")));
+
+  // glob and rglob, then every file read through open: exact bytes.
+  const std::string py =
+      "import glob,os,pathlib,sys\n"
+      "d=sys.argv[1]\n"
+      "print(sorted(os.path.basename(p) for p in glob.glob(d + '/*.bin')))\n"
+      "def fnv(b):\n"
+      "  h=1469598103934665603\n"
+      "  for c in b: h=((h^c)*1099511628211)&0xffffffffffffffff\n"
+      "  return h\n"
+      "for p in sorted(pathlib.Path(d).rglob('*')):\n"
+      "  r=str(p.relative_to(d))\n"
+      "  if p.is_dir(): print(r, 'dir')\n"
+      "  elif r!='local-only.dat':\n"
+      "    b=open(p,'rb').read(); print(r, len(b), '%016x' % fnv(b))\n";
+  std::string expect = "['both.bin', 'lst1.bin', 'lst2.bin']\n";
+  // sorted() of paths compares them component by component.
+  for (const char* n : {"both.bin", "deep", "deep/lst5.bin", "deep/sub", "deep/sub/lst4.bin",
+                        "lst1.bin", "lst2.bin", "lst3.txt"}) {
+    if (data.count(n) == 0) {
+      expect += std::string(n) + " dir\n";
+      continue;
+    }
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " %zu %016" PRIx64 "\n", data[n].size(), Fnv(data[n]));
+    expect += std::string(n) + buf;
+  }
+  EXPECT_EQ(RunOk(kB, {"/usr/bin/python3", "-c", py, dmd(kB)}), expect);
+  for (const std::string& n : names) EXPECT_EQ(ReadAll(PathOn(kB, n)), data[n]) << n;
+}
+
+// DYAD_PRELOAD_LIST=0 lists the real entries only (and a directory only
+// published elsewhere stays missing); a directory outside the managed ones
+// lists exactly as without the library; the default merges.
+TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
+  const std::string src = work_ + "/off.bin";
+  WriteAll(src, RandomBytes(5000, 9));
+  ASSERT_EQ(::mkdir(PathOn(kA, "offdir").c_str(), 0755), 0);
+  RunOk(kA, {"cp", src, PathOn(kA, "off.bin")});
+  RunOk(kA, {"cp", src, PathOn(kA, "offdir/in.bin")});
+  WriteAll(PathOn(kB, "here.dat"), "here");
+
+  const std::string off = RunOk(kB, {"ls", "-1", dmd(kB)}, {{"DYAD_PRELOAD_LIST", "0"}});
+  EXPECT_NE(off.find("here.dat\n"), std::string::npos) << off;
+  EXPECT_EQ(off.find("off"), std::string::npos) << off;
+  auto r = cluster().RunOnNode(kB, {"ls", "-1", PathOn(kB, "offdir")}, 30000,
+                               PreloadEnv({{"DYAD_PRELOAD_LIST", "0"}}));
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  EXPECT_FALSE(r->status.success()) << r->output;
+  EXPECT_FALSE(Exists(PathOn(kB, "offdir")));
+
+  // Outside: the same listing with and without the library.
+  const std::string plain = work_ + "/plain-list";
+  ASSERT_EQ(::mkdir(plain.c_str(), 0755), 0);
+  for (const char* n : {"x.bin", "off.bin", "lst1.bin"}) WriteAll(plain + "/" + n, n);
+  const std::string with = RunOk(kB, {"ls", "-1a", plain});
+  auto w = cluster().RunOnNode(kB, {"ls", "-1a", plain}, 30000, {});
+  ASSERT_TRUE(w.ok() && w->status.success());
+  EXPECT_EQ(with, w->output);
+  EXPECT_EQ(with, ".\n..\nlst1.bin\noff.bin\nx.bin\n");
+
+  // The default merges, and a published-only subdirectory opens.
+  const std::string on = RunOk(kB, {"ls", "-1", dmd(kB)});
+  EXPECT_NE(on.find("off.bin\n"), std::string::npos) << on;
+  EXPECT_NE(on.find("offdir\n"), std::string::npos) << on;
+  EXPECT_EQ(RunOk(kB, {"ls", "-1", PathOn(kB, "offdir")}), "in.bin\n");
+}
+
+// GNU find (fts: openat + fdopendir, fstatat on each directory before it
+// descends) walks into directories only published elsewhere.
+TEST_F(PreloadTest, ListingFindWalksIntoPublishedDirectories) {
+  const std::string src = work_ + "/find.bin";
+  WriteAll(src, RandomBytes(2000, 12));
+  ASSERT_EQ(::mkdir(PathOn(kA, "f1").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(PathOn(kA, "f1/f2").c_str(), 0755), 0);
+  for (const char* n : {"top.bin", "f1/mid.bin", "f1/f2/low.bin"})
+    RunOk(kA, {"cp", src, PathOn(kA, n)});
+  EXPECT_EQ(RunOk(kB, {"bash", "-c", "cd '" + dmd(kB) + "' && find . -name '*.bin' | sort"}),
+            "./f1/f2/low.bin\n./f1/mid.bin\n./top.bin\n");
+}
+
+// A C program's stream of a consumer directory (opendir, and fdopendir as
+// GNU find uses): published names after the real ones, each once, with
+// d_type and a nonzero d_ino; telldir/seekdir land on the same entries and
+// rewinddir reads the same stream again.
+TEST_F(PreloadTest, ListingStreamSeeksAndRewindsOverPublishedNames) {
+  const std::string src = work_ + "/seek.bin";
+  WriteAll(src, RandomBytes(3000, 11));
+  ASSERT_EQ(::mkdir(PathOn(kA, "sub").c_str(), 0755), 0);
+  for (const char* n : {"a.bin", "b.bin", "sub/c.bin"}) RunOk(kA, {"cp", src, PathOn(kA, n)});
+  WriteAll(PathOn(kB, "b.bin"), "here");
+  WriteAll(PathOn(kB, "local.dat"), "here");
+  for (const char* how : {"opendir", "fdopendir"}) {
+    const std::string out = RunOk(kB, {helper_, "list", dmd(kB), how});
+    for (const char* line : {"a.bin REG\n", "b.bin REG\n", "sub DIR\n", "local.dat REG\n",
+                             "seek ok\n", "rewind ok\n"}) {
+      const size_t at = out.find(line);
+      EXPECT_TRUE(at != std::string::npos && (at == 0 || out[at - 1] == '\n'))
+          << how << ": " << line << " in\n"
+          << out;
+      EXPECT_EQ(out.find(line, at + 1), std::string::npos) << how << ": twice\n" << out;
+    }
+    EXPECT_LT(out.find("local.dat"), out.find("a.bin")) << how << ": real entries first\n" << out;
+    EXPECT_EQ(out.find("ino0"), std::string::npos) << out;
+  }
+  EXPECT_FALSE(Exists(PathOn(kB, "a.bin")));  // listed, not brought
+}
+
+// The service is away: a listing shows the files here, succeeds, and says
+// so once on stderr.
+TEST_F(PreloadTest, ListingWithServiceAwayShowsLocalFilesAndSaysSoOnce) {
+  WriteAll(PathOn(kB, "here.dat"), "here");
+  ASSERT_EQ(::mkdir(PathOn(kB, "hsub").c_str(), 0755), 0);
+  const Env dead = {{"DYAD_SERVICE_SOCKET", work_ + "/no-such.sock"}};
+  const std::string out = RunOk(kB, {"ls", "-1", dmd(kB), PathOn(kB, "hsub")}, dead);
+  EXPECT_NE(out.find("here.dat\n"), std::string::npos) << out;
+  const size_t first = out.find("dyad-preload");
+  ASSERT_NE(first, std::string::npos) << out;
+  EXPECT_NE(out.find("the listing shows the files here only"), std::string::npos) << out;
+  EXPECT_EQ(out.find("dyad-preload", first + 1), std::string::npos) << "more than once:\n" << out;
 }
 
 // A consumer must not see the file while the producer still holds it open.

@@ -29,9 +29,15 @@
 //       their last components), noreplace / exchange (renameat2 with
 //       RENAME_NOREPLACE / RENAME_EXCHANGE), link, linkat; prints
 //       "OP rc=R errno=E" (E is "kept" when a successful call left errno).
+//   list DIR opendir|fdopendir  reads DIR's stream to its end, printing
+//       "<name> <REG|DIR|OTHER>" per entry but . and .. ("ino0" appended
+//       when d_ino is 0); then seeks to every telldir value it saw and
+//       checks the next entry ("seek ok" or "seek bad at I"), rewinds and
+//       reads it again ("rewind ok" or "rewind bad").
 //
 // File content is a function of the name, so tests can verify bytes.
 // Threading: read-threads starts one thread per file; the rest is serial.
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -308,6 +314,53 @@ int Calls(const std::vector<std::string>& args) {
   return 0;
 }
 
+// One pass over a directory stream: names in stream order.
+std::vector<std::string> ReadNames(DIR* dir, std::vector<long>* tells) {
+  std::vector<std::string> names;
+  while (const struct dirent* e = ::readdir(dir)) {
+    names.emplace_back(e->d_name);
+    if (tells != nullptr) tells->push_back(::telldir(dir));
+  }
+  return names;
+}
+
+int List(const std::string& path, const std::string& how) {
+  DIR* dir = nullptr;
+  if (how == "fdopendir") {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) dir = ::fdopendir(fd);
+  } else {
+    dir = ::opendir(path.c_str());
+  }
+  if (dir == nullptr)
+    return std::fprintf(stderr, "open %s: %s\n", path.c_str(), strerror(errno)), 1;
+  std::vector<std::string> names;
+  std::vector<long> tells;
+  while (const struct dirent* e = ::readdir(dir)) {
+    names.emplace_back(e->d_name);
+    tells.push_back(::telldir(dir));
+    if (names.back() == "." || names.back() == "..") continue;
+    std::printf("%s %s%s\n", e->d_name,
+                e->d_type == DT_REG   ? "REG"
+                : e->d_type == DT_DIR ? "DIR"
+                                      : "OTHER",
+                e->d_ino == 0 ? " ino0" : "");
+  }
+  bool seek_ok = true;
+  for (size_t i = 0; i < tells.size() && seek_ok; ++i) {
+    ::seekdir(dir, tells[i]);
+    const struct dirent* e = ::readdir(dir);
+    const bool want_end = i + 1 == names.size();
+    seek_ok = want_end ? e == nullptr : (e != nullptr && names[i + 1] == e->d_name);
+    if (!seek_ok) std::printf("seek bad at %zu\n", i);
+  }
+  if (seek_ok) std::printf("seek ok\n");
+  ::rewinddir(dir);
+  std::printf(ReadNames(dir, nullptr) == names ? "rewind ok\n" : "rewind bad\n");
+  ::closedir(dir);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,6 +380,7 @@ int main(int argc, char** argv) {
   if (cmd == "write-twice" && argc == 5)
     return WriteTwice(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10));
   if (cmd == "probe" && argc == 3) return Probe(argv[2]);
+  if (cmd == "list" && argc == 4) return List(argv[2], argv[3]);
   if (cmd == "write-rename" && argc == 5)
     return WriteRename(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10));
   if (cmd == "tmpfile-link" && argc == 6)
