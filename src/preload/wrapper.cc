@@ -725,19 +725,73 @@ DirTable& Dirs() {
   return *dirs;
 }
 
+// The names of the last listing request, for a few seconds: a walk of a
+// tree (os.walk, rglob, ImageFolder, find) opens every directory of it, and
+// the service answers each listing by reading every record of the
+// namespace; so a listing of a directory that a recent one covered (the
+// same directory or one below it) is answered from that one, and a look at
+// a missing name (LookCommon) learns from it, never from a request of its
+// own, whether the name is a directory of published files. Files published
+// in the last kListingFreshMs may be missing from a listing.
+constexpr uint64_t kListingFreshMs = 5000;
+
+class RecentListing {
+ public:
+  // The published paths below `prefix` ("" or ending in '/') from a listing
+  // younger than kListingFreshMs that covered it; null if none.
+  std::shared_ptr<const std::vector<std::string>> Covering(const std::string& prefix) {
+    MutexLock lock(mu_);
+    if (!paths_ || MonoNs() - at_ns_ > kListingFreshMs * 1000000 ||
+        prefix.compare(0, prefix_.size(), prefix_) != 0)
+      return nullptr;
+    return paths_;
+  }
+  // Keeps `paths` (sorted) as the listing of `prefix`, made now.
+  void Keep(const std::string& prefix, std::shared_ptr<const std::vector<std::string>> paths) {
+    MutexLock lock(mu_);
+    prefix_ = prefix;
+    at_ns_ = MonoNs();
+    paths_ = std::move(paths);
+  }
+  // True when a fresh listing covering `prefix` (ending in '/') holds a path
+  // below it.
+  bool HoldsBelow(const std::string& prefix) {
+    std::shared_ptr<const std::vector<std::string>> paths = Covering(prefix);
+    if (!paths) return false;
+    auto it = std::lower_bound(paths->begin(), paths->end(), prefix);
+    return it != paths->end() && it->compare(0, prefix.size(), prefix) == 0;
+  }
+  void LockForFork() ACQUIRE(mu_) { mu_.lock(); }
+  void UnlockAfterFork() RELEASE(mu_) { mu_.unlock(); }
+
+ private:
+  Mutex mu_;
+  std::string prefix_ GUARDED_BY(mu_);
+  uint64_t at_ns_ GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const std::vector<std::string>> paths_ GUARDED_BY(mu_);
+};
+
+RecentListing& Listings() {
+  static RecentListing* listings = new RecentListing();  // leaked: used until exit
+  return *listings;
+}
+
 void AtForkPrepare() NO_THREAD_SAFETY_ANALYSIS {
   Table().LockForFork();
   Dirs().LockForFork();
+  Listings().LockForFork();
   if (g_wait_notice_ms > 0) Notices().LockForFork();
 }
 void AtForkParent() NO_THREAD_SAFETY_ANALYSIS {
   if (g_wait_notice_ms > 0) Notices().UnlockAfterFork();
+  Listings().UnlockAfterFork();
   Dirs().UnlockAfterFork();
   Table().UnlockAfterFork();
 }
 void AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
   if (g_wait_notice_ms > 0) Notices().ResetInChild();
   Table().DisownAll();
+  Listings().UnlockAfterFork();
   Dirs().UnlockAfterFork();
   Table().UnlockAfterFork();
 }
@@ -1082,9 +1136,7 @@ bool MadePublishedDirectory(const std::string& name) {
   const std::string abs =
       NormalizeAbsolute(name[0] == '/' ? name : g_client->consumer_path().given() + "/" + name);
   std::optional<std::string> rel = g_client->consumer_path().Match(abs);
-  if (!rel || rel->empty()) return false;
-  Result<std::vector<std::pair<std::string, FileRecord>>> below = g_client->List(*rel + "/", 1);
-  if (!below.ok() || below->empty()) return false;
+  if (!rel || rel->empty() || !Listings().HoldsBelow(*rel + "/")) return false;
   MakeDirectories(abs);
   return true;
 }
@@ -1095,9 +1147,10 @@ bool MadePublishedDirectory(const std::string& name) {
 // it does not exist. When the real call says ENOENT for a name under the
 // consumer directory, a file that is already published is brought here
 // (a consume that does not wait for a publication) and the call is made
-// again; a directory holding published files is made here
-// (MadePublishedDirectory); a name nobody published stays ENOENT at the
-// cost of two requests (one with DYAD_PRELOAD_LIST=0).
+// again; a directory that a recent listing shows to hold published files
+// is made here (MadePublishedDirectory, RecentListing: never a listing
+// request of its own); a name nobody published stays ENOENT at the cost of
+// one request.
 // A published file that cannot be brought fails as a managed open does
 // (DYAD_PRELOAD_ON_ERROR).
 template <typename RealCall>
@@ -1177,16 +1230,26 @@ bool ListPublished(const std::string& rel, const std::string& abs, DirStream* s)
   s->extras.clear();
   s->by_name.clear();
   const std::string prefix = rel.empty() ? std::string() : rel + "/";
-  Result<std::vector<std::pair<std::string, FileRecord>>> listed = g_client->List(prefix, 0);
-  if (!listed.ok()) {
-    Report("list the files published in '" + abs + "'", listed.status(),
-           " (the listing shows the files here only)");
-    return false;
+  std::shared_ptr<const std::vector<std::string>> paths = Listings().Covering(prefix);
+  if (!paths) {
+    Result<std::vector<std::pair<std::string, FileRecord>>> listed = g_client->List(prefix, 0);
+    if (!listed.ok()) {
+      Report("list the files published in '" + abs + "'", listed.status(),
+             " (the listing shows the files here only)");
+      return false;
+    }
+    std::vector<std::string> upaths;
+    upaths.reserve(listed->size());
+    for (auto& entry : *listed) upaths.push_back(std::move(entry.second.upath));
+    std::sort(upaths.begin(), upaths.end());
+    paths = std::make_shared<const std::vector<std::string>>(std::move(upaths));
+    Listings().Keep(prefix, paths);
   }
   std::map<std::string, unsigned char> names;
-  for (const auto& entry : *listed) {
-    const std::string& upath = entry.second.upath;
-    if (upath.size() <= prefix.size() || upath.compare(0, prefix.size(), prefix) != 0) continue;
+  for (auto it = std::lower_bound(paths->begin(), paths->end(), prefix); it != paths->end(); ++it) {
+    const std::string& upath = *it;
+    if (upath.compare(0, prefix.size(), prefix) != 0) break;
+    if (upath.size() <= prefix.size()) continue;
     const size_t slash = upath.find('/', prefix.size());
     std::string name = upath.substr(
         prefix.size(), slash == std::string::npos ? std::string::npos : slash - prefix.size());
