@@ -872,23 +872,23 @@ TEST_F(PreloadTest, RenameIntoConsumerDirectoryIsAdopted) {
 // succeeds; either way the file has its new name.
 TEST_F(PreloadTest, RenamePublishFailureFailsWithEioOrPasses) {
   const Env dead = {{"DYAD_SERVICE_SOCKET", work_ + "/no-such.sock"}};
-  WriteAll(work_ + "/f1", "one");
-  auto r = cluster().RunOnNode(kA, {helper_, "calls", "rename", work_ + "/f1", PathOn(kA, "f1")},
-                               30000, PreloadEnv(dead));
-  ASSERT_TRUE(r.ok());
-  EXPECT_NE(r->output.find("rename rc=-1 errno=EIO\n"), std::string::npos) << r->output;
-  EXPECT_NE(r->output.find("dyad-preload"), std::string::npos) << r->output;
-  EXPECT_EQ(ReadAll(PathOn(kA, "f1")), "one");
-
   Env pass = dead;
   pass["DYAD_PRELOAD_ON_ERROR"] = "pass";
-  WriteAll(work_ + "/f2", "two");
-  auto p = cluster().RunOnNode(kA, {helper_, "calls", "rename", work_ + "/f2", PathOn(kA, "f2")},
-                               30000, PreloadEnv(pass));
-  ASSERT_TRUE(p.ok());
-  EXPECT_NE(p->output.find("rename rc=0 errno=kept\n"), std::string::npos) << p->output;
-  EXPECT_NE(p->output.find("dyad-preload"), std::string::npos) << p->output;
-  EXPECT_EQ(ReadAll(PathOn(kA, "f2")), "two");
+  const struct {
+    const char* name;
+    const Env& env;
+    const char* said;
+  } cases[] = {{"f1", dead, "rename rc=-1 errno=EIO\n"}, {"f2", pass, "rename rc=0 errno=kept\n"}};
+  for (const auto& c : cases) {
+    WriteAll(work_ + "/" + c.name, c.name);
+    auto r = cluster().RunOnNode(
+        kA, {helper_, "calls", "rename", work_ + "/" + c.name, PathOn(kA, c.name)}, 30000,
+        PreloadEnv(c.env));
+    ASSERT_TRUE(r.ok());
+    EXPECT_NE(r->output.find(c.said), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("dyad-preload"), std::string::npos) << r->output;
+    EXPECT_EQ(ReadAll(PathOn(kA, c.name)), c.name);
+  }
 }
 
 }  // namespace
