@@ -100,10 +100,11 @@ std::vector<ConfigEntry> CoreEntries() {
        "Hide the one line libdyad_wrapper.so writes to stderr (once per process) when it is "
        "preloaded but neither DYAD_PATH_CONSUMER nor DYAD_PATH_PRODUCER is set, i.e. when it "
        "manages no directory."},
-      {"DYAD_PRELOAD_LIST", ConfigKind::kBool, "true", "client",
-       "libdyad_wrapper.so: a listing (opendir/readdir: ls, os.listdir, os.scandir, glob) of the "
-       "consumer directory or a directory below it shows the files published elsewhere that are "
-       "not here yet (one request per opendir); false lists the files here only."},
+      {"DYAD_PRELOAD_LIST", ConfigKind::kBool, "false", "client",
+       "libdyad_wrapper.so: true makes a listing (opendir/readdir: ls, os.listdir, os.scandir, "
+       "glob, ImageFolder) of the consumer directory or a directory below it show the files "
+       "published elsewhere that are not here yet (one request per listed tree); a look at each "
+       "listed name (ls -l, du) then brings that file here. False lists the files here only."},
       {"DYAD_TRACE", ConfigKind::kString, "", "both",
        "Write a Chrome/Perfetto trace (JSON trace events) of publish, locate, consume, fetch and "
        "serve spans to this file; processes of one user may share it, and %p (pid) and %h (host) "

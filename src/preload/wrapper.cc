@@ -228,7 +228,7 @@ bool g_fail_on_error = true;  // DYAD_PRELOAD_ON_ERROR
 bool g_debug = false;
 std::atomic<bool> g_reported{false};
 int64_t g_wait_notice_ms = 0;  // DYAD_WAIT_NOTICE (0: off)
-bool g_list = true;            // DYAD_PRELOAD_LIST: merge published names into listings
+bool g_list = false;           // DYAD_PRELOAD_LIST: merge published names into listings
 // Every spelling of the managed directories (as given and canonical, for
 // both sides), set once by Init(): the cheap first filter of MaybeManaged.
 std::string g_prefixes[4];
@@ -435,7 +435,7 @@ void Init() {
   // Leaked: late closes during exit must still find a live client.
   auto* holder = new std::shared_ptr<Client>(std::move(*client));
   g_client = holder->get();
-  g_list = EnvBool("DYAD_PRELOAD_LIST", true);
+  g_list = EnvBool("DYAD_PRELOAD_LIST", false);
   for (const ManagedPath* dir : {&g_client->producer_path(), &g_client->consumer_path()}) {
     for (const std::string* form : {&dir->given(), &dir->canonical()}) {
       if (form->empty()) continue;
@@ -1198,7 +1198,8 @@ int LookCommon(int dirfd, const char* path, RealCall real) {
 // holds published files deeper down. The names come from one List request
 // per opendir or rewinddir; a failed request leaves the real entries only
 // (reported once). Opening or looking at such a name brings the file here
-// as any consumer name. DYAD_PRELOAD_LIST=0 turns this off.
+// as any consumer name. Only with DYAD_PRELOAD_LIST=1: a look at each
+// listed name (ls -l, a colouring ls, du) would bring every file here.
 
 // The consumer directory or a directory below it that `path` names (relative
 // names against the working directory, as opendir takes them): `abs` its

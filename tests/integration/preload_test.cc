@@ -66,6 +66,7 @@ class PreloadTest : public TwoNodeTest {
 
   Env PreloadEnv(const Env& extra = {}) {
     Env env = {{"LD_PRELOAD", lib_}, {"DYAD_CONSUME_TIMEOUT", "30"}};
+    if (list_) env["DYAD_PRELOAD_LIST"] = "1";  // the listing tests turn listings on
     for (const auto& [k, v] : extra) env[k] = v;
     return env;
   }
@@ -114,6 +115,7 @@ class PreloadTest : public TwoNodeTest {
 
   std::string lib_;
   std::string helper_;
+  bool list_ = false;  // PreloadEnv sets DYAD_PRELOAD_LIST=1
 };
 
 // cp into A's managed directory; sha256sum and cat on B, started before
@@ -186,6 +188,7 @@ TEST_F(PreloadTest, LookingAtAPublishedFileBringsItHere) {
 // also below a subdirectory B does not have yet; reading each gives its
 // exact bytes; a name both here and published appears once.
 TEST_F(PreloadTest, ListingAConsumerDirectoryShowsFilesPublishedElsewhere) {
+  list_ = true;
   const std::vector<std::string> names = {"lst1.bin",          "lst2.bin",      "lst3.txt",
                                           "deep/sub/lst4.bin", "deep/lst5.bin", "both.bin"};
   ASSERT_EQ(::mkdir(PathOn(kA, "deep").c_str(), 0755), 0);
@@ -265,10 +268,11 @@ TEST_F(PreloadTest, ListingAConsumerDirectoryShowsFilesPublishedElsewhere) {
   EXPECT_LE(*lists_after - *lists_before, 2u);
 }
 
-// DYAD_PRELOAD_LIST=0 lists the real entries only (and a directory only
-// published elsewhere stays missing); a directory outside the managed ones
-// lists exactly as without the library; the default merges.
-TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
+// By default (and with DYAD_PRELOAD_LIST=0) a listing gives the real
+// entries only (and a directory only published elsewhere stays missing); a
+// directory outside the managed ones lists exactly as without the library;
+// DYAD_PRELOAD_LIST=1 merges.
+TEST_F(PreloadTest, ListingIsOffByDefaultAndLeavesOtherDirectoriesAlone) {
   const std::string src = work_ + "/off.bin";
   WriteAll(src, RandomBytes(5000, 9));
   ASSERT_EQ(::mkdir(PathOn(kA, "offdir").c_str(), 0755), 0);
@@ -276,9 +280,11 @@ TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
   RunOk(kA, {"cp", src, PathOn(kA, "offdir/in.bin")});
   WriteAll(PathOn(kB, "here.dat"), "here");
 
-  const std::string off = RunOk(kB, {"ls", "-1", dmd(kB)}, {{"DYAD_PRELOAD_LIST", "0"}});
-  EXPECT_NE(off.find("here.dat\n"), std::string::npos) << off;
-  EXPECT_EQ(off.find("off"), std::string::npos) << off;
+  for (const Env& env : {Env{}, Env{{"DYAD_PRELOAD_LIST", "0"}}}) {
+    const std::string off = RunOk(kB, {"ls", "-1", dmd(kB)}, env);
+    EXPECT_NE(off.find("here.dat\n"), std::string::npos) << off;
+    EXPECT_EQ(off.find("off"), std::string::npos) << off;
+  }
   auto r = cluster().RunOnNode(kB, {"ls", "-1", PathOn(kB, "offdir")}, 30000,
                                PreloadEnv({{"DYAD_PRELOAD_LIST", "0"}}));
   ASSERT_TRUE(r.ok()) << Str(r.status());
@@ -295,9 +301,10 @@ TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
   EXPECT_EQ(with, w->output);
   EXPECT_EQ(with, ".\n..\nlst1.bin\noff.bin\nx.bin\n");
 
-  // The default merges, and a published-only subdirectory opens (opendir
+  // DYAD_PRELOAD_LIST=1 merges, and a published-only subdirectory opens (opendir
   // of it asks; `ls` of it in a process that has not listed its parent
   // looks at it first, and a look never lists: ENOENT, as documented).
+  list_ = true;
   const std::string on = RunOk(kB, {"ls", "-1", dmd(kB)});
   EXPECT_NE(on.find("off.bin\n"), std::string::npos) << on;
   EXPECT_NE(on.find("offdir\n"), std::string::npos) << on;
@@ -310,6 +317,7 @@ TEST_F(PreloadTest, ListingMergeTurnsOffAndLeavesOtherDirectoriesAlone) {
 // GNU find (fts: openat + fdopendir, fstatat on each directory before it
 // descends) walks into directories only published elsewhere.
 TEST_F(PreloadTest, ListingFindWalksIntoPublishedDirectories) {
+  list_ = true;
   const std::string src = work_ + "/find.bin";
   WriteAll(src, RandomBytes(2000, 12));
   ASSERT_EQ(::mkdir(PathOn(kA, "f1").c_str(), 0755), 0);
@@ -325,6 +333,7 @@ TEST_F(PreloadTest, ListingFindWalksIntoPublishedDirectories) {
 // d_type and a nonzero d_ino; telldir/seekdir land on the same entries and
 // rewinddir reads the same stream again.
 TEST_F(PreloadTest, ListingStreamSeeksAndRewindsOverPublishedNames) {
+  list_ = true;
   const std::string src = work_ + "/seek.bin";
   WriteAll(src, RandomBytes(3000, 11));
   ASSERT_EQ(::mkdir(PathOn(kA, "sub").c_str(), 0755), 0);
@@ -350,6 +359,7 @@ TEST_F(PreloadTest, ListingStreamSeeksAndRewindsOverPublishedNames) {
 // The service is away: a listing shows the files here, succeeds, and says
 // so once on stderr.
 TEST_F(PreloadTest, ListingWithServiceAwayShowsLocalFilesAndSaysSoOnce) {
+  list_ = true;
   WriteAll(PathOn(kB, "here.dat"), "here");
   ASSERT_EQ(::mkdir(PathOn(kB, "hsub").c_str(), 0755), 0);
   const Env dead = {{"DYAD_SERVICE_SOCKET", work_ + "/no-such.sock"}};
