@@ -301,6 +301,9 @@ Task<Ready> WaitReady(int fd, short events, Deadline deadline, Stop* stop, int f
 
 Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, int fd2,
                       short events2) {
+  // Bytes the channel read ahead (Channel::SetReadAhead) are readable now,
+  // though the socket may hold none of them.
+  if ((events & POLLIN) != 0 && ch.has_unread()) co_return Ready::kReady;
   auto ex = co_await asio::this_coro::executor;
   std::shared_ptr<void>& slot = ch.attachment();
   if (!slot) slot = std::make_shared<ChannelWait>(ex, ch.fd());
