@@ -102,18 +102,30 @@ static long Openat2(int dir, const std::string& path, int flags, mode_t mode, ui
   return ::syscall(SYS_openat2, dir, path.c_str(), &how, sizeof how);
 }
 
+// openat2 beneath the root `dir` (at `root`): the descriptor, or the
+// error as OpenBeneath reports it; ENOSYS (a kernel before 5.6) is left in
+// errno with an empty result for the caller's fallback.
+static std::optional<Result<UniqueFd>> OpenUnder(int dir, const std::string& root,
+                                                 const std::string& upath, const std::string& rel,
+                                                 int flags, mode_t mode) {
+  const long fd = Openat2(dir, rel, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+  if (fd >= 0) return Result<UniqueFd>(UniqueFd(static_cast<int>(fd)));
+  if (errno == EXDEV)
+    return Result<UniqueFd>(
+        Status(DYAD_RC_PERM, "path '" + upath + "' escapes the managed directory '" + root + "'"));
+  if (errno != ENOSYS)
+    return Result<UniqueFd>(StatusFromErrno(errno, "open '" + root + "/" + rel + "'"));
+  return std::nullopt;
+}
+
 Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, int flags,
                              mode_t mode) {
   Result<std::string> rel = ValidateUpath(upath);
   if (!rel.ok()) return rel.status();
   UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!dir.valid()) return StatusFromErrno(errno, "open managed directory '" + root + "'");
-  const long fd = Openat2(dir.get(), *rel, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
-  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
-  if (errno == EXDEV)
-    return Status(DYAD_RC_PERM,
-                  "path '" + upath + "' escapes the managed directory '" + root + "'");
-  if (errno != ENOSYS) return StatusFromErrno(errno, "open '" + root + "/" + *rel + "'");
+  if (std::optional<Result<UniqueFd>> r = OpenUnder(dir.get(), root, upath, *rel, flags, mode))
+    return std::move(*r);
 
   // Kernels before 5.6: resolve and check the prefix instead.
   const std::string full = root + "/" + *rel;
@@ -128,6 +140,39 @@ Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, 
     return Status(DYAD_RC_PERM,
                   "path '" + upath + "' escapes the managed directory '" + root + "'");
   return f;
+}
+
+std::shared_ptr<const UniqueFd> BeneathRoot::Held(bool reopen) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (dir_ && !reopen) return dir_;
+  UniqueFd fd(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) {
+    dir_.reset();
+    return nullptr;
+  }
+  dir_ = std::make_shared<const UniqueFd>(std::move(fd));
+  return dir_;
+}
+
+Result<UniqueFd> BeneathRoot::Open(const std::string& upath, int flags, mode_t mode) {
+  std::shared_ptr<const UniqueFd> dir = Held(false);
+  if (!dir) return OpenBeneath(root_, upath, flags, mode);  // says why the root cannot be opened
+  Result<std::string> rel = ValidateUpath(upath);
+  if (!rel.ok()) return rel.status();
+  std::optional<Result<UniqueFd>> r = OpenUnder(dir->get(), root_, upath, *rel, flags, mode);
+  if (!r) return OpenBeneath(root_, upath, flags, mode);  // no openat2: its fallback
+  if (r->ok() || r->status().code() == DYAD_RC_PERM) return std::move(*r);
+  // A miss: the directory at the root's path may be another one now (the
+  // old one removed or renamed). Then the open is made again under it.
+  struct stat held, now;
+  if (::fstat(dir->get(), &held) != 0 || ::stat(root_.c_str(), &now) != 0 ||
+      (held.st_dev == now.st_dev && held.st_ino == now.st_ino))
+    return std::move(*r);
+  dir = Held(true);
+  if (!dir) return OpenBeneath(root_, upath, flags, mode);
+  r = OpenUnder(dir->get(), root_, upath, *rel, flags, mode);
+  if (!r) return OpenBeneath(root_, upath, flags, mode);
+  return std::move(*r);
 }
 
 Result<UniqueFd> OpenParentBeneath(const std::string& root, const std::string& upath, bool create,

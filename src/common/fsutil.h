@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -45,6 +47,26 @@ std::optional<std::string> RelativeTo(const std::string& root, const std::string
 // components or symlinks). `flags` as for open(2).
 Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& upath, int flags,
                              mode_t mode = 0);
+
+// OpenBeneath for one root opened many times (the owner serving fetches):
+// the root's descriptor is kept, so an open costs one openat2 instead of
+// three system calls. A root removed or replaced (another directory now at
+// its path) is found on the first open that misses, which opens the root
+// again and retries. Thread-safe.
+class BeneathRoot {
+ public:
+  explicit BeneathRoot(std::string root) : root_(std::move(root)) {}
+  const std::string& root() const { return root_; }
+  Result<UniqueFd> Open(const std::string& upath, int flags, mode_t mode = 0);
+
+ private:
+  // The root's descriptor, opened when first needed; null when it cannot
+  // be opened (the error comes from OpenBeneath's own open of the root).
+  std::shared_ptr<const UniqueFd> Held(bool reopen);
+  const std::string root_;
+  std::mutex mu_;
+  std::shared_ptr<const UniqueFd> dir_;  // guarded by mu_
+};
 
 // Opens the directory that holds `upath` beneath `root`, creating missing
 // directories when `create` (mkdir -p), never following a symlink below

@@ -31,8 +31,10 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
     return std::move(out);
   };
   Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
+  // Without probing a pooled session: one found dead when used makes the
+  // fetch retryable (below), and the placement retries on a fresh session.
   Result<std::unique_ptr<Channel>> session =
-      co_await DialPeer(*peers_, rec.owner_rank, deadline, waits);
+      co_await DialPeer(*peers_, rec.owner_rank, deadline, waits, /*probe_idle=*/false);
   if (!session.ok()) {
     const bool stale = session.status().code() == DYAD_RC_STALE;
     out.outcome.retryable = stale;
@@ -54,7 +56,9 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
   const std::string late =
       " from the owner within " + std::to_string(rpc_timeout_ms_) + " ms (--rpc-timeout)";
   std::string body;
-  if (st.ok()) st = co_await AwaitReply(ch, deadline, waits, "no reply" + late, &body, nullptr);
+  if (st.ok())
+    st = co_await AwaitReply(ch, deadline, waits, "no reply" + late, &body, nullptr,
+                             /*just_sent=*/true);
   if (!st.ok()) {
     // A broken session received nothing: it was dead before we used it.
     if (ch.broken()) out.outcome.retryable = st.code() == DYAD_RC_CONNLOST;

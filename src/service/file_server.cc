@@ -80,9 +80,12 @@ Task<bool> FileServer::WaitUnlocked(RequestContext& ctx, const std::string& upat
 TransferRegistry::Entry FileServer::TrackSend(RequestContext& ctx, const std::string& upath,
                                               Transport& transport, uint64_t size) {
   if (transfers_ == nullptr) return {};
-  return transfers_->Begin(
-      true, upath, ctx.peer != nullptr ? ctx.peer->rank : 0u, transport.name(), size,
-      transport.caps().data_on_session ? SessionProgress(ctx.ch.fd(), size) : nullptr);
+  // A file that leaves with its reply (kGatheredFileBytes) is gone before
+  // anyone could ask how far it got: no probe (its TCP_INFO read is a
+  // system call per fetch), its progress shows as unknown.
+  const bool probe = transport.caps().data_on_session && size > kGatheredFileBytes;
+  return transfers_->Begin(true, upath, ctx.peer != nullptr ? ctx.peer->rank : 0u, transport.name(),
+                           size, probe ? SessionProgress(ctx.ch.fd(), size) : nullptr);
 }
 
 Task<void> FileServer::Send(RequestContext& ctx, std::shared_ptr<Response> r) {
@@ -226,7 +229,7 @@ void FileServer::PrepareFetch(RequestContext& ctx, const std::string& payload, R
   if (!upath.ok()) return Refuse(ctx, req.upath, upath.status());
   Result<Transport*> transport = transports_->ForMode(req.transport);
   if (!transport.ok()) return Refuse(ctx, *upath, transport.status());
-  Result<UniqueFd> fd = OpenBeneath(prod_real_, *upath, O_RDONLY | O_NONBLOCK);
+  Result<UniqueFd> fd = root_.Open(*upath, O_RDONLY | O_NONBLOCK);
   if (!fd.ok()) {
     if (fd.status().code() == DYAD_RC_PERM) return Refuse(ctx, *upath, fd.status());
     const dyad_rc_t code =
@@ -236,21 +239,21 @@ void FileServer::PrepareFetch(RequestContext& ctx, const std::string& payload, R
                                       "' cannot be read: " + fd.status().message()),
                      {}, rpc_timeout_ms_, stats_);
   }
+  // Under the shared lock a producer that follows the protocol cannot be
+  // rewriting the file; one that does not is caught by the check after it.
+  // The lock comes first (a descriptor of any type takes it), so that the
+  // file is looked at once, as it is while locked.
+  const bool locked = !TryShared(fd->get());
   struct stat st;
   if (fstat(fd->get(), &st) != 0)
     return SendReply(ctx.ch, StatusFromErrno(errno, "stat '" + *upath + "'"), {}, rpc_timeout_ms_,
                      stats_);
   if (!S_ISREG(st.st_mode))
     return Refuse(ctx, *upath, Status(DYAD_RC_PERM, "'" + *upath + "' is not a regular file"));
-  // Under the shared lock a producer that follows the protocol cannot be
-  // rewriting the file; one that does not is caught by the check after it.
-  if (!TryShared(fd->get())) {
+  if (locked) {
     r->locked = *upath;  // Respond waits for the producer, then prepares again
     return;
   }
-  if (fstat(fd->get(), &st) != 0)
-    return SendReply(ctx.ch, StatusFromErrno(errno, "stat '" + *upath + "'"), {}, rpc_timeout_ms_,
-                     stats_);
   auto s = std::make_shared<Sending>();
   s->src.fd = fd->get();
   s->src.size = static_cast<uint64_t>(st.st_size);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "common/fsutil.h"
 #include "common/wire_queue.h"
 #include "proto/router.h"
 #include "service/peer_waits.h"
@@ -28,6 +29,7 @@ class FileServer {
              ServiceStats* stats, TransferRegistry* transfers = nullptr)
       : rank_(rank),
         prod_real_(std::move(prod_real)),
+        root_(prod_real_),
         rpc_timeout_ms_(rpc_timeout_ms),
         transports_(transports),
         stats_(stats),
@@ -136,6 +138,7 @@ class FileServer {
 
   const uint32_t rank_;
   const std::string prod_real_;
+  BeneathRoot root_;  // prod_real_, held open: where served files are opened
   const int64_t rpc_timeout_ms_;
   TransportSet* transports_;
   ServiceStats* stats_;

@@ -30,7 +30,7 @@ Status FileServer::ReadInline(RequestContext& ctx, const FetchBatchItem& item, u
                   upath.status().ToString().c_str());
     return upath.status();
   }
-  Result<UniqueFd> fd = OpenBeneath(prod_real_, *upath, O_RDONLY | O_NONBLOCK);
+  Result<UniqueFd> fd = root_.Open(*upath, O_RDONLY | O_NONBLOCK);
   if (!fd.ok()) {
     if (fd.status().code() == DYAD_RC_PERM) {
       stats_->Add(ServiceStats::kFetchRefused);

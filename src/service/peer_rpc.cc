@@ -5,24 +5,30 @@
 namespace dyad {
 
 Task<Status> AwaitReply(Channel& session, Deadline deadline, PeerWaits& waits,
-                        const std::string& timeout_what, std::string* body, bool* replied) {
+                        const std::string& timeout_what, std::string* body, bool* replied,
+                        bool just_sent) {
   Channel::PartialFrame frame;
   uint16_t type = 0;
   std::string payload;
+  // Bytes read ahead with an earlier frame are looked at first, always.
+  bool wait = just_sent && !session.has_unread();
   for (;;) {
+    if (wait) {
+      const Ready w = co_await waits.Readable(session, deadline);
+      // A late answer would put the session out of step: it is not reused.
+      if (w == Ready::kTimeout) {
+        session.MarkBroken();
+        co_return Status(DYAD_RC_TIMEOUT, timeout_what);
+      }
+      if (w == Ready::kStopped) co_return BreakSession(session, waits.Stopped());  // stops the peer
+    }
     Result<bool> r = session.RecvFrameNow(&frame, &type, &payload);
     if (!r.ok()) co_return r.status();
     if (*r) {
       if (replied != nullptr) *replied = true;
       co_return ReplyOfFrame(session, type, payload, body);
     }
-    const Ready w = co_await waits.Readable(session, deadline);
-    // A late answer would put the session out of step: it is not reused.
-    if (w == Ready::kTimeout) {
-      session.MarkBroken();
-      co_return Status(DYAD_RC_TIMEOUT, timeout_what);
-    }
-    if (w == Ready::kStopped) co_return BreakSession(session, waits.Stopped());  // stops the peer
+    wait = true;
   }
 }
 
@@ -42,10 +48,10 @@ Task<Result<std::string>> PeerRpc(PeerDirectory& peers, uint32_t rank, MsgType t
     st = co_await AwaitReply(ch, deadline, waits,
                              "no reply from rank " + std::to_string(rank) + " within " +
                                  std::to_string(timeout_ms) + " ms (--rpc-timeout)",
-                             &body, &replied);
+                             &body, &replied, /*just_sent=*/true);
   // A reply (even one saying no) leaves the session ready for the next
   // request; anything else leaves it in the middle of an exchange.
-  if (!replied) BreakSession(ch, st);
+  if (!replied) (void)BreakSession(ch, st);
   peers.Release(rank, std::move(*session));
   if (!st.ok()) co_return st;
   co_return body;

@@ -25,8 +25,12 @@ namespace dyad {
 // came (else the status says why not). No frame by `deadline` is
 // DYAD_RC_TIMEOUT with `timeout_what`; the Stop ends it with its reason
 // and shuts the session down. Either leaves the session marked broken.
+// `just_sent`: the request has only now left, so its reply cannot be in
+// the socket yet; the first look is then the wait (which still sees bytes
+// already there), not a read that would find nothing.
 Task<Status> AwaitReply(Channel& session, Deadline deadline, PeerWaits& waits,
-                        const std::string& timeout_what, std::string* body, bool* replied);
+                        const std::string& timeout_what, std::string* body, bool* replied,
+                        bool just_sent = false);
 
 // The reply's body, or its status (or why there is none).
 Task<Result<std::string>> PeerRpc(PeerDirectory& peers, uint32_t rank, MsgType type,

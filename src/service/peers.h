@@ -81,7 +81,8 @@ class PeerDirectory {
     bool done = false;                      // and `status` are guarded by the directory
     Status status;
   };
-  std::unique_ptr<Channel> TakeIdle(uint32_t rank);
+  // `probe`: skip sessions whose peer hung up (Channel::PeerClosed).
+  std::unique_ptr<Channel> TakeIdle(uint32_t rank, bool probe = true);
   std::shared_ptr<DialFlight> JoinDial(uint32_t rank, Deadline deadline, bool* lead);
   // The outcome of `flight` (`*done` false while it is in flight).
   Status DialOutcome(const DialFlight& flight, bool* done);

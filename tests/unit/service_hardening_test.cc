@@ -153,6 +153,45 @@ TEST(ServiceHardening, ModesAreCarriedOver) {
   }
 }
 
+// The owner keeps its producer directory open between fetches (one openat2
+// per fetch). A directory removed and made again at the same path (or
+// another one renamed there) is where files are served from next; a file
+// that is not there stays not found.
+TEST(ServiceHardening, ProducerDirectoryMadeAgainIsServedFrom) {
+  ServicePair p;
+  ASSERT_TRUE(p.Start("embedded").ok());
+  std::filesystem::create_directories(p.dir_a);
+  WriteFile(p.dir_a + "/first.dat", "before");
+  ASSERT_TRUE(PublishRecord(p, GenPathKey("first.dat", 3, 1024), "first.dat").ok());
+  Result<ConsumeReply> r = p.Consume("first.dat");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+
+  std::filesystem::remove_all(p.dir_a);
+  std::filesystem::create_directories(p.dir_a);
+  WriteFile(p.dir_a + "/second.dat", "after the directory was made again");
+  ASSERT_TRUE(PublishRecord(p, GenPathKey("second.dat", 3, 1024), "second.dat").ok());
+  r = p.Consume("second.dat", 5000);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ReadAll(p.dir_b + "/second.dat"), "after the directory was made again");
+
+  std::filesystem::rename(p.dir_a, p.dir_a + ".old");
+  std::filesystem::create_directories(p.dir_a);
+  WriteFile(p.dir_a + "/third.dat", "in the directory renamed into place");
+  ASSERT_TRUE(PublishRecord(p, GenPathKey("third.dat", 3, 1024), "third.dat").ok());
+  r = p.Consume("third.dat", 5000);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ReadAll(p.dir_b + "/third.dat"), "in the directory renamed into place");
+
+  // Published, then gone from the directory now at the path: not served.
+  WriteFile(p.dir_a + "/gone.dat", "x");
+  ASSERT_TRUE(PublishRecord(p, GenPathKey("gone.dat", 3, 1024), "gone.dat").ok());
+  std::filesystem::remove(p.dir_a + "/gone.dat");
+  r = p.Consume("gone.dat", 5000);
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(std::filesystem::exists(p.dir_b + "/gone.dat"));
+  std::filesystem::remove_all(p.dir_a + ".old");
+}
+
 // Defect 2: the same-node copy reopened the owner's path by name, so a
 // directory swapped for a symlink between the owner's check and the copy
 // made it read a file outside the producer directory.
