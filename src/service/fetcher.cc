@@ -31,10 +31,8 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
     return std::move(out);
   };
   Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
-  // Without probing a pooled session: one found dead when used makes the
-  // fetch retryable (below), and the placement retries on a fresh session.
   Result<std::unique_ptr<Channel>> session =
-      co_await DialPeer(*peers_, rec.owner_rank, deadline, waits, /*probe_idle=*/false);
+      co_await DialPeer(*peers_, rec.owner_rank, deadline, waits);
   if (!session.ok()) {
     const bool stale = session.status().code() == DYAD_RC_STALE;
     out.outcome.retryable = stale;

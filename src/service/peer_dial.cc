@@ -112,11 +112,10 @@ struct Leading {
 }  // namespace
 
 Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t rank,
-                                                Deadline deadline, PeerWaits& waits,
-                                                bool probe_idle) {
+                                                Deadline deadline, PeerWaits& waits) {
   bool alone = false;  // another's dial succeeded: dial without a flight
   for (;;) {
-    if (std::unique_ptr<Channel> idle = peers.TakeIdle(rank, probe_idle)) co_return std::move(idle);
+    if (std::unique_ptr<Channel> idle = peers.TakeIdle(rank)) co_return std::move(idle);
     Result<ServiceRecord> rec = co_await waits.Run(
         !peers.Known(rank), [&peers, rank] { return peers.Resolve(rank, false); });
     if (!rec.ok()) co_return rec.status();

@@ -38,13 +38,7 @@ Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const S
                                                    Deadline deadline, PeerWaits& waits,
                                                    PeerIdentity* peer, bool* stopped);
 
-// A session to `rank`: an idle one from the pool, else a new dial (one per
-// rank at a time). `probe_idle` false takes a pooled session without first
-// asking the kernel whether its peer hung up (a system call per request),
-// for a caller that retries on a fresh session when the one it got turns
-// out dead (a fetch: Placement::Retry).
 Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t rank,
-                                                Deadline deadline, PeerWaits& waits,
-                                                bool probe_idle = true);
+                                                Deadline deadline, PeerWaits& waits);
 
 }  // namespace dyad

@@ -59,7 +59,7 @@ Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline 
   return rt_->RunSync(DialPeer(*this, rank, deadline, waits));
 }
 
-std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank, bool probe) {
+std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = peers_.find(rank);
   if (it == peers_.end()) return nullptr;
@@ -68,7 +68,7 @@ std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank, bool probe) {
     std::unique_ptr<Channel> ch = std::move(idle.back());
     idle.pop_back();
     // A session past its age is closed: the next one gets a new handshake.
-    if (!ch->broken() && !ch->Retired() && !(probe && ch->PeerClosed())) return ch;
+    if (!ch->broken() && !ch->Retired() && !ch->PeerClosed()) return ch;
   }
   return nullptr;
 }
@@ -201,8 +201,7 @@ Task<ProbeResult> PeerDirectory::Probe(const ServiceRecord& rec, Deadline deadli
   Status st = (*ch)->SendFrame(static_cast<uint16_t>(MsgType::kPing), std::string(), deadline);
   std::string body;
   if (st.ok())
-    st = co_await AwaitReply(**ch, deadline, waits, "no answer to a ping in time", &body, nullptr,
-                             /*just_sent=*/true);
+    st = co_await AwaitReply(**ch, deadline, waits, "no answer to a ping in time", &body, nullptr);
   r.rtt_ns = MonoNs() - t0;
   if (!st.ok()) {
     r.state = PeerState::kDown;

@@ -81,8 +81,7 @@ class PeerDirectory {
     bool done = false;                      // and `status` are guarded by the directory
     Status status;
   };
-  // `probe`: skip sessions whose peer hung up (Channel::PeerClosed).
-  std::unique_ptr<Channel> TakeIdle(uint32_t rank, bool probe = true);
+  std::unique_ptr<Channel> TakeIdle(uint32_t rank);
   std::shared_ptr<DialFlight> JoinDial(uint32_t rank, Deadline deadline, bool* lead);
   // The outcome of `flight` (`*done` false while it is in flight).
   Status DialOutcome(const DialFlight& flight, bool* done);
