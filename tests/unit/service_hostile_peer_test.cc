@@ -159,6 +159,34 @@ bool Harmless(Attack a) {
   return a == Attack::kNone || a == Attack::kAllInOneSegment || a == Attack::kOneByteWrites;
 }
 
+// What the hostile owner does in the handshake (before authentication).
+enum class HandshakeAttack {
+  kNone,                    // the real handshake
+  kChallengeOneByteWrites,  // the challenge one byte per send, then on as usual
+  kHugeLength,              // a challenge header announcing 2^32-1 bytes
+  kHeaderThenHangUp,        // a challenge header announcing 100 bytes, then close
+  kGarbage,                 // 64 bytes of garbage instead of a challenge
+  kProofThenGarbage,        // the handshake, with garbage behind its last frame
+};
+
+const char* Name(HandshakeAttack a) {
+  switch (a) {
+    case HandshakeAttack::kNone:
+      return "None";
+    case HandshakeAttack::kChallengeOneByteWrites:
+      return "ChallengeOneByteWrites";
+    case HandshakeAttack::kHugeLength:
+      return "HugeLength";
+    case HandshakeAttack::kHeaderThenHangUp:
+      return "HeaderThenHangUp";
+    case HandshakeAttack::kGarbage:
+      return "Garbage";
+    case HandshakeAttack::kProofThenGarbage:
+      return "ProofThenGarbage";
+  }
+  return "?";
+}
+
 // Rank kHostileRank: the real handshake, then each fetch answered with the
 // attack of its file. Stop() (or the destructor) ends every connection and
 // joins every thread.
@@ -176,6 +204,9 @@ class HostileOwner {
     std::lock_guard<std::mutex> lk(mu_);
     files_[upath] = File{std::move(content), attack};
   }
+
+  // The handshake of the connections accepted from now on.
+  void SetHandshakeAttack(HandshakeAttack a) { handshake_attack_ = a; }
 
   Status Start(const std::string& root) {
     Result<SocketAddress> any = ParseAddress("127.0.0.1:0");
@@ -238,16 +269,8 @@ class HostileOwner {
   }
 
   void ServeUntilDone(Channel& ch, int id) {
-    AuthConfig cfg;
-    cfg.secret = kTestSecret;
-    cfg.protection = protection_;
-    Authenticator auth(cfg);
-    PeerIdentity peer;
-    if (!auth.Accept(ch, PeerIdentity{kHostileRank, kHostileIncarnation}, Deadline::AfterMs(5000),
-                     &peer)
-             .ok())
-      return;
     NoDelay(ch.fd());
+    if (!Handshake(ch, handshake_attack_.load())) return;
     while (!stop_) {
       uint16_t type = 0;
       std::string payload;
@@ -274,6 +297,57 @@ class HostileOwner {
       }
       if (!Answer(ch, file)) return;  // the attack ends the connection
     }
+  }
+
+  // The accepting side of the handshake, or an attack on it; false when
+  // the connection is to end.
+  bool Handshake(Channel& ch, HandshakeAttack attack) {
+    const Deadline d = Deadline::AfterMs(5000);
+    auto send = [&](const std::string& wire) {
+      return ch.SendAll(wire.data(), wire.size(), d).ok();
+    };
+    switch (attack) {
+      case HandshakeAttack::kHugeLength:
+        (void)send(RawHeader(MsgType::kChallenge, 0xffffffffu) + std::string(100, 'x'));
+        return Linger(ch);
+      case HandshakeAttack::kHeaderThenHangUp:
+        (void)send(RawHeader(MsgType::kChallenge, 100));
+        return false;
+      case HandshakeAttack::kGarbage:
+        (void)send(std::string(64, 'Z'));
+        return Linger(ch);
+      default:
+        break;
+    }
+    AuthConfig cfg;
+    cfg.secret = kTestSecret;
+    cfg.protection = protection_;
+    Authenticator auth(cfg);
+    const PeerIdentity self{kHostileRank, kHostileIncarnation};
+    PeerIdentity peer;
+    if (attack == HandshakeAttack::kNone) return auth.Accept(ch, self, d, &peer).ok();
+    // The challenge as built, sent as the attack says; the requester's
+    // answer read whole and handed back for the second step.
+    std::string challenge;
+    ch.CaptureSends(&challenge);
+    Result<std::unique_ptr<Authenticator::PendingAccept>> pending = auth.AcceptBegin(ch, self, d);
+    ch.CaptureSends(nullptr);
+    if (!pending.ok()) return false;
+    if (attack == HandshakeAttack::kChallengeOneByteWrites) {
+      if (!SendByteByByte(ch, challenge).ok()) return false;
+    } else if (!send(challenge)) {
+      return false;
+    }
+    uint16_t type = 0;
+    std::string answer;
+    if (!ch.RecvFrame(&type, &answer, d).ok()) return false;
+    ch.Unread(RawHeader(static_cast<MsgType>(type), static_cast<uint32_t>(answer.size())) + answer);
+    std::string proof;
+    ch.CaptureSends(&proof);
+    const bool ok = auth.AcceptFinish(**pending, ch, d, &peer).ok();
+    ch.CaptureSends(nullptr);
+    if (attack == HandshakeAttack::kProofThenGarbage) proof += std::string(64, 'Z');
+    return send(proof) && ok;
   }
 
   std::string ReplyWire(Channel& ch, uint64_t size) {
@@ -375,6 +449,7 @@ class HostileOwner {
   }
 
   const LinkProtection protection_;
+  std::atomic<HandshakeAttack> handshake_attack_{HandshakeAttack::kNone};
   UniqueFd listen_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
@@ -387,11 +462,10 @@ class HostileOwner {
 
 // Services A (rank 0, the store, a real owner) and B (rank 1, the
 // consumer), with `protection` on their links; the hostile owner as rank 2.
-class HostileOwnerTest : public ::testing::TestWithParam<std::tuple<LinkProtection, Attack>> {
+class HostileOwnerServices {
  protected:
-  void SetUp() override {
-    protection_ = std::get<0>(GetParam());
-    attack_ = std::get<1>(GetParam());
+  void StartAll(LinkProtection protection) {
+    protection_ = protection;
     char tmpl[] = "/tmp/dyad-hostile-test.XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     base_ = tmpl;
@@ -410,7 +484,7 @@ class HostileOwnerTest : public ::testing::TestWithParam<std::tuple<LinkProtecti
     Status st = owner_->Start(a_->tcp_address());
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
-  void TearDown() override {
+  void StopAll() {
     if (owner_) owner_->Stop();
     owner_.reset();
     testing_services::StopAndRemove(&b_, &a_, &base_);
@@ -443,10 +517,28 @@ class HostileOwnerTest : public ::testing::TestWithParam<std::tuple<LinkProtecti
   }
 
   LinkProtection protection_ = LinkProtection::kIntegrity;
-  Attack attack_ = Attack::kNone;
   std::string base_, cons_;
   std::unique_ptr<Service> a_, b_;
   std::unique_ptr<HostileOwner> owner_;
+};
+
+class HostileOwnerTest : public HostileOwnerServices,
+                         public ::testing::TestWithParam<std::tuple<LinkProtection, Attack>> {
+ protected:
+  void SetUp() override {
+    attack_ = std::get<1>(GetParam());
+    StartAll(std::get<0>(GetParam()));
+  }
+  void TearDown() override { StopAll(); }
+  Attack attack_ = Attack::kNone;
+};
+
+class HostileHandshakeTest
+    : public HostileOwnerServices,
+      public ::testing::TestWithParam<std::tuple<LinkProtection, HandshakeAttack>> {
+ protected:
+  void SetUp() override { StartAll(std::get<0>(GetParam())); }
+  void TearDown() override { StopAll(); }
 };
 
 std::string Pattern(size_t n, char seed) {
@@ -525,6 +617,50 @@ INSTANTIATE_TEST_SUITE_P(
                                          Attack::kExtraBytes, Attack::kFewerBytesThenStall,
                                          Attack::kFewerBytesThenHangUp)),
     [](const ::testing::TestParamInfo<std::tuple<LinkProtection, Attack>>& info) {
+      return std::string(Name(std::get<0>(info.param))) + "_" + Name(std::get<1>(info.param));
+    });
+
+// The requester's side of the handshake (before authentication): a
+// challenge in 1-byte writes is taken and the consume succeeds; a 2^32-1
+// length, a header then a hang-up, or garbage fail the consume at once
+// (not at --rpc-timeout) with an error naming the owner; garbage behind
+// the last handshake frame (read ahead with the first answer) fails it and
+// the session is dropped. Either way nothing is placed, and once the owner
+// behaves the next consume gets its bytes.
+TEST_P(HostileHandshakeTest, ConsumeFailsAtOnceOrSucceedsAndTheOwnerIsUsableAfter) {
+  const HandshakeAttack attack = std::get<1>(GetParam());
+  const std::string bad_bytes = Pattern(5000, 'h');
+  const std::string good_bytes = Pattern(7000, 'k');
+  owner_->Add("during", bad_bytes, Attack::kNone);
+  owner_->Add("after", good_bytes, Attack::kNone);
+  owner_->SetHandshakeAttack(attack);
+  const uint64_t t0 = MonoNs();
+  Result<ConsumeReply> r = ConsumeFromOwner("during", bad_bytes.size());
+  const int64_t took = MsSince(t0);
+  struct stat sb;
+  if (attack == HandshakeAttack::kNone || attack == HandshakeAttack::kChallengeOneByteWrites) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(ReadAll(cons_ + "/during"), bad_bytes);
+  } else {
+    ASSERT_FALSE(r.ok()) << "a consume through a hostile handshake succeeded";
+    EXPECT_NE(r.status().message().find("rank 2"), std::string::npos) << r.status().ToString();
+    EXPECT_NE(::lstat((cons_ + "/during").c_str(), &sb), 0) << "a failed consume placed a file";
+  }
+  EXPECT_LT(took, 2500) << "took " << took << " ms: " << (r.ok() ? "OK" : r.status().ToString());
+  owner_->SetHandshakeAttack(HandshakeAttack::kNone);
+  Result<ConsumeReply> g = ConsumeFromOwner("after", good_bytes.size());
+  ASSERT_TRUE(g.ok()) << "the consume once the owner behaves: " << g.status().ToString();
+  EXPECT_EQ(ReadAll(cons_ + "/after"), good_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BeforeAuth, HostileHandshakeTest,
+    ::testing::Combine(
+        ::testing::Values(LinkProtection::kNone, LinkProtection::kIntegrity),
+        ::testing::Values(HandshakeAttack::kNone, HandshakeAttack::kChallengeOneByteWrites,
+                          HandshakeAttack::kHugeLength, HandshakeAttack::kHeaderThenHangUp,
+                          HandshakeAttack::kGarbage, HandshakeAttack::kProofThenGarbage)),
+    [](const ::testing::TestParamInfo<std::tuple<LinkProtection, HandshakeAttack>>& info) {
       return std::string(Name(std::get<0>(info.param))) + "_" + Name(std::get<1>(info.param));
     });
 
