@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -940,13 +941,18 @@ INSTANTIATE_TEST_SUITE_P(PeerPort, HostileRequesterTest,
                          });
 
 // 1,000 idle connections to the owner's peer port and 1,000 to the
-// consumer's local socket, all from this host (the consumer's own address):
-// a consume that needs a new peer session and a new local connection is
-// served within 2 s.
+// consumer's local socket, all from this host (the consumer's own address),
+// arrive while a consume waits for its file: once the file is published the
+// consume, which needs a new peer session, is served within 2 s, and so is
+// a consume that needs a new local connection.
 TEST_P(HostileRequesterTest, IdleFloodOfPeerPortAndLocalSocketWhileAConsumeRuns) {
   Result<SocketAddress> peer = ParseAddress(pair_.a->tcp_address());
   Result<SocketAddress> local = ParseAddress("unix:" + pair_.base + "/b.sock");
   ASSERT_TRUE(peer.ok() && local.ok());
+  const std::string data(100000, 'f');
+  std::future<Result<ConsumeReply>> waiting =
+      std::async(std::launch::async, [this] { return pair_.Consume("flood.dat", 20000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (it waits for the file)
   std::vector<UniqueFd> flood;
   for (int i = 0; i < 1000; ++i) {
     for (const SocketAddress* to : {&*peer, &*local}) {
@@ -957,14 +963,23 @@ TEST_P(HostileRequesterTest, IdleFloodOfPeerPortAndLocalSocketWhileAConsumeRuns)
   EXPECT_GE(flood.size(), 1900u) << "the flood could not connect";
   // Older than a fresh handshake by now (see service_hardening_test).
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_TRUE(pair_.Publish("flood.dat", std::string(100000, 'f')).ok());
-  const uint64_t t0 = MonoNs();
-  Result<ConsumeReply> r = pair_.Consume("flood.dat");
-  const int64_t took = MsSince(t0);
+  ASSERT_TRUE(pair_.Publish("flood.dat", data).ok());
+  uint64_t t0 = MonoNs();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  int64_t took = MsSince(t0);
+  Result<ConsumeReply> r = waiting.get();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->transferred);
-  EXPECT_EQ(ReadAll(pair_.dir_b + "/flood.dat"), std::string(100000, 'f'));
-  EXPECT_LT(took, 2000) << "the consume under the flood took " << took << " ms";
+  EXPECT_EQ(ReadAll(pair_.dir_b + "/flood.dat"), data);
+  EXPECT_LT(took, 2000) << "the waiting consume took " << took << " ms after the publication";
+
+  ASSERT_TRUE(pair_.Publish("flood2.dat", data).ok());
+  t0 = MonoNs();
+  r = pair_.Consume("flood2.dat");
+  took = MsSince(t0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(ReadAll(pair_.dir_b + "/flood2.dat"), data);
+  EXPECT_LT(took, 2000) << "a new consume under the flood took " << took << " ms";
 }
 
 }  // namespace
