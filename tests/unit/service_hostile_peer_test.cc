@@ -189,6 +189,38 @@ const char* Name(HandshakeAttack a) {
   return "?";
 }
 
+// What the hostile owner does with a batch fetch (kFetchBatch: a count,
+// then one reply per file with its bytes inline).
+enum class BatchAttack {
+  kNone,                  // a frame per send, as a real owner
+  kAllInOneSegment,       // the whole answer in one send
+  kOneByteWrites,         // the whole answer one byte per send
+  kGarbageAfterLastPart,  // the answer and 64 bytes of garbage, one send
+  kExtraPartLater,        // the answer; one part more 300 ms later
+  kHugeLength,            // the count, then a header announcing 2^32-1 bytes
+  kFewerPartsThenStall,   // the count and the first part, then nothing
+};
+
+const char* Name(BatchAttack a) {
+  switch (a) {
+    case BatchAttack::kNone:
+      return "None";
+    case BatchAttack::kAllInOneSegment:
+      return "AllInOneSegment";
+    case BatchAttack::kOneByteWrites:
+      return "OneByteWrites";
+    case BatchAttack::kGarbageAfterLastPart:
+      return "GarbageAfterLastPart";
+    case BatchAttack::kExtraPartLater:
+      return "ExtraPartLater";
+    case BatchAttack::kHugeLength:
+      return "HugeLength";
+    case BatchAttack::kFewerPartsThenStall:
+      return "FewerPartsThenStall";
+  }
+  return "?";
+}
+
 // Rank kHostileRank: the real handshake, then each fetch answered with the
 // attack of its file. Stop() (or the destructor) ends every connection and
 // joins every thread.
@@ -209,6 +241,8 @@ class HostileOwner {
 
   // The handshake of the connections accepted from now on.
   void SetHandshakeAttack(HandshakeAttack a) { handshake_attack_ = a; }
+  // The answer to the batch fetches received from now on.
+  void SetBatchAttack(BatchAttack a) { batch_attack_ = a; }
 
   Status Start(const std::string& root) {
     Result<SocketAddress> any = ParseAddress("127.0.0.1:0");
@@ -241,6 +275,8 @@ class HostileOwner {
     auto it = served_by_.find(upath);
     return it == served_by_.end() ? 0 : it->second;
   }
+  // (ConnectionOf and Fetches of kBatch: those of the batch fetches.)
+  static constexpr const char* kBatch = "<batch>";
   int Fetches(const std::string& upath) {
     std::lock_guard<std::mutex> lk(mu_);
     return fetches_[upath];
@@ -279,7 +315,19 @@ class HostileOwner {
       Status st = ch.RecvFrame(&type, &payload, Deadline::AfterMs(100));
       if (st.code() == DYAD_RC_TIMEOUT) continue;
       if (!st.ok()) return;
-      if (type != static_cast<uint16_t>(MsgType::kFetch)) {  // batches, pings: not served
+      if (type == static_cast<uint16_t>(MsgType::kFetchBatch)) {
+        FetchBatchRequest req;
+        Decoder d(payload);
+        if (!req.DecodeFrom(d)) return;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          ++fetches_[kBatch];
+          served_by_[kBatch] = id;
+        }
+        if (!AnswerBatch(ch, req, batch_attack_.load())) return;
+        continue;
+      }
+      if (type != static_cast<uint16_t>(MsgType::kFetch)) {  // pings and the rest: not served
         (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply),
                            EncodeReply(Status(DYAD_RC_BADREQUEST, "not served here")),
                            Deadline::AfterMs(1000));
@@ -350,6 +398,68 @@ class HostileOwner {
     ch.CaptureSends(nullptr);
     if (attack == HandshakeAttack::kProofThenGarbage) proof += std::string(64, 'Z');
     return send(proof) && ok;
+  }
+
+  // The answer to a batch fetch, or an attack on it; false when the
+  // connection is to end. (Built in wire order: see Answer.)
+  bool AnswerBatch(Channel& ch, const FetchBatchRequest& req, BatchAttack attack) {
+    const Deadline d = Deadline::AfterMs(2000);
+    auto send = [&](const std::string& wire) {
+      return ch.SendAll(wire.data(), wire.size(), d).ok();
+    };
+    auto reply = [&](const std::string& body) {
+      return Captured(ch, [&] {
+        (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(Status::OK(), body),
+                           d);
+      });
+    };
+    auto part = [&](const std::string& upath) {
+      FetchBatchPart p;
+      p.version = kHostileVersion;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = files_.find(upath);
+        if (it != files_.end()) p.data = it->second.content;
+      }
+      Encoder e;
+      p.EncodeTo(e);
+      return reply(e.data());
+    };
+    Encoder head;
+    head.U32(static_cast<uint32_t>(req.items.size()));
+    std::vector<std::string> frames{reply(head.data())};
+    if (attack == BatchAttack::kHugeLength) {
+      (void)send(frames[0] + RawHeader(MsgType::kReply, 0xffffffffu) + std::string(100, 'x'));
+      return Linger(ch);
+    }
+    for (const FetchBatchItem& item : req.items) frames.push_back(part(item.upath));
+    std::string all;
+    for (const std::string& f : frames) all += f;
+    switch (attack) {
+      case BatchAttack::kNone:
+        for (const std::string& f : frames)
+          if (!send(f)) return false;
+        return true;
+      case BatchAttack::kAllInOneSegment:
+        return send(all);
+      case BatchAttack::kOneByteWrites:
+        return SendByteByByte(ch, all).ok();
+      case BatchAttack::kGarbageAfterLastPart:
+        (void)send(all + std::string(64, 'Z'));
+        return Linger(ch);
+      case BatchAttack::kExtraPartLater: {
+        const std::string extra = part(req.items.front().upath);
+        if (!send(all)) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        (void)send(extra);
+        return Linger(ch);
+      }
+      case BatchAttack::kFewerPartsThenStall:
+        (void)send(frames[0] + frames[1]);
+        return Linger(ch);
+      default:
+        return false;
+    }
   }
 
   std::string ReplyWire(Channel& ch, uint64_t size) {
@@ -452,6 +562,7 @@ class HostileOwner {
 
   const LinkProtection protection_;
   std::atomic<HandshakeAttack> handshake_attack_{HandshakeAttack::kNone};
+  std::atomic<BatchAttack> batch_attack_{BatchAttack::kNone};
   UniqueFd listen_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
@@ -494,7 +605,7 @@ class HostileOwnerServices {
 
   // A consume on B of the hostile owner's `upath` of `size` bytes (the
   // record given, as dyad_consume_w_metadata does).
-  Result<ConsumeReply> ConsumeFromOwner(const std::string& upath, uint64_t size) {
+  ConsumeRequest RequestFor(const std::string& upath, uint64_t size) {
     ConsumeRequest req = ConsumeRequestOf(upath, cons_, 20000);
     req.have_record = true;
     req.record.owner_rank = kHostileRank;
@@ -502,7 +613,10 @@ class HostileOwnerServices {
     req.record.upath = upath;
     req.record.size = size;
     req.record.version = kHostileVersion;
-    return testing_services::CallConsume(base_ + "/b.sock", req, 30000);
+    return req;
+  }
+  Result<ConsumeReply> ConsumeFromOwner(const std::string& upath, uint64_t size) {
+    return testing_services::CallConsume(base_ + "/b.sock", RequestFor(upath, size), 30000);
   }
 
   // Names in the consumer directory (temporaries included).
@@ -533,6 +647,13 @@ class HostileOwnerTest : public HostileOwnerServices,
   }
   void TearDown() override { StopAll(); }
   Attack attack_ = Attack::kNone;
+};
+
+class HostileBatchTest : public HostileOwnerServices,
+                         public ::testing::TestWithParam<std::tuple<LinkProtection, BatchAttack>> {
+ protected:
+  void SetUp() override { StartAll(std::get<0>(GetParam())); }
+  void TearDown() override { StopAll(); }
 };
 
 class HostileHandshakeTest
@@ -619,6 +740,81 @@ INSTANTIATE_TEST_SUITE_P(
                                          Attack::kExtraBytes, Attack::kFewerBytesThenStall,
                                          Attack::kFewerBytesThenHangUp)),
     [](const ::testing::TestParamInfo<std::tuple<LinkProtection, Attack>>& info) {
+      return std::string(Name(std::get<0>(info.param))) + "_" + Name(std::get<1>(info.param));
+    });
+
+// Small files of one owner consumed in one batch travel in one kFetchBatch
+// on a read-ahead session. Each file of a batch answered in one segment,
+// one byte per send, with garbage or an extra part behind it, a 2^32-1
+// length, or fewer parts then a stall either arrives with its very bytes
+// or fails with an error (a stall at --rpc-timeout), nothing torn is
+// placed, and the next consume from that owner, 600 ms later (after the
+// late extra part), gets its bytes, not on the attacked session.
+TEST_P(HostileBatchTest, EachFileArrivesWholeOrFailsAndTheSessionIsNotReused) {
+  const BatchAttack attack = std::get<1>(GetParam());
+  owner_->SetBatchAttack(attack);
+  ConsumeBatchRequest batch;
+  std::vector<std::string> contents;
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = "batch-" + std::to_string(i);
+    contents.push_back(Pattern(3000 + 1000 * i, static_cast<char>('p' + i)));
+    owner_->Add(name, contents.back(), Attack::kNone);
+    batch.items.push_back(RequestFor(name, contents.back().size()));
+  }
+  Encoder e;
+  batch.EncodeTo(e);
+  const uint64_t t0 = MonoNs();
+  Result<std::string> body = CallLocal(base_ + "/b.sock", MsgType::kConsumeBatch, e.data(), 30000);
+  const int64_t took = MsSince(t0);
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  ConsumeBatchReply reply;
+  Decoder d(*body);
+  ASSERT_TRUE(reply.DecodeFrom(d));
+  ASSERT_EQ(reply.results.size(), 4u);
+  EXPECT_GE(owner_->Fetches(HostileOwner::kBatch), 1) << "the files did not travel in a batch";
+  int ok = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::string path = cons_ + "/batch-" + std::to_string(i);
+    const ConsumeBatchResult& r = reply.results[i];
+    if (r.code == DYAD_RC_OK) {
+      ++ok;
+      EXPECT_EQ(ReadAll(path), contents[i]) << "a torn or wrong file was placed: " << path;
+    } else {
+      EXPECT_FALSE(r.message.empty());
+      struct stat sb;
+      EXPECT_NE(::lstat(path.c_str(), &sb), 0) << "a failed consume placed " << path;
+    }
+  }
+  if (attack == BatchAttack::kNone || attack == BatchAttack::kAllInOneSegment ||
+      attack == BatchAttack::kOneByteWrites)
+    EXPECT_EQ(ok, 4);
+  const int64_t bound = attack == BatchAttack::kFewerPartsThenStall ? kRpcTimeoutMs + 2000
+                        : attack == BatchAttack::kOneByteWrites     ? 10000
+                                                                    : 2500;
+  EXPECT_LT(took, bound) << "the batch took " << took << " ms";
+
+  owner_->SetBatchAttack(BatchAttack::kNone);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const std::string good = Pattern(2000, 'G');
+  owner_->Add("after-batch", good, Attack::kNone);
+  Result<ConsumeReply> g = ConsumeFromOwner("after-batch", good.size());
+  ASSERT_TRUE(g.ok()) << "the consume after the batch: " << g.status().ToString();
+  EXPECT_EQ(ReadAll(cons_ + "/after-batch"), good);
+  if (attack != BatchAttack::kNone && attack != BatchAttack::kAllInOneSegment &&
+      attack != BatchAttack::kOneByteWrites)
+    EXPECT_NE(owner_->ConnectionOf("after-batch"), owner_->ConnectionOf(HostileOwner::kBatch))
+        << "the session the attack put out of step served the next fetch";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ReadAhead, HostileBatchTest,
+    ::testing::Combine(::testing::Values(LinkProtection::kNone, LinkProtection::kIntegrity),
+                       ::testing::Values(BatchAttack::kNone, BatchAttack::kAllInOneSegment,
+                                         BatchAttack::kOneByteWrites,
+                                         BatchAttack::kGarbageAfterLastPart,
+                                         BatchAttack::kExtraPartLater, BatchAttack::kHugeLength,
+                                         BatchAttack::kFewerPartsThenStall)),
+    [](const ::testing::TestParamInfo<std::tuple<LinkProtection, BatchAttack>>& info) {
       return std::string(Name(std::get<0>(info.param))) + "_" + Name(std::get<1>(info.param));
     });
 
