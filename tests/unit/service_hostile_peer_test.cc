@@ -41,6 +41,7 @@
 
 #include "common/fsutil.h"
 #include "common/net.h"
+#include "common/runtime.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
 #include "service/service.h"
@@ -1180,6 +1181,41 @@ TEST_P(HostileRequesterTest, IdleFloodOfPeerPortAndLocalSocketWhileAConsumeRuns)
   EXPECT_EQ(ReadAll(pair_.dir_b + "/flood2.dat"), data);
   EXPECT_LT(took, 2000) << "a new consume under the flood took " << took << " ms";
   std::printf("a new consume under the flood took %lld ms\n", static_cast<long long>(took));
+}
+
+// Two frames in one segment on a session that reads ahead: the receive of
+// the first takes both from the socket, so the socket is empty while the
+// second waits in the channel. A wait for the session to be readable
+// (WaitReady on the Channel, as a parked fetch waits) returns at once
+// instead of at its deadline, and the second frame is there.
+TEST(ReadAheadWait, SecondFrameOfASegmentIsReadyAtOnce) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  UniqueFd far(fds[1]);
+  Channel ch(UniqueFd(fds[0]), Trust::kUnauthenticated);
+  ch.SetReadAhead(16u << 10);
+  const std::string two =
+      RawHeader(MsgType::kPing, 3) + "one" + RawHeader(MsgType::kPing, 3) + "two";
+  ASSERT_EQ(::write(far.get(), two.data(), two.size()), static_cast<ssize_t>(two.size()));
+  Channel::PartialFrame f;
+  uint16_t type = 0;
+  std::string payload;
+  Result<bool> got = ch.RecvFrameNow(&f, &type, &payload);
+  ASSERT_TRUE(got.ok() && *got) << (got.ok() ? "no frame" : got.status().ToString());
+  EXPECT_EQ(payload, "one");
+  ASSERT_TRUE(ch.has_unread()) << "the receive did not read ahead";
+  Runtime rt{1, 1000};
+  ASSERT_TRUE(rt.Start().ok());
+  const uint64_t t0 = MonoNs();
+  const Ready r = rt.RunSync(WaitReady(ch, POLLIN, Deadline::AfterMs(3000), nullptr));
+  const int64_t took = MsSince(t0);
+  rt.Shutdown();
+  EXPECT_EQ(r, Ready::kReady);
+  EXPECT_LT(took, 1000) << "the wait ignored the frame the channel held";
+  f.Reset();
+  got = ch.RecvFrameNow(&f, &type, &payload);
+  ASSERT_TRUE(got.ok() && *got);
+  EXPECT_EQ(payload, "two");
 }
 
 }  // namespace
