@@ -136,18 +136,23 @@ for dep in "$WORK/c_app.d" "$WORK/stream_app_pc.d" "$WORK/cpp_client_app.d"; do
 done
 for exe in "$WORK/c_app" "$WORK/stream_app" "$WORK/stream_app_pc" "$WORK/cm/c_app" \
            "$WORK/cm/stream_app" "$WORK/cm/cpp_client_app" "$WORK/cpp_client_app" \
-           "$P/lib/libdyad_wrapper.so"; do
+           "$P/lib/libdyad_wrapper.so" "$P/bin/dyad" "$P/bin/dyad-service"; do
   if ldd "$exe" | grep -q "not found"; then ldd "$exe" >&2; fail "$exe: libraries not found"; fi
   # Every DYAD library, resolved from the prefix (and for the programs at
-  # least one: they are linked with it; the preload library needs none).
+  # least one: they are linked with it; the preload library and the
+  # service need none).
   dyad_libs=$(ldd "$exe" | grep 'libdyad' || true)
   case "$exe" in
-    *.so) ;;
+    *.so | */dyad-service) ;;
     *) [ -n "$dyad_libs" ] || { ldd "$exe" >&2; fail "$exe: needs no DYAD library"; } ;;
   esac
-  if [ -n "$dyad_libs" ] && printf '%s\n' "$dyad_libs" | grep -v "=> $P/lib/"; then
-    fail "$exe: a DYAD library resolved outside $P/lib"
-  fi
+  # (resolved paths normalised: bin/dyad finds them as bin/../lib)
+  for lib in $(printf '%s\n' "$dyad_libs" | awk '{ print $3 }'); do
+    case "$(readlink -f "$lib")" in
+      "$(readlink -f "$P")/lib/"*) ;;
+      *) ldd "$exe" >&2; fail "$exe: $lib resolved outside $P/lib" ;;
+    esac
+  done
 done
 
 step "two services from the prefix on loopback"
