@@ -13,13 +13,27 @@
 //   on B must fail with a clear error within its bound or succeed with the
 //   very bytes, place nothing torn or over-long, and a session the attack
 //   put out of step must not serve the next fetch (the next consume from
-//   the same owner gets the right bytes, on another connection).
+//   the same owner gets the right bytes, on another connection). The same
+//   for batch fetches (HostileBatchTest) and for the owner's side of the
+//   handshake (HostileHandshakeTest).
 // * Hostile requesters against a real owner's peer port, before and after
 //   the handshake: two frames in one segment, a frame in 1-byte writes, a
 //   frame followed by garbage, a 2^32-1 length, a header then a hang-up.
 // * 1,000 idle connections to the peer port plus 1,000 to the local socket
 //   while a consume runs.
-// On unprotected (tcp, no sealing) and sealed links alike.
+// * ReadAheadWait: a wait on a session returns at once for a frame the
+//   session already read ahead.
+// On unprotected (tcp, no sealing) and sealed links alike. Which defence
+// each case covers (each was checked by removing it):
+//   Release() not pooling a session with unread bytes - GarbageAfterVerdict,
+//     SecondReplyAtOnce;
+//   TakeIdle() closing a pooled session with anything to read -
+//     SecondReplyLater, ExtraPartLater;
+//   the tcp pull taking unread bytes first - every unprotected case;
+//   the frame length limit at the header - HugeLength, the 2^32-1 cases;
+//   WaitReady(Channel&) on unread bytes - ReadAheadWait;
+//   the per-address handshake cap making room - IdleFlood...;
+//   the transfer's idle bound - FewerBytesThenStall, FewerPartsThenStall.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
