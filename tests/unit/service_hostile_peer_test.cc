@@ -24,7 +24,7 @@
 // * ReadAheadWait: a wait on a session returns at once for a frame the
 //   session already read ahead.
 // On unprotected (tcp, no sealing) and sealed links alike. Which defence
-// each case covers (each was checked by removing it):
+// each case covers (each but the last was checked by removing it):
 //   Release() not pooling a session with unread bytes - GarbageAfterVerdict,
 //     SecondReplyAtOnce;
 //   TakeIdle() closing a pooled session with anything to read -
