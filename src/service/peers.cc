@@ -1,5 +1,6 @@
 #include "service/peers.h"
 
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -68,7 +69,11 @@ std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
     std::unique_ptr<Channel> ch = std::move(idle.back());
     idle.pop_back();
     // A session past its age is closed: the next one gets a new handshake.
-    if (!ch->broken() && !ch->Retired() && !ch->PeerClosed()) return ch;
+    // So is one with anything to read (a hang-up, or bytes its owner sent
+    // after the exchange that ended, such as a second reply): the next
+    // request on it would take them for its answer.
+    pollfd p{ch->fd(), POLLIN, 0};
+    if (!ch->broken() && !ch->Retired() && ::poll(&p, 1, 0) == 0) return ch;
   }
   return nullptr;
 }

@@ -131,8 +131,11 @@ std::string Server::Admit(bool local, const std::string& peer_host) {
     return "connection cap reached (" + std::to_string(cfg_.max_connections) +
            ", DYAD_MAX_CONNECTIONS)";
   if (local) return std::string();
+  // (an address's own silent handshakes make room for its newcomer, as
+  // below: a flood from a real peer's host does not shut that peer out)
   auto it = per_peer_.find(peer_host);
-  if (it != per_peer_.end() && it->second >= cfg_.max_per_peer)
+  if (it != per_peer_.end() && it->second >= cfg_.max_per_peer &&
+      !DisplaceOldestHandshake(peer_host))
     return "too many connections in their handshake from " + peer_host + " (" +
            std::to_string(cfg_.max_per_peer) + ", DYAD_MAX_UNAUTHENTICATED_PER_PEER)";
   if (handshaking_.size() >= cfg_.max_unauthenticated && !DisplaceOldestHandshake())
@@ -147,8 +150,9 @@ std::string Server::Admit(bool local, const std::string& peer_host) {
 // (handshaking_ is in arrival order): a flood of silent connections then
 // mostly displaces itself, and shuts a real peer out only by opening the
 // whole cap's worth of connections within the peer's own handshake time.
-bool Server::DisplaceOldestHandshake() {
+bool Server::DisplaceOldestHandshake(const std::string& host) {
   for (Conn* c : handshaking_) {
+    if (!host.empty() && c->peer_host != host) continue;
     const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
     if (waited < kDisplaceAfterMs) return false;  // the rest arrived later still
     hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +

@@ -100,9 +100,10 @@ class Server {
   Task<void> Accept(int listen_fd, bool local);
   // "" when a new connection may be served, else why not.
   std::string Admit(bool local, const std::string& peer_host);
-  // Closes the oldest connection still in its handshake, if it has waited
-  // long enough that a real peer would have finished; false when none has.
-  bool DisplaceOldestHandshake();
+  // Closes the oldest connection still in its handshake (from `host`, when
+  // given), if it has waited long enough that a real peer would have
+  // finished; false when none has.
+  bool DisplaceOldestHandshake(const std::string& host = std::string());
   Task<void> Serve(std::shared_ptr<Conn> c);
   Task<bool> Handshake(Conn& c);
   // How ReadFrame ended.

@@ -4,15 +4,23 @@
 # LD_LIBRARY_PATH:
 #  * every installed header compiles as C11 (C headers) and C++11;
 #  * every installed library has a RUNPATH of $ORIGIN;
-#  * a C11 program on the C API, built with pkg-config;
+#  * a C11 program on the C API, built with pkg-config (cc -std=c11 -Wall
+#    -Werror);
 #  * upstream's C++ stream example built with -std=c++11 and linked exactly
-#    like upstream's tutorial Makefile (-Wl,-rpath=$PREFIX/lib -ldyad_fstream);
-#  * a CMake project using find_package(dyad) (C and C++11 programs);
-#  * a C++11 program on the public C++ client (dyad/client/dyad_client.hpp);
+#    like upstream's tutorial Makefile (-Wl,-rpath=$PREFIX/lib -ldyad_fstream),
+#    and with pkg-config dyad-fstream (c++ -std=c++11 -Wall -Werror);
+#  * a CMake project using find_package(dyad CONFIG) (C11 and C++11
+#    programs, -Wall -Werror);
+#  * a C++11 program on the public C++ client (dyad/client/dyad_client.hpp),
+#    with pkg-config and with find_package;
+#  * every DYAD header those programs include comes from $PREFIX/include,
+#    and ldd resolves every DYAD library they (and the preload library)
+#    need from $PREFIX/lib;
 #  * unmodified cp and cat under LD_PRELOAD=$PREFIX/lib/libdyad_wrapper.so;
 #  * a Python script using upstream's pydyad API from the installed package;
 # and they move files between two dyad-service processes of that prefix on
-# loopback (node 0 produces, node 1 consumes). Then:
+# loopback (node 0 produces, node 1 consumes): each program built here
+# produces one file and consumes one. Then:
 #  * the Lmod module file (share/lmod/dyad/<version>.lua) parses (luac) and
 #    sets PATH, MANPATH, PKG_CONFIG_PATH, CMAKE_PREFIX_PATH (and PYTHONPATH
 #    with pydyad) to directories of the prefix that hold what they should;
@@ -98,26 +106,53 @@ done
 step "build: C11 with pkg-config, C++11 like upstream's tutorial, CMake find_package"
 export PKG_CONFIG_PATH="$P/lib/pkgconfig"
 libdir=$(pkg-config --variable=libdir dyad)
+# (-MMD: the headers each program included, checked below)
 # shellcheck disable=SC2046
-gcc -std=c11 -Wall -o "$WORK/c_app" "$HERE/upstream_c_app.c" $(pkg-config --cflags --libs dyad) \
-  -Wl,-rpath="$libdir" || fail "C program (pkg-config dyad)"
+cc -std=c11 -Wall -Werror -MMD -MF "$WORK/c_app.d" -o "$WORK/c_app" "$HERE/upstream_c_app.c" \
+  $(pkg-config --cflags --libs dyad) -Wl,-rpath="$libdir" || fail "C program (pkg-config dyad)"
 g++ -std=c++11 -o "$WORK/stream_app" "$SRC_DIR/tests/stream_helpers/upstream_example.cc" \
   -I"$P/include" -L"$P/lib" -Wl,-rpath="$P/lib" -ldyad_fstream || fail "C++11 tutorial-style link"
 # shellcheck disable=SC2046
-g++ -std=c++11 -o "$WORK/stream_app_pc" "$SRC_DIR/tests/stream_helpers/upstream_example.cc" \
+c++ -std=c++11 -Wall -Werror -MMD -MF "$WORK/stream_app_pc.d" -o "$WORK/stream_app_pc" \
+  "$SRC_DIR/tests/stream_helpers/upstream_example.cc" \
   $(pkg-config --cflags --libs dyad-fstream) -Wl,-rpath="$libdir" ||
   fail "C++11 program (pkg-config dyad-fstream)"
 # shellcheck disable=SC2046
-g++ -std=c++11 -Wall -Wextra -Werror -o "$WORK/cpp_client_app" "$HERE/cpp_client_app.cc" \
-  $(pkg-config --cflags --libs dyad) -Wl,-rpath="$libdir" || fail "C++11 program on dyad_client.hpp"
+c++ -std=c++11 -Wall -Wextra -Werror -MMD -MF "$WORK/cpp_client_app.d" -o "$WORK/cpp_client_app" \
+  "$HERE/cpp_client_app.cc" $(pkg-config --cflags --libs dyad) -Wl,-rpath="$libdir" ||
+  fail "C++11 program on dyad_client.hpp"
 unset PKG_CONFIG_PATH
 cmake -S "$HERE/find_package_project" -B "$WORK/cm" -DCMAKE_PREFIX_PATH="$P" \
   -DDYAD_TEST_SOURCES="$HERE" >"$WORK/cm.log" 2>&1 && cmake --build "$WORK/cm" >>"$WORK/cm.log" 2>&1 ||
   { cat "$WORK/cm.log" >&2; fail "find_package(dyad) project"; }
+# Only installed headers: every DYAD header a program included is under
+# $P/include (none from the source or build tree, none from elsewhere).
+# (dyad.pc is relocatable: its -I is ${pcfiledir}/../../include)
+for dep in "$WORK/c_app.d" "$WORK/stream_app_pc.d" "$WORK/cpp_client_app.d"; do
+  hdrs=$(tr ' \\' '\n\n' <"$dep" | grep '/dyad/.*\.h' | xargs -r readlink -f || true)
+  [ -n "$hdrs" ] || fail "$dep names no DYAD header"
+  outside=$(printf '%s\n' "$hdrs" | grep -v "^$(readlink -f "$P")/include/" || true)
+  [ -z "$outside" ] || fail "$dep: headers not from $P/include: $outside"
+done
 for exe in "$WORK/c_app" "$WORK/stream_app" "$WORK/stream_app_pc" "$WORK/cm/c_app" \
-           "$WORK/cm/stream_app" "$WORK/cpp_client_app"; do
+           "$WORK/cm/stream_app" "$WORK/cm/cpp_client_app" "$WORK/cpp_client_app" \
+           "$P/lib/libdyad_wrapper.so" "$P/bin/dyad" "$P/bin/dyad-service"; do
   if ldd "$exe" | grep -q "not found"; then ldd "$exe" >&2; fail "$exe: libraries not found"; fi
-  if ldd "$exe" | grep libdyad | grep -qv "$P/lib/"; then fail "$exe: a libdyad outside $P"; fi
+  # Every DYAD library, resolved from the prefix (and for the programs at
+  # least one: they are linked with it; the preload library and the
+  # service need none).
+  dyad_libs=$(ldd "$exe" | grep 'libdyad' || true)
+  case "$exe" in
+    *.so | */dyad-service) ;;
+    *) [ -n "$dyad_libs" ] || { ldd "$exe" >&2; fail "$exe: needs no DYAD library"; } ;;
+  esac
+  # (resolved paths normalised: bin/dyad finds them as bin/../lib)
+  for lib in $(printf '%s\n' "$dyad_libs" | awk '{ print $3 }'); do
+    case "$(readlink -f "$lib")" in
+      "$(readlink -f "$P")/lib/"*) ;;
+      *) ldd "$exe" >&2; fail "$exe: $lib resolved outside $P/lib" ;;
+    esac
+  done
 done
 
 step "two services from the prefix on loopback"
@@ -163,10 +198,19 @@ step "C11 (pkg-config) produces, C++11 (pkg-config dyad-fstream) consumes"
 node 0 "$WORK/c_app" produce "$PROD/c.txt" "$TEXT" >/dev/null || fail "c_app produce"
 node 1 "$WORK/stream_app_pc" consume "$CONS/c.txt" | grep -qx ok || fail "stream_app_pc consume c.txt"
 
-step "C++11 public client produces and consumes"
+step "C++11 public client (pkg-config) produces and consumes"
 node 0 "$WORK/cpp_client_app" produce "$PROD/f.txt" "$TEXT" || fail "cpp_client_app produce"
 node 1 "$WORK/cpp_client_app" consume "$CONS/f.txt" "$TEXT" | grep -qx ok ||
   fail "cpp_client_app consume f.txt"
+
+step "the other way round: each program consumes what another produced"
+node 0 "$WORK/stream_app_pc" produce "$PROD/g.txt" >/dev/null || fail "stream_app_pc produce"
+node 1 "$WORK/stream_app" consume "$CONS/g.txt" | grep -qx ok || fail "stream_app consume g.txt"
+node 0 "$WORK/cm/stream_app" produce "$PROD/h.txt" >/dev/null || fail "cm/stream_app produce"
+node 1 "$WORK/cm/c_app" consume "$CONS/h.txt" "$TEXT" >/dev/null || fail "cm/c_app consume h.txt"
+node 0 "$WORK/cm/cpp_client_app" produce "$PROD/i.txt" "$TEXT" || fail "cm/cpp_client_app produce"
+node 1 "$WORK/cm/cpp_client_app" consume "$CONS/i.txt" "$TEXT" | grep -qx ok ||
+  fail "cm/cpp_client_app consume i.txt"
 
 step "unmodified cp and cat under LD_PRELOAD"
 head -c 1048577 /dev/urandom >"$WORK/payload"
