@@ -503,6 +503,21 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   std::string body;
   Status st = pool_->Call(MsgType::kConsume, e.data(), &body, WaitDeadline(),
                           config_.rpc_timeout_ms, "consume '" + upath + "'");
+  if (!st.ok() && st.code() != DYAD_RC_NOSERVICE && st.code() != DYAD_RC_CANCELLED) {
+    // The consumer directory is looked at once per client, not before
+    // every consume: one removed since then is made again here, and the
+    // consume asked again (a directory that cannot be made leaves the
+    // service's error, as when it was looked at every time).
+    bool created = false;
+    const std::string cons = EnsureConsumerDir(/*recheck=*/true, &created);
+    if (created) {
+      req.cons_path = cons;
+      Encoder again;
+      req.EncodeTo(again);
+      st = pool_->Call(MsgType::kConsume, again.data(), &body, WaitDeadline(),
+                       config_.rpc_timeout_ms, "consume '" + upath + "'");
+    }
+  }
   // No dyad.so on this broker: consume as upstream's clients do.
   if (st.code() == DYAD_RC_NOSERVICE && flux_ != nullptr)
     return ConsumeViaFlux(upath, record, config_.consume_timeout_ms, info);
@@ -516,14 +531,20 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   return Status::OK();
 }
 
-std::string Client::EnsureConsumerDir() {
+std::string Client::EnsureConsumerDir(bool recheck, bool* created) {
   // The service places files beneath the consumer directory and needs it to
-  // exist; consumers often start before anything created it.
+  // exist; consumers often start before anything created it. Looked at
+  // once: a directory removed later fails a consume, which looks again
+  // (ConsumeRequestFor).
+  if (created != nullptr) *created = false;
   std::string cons = cons_.CurrentCanonical();
+  if (!recheck && cons_dir_seen_.load(std::memory_order_acquire)) return cons;
   if (::access(cons.c_str(), F_OK) != 0) {
     MakeDirs(cons_.given());
     cons = cons_.CurrentCanonical();
+    if (created != nullptr) *created = ::access(cons.c_str(), F_OK) == 0;
   }
+  cons_dir_seen_.store(true, std::memory_order_release);
   return cons;
 }
 

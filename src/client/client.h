@@ -247,7 +247,11 @@ class Client {
   Status Publish(const std::string& upath, const struct stat& st, const std::string& adopted_copy);
   Status CopyToProducer(const std::string& upath, int src_fd, struct stat* published);
   ConsumeRequest BuildConsumeRequest(const std::string& upath, const std::string& cons) const;
-  std::string EnsureConsumerDir();
+  // The consumer directory's canonical name, created first when missing
+  // (the service places files beneath it). Checked once per client, or
+  // again with `recheck` (a consume that failed, which a directory removed
+  // meanwhile would explain); sets *created when it had to create it.
+  std::string EnsureConsumerDir(bool recheck = false, bool* created = nullptr);
   // The Flux path (client_flux.cc), taken when the local service is not
   // reachable (DYAD_RC_NOSERVICE) and flux_ is set: the record from the
   // instance's KVS (waiting up to `wait_ms`, < 0 no limit), the bytes from
@@ -289,6 +293,7 @@ class Client {
   // ManagedPath::resolved_.
   std::atomic<const std::string*> service_prod_path_{nullptr};
   std::atomic<bool> prefetch_declared_{false};
+  std::atomic<bool> cons_dir_seen_{false};  // EnsureConsumerDir found it once
 };
 
 }  // namespace dyad
