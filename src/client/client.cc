@@ -368,11 +368,20 @@ Status Client::FlushPublications() {
 }
 
 bool Client::ConsumerDirIsPrivate() {
+  if (const int known = private_verdict_.load(std::memory_order_acquire); known >= 0)
+    return known == 1;
+  // Final once every name it looks at is: the directories exist (their
+  // canonical names are cached) and the service's directory is known.
+  const bool settled = cons_.resolved() && (!has_producer_path() || prod_.resolved());
+  auto decide = [this, settled](bool verdict) {
+    if (settled) private_verdict_.store(verdict ? 1 : 0, std::memory_order_release);
+    return verdict;
+  };
   const std::string cons = cons_.CurrentCanonical();
-  if (config_.shared_storage) return false;
-  if (has_producer_path() && Overlap(prod_.CurrentCanonical(), cons)) return false;
+  if (config_.shared_storage) return decide(false);
+  if (has_producer_path() && Overlap(prod_.CurrentCanonical(), cons)) return decide(false);
   if (const std::string* known = service_prod_path_.load(std::memory_order_acquire))
-    return !Overlap(*known, cons);
+    return decide(!Overlap(*known, cons));
   // Another process on this node may produce into our consumer directory
   // (through the local service); a file there may then still be open for
   // writing. Ask the service once which directory it serves.
@@ -385,7 +394,66 @@ bool Client::ConsumerDirIsPrivate() {
     delete served;
     served = const_cast<std::string*>(expected);
   }
-  return !Overlap(*served, cons);
+  return decide(!Overlap(*served, cons));
+}
+
+// --- StampMemo ---------------------------------------------------------------
+
+namespace {
+uint64_t CtimeNs(const struct stat& st) {
+  return static_cast<uint64_t>(st.st_ctim.tv_sec) * 1000000000ull +
+         static_cast<uint64_t>(st.st_ctim.tv_nsec);
+}
+}  // namespace
+
+StampMemo::~StampMemo() { delete[] slots_.load(); }
+
+size_t StampMemo::Index(const struct stat& st) {
+  const uint64_t h =
+      (static_cast<uint64_t>(st.st_ino) * 0x9E3779B97F4A7C15ull) ^ static_cast<uint64_t>(st.st_dev);
+  return static_cast<size_t>(h >> 52) & (kSlots - 1);
+}
+
+bool StampMemo::Knows(const struct stat& st) const {
+  const Slot* slots = slots_.load(std::memory_order_acquire);
+  if (slots == nullptr) return false;
+  const Slot& s = slots[Index(st)];
+  const uint64_t seq = s.seq.load(std::memory_order_acquire);
+  if (seq == 0 || (seq & 1) != 0) return false;
+  const bool same = s.ino.load(std::memory_order_relaxed) == static_cast<uint64_t>(st.st_ino) &&
+                    s.dev.load(std::memory_order_relaxed) == static_cast<uint64_t>(st.st_dev) &&
+                    s.ctime.load(std::memory_order_relaxed) == CtimeNs(st) &&
+                    s.size.load(std::memory_order_relaxed) == static_cast<uint64_t>(st.st_size) &&
+                    s.mtime.load(std::memory_order_relaxed) == MtimeNs(st);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return same && s.seq.load(std::memory_order_relaxed) == seq;
+}
+
+void StampMemo::Remember(const struct stat& st) {
+  const uint64_t ctime = CtimeNs(st);
+  const uint64_t now = WallNs();
+  if (now < kSettledNs || ctime > now - kSettledNs) return;  // not settled yet
+  Slot* slots = slots_.load(std::memory_order_acquire);
+  if (slots == nullptr) {
+    auto* made = new Slot[kSlots];
+    if (slots_.compare_exchange_strong(slots, made, std::memory_order_acq_rel)) {
+      slots = made;
+    } else {
+      delete[] made;  // another thread's table won; `slots` holds it
+    }
+  }
+  Slot& s = slots[Index(st)];
+  uint64_t seq = s.seq.load(std::memory_order_relaxed);
+  // Another thread writing this slot: leave it to that one.
+  if ((seq & 1) != 0 || !s.seq.compare_exchange_strong(seq, seq + 1, std::memory_order_acquire))
+    return;
+  std::atomic_thread_fence(std::memory_order_release);
+  s.dev.store(static_cast<uint64_t>(st.st_dev), std::memory_order_relaxed);
+  s.ino.store(static_cast<uint64_t>(st.st_ino), std::memory_order_relaxed);
+  s.ctime.store(ctime, std::memory_order_relaxed);
+  s.size.store(static_cast<uint64_t>(st.st_size), std::memory_order_relaxed);
+  s.mtime.store(MtimeNs(st), std::memory_order_relaxed);
+  s.seq.store(seq + 2, std::memory_order_release);
 }
 
 bool Client::Level1(const std::string& path) {
@@ -405,11 +473,16 @@ bool Client::Complete(const struct stat& st, ReadStamp read_stamp) {
   // A copy a service placed carries its version stamp; while a revocable
   // stamp still describes the file's size and content time, nobody has
   // written to it since and its service has not learnt of a newer version,
-  // so it is complete and current in any directory.
+  // so it is complete and current in any directory. One found so before
+  // and unchanged since (StampMemo) needs no second look.
+  if (stamp_memo_.Knows(st)) return true;
   char stamp[64];
   const ssize_t n = read_stamp(stamp, sizeof stamp);
-  return n > 0 && StampDescribes(std::string_view(stamp, static_cast<size_t>(n)),
-                                 static_cast<uint64_t>(st.st_size), MtimeNs(st));
+  if (n <= 0 || !StampDescribes(std::string_view(stamp, static_cast<size_t>(n)),
+                                static_cast<uint64_t>(st.st_size), MtimeNs(st)))
+    return false;
+  stamp_memo_.Remember(st);
+  return true;
 }
 
 bool Client::ConsumeOpened(int fd, const struct stat& st) {

@@ -1365,28 +1365,26 @@ void ListingSeek(DIR* dir, DirStream* s, long pos) {
 
 // A read-only open of a consumer file first opens the file as asked, and
 // the client checks that descriptor (ConsumeOpened): a complete copy (level
-// 1) then costs the open the caller wanted plus a few calls on the
-// descriptor, no second path lookup, and the copy checked is the very file
-// returned. O_NONBLOCK keeps a FIFO there from blocking the probe; opens
-// that could create or truncate never probe.
-enum class Probe { kComplete, kDirectory, kAsk };
+// 1) then costs the open the caller wanted plus an fstat (and the copy's
+// stamp, the first time: StampMemo), no second path lookup, and the copy
+// checked is the very file returned. The probe opens with the caller's own
+// flags, so the descriptor needs no change afterwards: a FIFO or a device
+// there blocks (or not) exactly as without DYAD, and is passed through
+// (DYAD publishes regular files only). Opens that could create or truncate
+// never probe.
+enum class Probe { kComplete, kPassThrough, kAsk };
 constexpr int kProbeExcluded = O_CREAT | O_TRUNC | O_EXCL;
 
 template <typename RealCall>
 Probe ProbeOpen(int flags, RealCall real, int* fd) {
-  *fd = real(flags | O_NONBLOCK);
+  *fd = real(flags);
   if (*fd < 0) return Probe::kAsk;
   struct stat st;
   Probe p = Probe::kAsk;
   if (::fstat(*fd, &st) == 0)
-    p = S_ISDIR(st.st_mode)                ? Probe::kDirectory
+    p = !S_ISREG(st.st_mode)               ? Probe::kPassThrough
         : g_client->ConsumeOpened(*fd, st) ? Probe::kComplete
                                            : Probe::kAsk;
-  // The flags fcntl can change, as the caller asked them (without
-  // O_NONBLOCK unless it asked for it).
-  if (p != Probe::kAsk && (flags & O_NONBLOCK) == 0 &&
-      ::fcntl(*fd, F_SETFL, flags & (O_APPEND | O_DIRECT | O_NOATIME)) != 0)
-    p = Probe::kAsk;
   if (p == Probe::kAsk) {
     real_close()(*fd);
     *fd = -1;
@@ -1409,7 +1407,8 @@ int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
     int fd = -1;
     const Probe p = ProbeOpen(flags, real, &fd);
     if (p != Probe::kAsk) {
-      if (p == Probe::kComplete) HoldCopy(fd);
+      // A copy complete here is read without the shared lock (HoldCopy):
+      // see docs/preload.md, "Copies already here".
       errno = entry_errno;
       return fd;
     }
