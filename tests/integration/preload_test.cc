@@ -145,6 +145,25 @@ TEST_F(PreloadTest, CpProducesAndConsumerStartedFirstBlocksUntilClose) {
 // its source first) and Python's os.path.getsize see a file published on
 // another node (it is brought here at that look), and a name nobody
 // published is missing at once, without waiting for a publication.
+// Item 2 of the client's cost per consume: the read-only probe opens with
+// the caller's own flags, so a FIFO in the consumer directory is opened as
+// without DYAD (blocking until its writer comes) and passed through, with
+// no request to the service (DYAD publishes regular files only).
+TEST_F(PreloadTest, FifoInTheConsumerDirectoryIsPassedThrough) {
+  const std::string fifo = PathOn(kB, "pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const uint64_t before = Counter(kB, "requests.consume");
+  const std::string out = work_ + "/fifo-writer.out";
+  auto writer = cluster().SpawnOnNode(
+      kB, {"sh", "-c", "sleep 0.3; printf fifo-data > '" + fifo + "'"}, {}, out);
+  ASSERT_TRUE(writer.ok()) << Str(writer.status());
+  EXPECT_EQ(RunOk(kB, {"cat", fifo}, {}, 20000), "fifo-data");
+  auto st = writer->Wait(Deadline::AfterMs(20000));
+  if (!st.ok()) writer->Kill();
+  EXPECT_EQ(Counter(kB, "requests.consume"), before);
+  ::unlink(fifo.c_str());
+}
+
 TEST_F(PreloadTest, LookingAtAPublishedFileBringsItHere) {
   const std::string data = RandomBytes(64 * 1024 + 3, 7);
   const std::string src = work_ + "/look.bin";
