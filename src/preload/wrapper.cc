@@ -1128,15 +1128,44 @@ void MakeDirectories(const std::string& abs) {
   }
 }
 
+// `name` as NameFor gives it (absolute, or with DYAD_PATH_RELATIVE relative
+// to the managed directory) as the consumer directory sees it: `abs` its
+// normalized absolute name, `rel` its name below the consumer directory
+// ("" for the directory itself), each made once. False when it is not the
+// consumer directory or below it.
+bool ConsumerNames(const std::string& name, std::string* abs, std::string* rel) {
+  const ManagedPath& cons = g_client->consumer_path();
+  if (name.empty()) return false;
+  if (name[0] == '/') {
+    *abs = NormalizeAbsolute(name);
+    std::optional<std::string> r = cons.Match(*abs);
+    if (!r) return false;
+    *rel = std::move(*r);
+    return true;
+  }
+  // Relative to the managed directory, as the client takes such names
+  // (no ".." component); "." and the like name the directory itself.
+  Result<std::string> below = ValidateUpath(name);
+  if (below.ok()) {
+    *rel = std::move(*below);
+    *abs = cons.given() + "/" + *rel;
+    return true;
+  }
+  if (name.find_first_not_of("./") != std::string::npos || name.find("..") != std::string::npos)
+    return false;
+  rel->clear();
+  *abs = cons.given();
+  return true;
+}
+
 // A name the look calls found missing: when files are published below it
 // (and DYAD_PRELOAD_LIST is on), it is made here as a directory, mkdir -p,
 // and true is returned. One List request (at most one name back).
 bool MadePublishedDirectory(const std::string& name) {
   if (!g_list || !g_client->has_consumer_path()) return false;
-  const std::string abs =
-      NormalizeAbsolute(name[0] == '/' ? name : g_client->consumer_path().given() + "/" + name);
-  std::optional<std::string> rel = g_client->consumer_path().Match(abs);
-  if (!rel || rel->empty() || !Listings().HoldsBelow(*rel + "/")) return false;
+  std::string abs, rel;
+  if (!ConsumerNames(name, &abs, &rel) || rel.empty() || !Listings().HoldsBelow(rel + "/"))
+    return false;
   MakeDirectories(abs);
   return true;
 }
@@ -1211,18 +1240,11 @@ bool ListedDirectory(const char* path, std::string* abs, std::string* rel) {
   if (g_shutdown.load(std::memory_order_acquire)) return false;
   Client* c = GetClient();
   if (c == nullptr || !g_list || !c->has_consumer_path()) return false;
-  if (IsAbsolute(path)) {
-    if (!MaybeManaged(path)) return false;
-    *abs = NormalizeAbsolute(path);
-  } else {
-    char buf[4096];
-    if (::getcwd(buf, sizeof(buf)) == nullptr) return false;
-    *abs = NormalizeAbsolute(std::string(buf) + "/" + path);
-  }
-  std::optional<std::string> r = c->consumer_path().Match(*abs);
-  if (!r) return false;
-  *rel = std::move(*r);
-  return true;
+  if (IsAbsolute(path) && !MaybeManaged(path)) return false;
+  // Relative names as every other call takes them (NameFor: against the
+  // working directory, or the managed directory with DYAD_PATH_RELATIVE).
+  std::string name;
+  return NameFor(AT_FDCWD, path, &name) && ConsumerNames(name, abs, rel);
 }
 
 // Asks the service for the names published in the directory `rel` and

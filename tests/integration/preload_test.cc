@@ -291,6 +291,26 @@ TEST_F(PreloadTest, ListingAConsumerDirectoryShowsFilesPublishedElsewhere) {
 // entries only (and a directory only published elsewhere stays missing); a
 // directory outside the managed ones lists exactly as without the library;
 // DYAD_PRELOAD_LIST=1 merges.
+// Item 4 of the client's cost per consume: a listing takes a relative
+// name as every other call does (NameFor): with DYAD_PATH_RELATIVE against
+// the managed directory, not the working directory. From a working
+// directory outside it that has an empty "rl" of its own, `ls rl` shows the
+// files published in the managed directory's rl/; without
+// DYAD_PATH_RELATIVE it shows the working directory's rl only.
+TEST_F(PreloadTest, ListingUnderPathRelativeTakesNamesAgainstTheManagedDirectory) {
+  list_ = true;
+  ASSERT_EQ(::mkdir(PathOn(kA, "rl").c_str(), 0755), 0);
+  const std::string src = work_ + "/rl-src";
+  WriteAll(src, "published in rl");
+  RunOk(kA, {"cp", src, PathOn(kA, "rl/x.dat")});
+  const std::string wd = cluster().node(kB).dir + "/wd";
+  ASSERT_EQ(::mkdir(wd.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((wd + "/rl").c_str(), 0755), 0);
+  const std::string cmd = "cd '" + wd + "' && ls -1 rl";
+  EXPECT_EQ(RunOk(kB, {"/bin/sh", "-c", cmd}, {{"DYAD_PATH_RELATIVE", "1"}}), "x.dat\n");
+  EXPECT_EQ(RunOk(kB, {"/bin/sh", "-c", cmd}), "");
+}
+
 TEST_F(PreloadTest, ListingIsOffByDefaultAndLeavesOtherDirectoriesAlone) {
   const std::string src = work_ + "/off.bin";
   WriteAll(src, RandomBytes(5000, 9));
