@@ -496,6 +496,15 @@ bool Client::ConsumeOpened(int fd, const struct stat& st) {
   return true;
 }
 
+bool Client::ConsumeOpenedInPrivateDirectory() {
+  if (config_.shared_storage) return false;
+  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
+    DeclareConfiguredPrefetch();
+  if (!ConsumerDirIsPrivate()) return false;
+  if (config_.check) MarkChecked();
+  return true;
+}
+
 Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
   const uint64_t start = MonoNs();
   Result<std::string> upath = Resolve(fname, Side::kConsumer);

@@ -246,6 +246,12 @@ class Client {
   // on the descriptor, no path lookups, no message); false when the caller
   // must close it and Consume. For the preload library's opens.
   bool ConsumeOpened(int fd, const struct stat& st);
+  // The same before any look at the descriptor: true when whatever the
+  // caller opened in the consumer directory is complete here as it is (a
+  // directory private to consumers: a regular file there is complete, and
+  // anything else is none of DYAD's), so no fstat is needed; false when
+  // the caller must fstat it and ask ConsumeOpened.
+  bool ConsumeOpenedInPrivateDirectory();
   Status ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results,
                       int64_t timeout_ms = kConfiguredTimeout);
   // Declares (or with `cancel` withdraws) that this process will read the

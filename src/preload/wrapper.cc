@@ -1388,7 +1388,8 @@ void ListingSeek(DIR* dir, DirStream* s, long pos) {
 // A read-only open of a consumer file first opens the file as asked, and
 // the client checks that descriptor (ConsumeOpened): a complete copy (level
 // 1) then costs the open the caller wanted plus an fstat (and the copy's
-// stamp, the first time: StampMemo), no second path lookup, and the copy
+// stamp, the first time: StampMemo), or nothing more in a consumer
+// directory private to consumers; no second path lookup, and the copy
 // checked is the very file returned. The probe opens with the caller's own
 // flags, so the descriptor needs no change afterwards: a FIFO or a device
 // there blocks (or not) exactly as without DYAD, and is passed through
@@ -1401,6 +1402,9 @@ template <typename RealCall>
 Probe ProbeOpen(int flags, RealCall real, int* fd) {
   *fd = real(flags);
   if (*fd < 0) return Probe::kAsk;
+  // A consumer directory no producer writes to: what is there is complete
+  // (or no regular file), without a look at it.
+  if (g_client->ConsumeOpenedInPrivateDirectory()) return Probe::kComplete;
   struct stat st;
   Probe p = Probe::kAsk;
   if (::fstat(*fd, &st) == 0)

@@ -542,6 +542,27 @@ TEST_F(FakeServiceTest, RememberedCopyIsAskedForAgainOnceItsStampChanges) {
   EXPECT_EQ(fake_->count(MsgType::kConsume), 2u);
 }
 
+// Item 2: in a consumer directory private to consumers the preload
+// library's probe needs no look at what it opened (ConsumeOpenedInPrivate
+// Directory); where a producer writes, or with shared storage, it must look.
+TEST_F(FakeServiceTest, PrivateConsumerDirectoryNeedsNoLookAtAnOpenedFile) {
+  std::filesystem::create_directories(cons_);
+  auto c = Make(Config());
+  EXPECT_TRUE(c->ConsumeOpenedInPrivateDirectory());
+  EXPECT_TRUE(c->ConsumeOpenedInPrivateDirectory());
+  EXPECT_EQ(fake_->count(MsgType::kStatus), 1u);  // asked once which directory it serves
+  EXPECT_EQ(fake_->count(MsgType::kConsume), 0u);
+  ClientConfig one = Config();
+  one.cons_managed_path = prod_link_;
+  EXPECT_FALSE(Make(one)->ConsumeOpenedInPrivateDirectory());
+  ClientConfig shared = Config();
+  shared.shared_storage = true;
+  EXPECT_FALSE(Make(shared)->ConsumeOpenedInPrivateDirectory());
+  // The service produces into our consumer directory: not private either.
+  fake_->set_producer_path(std::filesystem::canonical(cons_).string());
+  EXPECT_FALSE(Make(Config())->ConsumeOpenedInPrivateDirectory());
+}
+
 // Waits (bounded) for a child; kills it when it does not end in time.
 int WaitChild(pid_t pid) {
   int status = 0;
