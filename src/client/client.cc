@@ -585,11 +585,13 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   std::string body;
   Status st = pool_->Call(MsgType::kConsume, e.data(), &body, WaitDeadline(),
                           config_.rpc_timeout_ms, "consume '" + upath + "'");
-  if (!st.ok() && st.code() != DYAD_RC_NOSERVICE && st.code() != DYAD_RC_CANCELLED) {
+  if (!st.ok() && st.code() != DYAD_RC_NOSERVICE && st.code() != DYAD_RC_CANCELLED &&
+      st.code() != DYAD_RC_TIMEOUT) {
     // The consumer directory is looked at once per client, not before
     // every consume: one removed since then is made again here, and the
     // consume asked again (a directory that cannot be made leaves the
-    // service's error, as when it was looked at every time).
+    // service's error, as when it was looked at every time). A timeout is
+    // no sign of it (and asking again would wait as long again).
     bool created = false;
     const std::string cons = EnsureConsumerDir(/*recheck=*/true, &created);
     if (created) {
