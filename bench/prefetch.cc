@@ -151,8 +151,10 @@ Result<std::vector<emu::FileResult>> Produce(emu::EmuCluster& c, const std::stri
 }
 
 // Child mode (--read-list FILE): open/read/close of every path listed in
-// FILE (one per line), 3 passes; prints the best files/s. Run under
-// LD_PRELOAD=libdyad_wrapper.so, it is an unmodified reader's cost.
+// FILE (one per line), 3 passes; prints the best files/s, the first pass's
+// files/s (under the preload library: copies it has not seen before) and
+// the failures. Run under LD_PRELOAD=libdyad_wrapper.so, it is an
+// unmodified reader's cost.
 int ReadListMain(const std::string& list) {
   std::vector<std::string> paths;
   if (FILE* f = std::fopen(list.c_str(), "r")) {
@@ -165,20 +167,23 @@ int ReadListMain(const std::string& list) {
     std::fclose(f);
   }
   if (paths.empty()) return 2;
-  double best = 0;
+  double best = 0, first = 0;
   int failures = 0;
   for (int i = 0; i < 3; ++i) {
     const Pass p = ReadAll(paths, false);
     failures += p.failures;
-    best = std::max(best, Rate(paths.size(), p.first_ns, p.last_ns));
+    const double rate = Rate(paths.size(), p.first_ns, p.last_ns);
+    if (i == 0) first = rate;
+    best = std::max(best, rate);
   }
-  std::printf("%.1f %d\n", best, failures);
+  std::printf("%.1f %.1f %d\n", best, first, failures);
   return failures == 0 ? 0 : 1;
 }
 
 // Best files/s of ReadListMain over `paths` in a child process, under the
-// preload library when `preload`; 0 on failure.
-double ReadInChild(const std::string& work, const std::vector<std::string>& paths, bool preload) {
+// preload library when `preload` (`first`: its first pass's); 0 on failure.
+double ReadInChild(const std::string& work, const std::vector<std::string>& paths, bool preload,
+                   double* first) {
   const std::string list = work + "/read-list";
   if (FILE* f = std::fopen(list.c_str(), "w")) {
     for (const std::string& p : paths) std::fprintf(f, "%s\n", p.c_str());
@@ -193,13 +198,14 @@ double ReadInChild(const std::string& work, const std::vector<std::string>& path
   if (out == nullptr) return 0;
   double fps = 0;
   int failures = -1;
-  if (std::fscanf(out, "%lf %d", &fps, &failures) != 2) fps = 0;
+  if (std::fscanf(out, "%lf %lf %d", &fps, first, &failures) != 3) fps = 0;
   if (::pclose(out) != 0 || failures != 0) return 0;
   return fps;
 }
 
 struct Figures {
   double preload_fps = 0, preload_plain_fps = 0;  // open/read/close in a child, with and without
+  double preload_first_fps = 0, preload_plain_first_fps = 0;  // ... their first passes
   double after_fps = 0, again_fps = 0, tmpfs_fps = 0, in_place_fps = 0, producer_fps = 0,
          stream_fps = 0, stream_producer_fps = 0, backlog_fps = 0, backlog_producer_fps = 0;
   unsigned long long misses = 0;          // consumes that reached the service (after phase)
@@ -240,8 +246,8 @@ void PhaseAfter(emu::EmuCluster& c, const std::string& dyad, const Args& a, cons
   // An unmodified reader (open/read/close) under the preload library, and
   // the same program without it.
   const uint64_t before_preload = consumes();
-  f->preload_fps = ReadInChild(c.base_dir(), paths, true);
-  f->preload_plain_fps = ReadInChild(c.base_dir(), paths, false);
+  f->preload_fps = ReadInChild(c.base_dir(), paths, true, &f->preload_first_fps);
+  f->preload_plain_fps = ReadInChild(c.base_dir(), paths, false, &f->preload_plain_first_fps);
   if (f->preload_fps == 0 || f->preload_plain_fps == 0) ++f->failures;
   f->preload_misses = consumes() - before_preload;
 
@@ -364,7 +370,7 @@ int Drive(const Args& a) {
         "\"service_requests\": %llu, \"producer_files_per_s\": %.1f, "
         "\"in_place_files_per_s\": %.1f, \"preload_files_per_s\": %.1f, "
         "\"preload_plain_files_per_s\": %.1f, \"preload_ratio\": %.3f, "
-        "\"preload_service_requests\": %llu},\n"
+        "\"preload_first_pass_ratio\": %.3f, \"preload_service_requests\": %llu},\n"
         " \"backlog\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
         "\"ratio\": %.3f},\n"
         " \"streaming\": {\"files_per_s\": %.1f, \"producer_files_per_s\": %.1f, "
@@ -372,9 +378,10 @@ int Drive(const Args& a) {
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", a.layout.c_str(), f.after_fps, f.tmpfs_fps, r_after,
         f.misses, f.producer_fps, f.in_place_fps, f.preload_fps, f.preload_plain_fps,
-        f.tmpfs_fps > 0 ? f.preload_fps / f.tmpfs_fps : 0, f.preload_misses, f.backlog_fps,
-        f.backlog_producer_fps, r_backlog, f.stream_fps, f.stream_producer_fps, r_stream,
-        f.failures);
+        f.tmpfs_fps > 0 ? f.preload_fps / f.tmpfs_fps : 0,
+        f.preload_plain_first_fps > 0 ? f.preload_first_fps / f.preload_plain_first_fps : 0,
+        f.preload_misses, f.backlog_fps, f.backlog_producer_fps, r_backlog, f.stream_fps,
+        f.stream_producer_fps, r_stream, f.failures);
   } else {
     std::printf("dyad-prefetch: %llu files of %s, link: %s, consumer directory: %s\n",
                 static_cast<unsigned long long>(a.count), emu::HumanBytes(a.size).c_str(),
@@ -396,6 +403,10 @@ int Drive(const Args& a) {
     std::printf("%-52s %12.0f %8.2f  (target >= 0.8; %llu reached the service)\n",
                 "the same under LD_PRELOAD=libdyad_wrapper.so", f.preload_fps,
                 f.tmpfs_fps > 0 ? f.preload_fps / f.tmpfs_fps : 0, f.preload_misses);
+    std::printf(
+        "%-52s %12.0f %8.2f  (vs the first pass without preload)\n",
+        "  its first pass (copies not seen before)", f.preload_first_fps,
+        f.preload_plain_first_fps > 0 ? f.preload_first_fps / f.preload_plain_first_fps : 0);
     std::printf("%-52s %12.0f %8s\n", "producer write+publish (backlog phase)",
                 f.backlog_producer_fps, "");
     std::printf("%-52s %12.0f %8.2f  (pipeline alone, vs the producer)\n",

@@ -368,11 +368,20 @@ Status Client::FlushPublications() {
 }
 
 bool Client::ConsumerDirIsPrivate() {
+  if (const int known = private_verdict_.load(std::memory_order_acquire); known >= 0)
+    return known == 1;
+  // Final once every name it looks at is: the directories exist (their
+  // canonical names are cached) and the service's directory is known.
+  const bool settled = cons_.resolved() && (!has_producer_path() || prod_.resolved());
+  auto decide = [this, settled](bool verdict) {
+    if (settled) private_verdict_.store(verdict ? 1 : 0, std::memory_order_release);
+    return verdict;
+  };
   const std::string cons = cons_.CurrentCanonical();
-  if (config_.shared_storage) return false;
-  if (has_producer_path() && Overlap(prod_.CurrentCanonical(), cons)) return false;
+  if (config_.shared_storage) return decide(false);
+  if (has_producer_path() && Overlap(prod_.CurrentCanonical(), cons)) return decide(false);
   if (const std::string* known = service_prod_path_.load(std::memory_order_acquire))
-    return !Overlap(*known, cons);
+    return decide(!Overlap(*known, cons));
   // Another process on this node may produce into our consumer directory
   // (through the local service); a file there may then still be open for
   // writing. Ask the service once which directory it serves.
@@ -385,7 +394,66 @@ bool Client::ConsumerDirIsPrivate() {
     delete served;
     served = const_cast<std::string*>(expected);
   }
-  return !Overlap(*served, cons);
+  return decide(!Overlap(*served, cons));
+}
+
+// --- StampMemo ---------------------------------------------------------------
+
+namespace {
+uint64_t CtimeNs(const struct stat& st) {
+  return static_cast<uint64_t>(st.st_ctim.tv_sec) * 1000000000ull +
+         static_cast<uint64_t>(st.st_ctim.tv_nsec);
+}
+}  // namespace
+
+StampMemo::~StampMemo() { delete[] slots_.load(); }
+
+size_t StampMemo::Index(const struct stat& st) {
+  const uint64_t h =
+      (static_cast<uint64_t>(st.st_ino) * 0x9E3779B97F4A7C15ull) ^ static_cast<uint64_t>(st.st_dev);
+  return static_cast<size_t>(h >> 52) & (kSlots - 1);
+}
+
+bool StampMemo::Knows(const struct stat& st) const {
+  const Slot* slots = slots_.load(std::memory_order_acquire);
+  if (slots == nullptr) return false;
+  const Slot& s = slots[Index(st)];
+  const uint64_t seq = s.seq.load(std::memory_order_acquire);
+  if (seq == 0 || (seq & 1) != 0) return false;
+  const bool same = s.ino.load(std::memory_order_relaxed) == static_cast<uint64_t>(st.st_ino) &&
+                    s.dev.load(std::memory_order_relaxed) == static_cast<uint64_t>(st.st_dev) &&
+                    s.ctime.load(std::memory_order_relaxed) == CtimeNs(st) &&
+                    s.size.load(std::memory_order_relaxed) == static_cast<uint64_t>(st.st_size) &&
+                    s.mtime.load(std::memory_order_relaxed) == MtimeNs(st);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return same && s.seq.load(std::memory_order_relaxed) == seq;
+}
+
+void StampMemo::Remember(const struct stat& st) {
+  const uint64_t ctime = CtimeNs(st);
+  const uint64_t now = WallNs();
+  if (now < kSettledNs || ctime > now - kSettledNs) return;  // not settled yet
+  Slot* slots = slots_.load(std::memory_order_acquire);
+  if (slots == nullptr) {
+    auto* made = new Slot[kSlots];
+    if (slots_.compare_exchange_strong(slots, made, std::memory_order_acq_rel)) {
+      slots = made;
+    } else {
+      delete[] made;  // another thread's table won; `slots` holds it
+    }
+  }
+  Slot& s = slots[Index(st)];
+  uint64_t seq = s.seq.load(std::memory_order_relaxed);
+  // Another thread writing this slot: leave it to that one.
+  if ((seq & 1) != 0 || !s.seq.compare_exchange_strong(seq, seq + 1, std::memory_order_acquire))
+    return;
+  std::atomic_thread_fence(std::memory_order_release);
+  s.dev.store(static_cast<uint64_t>(st.st_dev), std::memory_order_relaxed);
+  s.ino.store(static_cast<uint64_t>(st.st_ino), std::memory_order_relaxed);
+  s.ctime.store(ctime, std::memory_order_relaxed);
+  s.size.store(static_cast<uint64_t>(st.st_size), std::memory_order_relaxed);
+  s.mtime.store(MtimeNs(st), std::memory_order_relaxed);
+  s.seq.store(seq + 2, std::memory_order_release);
 }
 
 bool Client::Level1(const std::string& path) {
@@ -405,11 +473,16 @@ bool Client::Complete(const struct stat& st, ReadStamp read_stamp) {
   // A copy a service placed carries its version stamp; while a revocable
   // stamp still describes the file's size and content time, nobody has
   // written to it since and its service has not learnt of a newer version,
-  // so it is complete and current in any directory.
+  // so it is complete and current in any directory. One found so before
+  // and unchanged since (StampMemo) needs no second look.
+  if (stamp_memo_.Knows(st)) return true;
   char stamp[64];
   const ssize_t n = read_stamp(stamp, sizeof stamp);
-  return n > 0 && StampDescribes(std::string_view(stamp, static_cast<size_t>(n)),
-                                 static_cast<uint64_t>(st.st_size), MtimeNs(st));
+  if (n <= 0 || !StampDescribes(std::string_view(stamp, static_cast<size_t>(n)),
+                                static_cast<uint64_t>(st.st_size), MtimeNs(st)))
+    return false;
+  stamp_memo_.Remember(st);
+  return true;
 }
 
 bool Client::ConsumeOpened(int fd, const struct stat& st) {
@@ -419,6 +492,15 @@ bool Client::ConsumeOpened(int fd, const struct stat& st) {
   if (!Complete(st,
                 [fd](char* buf, size_t size) { return ::fgetxattr(fd, kVersionXattr, buf, size); }))
     return false;
+  if (config_.check) MarkChecked();
+  return true;
+}
+
+bool Client::ConsumeOpenedInPrivateDirectory() {
+  if (config_.shared_storage) return false;
+  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
+    DeclareConfiguredPrefetch();
+  if (!ConsumerDirIsPrivate()) return false;
   if (config_.check) MarkChecked();
   return true;
 }
@@ -503,6 +585,23 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   std::string body;
   Status st = pool_->Call(MsgType::kConsume, e.data(), &body, WaitDeadline(),
                           config_.rpc_timeout_ms, "consume '" + upath + "'");
+  if (!st.ok() && st.code() != DYAD_RC_NOSERVICE && st.code() != DYAD_RC_CANCELLED &&
+      st.code() != DYAD_RC_TIMEOUT) {
+    // The consumer directory is looked at once per client, not before
+    // every consume: one removed since then is made again here, and the
+    // consume asked again (a directory that cannot be made leaves the
+    // service's error, as when it was looked at every time). A timeout is
+    // no sign of it (and asking again would wait as long again).
+    bool created = false;
+    const std::string cons = EnsureConsumerDir(/*recheck=*/true, &created);
+    if (created) {
+      req.cons_path = cons;
+      Encoder again;
+      req.EncodeTo(again);
+      st = pool_->Call(MsgType::kConsume, again.data(), &body, WaitDeadline(),
+                       config_.rpc_timeout_ms, "consume '" + upath + "'");
+    }
+  }
   // No dyad.so on this broker: consume as upstream's clients do.
   if (st.code() == DYAD_RC_NOSERVICE && flux_ != nullptr)
     return ConsumeViaFlux(upath, record, config_.consume_timeout_ms, info);
@@ -516,14 +615,20 @@ Status Client::ConsumeRequestFor(const std::string& upath, const FileRecord* rec
   return Status::OK();
 }
 
-std::string Client::EnsureConsumerDir() {
+std::string Client::EnsureConsumerDir(bool recheck, bool* created) {
   // The service places files beneath the consumer directory and needs it to
-  // exist; consumers often start before anything created it.
+  // exist; consumers often start before anything created it. Looked at
+  // once: a directory removed later fails a consume, which looks again
+  // (ConsumeRequestFor).
+  if (created != nullptr) *created = false;
   std::string cons = cons_.CurrentCanonical();
+  if (!recheck && cons_dir_seen_.load(std::memory_order_acquire)) return cons;
   if (::access(cons.c_str(), F_OK) != 0) {
     MakeDirs(cons_.given());
     cons = cons_.CurrentCanonical();
+    if (created != nullptr) *created = ::access(cons.c_str(), F_OK) == 0;
   }
+  cons_dir_seen_.store(true, std::memory_order_release);
   return cons;
 }
 

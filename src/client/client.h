@@ -97,6 +97,8 @@ class ManagedPath {
   ManagedPath& operator=(const ManagedPath&) = delete;
 
   bool empty() const { return given_.empty(); }
+  // True once CurrentCanonical found the directory (its answer is final).
+  bool resolved() const { return resolved_.load(std::memory_order_acquire) != nullptr; }
   const std::string& given() const { return given_; }
   const std::string& canonical() const { return canonical_; }
   // The canonical form now: realpath() is retried while the directory did
@@ -116,6 +118,40 @@ class ManagedPath {
   // than a mutex: this sits on every produce/consume, and a mutex held by
   // another thread at fork() would stay locked forever in the child.
   mutable std::atomic<const std::string*> resolved_{nullptr};
+};
+
+// Copies of the consumer directory found current by their version stamp,
+// remembered by what an fstat tells of them, so that opening one again
+// costs no second look at its stamp. Any change a stamp's verdict depends
+// on changes the file's change time (ctime) or its inode: a write (also
+// size and mtime), the service withdrawing or rewriting the stamp (an
+// attribute change), a new copy renamed into place (another inode). A copy
+// is remembered only once its ctime is older than kSettledNs, so a change
+// within the same clock tick as the one remembered cannot keep the ctime
+// (file systems take ctime from a coarse clock). A fixed table, one copy a
+// slot, written without locks (fork-safe): a slot being written is a miss.
+class StampMemo {
+ public:
+  static constexpr size_t kSlots = 4096;
+  static constexpr uint64_t kSettledNs = 100'000'000;  // 100 ms
+  StampMemo() = default;
+  ~StampMemo();
+  StampMemo(const StampMemo&) = delete;
+  StampMemo& operator=(const StampMemo&) = delete;
+
+  // True when `st` is a copy remembered as current, unchanged since.
+  bool Knows(const struct stat& st) const;
+  // Remembers `st` (taken before its stamp was read and found current),
+  // when its ctime is settled.
+  void Remember(const struct stat& st);
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> seq{0};  // odd while being written
+    std::atomic<uint64_t> dev{0}, ino{0}, ctime{0}, size{0}, mtime{0};
+  };
+  static size_t Index(const struct stat& st);
+  std::atomic<Slot*> slots_{nullptr};  // made at the first Remember
 };
 
 // Which side a path is resolved against.
@@ -210,6 +246,12 @@ class Client {
   // on the descriptor, no path lookups, no message); false when the caller
   // must close it and Consume. For the preload library's opens.
   bool ConsumeOpened(int fd, const struct stat& st);
+  // The same before any look at the descriptor: true when whatever the
+  // caller opened in the consumer directory is complete here as it is (a
+  // directory private to consumers: a regular file there is complete, and
+  // anything else is none of DYAD's), so no fstat is needed; false when
+  // the caller must fstat it and ask ConsumeOpened.
+  bool ConsumeOpenedInPrivateDirectory();
   Status ConsumeBatch(const std::vector<std::string>& fnames, std::vector<Status>* results,
                       int64_t timeout_ms = kConfiguredTimeout);
   // Declares (or with `cancel` withdraws) that this process will read the
@@ -247,7 +289,11 @@ class Client {
   Status Publish(const std::string& upath, const struct stat& st, const std::string& adopted_copy);
   Status CopyToProducer(const std::string& upath, int src_fd, struct stat* published);
   ConsumeRequest BuildConsumeRequest(const std::string& upath, const std::string& cons) const;
-  std::string EnsureConsumerDir();
+  // The consumer directory's canonical name, created first when missing
+  // (the service places files beneath it). Checked once per client, or
+  // again with `recheck` (a consume that failed, which a directory removed
+  // meanwhile would explain); sets *created when it had to create it.
+  std::string EnsureConsumerDir(bool recheck = false, bool* created = nullptr);
   // The Flux path (client_flux.cc), taken when the local service is not
   // reachable (DYAD_RC_NOSERVICE) and flux_ is set: the record from the
   // instance's KVS (waiting up to `wait_ms`, < 0 no limit), the bytes from
@@ -289,6 +335,10 @@ class Client {
   // ManagedPath::resolved_.
   std::atomic<const std::string*> service_prod_path_{nullptr};
   std::atomic<bool> prefetch_declared_{false};
+  std::atomic<bool> cons_dir_seen_{false};  // EnsureConsumerDir found it once
+  // ConsumerDirIsPrivate's answer once it is final (-1: not yet).
+  std::atomic<int> private_verdict_{-1};
+  StampMemo stamp_memo_;
 };
 
 }  // namespace dyad

@@ -50,7 +50,7 @@ Result<uint32_t> Client::Prefetch(const std::string& pattern, bool cancel) {
   PrefetchRequest req;
   req.ns = config_.kvs_namespace;
   req.pattern = *rel;
-  req.cons_path = EnsureConsumerDir();
+  req.cons_path = EnsureConsumerDir(/*recheck=*/true);  // rare: looked at each time
   const bool chosen = config_.dtl_mode_chosen || config_.dtl_mode != DefaultDtlMode();
   req.dtl_mode = chosen ? config_.dtl_mode : std::string();
   req.cancel = cancel;
@@ -95,8 +95,8 @@ Status Client::ConsumeBatch(const std::vector<std::string>& fnames, std::vector<
       (*results)[i] = Finish(upath.status(), "consume", fnames[i]);
       continue;
     }
-    if (Level1(cons_.given() + "/" + *upath)) continue;  // complete already
-    if (cons.empty()) cons = EnsureConsumerDir();
+    if (Level1(cons_.given() + "/" + *upath)) continue;            // complete already
+    if (cons.empty()) cons = EnsureConsumerDir(/*recheck=*/true);  // once a batch
     req.items.push_back(BuildConsumeRequest(*upath, cons));
     if (timeout_ms != kConfiguredTimeout)
       req.items.back().timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;

@@ -114,7 +114,7 @@ Status Client::ConsumeViaFlux(const std::string& upath, const FileRecord* record
     return Status::OK();
   }
   const bool size_known = rec.size != kUnknownSize;
-  const std::string cons = EnsureConsumerDir();
+  const std::string cons = EnsureConsumerDir(/*recheck=*/true);  // the slow path: each time
   const std::string path = cons + "/" + upath;
   if (info != nullptr) {
     info->reply = ConsumeReply{};

@@ -2,8 +2,10 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <set>
 
@@ -42,6 +44,56 @@ bool Interrupted() {
   return check && *check && (*check)();
 }
 
+// Fork detection without a system call per use. The kernel zeroes a page
+// advised MADV_WIPEONFORK in the child of every fork, whether or not the
+// child ran our atfork handlers (a raw clone does not): a pool reads one
+// word to know whether it still lives in the process that made its
+// connections. Each detection bumps the process's fork generation, which
+// every pool compares with the generation it was last used in. Where the
+// advice is not available (a kernel before 4.14) the generation follows
+// getpid() instead, one system call per check as before.
+struct ForkWatch {
+  uint64_t* page = nullptr;  // nonzero while in the process that armed it
+  std::atomic<uint64_t> generation{1};
+  std::atomic<pid_t> pid{0};  // without the page: the pid the generation belongs to
+};
+
+ForkWatch& Watch() {
+  static ForkWatch* w = [] {
+    auto* fw = new ForkWatch;  // leaked, as the registry
+    const auto size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED && ::madvise(p, size, MADV_WIPEONFORK) == 0) {
+      fw->page = static_cast<uint64_t*>(p);
+      __atomic_store_n(fw->page, uint64_t{1}, __ATOMIC_RELEASE);
+    } else if (p != MAP_FAILED) {
+      ::munmap(p, size);
+    }
+    fw->pid.store(::getpid());
+    return fw;
+  }();
+  return *w;
+}
+
+// The process's fork generation: it changes in every child of a fork. No
+// lock: the first look of a child may run in several of its threads at
+// once, and each may bump the generation (one bump more only drops idle
+// connections once more). The bump is made before the mark that ends the
+// look, so a thread that sees the mark also sees the new generation.
+uint64_t ForkGeneration() {
+  ForkWatch& w = Watch();
+  if (w.page != nullptr) {
+    if (__atomic_load_n(w.page, __ATOMIC_ACQUIRE) == 0) {  // first look in this child
+      w.generation.fetch_add(1, std::memory_order_acq_rel);
+      __atomic_store_n(w.page, uint64_t{1}, __ATOMIC_RELEASE);
+    }
+  } else if (const pid_t self = ::getpid(); self != w.pid.load(std::memory_order_acquire)) {
+    w.generation.fetch_add(1, std::memory_order_acq_rel);
+    w.pid.store(self, std::memory_order_release);
+  }
+  return w.generation.load(std::memory_order_acquire);
+}
+
 void RegisterAtFork() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -71,7 +123,9 @@ void SetInterruptCheck(InterruptCheck check) {
 }
 
 ServicePool::ServicePool(std::string socket)
-    : socket_path_(SocketPathFrom(socket)), address_(ParseAddress(socket_path_)), pid_(::getpid()) {
+    : socket_path_(SocketPathFrom(socket)),
+      address_(ParseAddress(socket_path_)),
+      generation_(ForkGeneration()) {
   RegisterAtFork();
   MutexLock lk(RegistryMutex());
   Registry().insert(this);
@@ -89,19 +143,21 @@ ServicePool::~ServicePool() {
 }
 
 std::shared_ptr<PublishPipeline> ServicePool::Pipeline() {
+  const uint64_t generation = ForkGeneration();
   MutexLock lk(mu_);
-  if (pid_ != ::getpid()) {
+  if (generation_ != generation) {
     // Forked without our atfork handler: the pipeline is the parent's.
     DropForChild();
-    pid_ = ::getpid();
+    generation_ = generation;
   }
   if (pipeline_ == nullptr) pipeline_ = std::make_shared<PublishPipeline>(this);
   return pipeline_;
 }
 
 std::shared_ptr<PublishPipeline> ServicePool::PipelineIfAny() {
+  const uint64_t generation = ForkGeneration();
   MutexLock lk(mu_);
-  if (pid_ != ::getpid()) return nullptr;
+  if (generation_ != generation) return nullptr;
   return pipeline_;
 }
 
@@ -144,12 +200,12 @@ void ServicePool::AtForkParent() NO_THREAD_SAFETY_ANALYSIS {
 
 void ServicePool::AtForkChild() NO_THREAD_SAFETY_ANALYSIS {
   InterruptMutex().unlock();
-  const pid_t self = ::getpid();
+  const uint64_t generation = ForkGeneration();
   for (ServicePool* p : Registry()) {
     // Closing the child's copies only drops references; the parent's
     // sockets stay connected (no shutdown(), which would affect both).
     p->DropForChild();
-    p->pid_ = self;
+    p->generation_ = generation;
     p->mu_.unlock();
   }
   RegistryMutex().unlock();
@@ -162,25 +218,27 @@ Status ServicePool::NoService(const Status& cause) const {
                     "socket it listens on");
 }
 
-Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool* reused) {
+Result<std::unique_ptr<Channel>> ServicePool::Borrow(int64_t connect_ms, bool check_alive,
+                                                     bool* reused) {
   *reused = false;
   {
     std::vector<std::unique_ptr<Channel>> stale;
+    const uint64_t generation = ForkGeneration();
     MutexLock lk(mu_);
-    const pid_t self = ::getpid();
-    if (pid_ != self) {
+    if (generation_ != generation) {
       // Forked without our atfork handler (e.g. a raw clone): the idle
       // connections (and the pipeline) belong to the parent.
       stale.swap(idle_);
       DropForChild();
-      pid_ = self;
+      generation_ = generation;
     }
     while (!idle_.empty()) {
       std::unique_ptr<Channel> ch = std::move(idle_.back());
       idle_.pop_back();
-      // A service that restarted closed its end; skip such connections
-      // instead of failing the caller's request on them.
-      if (ch->broken() || ch->PeerClosed()) {
+      // A service that restarted closed its end. A request that is not safe
+      // to repeat looks first (a system call); the others find out by
+      // sending and are repeated on a fresh connection (Call).
+      if (ch->broken() || (check_alive && ch->PeerClosed())) {
         stale.push_back(std::move(ch));
         continue;
       }
@@ -210,8 +268,9 @@ Result<std::unique_ptr<Channel>> ServicePool::Dial(int64_t connect_ms) {
 void ServicePool::Return(std::unique_ptr<Channel> ch) {
   // Bytes after the reply: the link is out of step with its requests.
   if (ch == nullptr || ch->broken() || ch->has_unread()) return;
+  const uint64_t generation = ForkGeneration();
   MutexLock lk(mu_);
-  if (pid_ != ::getpid() || idle_.size() >= kMaxIdle) return;  // dropped (closed) on return
+  if (generation_ != generation || idle_.size() >= kMaxIdle) return;  // dropped (closed) on return
   idle_.push_back(std::move(ch));
 }
 
@@ -238,12 +297,26 @@ Status ServicePool::WaitReadable(Channel& ch, Deadline deadline) {
 }
 
 Status ServicePool::CallOn(Channel& ch, MsgType type, const std::string& request, std::string* body,
-                           Deadline deadline) {
+                           Deadline deadline, Progress* progress) {
+  *progress = Progress::kNothingSent;
   DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(type), request, deadline));
-  DYAD_RETURN_IF_ERROR(WaitReadable(ch, deadline));
+  *progress = Progress::kSent;
+  // The reply, read as the socket holds it, each wait sliced and
+  // interruptible; `progress` tells the caller whether a lost connection
+  // lost part of a reply (never repeated) or nothing of it.
   uint16_t rtype = 0;
   std::string payload;
-  DYAD_RETURN_IF_ERROR(ch.RecvFrame(&rtype, &payload, deadline));
+  Channel::PartialFrame frame;
+  for (;;) {
+    DYAD_RETURN_IF_ERROR(WaitReadable(ch, deadline));
+    Result<bool> done = ch.RecvFrameNow(&frame, &rtype, &payload);
+    if (frame.hdr_got > 0) *progress = Progress::kReplyBegun;
+    if (!done.ok()) {
+      ch.MarkBroken();
+      return done.status();
+    }
+    if (*done) break;
+  }
   if (rtype != static_cast<uint16_t>(MsgType::kReply)) {
     ch.MarkBroken();
     return Status(DYAD_RC_BADRPC,
@@ -257,22 +330,49 @@ Status ServicePool::CallOn(Channel& ch, MsgType type, const std::string& request
   return st;
 }
 
+bool ServicePool::SafeToRepeat(MsgType type) {
+  switch (type) {
+    // Reads, and a consume (a second one finds the file placed by the
+    // first, or waits for it as the first did).
+    case MsgType::kConsume:
+    case MsgType::kConsumeBatch:
+    case MsgType::kLocate:
+    case MsgType::kStatus:
+    case MsgType::kList:
+    case MsgType::kPing:
+    case MsgType::kPeers:
+      return true;
+    // A publication repeated is a new publication (a new publication
+    // counter: copies elsewhere are superseded and fetched again); a
+    // prefetch declaration or a removal changes state too.
+    default:
+      return false;
+  }
+}
+
 Status ServicePool::Call(MsgType type, const std::string& request, std::string* body,
                          Deadline deadline, int64_t connect_ms, const std::string& what) {
+  const bool repeatable = SafeToRepeat(type);
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
-    Result<std::unique_ptr<Channel>> ch = Borrow(connect_ms, &reused);
+    Result<std::unique_ptr<Channel>> ch = Borrow(connect_ms, !repeatable, &reused);
     if (!ch.ok()) return ch.status().Annotate(what);
-    Status st = CallOn(**ch, type, request, body, deadline);
+    Progress progress = Progress::kNothingSent;
+    Status st = CallOn(**ch, type, request, body, deadline, &progress);
     const bool broken = (*ch)->broken();
     if (!broken) {
       Return(std::move(*ch));
       return st;  // success, or an error the service replied with
     }
-    // The connection failed under us. A pooled connection can die between
-    // our liveness check and the send (service restarting); every request
-    // is idempotent, so one retry on a fresh connection is safe.
-    if (reused && attempt == 0 && st.code() == DYAD_RC_CONNLOST) continue;
+    // A pooled connection the service closed since its last use (a
+    // restart) fails at the send (EPIPE) or with an end of stream before
+    // any byte of the reply: the request is sent once more, on a fresh
+    // connection. Requests that are not safe to repeat checked the
+    // connection before the send (Borrow) and are repeated only when the
+    // send itself failed, so the service never saw them.
+    const bool lost = st.code() == DYAD_RC_CONNLOST && progress != Progress::kReplyBegun;
+    if (reused && attempt == 0 && lost && (repeatable || progress == Progress::kNothingSent))
+      continue;
     if (st.code() == DYAD_RC_CONNLOST)
       return Status(DYAD_RC_CONNLOST, what + ": connection to dyad-service at '" + socket_path_ +
                                           "' lost (" + st.message() + "; did the service stop?)");

@@ -11,8 +11,11 @@
 // since the parent's requests and the child's would interleave on one
 // socket. A pthread_atfork child handler empties every pool in the child
 // (closing only the child's copies of the descriptors; the parent's
-// connections are untouched), and Call() also compares getpid() with the
-// pool owner's pid, which covers children created without atfork handlers.
+// connections are untouched), and Call() also compares the process's fork
+// generation with the pool's, which covers children created without atfork
+// handlers (a raw clone): the generation changes when a page advised
+// MADV_WIPEONFORK reads zero, so the check costs no system call (with
+// getpid() instead on kernels without that advice).
 //
 // Interruption: a waiting call polls in short slices and asks the process's
 // interrupt check (SetInterruptCheck) whether to give up, so a language
@@ -71,7 +74,12 @@ class ServicePool {
   // reply body. `connect_ms` bounds connecting (< 0: no limit); `deadline`
   // bounds the whole call. An unreachable service gives DYAD_RC_NOSERVICE;
   // a reply carrying an error gives that error. `what` names the operation
-  // in messages ("consume 'a/b'").
+  // in messages ("consume 'a/b'"). A pooled connection the service closed
+  // since its last use (a restart) costs no check before the send: a
+  // request safe to repeat (consume, locate, status, list, ping, peers) is
+  // sent again on a fresh connection when the old one fails before any
+  // byte of the reply; other requests (publish, prefetch, remove) poll the
+  // pooled connection first and are repeated only when the send failed.
   Status Call(MsgType type, const std::string& request, std::string* body, Deadline deadline,
               int64_t connect_ms, const std::string& what);
 
@@ -99,11 +107,19 @@ class ServicePool {
   static void AtForkChild();
 
  private:
-  Result<std::unique_ptr<Channel>> Borrow(int64_t connect_ms, bool* reused);
+  // How far one attempt got before it failed.
+  enum class Progress { kNothingSent, kSent, kReplyBegun };
+
+  // An idle connection (`reused`) or a new one. With `check_alive`, an idle
+  // one is first polled for a hang-up (a system call); without, a dead one
+  // shows at the send or as an end of stream, and Call repeats the request.
+  Result<std::unique_ptr<Channel>> Borrow(int64_t connect_ms, bool check_alive, bool* reused);
   void Return(std::unique_ptr<Channel> ch);
   // One attempt on one connection.
   Status CallOn(Channel& ch, MsgType type, const std::string& request, std::string* body,
-                Deadline deadline);
+                Deadline deadline, Progress* progress);
+  // Requests the service may receive twice with the effect of once.
+  static bool SafeToRepeat(MsgType type);
   Status WaitReadable(Channel& ch, Deadline deadline);
   Status NoService(const Status& cause) const;
   // In a forked child: forgets the parent's idle connections and pipeline
@@ -115,7 +131,9 @@ class ServicePool {
 
   Mutex mu_;  // a leaf lock
   std::vector<std::unique_ptr<Channel>> idle_ GUARDED_BY(mu_);
-  pid_t pid_ GUARDED_BY(mu_);
+  // The process's fork generation the connections belong to (a forked
+  // child has another one; service_pool.cc, ForkGeneration).
+  uint64_t generation_ GUARDED_BY(mu_);
   std::shared_ptr<PublishPipeline> pipeline_ GUARDED_BY(mu_);
 };
 

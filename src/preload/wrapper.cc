@@ -1128,15 +1128,44 @@ void MakeDirectories(const std::string& abs) {
   }
 }
 
+// `name` as NameFor gives it (absolute, or with DYAD_PATH_RELATIVE relative
+// to the managed directory) as the consumer directory sees it: `abs` its
+// normalized absolute name, `rel` its name below the consumer directory
+// ("" for the directory itself), each made once. False when it is not the
+// consumer directory or below it.
+bool ConsumerNames(const std::string& name, std::string* abs, std::string* rel) {
+  const ManagedPath& cons = g_client->consumer_path();
+  if (name.empty()) return false;
+  if (name[0] == '/') {
+    *abs = NormalizeAbsolute(name);
+    std::optional<std::string> r = cons.Match(*abs);
+    if (!r) return false;
+    *rel = std::move(*r);
+    return true;
+  }
+  // Relative to the managed directory, as the client takes such names
+  // (no ".." component); "." and the like name the directory itself.
+  Result<std::string> below = ValidateUpath(name);
+  if (below.ok()) {
+    *rel = std::move(*below);
+    *abs = cons.given() + "/" + *rel;
+    return true;
+  }
+  if (name.find_first_not_of("./") != std::string::npos || name.find("..") != std::string::npos)
+    return false;
+  rel->clear();
+  *abs = cons.given();
+  return true;
+}
+
 // A name the look calls found missing: when files are published below it
 // (and DYAD_PRELOAD_LIST is on), it is made here as a directory, mkdir -p,
 // and true is returned. One List request (at most one name back).
 bool MadePublishedDirectory(const std::string& name) {
   if (!g_list || !g_client->has_consumer_path()) return false;
-  const std::string abs =
-      NormalizeAbsolute(name[0] == '/' ? name : g_client->consumer_path().given() + "/" + name);
-  std::optional<std::string> rel = g_client->consumer_path().Match(abs);
-  if (!rel || rel->empty() || !Listings().HoldsBelow(*rel + "/")) return false;
+  std::string abs, rel;
+  if (!ConsumerNames(name, &abs, &rel) || rel.empty() || !Listings().HoldsBelow(rel + "/"))
+    return false;
   MakeDirectories(abs);
   return true;
 }
@@ -1211,18 +1240,11 @@ bool ListedDirectory(const char* path, std::string* abs, std::string* rel) {
   if (g_shutdown.load(std::memory_order_acquire)) return false;
   Client* c = GetClient();
   if (c == nullptr || !g_list || !c->has_consumer_path()) return false;
-  if (IsAbsolute(path)) {
-    if (!MaybeManaged(path)) return false;
-    *abs = NormalizeAbsolute(path);
-  } else {
-    char buf[4096];
-    if (::getcwd(buf, sizeof(buf)) == nullptr) return false;
-    *abs = NormalizeAbsolute(std::string(buf) + "/" + path);
-  }
-  std::optional<std::string> r = c->consumer_path().Match(*abs);
-  if (!r) return false;
-  *rel = std::move(*r);
-  return true;
+  if (IsAbsolute(path) && !MaybeManaged(path)) return false;
+  // Relative names as every other call takes them (NameFor: against the
+  // working directory, or the managed directory with DYAD_PATH_RELATIVE).
+  std::string name;
+  return NameFor(AT_FDCWD, path, &name) && ConsumerNames(name, abs, rel);
 }
 
 // Asks the service for the names published in the directory `rel` and
@@ -1365,28 +1387,30 @@ void ListingSeek(DIR* dir, DirStream* s, long pos) {
 
 // A read-only open of a consumer file first opens the file as asked, and
 // the client checks that descriptor (ConsumeOpened): a complete copy (level
-// 1) then costs the open the caller wanted plus a few calls on the
-// descriptor, no second path lookup, and the copy checked is the very file
-// returned. O_NONBLOCK keeps a FIFO there from blocking the probe; opens
-// that could create or truncate never probe.
-enum class Probe { kComplete, kDirectory, kAsk };
+// 1) then costs the open the caller wanted plus an fstat (and the copy's
+// stamp, the first time: StampMemo), or nothing more in a consumer
+// directory private to consumers; no second path lookup, and the copy
+// checked is the very file returned. The probe opens with the caller's own
+// flags, so the descriptor needs no change afterwards: a FIFO or a device
+// there blocks (or not) exactly as without DYAD, and is passed through
+// (DYAD publishes regular files only). Opens that could create or truncate
+// never probe.
+enum class Probe { kComplete, kPassThrough, kAsk };
 constexpr int kProbeExcluded = O_CREAT | O_TRUNC | O_EXCL;
 
 template <typename RealCall>
 Probe ProbeOpen(int flags, RealCall real, int* fd) {
-  *fd = real(flags | O_NONBLOCK);
+  *fd = real(flags);
   if (*fd < 0) return Probe::kAsk;
+  // A consumer directory no producer writes to: what is there is complete
+  // (or no regular file), without a look at it.
+  if (g_client->ConsumeOpenedInPrivateDirectory()) return Probe::kComplete;
   struct stat st;
   Probe p = Probe::kAsk;
   if (::fstat(*fd, &st) == 0)
-    p = S_ISDIR(st.st_mode)                ? Probe::kDirectory
+    p = !S_ISREG(st.st_mode)               ? Probe::kPassThrough
         : g_client->ConsumeOpened(*fd, st) ? Probe::kComplete
                                            : Probe::kAsk;
-  // The flags fcntl can change, as the caller asked them (without
-  // O_NONBLOCK unless it asked for it).
-  if (p != Probe::kAsk && (flags & O_NONBLOCK) == 0 &&
-      ::fcntl(*fd, F_SETFL, flags & (O_APPEND | O_DIRECT | O_NOATIME)) != 0)
-    p = Probe::kAsk;
   if (p == Probe::kAsk) {
     real_close()(*fd);
     *fd = -1;
@@ -1409,7 +1433,8 @@ int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
     int fd = -1;
     const Probe p = ProbeOpen(flags, real, &fd);
     if (p != Probe::kAsk) {
-      if (p == Probe::kComplete) HoldCopy(fd);
+      // A copy complete here is read without the shared lock (HoldCopy):
+      // see docs/preload.md, "Copies already here".
       errno = entry_errno;
       return fd;
     }

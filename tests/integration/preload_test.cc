@@ -145,6 +145,25 @@ TEST_F(PreloadTest, CpProducesAndConsumerStartedFirstBlocksUntilClose) {
 // its source first) and Python's os.path.getsize see a file published on
 // another node (it is brought here at that look), and a name nobody
 // published is missing at once, without waiting for a publication.
+// Item 2 of the client's cost per consume: the read-only probe opens with
+// the caller's own flags, so a FIFO in the consumer directory is opened as
+// without DYAD (blocking until its writer comes) and passed through, with
+// no request to the service (DYAD publishes regular files only).
+TEST_F(PreloadTest, FifoInTheConsumerDirectoryIsPassedThrough) {
+  const std::string fifo = PathOn(kB, "pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const uint64_t before = Counter(kB, "requests.consume");
+  const std::string out = work_ + "/fifo-writer.out";
+  auto writer = cluster().SpawnOnNode(
+      kB, {"sh", "-c", "sleep 0.3; printf fifo-data > '" + fifo + "'"}, {}, out);
+  ASSERT_TRUE(writer.ok()) << Str(writer.status());
+  EXPECT_EQ(RunOk(kB, {"cat", fifo}, {}, 20000), "fifo-data");
+  auto st = writer->Wait(Deadline::AfterMs(20000));
+  if (!st.ok()) writer->Kill();
+  EXPECT_EQ(Counter(kB, "requests.consume"), before);
+  ::unlink(fifo.c_str());
+}
+
 TEST_F(PreloadTest, LookingAtAPublishedFileBringsItHere) {
   const std::string data = RandomBytes(64 * 1024 + 3, 7);
   const std::string src = work_ + "/look.bin";
@@ -272,6 +291,26 @@ TEST_F(PreloadTest, ListingAConsumerDirectoryShowsFilesPublishedElsewhere) {
 // entries only (and a directory only published elsewhere stays missing); a
 // directory outside the managed ones lists exactly as without the library;
 // DYAD_PRELOAD_LIST=1 merges.
+// Item 4 of the client's cost per consume: a listing takes a relative
+// name as every other call does (NameFor): with DYAD_PATH_RELATIVE against
+// the managed directory, not the working directory. From a working
+// directory outside it that has an empty "rl" of its own, `ls rl` shows the
+// files published in the managed directory's rl/; without
+// DYAD_PATH_RELATIVE it shows the working directory's rl only.
+TEST_F(PreloadTest, ListingUnderPathRelativeTakesNamesAgainstTheManagedDirectory) {
+  list_ = true;
+  ASSERT_EQ(::mkdir(PathOn(kA, "rl").c_str(), 0755), 0);
+  const std::string src = work_ + "/rl-src";
+  WriteAll(src, "published in rl");
+  RunOk(kA, {"cp", src, PathOn(kA, "rl/x.dat")});
+  const std::string wd = cluster().node(kB).dir + "/wd";
+  ASSERT_EQ(::mkdir(wd.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((wd + "/rl").c_str(), 0755), 0);
+  const std::string cmd = "cd '" + wd + "' && ls -1 rl";
+  EXPECT_EQ(RunOk(kB, {"/bin/sh", "-c", cmd}, {{"DYAD_PATH_RELATIVE", "1"}}), "x.dat\n");
+  EXPECT_EQ(RunOk(kB, {"/bin/sh", "-c", cmd}), "");
+}
+
 TEST_F(PreloadTest, ListingIsOffByDefaultAndLeavesOtherDirectoriesAlone) {
   const std::string src = work_ + "/off.bin";
   WriteAll(src, RandomBytes(5000, 9));

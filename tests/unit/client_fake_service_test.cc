@@ -4,12 +4,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -499,6 +501,198 @@ TEST_F(FakeServiceTest, ForkedChildNeverUsesTheParentsConnection) {
   reqs = fake_->requests();
   ASSERT_EQ(reqs.size(), 3u);
   EXPECT_EQ(reqs[2].conn, 1);
+}
+
+// Item 2 of the client's cost per consume: a copy found current by its
+// stamp is remembered (StampMemo), so its next open costs an fstat and no
+// stamp read; a change of the stamp is still seen at once: withdrawn (the
+// service learnt of a newer version) or written again (a later placement).
+TEST_F(FakeServiceTest, RememberedCopyIsAskedForAgainOnceItsStampChanges) {
+  ClientConfig cfg = Config();
+  cfg.cons_managed_path = prod_link_;
+  auto c = Make(cfg);
+  const std::string path = prod_real_ + "/memo.dat";
+  WriteFile(path, "a copy placed by the service");
+  if (!StampAsPlaced(path)) GTEST_SKIP() << "no user xattrs here";
+  // Remembered only once its ctime is settled (StampMemo::kSettledNs).
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  auto open_consume = [&c, &path]() {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st;
+    return fd.valid() && ::fstat(fd.get(), &st) == 0 && c->ConsumeOpened(fd.get(), st);
+  };
+  ASSERT_TRUE(open_consume());
+  ASSERT_TRUE(open_consume());  // remembered (and right)
+  // Withdrawn: not current any more, although size and mtime still match.
+  ASSERT_EQ(::removexattr(path.c_str(), kVersionXattr), 0);
+  EXPECT_FALSE(open_consume());
+  ConsumeInfo info;
+  ASSERT_TRUE(c->Consume(prod_link_ + "/memo.dat", &info).ok());
+  EXPECT_FALSE(info.level1);
+  // Stamped again (a later placement): current again, and remembered.
+  ASSERT_TRUE(StampAsPlaced(path, true, 4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ASSERT_TRUE(open_consume());
+  ASSERT_TRUE(open_consume());
+  // Withdrawn again, right after: the memo's entry does not outlive it.
+  ASSERT_EQ(::removexattr(path.c_str(), kVersionXattr), 0);
+  EXPECT_FALSE(open_consume());
+  ASSERT_TRUE(c->Consume(prod_link_ + "/memo.dat", &info).ok());
+  EXPECT_FALSE(info.level1);
+  EXPECT_EQ(fake_->count(MsgType::kConsume), 2u);
+}
+
+// Item 2: in a consumer directory private to consumers the preload
+// library's probe needs no look at what it opened (ConsumeOpenedInPrivate
+// Directory); where a producer writes, or with shared storage, it must look.
+TEST_F(FakeServiceTest, PrivateConsumerDirectoryNeedsNoLookAtAnOpenedFile) {
+  std::filesystem::create_directories(cons_);
+  auto c = Make(Config());
+  EXPECT_TRUE(c->ConsumeOpenedInPrivateDirectory());
+  EXPECT_TRUE(c->ConsumeOpenedInPrivateDirectory());
+  EXPECT_EQ(fake_->count(MsgType::kStatus), 1u);  // asked once which directory it serves
+  EXPECT_EQ(fake_->count(MsgType::kConsume), 0u);
+  ClientConfig one = Config();
+  one.cons_managed_path = prod_link_;
+  EXPECT_FALSE(Make(one)->ConsumeOpenedInPrivateDirectory());
+  ClientConfig shared = Config();
+  shared.shared_storage = true;
+  EXPECT_FALSE(Make(shared)->ConsumeOpenedInPrivateDirectory());
+  // The service produces into our consumer directory: not private either.
+  fake_->set_producer_path(std::filesystem::canonical(cons_).string());
+  EXPECT_FALSE(Make(Config())->ConsumeOpenedInPrivateDirectory());
+}
+
+// Waits (bounded) for a child; kills it when it does not end in time.
+int WaitChild(pid_t pid) {
+  int status = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+// Item 1 of the client's cost per consume: fork detection costs no system
+// call now; a consume in a child (of fork(), and of a raw clone that runs no
+// atfork handler) after the parent consumed still goes on a connection of
+// the child's own.
+TEST_F(FakeServiceTest, ForkedChildConsumesOnItsOwnConnectionAfterTheParentConsumed) {
+  auto c = Make(Config());
+  ASSERT_TRUE(c->Consume(cons_ + "/a.dat").ok());
+  ASSERT_EQ(fake_->connections(), 1);
+  ASSERT_EQ(c->pool()->idle_count(), 1u);
+  auto child_consumes = [&c, this](pid_t pid) {
+    if (pid == 0) {
+      int code = 0;
+      if (!c->Consume(cons_ + "/b.dat").ok()) code |= 1;
+      if (!c->Consume(cons_ + "/c.dat").ok()) code |= 2;
+      _exit(code);
+    }
+  };
+  for (const bool raw : {false, true}) {
+    SCOPED_TRACE(raw ? "raw clone" : "fork");
+    const int before = fake_->connections();
+    const size_t consumes = fake_->count(MsgType::kConsume);
+    const pid_t pid =
+        raw ? static_cast<pid_t>(::syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, nullptr))
+            : fork();
+    ASSERT_GE(pid, 0);
+    child_consumes(pid);
+    const int status = WaitChild(pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    // Both of the child's consumes came on one new connection, none on the
+    // parent's (connection 1).
+    auto reqs = fake_->requests();
+    ASSERT_EQ(fake_->count(MsgType::kConsume), consumes + 2);
+    EXPECT_EQ(fake_->connections(), before + 1);
+    EXPECT_EQ(reqs[reqs.size() - 2].conn, before + 1);
+    EXPECT_EQ(reqs[reqs.size() - 1].conn, before + 1);
+    // The parent's connection is intact and still pooled.
+    ASSERT_TRUE(c->Consume(cons_ + "/d.dat").ok());
+    EXPECT_EQ(fake_->requests().back().conn, 1);
+  }
+}
+
+// Item 1: no liveness check before reusing a pooled connection. A service
+// restarted between two consumes of one client (the pooled connection is
+// dead) still answers the second consume at once, exactly once.
+TEST_F(FakeServiceTest, ConsumeAfterAServiceRestartIsAnsweredAtOnce) {
+  auto c = Make(Config());
+  ASSERT_TRUE(c->Consume(cons_ + "/a.dat").ok());
+  ASSERT_EQ(c->pool()->idle_count(), 1u);
+  fake_.reset();  // closes every connection
+  fake_ = std::make_unique<FakeService>(tmp_.Sub("svc.sock"));
+  ASSERT_TRUE(fake_->listening());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = c->Consume(cons_ + "/b.dat");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_EQ(fake_->count(MsgType::kConsume), 1u);
+  EXPECT_EQ(fake_->connections(), 1);
+  // The same for a publish (checked before its send instead).
+  WriteFile(prod_real_ + "/p.dat", "x");
+  ASSERT_TRUE(c->Produce(prod_link_ + "/p.dat").ok());
+  fake_.reset();
+  fake_ = std::make_unique<FakeService>(tmp_.Sub("svc.sock"));
+  ASSERT_TRUE(fake_->listening());
+  fake_->set_producer_path(std::filesystem::canonical(prod_real_).string());
+  s = c->Produce(prod_link_ + "/p.dat");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(fake_->count(MsgType::kPublish), 1u);
+}
+
+// Item 1: a publish is not a no-op when repeated (a new publication
+// counter), so one whose connection is lost after its send is reported, not
+// sent again; a consume in the same case is sent again once.
+TEST_F(FakeServiceTest, PublishLostAfterItsSendIsNotRepeated) {
+  auto c = Make(Config());
+  ASSERT_TRUE(c->Ping().ok());  // leaves a pooled connection
+  WriteFile(prod_real_ + "/p.dat", "x");
+  fake_->set_drop_requests(true);
+  Status s = c->Produce(prod_link_ + "/p.dat");
+  EXPECT_EQ(s.code(), DYAD_RC_CONNLOST) << s.ToString();
+  EXPECT_EQ(fake_->count(MsgType::kPublish), 1u);
+  fake_->set_drop_requests(false);
+  ASSERT_TRUE(c->Ping().ok());
+  fake_->set_drop_requests(true);
+  s = c->Consume(cons_ + "/a.dat");
+  EXPECT_EQ(s.code(), DYAD_RC_CONNLOST) << s.ToString();
+  EXPECT_EQ(fake_->count(MsgType::kConsume), 2u);  // the pooled connection, then a fresh one
+}
+
+// Item 1: the consumer directory is looked at once per client; one removed
+// between two consumes is made again when the service's consume fails for
+// want of it, and the consume is asked again.
+TEST_F(FakeServiceTest, ConsumerDirectoryRemovedBetweenConsumesIsMadeAgain) {
+  fake_->set_handler([this](uint16_t type, const std::string& p) -> FakeService::Answer {
+    if (type == static_cast<uint16_t>(MsgType::kConsume)) {
+      ConsumeRequest req;
+      Decoder d(p);
+      if (req.DecodeFrom(d) && !std::filesystem::is_directory(req.cons_path))
+        return std::make_pair(Status(DYAD_RC_BADFIO, "prepare: no consumer directory"),
+                              std::string());
+    }
+    return fake_->DefaultAnswer(type, p);
+  });
+  auto c = Make(Config());
+  ASSERT_TRUE(c->Consume(cons_ + "/a.dat").ok());
+  ASSERT_TRUE(std::filesystem::is_directory(cons_));
+  std::filesystem::remove_all(cons_);
+  Status s = c->Consume(cons_ + "/b.dat");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(std::filesystem::is_directory(cons_));
+  EXPECT_EQ(fake_->count(MsgType::kConsume), 3u);
+  // A directory that cannot be made: the service's error, as before.
+  std::filesystem::remove_all(cons_);
+  WriteFile(cons_, "a file where the directory should be");
+  s = c->Consume(cons_ + "/c.dat");
+  EXPECT_EQ(s.code(), DYAD_RC_BADFIO) << s.ToString();
+  EXPECT_NE(s.message().find("no consumer directory"), std::string::npos) << s.ToString();
+  std::filesystem::remove(cons_);
 }
 
 }  // namespace
