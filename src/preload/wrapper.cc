@@ -58,6 +58,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -84,6 +85,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "dyad/common/dyad_rc.h"
+#include "proto/protocol.h"
 
 // Declared by glibc only under _FORTIFY_SOURCE; the fortified open() inline
 // of a program compiled with it calls these.
@@ -1418,6 +1420,44 @@ Probe ProbeOpen(int flags, RealCall real, int* fd) {
   return p;
 }
 
+// A producer about to truncate a copy a service placed here (it carries the
+// version stamp) gets a new file at that name instead of the copy's bytes
+// cut short: readers of a copy complete here hold no lock (docs/preload.md,
+// "Copies already here"), so truncating it in place would show a reader
+// that opened it before a torn file. The new file is made beside it under a
+// temporary name, with the copy's permission bits, and renamed over it (the
+// name never goes missing); a reader of the old copy reads it to its end.
+// Returns the new descriptor (the copy's is closed), or `fd` as it is when
+// the file is no placed copy or anything fails (the caller then truncates
+// in place, as before).
+int ReplacePlacedCopy(int dirfd, const char* path, int fd, int flags) {
+  if (::fgetxattr(fd, kVersionXattr, nullptr, 0) < 0) return fd;  // not a placed copy
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return fd;
+  const std::string_view whole(path);
+  const size_t slash = whole.rfind('/');
+  const std::string dir(slash == std::string_view::npos ? "" : whole.substr(0, slash + 1));
+  const std::string leaf(slash == std::string_view::npos ? whole : whole.substr(slash + 1));
+  static std::atomic<unsigned> serial{0};
+  const int made = (flags & ~(O_TRUNC | O_DIRECTORY)) | O_CREAT | O_EXCL | O_NOFOLLOW;
+  const mode_t mode = st.st_mode & 07777;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const std::string temp = dir + "." + leaf + ".dyad-rewrite." + std::to_string(::getpid()) +
+                             "." + std::to_string(serial.fetch_add(1));
+    const int nfd = real_openat()(dirfd, temp.c_str(), made, mode);
+    if (nfd < 0 && errno == EEXIST) continue;
+    if (nfd < 0) return fd;
+    if (::fchmod(nfd, mode) != 0 || real_renameat()(dirfd, temp.c_str(), dirfd, path) != 0) {
+      ::unlinkat(dirfd, temp.c_str(), 0);
+      real_close()(nfd);
+      return fd;
+    }
+    real_close()(fd);
+    return nfd;
+  }
+  return fd;
+}
+
 // The common body of every descriptor-returning open. `real(flags)` performs
 // the real call (it captures the function, dirfd and mode); the flags may
 // differ from the caller's by O_TRUNC (see late_truncate).
@@ -1451,7 +1491,8 @@ int OpenCommon(int dirfd, const char* path, int flags, RealCall real) {
   // sending the previous version of the file (under LOCK_SH) right now.
   const bool late_truncate = action == Action::kProduce && (flags & O_TRUNC) != 0;
   errno = entry_errno;
-  const int fd = real(late_truncate ? flags & ~O_TRUNC : flags);
+  int fd = real(late_truncate ? flags & ~O_TRUNC : flags);
+  if (fd >= 0 && late_truncate) fd = ReplacePlacedCopy(dirfd, path, fd, flags);
   if (action == Action::kConsume) HoldCopy(fd);
   if (fd >= 0 && action == Action::kProduce) {
     const int e = errno;
@@ -1482,8 +1523,9 @@ FILE* FopenTruncateLocked(const char* path, const char* mode, const std::string&
     if (*m == 'e') flags |= O_CLOEXEC;
   }
   flags |= plus ? O_RDWR : O_WRONLY;
-  const int fd = real_open()(path, flags, 0666);
+  int fd = real_open()(path, flags, 0666);
   if (fd < 0) return nullptr;
+  fd = ReplacePlacedCopy(AT_FDCWD, path, fd, flags);
   Table().Add(fd, name);
   int err = 0;
   if (::ftruncate(fd, 0) != 0 && errno != EINVAL) err = errno;

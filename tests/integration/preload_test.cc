@@ -14,6 +14,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -490,6 +491,48 @@ TEST_F(PreloadTest, PythonReadsWithOpenRb) {
     for (int k = 0; k < 1000; ++k) expected += "python " + std::to_string(i) + "\n";
     EXPECT_EQ(RunOk(kB, {"cat", PathOn(kB, "pyw" + std::to_string(i) + ".txt")}), expected);
   }
+}
+
+// A reader of a copy complete here holds no lock (docs/preload.md, "Copies
+// already here"). A program on that node that then rewrites the file (cp
+// over it: an open with O_TRUNC) gets a new file at the name, so the
+// reader, which opened the copy before, still reads all of the old bytes,
+// and later readers get the new ones.
+TEST_F(PreloadTest, RewriteOfACopyHereLeavesAnOpenReaderItsWholeFile) {
+  const std::string v1 = RandomBytes(2 * kMiB + 7, 11), v2 = RandomBytes(kMiB + 3, 12);
+  WriteAll(work_ + "/rw.v1", v1);
+  WriteAll(work_ + "/rw.v2", v2);
+  RunOk(kA, {"cp", work_ + "/rw.v1", PathOn(kA, "rw.bin")});
+  EXPECT_EQ(RunOk(kB, {"sha256sum", PathOn(kB, "rw.bin")}), Sha256Of(v1, PathOn(kB, "rw.bin")));
+  const std::string ready = work_ + "/rw.ready", go = work_ + "/rw.go", out = work_ + "/rw.out";
+  emu::Process reader = Start(kB,
+                              {"/usr/bin/python3", "-c",
+                               "import sys, os, time, hashlib\n"
+                               "path, ready, go = sys.argv[1:4]\n"
+                               "with open(path, 'rb') as f:\n"
+                               "    a = f.read(1 << 20)\n"
+                               "    open(ready, 'w').close()\n"
+                               "    t = time.time()\n"
+                               "    while not os.path.exists(go):\n"
+                               "        if time.time() - t > 30: sys.exit('no go')\n"
+                               "        time.sleep(0.01)\n"
+                               "    b = f.read()\n"
+                               "print(len(a) + len(b), hashlib.sha256(a + b).hexdigest())\n",
+                               PathOn(kB, "rw.bin"), ready, go},
+                              out);
+  const Deadline by = Deadline::AfterMs(30000);
+  while (!Exists(ready) && !by.expired() && !reader.Exited())
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(Exists(ready)) << ReadAll(out);
+  // Not waited for (the reader holds no lock), and no torn copy for it.
+  RunOk(kB, {"cp", work_ + "/rw.v2", PathOn(kB, "rw.bin")});
+  WriteAll(go, "");
+  FinishOk(reader, out);
+  EXPECT_EQ(ReadAll(out), std::to_string(v1.size()) + " " + Sha256Of(v1, "x").substr(0, 64) + "\n");
+  EXPECT_EQ(RunOk(kB, {"sha256sum", PathOn(kB, "rw.bin")}), Sha256Of(v2, PathOn(kB, "rw.bin")));
+  // The temporary name is gone.
+  for (const auto& e : std::filesystem::directory_iterator(dmd(kB)))
+    EXPECT_EQ(e.path().filename().string().find(".dyad-rewrite."), std::string::npos) << e.path();
 }
 
 TEST_F(PreloadTest, OpenatRdwrProducer) {
