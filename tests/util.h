@@ -23,6 +23,7 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace dyad {
 namespace testutil {
@@ -96,6 +97,20 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The names in directory `dir` ("." and ".." left out), in the order the
+// directory lists them; empty when it cannot be read.
+inline std::vector<std::string> NamesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  ::closedir(d);
+  return out;
+}
 
 // The whole content of `path`, or "" when it cannot be read.
 inline std::string ReadAll(const std::string& path) {

@@ -125,17 +125,7 @@ class DialPark : public ::testing::Test {
     return it == r.counters.end() ? UINT64_MAX : it->second;
   }
 
-  std::vector<std::string> ConsumerFiles() {
-    std::vector<std::string> out;
-    DIR* d = ::opendir(cons_.c_str());
-    if (d == nullptr) return out;
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-    return out;
-  }
+  std::vector<std::string> ConsumerFiles() { return testutil::NamesIn(cons_); }
 
   // The healthy consume completes while rank 2's consumes wait.
   void ExpectHealthyConsumeIsPrompt() {

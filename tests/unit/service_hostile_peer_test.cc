@@ -635,17 +635,7 @@ class HostileOwnerServices {
   }
 
   // Names in the consumer directory (temporaries included).
-  std::vector<std::string> ConsumerFiles() {
-    std::vector<std::string> out;
-    DIR* d = ::opendir(cons_.c_str());
-    if (d == nullptr) return out;
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-    return out;
-  }
+  std::vector<std::string> ConsumerFiles() { return testutil::NamesIn(cons_); }
 
   LinkProtection protection_ = LinkProtection::kIntegrity;
   std::string base_, cons_;

@@ -109,17 +109,7 @@ class ParkedFetch : public ::testing::Test {
   uint64_t Parks() { return b_->stats().Snapshot()["consume.parked_for_owner"]; }
 
   // Files in the consumer directory (temporaries included).
-  std::vector<std::string> ConsumerFiles() {
-    std::vector<std::string> out;
-    DIR* d = ::opendir(cons_.c_str());
-    if (d == nullptr) return out;
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-    return out;
-  }
+  std::vector<std::string> ConsumerFiles() { return testutil::NamesIn(cons_); }
 
   std::string base_, cons_;
   std::unique_ptr<Service> a_, b_;
