@@ -1431,9 +1431,15 @@ Probe ProbeOpen(int flags, RealCall real, int* fd) {
 // the file is no placed copy or anything fails (the caller then truncates
 // in place, as before).
 int ReplacePlacedCopy(int dirfd, const char* path, int fd, int flags) {
-  if (::fgetxattr(fd, kVersionXattr, nullptr, 0) < 0) return fd;  // not a placed copy
+  // The caller's open succeeded: what it sees of errno is left as it was.
+  const int entry_errno = errno;
+  auto done = [entry_errno](int result) {
+    errno = entry_errno;
+    return result;
+  };
+  if (::fgetxattr(fd, kVersionXattr, nullptr, 0) < 0) return done(fd);  // not a placed copy
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return fd;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return done(fd);
   const std::string_view whole(path);
   const size_t slash = whole.rfind('/');
   const std::string dir(slash == std::string_view::npos ? "" : whole.substr(0, slash + 1));
@@ -1446,16 +1452,16 @@ int ReplacePlacedCopy(int dirfd, const char* path, int fd, int flags) {
                              "." + std::to_string(serial.fetch_add(1));
     const int nfd = real_openat()(dirfd, temp.c_str(), made, mode);
     if (nfd < 0 && errno == EEXIST) continue;
-    if (nfd < 0) return fd;
+    if (nfd < 0) return done(fd);
     if (::fchmod(nfd, mode) != 0 || real_renameat()(dirfd, temp.c_str(), dirfd, path) != 0) {
       ::unlinkat(dirfd, temp.c_str(), 0);
       real_close()(nfd);
-      return fd;
+      return done(fd);
     }
     real_close()(fd);
-    return nfd;
+    return done(nfd);
   }
-  return fd;
+  return done(fd);
 }
 
 // The common body of every descriptor-returning open. `real(flags)` performs

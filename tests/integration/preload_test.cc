@@ -530,6 +530,15 @@ TEST_F(PreloadTest, RewriteOfACopyHereLeavesAnOpenReaderItsWholeFile) {
   FinishOk(reader, out);
   EXPECT_EQ(ReadAll(out), std::to_string(v1.size()) + " " + Sha256Of(v1, "x").substr(0, 64) + "\n");
   EXPECT_EQ(RunOk(kB, {"sha256sum", PathOn(kB, "rw.bin")}), Sha256Of(v2, PathOn(kB, "rw.bin")));
+  // A truncating open leaves errno as it was, whether it replaced a copy
+  // placed here (the first) or truncated a file of this node's (the second).
+  RunOk(kA, {"cp", work_ + "/rw.v1", PathOn(kA, "rw-errno.bin")});
+  EXPECT_EQ(RunOk(kB, {"sha256sum", PathOn(kB, "rw-errno.bin")}),
+            Sha256Of(v1, PathOn(kB, "rw-errno.bin")));
+  EXPECT_EQ(
+      RunOk(kB, {helper_, "calls", "trunc", PathOn(kB, "rw-errno.bin"), PathOn(kB, "rw-errno.bin"),
+                 "trunc", PathOn(kB, "rw.bin"), PathOn(kB, "rw.bin")}),
+      "trunc rc=0 errno=kept\ntrunc rc=0 errno=kept\n");
   // The temporary name is gone.
   for (const auto& e : std::filesystem::directory_iterator(dmd(kB)))
     EXPECT_EQ(e.path().filename().string().find(".dyad-rewrite."), std::string::npos) << e.path();

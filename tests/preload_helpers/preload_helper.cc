@@ -27,7 +27,8 @@
 //   calls OP SRC DST [OP SRC DST]...  one call per triple, OP one of rename,
 //       renameat (directory descriptors of both names' directories and
 //       their last components), noreplace / exchange (renameat2 with
-//       RENAME_NOREPLACE / RENAME_EXCHANGE), link, linkat; prints
+//       RENAME_NOREPLACE / RENAME_EXCHANGE), link, linkat, trunc (open
+//       DST with O_WRONLY|O_TRUNC, then close it; SRC unused); prints
 //       "OP rc=R errno=E" (E is "kept" when a successful call left errno).
 //   list DIR opendir|fdopendir  reads DIR's stream to its end, printing
 //       "<name> <REG|DIR|OTHER>" per entry but . and .. ("ino0" appended
@@ -305,6 +306,13 @@ int Calls(const std::vector<std::string>& args) {
       rc = ::renameat2(AT_FDCWD, src.c_str(), AT_FDCWD, dst.c_str(), RENAME_EXCHANGE);
     if (op == "link") rc = ::link(src.c_str(), dst.c_str());
     if (op == "linkat") rc = ::linkat(sdir, sbase.c_str(), ddir, dbase.c_str(), 0);
+    if (op == "trunc") {
+      const int fd = ::open(dst.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+      rc = fd >= 0 ? 0 : -1;
+      const int open_errno = errno;  // what the open left, not the close
+      if (fd >= 0) ::close(fd);
+      errno = open_errno;
+    }
     if (rc == -2) return std::fprintf(stderr, "unknown call %s\n", op.c_str()), 2;
     std::printf("%s rc=%d errno=%s\n", op.c_str(), rc,
                 rc == 0 ? (errno == 1234 ? "kept" : "changed") : strerrorname_np(errno));
