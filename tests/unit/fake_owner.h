@@ -42,12 +42,7 @@ class FakeOwner {
 
   // Listens on loopback and registers as `rank_` in the store at `root`.
   Status Start(const std::string& root) {
-    Result<SocketAddress> any = ParseAddress("127.0.0.1:0");
-    DYAD_RETURN_IF_ERROR(any.status());
-    Result<UniqueFd> fd = Listen(*any);
-    DYAD_RETURN_IF_ERROR(fd.status());
-    listen_ = std::move(*fd);
-    Result<SocketAddress> bound = BoundAddress(listen_.get());
+    Result<SocketAddress> bound = ListenOnLoopback(&listen_);
     DYAD_RETURN_IF_ERROR(bound.status());
     address = bound->ToString();
     DYAD_RETURN_IF_ERROR(RegisterRank(root, rank_, kIncarnation, address, "fake-owner"));

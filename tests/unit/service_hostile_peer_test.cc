@@ -260,12 +260,7 @@ class HostileOwner {
   void SetBatchAttack(BatchAttack a) { batch_attack_ = a; }
 
   Status Start(const std::string& root) {
-    Result<SocketAddress> any = ParseAddress("127.0.0.1:0");
-    DYAD_RETURN_IF_ERROR(any.status());
-    Result<UniqueFd> fd = Listen(*any);
-    DYAD_RETURN_IF_ERROR(fd.status());
-    listen_ = std::move(*fd);
-    Result<SocketAddress> bound = BoundAddress(listen_.get());
+    Result<SocketAddress> bound = testing_services::ListenOnLoopback(&listen_);
     DYAD_RETURN_IF_ERROR(bound.status());
     DYAD_RETURN_IF_ERROR(testing_services::RegisterRank(root, kHostileRank, kHostileIncarnation,
                                                         bound->ToString(), "hostile-owner"));

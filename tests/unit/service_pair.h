@@ -140,6 +140,17 @@ inline void StopAndRemove(std::unique_ptr<Service>* b, std::unique_ptr<Service>*
   }
 }
 
+// A listening TCP socket on a free loopback port for a test's stand-in
+// for a peer service: `*listen` gets it, the result is the address bound.
+inline Result<SocketAddress> ListenOnLoopback(UniqueFd* listen, int backlog = 512) {
+  Result<SocketAddress> any = ParseAddress("127.0.0.1:0");
+  DYAD_RETURN_IF_ERROR(any.status());
+  Result<UniqueFd> fd = Listen(*any, backlog);
+  DYAD_RETURN_IF_ERROR(fd.status());
+  *listen = std::move(*fd);
+  return BoundAddress(listen->get());
+}
+
 // Registers a test's stand-in for dyad-service `rank` (listening at
 // `address`) in the cluster's store at `root`, as a real service does at
 // start-up, so real services dial it as any peer.

@@ -39,12 +39,7 @@ class StuckOwner {
 
   // Listens on loopback and registers as `rank_` in the store at `root`.
   Status Start(const std::string& root) {
-    Result<SocketAddress> any = ParseAddress("127.0.0.1:0");
-    DYAD_RETURN_IF_ERROR(any.status());
-    Result<UniqueFd> fd = Listen(*any, mode_ == Mode::kBlackHole ? 0 : 64);
-    DYAD_RETURN_IF_ERROR(fd.status());
-    listen_ = std::move(*fd);
-    Result<SocketAddress> bound = BoundAddress(listen_.get());
+    Result<SocketAddress> bound = ListenOnLoopback(&listen_, mode_ == Mode::kBlackHole ? 0 : 64);
     DYAD_RETURN_IF_ERROR(bound.status());
     address = bound->ToString();
     if (mode_ == Mode::kBlackHole) DYAD_RETURN_IF_ERROR(FillBacklog(*bound));
