@@ -85,9 +85,7 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
     if (transfers_ != nullptr)
       progress = transfers_->Begin(false, rec.upath, rec.owner_rank, transport.name(), reply.size,
                                    SinkProgress(sink_fd));
-    std::unique_ptr<PullOp> pull =
-        transport.StartPull(ch, reply.size, reply.transport_args, sink_fd, &ts);
-    st = co_await DriveTransfer(*pull, ch, waits, "no data from peer");
+    st = co_await transport.Pull(ch, reply.size, reply.transport_args, sink_fd, &ts, waits);
   }
   span.Arg("bytes", reply.size);
   if (!st.ok()) {

@@ -289,8 +289,7 @@ void FileServer::PrepareFetch(RequestContext& ctx, const std::string& payload, R
 }
 
 Task<void> FileServer::Push(RequestContext& ctx, Sending& s, PeerWaits& waits) {
-  std::unique_ptr<PushOp> push = s.transport->StartPush(ctx.ch, s.src, s.request_args, &s.ts);
-  s.push_status = co_await DriveTransfer(*push, ctx.ch, waits, "the requester made no progress");
+  s.push_status = co_await s.transport->Push(ctx.ch, s.src, s.request_args, &s.ts, waits);
   s.pushed = true;
 }
 

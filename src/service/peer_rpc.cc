@@ -1,6 +1,7 @@
 #include "service/peer_rpc.h"
 
 #include "service/peer_dial.h"
+#include "transport/transport.h"
 
 namespace dyad {
 

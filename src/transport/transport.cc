@@ -1,8 +1,8 @@
-// transport.cc: the one blocking driver of transfers (Transport::Pull and
-// Push) and the settled op transports return when nothing needs to move.
+// transport.cc: what every transport shares: the push of transports that
+// frame the file on the session, the runs of Pull and Push for callers
+// outside a runtime, and how a failed transfer ends its session.
 #include "transport/transport.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -14,64 +14,17 @@
 namespace dyad {
 namespace {
 
-// Longest single poll: a wake-up that an op's completions failed to signal
-// costs at most this much, never a hang (a timer, not a spin).
-constexpr int64_t kMaxPollMs = 1000;
-
-Status IdleExpired(int64_t idle_ms) {
-  return Status(DYAD_RC_TIMEOUT, "no progress for " + std::to_string(idle_ms) + " ms");
-}
-
-// Runs `op` to its end on this thread: steps it, and between steps sleeps
-// until the session or the op's wake fd is readable (hang-ups and errors
-// surface in the next Step). The idle bound restarts whenever moved()
-// advances; its expiry fails the op with DYAD_RC_TIMEOUT. An op that
-// blocks() (the local copy) finishes inside its Step: it is just stepped.
-Status Drive(Channel& session, TransferOp& op) {
-  uint64_t moved = op.moved();
-  Deadline idle = IdleDeadline(op.idle_ms());
+// TRANSITIONAL: runs a transport's old op on the runtime.
+Task<Status> DriveOp(TransferOp& op, Channel& session, TransferWaits& waits, const char* what) {
+  IdleBound idle(op.idle_ms());
   for (;;) {
-    Result<bool> r = op.Step();
-    if (!r.ok()) return r.status();
-    if (*r) return Status::OK();
-    if (op.moved() != moved) {
-      moved = op.moved();
-      idle = IdleDeadline(op.idle_ms());
-    }
-    if (idle.expired()) return op.Fail(IdleExpired(op.idle_ms()));
-    // Rounded up, so a wait that has not expired never polls for 0 ms.
-    const int64_t ms = std::max<int64_t>(1, idle.RemainingMs(kMaxPollMs));
-    const int wake = op.wake_fd();
-    pollfd p[2] = {{session.fd(), POLLIN, 0}, {wake, POLLIN, 0}};
-    // Readable, a signal (EINTR) or the poll's end: step again.
-    if (::poll(p, wake >= 0 ? 2 : 1, static_cast<int>(ms)) < 0 && errno != EINTR)
-      return op.Fail(StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST));
+    Result<bool> r = co_await waits.Run(op.blocks(), [&op] { return op.Step(); });
+    if (!r.ok()) co_return r.status();
+    if (*r) co_return Status::OK();
+    idle.Saw(op.moved());
+    Status w = co_await waits.ForPeer(session, idle, what, op.wake_fd());
+    if (!w.ok()) co_return op.Fail(w);
   }
-}
-
-// Sends the chunks QueueChunk makes as the requester takes them.
-Status PumpChunks(Transport& t, Channel& session, const FileSource& src, TransferStats* stats) {
-  const int64_t idle_ms = t.options().idle_ms;
-  WireQueue out;
-  uint64_t offset = 0;
-  while (offset < src.size || !out.empty()) {
-    while (offset < src.size && out.Gathering(kGatheredFileBytes)) {
-      DYAD_RETURN_IF_ERROR(t.QueueChunk(session, src, &offset, &out));
-      ++stats->chunks;
-    }
-    // idle_ms bounds each wait for room (<= 0: no bound).
-    Result<WireQueue::Pumped> p = out.Pump(session, idle_ms > 0 ? idle_ms : kMaxPollMs);
-    Status st = p.status();
-    if (st.ok() && *p == WireQueue::Pumped::kStalled && idle_ms > 0)
-      st = Status(DYAD_RC_TIMEOUT, "peer made no progress for " + std::to_string(idle_ms) + " ms");
-    stats->bytes = std::min<uint64_t>(out.sent(), src.size);
-    if (!st.ok())
-      return BreakSession(session, st.Annotate(t.name() + " push of '" + src.path + "' (sent " +
-                                               std::to_string(out.sent()) + " bytes of " +
-                                               std::to_string(src.size) + ")"));
-  }
-  stats->bytes = src.size;
-  return Status::OK();
 }
 
 class Settled final : public TransferOp {
@@ -118,23 +71,61 @@ std::unique_ptr<TransferOp> SettledOp(Status result, int64_t idle_ms, Channel* s
   return std::make_unique<Settled>(std::move(result), idle_ms, session);
 }
 
-Status Transport::Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-                       TransferStats* stats) {
-  TransferStats local_stats;
-  if (stats == nullptr) stats = &local_stats;
+Task<Status> Transport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
+                             int sink_fd, TransferStats* stats, TransferWaits& waits) {
   *stats = TransferStats();
   std::unique_ptr<TransferOp> op = StartPull(session, size, reply_args, sink_fd, stats);
-  return Drive(session, *op);
+  co_return co_await DriveOp(*op, session, waits, "no data from the owner");
 }
 
-Status Transport::Push(Channel& session, const FileSource& src, const std::string& request_args,
-                       TransferStats* stats) {
+// Sends the chunks QueueChunk makes as the requester takes them.
+Task<Status> Transport::Push(Channel& session, const FileSource& src,
+                             const std::string& request_args, TransferStats* stats,
+                             TransferWaits& waits) {
+  *stats = TransferStats();
+  if (!queues_chunks()) {
+    std::unique_ptr<TransferOp> op = StartPush(session, src, request_args, stats);
+    co_return co_await DriveOp(*op, session, waits, "the requester made no progress");
+  }
+  IdleBound idle(options_.idle_ms);
+  WireQueue out;
+  uint64_t offset = 0;
+  while (offset < src.size || !out.empty()) {
+    while (offset < src.size && out.Gathering(kGatheredFileBytes)) {
+      if (Status st = QueueChunk(session, src, &offset, &out); !st.ok()) co_return st;
+      ++stats->chunks;
+    }
+    Result<WireQueue::Pumped> p = out.Pump(session, 0);
+    Status st = p.status();
+    stats->bytes = std::min<uint64_t>(out.sent(), src.size);
+    idle.Saw(out.sent());
+    if (st.ok() && *p != WireQueue::Pumped::kAllSent)
+      st = co_await waits.ForRoom(session, idle, "the requester took no bytes");
+    if (!st.ok())
+      co_return BreakSession(session, st.Annotate(name() + " push of '" + src.path + "' (sent " +
+                                                  std::to_string(out.sent()) + " bytes of " +
+                                                  std::to_string(src.size) + ")"));
+  }
+  stats->bytes = src.size;
+  co_return Status::OK();
+}
+
+Status Transport::PullNow(Channel& session, uint64_t size, const std::string& reply_args,
+                          int sink_fd, TransferStats* stats) {
   TransferStats local_stats;
   if (stats == nullptr) stats = &local_stats;
-  *stats = TransferStats();
-  if (queues_chunks()) return PumpChunks(*this, session, src, stats);
-  std::unique_ptr<TransferOp> op = StartPush(session, src, request_args, stats);
-  return Drive(session, *op);
+  return RunTransfer(session, [&](TransferWaits& waits) {
+    return Pull(session, size, reply_args, sink_fd, stats, waits);
+  });
+}
+
+Status Transport::PushNow(Channel& session, const FileSource& src, const std::string& request_args,
+                          TransferStats* stats) {
+  TransferStats local_stats;
+  if (stats == nullptr) stats = &local_stats;
+  return RunTransfer(session, [&](TransferWaits& waits) {
+    return Push(session, src, request_args, stats, waits);
+  });
 }
 
 }  // namespace dyad

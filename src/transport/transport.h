@@ -43,6 +43,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "common/wire_queue.h"
+#include "transport/transfer_waits.h"
 
 namespace dyad {
 
@@ -169,25 +170,26 @@ class Transport {
     return std::string();
   }
 
-  // --- The two directions, each written once as an op. ---
+  // --- The two directions, each written once as a coroutine. ---
 
-  // Requester, after receiving the FetchReply: an op that lands reply.size
-  // bytes in `sink_fd` (opened for writing at offset 0). Never null, for
-  // every transport; `*stats` is reset when the op is made and counts what
-  // it moves. `session`, `sink_fd` and `stats` (non-null) must outlive the
-  // op.
-  virtual std::unique_ptr<TransferOp> StartPull(Channel& session, uint64_t size,
-                                                const std::string& reply_args, int sink_fd,
-                                                TransferStats* stats) = 0;
+  // Requester, after receiving the FetchReply: lands `size` bytes in
+  // `sink_fd` (opened for writing at offset 0). `*stats` is reset first and
+  // counts what moves. Every wait on the owner goes through `waits`: no
+  // progress for options().idle_ms fails it with DYAD_RC_TIMEOUT, the
+  // waits' Stop with its reason. A failure that leaves the session out of
+  // step breaks it (BreakSession). `session`, `stats` and `waits` must
+  // outlive the task.
+  virtual Task<Status> Pull(Channel& session, uint64_t size, const std::string& reply_args,
+                            int sink_fd, TransferStats* stats, TransferWaits& waits);
 
-  // Owner, after sending the FetchReply: an op that moves `src` to the
-  // requester; `request_args` are the requester's transport_args. Never
-  // null for a transport that does not queue chunks (queues_chunks()
-  // false); one that does ("tcp") returns null: its owner uses QueueChunk.
-  // `session`, `src` and `stats` (non-null) must outlive the op.
-  virtual std::unique_ptr<TransferOp> StartPush(Channel& session, const FileSource& src,
-                                                const std::string& request_args,
-                                                TransferStats* stats) = 0;
+  // Owner, after sending the FetchReply: moves `src` to the requester;
+  // `request_args` are the requester's transport_args. Waits and failures
+  // as for Pull. A transport that frames the file on the session
+  // (queues_chunks()) sends QueueChunk's chunks as the requester takes them
+  // (a service's file server queues them itself, gathered with its reply).
+  virtual Task<Status> Push(Channel& session, const FileSource& src,
+                            const std::string& request_args, TransferStats* stats,
+                            TransferWaits& waits);
 
   // Owner, transports that frame the file on the session (queues_chunks()):
   // queues the next chunk of `src` from `*offset` on (wire-ready: framed and
@@ -196,28 +198,34 @@ class Transport {
   // reading holds no thread, and a small file goes out with the reply and
   // the verdict in one send; then it queues the next chunk. Chunks must be
   // sent in the order they were queued. Errors mark the session broken.
-  // Others: DYAD_RC_NOTSUP (StartPush).
+  // Others: DYAD_RC_NOTSUP (Push).
   virtual Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
                             WireQueue* out) {
     (void)session, (void)src, (void)offset, (void)out;
-    return Status(DYAD_RC_NOTSUP, name() + " sends only whole files (StartPush)");
+    return Status(DYAD_RC_NOTSUP, name() + " sends only whole files (Push)");
   }
   virtual bool queues_chunks() const { return false; }
 
-  // --- The one blocking driver (transport.cc), for tests and tools. ---
+  // --- For callers outside a runtime (tests, tools): Pull and Push run to
+  // their end on this thread's behalf (RunTransfer). `stats` may be null.
+  Status PullNow(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+                 TransferStats* stats);
+  Status PushNow(Channel& session, const FileSource& src, const std::string& request_args,
+                 TransferStats* stats);
 
-  // Requester: StartPull's op run to its end on this thread. Between steps
-  // it polls the session (POLLIN) and the op's wake_fd; no progress
-  // (moved()) within idle_ms() fails the op with DYAD_RC_TIMEOUT. `stats`
-  // may be null.
-  Status Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
-              TransferStats* stats);
-  // Owner: the whole push on this thread: for queues_chunks() transports,
-  // QueueChunk's chunks sent as the requester takes them (no room for
-  // options().idle_ms is DYAD_RC_TIMEOUT); otherwise StartPush's op run as
-  // Pull runs its op. `stats` may be null.
-  Status Push(Channel& session, const FileSource& src, const std::string& request_args,
-              TransferStats* stats);
+  // TRANSITIONAL (removed once every transport writes Pull and Push):
+  virtual std::unique_ptr<TransferOp> StartPull(Channel& session, uint64_t size,
+                                                const std::string& reply_args, int sink_fd,
+                                                TransferStats* stats) {
+    (void)session, (void)size, (void)reply_args, (void)sink_fd, (void)stats;
+    return nullptr;
+  }
+  virtual std::unique_ptr<TransferOp> StartPush(Channel& session, const FileSource& src,
+                                                const std::string& request_args,
+                                                TransferStats* stats) {
+    (void)session, (void)src, (void)request_args, (void)stats;
+    return nullptr;
+  }
 
  protected:
   explicit Transport(const TransportOptions& options) : options_(options) {}

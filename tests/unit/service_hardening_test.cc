@@ -228,14 +228,14 @@ TEST(ServiceHardening, SameNodeCopyRefusesAPathSwappedAfterTheCheck) {
   Channel session{UniqueFd(sv[0]), Trust::kAuthenticated};
   UniqueFd other(sv[1]);
   TransferStats ts;
-  Status st = (*local)->Pull(session, src.size, *args, sink.get(), &ts);
+  Status st = (*local)->PullNow(session, src.size, *args, sink.get(), &ts);
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(ReadAll(sink_path), "");
   // Same name, another file inside the root: refused by its inode.
   std::filesystem::remove(root + "/d");
   std::filesystem::create_directories(root + "/d");
   WriteFile(root + "/d/f", "published");  // a new inode
-  st = (*local)->Pull(session, src.size, *args, sink.get(), &ts);
+  st = (*local)->PullNow(session, src.size, *args, sink.get(), &ts);
   EXPECT_EQ(st.code(), DYAD_RC_STALE) << st.ToString();
 }
 

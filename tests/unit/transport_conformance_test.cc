@@ -383,7 +383,7 @@ OwnerResult ServeFetch(Transport& t, Channel& ch, const std::string& root) {
   r.st = SendReply(t, ch, opened.src);
   if (!r.st.ok()) return r;
   const auto t0 = std::chrono::steady_clock::now();
-  r.st = t.Push(ch, opened.src, req.transport_args, &r.stats);
+  r.st = t.PushNow(ch, opened.src, req.transport_args, &r.stats);
   r.push_seconds = Seconds(std::chrono::steady_clock::now() - t0);
   return r;
 }
@@ -423,7 +423,7 @@ PullResult PullInto(Transport& t, Channel& ch, const FetchReply& reply, const st
   r.st = file.Create(dst_root, upath);
   if (!r.st.ok()) return r;
   const auto t0 = std::chrono::steady_clock::now();
-  r.st = t.Pull(ch, reply.size, reply.transport_args, file.fd(), &r.stats);
+  r.st = t.PullNow(ch, reply.size, reply.transport_args, file.fd(), &r.stats);
   r.pull_seconds = Seconds(std::chrono::steady_clock::now() - t0);
   if (!r.st.ok()) return r;
   r.st = file.Commit(reply.version, /*fsync_data=*/false);
@@ -1032,9 +1032,9 @@ TEST(TcpTransportPull, AppendOnlySinkFallsBackToBufferedReceive) {
   fs.size = size;
   fs.path = dir + "/src";
   Status push_status;
-  std::thread owner([&] { push_status = (*t)->Push(*link.owner, fs, "", nullptr); });
+  std::thread owner([&] { push_status = (*t)->PushNow(*link.owner, fs, "", nullptr); });
   TransferStats stats;
-  Status pull_status = (*t)->Pull(*link.requester, size, "", sink.get(), &stats);
+  Status pull_status = (*t)->PullNow(*link.requester, size, "", sink.get(), &stats);
   owner.join();
   ASSERT_TRUE(push_status.ok()) << push_status.ToString();
   ASSERT_TRUE(pull_status.ok()) << pull_status.ToString();
@@ -1067,14 +1067,14 @@ TEST(LocalTransportPull, RefusesSymlinksAndNonFiles) {
   UniqueFd other(sv[1]);
   UniqueFd sink(::open((dir + "/sink").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
   const std::string real = dir + "/real";
-  EXPECT_FALSE(t.Pull(session, 100, LocalArgs(dir, "link", real), sink.get(), nullptr).ok());
-  EXPECT_FALSE(t.Pull(session, 100, LocalArgs(dir, "sub", dir + "/sub"), sink.get(), nullptr).ok());
-  EXPECT_EQ(t.Pull(session, 100, "relative/path", sink.get(), nullptr).code(), DYAD_RC_BADUNPACK);
-  EXPECT_EQ(t.Pull(session, 101, LocalArgs(dir, "real", real), sink.get(), nullptr).code(),
+  EXPECT_FALSE(t.PullNow(session, 100, LocalArgs(dir, "link", real), sink.get(), nullptr).ok());
+  EXPECT_FALSE(t.PullNow(session, 100, LocalArgs(dir, "sub", dir + "/sub"), sink.get(), nullptr).ok());
+  EXPECT_EQ(t.PullNow(session, 100, "relative/path", sink.get(), nullptr).code(), DYAD_RC_BADUNPACK);
+  EXPECT_EQ(t.PullNow(session, 101, LocalArgs(dir, "real", real), sink.get(), nullptr).code(),
             DYAD_RC_BADFIO);
-  EXPECT_EQ(t.Pull(session, 100, LocalArgs(dir, "real", dir + "/sub"), sink.get(), nullptr).code(),
+  EXPECT_EQ(t.PullNow(session, 100, LocalArgs(dir, "real", dir + "/sub"), sink.get(), nullptr).code(),
             DYAD_RC_STALE);
-  EXPECT_TRUE(t.Pull(session, 100, LocalArgs(dir, "real", real), sink.get(), nullptr).ok());
+  EXPECT_TRUE(t.PullNow(session, 100, LocalArgs(dir, "real", real), sink.get(), nullptr).ok());
   RemoveTree(dir);
 }
 
@@ -1243,7 +1243,7 @@ TEST(TransferDriver, NoProgressWithinIdleMsIsATimeoutNamingTheBound) {
     src.size = 10;
     const auto t0 = std::chrono::steady_clock::now();
     const Status st =
-        pull ? t.Pull(*link.requester, 10, "", -1, nullptr) : t.Push(*link.owner, src, "", nullptr);
+        pull ? t.PullNow(*link.requester, 10, "", -1, nullptr) : t.PushNow(*link.owner, src, "", nullptr);
     const double waited = Seconds(std::chrono::steady_clock::now() - t0);
     EXPECT_EQ(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
     EXPECT_NE(st.message().find("300 ms"), std::string::npos) << st.ToString();
@@ -1274,7 +1274,7 @@ TEST(TransferDriver, ProgressRestartsTheIdleBoundAndTheDriverSleeps) {
     }
   });
   const auto t0 = std::chrono::steady_clock::now();
-  const Status st = t.Pull(*link.requester, kBytes, "", -1, nullptr);
+  const Status st = t.PullNow(*link.requester, kBytes, "", -1, nullptr);
   const double took = Seconds(std::chrono::steady_clock::now() - t0);
   stop = true;
   peer.join();
@@ -1492,8 +1492,8 @@ TEST(UcxTransport, GarbageRequestArgumentsFailBothSidesPromptly) {
   fs.path = dir + "/src";
   const auto t0 = std::chrono::steady_clock::now();
   Status push_status;
-  std::thread owner([&] { push_status = (*t)->Push(*link.owner, fs, "not ucx args", nullptr); });
-  Status pull_status = (*t)->Pull(*link.requester, size, "", sink.get(), nullptr);
+  std::thread owner([&] { push_status = (*t)->PushNow(*link.owner, fs, "not ucx args", nullptr); });
+  Status pull_status = (*t)->PullNow(*link.requester, size, "", sink.get(), nullptr);
   owner.join();
   EXPECT_LT(Seconds(std::chrono::steady_clock::now() - t0), 2.0);
   EXPECT_EQ(push_status.code(), DYAD_RC_BADREQUEST) << push_status.ToString();

@@ -140,10 +140,10 @@ Outcome Transfer(Transport& owner, Transport& requester, const std::string& dir,
   Result<std::string> reply_args = owner.ReplyArgs(s.src);
   EXPECT_TRUE(req_args.ok() && reply_args.ok());
   if (!req_args.ok() || !reply_args.ok()) return out;
-  std::thread t([&] { out.push = owner.Push(*link.owner, s.src, *req_args, &out.pushed); });
+  std::thread t([&] { out.push = owner.PushNow(*link.owner, s.src, *req_args, &out.pushed); });
   UniqueFd sink(
       ::open((dir + "/" + name + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  out.pull = requester.Pull(*link.requester, data.size(), *reply_args, sink.get(), &out.pulled);
+  out.pull = requester.PullNow(*link.requester, data.size(), *reply_args, sink.get(), &out.pulled);
   t.join();
   return out;
 }
@@ -276,7 +276,7 @@ TEST(OfiTransport, FailedReadIsAClearErrorAndTheNextTransferWorks) {
     if (owner_saw.ok() && type == kOfiErrorFrame) owner_saw = OfiDecodeError(payload, "requester");
   });
   UniqueFd sink(::open((dir.path() + "/bad.out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-  Status st = requester->Pull(*link.requester, kMiB, *reply_args, sink.get(), nullptr);
+  Status st = requester->PullNow(*link.requester, kMiB, *reply_args, sink.get(), nullptr);
   fake_owner.join();
   std::cout << "[ info       ] requester saw: " << st.ToString() << std::endl;
   ASSERT_FALSE(st.ok());
@@ -296,7 +296,7 @@ TEST(OfiTransport, PeersWithAnotherProviderOrGarbageAreRefused) {
   {
     Link link = MakeLink();
     const std::string args = OfiRequestArgs{"bogus;ofi_rxm", "h", 1 << 20, 4}.Encode();
-    Status st = t->Push(*link.owner, s.src, args, nullptr);
+    Status st = t->PushNow(*link.owner, s.src, args, nullptr);
     EXPECT_EQ(st.code(), DYAD_RC_MARGO_BAD_PROTO) << st.ToString();
     EXPECT_NE(st.message().find("bogus;ofi_rxm"), std::string::npos) << st.ToString();
     EXPECT_NE(st.message().find("DYAD_OFI_PROVIDER"), std::string::npos) << st.ToString();
@@ -304,7 +304,7 @@ TEST(OfiTransport, PeersWithAnotherProviderOrGarbageAreRefused) {
   }
   {
     Link link = MakeLink();
-    EXPECT_EQ(t->Push(*link.owner, s.src, "not ofi args", nullptr).code(), DYAD_RC_BADUNPACK);
+    EXPECT_EQ(t->PushNow(*link.owner, s.src, "not ofi args", nullptr).code(), DYAD_RC_BADUNPACK);
   }
   {
     Link link = MakeLink();
@@ -314,9 +314,9 @@ TEST(OfiTransport, PeersWithAnotherProviderOrGarbageAreRefused) {
     ASSERT_TRUE(r.Decode(*reply).ok());
     r.provider = "elsewhere";
     UniqueFd sink(::open((dir.path() + "/o").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-    Status st = t->Pull(*link.requester, kMiB, r.Encode(), sink.get(), nullptr);
+    Status st = t->PullNow(*link.requester, kMiB, r.Encode(), sink.get(), nullptr);
     EXPECT_EQ(st.code(), DYAD_RC_MARGO_BAD_PROTO) << st.ToString();
-    EXPECT_EQ(t->Pull(*link.requester, kMiB, "garbage", sink.get(), nullptr).code(),
+    EXPECT_EQ(t->PullNow(*link.requester, kMiB, "garbage", sink.get(), nullptr).code(),
               DYAD_RC_BADUNPACK);
   }
 }
