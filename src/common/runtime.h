@@ -64,6 +64,13 @@ class WorkerPool;
 template <typename T = void>
 using Task = asio::awaitable<T>;
 
+// DYAD_RETURN_IF_ERROR inside a coroutine (`expr` may co_await).
+#define DYAD_CO_RETURN_IF_ERROR(expr) \
+  do {                                \
+    ::dyad::Status _st = (expr);      \
+    if (!_st.ok()) co_return _st;     \
+  } while (0)
+
 // A one-shot signal that ends waits: once fired, every wait that names it
 // ends, now and later. A Stop may have a parent (a request's Stop has the
 // service's): it counts as fired when its parent has.

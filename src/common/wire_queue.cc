@@ -1,7 +1,6 @@
 #include "common/wire_queue.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -94,7 +93,7 @@ Result<bool> WireQueue::WriteSome(int sock) {
   return errno == EINTR;  // EAGAIN: no room
 }
 
-Result<WireQueue::Pumped> WireQueue::Pump(Channel& ch, int64_t stall_ms, int64_t* wait_budget_ns) {
+Result<WireQueue::Pumped> WireQueue::Pump(Channel& ch) {
   if (pieces_.empty()) return Pumped::kAllSent;
   if (ch.broken()) return Status(DYAD_RC_CONNLOST, "the session failed earlier");
   std::optional<ScopedSigpipeBlock> no_sigpipe;
@@ -113,29 +112,7 @@ Result<WireQueue::Pumped> WireQueue::Pump(Channel& ch, int64_t stall_ms, int64_t
       ch.MarkBroken();
       return wrote.status();
     }
-    if (*wrote) continue;
-    // Bounds of centuries (a "never" configured as a huge timeout) saturate.
-    constexpr int64_t kMaxMs = INT64_MAX / 1000000;
-    int64_t wait_ns = stall_ms >= kMaxMs ? INT64_MAX : stall_ms * 1000000;
-    if (wait_budget_ns != nullptr) wait_ns = std::min(wait_ns, *wait_budget_ns);
-    if (wait_ns <= 0) return Pumped::kStalled;
-    const uint64_t start = MonoNs();
-    const uint64_t until = start + static_cast<uint64_t>(wait_ns);
-    bool room = false;
-    for (uint64_t now = start; !room && now < until; now = MonoNs()) {
-      pollfd p{ch.fd(), POLLOUT, 0};
-      const timespec left{static_cast<time_t>((until - now) / 1000000000),
-                          static_cast<long>((until - now) % 1000000000)};
-      const int r = ::ppoll(&p, 1, &left, nullptr);
-      room = r > 0;  // room, or an error the next write reports
-      if (r < 0 && errno != EINTR) {
-        ch.MarkBroken();
-        return StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST);
-      }
-    }
-    if (wait_budget_ns != nullptr)
-      *wait_budget_ns -= static_cast<int64_t>(std::min<uint64_t>(MonoNs() - start, wait_ns));
-    if (!room) return Pumped::kStalled;
+    if (!*wrote) return Pumped::kStalled;
   }
   return Pumped::kAllSent;
 }

@@ -4,15 +4,13 @@
 // sends, so a requester that stopped reading held the owner's thread until
 // the idle bound (a minute). A WireQueue holds what comes next instead
 // (memory, or a range of an open file sent with sendfile(2)), and Pump()
-// writes it until it is all sent or the socket has had no room for a given
-// time. The caller then decides: a service parks the request until the
-// socket is writable (router.h, RequestParking::ParkUntilWritable) and
-// pumps again on whichever worker resumes it; a caller with nothing else to
-// do pumps again or fails the transfer.
+// writes what the socket takes now, never waiting. The caller waits for
+// room on its runtime (no thread held) and pumps again, or fails the
+// transfer when its bound passed.
 //
 // The socket is switched to O_NONBLOCK while a file range is sent (and back
-// afterwards), so every wait is our own bounded poll; SIGPIPE is blocked on
-// the pumping thread meanwhile (sendfile has no MSG_NOSIGNAL).
+// afterwards); SIGPIPE is blocked on the pumping thread meanwhile (sendfile
+// has no MSG_NOSIGNAL).
 //
 // Not thread-safe: one response, pumped by one thread at a time.
 #pragma once
@@ -50,14 +48,11 @@ class WireQueue {
   uint64_t sent() const { return sent_; }
 
   enum class Pumped { kAllSent, kStalled };
-  // Writes what is queued: kAllSent once the queue is empty, kStalled when
-  // the socket stayed full for `stall_ms` (<= 0: do not wait at all) or,
-  // when `wait_budget_ns` is given, once the waits for room have used it up
-  // (each wait is subtracted from it): a requester that reads, but slowly,
-  // then stalls the caller no longer than one that does not read at all.
-  // The queue keeps whatever is unsent. A socket error, a file that shrank,
-  // or a peer that hung up marks `ch` broken and is returned.
-  Result<Pumped> Pump(Channel& ch, int64_t stall_ms, int64_t* wait_budget_ns = nullptr);
+  // Writes what the socket takes now: kAllSent once the queue is empty,
+  // kStalled when the socket is full (wait until it is writable, then pump
+  // again). The queue keeps whatever is unsent. A socket error, a file that
+  // shrank, or a peer that hung up marks `ch` broken and is returned.
+  Result<Pumped> Pump(Channel& ch);
 
  private:
   struct Piece {

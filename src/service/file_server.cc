@@ -111,7 +111,7 @@ Task<void> FileServer::Send(RequestContext& ctx, std::shared_ptr<Response> r) {
       flush = *f == Fill::kFlush;
     }
     if (r->ended && r->out.empty()) co_return r->done(ctx, Status::OK());
-    Result<WireQueue::Pumped> p = r->out.Pump(ctx.ch, 0);
+    Result<WireQueue::Pumped> p = r->out.Pump(ctx.ch);
     if (!p.ok()) co_return r->done(ctx, p.status());
     if (*p == WireQueue::Pumped::kAllSent) continue;
     // The requester has not taken what is queued: wait for room (no

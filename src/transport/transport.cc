@@ -95,7 +95,7 @@ Task<Status> Transport::Push(Channel& session, const FileSource& src,
       if (Status st = QueueChunk(session, src, &offset, &out); !st.ok()) co_return st;
       ++stats->chunks;
     }
-    Result<WireQueue::Pumped> p = out.Pump(session, 0);
+    Result<WireQueue::Pumped> p = out.Pump(session);
     Status st = p.status();
     stats->bytes = std::min<uint64_t>(out.sent(), src.size);
     idle.Saw(out.sent());

@@ -24,7 +24,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -48,10 +47,12 @@
 
 #include "common/fsutil.h"
 #include "common/net.h"
+#include "common/runtime.h"
 #include "common/wire.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
 #include "transport/local/local_transport.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 #include "util.h"
 
@@ -1068,20 +1069,22 @@ TEST(LocalTransportPull, RefusesSymlinksAndNonFiles) {
   UniqueFd sink(::open((dir + "/sink").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
   const std::string real = dir + "/real";
   EXPECT_FALSE(t.PullNow(session, 100, LocalArgs(dir, "link", real), sink.get(), nullptr).ok());
-  EXPECT_FALSE(t.PullNow(session, 100, LocalArgs(dir, "sub", dir + "/sub"), sink.get(), nullptr).ok());
-  EXPECT_EQ(t.PullNow(session, 100, "relative/path", sink.get(), nullptr).code(), DYAD_RC_BADUNPACK);
+  EXPECT_FALSE(
+      t.PullNow(session, 100, LocalArgs(dir, "sub", dir + "/sub"), sink.get(), nullptr).ok());
+  EXPECT_EQ(t.PullNow(session, 100, "relative/path", sink.get(), nullptr).code(),
+            DYAD_RC_BADUNPACK);
   EXPECT_EQ(t.PullNow(session, 101, LocalArgs(dir, "real", real), sink.get(), nullptr).code(),
             DYAD_RC_BADFIO);
-  EXPECT_EQ(t.PullNow(session, 100, LocalArgs(dir, "real", dir + "/sub"), sink.get(), nullptr).code(),
-            DYAD_RC_STALE);
+  EXPECT_EQ(
+      t.PullNow(session, 100, LocalArgs(dir, "real", dir + "/sub"), sink.get(), nullptr).code(),
+      DYAD_RC_STALE);
   EXPECT_TRUE(t.PullNow(session, 100, LocalArgs(dir, "real", real), sink.get(), nullptr).ok());
   RemoveTree(dir);
 }
 
-// Brief tp, item 2: the local transport's pull is an op too (never null),
-// which copies in its first Step and says so with blocks() (a service runs
-// it on its pool); its push has nothing to send and is done at once.
-TEST(LocalTransportOps, StartPullReturnsABlockingOpThatLandsTheBytes) {
+// The local transport's pull copies the owner's file (on the runtime's
+// pool); its push has nothing to send; refused arguments are an error.
+TEST(LocalTransportPull, LandsTheBytesAndRefusesGarbage) {
   ScopedTempDir dir("local-op");
   ASSERT_FALSE(dir.path.empty());
   const uint64_t size = 3 * kMiB + 5;
@@ -1095,193 +1098,160 @@ TEST(LocalTransportOps, StartPullReturnsABlockingOpThatLandsTheBytes) {
   FileSource src;
   src.size = size;
   TransferStats pushed;
-  pushed.bytes = 99;  // reset when the op is made
-  std::unique_ptr<PushOp> push = t.StartPush(*link.owner, src, "", &pushed);
-  ASSERT_NE(push, nullptr);
-  Result<bool> pushed_step = push->Step();
-  ASSERT_TRUE(pushed_step.ok()) << pushed_step.status().ToString();
-  EXPECT_TRUE(*pushed_step);
+  pushed.bytes = 99;  // reset by the push
+  EXPECT_TRUE(t.PushNow(*link.owner, src, "", &pushed).ok());
   EXPECT_EQ(pushed.bytes, 0u);
 
   TransferStats stats;
-  std::unique_ptr<PullOp> op = t.StartPull(
-      *link.requester, size, LocalArgs(dir.path, "real", dir.path + "/real"), sink.get(), &stats);
-  ASSERT_NE(op, nullptr);
-  EXPECT_TRUE(op->blocks());
-  EXPECT_EQ(op->moved(), 0u);  // nothing copied before the first Step
-  Result<bool> r = op->Step();
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_TRUE(*r);
-  EXPECT_EQ(op->moved(), size);
+  const Status st = t.PullNow(*link.requester, size,
+                              LocalArgs(dir.path, "real", dir.path + "/real"), sink.get(), &stats);
+  ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(stats.bytes, size);
   EXPECT_TRUE(SameContent(dir.path + "/real", dir.path + "/sink"));
   EXPECT_FALSE(link.requester->broken());
-
-  // Refused arguments are the first Step's error, not a null op.
-  std::unique_ptr<PullOp> bad = t.StartPull(*link.requester, size, "garbage", sink.get(), &stats);
-  ASSERT_NE(bad, nullptr);
-  EXPECT_EQ(bad->Step().status().code(), DYAD_RC_BADUNPACK);
+  EXPECT_EQ(t.PullNow(*link.requester, size, "garbage", sink.get(), &stats).code(),
+            DYAD_RC_BADUNPACK);
 }
 
-// Brief tp, items 2 and 3: every transport's StartPull is an op (also for
-// arguments it refuses, whose first Step fails), and so is StartPush for
-// every transport that does not queue chunks.
-TEST(TransportOps, StartPullAndStartPushAreNeverNull) {
+// Every transport: an empty file needs no bytes and no peer (local still
+// checks the owner's arguments, here none); a pull with no sink is refused
+// at once; neither waits for its idle bound.
+TEST(TransportTransfers, EmptyFilesAndMissingSinksEndAtOnce) {
   for (const std::string& name : TransportNames()) {
     SCOPED_TRACE(name);
     TransportOptions options;
-    options.idle_ms = 2000;
+    options.idle_ms = 5000;
     Result<std::unique_ptr<Transport>> t = CreateTransport(name, options);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     Link link;
     ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+    const auto t0 = std::chrono::steady_clock::now();
     TransferStats stats;
-    std::unique_ptr<PullOp> empty = (*t)->StartPull(*link.requester, 0, "", -1, &stats);
-    EXPECT_NE(empty, nullptr);
-    // A sink that does not exist is refused at the first Step.
-    std::unique_ptr<PullOp> no_sink = (*t)->StartPull(*link.requester, 100, "", -1, &stats);
-    ASSERT_NE(no_sink, nullptr);
-    Result<bool> r = no_sink->Step();
-    EXPECT_FALSE(r.ok());
-    no_sink.reset();
-    FileSource src;
-    src.size = 0;
-    src.path = "/nonexistent";
-    std::unique_ptr<PushOp> push = (*t)->StartPush(*link.owner, src, "", &stats);
-    EXPECT_EQ(push == nullptr, (*t)->queues_chunks());
+    const Status empty = (*t)->PullNow(*link.requester, 0, "", -1, &stats);
+    if (name == "local")
+      EXPECT_EQ(empty.code(), DYAD_RC_BADUNPACK) << empty.ToString();
+    else
+      EXPECT_TRUE(empty.ok()) << empty.ToString();
+    EXPECT_FALSE((*t)->PullNow(*link.requester, 100, "", -1, &stats).ok());
+    EXPECT_LT(Seconds(std::chrono::steady_clock::now() - t0), 2.0);
   }
 }
 
-// ---------------------------------------------------------------------------
-// The one blocking driver (Transport::Pull and Push, transport.cc), with
-// ops whose progress the test controls.
+// CPU time of this process, for "it sleeps, it does not spin".
+double ProcessCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
 
-// What the driver did to a ScriptedOp (kept by the test: the driver owns
-// and destroys the op).
-struct DriverCalls {
-  int steps = 0;
-  int fails = 0;
-};
-
-// An op that moves what its wake fd counted each time it was signalled and
-// ends after `total` bytes.
-class ScriptedOp final : public TransferOp {
- public:
-  ScriptedOp(int wake_fd, uint64_t total, int64_t idle_ms, DriverCalls* calls)
-      : wake_(wake_fd), total_(total), idle_ms_(idle_ms), calls_(calls) {}
-  Result<bool> Step() override {
-    ++calls_->steps;
-    uint64_t v = 0;
-    if (::read(wake_, &v, sizeof v) == static_cast<ssize_t>(sizeof v)) moved_ += v;
-    return moved_ >= total_;
-  }
-  int wake_fd() const override { return wake_; }
-  uint64_t moved() const override { return moved_; }
-  int64_t idle_ms() const override { return idle_ms_; }
-  Status Fail(const Status& why) override {
-    ++calls_->fails;
-    return why.Annotate("scripted");
-  }
-
- private:
-  const int wake_;
-  const uint64_t total_;
-  const int64_t idle_ms_;
-  DriverCalls* const calls_;
-  uint64_t moved_ = 0;
-};
-
-// A transport whose pull and push are one ScriptedOp.
-class ScriptedTransport final : public Transport {
- public:
-  ScriptedTransport(int wake_fd, uint64_t total, int64_t idle_ms, DriverCalls* calls)
-      : Transport(TransportOptions()),
-        wake_(wake_fd),
-        total_(total),
-        idle_ms_(idle_ms),
-        calls_(calls) {}
-  std::string name() const override { return "scripted"; }
-  std::unique_ptr<TransferOp> StartPull(Channel&, uint64_t, const std::string&, int,
-                                        TransferStats*) override {
-    return std::make_unique<ScriptedOp>(wake_, total_, idle_ms_, calls_);
-  }
-  std::unique_ptr<TransferOp> StartPush(Channel&, const FileSource&, const std::string&,
-                                        TransferStats*) override {
-    return std::make_unique<ScriptedOp>(wake_, total_, idle_ms_, calls_);
-  }
-
- private:
-  const int wake_;
-  const uint64_t total_;
-  const int64_t idle_ms_;
-  DriverCalls* const calls_;
-};
-
-struct EventFd {
-  EventFd() : fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  void Signal() const {
-    const uint64_t one = 1;
-    (void)!::write(fd.get(), &one, sizeof one);
-  }
-  UniqueFd fd;
-};
-
-// Brief tp, item 4: a peer that never sends fails the transfer at idle_ms
-// with DYAD_RC_TIMEOUT naming the bound, through the op's Fail (which
-// breaks the session in real transports), in both directions; meanwhile
-// the driver sleeps (a spinning one would step thousands of times).
-TEST(TransferDriver, NoProgressWithinIdleMsIsATimeoutNamingTheBound) {
+// A peer that never sends fails the pull at idle_ms with DYAD_RC_TIMEOUT
+// naming the bound, breaking the session; a requester that takes nothing
+// fails the push the same way. Meanwhile the transfer sleeps: a spinning
+// wait would burn the whole bound in CPU time.
+TEST(TransferWaits, NoProgressWithinIdleMsIsATimeoutNamingTheBound) {
+  TransportOptions options;
+  options.idle_ms = 300;
   for (const bool pull : {true, false}) {
     SCOPED_TRACE(pull ? "pull" : "push");
-    EventFd wake;
-    ASSERT_TRUE(wake.fd.valid());
-    DriverCalls calls;
-    ScriptedTransport t(wake.fd.get(), 10, 300, &calls);
+    Result<std::unique_ptr<Transport>> t = CreateTransport("tcp", options);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
     Link link;
     ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+    ScopedTempDir dir("idle");
+    ASSERT_FALSE(dir.path.empty());
+    const uint64_t size = 32 * kMiB;  // far more than the socket buffers hold
+    ASSERT_TRUE(WriteRandomFile(dir.path + "/f", size, 3).ok());
+    UniqueFd file(::open((dir.path + "/f").c_str(), O_RDWR | O_CLOEXEC));
+    ASSERT_TRUE(file.valid());
     FileSource src;
-    src.size = 10;
+    src.fd = file.get();
+    src.size = size;
+    src.path = dir.path + "/f";
+    const double cpu0 = ProcessCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();
-    const Status st =
-        pull ? t.PullNow(*link.requester, 10, "", -1, nullptr) : t.PushNow(*link.owner, src, "", nullptr);
+    const Status st = pull ? (*t)->PullNow(*link.requester, size, "", file.get(), nullptr)
+                           : (*t)->PushNow(*link.owner, src, "", nullptr);
     const double waited = Seconds(std::chrono::steady_clock::now() - t0);
     EXPECT_EQ(st.code(), DYAD_RC_TIMEOUT) << st.ToString();
     EXPECT_NE(st.message().find("300 ms"), std::string::npos) << st.ToString();
-    EXPECT_EQ(calls.fails, 1);
-    EXPECT_NE(st.message().find("scripted"), std::string::npos) << "not ended through Fail";
+    EXPECT_TRUE((pull ? link.requester : link.owner)->broken());
     EXPECT_GE(waited, 0.29);
     EXPECT_LT(waited, 1.5);
-    EXPECT_LE(calls.steps, 5);
+    EXPECT_LT(ProcessCpuSeconds() - cpu0, 0.2) << "the wait spun";
   }
 }
 
-// Brief tp, item 4: progress (moved() advancing) restarts the idle bound,
-// so a slow transfer that keeps moving outlives idle_ms several times over,
-// and the driver sleeps between the op's wake-ups instead of spinning.
-TEST(TransferDriver, ProgressRestartsTheIdleBoundAndTheDriverSleeps) {
-  EventFd wake;
-  ASSERT_TRUE(wake.fd.valid());
-  constexpr int kBytes = 8;
-  DriverCalls calls;
-  ScriptedTransport t(wake.fd.get(), kBytes, 300, &calls);
+// Progress restarts the idle bound: a slow peer that keeps sending
+// outlives idle_ms several times over.
+TEST(TransferWaits, ProgressRestartsTheIdleBound) {
+  TransportOptions options;
+  options.idle_ms = 300;
+  TcpTransport t(options);
   Link link;
   ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+  ScopedTempDir dir("slow");
+  ASSERT_FALSE(dir.path.empty());
+  UniqueFd sink(::open((dir.path + "/sink").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+  ASSERT_TRUE(sink.valid());
+  constexpr int kBytes = 8;
   std::atomic<bool> stop{false};
   std::thread peer([&] {
     for (int i = 0; i < kBytes && !stop; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
-      wake.Signal();
+      (void)!::send(link.owner->fd(), "x", 1, MSG_NOSIGNAL);
     }
   });
   const auto t0 = std::chrono::steady_clock::now();
-  const Status st = t.PullNow(*link.requester, kBytes, "", -1, nullptr);
+  const Status st = t.PullNow(*link.requester, kBytes, "", sink.get(), nullptr);
   const double took = Seconds(std::chrono::steady_clock::now() - t0);
   stop = true;
   peer.join();
   EXPECT_TRUE(st.ok()) << st.ToString();
   EXPECT_GE(took, 1.0);  // 8 x 150 ms: well past the 300 ms bound
-  EXPECT_EQ(calls.fails, 0);
-  EXPECT_LE(calls.steps, 3 * kBytes);
+}
+
+// The operation's Stop (its requester hung up, the service stops) ends a
+// transfer waiting on a silent peer at once, with the Stop's reason, long
+// before its idle bound, and breaks the session.
+TEST(TransferWaits, TheOperationsStopEndsATransferAtOnce) {
+  TransportOptions options;
+  options.idle_ms = 60000;
+  for (const std::string& name : TransportNames()) {
+    // local never waits on the peer; ofi's pull needs the owner's keys
+    // first (its Stop: transport_ofi_op_test.cc).
+    if (name == "local" || name == "ofi") continue;
+    SCOPED_TRACE(name);
+    Result<std::unique_ptr<Transport>> t = CreateTransport(name, options);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    Link link;
+    ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+    ScopedTempDir dir("stop");
+    ASSERT_FALSE(dir.path.empty());
+    UniqueFd sink(::open((dir.path + "/sink").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    ASSERT_TRUE(sink.valid());
+    Runtime rt(2, 1000);
+    ASSERT_TRUE(rt.Start().ok());
+    Stop stop(rt.executor(), &rt.stopping());
+    TransferWaits waits(rt, &stop);
+    std::thread hang_up([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      stop.Fire(Status(DYAD_RC_CANCELLED, "the requester hung up"));
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    TransferStats stats;
+    const Status st = rt.RunSync([&]() -> Task<Status> {
+      Status s = co_await (*t)->Pull(*link.requester, 8 * kMiB, "", sink.get(), &stats, waits);
+      link.requester->attachment().reset();
+      co_return s;
+    }());
+    const double took = Seconds(std::chrono::steady_clock::now() - t0);
+    hang_up.join();
+    rt.Shutdown();
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("the requester hung up"), std::string::npos) << st.ToString();
+    EXPECT_TRUE(link.requester->broken());
+    EXPECT_LT(took, 5.0);
+  }
 }
 
 #ifdef DYAD_HAVE_UCX

@@ -127,46 +127,12 @@ class ScopedFilePosition {
   const off_t pos_;
 };
 
-// The requester's copy as an op: its first Step copies the whole file (it
-// may block on the disk, never on the peer: blocks()), so a service runs it
-// on its pool. Nothing crosses the session, so a failure leaves it usable.
-class LocalPull final : public PullOp {
- public:
-  LocalPull(uint64_t size, std::string reply_args, int sink_fd, int64_t idle_ms,
-            TransferStats* stats)
-      : size_(size),
-        reply_args_(std::move(reply_args)),
-        sink_fd_(sink_fd),
-        idle_ms_(idle_ms),
-        stats_(stats) {}
-
-  Result<bool> Step() override {
-    if (!done_) {
-      done_ = true;
-      result_ = Copy();
-    }
-    if (!result_.ok()) return result_;
-    return true;
-  }
-  uint64_t moved() const override { return stats_->bytes; }
-  int64_t idle_ms() const override { return idle_ms_; }
-  Status Fail(const Status& why) override { return why; }
-  bool blocks() const override { return true; }
-
- private:
-  Status Copy();
-
-  const uint64_t size_;
-  const std::string reply_args_;
-  const int sink_fd_;
-  const int64_t idle_ms_;
-  TransferStats* const stats_;
-  bool done_ = false;
-  Status result_;
-};
-
-Status LocalPull::Copy() {
-  Decoder d(reply_args_);
+// The requester's copy of the owner's file, opened beneath the owner's
+// root; it may block on the disk (never on the peer). Nothing crosses the
+// session, so a failure leaves it usable.
+Status CopyFromOwner(uint64_t size, const std::string& reply_args, int sink_fd,
+                     TransferStats* stats) {
+  Decoder d(reply_args);
   const std::string root = d.Str();
   const std::string upath = d.Str();
   const uint64_t dev = d.U64();
@@ -187,13 +153,13 @@ Status LocalPull::Copy() {
   if (static_cast<uint64_t>(st.st_dev) != dev || static_cast<uint64_t>(st.st_ino) != ino)
     return Status(DYAD_RC_STALE,
                   "local pull: '" + path + "' is no longer the file the owner checked");
-  if (static_cast<uint64_t>(st.st_size) < size_) {
+  if (static_cast<uint64_t>(st.st_size) < size) {
     return Status(DYAD_RC_BADFIO, "local pull: '" + path + "' is " + Bytes(st.st_size) +
-                                      " bytes, the owner promised " + Bytes(size_) +
+                                      " bytes, the owner promised " + Bytes(size) +
                                       " (changed since the reply?)");
   }
-  if (sink_fd_ < 0) return Status(DYAD_RC_BADFIO, "local pull: no sink file descriptor");
-  Status copied = LocalTransport::CopyRange(src.get(), sink_fd_, size_, stats_);
+  if (sink_fd < 0) return Status(DYAD_RC_BADFIO, "local pull: no sink file descriptor");
+  Status copied = LocalTransport::CopyRange(src.get(), sink_fd, size, stats);
   return copied.Annotate("local pull of '" + path + "'");
 }
 
@@ -213,22 +179,23 @@ Result<std::string> LocalTransport::ReplyArgs(const FileSource& src) {
   return e.data();
 }
 
-// The requester reads the file itself: nothing goes on the session, and
-// the push is done at its first Step.
-std::unique_ptr<PushOp> LocalTransport::StartPush(Channel& session, const FileSource& src,
-                                                  const std::string& request_args,
-                                                  TransferStats* stats) {
-  (void)session, (void)src, (void)request_args;
-  *stats = TransferStats();
-  return SettledOp(Status::OK(), options_.idle_ms);
-}
-
-std::unique_ptr<PullOp> LocalTransport::StartPull(Channel& session, uint64_t size,
-                                                  const std::string& reply_args, int sink_fd,
-                                                  TransferStats* stats) {
+// The requester reads the file itself (on the runtime's pool: the copy may
+// block on the disk); nothing goes on the session.
+Task<Status> LocalTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
+                                  int sink_fd, TransferStats* stats, TransferWaits& waits) {
   (void)session;
   *stats = TransferStats();
-  return std::make_unique<LocalPull>(size, reply_args, sink_fd, options_.idle_ms, stats);
+  co_return co_await waits.Run(true,
+                               [&] { return CopyFromOwner(size, reply_args, sink_fd, stats); });
+}
+
+// Nothing to send: the requester copies the file itself.
+Task<Status> LocalTransport::Push(Channel& session, const FileSource& src,
+                                  const std::string& request_args, TransferStats* stats,
+                                  TransferWaits& waits) {
+  (void)session, (void)src, (void)request_args, (void)waits;
+  *stats = TransferStats();
+  co_return Status::OK();
 }
 
 Status LocalTransport::CopyRange(int src_fd, int dst_fd, uint64_t size, TransferStats* stats) {

@@ -28,13 +28,13 @@ class LocalTransport final : public Transport {
   std::string name() const override { return "local"; }
 
   Result<std::string> ReplyArgs(const FileSource& src) override;
-  // The requester's copy, done by the op's first Step (blocks(): it may
-  // wait on the disk, never on the peer).
-  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
-                                    int sink_fd, TransferStats* stats) override;
-  // Nothing to send: the op is done at its first Step.
-  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
-                                    const std::string& request_args, TransferStats* stats) override;
+  // The requester's copy, on the runtime's pool (it may wait on the disk,
+  // never on the peer).
+  Task<Status> Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+                    TransferStats* stats, TransferWaits& waits) override;
+  // Nothing to send.
+  Task<Status> Push(Channel& session, const FileSource& src, const std::string& request_args,
+                    TransferStats* stats, TransferWaits& waits) override;
 
   // Copies bytes [0, size) of `src_fd` to `dst_fd` at dst_fd's current file
   // position, leaving that position just past the copied range and the

@@ -31,47 +31,65 @@ bool SpliceUnsupported(int err) {
 }
 
 // What both receives share: the session, the size, the progress so far,
-// and how a failure ends the session.
-class TcpPull : public PullOp {
- public:
-  uint64_t moved() const override { return got_; }
-  int64_t idle_ms() const override { return options_.idle_ms; }
-  Status Fail(const Status& why) override {
+// the wait for more bytes, and how a failure ends the session.
+class TcpPull {
+ protected:
+  TcpPull(Channel& ch, uint64_t size, const TransportOptions& options, TransferStats* stats,
+          TransferWaits& waits)
+      : ch_(ch),
+        size_(size),
+        options_(options),
+        stats_(stats),
+        waits_(waits),
+        idle_(options.idle_ms) {}
+
+  // Until the socket holds more bytes: OK, or why the transfer ends (no
+  // bytes for idle_ms, the operation stopped).
+  Task<Status> MoreBytes() {
+    idle_.Saw(got_);
+    co_return co_await waits_.ForPeer(ch_, idle_, "no data from the owner");
+  }
+  Status Fail(const Status& why) {
     return BreakSession(ch_, why.Annotate("tcp pull (" + Progress(got_, size_) + ")"));
   }
-
- protected:
-  TcpPull(Channel& ch, uint64_t size, const TransportOptions& options, TransferStats* stats)
-      : ch_(ch), size_(size), options_(options), stats_(stats) {}
 
   Channel& ch_;
   const uint64_t size_;
   const TransportOptions options_;
   TransferStats* const stats_;
+  TransferWaits& waits_;
+  IdleBound idle_;
   uint64_t got_ = 0;
 };
 
-// The unprotected stream. Modes: splice until it proves unusable here
-// (no pipe, a sink or socket that refuses it), then buffered receive.
+// The unprotected stream: exactly `size` raw bytes, spliced socket -> pipe
+// -> sink until splice proves unusable here (no pipe, a sink or socket
+// that refuses it), then received through a buffer.
 class StreamPull final : public TcpPull {
  public:
   StreamPull(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
-             TransferStats* stats)
-      : TcpPull(ch, size, options, stats), sink_(sink_fd) {
-    mode_ = size > TcpTransport::kSpliceThreshold ? Mode::kSpliceFirst : Mode::kBuffered;
-  }
+             TransferStats* stats, TransferWaits& waits)
+      : TcpPull(ch, size, options, stats, waits), sink_(sink_fd) {}
 
-  Result<bool> Step() override {
-    Result<bool> r = StepModes();
-    if (!r.ok()) return BreakSession(ch_, r.status().Annotate("tcp pull"));
-    return r;
+  Task<Status> Run() {
+    Status st = TakeReadAhead();
+    if (st.ok() && got_ < size_ && size_ > TcpTransport::kSpliceThreshold && SetUpSplice()) {
+      bool unsupported = false;
+      st = co_await Splice(&unsupported);
+      if (st.ok() && unsupported)
+        DYAD_LOG_DEBUG("tcp pull: splice unavailable, using buffered receive");
+      rd_.reset();
+      wr_.reset();
+      nonblocking_.reset();
+    }
+    if (st.ok()) st = co_await Buffered();
+    if (!st.ok()) co_return Fail(st);
+    co_return Status::OK();
   }
 
  private:
-  enum class Mode { kSpliceFirst, kSplice, kBuffered };
-
-  Result<bool> StepModes() {
-    // Bytes the session read ahead with the reply come first.
+  // Bytes the session read ahead with the reply come first.
+  Status TakeReadAhead() {
     while (got_ < size_ && ch_.has_unread()) {
       EnsureBuffer();
       const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - got_));
@@ -80,19 +98,7 @@ class StreamPull final : public TcpPull {
       DYAD_RETURN_IF_ERROR(WriteSink(buf_.data(), *n));
       Count(*n);
     }
-    if (got_ == size_) return true;
-    if (mode_ == Mode::kSpliceFirst) mode_ = SetUpSplice() ? Mode::kSplice : Mode::kBuffered;
-    if (mode_ == Mode::kSplice) {
-      bool unsupported = false;
-      Result<bool> r = SpliceNow(&unsupported);
-      if (!r.ok() || !unsupported) return r;
-      DYAD_LOG_DEBUG("tcp pull: splice unavailable, using buffered receive");
-      mode_ = Mode::kBuffered;
-      rd_.reset();
-      wr_.reset();
-      nonblocking_.reset();
-    }
-    return BufferedNow();
+    return Status::OK();
   }
 
   // Without a non-blocking socket splice could wait unbounded; without a
@@ -138,52 +144,49 @@ class StreamPull final : public TcpPull {
     return st;
   }
 
-  // Receives until the socket holds nothing more (false) or all arrived.
-  Result<bool> BufferedNow() {
+  // Receives the rest through the buffer.
+  Task<Status> Buffered() {
     EnsureBuffer();
     while (got_ < size_) {
       const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - got_));
       const ssize_t n = ::recv(ch_.fd(), buf_.data(), want, MSG_DONTWAIT);
       if (n > 0) {
-        DYAD_RETURN_IF_ERROR(WriteSink(buf_.data(), static_cast<size_t>(n)));
+        DYAD_CO_RETURN_IF_ERROR(WriteSink(buf_.data(), static_cast<size_t>(n)));
         Count(static_cast<uint64_t>(n));
         continue;
       }
-      if (n == 0) return PeerClosed();
+      if (n == 0) co_return PeerClosed();
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      return SocketError(errno, "recv");
+      if (errno != EAGAIN && errno != EWOULDBLOCK) co_return SocketError(errno, "recv");
+      DYAD_CO_RETURN_IF_ERROR(co_await MoreBytes());
     }
-    return true;
+    co_return Status::OK();
   }
 
-  // socket -> pipe -> sink. Sets `*unsupported` (no bytes lost) when splice
-  // cannot be used here; the caller then continues buffered.
-  Result<bool> SpliceNow(bool* unsupported) {
+  // socket -> pipe -> sink. Sets `*unsupported` (no bytes lost) and
+  // returns when splice cannot be used here; the caller goes on buffered.
+  Task<Status> Splice(bool* unsupported) {
     while (got_ < size_) {
       const size_t want = static_cast<size_t>(std::min<uint64_t>(cap_, size_ - got_));
       const ssize_t n =
           ::splice(ch_.fd(), nullptr, wr_.get(), nullptr, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
-        bool sink_unsupported = false;
-        DYAD_RETURN_IF_ERROR(DrainPipe(static_cast<size_t>(n), &sink_unsupported));
+        DYAD_CO_RETURN_IF_ERROR(DrainPipe(static_cast<size_t>(n), unsupported));
         Count(static_cast<uint64_t>(n));
-        if (sink_unsupported) {
-          *unsupported = true;
-          return false;
-        }
+        if (*unsupported) co_return Status::OK();
         continue;
       }
-      if (n == 0) return PeerClosed();
+      if (n == 0) co_return PeerClosed();
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
       if (SpliceUnsupported(errno)) {  // nothing was taken from the socket
         *unsupported = true;
-        return false;
+        co_return Status::OK();
       }
-      return SocketError(errno, "splice from socket");
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        co_return SocketError(errno, "splice from socket");
+      DYAD_CO_RETURN_IF_ERROR(co_await MoreBytes());
     }
-    return true;
+    co_return Status::OK();
   }
 
   // Asks for a pipe as large as useful (up to kMaxPipeBytes); a smaller one
@@ -239,22 +242,21 @@ class StreamPull final : public TcpPull {
   }
 
   const int sink_;
-  Mode mode_;
   std::vector<char> buf_;
   std::optional<ScopedNonBlocking> nonblocking_;  // while splicing
   UniqueFd rd_, wr_;                              // the pipe, while splicing
   size_t cap_ = 0;
 };
 
-// The protected stream: each chunk is written as it streams in and
-// verified at its end, so the socket keeps draining and the bytes are
-// hashed while still in cache. Unverified bytes only ever reach the sink,
-// a temporary the fetcher discards when this fails.
+// The protected stream: sealed kFileData frames, each written as it streams
+// in and verified at its end, so the socket keeps draining and the bytes are
+// hashed while still in cache. Unverified bytes only ever reach the sink, a
+// temporary the fetcher discards when this fails.
 class SealedPull final : public TcpPull {
  public:
   SealedPull(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
-             TransferStats* stats, size_t read_bytes)
-      : TcpPull(ch, size, options, stats) {
+             TransferStats* stats, TransferWaits& waits, size_t read_bytes)
+      : TcpPull(ch, size, options, stats, waits) {
     buf_len_ = static_cast<size_t>(std::min<uint64_t>(read_bytes, std::max<uint64_t>(1, size)));
     buf_.reset(new char[buf_len_]);
     write_ = [sink_fd](const char* p, size_t n) -> Status {
@@ -264,29 +266,32 @@ class SealedPull final : public TcpPull {
     };
   }
 
-  Result<bool> Step() override {
+  Task<Status> Run() {
+    Channel::PartialFrame frame;
     while (got_ < size_) {
       size_t len = 0;
       const size_t max_len =
           static_cast<size_t>(std::min<uint64_t>(kMaxFramePayload, size_ - got_));
-      Result<bool> r = ch_.RecvFrameStreamingNow(&frame_, static_cast<uint16_t>(MsgType::kFileData),
+      Result<bool> r = ch_.RecvFrameStreamingNow(&frame, static_cast<uint16_t>(MsgType::kFileData),
                                                  &len, max_len, buf_.get(), buf_len_, write_);
       if (r.ok() && *r && len == 0) r = Status(DYAD_RC_BADUNPACK, "empty file data chunk");
-      if (!r.ok()) return Fail(r.status());
-      if (!*r) return false;
-      frame_.Reset();
+      if (!r.ok()) co_return Fail(r.status());
+      if (!*r) {
+        if (Status w = co_await MoreBytes(); !w.ok()) co_return Fail(w);
+        continue;
+      }
+      frame.Reset();
       got_ += len;
       stats_->bytes = got_;
       ++stats_->chunks;
     }
-    return true;
+    co_return Status::OK();
   }
 
  private:
   size_t buf_len_ = 0;
   std::unique_ptr<char[]> buf_;
   std::function<Status(const char*, size_t)> write_;
-  Channel::PartialFrame frame_;
 };
 
 }  // namespace
@@ -295,15 +300,16 @@ std::string Progress(uint64_t got, uint64_t size) {
   return "received " + std::to_string(got) + " of " + std::to_string(size) + " bytes";
 }
 
-std::unique_ptr<PullOp> MakeStreamPull(Channel& ch, uint64_t size, int sink_fd,
-                                       const TransportOptions& options, TransferStats* stats) {
-  return std::make_unique<StreamPull>(ch, size, sink_fd, options, stats);
+Task<Status> PullStream(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
+                        TransferStats* stats, TransferWaits& waits) {
+  StreamPull pull(ch, size, sink_fd, options, stats, waits);
+  co_return co_await pull.Run();
 }
 
-std::unique_ptr<PullOp> MakeSealedPull(Channel& ch, uint64_t size, int sink_fd,
-                                       const TransportOptions& options, TransferStats* stats,
-                                       size_t read_bytes) {
-  return std::make_unique<SealedPull>(ch, size, sink_fd, options, stats, read_bytes);
+Task<Status> PullSealed(Channel& ch, uint64_t size, int sink_fd, const TransportOptions& options,
+                        TransferStats* stats, TransferWaits& waits, size_t read_bytes) {
+  SealedPull pull(ch, size, sink_fd, options, stats, waits, read_bytes);
+  co_return co_await pull.Run();
 }
 
 }  // namespace tcp_internal

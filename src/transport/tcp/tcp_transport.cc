@@ -77,26 +77,17 @@ Status TcpTransport::QueueChunk(Channel& session, const FileSource& src, uint64_
   return Status::OK();
 }
 
-std::unique_ptr<PullOp> TcpTransport::StartPull(Channel& session, uint64_t size,
-                                                const std::string& reply_args, int sink_fd,
-                                                TransferStats* stats) {
+Task<Status> TcpTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
+                                int sink_fd, TransferStats* stats, TransferWaits& waits) {
   (void)reply_args;
   *stats = TransferStats();
-  if (size == 0) return SettledOp(Status::OK(), options_.idle_ms);
+  if (size == 0) co_return Status::OK();
   if (sink_fd < 0)
-    return SettledOp(Status(DYAD_RC_BADFIO, "tcp pull: no sink file descriptor"), options_.idle_ms,
-                     &session);
+    co_return BreakSession(session, Status(DYAD_RC_BADFIO, "tcp pull: no sink file descriptor"));
   if (session.protection() != LinkProtection::kNone)
-    return tcp_internal::MakeSealedPull(session, size, sink_fd, options_, stats, kSealedReadBytes);
-  return tcp_internal::MakeStreamPull(session, size, sink_fd, options_, stats);
-}
-
-// Chunks are queued (QueueChunk): there is no push op.
-std::unique_ptr<PushOp> TcpTransport::StartPush(Channel& session, const FileSource& src,
-                                                const std::string& request_args,
-                                                TransferStats* stats) {
-  (void)session, (void)src, (void)request_args, (void)stats;
-  return nullptr;
+    co_return co_await tcp_internal::PullSealed(session, size, sink_fd, options_, stats, waits,
+                                                kSealedReadBytes);
+  co_return co_await tcp_internal::PullStream(session, size, sink_fd, options_, stats, waits);
 }
 
 DYAD_DEFINE_TRANSPORT_FACTORY(tcp, TcpTransport)

@@ -21,7 +21,7 @@
 // vanished peer is an error, never a signal, whatever the process's
 // disposition. QueueChunk hands the owner one chunk at a time, which it
 // sends as the requester takes it (the file server, or Transport::Push);
-// the requester's side is StartPull's op.
+// the requester's side is Pull (tcp_receive.h).
 //
 // Threading: a TcpTransport holds only immutable options; one instance is
 // shared by every concurrent transfer of a service. Each call uses only its
@@ -41,13 +41,11 @@ class TcpTransport final : public Transport {
 
   std::string name() const override { return "tcp"; }
 
-  // The receiving side, one step at a time (tcp_receive.h).
-  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
-                                    int sink_fd, TransferStats* stats) override;
-  // Null: the owner queues chunks (QueueChunk), which the file server
-  // gathers with its reply and verdict, and Transport::Push pumps.
-  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
-                                    const std::string& request_args, TransferStats* stats) override;
+  // The receiving side (tcp_receive.h). The owner's side is
+  // Transport::Push: it sends what QueueChunk queues (the file server
+  // gathers the first chunk with its reply and verdict).
+  Task<Status> Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+                    TransferStats* stats, TransferWaits& waits) override;
   Status QueueChunk(Channel& session, const FileSource& src, uint64_t* offset,
                     WireQueue* out) override;
   bool queues_chunks() const override { return true; }
