@@ -7,7 +7,7 @@
 // (transport.h has the conversation): take a pooled (or new) authenticated
 // session to the owner (DialPeer), send the FetchRequest with the
 // transport's arguments, receive the FetchReply, let the transport's
-// PullOp land the bytes in the sink (DriveTransfer), receive the owner's
+// Pull land the bytes in the sink, receive the owner's
 // verdict (the file did not change while it was sent). None of its waits
 // holds a thread. It decides nothing about where the file goes or whether
 // it is needed (that is Placement's job): it moves bytes and reports what

@@ -207,7 +207,7 @@ struct FileServer::Sending {
   Transport* transport = nullptr;
   std::string request_args;
   uint64_t queued = 0;  // bytes of the file queued so far (QueueChunk)
-  bool pushed = false;  // the PushOp ended (transports that send whole files)
+  bool pushed = false;  // the Push ended (transports that send whole files)
   Status push_status;   // how
   bool same = false;    // the verdict
   TransferStats ts;

@@ -112,7 +112,7 @@ class FileServer {
   // A fetch's checks and first reply; on success sets r's steps.
   void PrepareFetch(RequestContext& ctx, const std::string& payload, Response* r);
   Result<Fill> FillFetch(RequestContext& ctx, Sending& s, WireQueue& out);
-  // The transport's PushOp of `s`, run to its end (kPeer).
+  // The transport's Push of `s`, run to its end (kPeer).
   Task<void> Push(RequestContext& ctx, Sending& s, PeerWaits& waits);
   void FetchDone(RequestContext& ctx, Sending& s, const Status& why);
   void PrepareBatch(RequestContext& ctx, const std::string& payload, Response* r);

@@ -5,9 +5,9 @@
 //   requester: PrepareRequest() -> transport_args sent in the FetchRequest
 //   owner:     validates the path, opens the file, replies FetchReply
 //              (size, version, its own ReplyArgs()), then moves the file:
-//              StartPush()'s op, or QueueChunk() for transports that
-//              stream on the session (queues_chunks())
-//   requester: StartPull()'s op lands exactly `size` bytes into the sink fd.
+//              Push(), or QueueChunk() for transports that stream on the
+//              session (queues_chunks())
+//   requester: Pull() lands exactly `size` bytes into the sink fd.
 // The session carries control traffic; each transport decides how data
 // moves: "tcp" streams it on the session itself (sendfile on the sender,
 // bounded buffers on the receiver); "local" passes only the owner's path and
@@ -17,20 +17,21 @@
 // registered memory with one-sided RMA, keys exchanged in transport_args.
 // Nothing transport-specific leaks into the service.
 //
-// Every transfer is written once, per direction, as a TransferOp whose Step
-// never waits on the peer: the service runs the ops on its runtime (no
-// thread held while a peer is slow), and Transport::Pull / Push, the one
-// blocking driver (transport.cc), run the same ops on the calling thread
-// for tests and tools. A new transport writes:
+// Every transfer is written once, per direction, as a straight-line
+// coroutine on the service's runtime (common/runtime.h): its waits on the
+// peer go through TransferWaits (transfer_waits.h) and hold no thread.
+// Tests and tools run the same coroutines with PullNow / PushNow. A new
+// transport writes:
 //   * PrepareRequest / ReplyArgs: what each end tells the other;
-//   * StartPull: the requester's op (never null);
-//   * StartPush: the owner's op (never null), or, for a transport whose
-//     bytes are framed on the session, QueueChunk + queues_chunks() instead;
+//   * Pull: the requester's side;
+//   * Push: the owner's side, or, for a transport whose bytes are framed on
+//     the session, QueueChunk + queues_chunks() instead;
 //   * its row (caps, selectors, settings) in its folder's row.cc.
 //
-// Both ends must bound every wait (no progress for `idle_ms` is an error)
-// and never hold a whole file in memory. A Transport is shared by all
-// concurrent transfers of a service and must be thread-safe.
+// Both ends bound every wait (no progress for `idle_ms` is an error,
+// IdleBound), end at once when the operation's Stop fires, and never hold a
+// whole file in memory. A Transport is shared by all concurrent transfers
+// of a service and must be thread-safe.
 #pragma once
 
 #include <cstdint>
