@@ -129,7 +129,8 @@ class ReactorTest : public ::testing::Test {
     const std::string sink = base_ + "/sink";
     UniqueFd fd(::open(sink.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600));
     ASSERT_TRUE(fd.valid());
-    st = TcpTransport(TransportOptions{}).PullNow(ch, fr.size, fr.transport_args, fd.get(), nullptr);
+    st =
+        TcpTransport(TransportOptions{}).PullNow(ch, fr.size, fr.transport_args, fd.get(), nullptr);
     ASSERT_TRUE(st.ok()) << who << ": " << st.ToString();
     st = ReceiveReply(ch, &body, Deadline::AfterMs(5000));
     ASSERT_TRUE(st.ok()) << who << ": verdict " << st.ToString();
