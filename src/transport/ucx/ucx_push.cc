@@ -52,8 +52,6 @@ class Pusher final : Transfer {
   Task<Status> TakeCredit();
   // Takes the requester's next credit if it is on the session now (true).
   Result<bool> TakeCreditNow();
-  // Before the first chunk the requester says nothing, unless it stops.
-  Status NothingFromRequesterYet();
   // The index of the credit expected next: each slot's chunk while later
   // chunks need the slot, then the last chunk's (messages only).
   uint64_t EarlyCredits() const { return n_chunks_ > offer_.slots ? n_chunks_ - offer_.slots : 0; }
@@ -188,9 +186,13 @@ Task<Status> Pusher::SendMessages() {
   Result<EndpointCache::Ref> ep = r_.endpoints.Get(args_.address);
   if (!ep.ok()) co_return Stop(ep.status(), true);
   ep_.emplace(std::move(ep).value());
+  chunk_ = std::min<uint64_t>(offer_.slot_bytes, r_.send_pool.slot_bytes());
+  n_chunks_ = ChunkCount(src_.size, chunk_);
   // A send buffer is only read by UCX; it rests only when a send of a
   // failed transfer could not be reclaimed (see Release). With every
-  // buffer of the pool in use, the wake fd says when one is back.
+  // buffer of the pool in use, the wake fd says when one is back;
+  // meanwhile the requester says nothing unless it stops (kError) or is
+  // gone, which ends the wait.
   for (;;) {
     Result<std::optional<BufferLease>> buf =
         r_.send_pool.TryAcquire(FailureRestMs(r_.options.idle_ms), *wake_);
@@ -199,11 +201,9 @@ Task<Status> Pusher::SendMessages() {
       buf_.emplace(std::move(**buf));
       break;
     }
-    if (Status st = NothingFromRequesterYet(); !st.ok()) co_return st;
+    if (Result<bool> c = TakeCreditNow(); !c.ok()) co_return c.status();
     if (Status w = co_await ForPeer(moved(), /*for_buffer=*/true); !w.ok()) co_return Fail(w);
   }
-  chunk_ = std::min<uint64_t>(offer_.slot_bytes, r_.send_pool.slot_bytes());
-  n_chunks_ = ChunkCount(src_.size, chunk_);
   // Over tcp, sends that did not fit the socket move only when the worker
   // is progressed: the progress thread keeps at it while ours are out.
   r_.worker.Hurry(+1);
@@ -283,20 +283,6 @@ Result<bool> Pusher::TakeCreditNow() {
         true);
   ++credits_;
   return true;
-}
-
-// Meanwhile the requester waits for chunks and says nothing, unless it
-// stops (kError) or is gone: then so are we, without waiting for a buffer
-// any longer.
-Status Pusher::NothingFromRequesterYet() {
-  uint16_t type = 0;
-  Result<bool> got = RecvNow(&type);
-  if (!got.ok()) return Stop(got.status().Annotate("waiting for a send buffer"), false);
-  if (!*got) return Status::OK();
-  if (type == kErrorFrame) return Stop(DecodeErrorFrame(frame_, "requester"), false);
-  return Stop(Status(DYAD_RC_BADUNPACK,
-                     "unexpected frame (type " + std::to_string(type) + ") before the first chunk"),
-              true);
 }
 
 Status Pusher::Stop(const Status& st, bool tell_requester) {
