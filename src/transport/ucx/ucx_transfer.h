@@ -73,7 +73,8 @@ class Transfer {
   // advanced. Fails with DYAD_RC_TIMEOUT ("<idle_what> for N ms") once the
   // bound passed without progress, or with the Stop's reason (the
   // requester hung up, the service stops). `for_buffer`: the wait is for a
-  // pool buffer, whose rest may end without any wake-up (see the body).
+  // pool buffer, whose rest may end without any wake-up: cut into slices
+  // (ucx_transport.cc says why).
   Task<Status> ForPeer(uint64_t moved, bool for_buffer = false);
 
   Resources& r_;
