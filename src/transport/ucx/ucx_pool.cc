@@ -126,6 +126,12 @@ size_t BufferPool::mapped() {
   return entries_.size();
 }
 
+size_t BufferPool::in_use() {
+  MutexLock lk(mu_);
+  return static_cast<size_t>(
+      std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.in_use; }));
+}
+
 // A free buffer, or a new one while the pool may grow; null otherwise
 // (`*wake`: when a resting buffer becomes usable).
 Result<RegisteredMemory*> BufferPool::TakeOrMapLocked(std::chrono::steady_clock::time_point* wake) {

@@ -121,6 +121,8 @@ class BufferPool {
   size_t buffer_bytes() const { return kSlots * slot_bytes_; }
   int max_buffers() const { return max_buffers_; }
   size_t mapped();
+  // Of those, the buffers leased now (not given back).
+  size_t in_use();
 
   // Takes a buffer, mapping and registering a new one while the pool has
   // fewer than max_buffers(); waits (bounded) for one to come back

@@ -1,12 +1,14 @@
-// ucx_pull.cc: the requester's state machine, as a PullOp whose Step never
-// waits. After the FetchReply it takes a small file from one inline frame;
-// otherwise it takes a receive buffer, posts one tagged receive per slot,
-// offers the buffer, and writes each chunk out as it lands: from a tagged
-// message (kMessages), or, once the owner's first kChunk says it writes
-// into the buffer itself (same host), from the slot that frame names
-// (kDirect). Each slot goes back to the owner with a credit while later
-// chunks need it. Completions of the receives make the op's wake fd
-// readable (ucx_wake.h); the owner's frames arrive on the session.
+// ucx_pull.cc: the requester's transfer, one coroutine (PullFile). After
+// the FetchReply it takes a small file from one inline frame; otherwise it
+// takes a receive buffer, posts one tagged receive per slot, offers the
+// buffer, and writes each chunk out as it lands: from a tagged message, or,
+// once the owner's first kChunk says it writes into the buffer itself (same
+// host), from the slot that frame names. Each slot goes back to the owner
+// with a credit while later chunks need it. Wherever the owner has to act
+// first the coroutine waits (Transfer::ForPeer) for the session, where the
+// owner's frames arrive, or for its wake fd, which the completions of its
+// receives (and a buffer coming back to the pool) make readable
+// (ucx_wake.h).
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -21,37 +23,42 @@ namespace {
 
 uint64_t ChunkCount(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
-class RequesterPull final : public UcxOp {
+// One pull's state: its lease and posted receives, and how it ends. Its
+// destructor gives up every receive and returns the buffer, also when the
+// coroutine is destroyed at a wait.
+class Puller final : Transfer {
  public:
-  RequesterPull(Resources& r, Channel& session, uint64_t size, int sink_fd, TransferStats* stats)
-      : UcxOp(r, session), size_(size), sink_fd_(sink_fd), stats_(*stats) {}
-  ~RequesterPull() override { Release(); }
+  Puller(Resources& r, Channel& session, uint64_t size, int sink_fd, TransferStats& stats,
+         TransferWaits& waits)
+      : Transfer(r, session, waits, "no data from the owner"),
+        size_(size),
+        sink_fd_(sink_fd),
+        stats_(stats) {}
+  ~Puller() { Release(); }
 
-  uint64_t moved() const override { return stats_.bytes; }
-  Status Fail(const Status& why) override { return Stop(why.Annotate(What()), true); }
+  Task<Status> Run();
 
  private:
-  enum class Stage { kStart, kInline, kMessages, kDirect, kDone, kFailed };
-
-  Result<bool> StepStages() override;
   std::string What() const {
     return "ucx pull (received " + std::to_string(stats_.bytes) + " of " + std::to_string(size_) +
            " bytes)";
   }
   char* Slot(uint64_t i) const { return lease_->memory().base() + (i % kSlots) * slot_; }
 
-  Result<bool> Begin();
-  Result<bool> TakeInline();
+  Task<Status> TakeInline();
+  Task<Status> TakeBuffer();
+  Status NothingFromOwnerYet();
   Status SendOffer();
   Status Post(uint64_t i);
-  Result<bool> StepMessages();
-  Result<bool> FinishMessages();
+  Status FinishMessages();
   Status TakeMessage(uint64_t i, size_t got);
   Status OnSessionFrame(uint16_t type, const std::string& payload);
-  Result<bool> StepDirect();
   Status TakeDirectChunk(uint64_t i, uint16_t type, const std::string& payload);
   Status WriteOut(uint64_t i, uint64_t len, bool direct);
   Status SendCredit(uint64_t i);
+  // A wait that ended without the owner (no progress within the idle
+  // bound, or the Stop fired): the owner is told.
+  Status Fail(const Status& why) { return Stop(why.Annotate(What()), true); }
   // Ends the transfer: gives up the receives, tells the owner (unless it
   // is the one that stopped) and fails the session.
   Status Stop(const Status& st, bool tell_owner, bool owner_stopped = false);
@@ -64,8 +71,8 @@ class RequesterPull final : public UcxOp {
   const uint64_t size_;
   const int sink_fd_;
   TransferStats& stats_;
-  Stage stage_ = Stage::kStart;
   std::optional<BufferLease> lease_;
+  bool direct_ = false;       // the owner writes into our buffer itself
   uint64_t slot_ = 0;         // our slot size
   uint64_t transfer_id_ = 0;  // names the tags of our receives
   std::vector<void*> recvs_ = std::vector<void*>(kSlots, nullptr);  // per slot
@@ -74,75 +81,119 @@ class RequesterPull final : public UcxOp {
   uint64_t n_chunks_ = 1;                                           // likewise
 };
 
-Result<bool> RequesterPull::StepStages() {
-  switch (stage_) {
-    case Stage::kStart:
-      return Begin();
-    case Stage::kInline:
-      return TakeInline();
-    case Stage::kMessages:
-      return StepMessages();
-    case Stage::kDirect:
-      return StepDirect();
-    case Stage::kDone:
-      return true;
-    case Stage::kFailed:
-      break;
+Task<Status> Puller::Run() {
+  if (size_ == 0) co_return Status::OK();
+  if (sink_fd_ < 0)
+    co_return Stop(Status(DYAD_RC_BADFIO, What() + ": no sink file descriptor"), true);
+  if (size_ <= kInlineMaxBytes) co_return co_await TakeInline();
+  if (Status st = StartWake(); !st.ok()) co_return Stop(st.Annotate(What()), true);
+  if (Status st = co_await TakeBuffer(); !st.ok()) co_return st;
+  if (Status st = SendOffer(); !st.ok()) co_return st;
+
+  // Chunks as messages, taken in order as they land. A frame on the session
+  // means the owner reports an error, hung up, or (before chunk 0)
+  // announces that it writes into our buffer itself.
+  while (!direct_ && next_ < n_chunks_) {
+    size_t got = 0;
+    Result<bool> done = r_.worker.Test(&recvs_[next_ % kSlots], &got);
+    if (!done.ok()) co_return Stop(done.status().Annotate(What() + ": waiting for a chunk"), true);
+    if (*done) {
+      if (Status st = TakeMessage(next_, got); !st.ok()) co_return st;
+      ++next_;
+      continue;
+    }
+    uint16_t type = 0;
+    Result<bool> frame = RecvNow(&type);
+    if (!frame.ok())
+      co_return Stop(frame.status().Annotate(What() + ": waiting for a chunk"), false,
+                     frame.status().code() == DYAD_RC_CONNLOST);
+    if (*frame) {
+      if (Status st = OnSessionFrame(type, frame_); !st.ok()) co_return st;
+      continue;
+    }
+    if (Status w = co_await ForPeer(stats_.bytes); !w.ok()) co_return Fail(w);
   }
-  return Status(DYAD_RC_BADFETCH, What() + ": the transfer already failed");
+  if (!direct_) co_return FinishMessages();
+
+  // The owner's direct path as seen here: chunk i (of our slot size) is in
+  // slot i % kSlots when kChunk {i, length} arrives.
+  while (next_ < n_chunks_) {
+    uint16_t type = 0;
+    Result<bool> frame = RecvNow(&type);
+    if (!frame.ok())
+      co_return Stop(frame.status().Annotate(What() + ": waiting for a chunk"), false,
+                     frame.status().code() == DYAD_RC_CONNLOST);
+    if (!*frame) {
+      if (Status w = co_await ForPeer(stats_.bytes); !w.ok()) co_return Fail(w);
+      continue;
+    }
+    if (Status st = TakeDirectChunk(next_, type, frame_); !st.ok()) co_return st;
+    ++next_;
+  }
+  lease_->MarkOk();
+  co_return Status::OK();
 }
 
-Result<bool> RequesterPull::Begin() {
-  if (size_ == 0) {
-    stage_ = Stage::kDone;
-    return true;
-  }
-  if (sink_fd_ < 0) return Stop(Status(DYAD_RC_BADFIO, What() + ": no sink file descriptor"), true);
-  if (size_ <= kInlineMaxBytes) {
-    stage_ = Stage::kInline;
-    return TakeInline();
-  }
-  if (!wake_) {
-    Status st = StartWake();
-    if (!st.ok()) return Stop(st.Annotate(What()), true);
-  }
-  // A receive that cannot be reclaimed after a failure (one already taking
-  // a message's fragments) may still land in this buffer; the owner stops
-  // within its own idle bound, or at once when it reported its failure.
-  // With every buffer of the pool in use, the wake fd says when one is back
-  // (meanwhile the owner waits for our offer; the caller's idle bound holds).
-  Result<std::optional<BufferLease>> lease =
-      r_.recv_pool.TryAcquire(FailureRestMs(r_.options.idle_ms), *wake_);
-  if (!lease.ok()) return Stop(lease.status().Annotate(What()), true);
-  if (!lease->has_value()) return false;
-  lease_.emplace(std::move(**lease));
-  slot_ = r_.recv_pool.slot_bytes();
-  transfer_id_ = NextTransferId();
-  DYAD_RETURN_IF_ERROR(SendOffer());
-  stage_ = Stage::kMessages;
-  return StepMessages();
-}
-
-Result<bool> RequesterPull::TakeInline() {
+Task<Status> Puller::TakeInline() {
   uint16_t type = 0;
-  Result<bool> got = RecvNow(&type);
-  if (!got.ok()) return Stop(got.status().Annotate(What() + ": waiting for the data"), false);
-  if (!*got) return false;
+  for (;;) {
+    Result<bool> got = RecvNow(&type);
+    if (!got.ok()) co_return Stop(got.status().Annotate(What() + ": waiting for the data"), false);
+    if (*got) break;
+    if (Status w = co_await ForPeer(stats_.bytes); !w.ok()) co_return Fail(w);
+  }
   if (type == kErrorFrame)
-    return Stop(DecodeErrorFrame(frame_, "owner").Annotate(What()), false, true);
+    co_return Stop(DecodeErrorFrame(frame_, "owner").Annotate(What()), false, true);
   if (type != kInlineFrame || frame_.size() != size_)
-    return Stop(Status(DYAD_RC_BADUNPACK, What() + ": unexpected inline frame"), true);
+    co_return Stop(Status(DYAD_RC_BADUNPACK, What() + ": unexpected inline frame"), true);
   Status ws = WriteFully(sink_fd_, frame_.data(), frame_.size());
-  if (!ws.ok()) return Stop(Status(DYAD_RC_BADFIO, What() + ": " + ws.message()), true);
+  if (!ws.ok()) co_return Stop(Status(DYAD_RC_BADFIO, What() + ": " + ws.message()), true);
   stats_.bytes = size_;
   stats_.chunks = 1;
-  stage_ = Stage::kDone;
-  return true;
+  co_return Status::OK();
+}
+
+// A receive that cannot be reclaimed after a failure (one already taking a
+// message's fragments) may still land in a buffer; the owner stops within
+// its own idle bound, or at once when it reported its failure. With every
+// buffer of the pool in use, the wake fd says when one is back (meanwhile
+// the owner waits for our offer; the idle bound holds).
+Task<Status> Puller::TakeBuffer() {
+  for (;;) {
+    Result<std::optional<BufferLease>> lease =
+        r_.recv_pool.TryAcquire(FailureRestMs(r_.options.idle_ms), *wake_);
+    if (!lease.ok()) co_return Stop(lease.status().Annotate(What()), true);
+    if (lease->has_value()) {
+      lease_.emplace(std::move(**lease));
+      break;
+    }
+    if (Status st = NothingFromOwnerYet(); !st.ok()) co_return st;
+    if (Status w = co_await ForPeer(stats_.bytes, /*for_buffer=*/true); !w.ok()) co_return Fail(w);
+  }
+  slot_ = r_.recv_pool.slot_bytes();
+  transfer_id_ = NextTransferId();
+  co_return Status::OK();
+}
+
+// Before our offer the owner says nothing, unless it stops (kError) or is
+// gone: then so are we, without waiting for a buffer any longer.
+Status Puller::NothingFromOwnerYet() {
+  uint16_t type = 0;
+  Result<bool> frame = RecvNow(&type);
+  if (!frame.ok())
+    return Stop(frame.status().Annotate(What() + ": waiting for a receive buffer"), false,
+                frame.status().code() == DYAD_RC_CONNLOST);
+  if (!*frame) return Status::OK();
+  if (type == kErrorFrame)
+    return Stop(DecodeErrorFrame(frame_, "owner").Annotate(What()), false, true);
+  return Stop(Status(DYAD_RC_BADUNPACK, What() + ": unexpected frame (type " +
+                                            std::to_string(type) + ") before the offer"),
+              true);
 }
 
 // Until the first chunk arrives the chunk size is unknown (the owner may
 // use smaller slots): one receive per slot may cover every chunk.
-Status RequesterPull::SendOffer() {
+Status Puller::SendOffer() {
   for (uint64_t i = 0; i < static_cast<uint64_t>(kSlots); ++i) {
     Status st = Post(i);
     if (!st.ok()) return Stop(st.Annotate(What()), true);
@@ -161,38 +212,14 @@ Status RequesterPull::SendOffer() {
   return Status::OK();
 }
 
-Status RequesterPull::Post(uint64_t i) {
+Status Puller::Post(uint64_t i) {
   Result<void*> r = r_.worker.StartRecv(Slot(i), slot_, ChunkTag(transfer_id_, i), wake_.get());
   if (!r.ok()) return r.status();
   recvs_[i % kSlots] = *r;
   return Status::OK();
 }
 
-// Takes every chunk that landed, in order; a frame on the session means
-// the owner reports an error, hung up, or (before chunk 0) announces that
-// it writes into our buffer itself.
-Result<bool> RequesterPull::StepMessages() {
-  while (next_ < n_chunks_) {
-    size_t got = 0;
-    Result<bool> done = r_.worker.Test(&recvs_[next_ % kSlots], &got);
-    if (!done.ok()) return Stop(done.status().Annotate(What() + ": waiting for a chunk"), true);
-    if (!*done) {
-      uint16_t type = 0;
-      Result<bool> frame = RecvNow(&type);
-      if (!frame.ok())
-        return Stop(frame.status().Annotate(What() + ": waiting for a chunk"), false,
-                    frame.status().code() == DYAD_RC_CONNLOST);
-      if (!*frame) return false;
-      DYAD_RETURN_IF_ERROR(OnSessionFrame(type, frame_));
-      return StepDirect();
-    }
-    DYAD_RETURN_IF_ERROR(TakeMessage(next_, got));
-    ++next_;
-  }
-  return FinishMessages();
-}
-
-Result<bool> RequesterPull::FinishMessages() {
+Status Puller::FinishMessages() {
   // Receives posted for chunks that do not exist (a file of fewer chunks
   // than slots) are withdrawn; none can match, the tags are unique.
   for (void*& r : recvs_) {
@@ -205,12 +232,11 @@ Result<bool> RequesterPull::FinishMessages() {
   // messages and be read here as a frame in the middle of the transfer.
   DYAD_RETURN_IF_ERROR(SendCredit(n_chunks_ - 1));
   lease_->MarkOk();
-  stage_ = Stage::kDone;
-  return true;
+  return Status::OK();
 }
 
 // Chunk i arrived as a message of `got` bytes into its slot.
-Status RequesterPull::TakeMessage(uint64_t i, size_t got) {
+Status Puller::TakeMessage(uint64_t i, size_t got) {
   if (i == 0) {
     chunk_ = got;
     if (chunk_ == 0 || chunk_ > slot_ || chunk_ > size_)
@@ -230,7 +256,9 @@ Status RequesterPull::TakeMessage(uint64_t i, size_t got) {
   return SendCredit(i);
 }
 
-Status RequesterPull::OnSessionFrame(uint16_t type, const std::string& payload) {
+// A frame while chunks are due as messages: the owner's error, or its
+// first kChunk (it writes into our buffer itself from now on).
+Status Puller::OnSessionFrame(uint16_t type, const std::string& payload) {
   if (type == kErrorFrame)
     return Stop(DecodeErrorFrame(payload, "owner").Annotate(What()), false, true);
   if (type != kChunkFrame || next_ != 0)
@@ -239,35 +267,19 @@ Status RequesterPull::OnSessionFrame(uint16_t type, const std::string& payload) 
                                       ", chunk " + std::to_string(next_) + ") during the transfer"),
         true);
   // The receives will never match (their tags are this transfer's).
-  stage_ = Stage::kDirect;
+  direct_ = true;
   n_chunks_ = ChunkCount(size_, slot_);
   for (void*& r : recvs_) {
     if (!r_.worker.Cancel(&r))
       return Stop(Status(DYAD_RC_UCXCOMM_FAIL, What() + ": a receive could not be cancelled"),
                   true);
   }
-  return TakeDirectChunk(next_++, type, payload);
+  DYAD_RETURN_IF_ERROR(TakeDirectChunk(next_, type, payload));
+  ++next_;
+  return Status::OK();
 }
 
-// The owner's direct path as seen here: chunk i (of our slot size) is in
-// slot i % kSlots when kChunk {i, length} arrives.
-Result<bool> RequesterPull::StepDirect() {
-  while (next_ < n_chunks_) {
-    uint16_t type = 0;
-    Result<bool> frame = RecvNow(&type);
-    if (!frame.ok())
-      return Stop(frame.status().Annotate(What() + ": waiting for a chunk"), false,
-                  frame.status().code() == DYAD_RC_CONNLOST);
-    if (!*frame) return false;
-    DYAD_RETURN_IF_ERROR(TakeDirectChunk(next_, type, frame_));
-    ++next_;
-  }
-  lease_->MarkOk();
-  stage_ = Stage::kDone;
-  return true;
-}
-
-Status RequesterPull::TakeDirectChunk(uint64_t i, uint16_t type, const std::string& payload) {
+Status Puller::TakeDirectChunk(uint64_t i, uint16_t type, const std::string& payload) {
   if (type == kErrorFrame)
     return Stop(DecodeErrorFrame(payload, "owner").Annotate(What()), false, true);
   uint64_t index = 0;
@@ -284,7 +296,7 @@ Status RequesterPull::TakeDirectChunk(uint64_t i, uint16_t type, const std::stri
 }
 
 // Writes chunk i (in slot i % kSlots) to the sink.
-Status RequesterPull::WriteOut(uint64_t i, uint64_t len, bool direct) {
+Status Puller::WriteOut(uint64_t i, uint64_t len, bool direct) {
   Status ws = WriteFully(sink_fd_, Slot(i), static_cast<size_t>(len));
   if (!ws.ok()) return Stop(Status(DYAD_RC_BADFIO, What() + ": " + ws.message()), true);
   stats_.bytes += len;
@@ -295,34 +307,33 @@ Status RequesterPull::WriteOut(uint64_t i, uint64_t len, bool direct) {
 
 // Hands chunk i's slot back to the owner for chunk i + kSlots. A credit is
 // a few bytes on a session the owner drains: the send does not wait.
-Status RequesterPull::SendCredit(uint64_t i) {
+Status Puller::SendCredit(uint64_t i) {
   Status st = session_.SendFrame(kCreditFrame, EncodeCredit(i), Idle());
   if (!st.ok()) return Stop(st.Annotate(What()), false);
   return Status::OK();
 }
 
-Status RequesterPull::Stop(const Status& st, bool tell_owner, bool owner_stopped) {
-  if (stage_ == Stage::kFailed) return st;
+Status Puller::Stop(const Status& st, bool tell_owner, bool owner_stopped) {
   if (owner_stopped && lease_) lease_->OwnerStopped();
   Release();
-  stage_ = Stage::kFailed;
   return tell_owner ? TellAndBreakSession(session_, kErrorFrame, st) : BreakSession(session_, st);
 }
 
-void RequesterPull::Release() {
+void Puller::Release() {
   if (!lease_) return;
   bool reclaimed = true;
   for (void*& r : recvs_) reclaimed = r_.worker.Cancel(&r) && reclaimed;
-  if (reclaimed && stage_ != Stage::kDirect) lease_->MarkOk();
+  if (reclaimed && !direct_) lease_->MarkOk();
   lease_.reset();
 }
 
 }  // namespace
 
-std::unique_ptr<PullOp> StartPullOp(Resources& r, Channel& session, uint64_t size, int sink_fd,
-                                    TransferStats* stats) {
+Task<Status> PullFile(Resources& r, Channel& session, uint64_t size, int sink_fd,
+                      TransferStats* stats, TransferWaits& waits) {
   *stats = TransferStats();
-  return std::make_unique<RequesterPull>(r, session, size, sink_fd, stats);
+  Puller pull(r, session, size, sink_fd, *stats, waits);
+  co_return co_await pull.Run();
 }
 
 }  // namespace dyad::ucx

@@ -1,8 +1,9 @@
 // ucx_transfer.h: what one UcxTransport instance owns and all its transfers
-// share (Resources), and the two state machines that move a file with them,
-// as TransferOps whose Step never waits: the owner's push (ucx_push.cc) and
-// the requester's pull (ucx_pull.cc). An op is used by one thread at a
-// time (which may change between steps); Resources are thread-safe.
+// share (Resources), and the two coroutines that move a file with them:
+// the owner's push (ucx_push.cc) and the requester's pull (ucx_pull.cc),
+// each straight-line code that suspends (holding no thread) wherever it
+// waits on its peer. A transfer runs on one runtime's loop; Resources are
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,9 @@
 #include <string>
 
 #include "common/net.h"
+#include "common/runtime.h"
 #include "common/status.h"
+#include "transport/transfer_waits.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_direct.h"
 #include "transport/ucx/ucx_endpoints.h"
@@ -43,40 +46,57 @@ struct Resources {
 // UCX did not give back: the peer stops within its own idle bound.
 int64_t FailureRestMs(int64_t idle_ms);
 
-// What both ends' transfers share: each Step drains the wake fd, drives the
-// worker briefly (never waiting), then moves its state machine as far as
-// the requests and the session allow. The session is read only with
-// Channel::RecvFrameNow, so a Step never waits on the peer.
-class UcxOp : public TransferOp {
- public:
-  Result<bool> Step() final;
-  int wake_fd() const override { return wake_ ? wake_->fd() : -1; }
-  int64_t idle_ms() const override { return r_.options.idle_ms; }
-
+// What both ends' transfers share: the session (read only with
+// Channel::RecvFrameNow, so a frame is taken whole or not at all), the
+// transfer's wake fd, and its waits on the peer. A transfer is one
+// straight-line coroutine on the service's runtime (Transport::Pull, Push)
+// holding one of these (or a derived struct) as a local: its destructor
+// runs also when the coroutine's frame is destroyed at a wait (the runtime
+// shutting down), which is where cleanup that must happen belongs.
+class Transfer {
  protected:
-  UcxOp(Resources& r, Channel& session) : r_(r), session_(session) {}
-  virtual Result<bool> StepStages() = 0;
+  Transfer(Resources& r, Channel& session, TransferWaits& waits, const char* idle_what)
+      : r_(r), session_(session), waits_(waits), idle_(r.options.idle_ms), idle_what_(idle_what) {}
+  ~Transfer() = default;
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+
   // Starts the worker and the wake fd (transfers that use UCX requests).
   Status StartWake();
   // The session's next frame if it is all there (true: `*type`, frame_).
   Result<bool> RecvNow(uint16_t* type);
   Deadline Idle() const { return IdleDeadline(r_.options.idle_ms); }
+  // Waits until the session or the wake fd is readable, then drains the
+  // wake fd and drives the worker briefly (never waiting), so the caller
+  // looks again at its requests and the session. `moved` (bytes so far;
+  // on the owner credits count too) restarts the idle bound when it
+  // advanced. Fails with DYAD_RC_TIMEOUT ("<idle_what> for N ms") once the
+  // bound passed without progress, or with the Stop's reason (the
+  // requester hung up, the service stops). `for_buffer`: the wait is for a
+  // pool buffer, whose rest may end without any wake-up: cut into slices
+  // (ucx_transport.cc says why).
+  Task<Status> ForPeer(uint64_t moved, bool for_buffer = false);
 
   Resources& r_;
   Channel& session_;
+  TransferWaits& waits_;
   std::unique_ptr<WakeFd> wake_;
   std::string frame_;  // the last frame RecvNow completed
 
  private:
+  IdleBound idle_;
+  const char* const idle_what_;
   Channel::PartialFrame partial_;
 };
 
-// The owner's side of a fetch (Transport::StartPush).
-std::unique_ptr<PushOp> StartPushOp(Resources& r, Channel& session, const FileSource& src,
-                                    const std::string& request_args, TransferStats* stats);
+// The owner's side of a fetch (Transport::Push): moves `src` to the
+// requester whose transport arguments are `request_args`.
+Task<Status> PushFile(Resources& r, Channel& session, const FileSource& src,
+                      std::string request_args, TransferStats* stats, TransferWaits& waits);
 
-// The requester's side of a fetch (Transport::StartPull).
-std::unique_ptr<PullOp> StartPullOp(Resources& r, Channel& session, uint64_t size, int sink_fd,
-                                    TransferStats* stats);
+// The requester's side of a fetch (Transport::Pull): lands `size` bytes in
+// `sink_fd`.
+Task<Status> PullFile(Resources& r, Channel& session, uint64_t size, int sink_fd,
+                      TransferStats* stats, TransferWaits& waits);
 
 }  // namespace dyad::ucx

@@ -32,15 +32,37 @@ Resources::~Resources() {
 
 int64_t FailureRestMs(int64_t idle_ms) { return 2 * std::max<int64_t>(idle_ms, 1000); }
 
-Result<bool> UcxOp::Step() {
-  if (wake_) {
+// A wait for a pool buffer is cut into slices of at most this much: a
+// buffer resting after a failed transfer becomes usable when its rest ends,
+// and nothing signals that (the pool makes waiters' wake fds readable only
+// when a transfer gives a buffer back). Every other wait ends on a signal:
+// bytes or a hang-up on the session, or the completion of one of the
+// transfer's UCX requests, whose callback the progress thread runs within
+// 100 ms even when the worker's event fd says nothing (ucx_worker.cc).
+constexpr int64_t kBufferSliceMs = 1000;
+
+Task<Status> Transfer::ForPeer(uint64_t moved, bool for_buffer) {
+  idle_.Saw(moved);
+  const int wake = wake_ ? wake_->fd() : -1;
+  Status st;
+  if (for_buffer && idle_.deadline().RemainingMs(kBufferSliceMs + 1) > kBufferSliceMs) {
+    const IdleBound slice(kBufferSliceMs);
+    st = co_await waits_.ForPeer(session_, slice, idle_what_, wake);
+    // The slice is over, not the idle bound: the caller looks again.
+    if (st.code() == DYAD_RC_TIMEOUT && !waits_.stopped()) st = Status::OK();
+  } else {
+    st = co_await waits_.ForPeer(session_, idle_, idle_what_, wake);
+  }
+  if (st.ok() && wake_) {
+    // Before the caller looks at its requests: a completion after this
+    // makes the fd readable anew.
     wake_->Drain();
     (void)r_.worker.ProgressBriefly();
   }
-  return StepStages();
+  co_return st;
 }
 
-Status UcxOp::StartWake() {
+Status Transfer::StartWake() {
   DYAD_RETURN_IF_ERROR(r_.worker.Start());
   Result<std::unique_ptr<WakeFd>> wake = WakeFd::Create();
   if (!wake.ok()) return wake.status();
@@ -48,7 +70,7 @@ Status UcxOp::StartWake() {
   return Status::OK();
 }
 
-Result<bool> UcxOp::RecvNow(uint16_t* type) {
+Result<bool> Transfer::RecvNow(uint16_t* type) {
   Result<bool> got = session_.RecvFrameNow(&partial_, type, &frame_);
   if (got.ok() && *got) partial_.Reset();
   return got;
@@ -92,17 +114,16 @@ Result<std::string> UcxTransport::PrepareRequest() {
   return ucx::EncodeRequestArgs({resources_->worker.address(), SameHostId()});
 }
 
-std::unique_ptr<PushOp> UcxTransport::StartPush(Channel& session, const FileSource& src,
-                                                const std::string& request_args,
-                                                TransferStats* stats) {
-  return ucx::StartPushOp(*resources_, session, src, request_args, stats);
+Task<Status> UcxTransport::Push(Channel& session, const FileSource& src,
+                                const std::string& request_args, TransferStats* stats,
+                                TransferWaits& waits) {
+  return ucx::PushFile(*resources_, session, src, request_args, stats, waits);
 }
 
-std::unique_ptr<PullOp> UcxTransport::StartPull(Channel& session, uint64_t size,
-                                                const std::string& reply_args, int sink_fd,
-                                                TransferStats* stats) {
+Task<Status> UcxTransport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
+                                int sink_fd, TransferStats* stats, TransferWaits& waits) {
   (void)reply_args;  // the owner's reply carries nothing for this transport
-  return ucx::StartPullOp(*resources_, session, size, sink_fd, stats);
+  return ucx::PullFile(*resources_, session, size, sink_fd, stats, waits);
 }
 
 DYAD_DEFINE_TRANSPORT_FACTORY(ucx, UcxTransport)

@@ -11,11 +11,11 @@
 //   ucx_direct    same-host mappings of requesters' buffers
 //   ucx_wire      transport arguments, session frames, chunk tags
 //   ucx_wake      a transfer's event fd, made readable by its completions
-//   ucx_push/pull the owner's and the requester's state machines (ops)
+//   ucx_push/pull the owner's and the requester's transfers (coroutines)
 //
 // Threading: thread-safe; one instance is shared by every concurrent
-// transfer of a service. Each transfer uses its session only from the
-// thread that steps it.
+// transfer of a service. Each transfer is one coroutine on a runtime's
+// loop, the only user of its session meanwhile.
 #pragma once
 
 #include <memory>
@@ -40,11 +40,11 @@ class UcxTransport final : public Transport {
   Result<std::string> PrepareRequest() override;
   Status Warm() override;
   std::string Details() const override;
-  // The state machines of ucx_pull.cc and ucx_push.cc; never null.
-  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
-                                    int sink_fd, TransferStats* stats) override;
-  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
-                                    const std::string& request_args, TransferStats* stats) override;
+  // The coroutines of ucx_pull.cc and ucx_push.cc.
+  Task<Status> Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+                    TransferStats* stats, TransferWaits& waits) override;
+  Task<Status> Push(Channel& session, const FileSource& src, const std::string& request_args,
+                    TransferStats* stats, TransferWaits& waits) override;
 
  private:
   const std::unique_ptr<ucx::Resources> resources_;

@@ -2,10 +2,9 @@
 // one of its UCX requests completed. Each transfer owns a WakeFd (an event
 // fd); its requests carry the fd's id as their completion callback's user
 // data, and the callback (run by whichever thread progresses the worker:
-// the progress thread, or a Step progressing it briefly) makes the fd
-// readable. The caller of the transfer's Step waits for that fd or the
-// session, on its own thread or on a service's event loop (transport.h,
-// TransferOp::wake_fd).
+// the progress thread, or a transfer progressing it briefly) makes the fd
+// readable. The transfer's coroutine waits for that fd or the session on
+// its runtime's loop, holding no thread (ucx_transfer.h, Transfer::ForPeer).
 //
 // Ids, not pointers: a request given up after a failure may complete after
 // its transfer is gone, and its callback must then find nothing to signal.

@@ -14,7 +14,7 @@ namespace dyad::ucx {
 namespace {
 
 // Rounds of ProgressBriefly: enough to take what arrived, short enough
-// that a Step stays a step.
+// that a transfer holds its loop thread only for a moment.
 constexpr int kBriefRounds = 64;
 // The progress thread re-checks for shutdown at least this often.
 constexpr int kProgressPollMs = 100;

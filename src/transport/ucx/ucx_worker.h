@@ -6,8 +6,9 @@
 // Threading: every UCX call of the transport is made under mu() (the worker
 // runs in UCS_THREAD_MODE_SERIALIZED), by this class or by the parts that
 // share the worker (endpoints, direct path, pools). The progress thread
-// drives the worker and sleeps on its event fd; a transfer's step also
-// progresses it briefly (ProgressBriefly), and never waits on it.
+// drives the worker and sleeps on its event fd; a transfer also progresses
+// it briefly after each of its waits (ProgressBriefly), and never waits on
+// it.
 #pragma once
 
 #include <ucp/api/ucp.h>
