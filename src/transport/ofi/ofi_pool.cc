@@ -174,6 +174,13 @@ Status OfiPool::Preallocate() {
   return Status::OK();
 }
 
+int OfiPool::InUse() {
+  MutexLock lk(mu_);
+  int n = 0;
+  for (const std::unique_ptr<OfiBuffer>& b : buffers_) n += b->in_use ? 1 : 0;
+  return n;
+}
+
 std::string OfiPool::Describe() {
   MutexLock lk(mu_);
   int stuck = 0;

@@ -11,7 +11,7 @@
 //   receive pool: the requester's fi_read targets (registered FI_READ), one
 //                 OfiOp per slot; each completed read signals the event fd
 //                 its transfer set (SetNotify), which is that transfer's
-//                 wake_fd (transport.h).
+//                 wake fd (ofi_transfer.h).
 // A receive buffer is reusable only once every read into it has completed
 // (after a failure the provider still owns the slots until it reports each
 // read: a live owner may still write them); a send buffer given back after
@@ -23,11 +23,12 @@
 //
 // Taking a buffer never waits (TryAcquire): a transfer that finds none
 // busy-free leaves an event fd, which the next Release (or a held-back
-// buffer's last read completing) signals, and waits for it however its
-// caller waits (a parked request holds no thread). A buffer resting after a
-// failure signals no one when its rest ends: it only matters beyond
-// max_buffers x (1 + kHeldBackFactor) buffers, when waiters are woken by
-// the next release or fail at their idle bound.
+// buffer's last read completing) signals, and waits for it on the
+// runtime (no thread held). A buffer resting after a failure signals no
+// one when its rest ends: it only matters beyond max_buffers x (1 +
+// kHeldBackFactor) buffers, and a transfer's wait looks again at least
+// every OfiTransfer::kWakeSliceMs, so waiters find it then (or at the
+// next release).
 //
 // Threading: thread-safe. Lock order: the fabric's lock (held when a read
 // completes) before the pool's, never the reverse.
@@ -127,6 +128,8 @@ class OfiPool {
   Status Preallocate();
   // "2 of at most 4 buffers of 8 MiB mapped".
   std::string Describe();
+  // Buffers lent out now (TryAcquire'd, not Released).
+  int InUse();
 
   // Wakes waiters when a released buffer's last read completed.
   void Wake();
@@ -147,24 +150,6 @@ class OfiPool {
   std::vector<std::unique_ptr<OfiBuffer>> buffers_ GUARDED_BY(mu_);
   std::vector<int> waiters_ GUARDED_BY(mu_);  // event fds of transfers waiting for a buffer
   int creating_ GUARDED_BY(mu_) = 0;          // buffers being registered outside the lock
-};
-
-// Returns a buffer to its pool when a transfer ends; after a failure the
-// buffer rests for `fail_rest_ms` first.
-class OfiLease {
- public:
-  OfiLease(OfiPool* pool, OfiBuffer* b, int64_t fail_rest_ms)
-      : pool_(pool), b_(b), fail_rest_ms_(fail_rest_ms) {}
-  ~OfiLease() { pool_->Release(b_, ok_ ? 0 : fail_rest_ms_); }
-  OfiLease(const OfiLease&) = delete;
-  OfiLease& operator=(const OfiLease&) = delete;
-  void MarkOk() { ok_ = true; }
-
- private:
-  OfiPool* const pool_;
-  OfiBuffer* const b_;
-  const int64_t fail_rest_ms_;
-  bool ok_ = false;
 };
 
 }  // namespace dyad

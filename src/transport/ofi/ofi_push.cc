@@ -1,10 +1,11 @@
-// The owner's side of an "ofi" transfer (see ofi_transport.h) as a PushOp:
-// fill registered slots from the file, announce them, let the requester
-// read. Each Step takes the requester's frames the session holds now
-// (ready, credits, done) and announces what they allow; it never waits.
-// Its wake fd is signalled by the send pool when a buffer comes free; the
-// requester's reads need no wake-up here (the fabric's progress thread
-// serves them).
+// The owner's side of an "ofi" transfer (see ofi_transport.h) as one
+// coroutine, OfiTransport::Push: wait for the requester's kReady, take a
+// send buffer, then fill registered slots from the file and announce them
+// (kChunk) as the requester's credits allow, until its kDone. Between
+// looks at the requester's frames the session holds it waits for the
+// session or its wake fd (ofi_transfer.h), which the send pool signals
+// when a buffer comes free; the requester's reads need no wake-up here
+// (the fabric's progress thread serves them).
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -12,186 +13,176 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "transport/ofi/ofi_engine.h"
-#include "transport/ofi/ofi_op.h"
+#include "transport/ofi/ofi_transfer.h"
 #include "transport/ofi/ofi_wire.h"
 
 namespace dyad {
 namespace {
 
-// A push with nothing to move on the fabric: the file went inline in the
-// FetchReply, or a check failed before the transfer began (the requester
-// waits for chunks the reply promised, so it is told).
-class OfiSimplePush final : public PushOp {
- public:
-  OfiSimplePush(Channel& session, uint64_t size, int64_t idle_ms, Status error,
-                TransferStats* stats)
-      : session_(session),
-        size_(size),
-        idle_ms_(idle_ms),
-        error_(std::move(error)),
-        stats_(stats) {}
-
-  Result<bool> Step() override {
-    if (!error_.ok()) return Fail(error_);
-    stats_->bytes = size_;
-    stats_->chunks = size_ > 0 ? 1 : 0;
-    return true;
-  }
-  uint64_t moved() const override { return stats_->bytes; }
-  int64_t idle_ms() const override { return idle_ms_; }
-  Status Fail(const Status& why) override {
-    return TellAndBreakSession(session_, kOfiErrorFrame, why);
+// One RMA push's state. Its send buffer goes back in End, which the
+// destructor calls if the coroutine never got there (its frame destroyed
+// while it waited, e.g. when the runtime shut down).
+struct RmaPush final : OfiTransfer {
+  RmaPush(Channel& session, TransferWaits& waits, int64_t idle_ms, TransferStats* stats,
+          const FileSource& src, std::shared_ptr<OfiFabric> fabric, OfiPool* pool, OfiGeometry g)
+      : OfiTransfer(session, waits, idle_ms, stats, "the requester made no progress"),
+        src(src),
+        fabric(std::move(fabric)),
+        pool(pool),
+        g(g) {}
+  ~RmaPush() {
+    if (!ended) (void)End(Status(DYAD_RC_CANCELLED, "ofi push abandoned"));
   }
 
- private:
-  Channel& session_;
-  const uint64_t size_;
-  const int64_t idle_ms_;
-  const Status error_;
-  TransferStats* const stats_;
-};
-
-class OfiRmaPush final : public OfiTransferOp {
- public:
-  OfiRmaPush(Channel& session, const FileSource& src, std::shared_ptr<OfiFabric> fabric,
-             OfiPool* pool, OfiGeometry g, int64_t idle_ms, TransferStats* stats)
-      : OfiTransferOp(session, idle_ms, stats),
-        src_(src),
-        fabric_(std::move(fabric)),
-        pool_(pool),
-        g_(g) {}
-  ~OfiRmaPush() override {
-    if (!ended_) (void)End(Status(DYAD_RC_CANCELLED, "ofi push abandoned"));
-  }
-
- private:
-  Result<bool> StepRun() override;
+  Status TakeBuffer(bool* got);
   Status Announce();
   Status OnFrame(uint16_t type);
-  Status End(const Status& st) override;
+  Status End(const Status& st);
 
-  const FileSource& src_;
-  const std::shared_ptr<OfiFabric> fabric_;
-  OfiPool* const pool_;
-  const OfiGeometry g_;
-  bool ready_ = false;  // the requester holds its receive buffer
-  OfiBuffer* buf_ = nullptr;
-  std::unique_ptr<OfiActivity> active_;
-  uint64_t next_ = 0;     // chunks announced
-  uint64_t credits_ = 0;  // slots the requester gave back
-  bool done_ = false;     // every chunk landed
+  const FileSource& src;
+  const std::shared_ptr<OfiFabric> fabric;
+  OfiPool* const pool;
+  const OfiGeometry g;
+  OfiBuffer* buf = nullptr;
+  std::unique_ptr<OfiActivity> active;
+  uint64_t next = 0;     // chunks announced
+  uint64_t credits = 0;  // slots the requester gave back
+  bool done = false;     // every chunk landed
+  bool ended = false;
 };
 
-Result<bool> OfiRmaPush::StepRun() {
-  if (!wake_error_.ok()) return wake_error_;
-  DrainWake();
-  uint16_t type = 0;
-  if (!ready_) {
-    Result<bool> r = NextFrame(&type);
-    if (!r.ok() || !*r) return r;
-    DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload_, kOfiReadyFrame, 0, "requester"));
-    ready_ = true;
-  }
-  // Only a requester that holds its receive buffer gets a send buffer, so
-  // transfers waiting for buffers can never wait on each other in a circle.
-  if (buf_ == nullptr) {
-    Result<OfiBuffer*> b = pool_->TryAcquire(wake_.get());
-    if (!b.ok()) return b.status();
-    if (*b == nullptr) return false;
-    buf_ = *b;
-    active_ = std::make_unique<OfiActivity>(*fabric_);
-  }
-  for (;;) {
-    DYAD_RETURN_IF_ERROR(Announce());
-    if (done_) return true;
-    Result<bool> r = NextFrame(&type);
-    if (!r.ok() || !*r) return r;
-    DYAD_RETURN_IF_ERROR(OnFrame(type));
-  }
+// Only a requester that holds its receive buffer gets a send buffer, so
+// transfers waiting for buffers can never wait on each other in a circle.
+Status RmaPush::TakeBuffer(bool* got) {
+  Result<OfiBuffer*> b = pool->TryAcquire(wake_fd());
+  if (!b.ok() || *b == nullptr) return b.status();
+  buf = *b;
+  active = std::make_unique<OfiActivity>(*fabric);
+  *got = true;
+  return Status::OK();
 }
 
 // Chunk i goes to slot i % window once the requester returned the slot
 // (kCredit {i - window}).
-Status OfiRmaPush::Announce() {
-  const uint64_t key = buf_->region->registration().key;
-  while (next_ < g_.chunks && (next_ < g_.window || next_ - g_.window < credits_)) {
-    const uint64_t slot = next_ % g_.window;
+Status RmaPush::Announce() {
+  const uint64_t key = buf->region->registration().key;
+  while (next < g.chunks && (next < g.window || next - g.window < credits)) {
+    const uint64_t slot = next % g.window;
     OfiChunk c;
-    c.index = next_;
-    c.length = std::min(g_.chunk, src_.size - next_ * g_.chunk);
-    c.remote_addr = buf_->region->registration().remote_base + slot * buf_->slot_bytes;
+    c.index = next;
+    c.length = std::min(g.chunk, src.size - next * g.chunk);
+    c.remote_addr = buf->region->registration().remote_base + slot * buf->slot_bytes;
     c.key = key;
-    DYAD_RETURN_IF_ERROR(PreadFully(src_.fd, buf_->base + slot * buf_->slot_bytes,
-                                    static_cast<size_t>(c.length), next_ * g_.chunk));
+    DYAD_RETURN_IF_ERROR(PreadFully(src.fd, buf->base + slot * buf->slot_bytes,
+                                    static_cast<size_t>(c.length), next * g.chunk));
     DYAD_RETURN_IF_ERROR(session_.SendFrame(kOfiChunkFrame, c.Encode(), IdleDeadline(idle_ms_)));
     stats_->bytes += c.length;
     stats_->chunks += 1;
-    ++next_;
+    ++next;
   }
   return Status::OK();
 }
 
 // The requester sends, in order, a credit for each slot a later chunk
 // needs, then kDone with the chunk count.
-Status OfiRmaPush::OnFrame(uint16_t type) {
-  if (credits_ + g_.window < g_.chunks) {
-    DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload_, kOfiCreditFrame, credits_, "requester"));
-    if (credits_ >= next_)
+Status RmaPush::OnFrame(uint16_t type) {
+  if (credits + g.window < g.chunks) {
+    DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload(), kOfiCreditFrame, credits, "requester"));
+    if (credits >= next)
       return Status(DYAD_RC_BADUNPACK, "the requester gave back the slot of chunk " +
-                                           std::to_string(credits_) + " before it was announced");
-    ++credits_;
+                                           std::to_string(credits) + " before it was announced");
+    ++credits;
     return Status::OK();
   }
-  DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload_, kOfiDoneFrame, g_.chunks, "requester"));
-  if (next_ < g_.chunks)
-    return Status(DYAD_RC_BADUNPACK, "the requester said done after " + std::to_string(next_) +
-                                         " of " + std::to_string(g_.chunks) + " chunks");
-  done_ = true;
+  DYAD_RETURN_IF_ERROR(OfiCheckU64(type, payload(), kOfiDoneFrame, g.chunks, "requester"));
+  if (next < g.chunks)
+    return Status(DYAD_RC_BADUNPACK, "the requester said done after " + std::to_string(next) +
+                                         " of " + std::to_string(g.chunks) + " chunks");
+  done = true;
   return Status::OK();
 }
 
-Status OfiRmaPush::End(const Status& st) {
-  ended_ = true;
-  pool_->CancelNotify(wake_.get());
-  active_.reset();
-  if (buf_ != nullptr) {
+// Gives the buffer back (once); a failure is told to the requester and
+// breaks the session.
+Status RmaPush::End(const Status& st) {
+  ended = true;
+  pool->CancelNotify(wake_fd());
+  active.reset();
+  if (buf != nullptr) {
     // After a failure the requester may still read a slot it was told
     // about: the buffer rests until its reads have surely stopped.
-    pool_->Release(buf_, st.ok() ? 0 : 2 * std::max<int64_t>(idle_ms_, 1000));
-    buf_ = nullptr;
+    pool->Release(buf, st.ok() ? 0 : 2 * std::max<int64_t>(idle_ms_, 1000));
+    buf = nullptr;
   }
   if (st.ok()) return st;
-  result_ = st.Annotate("ofi push of '" + src_.path + "' (sent " + std::to_string(stats_->bytes) +
-                        " of " + std::to_string(src_.size) + " bytes)");
-  return TellAndBreakSession(session_, kOfiErrorFrame, result_);
+  return TellAndBreakSession(
+      session_, kOfiErrorFrame,
+      st.Annotate("ofi push of '" + src.path + "' (sent " + std::to_string(stats_->bytes) + " of " +
+                  std::to_string(src.size) + " bytes)"));
 }
 
 }  // namespace
 
-std::unique_ptr<PushOp> OfiTransport::StartPush(Channel& session, const FileSource& src,
-                                                const std::string& request_args,
-                                                TransferStats* stats) {
+Task<Status> OfiTransport::Push(Channel& session, const FileSource& src,
+                                const std::string& request_args, TransferStats* stats,
+                                TransferWaits& waits) {
   *stats = TransferStats();
-  auto simple = [&](Status st) -> std::unique_ptr<PushOp> {
-    return std::make_unique<OfiSimplePush>(session, src.size, options_.idle_ms, std::move(st),
-                                           stats);
-  };
   // Already sent inside the FetchReply (ReplyArgs).
-  if (src.size <= kOfiInlineMaxBytes) return simple(Status::OK());
+  if (src.size <= kOfiInlineMaxBytes) {
+    stats->bytes = src.size;
+    stats->chunks = src.size > 0 ? 1 : 0;
+    co_return Status::OK();
+  }
+  // A check that fails before the transfer began is told to the requester,
+  // which waits for the chunks the reply promised.
   const std::string what = "ofi push of '" + src.path + "'";
   OfiRequestArgs req;
   Status st = req.Decode(request_args);
   Result<Engine*> e = st.ok() ? Start() : Result<Engine*>(st);
   if (e.ok()) st = CheckPeer(**e, req.provider, req.host, "requester");
-  if (!e.ok() || !st.ok()) return simple((e.ok() ? st : e.status()).Annotate(what));
-  if (src.fd < 0) return simple(Status(DYAD_RC_BADFIO, what + ": no open file descriptor"));
+  if (!e.ok() || !st.ok())
+    co_return TellAndBreakSession(session, kOfiErrorFrame,
+                                  (e.ok() ? st : e.status()).Annotate(what));
+  if (src.fd < 0)
+    co_return TellAndBreakSession(session, kOfiErrorFrame,
+                                  Status(DYAD_RC_BADFIO, what + ": no open file descriptor"));
   Engine& engine = **e;
   Result<OfiGeometry> g =
       OfiGeometryFor(src.size, engine.send->slot_bytes(),
                      static_cast<uint32_t>(engine.send->slots()), req.slot_bytes, req.slots);
-  if (!g.ok()) return simple(g.status().Annotate(what));
-  return std::make_unique<OfiRmaPush>(session, src, engine.fabric, engine.send.get(), *g,
-                                      options_.idle_ms, stats);
+  if (!g.ok()) co_return TellAndBreakSession(session, kOfiErrorFrame, g.status().Annotate(what));
+
+  RmaPush p(session, waits, options_.idle_ms, stats, src, engine.fabric, engine.send.get(), *g);
+  if (!p.wake_error().ok()) co_return p.End(p.wake_error());
+  // The requester's kReady: it holds its receive buffer.
+  for (;;) {
+    uint16_t type = 0;
+    Result<bool> r = p.NextFrame(&type);
+    if (!r.ok()) co_return p.End(r.status());
+    if (*r) {
+      if (st = OfiCheckU64(type, p.payload(), kOfiReadyFrame, 0, "requester"); !st.ok())
+        co_return p.End(st);
+      break;
+    }
+    if (st = co_await p.WaitForPeer(); !st.ok()) co_return p.End(st);
+  }
+  for (bool got = false; !got;) {
+    if (st = p.TakeBuffer(&got); !st.ok()) co_return p.End(st);
+    if (!got && !(st = co_await p.WaitForPeer()).ok()) co_return p.End(st);
+  }
+  // Announce what the credits allow, take the requester's next frame.
+  for (;;) {
+    if (st = p.Announce(); !st.ok()) co_return p.End(st);
+    if (p.done) co_return p.End(Status::OK());
+    uint16_t type = 0;
+    Result<bool> r = p.NextFrame(&type);
+    if (!r.ok()) co_return p.End(r.status());
+    if (*r) {
+      if (st = p.OnFrame(type); !st.ok()) co_return p.End(st);
+    } else if (st = co_await p.WaitForPeer(); !st.ok()) {
+      co_return p.End(st);
+    }
+  }
 }
 
 }  // namespace dyad

@@ -155,6 +155,12 @@ Result<std::unique_ptr<OfiRegion>> OfiTransport::Register(void* addr, size_t len
   return std::make_unique<OfiRegion>((*e)->fabric, addr, len, *reg);
 }
 
+int OfiTransport::BuffersInUse() const {
+  MutexLock lk(start_mu_);
+  if (!engine_) return 0;
+  return engine_->send->InUse() + engine_->receive->InUse();
+}
+
 DYAD_DEFINE_TRANSPORT_FACTORY(ofi, OfiTransport)
 
 }  // namespace dyad

@@ -34,18 +34,20 @@
 // $FI_PROVIDER and $DYAD_OFI_DOMAIN (ofi_provider.h); Details() and
 // Probe() say which and why.
 //
-// Waiting: no transfer holds a thread while it waits on its peer. Both
-// ends are TransferOps (StartPull, StartPush; ofi_op.h) whose Step takes
-// only the frames the session holds and the completions that arrived, and
-// otherwise returns for its caller to wait on the session or the op's
-// wake fd (an event fd that our reads' completions, a freed pool buffer
-// and a busy read worth retrying signal), e.g. parked on a service's
-// event loop, or by Transport::Pull / Push polling on their thread.
+// Waiting: no transfer holds a thread while it waits on its peer. Each
+// end is one straight-line coroutine on the service's runtime (Pull in
+// ofi_pull.cc, Push in ofi_push.cc; what they share in ofi_transfer.h):
+// it takes the frames the session holds and the completions that arrived,
+// and otherwise suspends in TransferWaits until the session or its wake
+// fd (an event fd that our reads' completions, a freed pool buffer and a
+// busy read worth retrying signal) is readable, its idle bound passes or
+// its Stop fires (the requester hung up, the service stops). Tests and
+// tools run the same coroutines through PullNow / PushNow.
 //
 // Threading: thread-safe; one instance serves every concurrent transfer of
-// a service. Sessions are used only by the calling thread. An op must not
-// outlive its transport. Regions from
-// Register() may outlive the transport object.
+// a service. A transfer's session is used only by its coroutine, which
+// must not outlive the transport. Regions from Register() may outlive the
+// transport object.
 #pragma once
 
 #include <memory>
@@ -74,14 +76,17 @@ class OfiTransport final : public Transport {
   std::string Probe() const override;
   std::string SameHostOnly() const override;
   Result<std::string> ReplyArgs(const FileSource& src) override;
-  // The transfer as resumable ops (transport.h); never null.
-  std::unique_ptr<PullOp> StartPull(Channel& session, uint64_t size, const std::string& reply_args,
-                                    int sink_fd, TransferStats* stats) override;
-  std::unique_ptr<PushOp> StartPush(Channel& session, const FileSource& src,
-                                    const std::string& request_args, TransferStats* stats) override;
+  // The two directions as coroutines (transport.h).
+  Task<Status> Pull(Channel& session, uint64_t size, const std::string& reply_args, int sink_fd,
+                    TransferStats* stats, TransferWaits& waits) override;
+  Task<Status> Push(Channel& session, const FileSource& src, const std::string& request_args,
+                    TransferStats* stats, TransferWaits& waits) override;
   // Registers memory for remote reads (tests and tools; transfers use the
   // pools). The region may outlive this object.
   Result<std::unique_ptr<OfiRegion>> Register(void* addr, size_t len);
+  // Buffers of both pools lent to transfers now (0 before the first
+  // transfer): every transfer gives its buffers back when it ends.
+  int BuffersInUse() const;
 
   // Slots per registered buffer: up to this many reads of one transfer are
   // in flight (a buffer is 2 x options.chunk_size bytes).
