@@ -256,7 +256,8 @@ TEST_F(PreloadTest, OldGlibcStatEntryPointsBringPublishedFiles) {
             found);
   EXPECT_EQ(NamesAsked(kB), asked + ops.size()) << "one request per look";
   EXPECT_EQ(Counter(kB, "transfers.in"), transfers + ops.size());
-  for (const auto& op : ops) EXPECT_EQ(ReadAll(PathOn(kB, "old-" + op + ".bin")), data[op]) << op;
+  for (const auto& op : ops)
+    EXPECT_TRUE(ReadAll(PathOn(kB, "old-" + op + ".bin")) == data[op]) << op << ": other bytes";
   std::string log;
   for (const auto& entry : std::filesystem::directory_iterator(work_))
     if (entry.path().filename().string().rfind("bindings.", 0) == 0) log += ReadAll(entry.path());
