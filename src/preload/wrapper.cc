@@ -21,8 +21,9 @@
 //     the producer's LOCK_EX, as the last close would), or, when this
 //     process still writes that file, renames its tracked entry so that its
 //     last close publishes it under the new name (PublishNewName);
-//   * a look (stat, lstat, fstatat, statx, access, faccessat) that finds
-//     no file under the consumer directory brings a file that is already
+//   * a look (stat, lstat, fstatat, statx, access, faccessat, and the
+//     __xstat, __lxstat, __fxstatat of programs built against glibc < 2.33)
+//     that finds no file under the consumer directory brings a file that is already
 //     published here (or makes a directory that holds published files)
 //     and looks again (LookCommon);
 //   * a listing (opendir/fdopendir, readdir/readdir64) of the consumer
@@ -199,6 +200,63 @@ DYAD_REAL(rewinddir, RewinddirFn)
 DYAD_REAL(closedir, ClosedirFn)
 DYAD_REAL(telldir, TelldirFn)
 DYAD_REAL(seekdir, SeekdirFn)
+
+// The stat entry points of C libraries older than glibc 2.33 (their stat,
+// lstat and fstatat were inline wrappers around these). Programs built
+// against such a library still call them, bound to the symbols' original
+// versions. A C library that never had them (a glibc port newer than
+// 2.33, such as LoongArch) leaves the pointer null and the call fails with
+// ENOSYS: no program built for it calls them. A glibc that keeps them only
+// as hidden compatibility symbols is not found by dlsym; dlvsym with the
+// version an old program is bound to finds it. (On x86_64 glibc 2.36 they
+// are still the default versions, and dlsym finds them.)
+using XstatFn = int (*)(int, const char*, struct stat*);
+using Xstat64Fn = int (*)(int, const char*, struct stat64*);
+using FxstatatFn = int (*)(int, int, const char*, struct stat*, int);
+using Fxstatat64Fn = int (*)(int, int, const char*, struct stat64*, int);
+
+#if defined(__x86_64__) && !defined(__ILP32__)
+constexpr const char* kXstatVersion = "GLIBC_2.2.5";
+constexpr const char* kFxstatatVersion = "GLIBC_2.4";
+#elif defined(__aarch64__)
+constexpr const char* kXstatVersion = "GLIBC_2.17";
+constexpr const char* kFxstatatVersion = "GLIBC_2.17";
+#else
+constexpr const char* kXstatVersion = nullptr;  // dlsym only
+constexpr const char* kFxstatatVersion = nullptr;
+#endif
+
+// Resolved once (a missing symbol stays missing: no dlsym per call).
+template <typename Fn>
+Fn RealCompatFn(const char* name, const char* version) {
+  void* p = ::dlsym(RTLD_NEXT, name);
+  if (p == nullptr && version != nullptr) p = ::dlvsym(RTLD_NEXT, name, version);
+  return reinterpret_cast<Fn>(p);
+}
+
+#define DYAD_REAL_COMPAT(name, type, version)                  \
+  type real_##name() {                                         \
+    static const type fn = RealCompatFn<type>(#name, version); \
+    return fn;                                                 \
+  }
+
+DYAD_REAL_COMPAT(__xstat, XstatFn, kXstatVersion)
+DYAD_REAL_COMPAT(__xstat64, Xstat64Fn, kXstatVersion)
+DYAD_REAL_COMPAT(__lxstat, XstatFn, kXstatVersion)
+DYAD_REAL_COMPAT(__lxstat64, Xstat64Fn, kXstatVersion)
+DYAD_REAL_COMPAT(__fxstatat, FxstatatFn, kFxstatatVersion)
+DYAD_REAL_COMPAT(__fxstatat64, Fxstatat64Fn, kFxstatatVersion)
+
+// Calls the real compat function `fn` with `args`, or fails with ENOSYS
+// when this C library does not have it.
+template <typename Fn, typename... Args>
+int CallCompat(Fn fn, Args... args) {
+  if (fn == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  return fn(args...);
+}
 
 // ---------------------------------------------------------------------------
 // Re-entry guard: only the outermost intercepted call of a thread does DYAD
@@ -1770,6 +1828,39 @@ __attribute__((visibility("default"))) int statx(int dirfd, const char* path, in
                                                  unsigned mask, struct statx* buf) {
   return dp::LookCommon(dirfd, path,
                         [&] { return dp::real_statx()(dirfd, path, flags, mask, buf); });
+}
+// The same looks as called by programs built against glibc < 2.33
+// (__xstat and relatives, bound to their original symbol versions); `ver`
+// goes to the real function unchanged.
+__attribute__((visibility("default"))) int __xstat(int ver, const char* path, struct stat* buf) {
+  return dp::LookCommon(AT_FDCWD, path,
+                        [&] { return dp::CallCompat(dp::real___xstat(), ver, path, buf); });
+}
+__attribute__((visibility("default"))) int __xstat64(int ver, const char* path,
+                                                     struct stat64* buf) {
+  return dp::LookCommon(AT_FDCWD, path,
+                        [&] { return dp::CallCompat(dp::real___xstat64(), ver, path, buf); });
+}
+__attribute__((visibility("default"))) int __lxstat(int ver, const char* path, struct stat* buf) {
+  return dp::LookCommon(AT_FDCWD, path,
+                        [&] { return dp::CallCompat(dp::real___lxstat(), ver, path, buf); });
+}
+__attribute__((visibility("default"))) int __lxstat64(int ver, const char* path,
+                                                      struct stat64* buf) {
+  return dp::LookCommon(AT_FDCWD, path,
+                        [&] { return dp::CallCompat(dp::real___lxstat64(), ver, path, buf); });
+}
+__attribute__((visibility("default"))) int __fxstatat(int ver, int dirfd, const char* path,
+                                                      struct stat* buf, int flags) {
+  return dp::LookCommon(dirfd, path, [&] {
+    return dp::CallCompat(dp::real___fxstatat(), ver, dirfd, path, buf, flags);
+  });
+}
+__attribute__((visibility("default"))) int __fxstatat64(int ver, int dirfd, const char* path,
+                                                        struct stat64* buf, int flags) {
+  return dp::LookCommon(dirfd, path, [&] {
+    return dp::CallCompat(dp::real___fxstatat64(), ver, dirfd, path, buf, flags);
+  });
 }
 __attribute__((visibility("default"))) int access(const char* path, int mode) {
   return dp::LookCommon(AT_FDCWD, path, [&] { return dp::real_access()(path, mode); });

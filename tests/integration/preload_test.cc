@@ -114,6 +114,13 @@ class PreloadTest : public TwoNodeTest {
     return r->output.substr(0, 64) + "  " + path + "\n";
   }
 
+  // Names the service on `node` was asked about by consumes: each item of
+  // a consume request (a look's request included) reads its record once,
+  // from the service's metadata cache or from the store.
+  uint64_t NamesAsked(int node) {
+    return Counter(node, "cache.hits") + Counter(node, "cache.misses");
+  }
+
   std::string lib_;
   std::string helper_;
   bool list_ = false;  // PreloadEnv sets DYAD_PRELOAD_LIST=1
@@ -200,6 +207,95 @@ TEST_F(PreloadTest, LookingAtAPublishedFileBringsItHere) {
   EXPECT_FALSE(Exists(PathOn(kB, "never.bin")));
   EXPECT_EQ(RunOk(kB, {"bash", "-c", "test -e '" + PathOn(kB, "never.bin") + "' || echo missing"}),
             "missing\n");
+}
+
+// Programs built against a C library older than glibc 2.33 look at files
+// through __xstat, __xstat64, __lxstat, __lxstat64, __fxstatat and
+// __fxstatat64, bound to those symbols' original versions (their stat,
+// lstat and fstatat were inline wrappers). dyad-preload-oldstat makes
+// exactly such references (.symver); under the library each of the six
+// brings a file published on A here with the right size, and leaves errno
+// as it was; a look at a file here asks the service nothing; a name nobody
+// published stays ENOENT at once (one request per look, never a wait), and
+// the version argument reaches the C library unchanged (a bad one: EINVAL).
+TEST_F(PreloadTest, OldGlibcStatEntryPointsBringPublishedFiles) {
+  const std::string oldstat = std::string(DYAD_BUILD_BIN_DIR) + "/dyad-preload-oldstat";
+  if (!Exists(oldstat))
+    GTEST_SKIP() << "this C library has no __xstat/__lxstat/__fxstatat compatibility symbols "
+                    "(dyad-preload-oldstat was not built)";
+  const std::vector<std::string> ops = {"xstat",    "xstat64",  "lxstat",
+                                        "lxstat64", "fxstatat", "fxstatat64"};
+  std::map<std::string, std::string> data;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const std::string& op = ops[i];
+    data[op] = RandomBytes(50000 + 777 * i, 40 + static_cast<uint32_t>(i));
+    const std::string src = work_ + "/old-" + op + ".bin";
+    WriteAll(src, data[op]);
+    RunOk(kA, {"cp", src, PathOn(kA, "old-" + op + ".bin")});
+    ASSERT_FALSE(Exists(PathOn(kB, "old-" + op + ".bin")));
+  }
+  // Each op looks at its own file; the expected line has the producer's size.
+  auto looks = [&](const std::string& stem) {
+    std::vector<std::string> argv = {oldstat};
+    for (const auto& op : ops) {
+      argv.push_back(op);
+      argv.push_back(PathOn(kB, stem + op + ".bin"));
+    }
+    return argv;
+  };
+  std::string found;
+  for (const auto& op : ops)
+    found += op + " rc=0 errno=kept size=" + std::to_string(data[op].size()) + "\n";
+
+  // The references are the old versioned symbols and bind to the library
+  // (the dynamic linker's own account of it).
+  const std::string bindings = work_ + "/bindings";
+  const uint64_t asked = NamesAsked(kB);
+  const uint64_t transfers = Counter(kB, "transfers.in");
+  EXPECT_EQ(RunOk(kB, looks("old-"), {{"LD_DEBUG", "bindings"}, {"LD_DEBUG_OUTPUT", bindings}}),
+            found);
+  EXPECT_EQ(NamesAsked(kB), asked + ops.size()) << "one request per look";
+  EXPECT_EQ(Counter(kB, "transfers.in"), transfers + ops.size());
+  for (const auto& op : ops)
+    EXPECT_TRUE(ReadAll(PathOn(kB, "old-" + op + ".bin")) == data[op]) << op << ": other bytes";
+  std::string log;
+  for (const auto& entry : std::filesystem::directory_iterator(work_))
+    if (entry.path().filename().string().rfind("bindings.", 0) == 0) log += ReadAll(entry.path());
+  for (const auto& op : ops) {
+    // e.g. "binding file .../dyad-preload-oldstat [0] to .../libdyad_wrapper.so [0]:
+    // normal symbol `__xstat' [GLIBC_2.2.5]"
+    const std::string sym = "`__" + op + "' [GLIBC_";
+    bool bound = false;
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);)
+      bound = bound || (line.find("binding file " + oldstat + " ") != std::string::npos &&
+                        line.find(" to " + lib_ + " ") != std::string::npos &&
+                        line.find(sym) != std::string::npos);
+    EXPECT_TRUE(bound) << "__" << op << " of the program is not bound to " << lib_
+                       << " at a GLIBC version:\n"
+                       << log.substr(0, 4000);
+  }
+
+  // Here now: the real call finds each file and nobody is asked.
+  const uint64_t here = NamesAsked(kB);
+  EXPECT_EQ(RunOk(kB, looks("old-")), found);
+  EXPECT_EQ(NamesAsked(kB), here);
+  EXPECT_EQ(Counter(kB, "transfers.in"), transfers + ops.size());
+
+  // Nobody published these: ENOENT at once (a consume would wait 30 s),
+  // one request per look, nothing made here.
+  std::string missing;
+  for (const auto& op : ops) missing += op + " rc=-1 errno=ENOENT size=-1\n";
+  const uint64_t before_missing = NamesAsked(kB);
+  const uint64_t t0 = MonoNs();
+  EXPECT_EQ(RunOk(kB, looks("never-")), missing);
+  EXPECT_LT(MonoNs() - t0, 10ull * 1000000000ull);
+  EXPECT_EQ(NamesAsked(kB), before_missing + ops.size());
+  for (const auto& op : ops) EXPECT_FALSE(Exists(PathOn(kB, "never-" + op + ".bin")));
+
+  // The version argument is the C library's to judge.
+  EXPECT_EQ(RunOk(kB, {oldstat, "badver", PathOn(kB, "old-xstat.bin")}),
+            "badver rc=-1 errno=EINVAL size=-1\n");
 }
 
 // A training job finds its data by listing a directory: on B, before
