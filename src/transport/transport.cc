@@ -12,43 +12,6 @@
 #include "common/wire.h"
 
 namespace dyad {
-namespace {
-
-// TRANSITIONAL: runs a transport's old op on the runtime.
-Task<Status> DriveOp(TransferOp& op, Channel& session, TransferWaits& waits, const char* what) {
-  IdleBound idle(op.idle_ms());
-  for (;;) {
-    Result<bool> r = co_await waits.Run(op.blocks(), [&op] { return op.Step(); });
-    if (!r.ok()) co_return r.status();
-    if (*r) co_return Status::OK();
-    idle.Saw(op.moved());
-    Status w = co_await waits.ForPeer(session, idle, what, op.wake_fd());
-    if (!w.ok()) co_return op.Fail(w);
-  }
-}
-
-class Settled final : public TransferOp {
- public:
-  Settled(Status result, int64_t idle_ms, Channel* session)
-      : result_(std::move(result)), idle_ms_(idle_ms), session_(session) {}
-
-  Result<bool> Step() override {
-    if (result_.ok()) return true;
-    return Fail(result_);
-  }
-  uint64_t moved() const override { return 0; }
-  int64_t idle_ms() const override { return idle_ms_; }
-  Status Fail(const Status& why) override {
-    return session_ != nullptr ? BreakSession(*session_, why) : why;
-  }
-
- private:
-  const Status result_;
-  const int64_t idle_ms_;
-  Channel* const session_;
-};
-
-}  // namespace
 
 Deadline IdleDeadline(int64_t idle_ms) {
   return idle_ms > 0 ? Deadline::AfterMs(idle_ms) : Deadline::Never();
@@ -67,26 +30,14 @@ Status TellAndBreakSession(Channel& session, uint16_t error_frame, const Status&
   return BreakSession(session, st);
 }
 
-std::unique_ptr<TransferOp> SettledOp(Status result, int64_t idle_ms, Channel* session) {
-  return std::make_unique<Settled>(std::move(result), idle_ms, session);
-}
-
-Task<Status> Transport::Pull(Channel& session, uint64_t size, const std::string& reply_args,
-                             int sink_fd, TransferStats* stats, TransferWaits& waits) {
-  *stats = TransferStats();
-  std::unique_ptr<TransferOp> op = StartPull(session, size, reply_args, sink_fd, stats);
-  co_return co_await DriveOp(*op, session, waits, "no data from the owner");
-}
-
 // Sends the chunks QueueChunk makes as the requester takes them.
 Task<Status> Transport::Push(Channel& session, const FileSource& src,
                              const std::string& request_args, TransferStats* stats,
                              TransferWaits& waits) {
+  (void)request_args;
   *stats = TransferStats();
-  if (!queues_chunks()) {
-    std::unique_ptr<TransferOp> op = StartPush(session, src, request_args, stats);
-    co_return co_await DriveOp(*op, session, waits, "the requester made no progress");
-  }
+  if (!queues_chunks())
+    co_return Status(DYAD_RC_NOTSUP, name() + " does not frame files on the session");
   IdleBound idle(options_.idle_ms);
   WireQueue out;
   uint64_t offset = 0;

@@ -76,44 +76,6 @@ struct TransportOptions {
   int64_t idle_ms = 60000;       // no progress for this long fails the transfer
 };
 
-// A transfer as a resumable operation, on either end: a requester's pull
-// (Transport::StartPull) or an owner's push (Transport::StartPush). Each
-// Step moves what it can now and never waits on the peer, so a caller can
-// wait for the session (or wake_fd) to become readable however it likes (an
-// event loop that holds no thread meanwhile, or Transport::Pull / Push on
-// the calling thread). Used by one thread at a time (which may change
-// between steps); errors mark the session broken (and shut it down) where
-// the session carries the transfer.
-class TransferOp {
- public:
-  virtual ~TransferOp() = default;
-  // True once the transfer is complete on this end (every byte in the
-  // sink; every byte handed over and acknowledged as the transport
-  // requires); false when the session (or wake_fd) must become readable
-  // before the next Step can make progress. Argument errors found when the
-  // op was made are returned by its first Step.
-  virtual Result<bool> Step() = 0;
-  // For transports whose data moves off the session: a descriptor that
-  // becomes readable when the transport's own completions may let Step
-  // progress (e.g. an event fd its progress engine signals). The caller
-  // waits for it or the session, whichever comes first. -1: the session only.
-  virtual int wake_fd() const { return -1; }
-  // Bytes moved so far (landed, or sent); progress restarts the caller's
-  // idle bound.
-  virtual uint64_t moved() const = 0;
-  // The transport's bound on a wait without progress (<= 0: none).
-  virtual int64_t idle_ms() const = 0;
-  // Ends the transfer with `why` (no progress within idle_ms, the
-  // requester gone): breaks the session so the peer stops at once.
-  virtual Status Fail(const Status& why) = 0;
-  // True when Step may block on the disk for long (the "local" transport's
-  // copy within the node): a service runs such a Step on its thread pool,
-  // never on its event loop. Such a Step never waits on the peer either.
-  virtual bool blocks() const { return false; }
-};
-using PullOp = TransferOp;
-using PushOp = TransferOp;
-
 // The bound of a transfer's wait without progress: `idle_ms` from now;
 // never for idle_ms <= 0 (TransportOptions::idle_ms).
 Deadline IdleDeadline(int64_t idle_ms);
@@ -126,14 +88,6 @@ Deadline IdleDeadline(int64_t idle_ms);
 // message, common/wire.h encoding; the session may already be gone).
 Status BreakSession(Channel& session, const Status& st);
 Status TellAndBreakSession(Channel& session, uint16_t error_frame, const Status& st);
-
-// A transfer that is settled when it is made, for transports to return
-// where nothing needs to move (an empty file, bytes sent in the reply) or
-// the arguments were refused before anything moved: its first Step returns
-// true (`result` OK) or `result`. With `session` non-null a failure (also
-// a later Fail) marks that session broken and shuts it down, so the peer
-// stops at once.
-std::unique_ptr<TransferOp> SettledOp(Status result, int64_t idle_ms, Channel* session = nullptr);
 
 class Transport {
  public:
@@ -181,13 +135,14 @@ class Transport {
   // step breaks it (BreakSession). `session`, `stats` and `waits` must
   // outlive the task.
   virtual Task<Status> Pull(Channel& session, uint64_t size, const std::string& reply_args,
-                            int sink_fd, TransferStats* stats, TransferWaits& waits);
+                            int sink_fd, TransferStats* stats, TransferWaits& waits) = 0;
 
   // Owner, after sending the FetchReply: moves `src` to the requester;
   // `request_args` are the requester's transport_args. Waits and failures
-  // as for Pull. A transport that frames the file on the session
-  // (queues_chunks()) sends QueueChunk's chunks as the requester takes them
-  // (a service's file server queues them itself, gathered with its reply).
+  // as for Pull. For a transport that frames the file on the session
+  // (queues_chunks()) this base version sends QueueChunk's chunks as the
+  // requester takes them (a service's file server queues them itself,
+  // gathered with its reply); every other transport writes its own.
   virtual Task<Status> Push(Channel& session, const FileSource& src,
                             const std::string& request_args, TransferStats* stats,
                             TransferWaits& waits);
@@ -213,20 +168,6 @@ class Transport {
                  TransferStats* stats);
   Status PushNow(Channel& session, const FileSource& src, const std::string& request_args,
                  TransferStats* stats);
-
-  // TRANSITIONAL (removed once every transport writes Pull and Push):
-  virtual std::unique_ptr<TransferOp> StartPull(Channel& session, uint64_t size,
-                                                const std::string& reply_args, int sink_fd,
-                                                TransferStats* stats) {
-    (void)session, (void)size, (void)reply_args, (void)sink_fd, (void)stats;
-    return nullptr;
-  }
-  virtual std::unique_ptr<TransferOp> StartPush(Channel& session, const FileSource& src,
-                                                const std::string& request_args,
-                                                TransferStats* stats) {
-    (void)session, (void)src, (void)request_args, (void)stats;
-    return nullptr;
-  }
 
  protected:
   explicit Transport(const TransportOptions& options) : options_(options) {}

@@ -267,7 +267,7 @@ namespace dyad {
 namespace {
 
 // B fetches with ucx: four consumes from an owner that answers the fetch
-// (the file's size) and then sends nothing. Each fetch's PullOp has posted
+// (the file's size) and then sends nothing. Each fetch's pull has posted
 // its receives and offered its buffer, then waits for chunks that never
 // come: parked, with the session and the op's wake fd watched. A consume
 // from a healthy owner meanwhile completes at once; the silent ones end at
@@ -343,7 +343,7 @@ StalledAsk AskAndStall(const std::string& address, const std::string& upath,
 }
 
 // A (two workers) serves four ucx fetches whose requester never offers its
-// buffer: each PushOp waits for the offer parked, holding no worker of A
+// buffer: each push waits for the offer parked, holding no worker of A
 // (fetch.parked_for_peer); B's consume of another file of A meanwhile
 // completes at once; A ends each stalled push at its idle bound
 // (--rpc-timeout), telling the requester.

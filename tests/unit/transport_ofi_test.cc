@@ -254,7 +254,8 @@ TEST(OfiTransport, FailedReadIsAClearErrorAndTheNextTransferWorks) {
   std::vector<char> mem(1 << 20);
   Result<std::unique_ptr<OfiRegion>> region = AsOfi(*owner).Register(mem.data(), mem.size());
   ASSERT_TRUE(region.ok()) << region.status().ToString();
-  Decoder key((*region)->PackedKey());
+  const std::string packed = (*region)->PackedKey();  // the Decoder views it
+  Decoder key(packed);
   const uint64_t base = key.U64();
   const uint64_t rkey = key.U64();
   Source s = MakeSource(dir.path() + "/bad", Pattern(kMiB, 3));
