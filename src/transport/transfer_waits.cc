@@ -48,7 +48,12 @@ Status TransferWaits::Ended(Ready r, const IdleBound& idle, const char* what) co
 }
 
 Task<Status> TransferWaits::ForPeer(Channel& session, const IdleBound& idle, const char* what,
-                                    int wake_fd) {
+                                    int wake_fd, int64_t slice_ms) {
+  if (slice_ms > 0 && idle.deadline().RemainingMs(slice_ms + 1) > slice_ms) {
+    // A slice: its end, like a wake-up, only means "look again".
+    const Ready r = co_await Readable(session, Deadline::AfterMs(slice_ms), wake_fd);
+    co_return r == Ready::kStopped ? Stopped() : Status::OK();
+  }
   co_return Ended(co_await Readable(session, idle.deadline(), wake_fd), idle, what);
 }
 

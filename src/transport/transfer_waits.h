@@ -77,8 +77,12 @@ class TransferWaits {
 
   // A transfer's wait for its peer: until the session (or `wake_fd`, -1:
   // none) is readable. OK then; DYAD_RC_TIMEOUT ("`what` for N ms") when
-  // `idle` passed first; the Stop's reason when it fired.
-  Task<Status> ForPeer(Channel& session, const IdleBound& idle, const char* what, int wake_fd = -1);
+  // `idle` passed first; the Stop's reason when it fired. `slice_ms` > 0:
+  // also OK once that long has passed while the idle bound has more left,
+  // for a transfer waiting for something nobody signals (a buffer whose
+  // rest ends), which then looks again.
+  Task<Status> ForPeer(Channel& session, const IdleBound& idle, const char* what, int wake_fd = -1,
+                       int64_t slice_ms = 0);
   // The same for room on the session to send.
   Task<Status> ForRoom(Channel& session, const IdleBound& idle, const char* what);
 

@@ -21,16 +21,8 @@ OfiTransfer::OfiTransfer(Channel& session, TransferWaits& waits, int64_t idle_ms
 
 Task<Status> OfiTransfer::WaitForPeer() {
   idle_.Saw(stats_->bytes);
-  if (idle_.deadline().RemainingMs() > kWakeSliceMs) {
-    // A slice: its end (like a wake-up) only means "look again".
-    if (co_await waits_.Readable(session_, Deadline::AfterMs(kWakeSliceMs), wake_.get()) ==
-        Ready::kStopped)
-      co_return waits_.Stopped();
-  } else {
-    // The last slice ends at the idle bound.
-    Status st = co_await waits_.ForPeer(session_, idle_, waiting_for_, wake_.get());
-    if (!st.ok()) co_return st;
-  }
+  DYAD_CO_RETURN_IF_ERROR(
+      co_await waits_.ForPeer(session_, idle_, waiting_for_, wake_.get(), kWakeSliceMs));
   uint64_t v = 0;
   (void)!::read(wake_.get(), &v, sizeof(v));
   co_return Status::OK();

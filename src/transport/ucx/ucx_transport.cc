@@ -44,15 +44,8 @@ constexpr int64_t kBufferSliceMs = 1000;
 Task<Status> Transfer::ForPeer(uint64_t moved, bool for_buffer) {
   idle_.Saw(moved);
   const int wake = wake_ ? wake_->fd() : -1;
-  Status st;
-  if (for_buffer && idle_.deadline().RemainingMs(kBufferSliceMs + 1) > kBufferSliceMs) {
-    const IdleBound slice(kBufferSliceMs);
-    st = co_await waits_.ForPeer(session_, slice, idle_what_, wake);
-    // The slice is over, not the idle bound: the caller looks again.
-    if (st.code() == DYAD_RC_TIMEOUT && !waits_.stopped()) st = Status::OK();
-  } else {
-    st = co_await waits_.ForPeer(session_, idle_, idle_what_, wake);
-  }
+  Status st =
+      co_await waits_.ForPeer(session_, idle_, idle_what_, wake, for_buffer ? kBufferSliceMs : 0);
   if (st.ok() && wake_) {
     // Before the caller looks at its requests: a completion after this
     // makes the fd readable anew.
