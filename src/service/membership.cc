@@ -27,10 +27,10 @@
 
 namespace dyad {
 
-// The store calls of registration and deregistration: each runs on one
-// thread of their own, one after another, and its caller (a task on the
-// runtime) waits for it on the loop, a wait that ends at once when its Stop
-// fires or its deadline passes, leaving the call to finish on its own. A
+// The store calls of registration and deregistration: they run one after
+// another on one thread of their own, and each caller (a task on the
+// runtime) waits for its call on the loop, a wait that ends at once when its
+// Stop fires or its deadline passes, leaving the call to finish alone. A
 // store call can block for the whole RPC timeout (a root host that drops
 // packets), and a stop must not wait for that.
 //
