@@ -171,6 +171,30 @@ TEST_F(OpsTest, StartupStoreCallsShareOneThreadAndSigtermDoesNotWaitForThem) {
       << ReadText(s.log);
 }
 
+// Issue 24, the stop: a clean stop marks the registration stopped in the
+// store, a task that waits for the store's answer at most 2 s (with the
+// cluster's --rpc-timeout above that): with the root frozen (SIGSTOP), the
+// call would hang for the whole RPC timeout, and the stop goes on without
+// it, its thread left to finish alone (not the pool, which the stop joins).
+TEST_F(OpsTest, CleanStopWaitsForAFrozenStoreAtMostTwoSeconds) {
+  const pid_t root = cluster().ServicePid(kA);
+  ASSERT_GT(root, 0);
+  ASSERT_EQ(::kill(root, SIGSTOP), 0);
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { ::kill(pid, SIGCONT); }
+  } thaw{root};
+  const uint64_t t0 = MonoNs();
+  const Status st = cluster().StopService(kB, 10000);
+  const uint64_t took = MonoNs() - t0;
+  const std::string log = ReadText(cluster().node(kB).service_log);
+  EXPECT_TRUE(st.ok()) << Str(st) << "\n" << log;
+  EXPECT_LT(took, 3'500'000'000ull) << "the stop took " << took / 1000000 << " ms\n" << log;
+  EXPECT_NE(log.find("could not mark rank 1 as stopped in the metadata store within"),
+            std::string::npos)
+      << log;
+}
+
 TEST_F(OpsTest, WrongClusterSecretFailsAtOnceWithTheReason) {
   ExtraService s = NewExtra("stranger");
   const std::string secret = s.dir + "/secret";
