@@ -3,12 +3,15 @@
 // a rank that a live service holds, replacing a dead holder, checking that
 // the advertised address leads back here, and noticing later when the
 // record disappears or is taken over.
+#include <pthread.h>
 #include <unistd.h>
-#include <future>
 
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -23,6 +26,76 @@
 #include "service/transports.h"
 
 namespace dyad {
+
+// The store calls of registration and deregistration: they run one after
+// another on one thread of their own, and each caller (a task on the
+// runtime) waits for its call on the loop, a wait that ends at once when its
+// Stop fires or its deadline passes, leaving the call to finish alone. A
+// store call can block for the whole RPC timeout (a root host that drops
+// packets), and a stop must not wait for that.
+//
+// Why a thread of its own and not the runtime's pool (Runtime::Offload):
+// the stop that ends the wait then shuts the runtime down, which joins the
+// pool, and no store's Shutdown() ends a Get, Put or List in progress
+// (kvs.h: it ends waits), so a hung call on the pool would hold the stop
+// for up to the RPC timeout. This thread is detached and owns what it uses
+// (the store, by shared_ptr, and its queue); it is started at the first
+// call, serves every attempt of a registration, and ends once its owner is
+// gone and no call is queued. The root's own store answers in this process
+// at once: its calls run inline, with no thread at all.
+class StoreCallThread {
+ public:
+  explicit StoreCallThread(std::shared_ptr<Kvs> kvs);
+  ~StoreCallThread();
+  StoreCallThread(const StoreCallThread&) = delete;
+  StoreCallThread& operator=(const StoreCallThread&) = delete;
+
+  // `fn(kvs)`'s result, or nullopt when `deadline` passed or `stop` fired
+  // (may be null) first. On the runtime's loop.
+  template <typename T>
+  Task<std::optional<T>> Call(std::function<T(Kvs&)> fn, Deadline deadline, dyad::Stop* stop);
+
+ private:
+  struct Queue;
+  bool in_process() const;
+  Kvs& kvs();
+  // Queues `job` for the thread (started by the first one).
+  void Post(std::function<void(Kvs&)> job);
+  std::shared_ptr<Queue> q_;
+};
+
+template <typename T>
+Task<std::optional<T>> StoreCallThread::Call(std::function<T(Kvs&)> fn, Deadline deadline,
+                                             dyad::Stop* stop) {
+  if (stop != nullptr && stop->fired()) co_return std::nullopt;
+  if (in_process()) co_return fn(kvs());
+  // The result reaches the waiting task only while it waits: once it has
+  // gone, the loop (and the runtime) may be gone too.
+  struct Handoff {
+    explicit Handoff(asio::any_io_executor ex)
+        : result(std::make_shared<Rendezvous<T>>(std::move(ex))) {}
+    std::shared_ptr<Rendezvous<T>> result;
+    std::mutex mu;
+    bool abandoned = false;  // guarded by mu
+  };
+  asio::any_io_executor ex = co_await asio::this_coro::executor;
+  auto h = std::make_shared<Handoff>(std::move(ex));
+  Post([h, fn = std::move(fn)](Kvs& kvs) {
+    {
+      std::lock_guard<std::mutex> lk(h->mu);
+      if (h->abandoned) return;  // nobody waits for it any more
+    }
+    T r = fn(kvs);
+    std::lock_guard<std::mutex> lk(h->mu);
+    if (!h->abandoned) h->result->Deliver(std::move(r));
+  });
+  std::optional<T> r = co_await h->result->Take(deadline, stop);
+  if (!r) {
+    std::lock_guard<std::mutex> lk(h->mu);
+    h->abandoned = true;
+  }
+  co_return r;
+}
 
 namespace {
 
@@ -45,38 +118,67 @@ std::string DescribeHolder(const ServiceRecord& r) {
          Hex64(r.incarnation);
 }
 
-// Runs `fn(kvs)` on a helper thread and waits for it unless `stopping`
-// turns true first (polled every 50 ms); then returns nullopt and leaves
-// the helper to finish on its own. A store call can block for the whole RPC
-// timeout (a root host that drops packets), and a stop request must not
-// wait for that. The helper shares nothing with the caller but `kvs` and
-// the result slot, so abandoning it is safe.
-template <typename T, typename Fn>
-std::optional<T> CallUnlessStopped(const std::shared_ptr<Kvs>& kvs,
-                                   const std::atomic<bool>& stopping, Fn fn) {
-  struct Slot {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<T> result;
-  };
-  auto slot = std::make_shared<Slot>();
-  std::thread([slot, kvs, fn] {
-    T r = fn(*kvs);
-    std::lock_guard<std::mutex> lk(slot->mu);
-    slot->result.emplace(std::move(r));
-    slot->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lk(slot->mu);
-  while (!slot->result.has_value()) {
-    if (stopping.load()) return std::nullopt;
-    slot->cv.wait_for(lk, std::chrono::milliseconds(50));
-  }
-  return std::move(slot->result);
-}
-
 Status Stopped() { return Status(DYAD_RC_CANCELLED, "stopped during start-up"); }
 
 }  // namespace
+
+// --- StoreCallThread ----------------------------------------------------------
+
+// What the thread and its owner share; the thread keeps it (and the store)
+// alive after the owner is gone.
+struct StoreCallThread::Queue {
+  explicit Queue(std::shared_ptr<Kvs> k) : kvs(std::move(k)) {}
+  std::shared_ptr<Kvs> kvs;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void(Kvs&)>> jobs;  // guarded by mu
+  bool closed = false;                         // guarded by mu
+  bool running = false;                        // the thread was started; guarded by mu
+};
+
+StoreCallThread::StoreCallThread(std::shared_ptr<Kvs> kvs)
+    : q_(std::make_shared<Queue>(std::move(kvs))) {}
+
+StoreCallThread::~StoreCallThread() {
+  {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->closed = true;
+  }
+  q_->cv.notify_all();
+}
+
+bool StoreCallThread::in_process() const { return q_->kvs->in_process(); }
+Kvs& StoreCallThread::kvs() { return *q_->kvs; }
+
+void StoreCallThread::Post(std::function<void(Kvs&)> job) {
+  std::unique_lock<std::mutex> lk(q_->mu);
+  q_->jobs.push_back(std::move(job));
+  if (q_->running) {
+    lk.unlock();
+    q_->cv.notify_all();
+    return;
+  }
+  q_->running = true;
+  lk.unlock();
+  // Detached: it may outlive the service while a call hangs (see the header).
+  std::thread t([q = q_] {
+    std::unique_lock<std::mutex> l(q->mu);
+    for (;;) {
+      q->cv.wait(l, [&q] { return q->closed || !q->jobs.empty(); });
+      if (q->jobs.empty()) return;  // closed and nothing left
+      std::function<void(Kvs&)> job = std::move(q->jobs.front());
+      q->jobs.pop_front();
+      l.unlock();
+      job(*q->kvs);
+      job = nullptr;  // its captures go before the lock is taken again
+      l.lock();
+    }
+  });
+  pthread_setname_np(t.native_handle(), "dyad-storecall");
+  t.detach();
+}
+
+// --- Service -----------------------------------------------------------------
 
 ServiceRecord Service::OwnRecord() const {
   ServiceRecord rec;
@@ -91,14 +193,14 @@ ServiceRecord Service::OwnRecord() const {
   return rec;
 }
 
-bool Service::PauseUnlessStopping(int64_t ms) {
-  std::unique_lock<std::mutex> lk(stop_mu_);
-  stop_cv_.wait_for(lk, std::chrono::milliseconds(ms), [this] { return stopping_.load(); });
-  return !stopping_;
+Status Service::RegisterMembership() {
+  StoreCallThread calls(kvs_);
+  return runtime_->RunSync(Register(calls));
 }
 
-Status Service::RegisterMembership() {
-  DYAD_RETURN_IF_ERROR(CheckOwnAddress());
+Task<Status> Service::Register(StoreCallThread& calls) {
+  dyad::Stop* stop = startup_stop_.get();
+  DYAD_CO_RETURN_IF_ERROR(co_await CheckOwnAddress());
   member_value_ = OwnRecord().Encode();
   // The root may still be starting (services are launched in parallel).
   const int64_t wait_ms = std::max<int64_t>(opt_.rpc_timeout_ms, 30000);
@@ -108,19 +210,19 @@ Status Service::RegisterMembership() {
   int64_t pause = 100;
   bool told = false;
   for (;;) {
-    if (stopping_) return Stopped();
-    Status st = CheckSameHostPeers();
-    if (st.ok()) st = ClaimRank();
-    if (st.ok()) return st;
+    if (stop->fired()) co_return Stopped();
+    Status st = co_await CheckSameHostPeers(calls);
+    if (st.ok()) st = co_await ClaimRank(calls);
+    if (st.ok()) co_return st;
     if (!StoreNotReady(st)) {
       if (st.code() == DYAD_RC_AUTH && kvs_->caps().hosted_by_service)
-        return CredentialFailure(st, what);
-      return st.Annotate(what);
+        co_return CredentialFailure(st, what);
+      co_return st.Annotate(what);
     }
     if (deadline.expired())
-      return st.Annotate(what + ": gave up after " + std::to_string(wait_ms / 1000) +
-                         " s; is the store (the root dyad-service or Redis) running and "
-                         "reachable from this host?");
+      co_return st.Annotate(what + ": gave up after " + std::to_string(wait_ms / 1000) +
+                            " s; is the store (the root dyad-service or Redis) running and "
+                            "reachable from this host?");
     if (!told) {
       DYAD_LOG_WARN(
           "metadata store not reachable yet (%s); waiting up to %lld s for it "
@@ -128,7 +230,7 @@ Status Service::RegisterMembership() {
           st.ToString().c_str(), static_cast<long long>(wait_ms / 1000));
       told = true;
     }
-    if (!PauseUnlessStopping(pause)) return Stopped();
+    if (!co_await Sleep(Deadline::AfterMs(pause), stop)) co_return Stopped();
     pause = std::min<int64_t>(pause * 2, 2000);
   }
 }
@@ -136,41 +238,47 @@ Status Service::RegisterMembership() {
 // A transport that reaches only this host (libfabric's shm) cannot serve a
 // cluster with services on other hosts: refused here, at start, rather than
 // at the first fetch.
-Status Service::CheckSameHostPeers() {
+Task<Status> Service::CheckSameHostPeers(StoreCallThread& calls) {
   const std::string why = transports_->Default().SameHostOnly();
-  if (why.empty()) return Status::OK();
+  if (why.empty()) co_return Status::OK();
   using Listing = Result<std::vector<KvsEntry>>;
-  std::optional<Listing> all = CallUnlessStopped<Listing>(
-      kvs_, stopping_, [](Kvs& kvs) { return kvs.List(kMembersNamespace, "rank.", 0); });
-  if (!all) return Stopped();
-  if (!all->ok()) return all->status();
+  // Named, not a temporary of the co_await expression (GCC 12 destroys
+  // some of those twice).
+  std::function<Listing(Kvs&)> list = [](Kvs& kvs) {
+    return kvs.List(kMembersNamespace, "rank.", 0);
+  };
+  std::optional<Listing> all =
+      co_await calls.Call<Listing>(std::move(list), Deadline::Never(), startup_stop_.get());
+  if (!all) co_return Stopped();
+  if (!all->ok()) co_return all->status();
   for (const auto& [key, value] : **all) {
     ServiceRecord r;
     if (!ServiceRecord::Decode(value, &r) || r.rank == opt_.rank || r.stopped_ns != 0 ||
         r.hostname.empty() || r.hostname == hostname_)
       continue;
-    return Status(DYAD_RC_MARGO_BAD_PROTO,
-                  why + ", and rank " + std::to_string(r.rank) + " is registered from host " +
-                      r.hostname + " (this is " + hostname_ +
-                      "): set DYAD_OFI_PROVIDER to a provider that reaches other hosts (tcp, "
-                      "verbs, cxi, ...) on every service, or use -m TCP");
+    co_return Status(DYAD_RC_MARGO_BAD_PROTO,
+                     why + ", and rank " + std::to_string(r.rank) + " is registered from host " +
+                         r.hostname + " (this is " + hostname_ +
+                         "): set DYAD_OFI_PROVIDER to a provider that reaches other hosts (tcp, "
+                         "verbs, cxi, ...) on every service, or use -m TCP");
   }
-  return Status::OK();
+  co_return Status::OK();
 }
 
-ProbeResult Service::ProbeNow(const ServiceRecord& rec) {
+Task<ProbeResult> Service::ProbeNow(const ServiceRecord& rec) {
   PeerWaits waits(*runtime_, startup_stop_.get(), nullptr);
-  return runtime_->RunSync(peers_->Probe(rec, Deadline::AfterMs(kProbeMs), waits));
+  co_return co_await peers_->Probe(rec, Deadline::AfterMs(kProbeMs), waits);
 }
 
 // Takes the rank unless a live service holds it.
-Status Service::ClaimRank() {
+Task<Status> Service::ClaimRank(StoreCallThread& calls) {
+  dyad::Stop* stop = startup_stop_.get();
   const std::string key = MemberKey(opt_.rank);
   using Lookup = Result<std::optional<std::string>>;
-  std::optional<Lookup> cur = CallUnlessStopped<Lookup>(
-      kvs_, stopping_, [key](Kvs& kvs) { return kvs.Get(kMembersNamespace, key); });
-  if (!cur) return Stopped();
-  if (!cur->ok()) return cur->status();
+  std::function<Lookup(Kvs&)> get = [key](Kvs& kvs) { return kvs.Get(kMembersNamespace, key); };
+  std::optional<Lookup> cur = co_await calls.Call<Lookup>(std::move(get), Deadline::Never(), stop);
+  if (!cur) co_return Stopped();
+  if (!cur->ok()) co_return cur->status();
   ServiceRecord holder;
   if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
       holder.incarnation != incarnation_ && holder.stopped_ns != 0) {
@@ -180,95 +288,98 @@ Status Service::ClaimRank() {
                   LocalDateTime(holder.stopped_ns, "?").c_str());
   } else if ((*cur)->has_value() && ServiceRecord::Decode(***cur, &holder) &&
              holder.incarnation != incarnation_) {
-    const ProbeResult probe = ProbeNow(holder);
-    if (stopping_) return Stopped();
+    const ProbeResult probe = co_await ProbeNow(holder);
+    if (stop->fired()) co_return Stopped();
     if (probe.state == PeerState::kAlive)
-      return Status(DYAD_RC_PERM, "rank " + std::to_string(opt_.rank) +
-                                      " is held by a live dyad-service (" + DescribeHolder(holder) +
-                                      "); stop that service first, or give this one "
-                                      "another rank (-r / DYAD_SERVICE_RANK)");
+      co_return Status(DYAD_RC_PERM, "rank " + std::to_string(opt_.rank) +
+                                         " is held by a live dyad-service (" +
+                                         DescribeHolder(holder) +
+                                         "); stop that service first, or give this one "
+                                         "another rank (-r / DYAD_SERVICE_RANK)");
     if (probe.state == PeerState::kRefused)
-      return Status(DYAD_RC_AUTH, "rank " + std::to_string(opt_.rank) +
-                                      " is registered by a service that refuses this service's "
-                                      "credential (" +
-                                      DescribeHolder(holder) + "): " + probe.status.message());
+      co_return Status(DYAD_RC_AUTH, "rank " + std::to_string(opt_.rank) +
+                                         " is registered by a service that refuses this "
+                                         "service's credential (" +
+                                         DescribeHolder(holder) + "): " + probe.status.message());
     DYAD_LOG_WARN(
         "rank %u was registered by a service that no longer answers (%s: %s); "
         "replacing its registration",
         opt_.rank, DescribeHolder(holder).c_str(), probe.status.ToString().c_str());
   }
-  std::optional<Status> put = CallUnlessStopped<Status>(
-      kvs_, stopping_,
-      [key, value = member_value_](Kvs& kvs) { return kvs.Put(kMembersNamespace, key, value); });
-  return put ? *put : Stopped();
+  std::function<Status(Kvs&)> put = [key, value = member_value_](Kvs& kvs) {
+    return kvs.Put(kMembersNamespace, key, value);
+  };
+  std::optional<Status> done = co_await calls.Call<Status>(std::move(put), Deadline::Never(), stop);
+  if (!done) co_return Stopped();
+  co_return *done;
 }
 
 // Peers will connect to advertise_: it must lead back here. Another service
 // answering there is fatal (two services on one address, or a wrong
 // --advertise); no answer at all is only suspicious (a firewall may treat
 // this host differently from its peers).
-Status Service::CheckOwnAddress() {
+Task<Status> Service::CheckOwnAddress() {
   ServiceRecord self = OwnRecord();
-  const ProbeResult probe = ProbeNow(self);
-  if (stopping_) return Stopped();
+  const ProbeResult probe = co_await ProbeNow(self);
+  if (startup_stop_->fired()) co_return Stopped();
   switch (probe.state) {
     case PeerState::kAlive:
-      return Status::OK();
+      co_return Status::OK();
     case PeerState::kOtherIdentity:
-      return Status(DYAD_RC_BADREQUEST,
-                    "the address this service advertises (" + advertise_ +
-                        ") reaches another dyad-service (rank " +
-                        std::to_string(probe.identity.rank) + ", incarnation " +
-                        Hex64(probe.identity.incarnation) +
-                        "): two services on one address, or a "
-                        "wrong --advertise; give this service its own --listen/--advertise");
+      co_return Status(DYAD_RC_BADREQUEST,
+                       "the address this service advertises (" + advertise_ +
+                           ") reaches another dyad-service (rank " +
+                           std::to_string(probe.identity.rank) + ", incarnation " +
+                           Hex64(probe.identity.incarnation) +
+                           "): two services on one address, or a "
+                           "wrong --advertise; give this service its own --listen/--advertise");
     case PeerState::kRefused:
-      return probe.status.Annotate("check of this service's own address " + advertise_);
+      co_return probe.status.Annotate("check of this service's own address " + advertise_);
     default:
       DYAD_LOG_WARN(
           "this service cannot reach its own advertised address %s (%s); peers may "
           "not reach it either: check --advertise and the firewall",
           advertise_.c_str(), probe.status.ToString().c_str());
-      return Status::OK();
+      co_return Status::OK();
   }
 }
 
 void Service::Deregister() {
   if (member_value_.empty() || !kvs_) return;  // never registered
+  // Stop() calls this before Teardown fires the runtime's stop, so the
+  // runtime still runs; should it not, the store is not asked.
+  if (!runtime_ || !runtime_->running()) return;
   // Bounded: a store that is down must not hold the stop up.
   const int64_t bound_ms = std::min<int64_t>(opt_.rpc_timeout_ms, 2000);
-  std::shared_ptr<Kvs> kvs = kvs_;
   ServiceRecord rec = OwnRecord();
   rec.stopped_ns = WallNs();
   const std::string key = MemberKey(opt_.rank);
   const std::string value = rec.Encode();
   const uint64_t incarnation = incarnation_;
-  // The store call runs on its own thread so that this wait is bounded
-  // whatever the store does; the thread owns what it uses.
-  auto outcome = std::make_shared<std::promise<Status>>();
-  std::future<Status> done = outcome->get_future();
-  std::thread([kvs, key, value, incarnation, outcome] {
+  // On the thread of StoreCallThread, not the pool: the runtime's
+  // shutdown, right after this, joins the pool, and a call that hangs
+  // there would hold the stop for the whole RPC timeout.
+  StoreCallThread calls(kvs_);
+  std::function<Status(Kvs&)> mark = [key, value, incarnation](Kvs& kvs) -> Status {
     // Only our own record: a service that took the rank over keeps its own.
-    Status st;
-    Result<std::optional<std::string>> cur = kvs->Get(kMembersNamespace, key);
+    Result<std::optional<std::string>> cur = kvs.Get(kMembersNamespace, key);
     ServiceRecord holder;
-    if (!cur.ok()) {
-      st = cur.status();
-    } else if (cur->has_value() && ServiceRecord::Decode(**cur, &holder) &&
-               holder.incarnation == incarnation) {
-      st = kvs->Put(kMembersNamespace, key, value);
-    }
-    outcome->set_value(st);
-  }).detach();
-  if (done.wait_for(std::chrono::milliseconds(bound_ms)) != std::future_status::ready) {
+    if (!cur.ok()) return cur.status();
+    if (cur->has_value() && ServiceRecord::Decode(**cur, &holder) &&
+        holder.incarnation == incarnation)
+      return kvs.Put(kMembersNamespace, key, value);
+    return Status::OK();
+  };
+  std::optional<Status> done =
+      runtime_->RunSync(calls.Call<Status>(std::move(mark), Deadline::AfterMs(bound_ms), nullptr));
+  if (!done) {
     DYAD_LOG_WARN("could not mark rank %u as stopped in the metadata store within %lld ms",
                   opt_.rank, static_cast<long long>(bound_ms));
     return;
   }
-  const Status st = done.get();
-  if (!st.ok())
+  if (!done->ok())
     DYAD_LOG_WARN("could not mark rank %u as stopped in the metadata store: %s", opt_.rank,
-                  st.ToString().c_str());
+                  done->ToString().c_str());
 }
 
 Task<void> Service::Upkeep() {

@@ -87,7 +87,6 @@ Status Service::Start() {
     if (stopping_ || !st.ok()) {
       teardown = true;
       stopping_ = true;
-      stop_cv_.notify_all();
       if (kvs_) kvs_->Shutdown();
     }
   }
@@ -329,7 +328,6 @@ void Service::Stop() {
   {
     std::lock_guard<std::mutex> lk(stop_mu_);
     if (stopping_.exchange(true)) return;
-    stop_cv_.notify_all();  // start-up pauses
     if (starting_ || !started_) {
       if (kvs_) kvs_->Shutdown();
       if (startup_stop_) startup_stop_->Fire(Status(DYAD_RC_CANCELLED, "stopped during start-up"));

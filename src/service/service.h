@@ -55,6 +55,7 @@ class VersionNotices;
 class TransferRegistry;
 class Prefetcher;
 class RecordFeed;
+class StoreCallThread;  // membership.cc
 class TransportSet;
 class WaitRegistry;
 struct RequestContext;
@@ -235,18 +236,19 @@ class Service {
                                       const Result<ConsumeReply>& r);
 
   // membership.cc: take the rank (refusing one a live service holds) and
-  // keep it.
+  // keep it. RegisterMembership runs Register, one task on the runtime,
+  // to its end: the pauses between attempts and the waits for the store's
+  // calls (on `calls`' thread) end at once when startup_stop_ fires.
   Status RegisterMembership();
+  Task<Status> Register(StoreCallThread& calls);
   // Refuses (at start) a default transport that reaches only this host when
   // a service of another host is registered (libfabric's shm provider).
-  Status CheckSameHostPeers();
-  Status ClaimRank();
-  Status CheckOwnAddress();
+  Task<Status> CheckSameHostPeers(StoreCallThread& calls);
+  Task<Status> ClaimRank(StoreCallThread& calls);
+  Task<Status> CheckOwnAddress();
   // A probe of `rec` during start-up, ended by a stop request.
-  ProbeResult ProbeNow(const ServiceRecord& rec);
+  Task<ProbeResult> ProbeNow(const ServiceRecord& rec);
   ServiceRecord OwnRecord() const;
-  // Sleeps up to `ms`; false (at once) when the service is stopping.
-  bool PauseUnlessStopping(int64_t ms);
   Status WriteReadyFile();
   // Stops listeners, connections and threads (once; from Stop or Start).
   void Teardown();
@@ -271,8 +273,9 @@ class Service {
   std::shared_ptr<const Authenticator> auth_;  // set by Start()
   // The runtime every part runs on (common/runtime.h); destroyed after them.
   std::unique_ptr<Runtime> runtime_;
-  // Ends the start-up's waits on the runtime (probes) when the service is
-  // asked to stop while starting; set with runtime_, under stop_mu_.
+  // Ends the start-up's waits on the runtime (probes, store calls, pauses
+  // between attempts) when the service is asked to stop while starting;
+  // set with runtime_, under stop_mu_.
   std::unique_ptr<dyad::Stop> startup_stop_;
   ServiceStats stats_;
   MetadataCache cache_;
@@ -319,7 +322,7 @@ class Service {
 
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
-  // Signalled when stopping starts (start-up pauses) and when it is done.
+  // Signalled when the stop is done (Wait, WaitFor).
   std::condition_variable stop_cv_;
   bool stopped_ = false;
   bool started_ = false;

@@ -5,7 +5,14 @@
 // when the host name resolves to loopback, an address answered by another
 // rank is reported at ERROR, SIGHUP reopens the logs, and a failed consume
 // reaches the error log.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+
+#include <algorithm>
+#include <set>
 
 #include "emu/redis_server.h"
 #include "integration/ops_util.h"
@@ -81,6 +88,111 @@ TEST_F(OpsTest, SigtermEndsAStoreCallThatHangsWithinASecond) {
   ASSERT_TRUE(st.ok());
   EXPECT_LT(took, 1'500'000'000ull) << "SIGTERM took " << took / 1000000 << " ms\n"
                                     << ReadText(s.log);
+}
+
+// The thread ids of `pid` now.
+std::set<std::string> TidsOf(pid_t pid) {
+  std::set<std::string> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') out.insert(e->d_name);
+  ::closedir(d);
+  return out;
+}
+
+// Issue 24 (one runtime), start-up: a root that accepts connections and
+// never answers, with a 2 s RPC timeout, so that every registration attempt
+// ends in a store call that times out and the next attempt follows. The
+// attempts' store calls share one thread (no thread per call, as the
+// helper thread per call and its 50 ms polling had), and a SIGTERM while a
+// call hangs ends the service at once, not when the call gives up.
+TEST_F(OpsTest, StartupStoreCallsShareOneThreadAndSigtermDoesNotWaitForThem) {
+  auto any = ParseAddress("127.0.0.1:0");
+  ASSERT_TRUE(any.ok());
+  auto silent = Listen(*any);
+  ASSERT_TRUE(silent.ok()) << Str(silent.status());
+  ASSERT_EQ(::fcntl(silent->get(), F_SETFL, ::fcntl(silent->get(), F_GETFL) | O_NONBLOCK), 0);
+  auto bound = BoundAddress(silent->get());
+  ASSERT_TRUE(bound.ok());
+  ExtraService s = NewExtra("silent-root");
+  emu::SpawnOptions o;  // in this process's network: the silent root is on its loopback
+  o.argv =
+      ServiceArgv(s, 7, "127.0.0.1:0", "embedded://" + bound->ToString(), {"--rpc-timeout", "2"});
+  o.stdout_path = s.log;
+  o.stderr_path = s.log;
+  auto p = emu::Process::Spawn(o);
+  ASSERT_TRUE(p.ok()) << Str(p.status());
+  s.process = std::move(*p);
+  std::vector<UniqueFd> calls;  // held open, never answered
+  auto accept_all = [&] {
+    for (;;) {
+      UniqueFd c(::accept4(silent->get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!c.valid()) return;
+      calls.push_back(std::move(c));
+    }
+  };
+  ASSERT_TRUE(WaitForText(s.log, "not reachable yet", 15000)) << ReadText(s.log);
+  accept_all();
+  const size_t first_calls = calls.size();
+  ASSERT_GE(first_calls, 1u) << ReadText(s.log);
+  const std::set<std::string> before = TidsOf(s.process.pid());
+  ASSERT_FALSE(before.empty());
+  // Three more attempts, the threads sampled every 10 ms meanwhile.
+  std::set<std::string> appeared;
+  size_t most = before.size();
+  const Deadline deadline = Deadline::AfterMs(20000);
+  while (calls.size() < first_calls + 3 && !deadline.expired() && !s.process.Exited()) {
+    pollfd pfd{silent->get(), POLLIN, 0};
+    (void)::poll(&pfd, 1, 10);
+    accept_all();
+    const std::set<std::string> now = TidsOf(s.process.pid());
+    most = std::max(most, now.size());
+    for (const std::string& t : now)
+      if (before.count(t) == 0) appeared.insert(t);
+  }
+  ASSERT_GE(calls.size(), first_calls + 3) << "the attempts stopped\n" << ReadText(s.log);
+  EXPECT_TRUE(appeared.empty()) << appeared.size() << " threads started during "
+                                << calls.size() - first_calls
+                                << " attempts (before: " << before.size() << ")";
+  EXPECT_LE(most, before.size()) << "threads grew during the attempts";
+  // The last accepted call hangs for up to 2 s: the stop does not wait for it.
+  const uint64_t t0 = MonoNs();
+  s.process.Signal(SIGTERM);
+  auto st = s.process.Wait(Deadline::AfterMs(10000));
+  const uint64_t took = MonoNs() - t0;
+  ASSERT_TRUE(st.ok()) << ReadText(s.log);
+  EXPECT_LT(took, 1'000'000'000ull) << "SIGTERM took " << took / 1000000 << " ms\n"
+                                    << ReadText(s.log);
+  EXPECT_TRUE(st->success()) << st->ToString() << "\n" << ReadText(s.log);
+  EXPECT_NE(ReadText(s.log).find("stopped by a signal before start-up completed"),
+            std::string::npos)
+      << ReadText(s.log);
+}
+
+// Issue 24, the stop: a clean stop marks the registration stopped in the
+// store, a task that waits for the store's answer at most 2 s (with the
+// cluster's --rpc-timeout above that): with the root frozen (SIGSTOP), the
+// call would hang for the whole RPC timeout, and the stop goes on without
+// it, its thread left to finish alone (not the pool, which the stop joins).
+TEST_F(OpsTest, CleanStopWaitsForAFrozenStoreAtMostTwoSeconds) {
+  const pid_t root = cluster().ServicePid(kA);
+  ASSERT_GT(root, 0);
+  ASSERT_EQ(::kill(root, SIGSTOP), 0);
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { ::kill(pid, SIGCONT); }
+  } thaw{root};
+  const uint64_t t0 = MonoNs();
+  const Status st = cluster().StopService(kB, 10000);
+  const uint64_t took = MonoNs() - t0;
+  const std::string log = ReadText(cluster().node(kB).service_log);
+  EXPECT_TRUE(st.ok()) << Str(st) << "\n" << log;
+  EXPECT_LT(took, 3'500'000'000ull) << "the stop took " << took / 1000000 << " ms\n" << log;
+  EXPECT_NE(log.find("could not mark rank 1 as stopped in the metadata store within"),
+            std::string::npos)
+      << log;
 }
 
 TEST_F(OpsTest, WrongClusterSecretFailsAtOnceWithTheReason) {
