@@ -10,8 +10,6 @@
 #include <cstdint>
 #include <optional>
 
-#include "common/time.h"
-
 namespace dyad {
 
 namespace {

@@ -82,7 +82,7 @@ class StreamPull final : public TcpPull {
       wr_.reset();
       nonblocking_.reset();
     }
-    if (st.ok()) st = co_await Buffered();
+    if (st.ok() && got_ < size_) st = co_await Buffered();
     if (!st.ok()) co_return Fail(st);
     co_return Status::OK();
   }
