@@ -2,7 +2,13 @@
 #
 #   dyad_backend(KIND transport|store NAME <name>
 #                [OPTION <DYAD_ENABLE_X> DOC "<help>"] [PKG <pkg-config module>]
-#                SOURCES <files>...)
+#                [DLOPEN <symbol>...] SOURCES <files>...)
+#
+# DLOPEN: compile against PKG's headers without linking its library; the
+# backend opens it with dlopen at first use and binds these symbols. Its
+# sources get DYAD_<NAME>_SONAME, DYAD_<NAME>_LIBDIR and, per symbol,
+# DYAD_<SYMBOL>_VERSION: the version a direct link would bind (the
+# library's default, read with nm; "" when it has none).
 #
 # Compiles the folder's row.cc into dyad_common (always, with
 # DYAD_BACKEND_BUILT=0/1, so every program knows the backend and whether it
@@ -14,8 +20,36 @@
 #   Result<std::unique_ptr<Kvs>> OpenKvs_<name>(const std::string& url, const KvsOptions&)
 include_guard(GLOBAL)
 
+# The DLOPEN half of dyad_backend(): headers, libdl, and where the library
+# and its symbol versions are (pkg_check_modules' variables are in the
+# caller's scope, a function's).
+macro(dyad_backend_dlopen lib upper sources symbols)
+  target_include_directories(${lib} SYSTEM PUBLIC ${DYAD_DEP_${upper}_INCLUDE_DIRS})
+  target_link_libraries(${lib} PUBLIC ${CMAKE_DL_LIBS})
+  list(GET DYAD_DEP_${upper}_LINK_LIBRARIES 0 dl_path)
+  get_filename_component(dl_real "${dl_path}" REALPATH)
+  get_filename_component(dl_dir "${dl_path}" DIRECTORY)
+  execute_process(COMMAND ${CMAKE_OBJDUMP} -p "${dl_real}" OUTPUT_VARIABLE dl_dump ERROR_QUIET)
+  set(CMAKE_MATCH_1 "")
+  string(REGEX MATCH "SONAME +([^\n ]+)" dl_match "${dl_dump}")
+  if(NOT CMAKE_MATCH_1)
+    message(FATAL_ERROR "dyad: cannot read the SONAME of ${dl_real} (${CMAKE_OBJDUMP} -p)")
+  endif()
+  set(dl_defs "DYAD_${upper}_SONAME=\"${CMAKE_MATCH_1}\"" "DYAD_${upper}_LIBDIR=\"${dl_dir}\"")
+  execute_process(COMMAND ${CMAKE_NM} -D --defined-only "${dl_real}" OUTPUT_VARIABLE dl_syms
+                  ERROR_QUIET)
+  foreach(dl_sym ${symbols})
+    set(CMAKE_MATCH_1 "")
+    string(REGEX MATCH " ${dl_sym}@@([A-Za-z0-9_.]+)" dl_match "${dl_syms}")
+    string(TOUPPER "${dl_sym}" dl_upper)
+    list(APPEND dl_defs "DYAD_${dl_upper}_VERSION=\"${CMAKE_MATCH_1}\"")
+  endforeach()
+  set_source_files_properties(${sources} TARGET_DIRECTORY ${lib} PROPERTIES COMPILE_DEFINITIONS
+                                                                           "${dl_defs}")
+endmacro()
+
 function(dyad_backend)
-  cmake_parse_arguments(B "" "KIND;NAME;OPTION;DOC;PKG" "SOURCES" ${ARGN})
+  cmake_parse_arguments(B "" "KIND;NAME;OPTION;DOC;PKG" "SOURCES;DLOPEN" ${ARGN})
   if(B_KIND STREQUAL "transport")
     set(lib dyad_transport)
   elseif(B_KIND STREQUAL "store")
@@ -58,7 +92,11 @@ function(dyad_backend)
   endif()
   list(TRANSFORM B_SOURCES PREPEND ${CMAKE_CURRENT_SOURCE_DIR}/)
   target_sources(${lib} PRIVATE ${B_SOURCES})
-  if(B_PKG)
+  if(B_PKG AND B_DLOPEN)
+    dyad_backend_dlopen(${lib} ${upper} "${B_SOURCES}" "${B_DLOPEN}")
+    message(STATUS "dyad: ${B_KIND} ${B_NAME} enabled (${B_PKG} ${DYAD_DEP_${upper}_VERSION}, "
+                   "opened at first use)")
+  elseif(B_PKG)
     target_link_libraries(${lib} PUBLIC PkgConfig::DYAD_DEP_${upper})
     message(STATUS "dyad: ${B_KIND} ${B_NAME} enabled (${B_PKG} ${DYAD_DEP_${upper}_VERSION})")
   endif()

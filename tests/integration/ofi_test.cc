@@ -74,6 +74,28 @@ class OfiTest : public TwoNodeTest {
   }
 };
 
+// libfabric is opened by the first OFI transport, not when a program
+// starts: Debian's pulls in the PSM libraries, whose constructors pin the
+// process to one CPU and sleep 200 ms, which every `dyad` command paid.
+TEST_F(OfiTest, OnlyAnOfiTransportOpensLibfabric) {
+  for (int i = 0; i < 2; ++i) {
+    const std::string maps =
+        testutil::ReadAll("/proc/" + std::to_string(cluster().ServicePid(i)) + "/maps");
+    EXPECT_NE(maps.find("libfabric.so"), std::string::npos) << "node " << i;
+  }
+  for (const char* program : {"dyad", "dyad-service"}) {
+    emu::SpawnOptions so;
+    so.argv = {emu::FindSiblingProgram(program, DYAD_BUILD_BIN_DIR), "--help"};
+    so.env["LD_DEBUG"] = "libs";
+    auto run = emu::RunCapture(so, 20000);
+    ASSERT_TRUE(run.ok()) << Str(run.status());
+    ASSERT_TRUE(run->status.success()) << program << ": " << run->output;
+    EXPECT_NE(run->output.find("calling init"), std::string::npos) << run->output;
+    EXPECT_EQ(run->output.find("libfabric"), std::string::npos) << program << ": " << run->output;
+    EXPECT_EQ(run->output.find("libpsm"), std::string::npos) << program << ": " << run->output;
+  }
+}
+
 TEST_F(OfiTest, FileLargerThanTheBufferPoolArrivesIntact) {
   // 48 MiB + 3 through one 2 MiB buffer of 1 MiB slots: 49 reads.
   const std::vector<ManifestEntry> files = {{"big/pooled.bin", 48 * 1048576 + 3}};

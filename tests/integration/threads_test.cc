@@ -2,6 +2,7 @@
 // runs at most six; serving requests starts workers up to --workers per
 // pool; idle connections add none.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -10,16 +11,24 @@
 namespace dyad::it {
 namespace {
 
-// The count once it has stayed the same for 1 s (threads that are starting
-// or ending settle), within 10 s.
+// The most threads seen in a 1.5 s window, once two windows in a row agree
+// (threads started by earlier work have ended), within 15 s. A window is
+// longer than the service's 1 s housekeeping tick, whose pool thread comes
+// and goes with the 300 ms idle bound set below, so it is always counted.
 size_t SettledThreadsOf(pid_t pid) {
-  size_t last = testutil::ThreadsOf(pid);
-  const Deadline deadline = Deadline::AfterMs(10000);
-  int same = 0;
-  while (!deadline.expired() && same < 10) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const size_t now = testutil::ThreadsOf(pid);
-    same = now == last ? same + 1 : 0;
+  auto window = [pid] {
+    size_t most = 0;
+    for (int i = 0; i < 15; ++i) {
+      most = std::max(most, testutil::ThreadsOf(pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return most;
+  };
+  size_t last = window();
+  const Deadline deadline = Deadline::AfterMs(15000);
+  while (!deadline.expired()) {
+    const size_t now = window();
+    if (now == last) return now;
     last = now;
   }
   return last;

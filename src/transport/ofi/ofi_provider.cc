@@ -165,6 +165,7 @@ OfiConfig OfiConfig::FromEnv() {
 }
 
 Result<OfiProvider> ChooseOfiProvider(const OfiConfig& config) {
+  DYAD_RETURN_IF_ERROR(LoadOfiLibrary());
   auto hints = MakeHints(config);
   if (!hints) return Status(DYAD_RC_MARGOINIT_FAIL, "fi_allocinfo failed");
   fi_info* list = nullptr;

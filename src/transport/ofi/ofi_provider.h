@@ -59,8 +59,13 @@ struct OfiProvider {
   OfiChoice choice;
 };
 
-// Chooses per `config`. No fitting provider gives DYAD_RC_MARGO_BAD_PROTO
-// (upstream's "protocol not available", the role this transport plays).
+// Opens libfabric (ofi_library.cc: on first use, not at the program's
+// start). DYAD_RC_MARGOINIT_FAIL names what is missing.
+Status LoadOfiLibrary();
+
+// Chooses per `config` (opening libfabric first). No fitting provider gives
+// DYAD_RC_MARGO_BAD_PROTO (upstream's "protocol not available", the role
+// this transport plays).
 Result<OfiProvider> ChooseOfiProvider(const OfiConfig& config);
 
 // The libfabric API version this transport is written against.
