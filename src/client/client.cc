@@ -487,8 +487,7 @@ bool Client::Complete(const struct stat& st, ReadStamp read_stamp) {
 
 bool Client::ConsumeOpened(int fd, const struct stat& st) {
   if (config_.shared_storage || !S_ISREG(st.st_mode)) return false;
-  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
-    DeclareConfiguredPrefetch();
+  DeclarePrefetchOnce();
   if (!Complete(st,
                 [fd](char* buf, size_t size) { return ::fgetxattr(fd, kVersionXattr, buf, size); }))
     return false;
@@ -498,23 +497,27 @@ bool Client::ConsumeOpened(int fd, const struct stat& st) {
 
 bool Client::ConsumeOpenedInPrivateDirectory() {
   if (config_.shared_storage) return false;
-  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
-    DeclareConfiguredPrefetch();
+  DeclarePrefetchOnce();
   if (!ConsumerDirIsPrivate()) return false;
   if (config_.check) MarkChecked();
   return true;
 }
 
-Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
-  const uint64_t start = MonoNs();
+Result<std::string> Client::BeginConsume(const std::string& fname, ConsumeInfo* info) {
   Result<std::string> upath = Resolve(fname, Side::kConsumer);
-  if (!upath.ok()) return Finish(upath.status(), "consume", fname);
+  if (!upath.ok()) return upath;
   if (info != nullptr) {
     *info = ConsumeInfo{};
     info->upath = *upath;
   }
-  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
-    DeclareConfiguredPrefetch();
+  DeclarePrefetchOnce();
+  return upath;
+}
+
+Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
+  const uint64_t start = MonoNs();
+  Result<std::string> upath = BeginConsume(fname, info);
+  if (!upath.ok()) return Finish(upath.status(), "consume", fname);
   if (Level1(cons_.given() + "/" + *upath)) {
     if (info != nullptr) {
       info->level1 = true;
@@ -531,16 +534,8 @@ Status Client::ConsumeUntraced(const std::string& fname, ConsumeInfo* info) {
 Status Client::ConsumeWithRecordUntraced(const std::string& fname, const FileRecord& record,
                                          ConsumeInfo* info) {
   const uint64_t start = MonoNs();
-  Result<std::string> upath = Resolve(fname, Side::kConsumer);
+  Result<std::string> upath = BeginConsume(fname, info);
   if (!upath.ok()) return Finish(upath.status(), "consume", fname);
-  if (info != nullptr) {
-    *info = ConsumeInfo{};
-    info->upath = *upath;
-  }
-  // DYAD_PREFETCH is declared by the first consume of any kind, before a
-  // level-1 hit can return without a message.
-  if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
-    DeclareConfiguredPrefetch();
   // The copy is the record's version when it has its size and content time
   // (placement sets the mtime) and, for records with a publication counter
   // (a rewrite may keep size and mtime), the version stamp placement wrote

@@ -306,6 +306,16 @@ class Client {
   Status NoModule(const Status& st, const char* op) const;
   // Sends the DYAD_PREFETCH declarations once (client_batch.cc).
   void DeclareConfiguredPrefetch();
+  // DeclareConfiguredPrefetch when DYAD_PREFETCH names a pattern not yet
+  // declared: an atomic load otherwise.
+  void DeclarePrefetchOnce() {
+    if (!config_.prefetch.empty() && !prefetch_declared_.load(std::memory_order_relaxed))
+      DeclareConfiguredPrefetch();
+  }
+  // What every consume does first: the path under the managed directory,
+  // a fresh `info` naming it, and DYAD_PREFETCH declared (before a level-1
+  // hit can return without a message).
+  Result<std::string> BeginConsume(const std::string& fname, ConsumeInfo* info);
   // Level 1 of the file locator: true when `path` (in the consumer
   // directory) is known complete without a message: a copy a service placed
   // that nobody changed since (its revocable version stamp describes it),

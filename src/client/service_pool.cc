@@ -317,17 +317,7 @@ Status ServicePool::CallOn(Channel& ch, MsgType type, const std::string& request
     }
     if (*done) break;
   }
-  if (rtype != static_cast<uint16_t>(MsgType::kReply)) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_BADRPC,
-                  std::string("expected a reply, got '") + MsgTypeName(rtype) + "'");
-  }
-  Status st;
-  if (!DecodeReply(payload, &st, body)) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_BADUNPACK, "malformed reply from dyad-service");
-  }
-  return st;
+  return ReplyOfFrame(ch, rtype, payload, body);
 }
 
 bool ServicePool::SafeToRepeat(MsgType type) {
