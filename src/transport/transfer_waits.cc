@@ -31,12 +31,19 @@ Task<Ready> TransferWaits::Wait(Channel* ch, short ch_events, int fd, short even
   const int64_t left_ms = std::max<int64_t>(1, (budget_ns_ + 999999) / 1000000);
   Ready r = co_await wait(deadline.Min(left_ms));
   budget_ns_ -= static_cast<int64_t>(MonoNs() - t0);
-  if (r != Ready::kTimeout || deadline.expired()) co_return r;
-  Parked();
+  if (r != Ready::kTimeout || deadline.expired()) {
+    if (r == Ready::kReady) stalled_ = false;
+    co_return r;
+  }
+  // One stall counts once, however many waits it takes (a transport that
+  // looks again every second waits in slices).
+  if (!stalled_) Parked();
+  stalled_ = true;
   budget_ns_ = kOwnerParkAfterMs * 1000000;
   rt_.long_waits.fetch_add(1);
   r = co_await wait(deadline);
   rt_.long_waits.fetch_sub(1);
+  if (r == Ready::kReady) stalled_ = false;
   co_return r;
 }
 

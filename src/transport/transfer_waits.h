@@ -95,8 +95,9 @@ class TransferWaits {
   }
 
  protected:
-  // Called once per wait that outlasted the budget (counted by the
-  // service; nothing here).
+  // Called once per stall: a wait that outlasted the budget, with the waits
+  // after it until the peer is ready again (counted by the service; nothing
+  // here).
   virtual void Parked() {}
 
  private:
@@ -106,6 +107,7 @@ class TransferWaits {
   Runtime& rt_;
   Stop* const stop_;
   int64_t budget_ns_ = kOwnerParkAfterMs * 1000000;
+  bool stalled_ = false;  // Parked() was called and the peer was not ready since
 };
 
 // For a caller outside any runtime (a test, a tool): runs `transfer` on

@@ -1254,6 +1254,42 @@ TEST(TransferWaits, TheOperationsStopEndsATransferAtOnce) {
   }
 }
 
+// A stall counts as parked once, however many waits it takes: a transport
+// that looks again every slice (UCX, OFI) waits in many; data from the
+// peer ends the stall, and the next one counts again.
+TEST(TransferWaits, AStallCountsAsParkedOnceThoughItsWaitsComeInSlices) {
+  struct Counting : TransferWaits {
+    using TransferWaits::TransferWaits;
+    void Parked() override { ++parks; }
+    int parks = 0;
+  };
+  Link link;
+  ASSERT_TRUE(MakeLink(LinkKind::kSocketPair, &link).ok());
+  Runtime rt(1, 1000);
+  ASSERT_TRUE(rt.Start().ok());
+  Counting waits(rt, &rt.stopping());
+  const IdleBound idle(5000);
+  // 8 slices of 60 ms: 480 ms of silence, several park budgets (100 ms).
+  auto stall = [&]() -> Task<Status> {
+    for (int i = 0; i < 8; ++i) {
+      Status st = co_await waits.ForPeer(*link.requester, idle, "silent", -1, 60);
+      if (!st.ok()) co_return st;
+    }
+    co_return Status::OK();
+  };
+  ASSERT_TRUE(rt.RunSync(stall()).ok());
+  EXPECT_EQ(waits.parks, 1);
+  // The peer speaks: the stall is over; the next silence is a new one.
+  ASSERT_EQ(::send(link.owner->fd(), "x", 1, MSG_NOSIGNAL), 1);
+  ASSERT_TRUE(rt.RunSync(waits.ForPeer(*link.requester, idle, "silent")).ok());
+  char c = 0;
+  ASSERT_EQ(::recv(link.requester->fd(), &c, 1, 0), 1);
+  ASSERT_TRUE(rt.RunSync(stall()).ok());
+  EXPECT_EQ(waits.parks, 2);
+  link.requester->attachment().reset();
+  rt.Shutdown();
+}
+
 #ifdef DYAD_HAVE_UCX
 // ---------------------------------------------------------------------------
 // ucx specifics: capabilities, many pipelined chunks, separate workers.
