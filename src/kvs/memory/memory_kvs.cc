@@ -123,7 +123,9 @@ void MemoryKvs::TimerLoop() {
     if (async_deadlines_.empty()) {
       lk.Wait(timer_cv_);
     } else {
-      lk.WaitUntil(timer_cv_, async_deadlines_.begin()->first);
+      // A copy: the entry may go while this waits (a Put ends the wait).
+      const SteadyClock::time_point until = async_deadlines_.begin()->first;
+      lk.WaitUntil(timer_cv_, until);
     }
   }
 }
