@@ -45,8 +45,9 @@ struct OwnedWait {
 
 // A channel's registration with the loop, kept with the channel.
 struct ChannelWait {
+  asio::any_io_executor ex;
   asio::posix::stream_descriptor sd;
-  ChannelWait(asio::any_io_executor ex, int fd) : sd(ex) {
+  ChannelWait(asio::any_io_executor e, int fd) : ex(e), sd(e) {
     std::error_code ec;
     sd.assign(fd, ec);
   }
@@ -54,6 +55,19 @@ struct ChannelWait {
     if (sd.is_open()) (void)sd.release();  // the channel closes its descriptor
   }
 };
+
+// `ch`'s registration with the loop of `ex`, made on first use. A channel
+// that moves between runtimes (a pooled link of a store client, used by the
+// service's loop and by the client's own) is registered again with the new
+// one.
+ChannelWait* Registered(Channel& ch, const asio::any_io_executor& ex) {
+  std::shared_ptr<void>& slot = ch.attachment();
+  if (!slot || static_cast<ChannelWait*>(slot.get())->ex != ex) {
+    slot.reset();  // (releases the descriptor from the other loop first)
+    slot = std::make_shared<ChannelWait>(ex, ch.fd());
+  }
+  return static_cast<ChannelWait*>(slot.get());
+}
 
 // What every operation on the loop shares: it ends once, at the first of
 // its own completion, its deadline and its Stop; ending cancels the timer
@@ -305,9 +319,7 @@ Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, 
   // though the socket may hold none of them.
   if ((events & POLLIN) != 0 && ch.has_unread()) co_return Ready::kReady;
   auto ex = co_await asio::this_coro::executor;
-  std::shared_ptr<void>& slot = ch.attachment();
-  if (!slot) slot = std::make_shared<ChannelWait>(ex, ch.fd());
-  auto* mine = static_cast<ChannelWait*>(slot.get());
+  auto* mine = Registered(ch, ex);
   std::optional<OwnedWait> b;
   if (fd2 >= 0) b.emplace(ex, fd2);
   co_return co_await WaitOn(&mine->sd, events, b ? &b->sd : nullptr, events2, deadline, stop);
@@ -315,9 +327,7 @@ Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, 
 
 void StartReadInto(asio::any_io_executor ex, Channel& ch, size_t max, Deadline deadline, Stop* stop,
                    std::function<void(Ready, Status)> done) {
-  std::shared_ptr<void>& slot = ch.attachment();
-  if (!slot) slot = std::make_shared<ChannelWait>(ex, ch.fd());
-  auto* mine = static_cast<ChannelWait*>(slot.get());
+  auto* mine = Registered(ch, ex);
   Channel* chp = &ch;
   std::make_shared<ReadOp>(ex)->Start(
       [chp, done = std::move(done)](ReadOp::Outcome o) {

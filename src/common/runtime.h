@@ -204,6 +204,32 @@ Task<bool> Sleep(Deadline deadline, Stop* stop);
 // (its waits name a Stop). `fn` is kept until then. On the loop.
 Task<void> ForEachTask(Runtime& rt, size_t n, size_t width, std::function<Task<void>(size_t)> fn);
 
+// Runs `task` to its end on the calling thread, on a loop of its own made
+// for the call: a blocking caller of an operation written as a task (a
+// store client's call from a tool or a thread outside any runtime). The
+// task's waits take no Stop (that loop has none). A channel that outlives
+// the call must drop its registration with that loop (attachment().reset())
+// within the task: once the call returns, the loop is gone.
+template <typename T>
+T RunOnThisThread(Task<T> task) {
+  asio::io_context io;
+  std::optional<T> out;
+  std::exception_ptr error;
+  asio::co_spawn(
+      io,
+      [&]() -> Task<void> {
+        try {
+          out.emplace(co_await std::move(task));
+        } catch (...) {
+          error = std::current_exception();
+        }
+      },
+      asio::detached);
+  io.run();
+  if (error) std::rethrow_exception(error);
+  return std::move(*out);
+}
+
 // A result delivered by a callback from any thread (a store's wait, a
 // flight that settles): the first Deliver counts; Take waits for it, until
 // `deadline` or `stop` (nullopt then; a later Take may still get it).

@@ -82,10 +82,18 @@ class Kvs {
   virtual Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) = 0;
   // Get, as a task of a service's runtime (common/runtime.h): a store
   // whose client can wait for its reply on the loop does (the embedded
-  // store's pooled links); the others run Get on the runtime's pool, or at
-  // once when they answer from this process.
+  // store: its links are dialled and read there, holding no thread); the
+  // others run Get on the runtime's pool, or at once when they answer from
+  // this process.
   virtual Task<Result<std::optional<std::string>>> GetTask(Runtime& rt, const std::string& ns,
                                                            const std::string& key);
+  // Put, Remove and List the same way.
+  virtual Task<Status> PutTask(Runtime& rt, const std::string& ns, const std::string& key,
+                               const std::string& value);
+  virtual Task<Status> RemoveTask(Runtime& rt, const std::string& ns, const std::string& key);
+  virtual Task<Result<std::vector<KvsEntry>>> ListTask(Runtime& rt, const std::string& ns,
+                                                       const std::string& prefix,
+                                                       uint32_t limit = 0);
   // The default is StartWait plus a sleep of this thread (AwaitStarted,
   // `cancel` asked every 100 ms).
   virtual Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,

@@ -391,25 +391,28 @@ Task<void> Service::Upkeep() {
     // Both touch the disk or the store: on the pool.
     const bool check = (since_check += kHousekeepingMs) >= kCheckEveryMs;
     if (check) since_check = 0;
-    co_await runtime_->Offload([this, check, &reported] {
-      Housekeep();
-      if (check) CheckMembership(&reported);
-    });
+    // Housekeeping touches the disk: on the pool. The membership check
+    // waits on the store: on the loop, holding no thread.
+    co_await runtime_->Offload([this] { Housekeep(); });
+    if (check) co_await CheckMembership(&reported);
   }
 }
 
-void Service::CheckMembership(uint64_t* reported) {
-  Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(opt_.rank));
+Task<void> Service::CheckMembership(uint64_t* reported) {
+  Result<std::optional<std::string>> v =
+      co_await kvs_->GetTask(*runtime_, kMembersNamespace, MemberKey(opt_.rank));
   ServiceRecord other;
   if (v.ok() && !v->has_value()) {
-    Status st = kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_);
+    Status st =
+        co_await kvs_->PutTask(*runtime_, kMembersNamespace, MemberKey(opt_.rank), member_value_);
     if (st.ok())
       DYAD_LOG_WARN(
           "membership record was missing from the metadata store (root restarted?); "
           "registered again");
   } else if (v.ok() && (!ServiceRecord::Decode(**v, &other) || other.rank != opt_.rank)) {
     // Corrupted (not a record of this rank): write it again.
-    if (kvs_->Put(kMembersNamespace, MemberKey(opt_.rank), member_value_).ok())
+    if ((co_await kvs_->PutTask(*runtime_, kMembersNamespace, MemberKey(opt_.rank), member_value_))
+            .ok())
       DYAD_LOG_WARN(
           "membership record of rank %u was corrupted in the metadata store; "
           "repaired",

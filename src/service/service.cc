@@ -454,7 +454,7 @@ Task<void> Service::DrainAsyncPublications() {
     int64_t backoff = 50;
     bool stored = false;
     for (int attempt = 0;; ++attempt) {
-      Status st = co_await StoreCall([this, &p] { return kvs_->Put(p.ns, p.key, p.value); });
+      Status st = co_await kvs_->PutTask(*runtime_, p.ns, p.key, p.value);
       if (st.ok()) {
         stored = true;
         break;

@@ -166,11 +166,12 @@ class Service {
 
   // Local client requests (service_requests.cc); each sends one reply.
   Task<void> HandlePublish(RequestContext& ctx, PublishRequest req);
-  // The publication up to the store's record (may block: on the pool).
-  // True when it replied already (an error, or an asynchronous publish);
-  // else the record and the services to notify.
-  bool StorePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* rec,
-                        std::set<uint32_t>* previous);
+  // The publication up to the store's record, on the loop (memory, and one
+  // lstat of an adopted copy). True when it replied already (an error, or
+  // an asynchronous publish, queued); else the record to put and the
+  // services to notify.
+  bool PreparePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* rec,
+                          std::set<uint32_t>* previous);
   Task<void> HandleLocate(RequestContext& ctx, LocateRequest req);
   void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
                     const std::optional<std::string>& published = std::nullopt);
@@ -178,8 +179,8 @@ class Service {
   // A consume's reply.
   void ReplyConsume(RequestContext& ctx, const ConsumeRequest& req, const Result<ConsumeReply>& r,
                     TraceSpan& span);
-  void HandleList(RequestContext& ctx, const ListRequest& req);
-  void HandleRemove(RequestContext& ctx, const RemoveRequest& req);
+  Task<void> HandleList(RequestContext& ctx, ListRequest req);
+  Task<void> HandleRemove(RequestContext& ctx, RemoveRequest req);
   void HandleStatus(RequestContext& ctx);
   // Read-write ownership (service_versions.cc).
   Task<void> HandleSupersede(RequestContext& ctx, SupersedeNotice n);
@@ -256,8 +257,8 @@ class Service {
   // re-registers this service when its membership record disappears (a
   // restarted in-memory root) so peers can still resolve it.
   Task<void> Upkeep();
-  // One membership check of Upkeep (blocks on the store: on the pool).
-  void CheckMembership(uint64_t* reported);
+  // One membership check of Upkeep (its store calls are tasks on the loop).
+  Task<void> CheckMembership(uint64_t* reported);
   // On a clean stop: marks this service's registration as stopped
   // (ServiceRecord::stopped_ns) so `dyad peers` says "stopped", not "down",
   // and a restart takes the rank without a warning. Bounded (2 s at most).

@@ -21,7 +21,7 @@ constexpr int64_t kMaxProbeMs = 10000;
 
 Task<void> Service::HandlePeers(RequestContext& ctx, PeersRequest req) {
   Result<std::vector<KvsEntry>> all =
-      co_await StoreCall([this] { return kvs_->List(kMembersNamespace, "rank.", 0); });
+      co_await kvs_->ListTask(*runtime_, kMembersNamespace, "rank.", 0);
   if (!all.ok()) {
     Reply(ctx.ch, all.status().Annotate("list the registered services"));
     co_return;

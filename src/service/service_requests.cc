@@ -38,14 +38,15 @@ void Service::RouteRequests() {
   d.RouteTask(Link::kLocal, MsgType::kPublish, "requests.publish", this, &Service::HandlePublish);
   d.RouteTask(Link::kLocal, MsgType::kLocate, "requests.locate", this, &Service::HandleLocate);
   d.RouteTask(Link::kLocal, MsgType::kConsume, "requests.consume", this, &Service::HandleConsume);
-  d.Route(Link::kLocal, MsgType::kList, "requests.list", this, &Service::HandleList);
-  d.Route(Link::kLocal, MsgType::kRemove, nullptr, this, &Service::HandleRemove);
+  d.RouteTask(Link::kLocal, MsgType::kList, "requests.list", this, &Service::HandleList);
+  d.RouteTask(Link::kLocal, MsgType::kRemove, nullptr, this, &Service::HandleRemove);
   d.RouteTask(Link::kLocal, MsgType::kPeers, nullptr, this, &Service::HandlePeers);
   d.Route(Link::kLocal, MsgType::kPrefetch, nullptr, this, &Service::HandlePrefetch);
   d.RouteTask(Link::kLocal, MsgType::kConsumeBatch, nullptr, this, &Service::HandleConsumeBatch);
   d.RouteTask(Link::kPeer, MsgType::kSupersede, nullptr, this, &Service::HandleSupersede);
-  d.Route(Link::kLocal, MsgType::kStatus, "requests.status",
-          [this](RequestContext& ctx, const std::string&) { HandleStatus(ctx); });
+  // From memory, on the loop: it answers while every thread is busy.
+  d.RouteInline(Link::kLocal, MsgType::kStatus, "requests.status",
+                [this](RequestContext& ctx, const std::string&) { HandleStatus(ctx); });
   for (Link link : {Link::kLocal, Link::kPeer})
     dispatch_->RouteInline(
         link, MsgType::kPing, nullptr,
@@ -59,23 +60,27 @@ Task<void> Service::HandlePublish(RequestContext& ctx, PublishRequest req) {
   if (ctx.link == Link::kLocal) Server::PreferThroughput(req.async);
   FileRecord rec;
   std::set<uint32_t> previous;
-  const bool replied = co_await StoreCall(
-      [this, &ctx, &req, &rec, &previous] { return StorePublication(ctx, req, &rec, &previous); });
-  if (replied) co_return;
+  TraceSpan span("publish", "service");
+  span.Arg("path", req.upath);
+  if (PreparePublication(ctx, req, &rec, &previous)) co_return;
+  const Status st = co_await kvs_->PutTask(*runtime_, req.ns, req.key, rec.Encode());
+  span.Rc(st);
+  if (!st.ok()) {
+    Reply(ctx.ch, Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString()));
+    co_return;
+  }
   co_await NotifyPreviousOwners(ctx, previous, req, rec);
   Reply(ctx.ch, Status::OK());
 }
 
-bool Service::StorePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* out,
-                               std::set<uint32_t>* previous_out) {
+bool Service::PreparePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* out,
+                                 std::set<uint32_t>* previous_out) {
   Channel& ch = ctx.ch;
   auto Replied = [this](Channel& c, const Status& st) {
     Reply(c, st);
     return true;
   };
   if (req.ns == kMembersNamespace) return Replied(ch, ReservedNamespace());
-  TraceSpan span("publish", "service");
-  span.Arg("path", req.upath);
   Result<std::string> upath = ValidateUpath(req.upath);
   if (!upath.ok()) return Replied(ch, upath.status());
   if (prod_real_.empty())
@@ -117,10 +122,6 @@ bool Service::StorePublication(RequestContext& ctx, const PublishRequest& req, F
         {req.ns, req.key, rec.Encode(), AddressNotices(previous, req, rec), rec.upath});
     return Replied(ch, Status::OK());
   }
-  Status st = kvs_->Put(req.ns, req.key, rec.Encode());
-  span.Rc(st);
-  if (!st.ok())
-    return Replied(ch, Status(DYAD_RC_BADCOMMIT, "publish '" + rec.upath + "': " + st.ToString()));
   return false;
 }
 
@@ -341,10 +342,10 @@ void Service::ReplyConsume(RequestContext& ctx, const ConsumeRequest& req,
   if (prefetch_) prefetch_->Kick();  // a consume may have freed budget for deferred prefetches
 }
 
-void Service::HandleList(RequestContext& ctx, const ListRequest& req) {
+Task<void> Service::HandleList(RequestContext& ctx, ListRequest req) {
   Channel& ch = ctx.ch;
-  Result<std::vector<KvsEntry>> all = kvs_->List(req.ns, "", 0);
-  if (!all.ok()) return Reply(ch, all.status());
+  Result<std::vector<KvsEntry>> all = co_await kvs_->ListTask(*runtime_, req.ns, "", 0);
+  if (!all.ok()) co_return Reply(ch, all.status());
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [key, value] : *all) {
     FileRecord rec;
@@ -359,11 +360,11 @@ void Service::HandleList(RequestContext& ctx, const ListRequest& req) {
   Reply(ch, Status::OK(), e.data());
 }
 
-void Service::HandleRemove(RequestContext& ctx, const RemoveRequest& req) {
+Task<void> Service::HandleRemove(RequestContext& ctx, RemoveRequest req) {
   Channel& ch = ctx.ch;
-  if (req.ns == kMembersNamespace) return Reply(ch, ReservedNamespace());
+  if (req.ns == kMembersNamespace) co_return Reply(ch, ReservedNamespace());
   cache_.Erase(req.ns, req.key);
-  Reply(ch, kvs_->Remove(req.ns, req.key));
+  Reply(ch, co_await kvs_->RemoveTask(*runtime_, req.ns, req.key));
 }
 
 void Service::HandleStatus(RequestContext& ctx) {

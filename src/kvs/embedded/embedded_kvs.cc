@@ -94,16 +94,46 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
 
 // --- connections -------------------------------------------------------------
 
-Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
-  Result<UniqueFd> fd = Connect(address_, deadline);
-  if (!fd.ok()) return fd.status();
+namespace {
+Status StopReason(Stop* stop) {
+  return stop != nullptr ? stop->why() : Status(DYAD_RC_CANCELLED, "stopped");
+}
+}  // namespace
+
+Task<Result<std::unique_ptr<Channel>>> EmbeddedKvs::DialTask(Deadline deadline, Stop* stop) {
+  bool connected = false;
+  Result<UniqueFd> fd = ConnectStart(address_, &connected);
+  if (!fd.ok()) co_return fd.status();
+  if (!connected) {
+    const Ready r = co_await WaitReady(fd->get(), POLLOUT, deadline, stop);
+    if (r == Ready::kStopped) co_return StopReason(stop);
+    if (r == Ready::kTimeout)
+      co_return Status(DYAD_RC_TIMEOUT, "connect " + address_text_ + " timed out");
+    DYAD_CO_RETURN_IF_ERROR(ConnectFinish(fd->get(), address_));
+  }
   auto ch = std::make_unique<Channel>(std::move(*fd), Trust::kUnauthenticated);
-  PeerIdentity root;
-  Status st = auth_.Connect(*ch, self_, deadline, &root);
-  if (!st.ok()) return st.Annotate("authenticating to " + address_text_);
+  ClientHandshake hs(auth_, self_);
+  while (!hs.Step(*ch, deadline)) {
+    const Ready r = co_await WaitReady(*ch, POLLIN, deadline, stop);
+    if (r == Ready::kStopped) co_return StopReason(stop);
+    if (r == Ready::kTimeout) {
+      hs.Expired(*ch);
+      break;
+    }
+  }
+  if (!hs.status().ok()) co_return hs.status().Annotate("authenticating to " + address_text_);
   DYAD_LOG_DEBUG("connected to the embedded store at %s (root rank %u)", address_text_.c_str(),
-                 root.rank);
-  return Result<std::unique_ptr<Channel>>(std::move(ch));
+                 hs.peer().rank);
+  co_return std::move(ch);
+}
+
+Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
+  return RunOnThisThread([this, deadline]() -> Task<Result<std::unique_ptr<Channel>>> {
+    Result<std::unique_ptr<Channel>> ch = co_await DialTask(deadline, nullptr);
+    // The link leaves the call's loop while that still exists.
+    if (ch.ok()) (*ch)->attachment().reset();
+    co_return ch;
+  }());
 }
 
 std::unique_ptr<Channel> EmbeddedKvs::TakeIdle() {
@@ -203,7 +233,61 @@ Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body)
 }
 
 Status EmbeddedKvs::CallEncoded(MsgType type, const std::string& request, std::string* body) {
+  return RunOnThisThread(CallTask(type, request, body, nullptr));
+}
+
+Task<Status> EmbeddedKvs::TakeCallSlot(Deadline deadline, Stop* stop) {
+  std::shared_ptr<Rendezvous<bool>> turn;
+  {
+    MutexLock lk(pool_mu_);
+    if (calls_in_flight_ < kMaxCallsInFlight) {
+      ++calls_in_flight_;
+      co_return Status::OK();
+    }
+    turn = std::make_shared<Rendezvous<bool>>(co_await asio::this_coro::executor);
+    call_waiters_.push_back(turn);
+  }
+  if (co_await turn->Take(deadline, stop)) co_return Status::OK();
+  bool handed = true;  // GiveCallSlot chose us meanwhile: pass it on
+  {
+    MutexLock lk(pool_mu_);
+    for (auto it = call_waiters_.begin(); it != call_waiters_.end(); ++it) {
+      if (*it == turn) {
+        call_waiters_.erase(it);
+        handed = false;
+        break;
+      }
+    }
+  }
+  if (handed) GiveCallSlot();
+  if (stop != nullptr && stop->fired()) co_return StopReason(stop);
+  co_return Status(DYAD_RC_TIMEOUT, std::to_string(kMaxCallsInFlight) +
+                                        " requests to the embedded store at " + address_text_ +
+                                        " were in flight the whole time");
+}
+
+void EmbeddedKvs::GiveCallSlot() {
+  std::shared_ptr<Rendezvous<bool>> next;
+  {
+    MutexLock lk(pool_mu_);
+    if (call_waiters_.empty()) {
+      --calls_in_flight_;
+      return;
+    }
+    next = std::move(call_waiters_.front());
+    call_waiters_.pop_front();
+  }
+  next->Deliver(true);
+}
+
+Task<Status> EmbeddedKvs::CallTask(MsgType type, std::string request, std::string* body,
+                                   Stop* stop) {
   const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
+  DYAD_CO_RETURN_IF_ERROR(co_await TakeCallSlot(deadline, stop));
+  struct Slot {
+    EmbeddedKvs* kvs;
+    ~Slot() { kvs->GiveCallSlot(); }
+  } slot{this};
   // Built only for an error: this path runs for every store operation.
   auto context = [&] {
     return std::string(MsgTypeName(static_cast<uint16_t>(type))) + " on the embedded store at " +
@@ -211,22 +295,28 @@ Status EmbeddedKvs::CallEncoded(MsgType type, const std::string& request, std::s
   };
   Status last;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    bool reused = false;
-    Result<std::unique_ptr<Channel>> ch = Borrow(deadline, &reused);
-    if (!ch.ok()) {
-      last = ch.status();
-      if (!IsConnectionFailure(last) || attempt == 1 || deadline.expired()) break;
-      NoteOutage(last);
-      // The root may be restarting: give it a moment before the one retry.
-      std::this_thread::sleep_for(std::chrono::milliseconds(deadline.RemainingMs(kBackoffFirstMs)));
-      continue;
+    std::unique_ptr<Channel> ch = TakeIdle();
+    const bool reused = ch != nullptr;
+    if (!ch) {
+      Result<std::unique_ptr<Channel>> dialled = co_await DialTask(deadline, stop);
+      if (!dialled.ok()) {
+        last = dialled.status();
+        if (!IsConnectionFailure(last) || attempt == 1 || deadline.expired()) break;
+        NoteOutage(last);
+        // The root may be restarting: give it a moment before the one retry.
+        if (!co_await Sleep(deadline.Min(kBackoffFirstMs), stop)) break;
+        continue;
+      }
+      ch = std::move(*dialled);
     }
-    Status st = EmbeddedExchange(**ch, type, request, body, deadline);
-    if (!(*ch)->broken()) {
+    Status st = co_await EmbeddedExchange(*ch, type, request, body, deadline, stop);
+    // A blocking caller's loop ends with the call: the link leaves it.
+    if (stop == nullptr) ch->attachment().reset();
+    if (!ch->broken()) {
       // The root answered (possibly with an error of the request itself).
-      Release(std::move(*ch));
+      Release(std::move(ch));
       NoteRecovered();
-      return st.ok() ? st : st.Annotate(context());
+      co_return st.ok() ? st : st.Annotate(context());
     }
     last = st;
     // A link that broke suggests the root restarted, which kills every
@@ -236,7 +326,7 @@ Status EmbeddedKvs::CallEncoded(MsgType type, const std::string& request, std::s
     if (!reused) NoteOutage(st);
   }
   if (IsConnectionFailure(last)) NoteOutage(last);
-  return last.Annotate(context());
+  co_return last.Annotate(context());
 }
 
 Status EmbeddedKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
@@ -247,6 +337,17 @@ Status EmbeddedKvs::Put(const std::string& ns, const std::string& key, const std
   req.value = value;
   std::string body;
   return Call(MsgType::kKvsPut, req, &body);
+}
+
+Task<Status> EmbeddedKvs::PutTask(Runtime& rt, const std::string& ns, const std::string& key,
+                                  const std::string& value) {
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, value));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  req.value = value;
+  std::string body;
+  co_return co_await CallTask(MsgType::kKvsPut, EncodeRequest(req), &body, &rt.stopping());
 }
 
 Result<std::optional<std::string>> EmbeddedKvs::Get(const std::string& ns, const std::string& key) {
@@ -272,26 +373,14 @@ Result<std::optional<std::string>> EmbeddedKvs::DecodeGet(const std::string& bod
 
 Task<Result<std::optional<std::string>>> EmbeddedKvs::GetTask(Runtime& rt, const std::string& ns,
                                                               const std::string& key) {
-  std::unique_ptr<Channel> ch = CheckFields(ns, key, {}).ok() ? TakeIdle() : nullptr;
-  if (ch) {
-    KvsRequest req;
-    req.ns = ns;
-    req.key = key;
-    const Deadline deadline = Deadline::AfterMs(rpc_timeout_ms_);
-    Status st =
-        ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsGet), EncodeRequest(req), deadline);
-    if (st.ok() && co_await WaitReady(*ch, POLLIN, deadline, nullptr) != Ready::kReady)
-      st = Status(DYAD_RC_TIMEOUT, "no reply");
-    std::string body;
-    if (st.ok()) st = ReceiveReply(*ch, &body, deadline);
-    if (!ch->broken()) {
-      Release(std::move(ch));
-      if (!st.ok()) co_return st.Annotate("kvs.get on the embedded store at " + address_text_);
-      co_return DecodeGet(body);
-    }
-    // A broken link: the blocking path dials again and retries.
-  }
-  co_return co_await rt.Offload([this, &ns, &key] { return Get(ns, key); });
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  std::string body;
+  DYAD_CO_RETURN_IF_ERROR(
+      co_await CallTask(MsgType::kKvsGet, EncodeRequest(req), &body, &rt.stopping()));
+  co_return DecodeGet(body);
 }
 
 Status EmbeddedKvs::Remove(const std::string& ns, const std::string& key) {
@@ -303,6 +392,15 @@ Status EmbeddedKvs::Remove(const std::string& ns, const std::string& key) {
   return Call(MsgType::kKvsRemove, req, &body);
 }
 
+Task<Status> EmbeddedKvs::RemoveTask(Runtime& rt, const std::string& ns, const std::string& key) {
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  std::string body;
+  co_return co_await CallTask(MsgType::kKvsRemove, EncodeRequest(req), &body, &rt.stopping());
+}
+
 Result<std::vector<KvsEntry>> EmbeddedKvs::List(const std::string& ns, const std::string& prefix,
                                                 uint32_t limit) {
   DYAD_RETURN_IF_ERROR(CheckFields(ns, prefix, {}));
@@ -312,6 +410,24 @@ Result<std::vector<KvsEntry>> EmbeddedKvs::List(const std::string& ns, const std
   req.limit = limit;
   std::string body;
   DYAD_RETURN_IF_ERROR(Call(MsgType::kKvsList, req, &body));
+  return DecodeList(body);
+}
+
+Task<Result<std::vector<KvsEntry>>> EmbeddedKvs::ListTask(Runtime& rt, const std::string& ns,
+                                                          const std::string& prefix,
+                                                          uint32_t limit) {
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, prefix, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = prefix;
+  req.limit = limit;
+  std::string body;
+  DYAD_CO_RETURN_IF_ERROR(
+      co_await CallTask(MsgType::kKvsList, EncodeRequest(req), &body, &rt.stopping()));
+  co_return DecodeList(body);
+}
+
+Result<std::vector<KvsEntry>> EmbeddedKvs::DecodeList(const std::string& body) const {
   Decoder d(body);
   const uint32_t count = d.U32();
   std::vector<KvsEntry> out;

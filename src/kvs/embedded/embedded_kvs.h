@@ -32,6 +32,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,11 @@ namespace dyad {
 class EmbeddedKvs final : public Kvs {
  public:
   static constexpr size_t kMaxIdle = 8;
+  // Requests (CallTask) in flight to the root at once, each on its own
+  // link: more wait for one of them to end, holding no thread, so a slow
+  // root is not flooded with connections (it admits 16 handshakes per
+  // peer at a time).
+  static constexpr size_t kMaxCallsInFlight = 12;
   // Longest server-side wait one request asks for.
   static constexpr int64_t kWaitSliceMs = 2000;
   // Reconnect back-off during a wait: doubles from the first to the last.
@@ -70,12 +76,20 @@ class EmbeddedKvs final : public Kvs {
 
   std::string name() const override { return "embedded"; }
 
+  // Every request to the root is one task (CallTask): the *Task calls run
+  // it on the caller's runtime, holding no thread while the root answers
+  // (or does not); the blocking calls run it to completion on the calling
+  // thread (RunOnThisThread).
   Status Put(const std::string& ns, const std::string& key, const std::string& value) override;
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
-  // On a pooled link, the reply waited for on the loop; else (no idle
-  // link, a link that failed) Get on the pool, which dials and retries.
   Task<Result<std::optional<std::string>>> GetTask(Runtime& rt, const std::string& ns,
                                                    const std::string& key) override;
+  Task<Status> PutTask(Runtime& rt, const std::string& ns, const std::string& key,
+                       const std::string& value) override;
+  Task<Status> RemoveTask(Runtime& rt, const std::string& ns, const std::string& key) override;
+  Task<Result<std::vector<KvsEntry>>> ListTask(Runtime& rt, const std::string& ns,
+                                               const std::string& prefix,
+                                               uint32_t limit = 0) override;
   // One kKvsMultiGet per up to kMaxMultiGetKeys keys (or per frame of
   // values). A root from before kKvsMultiGet refuses it: then one kKvsGet
   // per key, and the root is asked again kMultiGetRetryMs later (it may
@@ -111,15 +125,29 @@ class EmbeddedKvs final : public Kvs {
   Result<std::unique_ptr<Channel>> Borrow(Deadline deadline, bool* reused);
   // A pooled link still usable, or null.
   std::unique_ptr<Channel> TakeIdle();
-  // The body of a kvs.get reply.
+  // The body of a kvs.get reply, of a kvs.list reply.
   Result<std::optional<std::string>> DecodeGet(const std::string& body) const;
+  Result<std::vector<KvsEntry>> DecodeList(const std::string& body) const;
+  // A new authenticated link to the root, connected and handshaken on the
+  // loop that awaits it; Dial runs it on the calling thread.
+  Task<Result<std::unique_ptr<Channel>>> DialTask(Deadline deadline, Stop* stop);
   Result<std::unique_ptr<Channel>> Dial(Deadline deadline);
   void Release(std::unique_ptr<Channel> ch);
   void DropIdle();
 
-  // One non-wait request with the retry policy; `body` gets the reply body.
+  // One non-wait request with the retry policy (a stale pooled link or a
+  // root restarting: one more attempt on a fresh link); `body` gets the
+  // reply body. The only implementation of a request; Call and CallEncoded
+  // run it on the calling thread, for blocking callers, with no `stop`:
+  // links then leave the call unregistered from its passing loop.
+  Task<Status> CallTask(MsgType type, std::string request, std::string* body, Stop* stop);
   Status Call(MsgType type, const KvsRequest& req, std::string* body);
   Status CallEncoded(MsgType type, const std::string& request, std::string* body);
+  // A place among the kMaxCallsInFlight, waited for on the caller's loop
+  // until `deadline` or `stop`; GiveCallSlot hands it to the next waiter.
+  Task<Status> TakeCallSlot(Deadline deadline, Stop* stop);
+  void GiveCallSlot();
+
   // One kKvsMultiGet for keys [next, ...) of `keys` (as many as one request
   // carries); appends the values answered to `out`.
   Status MultiGetStep(const std::string& ns, const std::vector<std::string>& keys, size_t next,
@@ -202,6 +230,9 @@ class EmbeddedKvs final : public Kvs {
   bool feed_running_ GUARDED_BY(feed_mu_) = false;  // feed_thread_ has not returned
   bool feeds_closed_ GUARDED_BY(feed_mu_) = false;  // StopFeeds ran: no more watches
   const UniqueFd feed_wake_;                        // eventfd that wakes the feed thread
+
+  size_t calls_in_flight_ GUARDED_BY(pool_mu_) = 0;
+  std::deque<std::shared_ptr<Rendezvous<bool>>> call_waiters_ GUARDED_BY(pool_mu_);
 
   // Declared last: destroyed first, while the feeds it uses still exist.
   std::unique_ptr<EmbeddedWaits> waits_;

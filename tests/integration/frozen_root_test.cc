@@ -1,0 +1,91 @@
+// A frozen metadata root is a hostile peer too: the requests that wait on
+// it (publications, listings) hold no thread of the service, so
+// everything that does not need the root is still answered at once.
+
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "integration/integration_util.h"
+
+namespace dyad::it {
+namespace {
+
+class FrozenRootTest : public TwoNodeTest {
+ protected:
+  static constexpr int kWaiters = 20;  // more than --workers
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o;
+    o.extra_service_args = {"--rpc-timeout", "15", "--workers", "2"};
+    // Pool threads end 300 ms after their work (default 30 s), so what the
+    // count below sees is what the waiting requests hold.
+    o.service_env["DYAD_WORKER_IDLE_MS"] = "300";
+    return o;
+  }
+};
+
+TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
+  // A file of B's own and one from A, both published and here before the
+  // root freezes.
+  const std::vector<ManifestEntry> before = {{"before.dat", 5000}};
+  Produce(before);
+  ConsumeOk(before);
+  std::vector<std::string> names;
+  for (int i = 0; i < kWaiters; ++i) {
+    names.push_back("frozen/f" + std::to_string(i) + ".dat");
+    WriteFileOn(kB, names.back(), 1000 + i);
+  }
+  const pid_t root = cluster().ServicePid(kA);
+  ASSERT_GT(root, 0);
+  ASSERT_EQ(::kill(root, SIGSTOP), 0);
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { ::kill(pid, SIGCONT); }
+  } thaw{root};
+  // Publications and listings on B, all waiting on the root.
+  std::vector<emu::Process> waiting;
+  for (int i = 0; i < kWaiters; ++i) {
+    const std::vector<std::string> argv =
+        i % 2 == 0 ? std::vector<std::string>{dyad_, "produce", PathOn(kB, names[i])}
+                   : std::vector<std::string>{dyad_, "ls"};
+    auto p = cluster().SpawnOnNode(kB, argv);
+    ASSERT_TRUE(p.ok()) << Str(p.status());
+    waiting.push_back(std::move(*p));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // They hold no thread: the service runs no more than an idle one may
+  // (docs/architecture.md), however many wait.
+  EXPECT_LE(testutil::ThreadsOf(cluster().ServicePid(kB)), 6u);
+  // What needs no root is answered at once: status, and a consume of a
+  // copy already here.
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t t0 = MonoNs();
+    auto status = cluster().ServiceStatus(kB);
+    const uint64_t took_ms = (MonoNs() - t0) / 1000000;
+    ASSERT_TRUE(status.ok()) << Str(status.status());
+    EXPECT_LT(took_ms, 1000u) << "status took " << took_ms << " ms with the root frozen";
+    const uint64_t t1 = MonoNs();
+    auto r = cluster().RunOnNode(kB, {dyad_, "consume", PathOn(kB, "before.dat")}, 20000);
+    const uint64_t consume_ms = (MonoNs() - t1) / 1000000;
+    ASSERT_TRUE(r.ok()) << Str(r.status());
+    EXPECT_TRUE(r->status.success()) << r->output;
+    EXPECT_LT(consume_ms, 2000u) << "a local consume took " << consume_ms << " ms\n" << r->output;
+  }
+  // Thawed, every waiting request ends, and the publications succeeded.
+  ASSERT_EQ(::kill(root, SIGCONT), 0);
+  for (auto& p : waiting) {
+    auto st = p.Wait(Deadline::AfterMs(30000));
+    ASSERT_TRUE(st.ok()) << "a request did not end after the root thawed";
+    EXPECT_TRUE(st->success()) << "a request failed after the root thawed";
+  }
+  auto ls = cluster().RunOnNode(kB, {dyad_, "ls"}, 20000);
+  ASSERT_TRUE(ls.ok()) << Str(ls.status());
+  for (int i = 0; i < kWaiters; ++i) {
+    if (i % 2 == 1) continue;
+    EXPECT_NE(ls->output.find(names[i]), std::string::npos) << names[i] << "\n" << ls->output;
+  }
+}
+
+}  // namespace
+}  // namespace dyad::it
