@@ -36,13 +36,8 @@ TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
     names.push_back("frozen/f" + std::to_string(i) + ".dat");
     WriteFileOn(kB, names.back(), 1000 + i);
   }
-  const pid_t root = cluster().ServicePid(kA);
-  ASSERT_GT(root, 0);
-  ASSERT_EQ(::kill(root, SIGSTOP), 0);
-  struct Thaw {
-    pid_t pid;
-    ~Thaw() { ::kill(pid, SIGCONT); }
-  } thaw{root};
+  Frozen root(cluster().ServicePid(kA));
+  ASSERT_TRUE(root.ok);
   // Publications and listings on B, all waiting on the root.
   std::vector<emu::Process> waiting;
   for (int i = 0; i < kWaiters; ++i) {
@@ -73,7 +68,7 @@ TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
     EXPECT_LT(consume_ms, 2000u) << "a local consume took " << consume_ms << " ms\n" << r->output;
   }
   // Thawed, every waiting request ends, and the publications succeeded.
-  ASSERT_EQ(::kill(root, SIGCONT), 0);
+  ASSERT_TRUE(root.Thaw());
   for (auto& p : waiting) {
     auto st = p.Wait(Deadline::AfterMs(30000));
     ASSERT_TRUE(st.ok()) << "a request did not end after the root thawed";

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,6 +61,18 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 // A small tmpfs mounted over a directory for a test's duration (root only:
 // `mounted` says whether it worked); unmounted however the test ends.
+// Freezes a process (SIGSTOP) until Thaw() or the end of the scope, also
+// when the test fails.
+struct Frozen {
+  explicit Frozen(pid_t p) : pid(p), ok(p > 0 && ::kill(p, SIGSTOP) == 0) {}
+  ~Frozen() { Thaw(); }
+  Frozen(const Frozen&) = delete;
+  Frozen& operator=(const Frozen&) = delete;
+  bool Thaw() { return ok && ::kill(pid, SIGCONT) == 0; }
+  const pid_t pid;
+  const bool ok;
+};
+
 struct SmallTmpfs {
   std::string dir;
   bool mounted = false;

@@ -177,13 +177,8 @@ TEST_F(OpsTest, StartupStoreCallsShareOneThreadAndSigtermDoesNotWaitForThem) {
 // call would hang for the whole RPC timeout, and the stop goes on without
 // it, its thread left to finish alone (not the pool, which the stop joins).
 TEST_F(OpsTest, CleanStopWaitsForAFrozenStoreAtMostTwoSeconds) {
-  const pid_t root = cluster().ServicePid(kA);
-  ASSERT_GT(root, 0);
-  ASSERT_EQ(::kill(root, SIGSTOP), 0);
-  struct Thaw {
-    pid_t pid;
-    ~Thaw() { ::kill(pid, SIGCONT); }
-  } thaw{root};
+  Frozen root(cluster().ServicePid(kA));
+  ASSERT_TRUE(root.ok);
   const uint64_t t0 = MonoNs();
   const Status st = cluster().StopService(kB, 10000);
   const uint64_t took = MonoNs() - t0;

@@ -228,10 +228,6 @@ bool EmbeddedKvs::SleepUnlessCancelled(int64_t ms, const Deadline& deadline,
 
 // --- requests ----------------------------------------------------------------
 
-Status EmbeddedKvs::Call(MsgType type, const KvsRequest& req, std::string* body) {
-  return CallEncoded(type, EncodeRequest(req), body);
-}
-
 Status EmbeddedKvs::CallEncoded(MsgType type, const std::string& request, std::string* body) {
   return RunOnThisThread(CallTask(type, request, body, nullptr));
 }
@@ -329,35 +325,78 @@ Task<Status> EmbeddedKvs::CallTask(MsgType type, std::string request, std::strin
   co_return last.Annotate(context());
 }
 
-Status EmbeddedKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
-  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, value));
-  KvsRequest req;
-  req.ns = ns;
-  req.key = key;
-  req.value = value;
-  std::string body;
-  return Call(MsgType::kKvsPut, req, &body);
-}
-
-Task<Status> EmbeddedKvs::PutTask(Runtime& rt, const std::string& ns, const std::string& key,
-                                  const std::string& value) {
+// Each operation once, as a task; `stop` null for a blocking caller.
+Task<Status> EmbeddedKvs::PutOn(Stop* stop, const std::string& ns, const std::string& key,
+                                const std::string& value) {
   DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, value));
   KvsRequest req;
   req.ns = ns;
   req.key = key;
   req.value = value;
   std::string body;
-  co_return co_await CallTask(MsgType::kKvsPut, EncodeRequest(req), &body, &rt.stopping());
+  co_return co_await CallTask(MsgType::kKvsPut, EncodeRequest(req), &body, stop);
 }
 
-Result<std::optional<std::string>> EmbeddedKvs::Get(const std::string& ns, const std::string& key) {
-  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+Task<Result<std::optional<std::string>>> EmbeddedKvs::GetOn(Stop* stop, const std::string& ns,
+                                                            const std::string& key) {
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, {}));
   KvsRequest req;
   req.ns = ns;
   req.key = key;
   std::string body;
-  DYAD_RETURN_IF_ERROR(Call(MsgType::kKvsGet, req, &body));
-  return DecodeGet(body);
+  DYAD_CO_RETURN_IF_ERROR(co_await CallTask(MsgType::kKvsGet, EncodeRequest(req), &body, stop));
+  co_return DecodeGet(body);
+}
+
+Task<Status> EmbeddedKvs::RemoveOn(Stop* stop, const std::string& ns, const std::string& key) {
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = key;
+  std::string body;
+  co_return co_await CallTask(MsgType::kKvsRemove, EncodeRequest(req), &body, stop);
+}
+
+Task<Result<std::vector<KvsEntry>>> EmbeddedKvs::ListOn(Stop* stop, const std::string& ns,
+                                                        const std::string& prefix, uint32_t limit) {
+  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, prefix, {}));
+  KvsRequest req;
+  req.ns = ns;
+  req.key = prefix;
+  req.limit = limit;
+  std::string body;
+  DYAD_CO_RETURN_IF_ERROR(co_await CallTask(MsgType::kKvsList, EncodeRequest(req), &body, stop));
+  co_return DecodeList(body);
+}
+
+Status EmbeddedKvs::Put(const std::string& ns, const std::string& key, const std::string& value) {
+  return RunOnThisThread(PutOn(nullptr, ns, key, value));
+}
+Task<Status> EmbeddedKvs::PutTask(Runtime& rt, const std::string& ns, const std::string& key,
+                                  const std::string& value) {
+  return PutOn(&rt.stopping(), ns, key, value);
+}
+Result<std::optional<std::string>> EmbeddedKvs::Get(const std::string& ns, const std::string& key) {
+  return RunOnThisThread(GetOn(nullptr, ns, key));
+}
+Task<Result<std::optional<std::string>>> EmbeddedKvs::GetTask(Runtime& rt, const std::string& ns,
+                                                              const std::string& key) {
+  return GetOn(&rt.stopping(), ns, key);
+}
+Status EmbeddedKvs::Remove(const std::string& ns, const std::string& key) {
+  return RunOnThisThread(RemoveOn(nullptr, ns, key));
+}
+Task<Status> EmbeddedKvs::RemoveTask(Runtime& rt, const std::string& ns, const std::string& key) {
+  return RemoveOn(&rt.stopping(), ns, key);
+}
+Result<std::vector<KvsEntry>> EmbeddedKvs::List(const std::string& ns, const std::string& prefix,
+                                                uint32_t limit) {
+  return RunOnThisThread(ListOn(nullptr, ns, prefix, limit));
+}
+Task<Result<std::vector<KvsEntry>>> EmbeddedKvs::ListTask(Runtime& rt, const std::string& ns,
+                                                          const std::string& prefix,
+                                                          uint32_t limit) {
+  return ListOn(&rt.stopping(), ns, prefix, limit);
 }
 
 Result<std::optional<std::string>> EmbeddedKvs::DecodeGet(const std::string& body) const {
@@ -369,62 +408,6 @@ Result<std::optional<std::string>> EmbeddedKvs::DecodeGet(const std::string& bod
   }
   if (!found) return std::optional<std::string>();
   return std::optional<std::string>(std::move(value));
-}
-
-Task<Result<std::optional<std::string>>> EmbeddedKvs::GetTask(Runtime& rt, const std::string& ns,
-                                                              const std::string& key) {
-  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, {}));
-  KvsRequest req;
-  req.ns = ns;
-  req.key = key;
-  std::string body;
-  DYAD_CO_RETURN_IF_ERROR(
-      co_await CallTask(MsgType::kKvsGet, EncodeRequest(req), &body, &rt.stopping()));
-  co_return DecodeGet(body);
-}
-
-Status EmbeddedKvs::Remove(const std::string& ns, const std::string& key) {
-  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
-  KvsRequest req;
-  req.ns = ns;
-  req.key = key;
-  std::string body;
-  return Call(MsgType::kKvsRemove, req, &body);
-}
-
-Task<Status> EmbeddedKvs::RemoveTask(Runtime& rt, const std::string& ns, const std::string& key) {
-  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, key, {}));
-  KvsRequest req;
-  req.ns = ns;
-  req.key = key;
-  std::string body;
-  co_return co_await CallTask(MsgType::kKvsRemove, EncodeRequest(req), &body, &rt.stopping());
-}
-
-Result<std::vector<KvsEntry>> EmbeddedKvs::List(const std::string& ns, const std::string& prefix,
-                                                uint32_t limit) {
-  DYAD_RETURN_IF_ERROR(CheckFields(ns, prefix, {}));
-  KvsRequest req;
-  req.ns = ns;
-  req.key = prefix;
-  req.limit = limit;
-  std::string body;
-  DYAD_RETURN_IF_ERROR(Call(MsgType::kKvsList, req, &body));
-  return DecodeList(body);
-}
-
-Task<Result<std::vector<KvsEntry>>> EmbeddedKvs::ListTask(Runtime& rt, const std::string& ns,
-                                                          const std::string& prefix,
-                                                          uint32_t limit) {
-  DYAD_CO_RETURN_IF_ERROR(CheckFields(ns, prefix, {}));
-  KvsRequest req;
-  req.ns = ns;
-  req.key = prefix;
-  req.limit = limit;
-  std::string body;
-  DYAD_CO_RETURN_IF_ERROR(
-      co_await CallTask(MsgType::kKvsList, EncodeRequest(req), &body, &rt.stopping()));
-  co_return DecodeList(body);
 }
 
 Result<std::vector<KvsEntry>> EmbeddedKvs::DecodeList(const std::string& body) const {

@@ -141,8 +141,16 @@ class EmbeddedKvs final : public Kvs {
   // run it on the calling thread, for blocking callers, with no `stop`:
   // links then leave the call unregistered from its passing loop.
   Task<Status> CallTask(MsgType type, std::string request, std::string* body, Stop* stop);
-  Status Call(MsgType type, const KvsRequest& req, std::string* body);
   Status CallEncoded(MsgType type, const std::string& request, std::string* body);
+  // The operations, each once; the public calls run them with the loop's
+  // Stop (*Task) or none (blocking, on the calling thread).
+  Task<Status> PutOn(Stop* stop, const std::string& ns, const std::string& key,
+                     const std::string& value);
+  Task<Result<std::optional<std::string>>> GetOn(Stop* stop, const std::string& ns,
+                                                 const std::string& key);
+  Task<Status> RemoveOn(Stop* stop, const std::string& ns, const std::string& key);
+  Task<Result<std::vector<KvsEntry>>> ListOn(Stop* stop, const std::string& ns,
+                                             const std::string& prefix, uint32_t limit);
   // A place among the kMaxCallsInFlight, waited for on the caller's loop
   // until `deadline` or `stop`; GiveCallSlot hands it to the next waiter.
   Task<Status> TakeCallSlot(Deadline deadline, Stop* stop);
