@@ -344,20 +344,30 @@ void Service::ReplyConsume(RequestContext& ctx, const ConsumeRequest& req,
 
 Task<void> Service::HandleList(RequestContext& ctx, ListRequest req) {
   Channel& ch = ctx.ch;
-  Result<std::vector<KvsEntry>> all = co_await kvs_->ListTask(*runtime_, req.ns, "", 0);
+  // A whole namespace: the root's own store copies it, and the records
+  // are decoded and filtered, on the pool, off the loop that serves
+  // everything else; a remote store is waited for on the loop.
+  Result<std::vector<KvsEntry>> all = Status(DYAD_RC_NOTFOUND, "not listed");
+  if (kvs_->in_process())
+    all = co_await runtime_->Offload([this, &req] { return kvs_->List(req.ns, "", 0); });
+  else
+    all = co_await kvs_->ListTask(*runtime_, req.ns, "", 0);
   if (!all.ok()) co_return Reply(ch, all.status());
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [key, value] : *all) {
-    FileRecord rec;
-    if (!FileRecord::Decode(value, &rec)) continue;
-    if (rec.upath.compare(0, req.path_prefix.size(), req.path_prefix) != 0) continue;
-    out.emplace_back(key, value);
-    if (req.limit != 0 && out.size() >= req.limit) break;
-  }
-  Encoder e;
-  e.U32(static_cast<uint32_t>(out.size()));
-  for (const auto& [k, v] : out) e.Str(k).Str(v);
-  Reply(ch, Status::OK(), e.data());
+  const std::string body = co_await runtime_->Offload([&req, &all] {
+    std::vector<const KvsEntry*> out;
+    for (const KvsEntry& kv : *all) {
+      FileRecord rec;
+      if (!FileRecord::Decode(kv.second, &rec)) continue;
+      if (rec.upath.compare(0, req.path_prefix.size(), req.path_prefix) != 0) continue;
+      out.push_back(&kv);
+      if (req.limit != 0 && out.size() >= req.limit) break;
+    }
+    Encoder e;
+    e.U32(static_cast<uint32_t>(out.size()));
+    for (const KvsEntry* kv : out) e.Str(kv->first).Str(kv->second);
+    return e.data();
+  });
+  Reply(ch, Status::OK(), body);
 }
 
 Task<void> Service::HandleRemove(RequestContext& ctx, RemoveRequest req) {
