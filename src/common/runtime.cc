@@ -57,9 +57,9 @@ struct ChannelWait {
 };
 
 // `ch`'s registration with the loop of `ex`, made on first use. A channel
-// that moves between runtimes (a pooled link of a store client, used by the
-// service's loop and by the client's own) is registered again with the new
-// one.
+// that moves between loops (a pooled link of a store client, used by the
+// service's loop and by a blocking caller's RunOnThisThread) is registered
+// again with the new one.
 ChannelWait* Registered(Channel& ch, const asio::any_io_executor& ex) {
   std::shared_ptr<void>& slot = ch.attachment();
   if (!slot || static_cast<ChannelWait*>(slot.get())->ex != ex) {

@@ -27,25 +27,21 @@ Result<KvsValues> Kvs::MultiGet(const std::string& ns, const std::vector<std::st
 
 Task<Result<std::optional<std::string>>> Kvs::GetTask(Runtime& rt, const std::string& ns,
                                                       const std::string& key) {
-  if (in_process()) co_return Get(ns, key);
-  co_return co_await rt.Offload([this, &ns, &key] { return Get(ns, key); });
+  return Run(rt, [this, &ns, &key] { return Get(ns, key); });
 }
 
 Task<Status> Kvs::PutTask(Runtime& rt, const std::string& ns, const std::string& key,
                           const std::string& value) {
-  if (in_process()) co_return Put(ns, key, value);
-  co_return co_await rt.Offload([this, &ns, &key, &value] { return Put(ns, key, value); });
+  return Run(rt, [this, &ns, &key, &value] { return Put(ns, key, value); });
 }
 
 Task<Status> Kvs::RemoveTask(Runtime& rt, const std::string& ns, const std::string& key) {
-  if (in_process()) co_return Remove(ns, key);
-  co_return co_await rt.Offload([this, &ns, &key] { return Remove(ns, key); });
+  return Run(rt, [this, &ns, &key] { return Remove(ns, key); });
 }
 
 Task<Result<std::vector<KvsEntry>>> Kvs::ListTask(Runtime& rt, const std::string& ns,
                                                   const std::string& prefix, uint32_t limit) {
-  if (in_process()) co_return List(ns, prefix, limit);
-  co_return co_await rt.Offload([this, &ns, &prefix, limit] { return List(ns, prefix, limit); });
+  return Run(rt, [this, &ns, &prefix, limit] { return List(ns, prefix, limit); });
 }
 
 Result<std::string> Kvs::Wait(const std::string& ns, const std::string& key, Deadline deadline,

@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,14 @@ class Kvs {
   virtual bool in_process() const { return false; }
   // The capabilities of this store's row (common/backend.h).
   KvsCaps caps() const;
+  // Runs `fn`, blocking calls of this store: at once when it answers from
+  // this process (in_process()), else on `rt`'s pool. What the *Task
+  // defaults do, and what a service does with a blocking call sequence.
+  template <typename F>
+  Task<std::invoke_result_t<F>> Run(Runtime& rt, F fn) {
+    if (in_process()) co_return fn();
+    co_return co_await rt.Offload(std::move(fn));
+  }
 
   virtual Status Put(const std::string& ns, const std::string& key, const std::string& value) = 0;
   virtual Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) = 0;

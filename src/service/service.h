@@ -160,8 +160,7 @@ class Service {
   // from this process (the root's own), else on the runtime's pool.
   template <typename F>
   Task<std::invoke_result_t<F>> StoreCall(F fn) {
-    if (kvs_->in_process()) co_return fn();
-    co_return co_await runtime_->Offload(std::move(fn));
+    return kvs_->Run(*runtime_, std::move(fn));
   }
 
   // Local client requests (service_requests.cc); each sends one reply.

@@ -137,8 +137,8 @@ class EmbeddedKvs final : public Kvs {
 
   // One non-wait request with the retry policy (a stale pooled link or a
   // root restarting: one more attempt on a fresh link); `body` gets the
-  // reply body. The only implementation of a request; Call and CallEncoded
-  // run it on the calling thread, for blocking callers, with no `stop`:
+  // reply body. The only implementation of a request; CallEncoded and the
+  // blocking operations run it on the calling thread with no `stop`:
   // links then leave the call unregistered from its passing loop.
   Task<Status> CallTask(MsgType type, std::string request, std::string* body, Stop* stop);
   Status CallEncoded(MsgType type, const std::string& request, std::string* body);
