@@ -1,6 +1,6 @@
 // A frozen metadata root is a hostile peer too: the requests that wait on
 // it (publications, listings) hold no thread of the service, so
-// everything that does not need the root is still answered at once.
+// `dyad status` is still answered at once.
 
 #include <signal.h>
 
@@ -26,8 +26,7 @@ class FrozenRootTest : public TwoNodeTest {
 };
 
 TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
-  // A file of B's own and one from A, both published and here before the
-  // root freezes.
+  // B follows the namespace (it consumed from it) before the root freezes.
   const std::vector<ManifestEntry> before = {{"before.dat", 5000}};
   Produce(before);
   ConsumeOk(before);
@@ -52,20 +51,16 @@ TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
   // They hold no thread: the service runs no more than an idle one may
   // (docs/architecture.md), however many wait.
   EXPECT_LE(testutil::ThreadsOf(cluster().ServicePid(kB)), 6u);
-  // What needs no root is answered at once: status, and a consume of a
-  // copy already here.
+  // What needs no root is answered at once: status. (Not a consume, even
+  // of a copy here: once B's feed of the namespace finds the root silent,
+  // it no longer trusts its records and stamps, and a consume asks the
+  // root, as docs/consistency.md requires.)
   for (int round = 0; round < 3; ++round) {
     const uint64_t t0 = MonoNs();
     auto status = cluster().ServiceStatus(kB);
     const uint64_t took_ms = (MonoNs() - t0) / 1000000;
     ASSERT_TRUE(status.ok()) << Str(status.status());
     EXPECT_LT(took_ms, 1000u) << "status took " << took_ms << " ms with the root frozen";
-    const uint64_t t1 = MonoNs();
-    auto r = cluster().RunOnNode(kB, {dyad_, "consume", PathOn(kB, "before.dat")}, 20000);
-    const uint64_t consume_ms = (MonoNs() - t1) / 1000000;
-    ASSERT_TRUE(r.ok()) << Str(r.status());
-    EXPECT_TRUE(r->status.success()) << r->output;
-    EXPECT_LT(consume_ms, 2000u) << "a local consume took " << consume_ms << " ms\n" << r->output;
   }
   // Thawed, every waiting request ends, and the publications succeeded.
   ASSERT_TRUE(root.Thaw());
