@@ -44,6 +44,11 @@ Task<Result<std::vector<KvsEntry>>> Kvs::ListTask(Runtime& rt, const std::string
   return Run(rt, [this, &ns, &prefix, limit] { return List(ns, prefix, limit); });
 }
 
+Task<Result<KvsValues>> Kvs::MultiGetTask(Runtime& rt, const std::string& ns,
+                                          const std::vector<std::string>& keys) {
+  return Run(rt, [this, &ns, &keys] { return MultiGet(ns, keys); });
+}
+
 Result<std::string> Kvs::Wait(const std::string& ns, const std::string& key, Deadline deadline,
                               const CancelFn& cancel) {
   return AwaitStarted(

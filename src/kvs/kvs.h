@@ -118,6 +118,9 @@ class Kvs {
   // means no values (the caller may Get one by one). This default loops
   // over Get.
   virtual Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys);
+  // MultiGet as a task, as GetTask is Get's.
+  virtual Task<Result<KvsValues>> MultiGetTask(Runtime& rt, const std::string& ns,
+                                               const std::vector<std::string>& keys);
   // Wakes every wait in progress with DYAD_RC_CANCELLED and refuses new
   // ones (the owning service is stopping). Idempotent.
   virtual void Shutdown() {}

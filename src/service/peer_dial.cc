@@ -116,8 +116,7 @@ Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t r
   bool alone = false;  // another's dial succeeded: dial without a flight
   for (;;) {
     if (std::unique_ptr<Channel> idle = peers.TakeIdle(rank)) co_return std::move(idle);
-    Result<ServiceRecord> rec = co_await waits.Run(
-        !peers.Known(rank), [&peers, rank] { return peers.Resolve(rank, false); });
+    Result<ServiceRecord> rec = co_await peers.Resolve(rank, false);
     if (!rec.ok()) co_return rec.status();
     const Deadline dial_by = deadline.Min(peers.rpc_timeout_ms());
     std::shared_ptr<PeerDirectory::DialFlight> flight;
@@ -142,7 +141,7 @@ Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t r
     else
       ch = co_await ConnectPeer(peers, *addr, dial_by, waits, &peer, &stopped);
     if (stopped) co_return ch;  // (the flight ends as abandoned)
-    ch = peers.FinishDial(rank, *rec, std::move(ch), peer);
+    ch = co_await peers.FinishDial(rank, *rec, std::move(ch), peer);
     leading.End(ch.ok() ? Status::OK() : ch.status());
     co_return ch;
   }

@@ -26,38 +26,33 @@ PeerDirectory::PeerDirectory(Kvs* kvs, const Authenticator* auth, PeerIdentity s
                              int64_t rpc_timeout_ms)
     : kvs_(kvs), auth_(auth), self_(self), rpc_timeout_ms_(rpc_timeout_ms) {}
 
-bool PeerDirectory::Known(uint32_t rank) const {
+std::optional<ServiceRecord> PeerDirectory::Cached(uint32_t rank) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = peers_.find(rank);
-  return it != peers_.end() && it->second.have_record;
+  if (it == peers_.end() || !it->second.have_record) return std::nullopt;
+  return it->second.record;
 }
 
-Result<ServiceRecord> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
+Task<Result<ServiceRecord>> PeerDirectory::Resolve(uint32_t rank, bool refresh) {
   if (!refresh) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = peers_.find(rank);
-    if (it != peers_.end() && it->second.have_record) return it->second.record;
+    if (std::optional<ServiceRecord> known = Cached(rank)) co_return std::move(*known);
   }
-  Result<std::optional<std::string>> v = kvs_->Get(kMembersNamespace, MemberKey(rank));
-  if (!v.ok()) return v.status().Annotate("resolve service rank " + std::to_string(rank));
+  Result<std::optional<std::string>> v =
+      co_await kvs_->GetTask(*rt_, kMembersNamespace, MemberKey(rank));
+  if (!v.ok()) co_return v.status().Annotate("resolve service rank " + std::to_string(rank));
   if (!v->has_value())
-    return Status(DYAD_RC_NOTFOUND, "no dyad-service with rank " + std::to_string(rank) +
-                                        " is registered (is it running?)");
+    co_return Status(DYAD_RC_NOTFOUND, "no dyad-service with rank " + std::to_string(rank) +
+                                           " is registered (is it running?)");
   ServiceRecord rec;
   if (!ServiceRecord::Decode(**v, &rec))
-    return Status(DYAD_RC_BADMETADATA,
-                  "malformed membership record for rank " + std::to_string(rank));
+    co_return Status(DYAD_RC_BADMETADATA,
+                     "malformed membership record for rank " + std::to_string(rank));
   std::lock_guard<std::mutex> lk(mu_);
   Peer& p = peers_[rank];
   if (p.have_record && p.record.incarnation != rec.incarnation) p.idle.clear();
   p.have_record = true;
   p.record = rec;
-  return rec;
-}
-
-Result<std::unique_ptr<Channel>> PeerDirectory::Acquire(uint32_t rank, Deadline deadline) {
-  PeerWaits waits(*rt_, &rt_->stopping(), nullptr);
-  return rt_->RunSync(DialPeer(*this, rank, deadline, waits));
+  co_return rec;
 }
 
 std::unique_ptr<Channel> PeerDirectory::TakeIdle(uint32_t rank) {
@@ -132,32 +127,34 @@ void PeerDirectory::EndDial(uint32_t rank, const std::shared_ptr<DialFlight>& fl
   --dialing_;
 }
 
-Result<std::unique_ptr<Channel>> PeerDirectory::FinishDial(uint32_t rank, const ServiceRecord& rec,
-                                                           Result<std::unique_ptr<Channel>> ch,
-                                                           const PeerIdentity& peer) {
+Task<Result<std::unique_ptr<Channel>>> PeerDirectory::FinishDial(
+    uint32_t rank, const ServiceRecord& rec, Result<std::unique_ptr<Channel>> ch,
+    const PeerIdentity& peer) {
   if (!ch.ok()) {
     if (ch.status().code() == DYAD_RC_AUTH)
-      return CredentialFailure(
+      co_return CredentialFailure(
           ch.status(), "authenticate with rank " + std::to_string(rank) + " at " + rec.address);
-    return ch.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
-                                rec.address);
+    co_return ch.status().Annotate("connect to dyad-service rank " + std::to_string(rank) + " at " +
+                                   rec.address);
   }
-  if (peer.rank != rank || peer.incarnation != rec.incarnation) return Mismatch(rank, rec, peer);
+  if (peer.rank != rank || peer.incarnation != rec.incarnation)
+    co_return co_await Mismatch(rank, rec, peer);
   Touch(rank);
-  return ch;
+  co_return ch;
 }
 
 // The address answered as another service. The same rank with a new
 // incarnation is a restart (routine: the caller retries with the new
 // record); another rank, still so after the record is re-read, is a
 // misconfiguration worth an ERROR.
-Status PeerDirectory::Mismatch(uint32_t rank, const ServiceRecord& rec, const PeerIdentity& peer) {
+Task<Status> PeerDirectory::Mismatch(uint32_t rank, const ServiceRecord& rec,
+                                     const PeerIdentity& peer) {
   Invalidate(rank);
   const std::string msg = "service at " + rec.address + " is rank " + std::to_string(peer.rank) +
                           " incarnation " + Hex(peer.incarnation) + ", expected rank " +
                           std::to_string(rank) + " incarnation " + Hex(rec.incarnation);
-  if (peer.rank == rank) return Status(DYAD_RC_STALE, msg);
-  Result<ServiceRecord> fresh = Resolve(rank, true);
+  if (peer.rank == rank) co_return Status(DYAD_RC_STALE, msg);
+  Result<ServiceRecord> fresh = co_await Resolve(rank, true);
   if (fresh.ok() && fresh->address == rec.address) {
     bool report = false;
     {
@@ -176,7 +173,7 @@ Status PeerDirectory::Mismatch(uint32_t rank, const ServiceRecord& rec, const Pe
           rank, rec.address.c_str(), rec.hostname.c_str(), peer.rank, Hex(peer.incarnation).c_str(),
           rank, rank);
   }
-  return Status(DYAD_RC_STALE, msg);
+  co_return Status(DYAD_RC_STALE, msg);
 }
 
 Task<ProbeResult> PeerDirectory::Probe(const ServiceRecord& rec, Deadline deadline,

@@ -16,8 +16,7 @@
 // accept or to answer its handshake. One dial per rank at a time: callers
 // that need a new session to a rank already being dialled wait for that
 // dial's outcome (a hung owner costs one connection attempt per
-// --rpc-timeout, not one per consume). Acquire() is DialPeer run to its end
-// for a blocking caller.
+// --rpc-timeout, not one per consume).
 #pragma once
 
 #include <atomic>
@@ -25,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,15 +56,16 @@ class PeerDirectory {
  public:
   PeerDirectory(Kvs* kvs, const Authenticator* auth, PeerIdentity self, int64_t rpc_timeout_ms);
 
-  // Membership record of `rank` (cached; `refresh` forces a store lookup).
-  Result<ServiceRecord> Resolve(uint32_t rank, bool refresh);
-  // True when Resolve(rank, false) would answer without the store.
-  bool Known(uint32_t rank) const;
+  // Membership record of `rank`: the cached one, else (or with
+  // `refresh`) the store's, read by a task on the runtime (no thread held
+  // while the store answers).
+  Task<Result<ServiceRecord>> Resolve(uint32_t rank, bool refresh);
+  // The cached record of `rank`, if any (never asks the store).
+  std::optional<ServiceRecord> Cached(uint32_t rank) const;
 
-  // A session to `rank` (pooled or new). Return it with Release when the
-  // conversation ended cleanly; a broken channel is dropped.
-  Result<std::unique_ptr<Channel>> Acquire(uint32_t rank, Deadline deadline);
-  // The runtime dials run on (Acquire runs one to its end); set before use.
+  // The runtime dials and store reads run on; set before use. A session
+  // (DialPeer) goes back with Release when its conversation ended
+  // cleanly; a broken channel is dropped.
   void SetRuntime(Runtime* rt) { rt_ = rt; }
 
   // The parts of a dial that belong to the directory (DialPeer uses them):
@@ -86,9 +87,9 @@ class PeerDirectory {
   // The outcome of `flight` (`*done` false while it is in flight).
   Status DialOutcome(const DialFlight& flight, bool* done);
   void EndDial(uint32_t rank, const std::shared_ptr<DialFlight>& flight, const Status& st);
-  Result<std::unique_ptr<Channel>> FinishDial(uint32_t rank, const ServiceRecord& rec,
-                                              Result<std::unique_ptr<Channel>> ch,
-                                              const PeerIdentity& peer);
+  Task<Result<std::unique_ptr<Channel>>> FinishDial(uint32_t rank, const ServiceRecord& rec,
+                                                    Result<std::unique_ptr<Channel>> ch,
+                                                    const PeerIdentity& peer);
   const Authenticator& auth() const { return *auth_; }
   const PeerIdentity& self() const { return self_; }
   int64_t rpc_timeout_ms() const { return rpc_timeout_ms_; }
@@ -118,7 +119,7 @@ class PeerDirectory {
     uint64_t reported_incarnation = 0;    // record already reported as answered by another
     std::shared_ptr<DialFlight> dialing;  // the dial in flight, if any
   };
-  Status Mismatch(uint32_t rank, const ServiceRecord& rec, const PeerIdentity& peer);
+  Task<Status> Mismatch(uint32_t rank, const ServiceRecord& rec, const PeerIdentity& peer);
   void Touch(uint32_t rank);
   Kvs* kvs_;
   const Authenticator* auth_;

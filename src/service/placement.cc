@@ -38,7 +38,7 @@ bool Placement::IsCurrentCopy(const std::string& dest, const FileRecord& rec) co
 }
 
 Task<Result<ConsumeReply>> Placement::Place(PlacementRequest req, Deadline deadline, Stop* stop) {
-  Result<Plan> plan = Prepare(req);
+  Result<Plan> plan = co_await Prepare(req);
   if (!plan.ok()) co_return plan.status();
   if (plan->route == Route::kInPlace) co_return InPlace(req.record);
   const FileRecord& rec = req.record;
@@ -62,35 +62,31 @@ Task<Result<ConsumeReply>> Placement::Place(PlacementRequest req, Deadline deadl
   }
 }
 
-Result<ConsumeReply> Placement::PlaceNow(const PlacementRequest& req, Deadline deadline) {
-  return rt_->RunSync(Place(req, deadline, &rt_->stopping()));
-}
-
-Result<Placement::Plan> Placement::Prepare(const PlacementRequest& req) {
-  Result<Route> route = Decide(req);
-  if (!route.ok()) return route.status();
+Task<Result<Placement::Plan>> Placement::Prepare(const PlacementRequest& req) {
+  Result<Route> route = co_await Decide(req);
+  if (!route.ok()) co_return route.status();
   Plan plan;
   plan.route = *route;
-  if (*route == Route::kInPlace || *route == Route::kOwnFile) return plan;
+  if (*route == Route::kInPlace || *route == Route::kOwnFile) co_return plan;
   Result<Transport*> t =
       *route == Route::kSameNode ? transports_->SameNode() : transports_->ForMode(req.dtl_mode);
-  if (!t.ok()) return t.status();
+  if (!t.ok()) co_return t.status();
   if (*route == Route::kRemote && (*t)->caps().same_node_only) {
     // e.g. DYAD_DTL_MODE=LOCAL for a file of another node: say so, rather
     // than let the copy fail on a path that is not here.
     const std::string chosen = req.dtl_mode.empty()
                                    ? "this service's transport '" + (*t)->name() + "' (-m)"
                                    : "DYAD_DTL_MODE=" + req.dtl_mode;
-    return Status(DYAD_RC_NOTSUP,
-                  chosen + " reaches only owners on this node, and '" + req.record.upath +
-                      "' is owned by rank " + std::to_string(req.record.owner_rank) + " on node " +
-                      std::to_string(req.record.owner_rank / cfg_.service_mux) + " (this is node " +
-                      std::to_string(cfg_.node_idx) +
-                      "): unset DYAD_DTL_MODE, or choose a transport that crosses nodes "
-                      "(FLUX_RPC, UCX, OFI)");
+    co_return Status(DYAD_RC_NOTSUP,
+                     chosen + " reaches only owners on this node, and '" + req.record.upath +
+                         "' is owned by rank " + std::to_string(req.record.owner_rank) +
+                         " on node " + std::to_string(req.record.owner_rank / cfg_.service_mux) +
+                         " (this is node " + std::to_string(cfg_.node_idx) +
+                         "): unset DYAD_DTL_MODE, or choose a transport that crosses nodes "
+                         "(FLUX_RPC, UCX, OFI)");
   }
   plan.transport = *t;
-  return plan;
+  co_return plan;
 }
 
 ConsumeReply Placement::InPlace(const FileRecord& rec) {
@@ -101,18 +97,18 @@ ConsumeReply Placement::InPlace(const FileRecord& rec) {
   return reply;
 }
 
-Result<Placement::Route> Placement::Decide(const PlacementRequest& req) {
+Task<Result<Placement::Route>> Placement::Decide(const PlacementRequest& req) {
   const FileRecord& rec = req.record;
-  if (req.shared_storage) return Route::kInPlace;
+  if (req.shared_storage) co_return Route::kInPlace;
   if (rec.owner_rank == cfg_.rank)
-    return cfg_.prod_real == req.cons_root ? Route::kInPlace : Route::kOwnFile;
-  if (rec.owner_rank / cfg_.service_mux != cfg_.node_idx) return Route::kRemote;
+    co_return cfg_.prod_real == req.cons_root ? Route::kInPlace : Route::kOwnFile;
+  if (rec.owner_rank / cfg_.service_mux != cfg_.node_idx) co_return Route::kRemote;
   // Same node: when the consumer reads the very directory the owner writes,
   // the file is there, complete, since it was published after its close.
-  Result<ServiceRecord> owner = peers_->Resolve(rec.owner_rank, false);
-  if (!owner.ok()) return owner.status();
-  if (!owner->prod_path.empty() && owner->prod_path == req.cons_root) return Route::kInPlace;
-  return Route::kSameNode;
+  Result<ServiceRecord> owner = co_await peers_->Resolve(rec.owner_rank, false);
+  if (!owner.ok()) co_return owner.status();
+  if (!owner->prod_path.empty() && owner->prod_path == req.cons_root) co_return Route::kInPlace;
+  co_return Route::kSameNode;
 }
 
 std::shared_ptr<Placement::InFlight> Placement::Claim(const std::string& dest,
@@ -393,8 +389,9 @@ Result<ConsumeReply> Placement::Finish(const PlacementRequest& req, Route route,
 void Placement::NoteTransport(Route route, const Transport* transport, ConsumeReply* reply) {
   reply->transport = transport != nullptr ? transport->name() : "local";
   if (route != Route::kOwnFile) {
-    Result<ServiceRecord> owner = peers_->Resolve(reply->record.owner_rank, false);
-    if (owner.ok()) reply->owner_address = owner->address;
+    // (Known: the fetch has just reached it.)
+    std::optional<ServiceRecord> owner = peers_->Cached(reply->record.owner_rank);
+    if (owner) reply->owner_address = owner->address;
   }
   stats_->AddNamed("transfers.in." + reply->transport);
   stats_->AddNamed("bytes.in." + reply->transport, reply->bytes);

@@ -81,10 +81,7 @@ class Placement {
   // on the runtime: the fetch from a slow or silent owner, and the wait for
   // another consume's transfer of the same file, hold no thread; `stop`
   // (may be null) ends them (the requester went away, the service stops).
-  // Blocking callers run it with Runtime::RunSync (PlaceNow).
   Task<Result<ConsumeReply>> Place(PlacementRequest req, Deadline deadline, Stop* stop);
-  // Place, run to its end from a thread that is not the runtime's loop.
-  Result<ConsumeReply> PlaceNow(const PlacementRequest& req, Deadline deadline);
   // The runtime the placements run on; set before the first.
   void SetRuntime(Runtime* rt) { rt_ = rt; }
 
@@ -140,9 +137,9 @@ class Placement {
     std::shared_ptr<void> room;  // the bytes reserved by Room until placed
   };
 
-  Result<Route> Decide(const PlacementRequest& req);
+  Task<Result<Route>> Decide(const PlacementRequest& req);
   // The route and its transport.
-  Result<Plan> Prepare(const PlacementRequest& req);
+  Task<Result<Plan>> Prepare(const PlacementRequest& req);
   ConsumeReply InPlace(const FileRecord& rec);
   // Whether a copy of `req.record` has room (before any byte moves): the
   // node cache's budget, the consumer file system's free space less what

@@ -26,7 +26,7 @@ Task<std::vector<Result<ConsumeReply>>> Placement::PlaceBatch(std::vector<Placem
   std::vector<std::shared_ptr<void>> rooms;  // released when the batch returns
   for (size_t i = 0; i < reqs.size(); ++i) {
     const PlacementRequest& r = reqs[i];
-    Result<Route> route = Decide(r);
+    Result<Route> route = co_await Decide(r);
     if (!route.ok()) {
       out[i] = route.status();
       continue;

@@ -140,12 +140,12 @@ class Service {
   // Connection plumbing (server.h): each connection a task on the runtime.
   Status StartServer();
   void NoteRefusal(const std::string& why);
-  // service_parking.cc: when `key` is not published yet, waits for its
-  // publication (a task: no thread held) until `deadline` or the request's
-  // Stop. Its value when published (or found at once); nullopt when the
-  // wait ended without it (the store failed, the deadline passed: the
-  // usual path then answers); DYAD_RC_CANCELLED when the requester went
-  // away. The wait is listed (waits.h) for `dyad status` meanwhile.
+  // service_parking.cc: the value of `key` once it is published (at once
+  // when it is), waited for by a task (no thread held) until `deadline`
+  // or the request's Stop; nullopt when the metadata cache has its record
+  // (the cache answers). DYAD_RC_TIMEOUT at the deadline (its cause set
+  // when the store was unreachable meanwhile), DYAD_RC_CANCELLED when the
+  // requester went away. The wait is listed (waits.h) for `dyad status`.
   Task<Result<std::optional<std::string>>> WaitPublished(RequestContext& ctx, const std::string& ns,
                                                          const std::string& key, Deadline deadline,
                                                          const std::string& upath = {},
@@ -156,13 +156,6 @@ class Service {
   void Housekeep();
   static constexpr int64_t kHousekeepingMs = 1000;
 
-  // Runs `fn`, a call of the metadata store: at once when the store answers
-  // from this process (the root's own), else on the runtime's pool.
-  template <typename F>
-  Task<std::invoke_result_t<F>> StoreCall(F fn) {
-    return kvs_->Run(*runtime_, std::move(fn));
-  }
-
   // Local client requests (service_requests.cc); each sends one reply.
   Task<void> HandlePublish(RequestContext& ctx, PublishRequest req);
   // The publication up to the store's record, on the loop (memory, and one
@@ -172,8 +165,6 @@ class Service {
   bool PreparePublication(RequestContext& ctx, const PublishRequest& req, FileRecord* rec,
                           std::set<uint32_t>* previous);
   Task<void> HandleLocate(RequestContext& ctx, LocateRequest req);
-  void FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
-                    const std::optional<std::string>& published = std::nullopt);
   Task<void> HandleConsume(RequestContext& ctx, ConsumeRequest req);
   // A consume's reply.
   void ReplyConsume(RequestContext& ctx, const ConsumeRequest& req, const Result<ConsumeReply>& r,
@@ -196,7 +187,7 @@ class Service {
                                            const PublishRequest& req, const FileRecord& rec);
   // The store's record when it is the version notice `n` names, else why
   // the notice is not acted on.
-  Result<FileRecord> ConfirmNotice(const SupersedeNotice& n);
+  Task<Result<FileRecord>> ConfirmNotice(const SupersedeNotice& n);
   Task<void> HandlePeers(RequestContext& ctx, PeersRequest req);  // service_peers.cc
   // Prefetch declarations and batch consumes (service_batch.cc).
   void HandlePrefetch(RequestContext& ctx, const PrefetchRequest& req);
@@ -208,32 +199,45 @@ class Service {
                             const std::function<void(size_t, const Result<ConsumeReply>&)>& settle);
   void Reply(Channel& ch, const Status& st, const std::string& body = {});
 
-  // Cache, then global store (waiting when asked). `published`: what the
-  // store has just returned for the key, if anything (not asked again).
-  Result<FileRecord> Locate(const std::string& ns, const std::string& key, bool wait,
-                            Deadline deadline, const CancelFn& cancel, bool* from_cache = nullptr,
-                            const std::optional<std::string>& published = std::nullopt);
-  // One consume: the record (located, or waited for until `deadline`),
-  // then its placement; `stop` ends its waits (the requester's, or the
-  // service's). Blocking callers run it with Runtime::RunSync.
-  Task<Result<ConsumeReply>> Consume(const ConsumeRequest& req, Deadline deadline, dyad::Stop* stop,
-                                     CancelFn cancel,
+  // What Locate looks up: `key` of `ns`; with `wait`, waited for until
+  // `deadline` when not published yet (the wait listed with `upath` and
+  // `cons_path`); `published`: what the store has just returned for the
+  // key, if anything (not asked again).
+  struct LocateArgs {
+    LocateArgs(std::string n, std::string k) : ns(std::move(n)), key(std::move(k)) {}
+    std::string ns;
+    std::string key;
+    bool wait = false;
+    Deadline deadline = Deadline::AfterMs(0);
+    std::string upath;
+    std::string cons_path;
+    std::optional<std::string> published;
+  };
+  // The record: the metadata cache's (`*from_cache` set), else the
+  // store's, read by a task (no thread held while the store answers).
+  Task<Result<FileRecord>> Locate(RequestContext& ctx, const LocateArgs& a,
+                                  bool* from_cache = nullptr);
+  // One consume: the record (the request's, or located, waited for until
+  // `deadline`), then its placement; the request's Stop ends its waits.
+  Task<Result<ConsumeReply>> Consume(RequestContext& ctx, const ConsumeRequest& req,
+                                     Deadline deadline,
                                      std::optional<std::string> published = std::nullopt);
   // Consume()'s parts: the record to place (the request's own, else located:
-  // waiting for publication until `deadline` only when `wait`; a cached
-  // record the local copy already matches is confirmed with the store),
-  // what to ask the placement, and after a failed placement, forgetting a
-  // cached record that pointed at a copy that failed.
-  Result<FileRecord> ConsumeRecord(const ConsumeRequest& req, bool wait, Deadline deadline,
-                                   const CancelFn& cancel,
-                                   const std::optional<std::string>& published = std::nullopt);
+  // waited for until `*wait_until` when set; a cached record the local copy
+  // already matches is confirmed with the store), what to ask the
+  // placement, and after a failed placement, forgetting a cached record
+  // that pointed at a copy that failed.
+  Task<Result<FileRecord>> ConsumeRecord(RequestContext& ctx, const ConsumeRequest& req,
+                                         std::optional<Deadline> wait_until,
+                                         std::optional<std::string> published = std::nullopt);
   PlacementRequest PlacementFor(const ConsumeRequest& req, const FileRecord& rec) const;
   void ForgetFailedRecord(const ConsumeRequest& req, const Result<ConsumeReply>& r);
   // After a placement of `failed` (a located record, not one the request
-  // carried) that its owner refused as stale (`r`): the store's record, when it names another
-  // version (to place once more), else an error.
-  Result<FileRecord> RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
-                                      const Result<ConsumeReply>& r);
+  // carried) that its owner refused as stale (`r`): the store's record,
+  // when it names another version (to place once more), else an error.
+  Task<Result<FileRecord>> RecordAfterStale(RequestContext& ctx, const ConsumeRequest& req,
+                                            const FileRecord& failed,
+                                            const Result<ConsumeReply>& r);
 
   // membership.cc: take the rank (refusing one a live service holds) and
   // keep it. RegisterMembership runs Register, one task on the runtime,

@@ -3,12 +3,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
@@ -27,51 +24,37 @@ namespace {
 // cannot take every connection.
 constexpr size_t kBatchParallelism = 8;
 
-// Store reads of one batch consume at once: one per CPU (2 to 8); more
-// readers than CPUs cost the service CPU for no earlier look-ahead.
-size_t LocateParallelism() {
-  static const size_t n =
-      std::clamp<size_t>(std::thread::hardware_concurrency(), 2, kBatchParallelism);
-  return n;
-}
-
 // What the batch's store reads said about its items.
 struct BatchRecords {
   std::vector<std::optional<std::string>> value;  // the published record read
   std::vector<bool> absent;                       // read, and not published
-  // Items ConsumeRecord may still read the store for: those whose batched
-  // read failed, and cached records it confirms when the copy is current.
-  size_t own_reads = 0;
 };
 
 // One MultiGet per namespace for the items whose record is neither carried
 // by the request nor in the node's metadata cache, instead of one store
-// round trip per item. A failed read leaves its items to ConsumeRecord,
-// which reads (and reports) each on its own.
-BatchRecords ReadBatchRecords(Kvs& kvs, const MetadataCache& cache,
-                              const std::vector<ConsumeRequest>& items) {
+// round trip per item (tasks: no thread held while the store answers). A
+// failed read leaves its items to ConsumeRecord, which reads (and
+// reports) each on its own.
+Task<BatchRecords> ReadBatchRecords(Kvs& kvs, Runtime& rt, const MetadataCache& cache,
+                                    const std::vector<ConsumeRequest>& items) {
   BatchRecords out;
   out.value.resize(items.size());
   out.absent.assign(items.size(), false);
   std::map<std::string, std::vector<size_t>> by_ns;
   for (size_t i = 0; i < items.size(); ++i) {
     const ConsumeRequest& item = items[i];
-    if (item.have_record || item.ns == kMembersNamespace) continue;
-    if (cache.Get(item.ns, item.key)) {
-      ++out.own_reads;
+    if (item.have_record || item.ns == kMembersNamespace || cache.Contains(item.ns, item.key))
       continue;
-    }
     by_ns[item.ns].push_back(i);
   }
   for (const auto& [ns, idx] : by_ns) {
     std::vector<std::string> keys;
     keys.reserve(idx.size());
     for (size_t i : idx) keys.push_back(items[i].key);
-    Result<KvsValues> values = kvs.MultiGet(ns, keys);
+    Result<KvsValues> values = co_await kvs.MultiGetTask(rt, ns, keys);
     if (!values.ok()) {
       DYAD_LOG_DEBUG("batch consume: reading %zu records of namespace '%s' at once failed (%s)",
                      keys.size(), ns.c_str(), values.status().ToString().c_str());
-      out.own_reads += idx.size();
       continue;
     }
     for (size_t k = 0; k < idx.size(); ++k) {
@@ -82,7 +65,7 @@ BatchRecords ReadBatchRecords(Kvs& kvs, const MetadataCache& cache,
       }
     }
   }
-  return out;
+  co_return out;
 }
 
 }  // namespace
@@ -127,34 +110,25 @@ Task<void> Service::HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest 
     }
   };
   // Every item's record, from the locate cache or the batch's store reads,
-  // without waiting; reads still made per item run several at once, since
-  // each is a round trip (on the pool: they block on the store).
+  // without waiting; records still read per item (a failed batched read,
+  // a cached record to confirm) several at once, each a task.
   std::vector<std::optional<FileRecord>> records(items.size());
   std::vector<size_t> unpublished;
-  BatchRecords read = co_await StoreCall([&] { return ReadBatchRecords(*kvs_, cache_, items); });
-  // Items whose record must still be read or confirmed go to the store
-  // (on the pool for a store of another process), several at once.
-  const bool own_reads = read.own_reads > 0;
-  co_await ForEachTask(
-      *runtime_, items.size(), own_reads ? LocateParallelism() : 1, [&](size_t i) -> Task<void> {
-        if (items[i].ns == kMembersNamespace) {
-          settle(i, Status(DYAD_RC_PERM,
-                           "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
-          co_return;
-        }
-        Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "not published");
-        auto find = [&] {
-          return ConsumeRecord(items[i], false, Deadline::AfterMs(items[i].timeout_ms), ctx.cancel,
-                               read.value[i]);
-        };
-        if (!read.absent[i] && own_reads) rec = co_await StoreCall(find);
-        if (!read.absent[i] && !own_reads) rec = find();
-        if (rec.ok()) {
-          records[i] = std::move(*rec);
-        } else {
-          unpublished.push_back(i);
-        }
-      });
+  BatchRecords read = co_await ReadBatchRecords(*kvs_, *runtime_, cache_, items);
+  co_await ForEachTask(*runtime_, items.size(), kBatchParallelism, [&](size_t i) -> Task<void> {
+    if (items[i].ns == kMembersNamespace) {
+      settle(i, Status(DYAD_RC_PERM,
+                       "namespace '" + std::string(kMembersNamespace) + "' holds no files"));
+      co_return;
+    }
+    Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "not published");
+    if (!read.absent[i]) rec = co_await ConsumeRecord(ctx, items[i], std::nullopt, read.value[i]);
+    if (rec.ok()) {
+      records[i] = std::move(*rec);
+    } else {
+      unpublished.push_back(i);
+    }
+  });
   // Files not published yet (or whose record could not be read now): each
   // consumed as alone, a task of its own with its own deadline, waiting for
   // its publication and reporting what a single consume would, beside the
@@ -167,8 +141,7 @@ Task<void> Service::HandleConsumeBatch(RequestContext& ctx, ConsumeBatchRequest 
           co_return;
         }
         const ConsumeRequest& item = items[unpublished[k - 1]];
-        settle(unpublished[k - 1],
-               co_await Consume(item, Deadline::AfterMs(item.timeout_ms), ctx.stop, ctx.cancel));
+        settle(unpublished[k - 1], co_await Consume(ctx, item, Deadline::AfterMs(item.timeout_ms)));
       });
   Encoder e;
   reply.EncodeTo(e);

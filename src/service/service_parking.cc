@@ -20,11 +20,19 @@ Task<Result<std::optional<std::string>>> Service::WaitPublished(
     RequestContext& ctx, const std::string& ns, const std::string& key, Deadline deadline,
     const std::string& upath, const std::string& cons_path) {
   using Published = std::optional<std::string>;
-  if (deadline.expired() || cache_.Get(ns, key)) co_return Published();
-  // Published already (or the store fails): the usual path answers at
-  // once, without asking the store again.
+  if (cache_.Contains(ns, key)) co_return Published();
   Result<Published> now = co_await kvs_->GetTask(*runtime_, ns, key);
-  if (!now.ok() || now->has_value()) co_return now.ok() ? std::move(*now) : Published();
+  if (now.ok() && now->has_value()) co_return std::move(*now);
+  // The store unreachable now is waited out like an unpublished key (its
+  // waits retry); a timeout then says why it may have come.
+  const Status failure = now.ok() ? Status::OK() : now.status();
+  auto timed_out = [&failure](const Status& st) {
+    if (failure.ok()) return st;
+    return Status(DYAD_RC_TIMEOUT, "the store was unreachable: " + failure.message())
+        .WithCause(failure.cause() != DYAD_RC_OK ? failure.cause() : DYAD_RC_CONNLOST);
+  };
+  if (deadline.expired())
+    co_return timed_out(Status(DYAD_RC_TIMEOUT, "'" + key + "' is not published"));
 
   // Listed in `dyad status` while it waits (the client's pid from the
   // socket's credentials).
@@ -42,29 +50,24 @@ Task<Result<std::optional<std::string>>> Service::WaitPublished(
     ~Unlist() { waits->Remove(id); }
   } unlist{waits_.get(), wait_id};
 
-  Result<std::string> r = Status(DYAD_RC_CANCELLED, "the requester went away");
   auto rv = std::make_shared<Rendezvous<Result<std::string>>>(runtime_->executor());
   Result<KvsWaitTicket> ticket = kvs_->StartWait(
       ns, key, deadline, [rv](Result<std::string> v) { rv->Deliver(std::move(v)); });
-  if (ticket.ok()) {
-    std::optional<Result<std::string>> got = co_await rv->Take(Deadline::Never(), ctx.stop);
-    if (!got) {
-      kvs_->CancelWait(*ticket);  // its callback runs before this returns
-      got = co_await rv->Take(Deadline::AfterMs(0), nullptr);
-    }
-    if (got) r = std::move(*got);
-  } else {
-    co_return ticket.status();
+  if (!ticket.ok()) co_return ticket.status();
+  std::optional<Result<std::string>> got = co_await rv->Take(Deadline::Never(), ctx.stop);
+  if (!got) {
+    kvs_->CancelWait(*ticket);  // its callback runs before this returns
+    got = co_await rv->Take(Deadline::AfterMs(0), nullptr);
   }
-  if (r.ok()) {
+  if (!got) co_return Status(DYAD_RC_CANCELLED, "the requester went away");
+  if (got->ok()) {
     FileRecord rec;
-    if (FileRecord::Decode(*r, &rec)) cache_.Put(ns, key, rec);
-    co_return Published(std::move(*r));
+    if (FileRecord::Decode(**got, &rec)) cache_.Put(ns, key, rec);
+    co_return Published(std::move(**got));
   }
   // The requester hung up, or the service is stopping.
-  if (r.status().code() == DYAD_RC_CANCELLED) co_return r.status();
-  // Timed out (or the store failed): the usual answer, without waiting.
-  co_return Published();
+  if (got->status().code() == DYAD_RC_CANCELLED) co_return got->status();
+  co_return got->status().code() == DYAD_RC_TIMEOUT ? timed_out(got->status()) : got->status();
 }
 
 void Service::Housekeep() {

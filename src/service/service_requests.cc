@@ -125,164 +125,153 @@ bool Service::PreparePublication(RequestContext& ctx, const PublishRequest& req,
   return false;
 }
 
-Result<FileRecord> Service::Locate(const std::string& ns, const std::string& key, bool wait,
-                                   Deadline deadline, const CancelFn& cancel, bool* from_cache,
-                                   const std::optional<std::string>& published) {
+namespace {
+
+// A lookup that ended without the key published: DYAD_RC_TIMEOUT naming
+// `what` and the request's budget, keeping the store's explanation when
+// it says more than "not yet" (e.g. that the root was unreachable).
+Status NotPublishedWithin(const std::string& what, int64_t timeout_ms, const Status& st) {
+  std::string msg = "'" + what + "' was not published within " + std::to_string(timeout_ms) + " ms";
+  if (st.cause() != DYAD_RC_OK) msg += " (" + st.message() + ")";
+  return Status(DYAD_RC_TIMEOUT, msg).WithCause(st.cause());
+}
+
+}  // namespace
+
+Task<Result<FileRecord>> Service::Locate(RequestContext& ctx, const LocateArgs& a,
+                                         bool* from_cache) {
   if (from_cache) *from_cache = false;
-  if (std::optional<FileRecord> hit = cache_.Get(ns, key)) {
+  if (std::optional<FileRecord> hit = cache_.Get(a.ns, a.key)) {
     stats_.Add(ServiceStats::kCacheHits);
     if (from_cache) *from_cache = true;
-    return *hit;
+    co_return *hit;
   }
   stats_.Add(ServiceStats::kCacheMisses);
-  std::string value;
-  if (published) {
-    value = *published;
-  } else if (wait) {
-    Result<std::string> v = kvs_->Wait(ns, key, deadline, cancel);
-    if (!v.ok()) return v.status();
-    value = std::move(*v);
-  } else {
-    Result<std::optional<std::string>> v = kvs_->Get(ns, key);
-    if (!v.ok()) return v.status();
-    if (!v->has_value()) return Status(DYAD_RC_NOTFOUND, "'" + key + "' is not published");
+  std::optional<std::string> value = a.published;
+  if (!value && a.wait) {
+    // Until its publication (a task: no thread held), listed meanwhile.
+    Result<std::optional<std::string>> w =
+        co_await WaitPublished(ctx, a.ns, a.key, a.deadline, a.upath, a.cons_path);
+    if (!w.ok()) co_return w.status();
+    value = std::move(*w);
+    // (Cached meanwhile, by a publication here or a notice: that record.)
+    if (!value) co_return co_await Locate(ctx, LocateArgs{a.ns, a.key}, from_cache);
+  }
+  if (!value) {
+    Result<std::optional<std::string>> v = co_await kvs_->GetTask(*runtime_, a.ns, a.key);
+    if (!v.ok()) co_return v.status();
+    if (!v->has_value()) co_return Status(DYAD_RC_NOTFOUND, "'" + a.key + "' is not published");
     value = std::move(**v);
   }
   FileRecord rec;
-  if (!FileRecord::Decode(value, &rec))
-    return Status(DYAD_RC_BADMETADATA, "malformed metadata under key '" + key + "'");
-  cache_.Put(ns, key, rec);
-  node_cache_->Supersede(ns, rec);  // the store's word: other versions are stale
-  return rec;
+  if (!FileRecord::Decode(*value, &rec))
+    co_return Status(DYAD_RC_BADMETADATA, "malformed metadata under key '" + a.key + "'");
+  cache_.Put(a.ns, a.key, rec);
+  node_cache_->Supersede(a.ns, rec);  // the store's word: other versions are stale
+  co_return rec;
 }
 
 Task<void> Service::HandleLocate(RequestContext& ctx, LocateRequest req) {
-  const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
   if (record_feed_) record_feed_->Follow(req.ns);
-  std::optional<std::string> published;
-  if (req.wait) {
-    Result<std::optional<std::string>> w = co_await WaitPublished(ctx, req.ns, req.key, deadline);
-    if (!w.ok()) {
-      Reply(ctx.ch, w.status());
-      co_return;
-    }
-    published = std::move(*w);
-  }
-  co_await StoreCall(
-      [this, &ctx, &req, deadline, &published] { FinishLocate(ctx, req, deadline, published); });
-}
-
-void Service::FinishLocate(RequestContext& ctx, const LocateRequest& req, Deadline deadline,
-                           const std::optional<std::string>& published) {
-  Channel& ch = ctx.ch;
   TraceSpan span("locate", "service");
   span.Arg("key", req.key);
-  Result<FileRecord> rec =
-      Locate(req.ns, req.key, req.wait, deadline, ctx.cancel, nullptr, published);
+  LocateArgs a{req.ns, req.key};
+  a.wait = req.wait;
+  a.deadline = Deadline::AfterMs(req.timeout_ms);
+  Result<FileRecord> rec = co_await Locate(ctx, a);
   span.Rc(rec.status());
   if (!rec.ok()) {
     if (rec.status().code() == DYAD_RC_TIMEOUT)
-      return Reply(ch, Status(DYAD_RC_TIMEOUT, "'" + req.key + "' was not published within " +
-                                                   std::to_string(req.timeout_ms) + " ms"));
-    return Reply(ch, rec.status());
+      co_return Reply(ctx.ch, NotPublishedWithin(req.key, req.timeout_ms, rec.status()));
+    co_return Reply(ctx.ch, rec.status());
   }
   Encoder e;
   e.Str(rec->Encode());
-  Reply(ch, Status::OK(), e.data());
+  Reply(ctx.ch, Status::OK(), e.data());
 }
 
-Task<Result<ConsumeReply>> Service::Consume(const ConsumeRequest& req, Deadline deadline,
-                                            dyad::Stop* stop, CancelFn cancel,
+Task<Result<ConsumeReply>> Service::Consume(RequestContext& ctx, const ConsumeRequest& req,
+                                            Deadline deadline,
                                             std::optional<std::string> published) {
-  // The record may come from the store (on the pool), unless the request
-  // carries it or the wait for its publication has just read it.
-  auto record = [&] { return ConsumeRecord(req, true, deadline, cancel, published); };
-  // (Written as an if: GCC 12 mis-compiles a co_await inside ?:.)
-  Result<FileRecord> rec = Status(DYAD_RC_NOTFOUND, "no record");
-  if (req.have_record || published.has_value() || cache_.Contains(req.ns, req.key))
-    rec = record();  // no store call: nothing to leave the loop for
-  else
-    rec = co_await StoreCall(record);
+  Result<FileRecord> rec = co_await ConsumeRecord(ctx, req, deadline, std::move(published));
   if (!rec.ok()) co_return rec.status();
-  Result<ConsumeReply> r = co_await placement_->Place(PlacementFor(req, *rec), deadline, stop);
+  Result<ConsumeReply> r = co_await placement_->Place(PlacementFor(req, *rec), deadline, ctx.stop);
   ForgetFailedRecord(req, r);
   if (r.ok() || r.status().code() != DYAD_RC_STALE || req.have_record) co_return r;
   // A version its owner refuses is read again from the store, once.
-  Result<FileRecord> again = co_await StoreCall([&] { return RecordAfterStale(req, *rec, r); });
+  Result<FileRecord> again = co_await RecordAfterStale(ctx, req, *rec, r);
   if (again.ok()) {
-    r = co_await placement_->Place(PlacementFor(req, *again), deadline, stop);
+    r = co_await placement_->Place(PlacementFor(req, *again), deadline, ctx.stop);
     ForgetFailedRecord(req, r);
   }
   co_return r;
 }
 
-Result<FileRecord> Service::RecordAfterStale(const ConsumeRequest& req, const FileRecord& failed,
-                                             const Result<ConsumeReply>& r) {
+Task<Result<FileRecord>> Service::RecordAfterStale(RequestContext& ctx, const ConsumeRequest& req,
+                                                   const FileRecord& failed,
+                                                   const Result<ConsumeReply>& r) {
   const Status none(DYAD_RC_NOTFOUND, "no other record");
   // ForgetFailedRecord dropped the cached record: this reads the store.
-  Result<FileRecord> fresh = Locate(req.ns, req.key, false, Deadline::AfterMs(0), nullptr);
-  if (!fresh.ok() || fresh->upath != failed.upath || IdOf(*fresh) == IdOf(failed)) return none;
+  Result<FileRecord> fresh = co_await Locate(ctx, LocateArgs{req.ns, req.key});
+  if (!fresh.ok() || fresh->upath != failed.upath || IdOf(*fresh) == IdOf(failed)) co_return none;
   stats_.AddNamed("consume.stale_record_reread");
   DYAD_LOG_INFO(
       "'%s': the owner refused the version this service had cached (%s); the store "
       "names another, consuming that",
       failed.upath.c_str(), r.status().message().c_str());
-  return fresh;
+  co_return fresh;
 }
 
-Result<FileRecord> Service::ConsumeRecord(const ConsumeRequest& req, bool wait, Deadline deadline,
-                                          const CancelFn& cancel,
-                                          const std::optional<std::string>& published) {
+Task<Result<FileRecord>> Service::ConsumeRecord(RequestContext& ctx, const ConsumeRequest& req,
+                                                std::optional<Deadline> wait_until,
+                                                std::optional<std::string> published) {
   Result<std::string> upath = ValidateUpath(req.upath);
-  if (!upath.ok()) return upath.status();
+  if (!upath.ok()) co_return upath.status();
   if (req.cons_path.empty() || req.cons_path[0] != '/')
-    return Status(DYAD_RC_BADMANAGEDPATH, "consumer path must be absolute");
-
-  FileRecord rec;
+    co_return Status(DYAD_RC_BADMANAGEDPATH, "consumer path must be absolute");
   if (req.have_record) {
-    rec = req.record;
+    FileRecord rec = req.record;
     rec.upath = *upath;
-  } else {
-    bool from_cache = false;
-    Result<FileRecord> located =
-        Locate(req.ns, req.key, wait, deadline, cancel, &from_cache, published);
-    if (!located.ok()) {
-      if (located.status().code() == DYAD_RC_TIMEOUT) {
-        // Keep the store's explanation when it says more than "not yet"
-        // (e.g. that the root was unreachable during the wait).
-        std::string msg =
-            "'" + *upath + "' was not published within " + std::to_string(req.timeout_ms) + " ms";
-        if (located.status().cause() != DYAD_RC_OK) msg += " (" + located.status().message() + ")";
-        return Status(DYAD_RC_TIMEOUT, msg);
-      }
-      return located.status();
-    }
-    rec = *located;
-    // The record must be the one of the file asked for: a record stored
-    // under this key for another path (by mistake or malice) would make
-    // this consume overwrite that other file.
-    if (rec.upath != *upath)
-      return Status(DYAD_RC_BADMETADATA, "the record under the key of '" + *upath +
-                                             "' describes '" + rec.upath +
-                                             "'; refusing it (keys and paths must match)");
-    // A cached record that our local copy already matches may be outdated
-    // (the producer rewrote and re-published the file): confirm it with the
-    // store before declaring the copy current. Other cache hits need no
-    // check, since a fetch always returns the owner's current file.
-    if (from_cache && !req.shared_storage &&
-        placement_->IsCurrentCopy(req.cons_path + "/" + rec.upath, rec)) {
-      Result<std::optional<std::string>> fresh = kvs_->Get(req.ns, req.key);
-      FileRecord newer;
-      if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
-          newer.upath == rec.upath && IdOf(newer) != IdOf(rec)) {
-        cache_.Put(req.ns, req.key, newer);
-        node_cache_->Supersede(req.ns, newer);
-        rec = newer;
-      }
-    }
+    co_return rec;
   }
 
-  return rec;
+  LocateArgs a{req.ns, req.key};
+  a.wait = wait_until.has_value();
+  a.deadline = wait_until.value_or(Deadline::AfterMs(0));
+  a.upath = req.upath;
+  a.cons_path = req.cons_path;
+  a.published = std::move(published);
+  bool from_cache = false;
+  Result<FileRecord> located = co_await Locate(ctx, a, &from_cache);
+  if (!located.ok()) {
+    if (located.status().code() == DYAD_RC_TIMEOUT)
+      co_return NotPublishedWithin(*upath, req.timeout_ms, located.status());
+    co_return located.status();
+  }
+  FileRecord rec = std::move(*located);
+  // The record must be the one of the file asked for: a record stored
+  // under this key for another path (by mistake or malice) would make
+  // this consume overwrite that other file.
+  if (rec.upath != *upath)
+    co_return Status(DYAD_RC_BADMETADATA, "the record under the key of '" + *upath +
+                                              "' describes '" + rec.upath +
+                                              "'; refusing it (keys and paths must match)");
+  // A cached record that our local copy already matches may be outdated
+  // (the producer rewrote and re-published the file): confirm it with the
+  // store before declaring the copy current. Other cache hits need no
+  // check, since a fetch always returns the owner's current file.
+  if (from_cache && !req.shared_storage &&
+      placement_->IsCurrentCopy(req.cons_path + "/" + rec.upath, rec)) {
+    Result<std::optional<std::string>> fresh = co_await kvs_->GetTask(*runtime_, req.ns, req.key);
+    FileRecord newer;
+    if (fresh.ok() && fresh->has_value() && FileRecord::Decode(**fresh, &newer) &&
+        newer.upath == rec.upath && IdOf(newer) != IdOf(rec)) {
+      cache_.Put(req.ns, req.key, newer);
+      node_cache_->Supersede(req.ns, newer);
+      rec = newer;
+    }
+  }
+  co_return rec;
 }
 
 PlacementRequest Service::PlacementFor(const ConsumeRequest& req, const FileRecord& rec) const {
@@ -305,22 +294,10 @@ void Service::ForgetFailedRecord(const ConsumeRequest& req, const Result<Consume
 }
 
 Task<void> Service::HandleConsume(RequestContext& ctx, ConsumeRequest req) {
-  const Deadline deadline = Deadline::AfterMs(req.timeout_ms);
   if (record_feed_ && !req.have_record) record_feed_->Follow(req.ns);
-  std::optional<std::string> published;
-  if (!req.have_record) {
-    Result<std::optional<std::string>> w =
-        co_await WaitPublished(ctx, req.ns, req.key, deadline, req.upath, req.cons_path);
-    if (!w.ok()) {
-      Reply(ctx.ch, w.status());
-      co_return;
-    }
-    published = std::move(*w);
-  }
   TraceSpan span("consume", "service");
   span.Arg("path", req.upath);
-  Result<ConsumeReply> r =
-      co_await Consume(req, deadline, ctx.stop, ctx.cancel, std::move(published));
+  Result<ConsumeReply> r = co_await Consume(ctx, req, Deadline::AfterMs(req.timeout_ms));
   ReplyConsume(ctx, req, r, span);
 }
 

@@ -79,29 +79,29 @@ Task<void> Service::NotifyPreviousOwners(RequestContext& ctx, const std::set<uin
 // the store's record: a forged notice (a version that was never published,
 // a publication clock of 2^64-1) or a replayed older one (the store holds
 // a later version) changes nothing here.
-Result<FileRecord> Service::ConfirmNotice(const SupersedeNotice& n) {
-  Result<std::optional<std::string>> stored = kvs_->Get(n.ns, n.key);
+Task<Result<FileRecord>> Service::ConfirmNotice(const SupersedeNotice& n) {
+  Result<std::optional<std::string>> stored = co_await kvs_->GetTask(*runtime_, n.ns, n.key);
   if (!stored.ok())
-    return Status(stored.status().code(), "cannot confirm the notice for '" + n.record.upath +
-                                              "' with the store: " + stored.status().message());
+    co_return Status(stored.status().code(), "cannot confirm the notice for '" + n.record.upath +
+                                                 "' with the store: " + stored.status().message());
   FileRecord rec;
   if (!stored->has_value())
-    return Status(DYAD_RC_STALE, "notice for '" + n.record.upath +
-                                     "' not confirmed: the store has no record for its key; "
-                                     "nothing changed");
+    co_return Status(DYAD_RC_STALE, "notice for '" + n.record.upath +
+                                        "' not confirmed: the store has no record for its key; "
+                                        "nothing changed");
   if (!FileRecord::Decode(**stored, &rec) || rec.upath != n.record.upath)
-    return Status(DYAD_RC_STALE, "notice for '" + n.record.upath +
-                                     "' not confirmed: the store's record under its key is "
-                                     "another file's; nothing changed");
+    co_return Status(DYAD_RC_STALE, "notice for '" + n.record.upath +
+                                        "' not confirmed: the store's record under its key is "
+                                        "another file's; nothing changed");
   if (IdOf(rec) != IdOf(n.record))
-    return Status(DYAD_RC_STALE,
-                  "notice for '" + n.record.upath + "' (rank " +
-                      std::to_string(n.record.owner_rank) + ", publication " +
-                      std::to_string(n.record.seq) +
-                      ") not confirmed: the store's record is another version (rank " +
-                      std::to_string(rec.owner_rank) + ", publication " + std::to_string(rec.seq) +
-                      "); nothing changed");
-  return rec;
+    co_return Status(DYAD_RC_STALE,
+                     "notice for '" + n.record.upath + "' (rank " +
+                         std::to_string(n.record.owner_rank) + ", publication " +
+                         std::to_string(n.record.seq) +
+                         ") not confirmed: the store's record is another version (rank " +
+                         std::to_string(rec.owner_rank) + ", publication " +
+                         std::to_string(rec.seq) + "); nothing changed");
+  co_return rec;
 }
 
 Task<void> Service::HandleSupersede(RequestContext& ctx, SupersedeNotice n) {
@@ -111,7 +111,7 @@ Task<void> Service::HandleSupersede(RequestContext& ctx, SupersedeNotice n) {
     Reply(ch, Status(DYAD_RC_BADREQUEST, "invalid supersede notice"));
     co_return;
   }
-  Result<FileRecord> confirmed = co_await StoreCall([this, &n] { return ConfirmNotice(n); });
+  Result<FileRecord> confirmed = co_await ConfirmNotice(n);
   if (!confirmed.ok()) {
     stats_.AddNamed("notices.unconfirmed");
     DYAD_LOG_WARN("ignored a supersede notice from rank %u: %s",

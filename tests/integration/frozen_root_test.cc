@@ -1,8 +1,9 @@
 // A frozen metadata root is a hostile peer too: the requests that wait on
-// it (publications, listings) hold no thread of the service, so
+// it (publications, listings, consumes) hold no thread of the service, so
 // `dyad status` is still answered at once.
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <string>
 #include <vector>
@@ -74,6 +75,59 @@ TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
   for (int i = 0; i < kWaiters; ++i) {
     if (i % 2 == 1) continue;
     EXPECT_NE(ls->output.find(names[i]), std::string::npos) << names[i] << "\n" << ls->output;
+  }
+}
+
+// Consumes of files not published yet, asked while the root is frozen:
+// once the reads of their records have found the root silent (two
+// --rpc-timeouts), they wait for the publication in the store's waits,
+// not on a thread blocked on the root; each gets its file once the root
+// is back and the files are published.
+class FrozenRootConsumeTest : public TwoNodeTest {
+ protected:
+  static constexpr int kConsumers = 10;
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o;
+    o.extra_service_args = {"--rpc-timeout", "2", "--workers", "2"};
+    o.service_env["DYAD_WORKER_IDLE_MS"] = "300";
+    return o;
+  }
+};
+
+TEST_F(FrozenRootConsumeTest, ConsumesWaitingOnAFrozenRootHoldNoThread) {
+  const std::vector<ManifestEntry> before = {{"before.dat", 5000}};
+  Produce(before);
+  ConsumeOk(before);
+  std::vector<ManifestEntry> later;
+  for (int i = 0; i < kConsumers; ++i)
+    later.push_back({"later/f" + std::to_string(i) + ".dat", 3000 + i});
+  Frozen root(cluster().ServicePid(kA));
+  ASSERT_TRUE(root.ok);
+  std::vector<emu::Process> consumers;
+  for (const ManifestEntry& e : later) {
+    auto p = cluster().SpawnOnNode(kB, {dyad_, "consume", "--timeout", "120", PathOn(kB, e.name)});
+    ASSERT_TRUE(p.ok()) << Str(p.status());
+    consumers.push_back(std::move(*p));
+  }
+  // Past two --rpc-timeouts: every consume's read of its record has given up.
+  std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+  EXPECT_LE(testutil::ThreadsOf(cluster().ServicePid(kB)), 6u);
+  const uint64_t t0 = MonoNs();
+  auto status = cluster().ServiceStatus(kB);
+  ASSERT_TRUE(status.ok()) << Str(status.status());
+  EXPECT_LT((MonoNs() - t0) / 1000000, 1000u);
+  for (auto& p : consumers) EXPECT_FALSE(p.Exited()) << "a consume ended before its publication";
+  ASSERT_TRUE(root.Thaw());
+  Produce(later);
+  for (auto& p : consumers) {
+    auto st = p.Wait(Deadline::AfterMs(60000));
+    ASSERT_TRUE(st.ok()) << "a consume did not end after the publication";
+    EXPECT_TRUE(st->success()) << "a consume failed after the root thawed";
+  }
+  for (const ManifestEntry& e : later) {
+    struct stat st;
+    ASSERT_EQ(::stat(PathOn(kB, e.name).c_str(), &st), 0) << e.name;
+    EXPECT_EQ(st.st_size, e.size) << e.name;
   }
 }
 

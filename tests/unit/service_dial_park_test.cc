@@ -25,6 +25,8 @@
 #include "kvs/kvs.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
+#include "service/peer_dial.h"
+#include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/service.h"
 #include "unit/service_pair.h"
@@ -218,10 +220,10 @@ TEST_F(DialPark, HangupWhileDiallingClosesTheConnection) {
   EXPECT_TRUE(Eventually([&] { return ConsumerFiles().empty(); }, 3000));
 }
 
-// Callers that block (PeerDirectory::Acquire: version notices, batched
-// fetches) share the rule: one connection to the hung owner for two
-// callers, both failing at the dial's bound.
-TEST_F(DialPark, BlockingAcquireSharesTheDial) {
+// Dials from two threads (each runs DialPeer to its end) share the rule:
+// one connection to the hung owner for two callers, both failing at the
+// dial's bound.
+TEST_F(DialPark, DialsFromTwoThreadsShareOne) {
   Start(StuckOwner::Mode::kNoChallenge, 1000);
   KvsOptions o;
   o.secret = "test-secret-0123456789abcdef0123";
@@ -234,7 +236,10 @@ TEST_F(DialPark, BlockingAcquireSharesTheDial) {
   ASSERT_TRUE(rt.Start().ok());
   peers.SetRuntime(&rt);
   const uint64_t t0 = MonoNs();
-  auto acquire = [&] { return peers.Acquire(kStuckRank, Deadline::AfterMs(5000)).status(); };
+  auto acquire = [&] {
+    PeerWaits waits(rt, &rt.stopping(), nullptr);
+    return rt.RunSync(DialPeer(peers, kStuckRank, Deadline::AfterMs(5000), waits)).status();
+  };
   auto one = std::async(std::launch::async, acquire);
   auto two = std::async(std::launch::async, acquire);
   for (Status st : {one.get(), two.get()}) {

@@ -75,7 +75,7 @@ class PlacementTest : public ::testing::Test {
     req.record = rec;
     req.cons_root = CanonicalPath(cons_);
     req.ns = "t";
-    return place_->PlaceNow(req, Deadline::AfterMs(10000));
+    return rt_.RunSync(place_->Place(req, Deadline::AfterMs(10000), &rt_.stopping()));
   }
 
   testutil::TempDir dir_{"dyad-place."};

@@ -1,7 +1,6 @@
 #include "kvs/embedded/embedded_kvs.h"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -89,7 +88,6 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
       auth_(options.auth ? *options.auth : Authenticator(options.secret)),
       self_{options.self_rank, options.self_incarnation},
       rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000),
-      feed_wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       waits_(std::make_unique<EmbeddedWaits>(this)) {}
 
 // --- connections -------------------------------------------------------------
@@ -227,10 +225,6 @@ bool EmbeddedKvs::SleepUnlessCancelled(int64_t ms, const Deadline& deadline,
 }
 
 // --- requests ----------------------------------------------------------------
-
-Status EmbeddedKvs::CallEncoded(MsgType type, const std::string& request, std::string* body) {
-  return RunOnThisThread(CallTask(type, request, body, nullptr));
-}
 
 Task<Status> EmbeddedKvs::TakeCallSlot(Deadline deadline, Stop* stop) {
   std::shared_ptr<Rendezvous<bool>> turn;

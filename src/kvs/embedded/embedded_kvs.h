@@ -17,9 +17,9 @@
 // Watch: each watched namespace long-polls the root's change feed
 // (kKvsWatch, change_feed.h) on a channel of its own, from a position that
 // survives reconnections; a restarted root (or a watcher that fell behind)
-// makes it deliver a resync. One thread serves the feeds of every
-// namespace (it waits for all their replies in one poll), started by the
-// first Watch and ended when the last Unwatch leaves none.
+// makes it deliver a resync. Each feed is a task on one runtime, whose one
+// loop thread serves the feeds of every namespace; it starts with the
+// first Watch and ends when the last Unwatch leaves none.
 //
 // StartWait: a table of waits served by the namespace's feed (one feed per
 // namespace however many waits; see embedded_waits.h), so a service parks
@@ -95,6 +95,8 @@ class EmbeddedKvs final : public Kvs {
   // per key, and the root is asked again kMultiGetRetryMs later (it may
   // have been upgraded meanwhile). embedded_multi_get.cc.
   Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override;
+  Task<Result<KvsValues>> MultiGetTask(Runtime& rt, const std::string& ns,
+                                       const std::vector<std::string>& keys) override;
   Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                            const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;
@@ -137,11 +139,10 @@ class EmbeddedKvs final : public Kvs {
 
   // One non-wait request with the retry policy (a stale pooled link or a
   // root restarting: one more attempt on a fresh link); `body` gets the
-  // reply body. The only implementation of a request; CallEncoded and the
+  // reply body. The only implementation of a request; the
   // blocking operations run it on the calling thread with no `stop`:
   // links then leave the call unregistered from its passing loop.
   Task<Status> CallTask(MsgType type, std::string request, std::string* body, Stop* stop);
-  Status CallEncoded(MsgType type, const std::string& request, std::string* body);
   // The operations, each once; the public calls run them with the loop's
   // Stop (*Task) or none (blocking, on the calling thread).
   Task<Status> PutOn(Stop* stop, const std::string& ns, const std::string& key,
@@ -151,6 +152,8 @@ class EmbeddedKvs final : public Kvs {
   Task<Status> RemoveOn(Stop* stop, const std::string& ns, const std::string& key);
   Task<Result<std::vector<KvsEntry>>> ListOn(Stop* stop, const std::string& ns,
                                              const std::string& prefix, uint32_t limit);
+  Task<Result<KvsValues>> MultiGetOn(Stop* stop, const std::string& ns,
+                                     const std::vector<std::string>& keys);
   // A place among the kMaxCallsInFlight, waited for on the caller's loop
   // until `deadline` or `stop`; GiveCallSlot hands it to the next waiter.
   Task<Status> TakeCallSlot(Deadline deadline, Stop* stop);
@@ -158,8 +161,8 @@ class EmbeddedKvs final : public Kvs {
 
   // One kKvsMultiGet for keys [next, ...) of `keys` (as many as one request
   // carries); appends the values answered to `out`.
-  Status MultiGetStep(const std::string& ns, const std::vector<std::string>& keys, size_t next,
-                      KvsValues* out);
+  Task<Status> MultiGetStep(Stop* stop, const std::string& ns, const std::vector<std::string>& keys,
+                            size_t next, KvsValues* out);
   // Whether the root is taken to lack kKvsMultiGet now (it refused one in
   // the last kMultiGetRetryMs).
   bool MultiGetRefused() const;
@@ -174,39 +177,30 @@ class EmbeddedKvs final : public Kvs {
   bool Cancelled(const CancelFn& cancel) const;
 
   // One namespace's feed (embedded_watch.cc): its link to the root and its
-  // position there. The fields marked "feed thread" are used by that thread
-  // only; the others are guarded by feed_mu_.
+  // position there, a task on the feeds' runtime (RunFeed). The fields
+  // marked "feed task" are used by that task only; the others are
+  // guarded by feed_mu_.
   struct Feed {
     std::string ns;
-    bool stop = false;         // nobody watches it: the thread drops it
-    bool established = false;  // first position known
-    bool quiet_first = true;   // Watch is still waiting for it
+    std::unique_ptr<Stop> stop;  // fired when nobody watches it any more
+    bool established = false;    // first position known
+    bool quiet_first = true;     // Watch is still waiting for it
     // The root's refusal of the latest poll (at its limit of watched
     // namespaces, say); OK once a poll is answered.
     Status refused;
-    // Feed thread:
+    // Feed task:
     std::unique_ptr<Channel> ch;  // null until dialled, and after a failure
     KvsWatchRequest cursor;       // the position asked for next
-    bool in_flight = false;       // a poll is outstanding on `ch`
-    Channel::PartialFrame frame;  // of its reply, as far as it arrived
-    std::string payload;
-    // When to dial or poll next; with a poll in flight, when its reply is
-    // overdue.
-    SteadyClock::time_point due;
-    int64_t dial_backoff_ms = kBackoffFirstMs;
-    int64_t refused_backoff_ms = 0;
-    bool gap_told = false;  // watchers heard a resync for the current loss
+    bool gap_told = false;        // watchers heard a resync for the current loss
   };
-  // The one thread of every feed: started by the first Watch, returns once
-  // no feed is left (or StopFeeds).
-  void FeedLoop();
-  bool FeedDial(Feed& f);
-  void FeedSend(Feed& f);
-  // Reads what arrived of `f`'s reply and acts on a complete one.
-  void FeedReceive(Feed& f);
+  // A feed: dial, long-poll, deliver, again, until its Stop fires.
+  Task<void> RunFeed(std::shared_ptr<Feed> f);
+  // Acts on a poll's reply; false when it is malformed.
+  bool FeedReply(Feed& f, const std::string& body);
   // `f`'s link failed: dial again.
-  void FeedLost(Feed& f, SteadyClock::time_point now);
-  void WakeFeeds();
+  void FeedLost(Feed& f);
+  // Whether this thread is the loop of this store's feeds.
+  bool OnFeedLoop() const;
   void StopFeeds();
 
   void NoteOutage(const Status& st);
@@ -234,10 +228,10 @@ class EmbeddedKvs final : public Kvs {
   Mutex feed_mu_;
   std::condition_variable feed_cv_;
   std::map<std::string, std::shared_ptr<Feed>> feeds_ GUARDED_BY(feed_mu_);
-  std::thread feed_thread_ GUARDED_BY(feed_mu_);
-  bool feed_running_ GUARDED_BY(feed_mu_) = false;  // feed_thread_ has not returned
+  // The feeds' runtime: its loop thread starts with the first feed and
+  // ends once none is left.
+  std::unique_ptr<Runtime> feed_rt_ GUARDED_BY(feed_mu_);
   bool feeds_closed_ GUARDED_BY(feed_mu_) = false;  // StopFeeds ran: no more watches
-  const UniqueFd feed_wake_;                        // eventfd that wakes the feed thread
 
   size_t calls_in_flight_ GUARDED_BY(pool_mu_) = 0;
   std::deque<std::shared_ptr<Rendezvous<bool>>> call_waiters_ GUARDED_BY(pool_mu_);

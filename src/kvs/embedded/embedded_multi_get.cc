@@ -37,36 +37,47 @@ bool EmbeddedKvs::MultiGetRefused() const {
 
 Result<KvsValues> EmbeddedKvs::MultiGet(const std::string& ns,
                                         const std::vector<std::string>& keys) {
+  return RunOnThisThread(MultiGetOn(nullptr, ns, keys));
+}
+
+Task<Result<KvsValues>> EmbeddedKvs::MultiGetTask(Runtime& rt, const std::string& ns,
+                                                  const std::vector<std::string>& keys) {
+  return MultiGetOn(&rt.stopping(), ns, keys);
+}
+
+Task<Result<KvsValues>> EmbeddedKvs::MultiGetOn(Stop* stop, const std::string& ns,
+                                                const std::vector<std::string>& keys) {
   if (ns.size() > kMaxFieldBytes)
-    return Status(DYAD_RC_BADREQUEST, "namespace of " + std::to_string(ns.size()) +
-                                          " bytes exceeds the embedded store's limit");
+    co_return Status(DYAD_RC_BADREQUEST, "namespace of " + std::to_string(ns.size()) +
+                                             " bytes exceeds the embedded store's limit");
   for (const std::string& key : keys)
     if (key.size() > kMaxFieldBytes)
-      return Status(DYAD_RC_BADREQUEST, "key of " + std::to_string(key.size()) +
-                                            " bytes exceeds the embedded store's limit");
+      co_return Status(DYAD_RC_BADREQUEST, "key of " + std::to_string(key.size()) +
+                                               " bytes exceeds the embedded store's limit");
   KvsValues out;
   out.reserve(keys.size());
   while (out.size() < keys.size()) {
     if (MultiGetRefused()) {
       for (size_t i = out.size(); i < keys.size(); ++i) {
-        Result<std::optional<std::string>> v = Get(ns, keys[i]);
-        if (!v.ok()) return v.status();
+        Result<std::optional<std::string>> v = co_await GetOn(stop, ns, keys[i]);
+        if (!v.ok()) co_return v.status();
         out.push_back(std::move(*v));
       }
       break;
     }
-    Status st = MultiGetStep(ns, keys, out.size(), &out);
+    Status st = co_await MultiGetStep(stop, ns, keys, out.size(), &out);
     if (st.ok()) continue;
-    if (!RefusedAsUnknown(st)) return st;
+    if (!RefusedAsUnknown(st)) co_return st;
     if (multi_get_refused_ms_.exchange(SteadyMs()) == 0)
       DYAD_LOG_INFO("the embedded store at %s has no batched reads (%s); reading key by key",
                     address_text_.c_str(), st.ToString().c_str());
   }
-  return out;
+  co_return out;
 }
 
-Status EmbeddedKvs::MultiGetStep(const std::string& ns, const std::vector<std::string>& keys,
-                                 size_t next, KvsValues* out) {
+Task<Status> EmbeddedKvs::MultiGetStep(Stop* stop, const std::string& ns,
+                                       const std::vector<std::string>& keys, size_t next,
+                                       KvsValues* out) {
   KvsMultiGetRequest req;
   req.ns = ns;
   size_t bytes = 0;
@@ -78,11 +89,11 @@ Status EmbeddedKvs::MultiGetStep(const std::string& ns, const std::vector<std::s
   Encoder e;
   req.EncodeTo(e);
   std::string body;
-  DYAD_RETURN_IF_ERROR(CallEncoded(MsgType::kKvsMultiGet, e.data(), &body));
+  DYAD_CO_RETURN_IF_ERROR(co_await CallTask(MsgType::kKvsMultiGet, e.data(), &body, stop));
   Decoder d(body);
   const uint32_t answered = d.U32();
   if (d.failed() || answered == 0 || answered > req.keys.size())
-    return Status(DYAD_RC_BADUNPACK, "malformed kvs.multi_get reply from " + address_text_);
+    co_return Status(DYAD_RC_BADUNPACK, "malformed kvs.multi_get reply from " + address_text_);
   for (uint32_t i = 0; i < answered && !d.failed(); ++i) {
     const bool found = d.Bool();
     std::string value = d.Str(kMaxFramePayload);
@@ -90,9 +101,9 @@ Status EmbeddedKvs::MultiGetStep(const std::string& ns, const std::vector<std::s
   }
   if (!d.done()) {
     out->resize(next);
-    return Status(DYAD_RC_BADUNPACK, "malformed kvs.multi_get reply from " + address_text_);
+    co_return Status(DYAD_RC_BADUNPACK, "malformed kvs.multi_get reply from " + address_text_);
   }
-  return Status::OK();
+  co_return Status::OK();
 }
 
 }  // namespace dyad

@@ -1,28 +1,21 @@
 // embedded_watch.cc: Kvs::Watch of the embedded store's clients (see
 // embedded_kvs.h and change_feed.h).
 //
-// Every watched namespace has a Feed: its own link to the root, on which
-// one long poll (kKvsWatch) is outstanding at a time, and its position in
-// the root's change feed. One thread serves all of them: it dials the
-// links that need it, sends each feed's next poll, and waits in one poll(2)
-// for any reply, for a wake-up (a new or ended feed) or for the earliest
-// timer (a back-off, a reply overdue). So a service following many
-// namespaces runs one feed thread, not one per namespace; the thread starts
-// with the first feed and ends when none is left.
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
+// Every watched namespace has a Feed: a task that dials its own link to
+// the root and long-polls the root's change feed (kKvsWatch) from its
+// position there, one poll at a time, with the store's one request path
+// (DialTask, EmbeddedExchange). The feeds of every namespace run on one
+// runtime, so a service following many namespaces runs one feed thread,
+// not one per namespace; that thread starts with the first feed and ends
+// when none is left.
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <thread>
 
 #include "common/log.h"
 #include "common/thread_annotations.h"
 #include "common/wire.h"
 #include "kvs/embedded/embedded_kvs.h"
+#include "kvs/embedded/exchange.h"
 
 namespace dyad {
 namespace {
@@ -32,12 +25,12 @@ namespace {
 constexpr int64_t kEstablishMs = 2000;
 constexpr int64_t kReplyGraceMs = 2000;
 
-int64_t MsUntil(SteadyClock::time_point t, SteadyClock::time_point now) {
-  if (t <= now) return 0;
-  return std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1;
-}
+// The store whose feeds this thread's loop runs, if any.
+thread_local const EmbeddedKvs* tl_feed_loop_of = nullptr;
 
 }  // namespace
+
+bool EmbeddedKvs::OnFeedLoop() const { return tl_feed_loop_of == this; }
 
 Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
   if (!on_change) return Status(DYAD_RC_BADREQUEST, "watch without a callback");
@@ -47,34 +40,29 @@ Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallbac
   // Added under feed_mu_ so that Unwatch's "anyone left?" sees it.
   MutexLock lk(feed_mu_);
   if (feeds_closed_) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
+  if (!feed_rt_) {
+    auto rt = std::make_unique<Runtime>(1, 1000);
+    DYAD_RETURN_IF_ERROR(rt->Start());
+    rt->Post([this] { tl_feed_loop_of = this; });
+    feed_rt_ = std::move(rt);
+  }
   const KvsWatchTicket ticket = watchers_.Add(ns, std::move(on_change));
   std::shared_ptr<Feed>& slot = feeds_[ns];
   if (!slot) {
     slot = std::make_shared<Feed>();
     slot->ns = ns;
+    slot->stop = std::make_unique<Stop>(feed_rt_->executor(), &feed_rt_->stopping());
     slot->cursor.ns = ns;
     slot->cursor.timeout_ms = kWaitSliceMs;
-    slot->due = SteadyClock::now();
+    feed_rt_->Spawn(RunFeed(slot));
   }
-  // A feed whose last watcher left moments ago and that the thread has not
-  // dropped yet simply goes on, from its position.
-  slot->stop = false;
   const std::shared_ptr<Feed> feed = slot;
-  const bool on_feed_thread = feed_running_ && feed_thread_.get_id() == std::this_thread::get_id();
-  if (!feed_running_) {
-    // The previous thread (if any) found no feed left and has returned, or
-    // is about to: it takes feed_mu_ no more.
-    if (feed_thread_.joinable()) feed_thread_.join();
-    feed_running_ = true;
-    feed_thread_ = std::thread([this] { FeedLoop(); });
-  }
-  WakeFeeds();
-  // A callback that watches another namespace runs on the feed thread,
-  // which would establish the feed: it does not wait for itself (the feed
+  // A callback that watches another namespace runs on the feeds' loop,
+  // which would establish the feed: it does not wait for it (the feed
   // then reports a resync, as after kEstablishMs).
-  if (!on_feed_thread) {
+  if (!OnFeedLoop()) {
     lk.WaitFor(feed_cv_, std::chrono::milliseconds(kEstablishMs),
-               [&feed] { return feed->established || feed->stop || !feed->refused.ok(); });
+               [&feed] { return feed->established || feed->stop->fired() || !feed->refused.ok(); });
   }
   if (!feed->established && !feed->refused.ok()) {
     // The root refused the feed (its limit of watched namespaces): say so
@@ -92,212 +80,125 @@ void EmbeddedKvs::Unwatch(KvsWatchTicket ticket) {
   // Once Remove returns the callback neither runs nor will run.
   const std::optional<std::string> removed = watchers_.Remove(ticket);
   if (!removed) return;
-  MutexLock lk(feed_mu_);
-  if (watchers_.Watched(*removed)) return;
-  auto it = feeds_.find(*removed);
-  if (it == feeds_.end()) return;
-  // The feed thread closes its link and forgets it (and ends itself when
-  // no feed is left); nothing here waits for that.
-  it->second->stop = true;
-  feed_cv_.notify_all();
-  WakeFeeds();
+  std::unique_ptr<Runtime> idle;  // the last feed's runtime, ended outside the lock
+  std::shared_ptr<Feed> ended;    // dropped before it
+  {
+    MutexLock lk(feed_mu_);
+    if (watchers_.Watched(*removed)) return;
+    auto it = feeds_.find(*removed);
+    if (it == feeds_.end()) return;
+    ended = std::move(it->second);
+    feeds_.erase(it);
+    feed_cv_.notify_all();
+    if (feeds_.empty() && !OnFeedLoop()) {
+      idle = std::move(feed_rt_);  // its Shutdown ends the task
+    } else {
+      // Fired on the loop, which the task's waits belong to; the feed
+      // lives until then.
+      feed_rt_->Post([ended] {
+        ended->stop->Fire(Status(DYAD_RC_CANCELLED, "nobody watches the namespace"));
+      });
+    }
+  }
+  if (idle) idle->Shutdown();
 }
 
 void EmbeddedKvs::StopFeeds() {
-  std::thread thread;
+  std::unique_ptr<Runtime> rt;
+  std::map<std::string, std::shared_ptr<Feed>> left;  // dropped once their tasks ended
   {
     MutexLock lk(feed_mu_);
     feeds_closed_ = true;
-    for (auto& [ns, f] : feeds_) f->stop = true;
-    thread = std::move(feed_thread_);
+    rt = std::move(feed_rt_);
+    left.swap(feeds_);
     feed_cv_.notify_all();
-    WakeFeeds();
   }
-  if (thread.joinable()) {
-    if (thread.get_id() == std::this_thread::get_id()) {
-      thread.detach();  // a callback of the feed thread itself shuts down
-    } else {
-      thread.join();
-    }
-  }
-  std::map<std::string, std::shared_ptr<Feed>> left;  // closed outside the lock
-  MutexLock lk(feed_mu_);
-  left.swap(feeds_);
-}
-
-void EmbeddedKvs::WakeFeeds() {
-  if (!feed_wake_.valid()) return;
-  const uint64_t one = 1;
-  ssize_t n;
-  do {
-    n = ::write(feed_wake_.get(), &one, sizeof one);
-  } while (n < 0 && errno == EINTR);
-  // EAGAIN: the counter is saturated, so the thread is woken anyway.
-}
-
-void EmbeddedKvs::FeedLoop() {
-  std::vector<std::shared_ptr<Feed>> live;
-  std::vector<pollfd> fds;
-  std::vector<Feed*> polled;  // feed of fds[i + 1]
-  for (;;) {
-    std::vector<std::shared_ptr<Feed>> ended;  // their links close outside the lock
-    {
-      MutexLock lk(feed_mu_);
-      for (auto it = feeds_.begin(); it != feeds_.end();) {
-        if (it->second->stop) {
-          ended.push_back(std::move(it->second));
-          it = feeds_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      live.clear();
-      if (feeds_.empty() || feeds_closed_) {
-        // Watch starts a new thread for the next feed.
-        feed_running_ = false;
-        return;
-      }
-      for (auto& [ns, f] : feeds_) live.push_back(f);
-    }
-    ended.clear();
-
-    // Dial and send what is due. A dial blocks this thread (bounded by the
-    // RPC timeout); the replies of other feeds wait in their sockets.
-    for (const std::shared_ptr<Feed>& f : live) {
-      if (f->in_flight || SteadyClock::now() < f->due) continue;
-      if (!f->ch && !FeedDial(*f)) continue;
-      FeedSend(*f);
-    }
-
-    // Wait for a reply, a wake-up or the earliest timer.
-    fds.clear();
-    polled.clear();
-    fds.push_back(pollfd{feed_wake_.get(), POLLIN, 0});
-    const auto now = SteadyClock::now();
-    int64_t timeout_ms = kWaitSliceMs;
-    for (const std::shared_ptr<Feed>& f : live) {
-      timeout_ms = std::min(timeout_ms, MsUntil(f->due, now));
-      if (!f->in_flight) continue;
-      fds.push_back(pollfd{f->ch->fd(), POLLIN, 0});
-      polled.push_back(f.get());
-    }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout_ms));
-    if (n < 0 && errno != EINTR) {
-      DYAD_LOG_WARN("watch feeds: poll: %s", std::strerror(errno));
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (n > 0 && fds[0].revents != 0) {
-      uint64_t count;
-      while (::read(feed_wake_.get(), &count, sizeof count) > 0) {
-      }
-    }
-    for (size_t i = 0; n > 0 && i < polled.size(); ++i) {
-      if (fds[i + 1].revents != 0) FeedReceive(*polled[i]);
-    }
-    // Replies overdue: the root (or the path to it) is gone.
-    const auto after = SteadyClock::now();
-    for (Feed* f : polled) {
-      if (f->in_flight && after >= f->due) {
-        DYAD_LOG_DEBUG("watch of namespace '%s': no reply in time", f->ns.c_str());
-        FeedLost(*f, after);
-      }
-    }
-  }
-}
-
-bool EmbeddedKvs::FeedDial(Feed& f) {
-  Result<std::unique_ptr<Channel>> ch = Dial(Deadline::AfterMs(rpc_timeout_ms_));
-  if (!ch.ok()) {
-    DYAD_LOG_DEBUG("watch of namespace '%s': %s", f.ns.c_str(), ch.status().ToString().c_str());
-    f.due = SteadyClock::now() + std::chrono::milliseconds(f.dial_backoff_ms);
-    f.dial_backoff_ms = std::min(f.dial_backoff_ms * 2, kBackoffMaxMs);
-    return false;
-  }
-  f.dial_backoff_ms = kBackoffFirstMs;
-  f.ch = std::move(*ch);
-  return true;
-}
-
-void EmbeddedKvs::FeedSend(Feed& f) {
-  Encoder e;
-  f.cursor.EncodeTo(e);
-  Status st = f.ch->SendFrame(static_cast<uint16_t>(MsgType::kKvsWatch), e.data(),
-                              Deadline::AfterMs(rpc_timeout_ms_));
-  const auto now = SteadyClock::now();
-  if (!st.ok()) {
-    DYAD_LOG_DEBUG("watch of namespace '%s': %s", f.ns.c_str(), st.ToString().c_str());
-    FeedLost(f, now);
+  if (!rt) return;
+  if (OnFeedLoop()) {
+    // A callback of a feed shuts the store down: its loop cannot join
+    // itself, so another thread ends it.
+    std::thread([rt = std::move(rt), left = std::move(left)]() mutable {
+      rt->Shutdown();
+      left.clear();
+    }).detach();
     return;
   }
-  f.in_flight = true;
-  f.frame.Reset();
-  f.payload.clear();
-  f.due = now + std::chrono::milliseconds(kWaitSliceMs + kReplyGraceMs);
+  rt->Shutdown();  // every feed's waits end on its stop
 }
 
-void EmbeddedKvs::FeedLost(Feed& f, SteadyClock::time_point now) {
+Task<void> EmbeddedKvs::RunFeed(std::shared_ptr<Feed> f) {
+  Stop* const stop = f->stop.get();
+  int64_t dial_backoff_ms = kBackoffFirstMs;
+  int64_t refused_backoff_ms = 0;
+  while (!stop->fired()) {
+    if (!f->ch) {
+      Result<std::unique_ptr<Channel>> ch =
+          co_await DialTask(Deadline::AfterMs(rpc_timeout_ms_), stop);
+      if (!ch.ok()) {
+        DYAD_LOG_DEBUG("watch of namespace '%s': %s", f->ns.c_str(),
+                       ch.status().ToString().c_str());
+        if (!co_await Sleep(Deadline::AfterMs(dial_backoff_ms), stop)) break;
+        dial_backoff_ms = std::min(dial_backoff_ms * 2, kBackoffMaxMs);
+        continue;
+      }
+      dial_backoff_ms = kBackoffFirstMs;
+      f->ch = std::move(*ch);
+    }
+    Encoder e;
+    f->cursor.EncodeTo(e);
+    std::string body;
+    const Status st =
+        co_await EmbeddedExchange(*f->ch, MsgType::kKvsWatch, e.data(), &body,
+                                  Deadline::AfterMs(kWaitSliceMs + kReplyGraceMs), stop);
+    if (stop->fired()) break;
+    if (st.ok()) {
+      refused_backoff_ms = 0;
+      if (!FeedReply(*f, body)) {
+        DYAD_LOG_WARN("watch of namespace '%s': malformed reply from the root", f->ns.c_str());
+        FeedLost(*f);
+      }
+      continue;
+    }
+    if (f->ch->broken() || st.code() == DYAD_RC_CANCELLED) {
+      // No reply in time, a lost link, a root shutting down.
+      DYAD_LOG_DEBUG("watch of namespace '%s': %s", f->ns.c_str(), st.ToString().c_str());
+      FeedLost(*f);
+      continue;
+    }
+    DYAD_LOG_WARN("watch of namespace '%s' refused by the root: %s", f->ns.c_str(),
+                  st.ToString().c_str());
+    {
+      MutexLock lk(feed_mu_);
+      f->refused = st;
+      feed_cv_.notify_all();
+    }
+    // The link is fine: ask again on it after a back-off, rather than
+    // dialling the root again at once.
+    refused_backoff_ms =
+        refused_backoff_ms == 0 ? kBackoffFirstMs : std::min(refused_backoff_ms * 2, kBackoffMaxMs);
+    if (!co_await Sleep(Deadline::AfterMs(refused_backoff_ms), stop)) break;
+  }
+  f->ch.reset();  // here: its registration belongs to this loop
+}
+
+void EmbeddedKvs::FeedLost(Feed& f) {
   // Dial again at once; the dial's back-off paces a root that stays away.
   f.ch.reset();
-  f.in_flight = false;
-  f.due = now;
   // Publications may be missed from now until the feed is back: watchers
   // hear so at once (once per loss), and get a resync when it is back
-  // (FeedReceive).
-  if (!f.established || f.gap_told) return;
-  {
-    MutexLock lk(feed_mu_);
-    if (f.stop) return;
-  }
+  // (FeedReply).
+  if (!f.established || f.gap_told || f.stop->fired()) return;
   f.gap_told = true;
   watchers_.Lost(f.ns);
 }
 
-void EmbeddedKvs::FeedReceive(Feed& f) {
-  uint16_t type = 0;
-  Result<bool> got = f.ch->RecvFrameNow(&f.frame, &type, &f.payload);
-  if (!got.ok()) {
-    DYAD_LOG_DEBUG("watch of namespace '%s': %s", f.ns.c_str(), got.status().ToString().c_str());
-    FeedLost(f, SteadyClock::now());
-    return;
-  }
-  if (!*got) return;  // more to come
-  f.in_flight = false;
-  f.due = SteadyClock::now();  // the next poll at once
-  std::string body;
-  Status st = ReplyOfFrame(*f.ch, type, f.payload, &body);
-  f.payload.clear();
-  if (!st.ok()) {
-    if (f.ch->broken() || st.code() == DYAD_RC_CANCELLED) {
-      FeedLost(f, SteadyClock::now());
-      return;
-    }
-    DYAD_LOG_WARN("watch of namespace '%s' refused by the root: %s", f.ns.c_str(),
-                  st.ToString().c_str());
-    // The link is fine: ask again on it after a back-off, rather than
-    // dialling the root again at once.
-    f.refused_backoff_ms = f.refused_backoff_ms == 0
-                               ? kBackoffFirstMs
-                               : std::min(f.refused_backoff_ms * 2, kBackoffMaxMs);
-    f.due = SteadyClock::now() + std::chrono::milliseconds(f.refused_backoff_ms);
-    MutexLock lk(feed_mu_);
-    f.refused = st;
-    feed_cv_.notify_all();
-    return;
-  }
-  f.refused_backoff_ms = 0;
+bool EmbeddedKvs::FeedReply(Feed& f, const std::string& body) {
   KvsWatchReply reply;
   Decoder d(body);
-  if (!reply.DecodeFrom(d) || !d.done()) {
-    DYAD_LOG_WARN("watch of namespace '%s': malformed reply from the root", f.ns.c_str());
-    FeedLost(f, SteadyClock::now());
-    return;
-  }
+  if (!reply.DecodeFrom(d) || !d.done()) return false;
   f.cursor.epoch = reply.epoch;
   f.cursor.after = reply.last;
-  {
-    MutexLock lk(feed_mu_);
-    if (f.stop) return;  // nobody watches it any more
-  }
+  if (f.stop->fired()) return true;  // nobody watches it any more
   for (const auto& [k, v] : reply.changes) watchers_.Notify(f.ns, k, v);
   bool resync = reply.resync || f.gap_told;  // the gap ends with a resync
   f.gap_told = false;
@@ -311,6 +212,7 @@ void EmbeddedKvs::FeedReceive(Feed& f) {
     }
   }
   if (resync) watchers_.Resync(f.ns);
+  return true;
 }
 
 }  // namespace dyad
