@@ -18,12 +18,13 @@ class FrozenRootTest : public TwoNodeTest {
   static constexpr int kWaiters = 20;  // more than --workers
   emu::ClusterOptions Options() override {
     emu::ClusterOptions o;
-    o.extra_service_args = {"--rpc-timeout", "15", "--workers", "2"};
+    o.extra_service_args = {"--rpc-timeout", rpc_timeout_s_, "--workers", "2"};
     // Pool threads end 300 ms after their work (default 30 s), so what the
     // count below sees is what the waiting requests hold.
     o.service_env["DYAD_WORKER_IDLE_MS"] = "300";
     return o;
   }
+  const char* rpc_timeout_s_ = "15";
 };
 
 TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
@@ -83,15 +84,10 @@ TEST_F(FrozenRootTest, RequestsWaitingOnAFrozenRootHoldNoThread) {
 // --rpc-timeouts), they wait for the publication in the store's waits,
 // not on a thread blocked on the root; each gets its file once the root
 // is back and the files are published.
-class FrozenRootConsumeTest : public TwoNodeTest {
+class FrozenRootConsumeTest : public FrozenRootTest {
  protected:
   static constexpr int kConsumers = 10;
-  emu::ClusterOptions Options() override {
-    emu::ClusterOptions o;
-    o.extra_service_args = {"--rpc-timeout", "2", "--workers", "2"};
-    o.service_env["DYAD_WORKER_IDLE_MS"] = "300";
-    return o;
-  }
+  FrozenRootConsumeTest() { rpc_timeout_s_ = "2"; }
 };
 
 TEST_F(FrozenRootConsumeTest, ConsumesWaitingOnAFrozenRootHoldNoThread) {
