@@ -18,8 +18,8 @@
 // (kKvsWatch, change_feed.h) on a channel of its own, from a position that
 // survives reconnections; a restarted root (or a watcher that fell behind)
 // makes it deliver a resync. Each feed is a task on one runtime, whose one
-// loop thread serves the feeds of every namespace; it starts with the
-// first Watch and ends when the last Unwatch leaves none.
+// loop thread serves the feeds of every namespace and the waits below; it
+// starts with the first Watch or wait and ends at Shutdown.
 //
 // StartWait: a table of waits served by the namespace's feed (one feed per
 // namespace however many waits; see embedded_waits.h), so a service parks
@@ -120,6 +120,7 @@ class EmbeddedKvs final : public Kvs {
   const std::string& address() const { return address_text_; }
 
  private:
+  friend class EmbeddedWaits;  // its checks, the loop it runs on, its feeds' state
   EmbeddedKvs(SocketAddress address, const KvsOptions& options);
 
   // A pooled channel when one is idle and still connected, else a new one.
@@ -201,6 +202,18 @@ class EmbeddedKvs final : public Kvs {
   void FeedLost(Feed& f);
   // Whether this thread is the loop of this store's feeds.
   bool OnFeedLoop() const;
+  // The runtime of the feeds and of the waits' task, started at their
+  // first use and ended once neither is left (or by StopFeeds).
+  // LoopRuntimeForWaits marks the waits' task as running on it, WaitsIdle
+  // as ended.
+  Result<Runtime*> LoopRuntimeLocked() REQUIRES(feed_mu_);
+  Result<Runtime*> LoopRuntimeForWaits();
+  void WaitsIdle();
+  // Shuts `rt` down; from its own loop, on a thread of its own.
+  void EndRuntime(std::unique_ptr<Runtime> rt);
+  // `ns`'s feed: `*established` once it knows its position; the root's
+  // refusal while it does not.
+  Status FeedState(const std::string& ns, bool* established);
   void StopFeeds();
 
   void NoteOutage(const Status& st);
@@ -228,10 +241,11 @@ class EmbeddedKvs final : public Kvs {
   Mutex feed_mu_;
   std::condition_variable feed_cv_;
   std::map<std::string, std::shared_ptr<Feed>> feeds_ GUARDED_BY(feed_mu_);
-  // The feeds' runtime: its loop thread starts with the first feed and
-  // ends once none is left.
+  // The feeds' runtime (and the waits' task's): its loop thread starts
+  // with the first watch or wait and ends with StopFeeds.
   std::unique_ptr<Runtime> feed_rt_ GUARDED_BY(feed_mu_);
   bool feeds_closed_ GUARDED_BY(feed_mu_) = false;  // StopFeeds ran: no more watches
+  bool waits_active_ GUARDED_BY(feed_mu_) = false;  // the waits' task runs on feed_rt_
 
   size_t calls_in_flight_ GUARDED_BY(pool_mu_) = 0;
   std::deque<std::shared_ptr<Rendezvous<bool>>> call_waiters_ GUARDED_BY(pool_mu_);

@@ -1,5 +1,7 @@
 #include "kvs/embedded/embedded_waits.h"
 
+#include "kvs/embedded/embedded_kvs.h"
+
 #include <algorithm>
 #include <chrono>
 
@@ -20,7 +22,14 @@ Result<KvsWaitTicket> EmbeddedWaits::Start(const std::string& ns, const std::str
     return Status(DYAD_RC_CANCELLED,
                   "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
   }
-  if (!helper_.joinable()) helper_ = std::thread(&EmbeddedWaits::Loop, this);
+  if (!started_) {
+    // (The store's feed lock is taken under mu_, never around it.)
+    Result<Runtime*> rt = store_->LoopRuntimeForWaits();
+    if (!rt.ok()) return rt.status();
+    started_ = true;
+    stop_ = std::make_unique<Stop>((*rt)->executor(), &(*rt)->stopping());
+    (*rt)->Spawn(Loop());
+  }
   const KvsWaitTicket t = next_ticket_++;
   Waiter& w = waiters_[t];
   w.slot = SlotKey(ns, key);
@@ -33,8 +42,12 @@ Result<KvsWaitTicket> EmbeddedWaits::Start(const std::string& ns, const std::str
   by_slot_[w.slot].insert(t);
   ++spaces_[ns].waits;
   to_check_.push_back(t);
-  cv_.notify_one();
+  Kick();
   return t;
+}
+
+void EmbeddedWaits::Kick() {
+  if (kick_) kick_->Deliver(true);
 }
 
 void EmbeddedWaits::Cancel(KvsWaitTicket ticket) {
@@ -49,7 +62,6 @@ void EmbeddedWaits::Cancel(KvsWaitTicket ticket) {
 void EmbeddedWaits::Shutdown() {
   Completions out;
   std::vector<KvsWatchTicket> watches;
-  std::thread helper;
   {
     MutexLock lk(mu_);
     stopping_ = true;
@@ -63,11 +75,10 @@ void EmbeddedWaits::Shutdown() {
     for (const auto& [ns, space] : spaces_)
       if (space.watch != 0) watches.push_back(space.watch);
     spaces_.clear();
-    helper = std::move(helper_);  // (a second Shutdown finds none to join)
+    if (stop_) stop_->Fire(Status(DYAD_RC_CANCELLED, "the store is shutting down"));
+    Kick();
   }
-  cv_.notify_all();
   Run(&out);
-  if (helper.joinable()) helper.join();
   for (KvsWatchTicket w : watches) store_->Unwatch(w);
 }
 
@@ -113,7 +124,7 @@ void EmbeddedWaits::OnChange(const std::string& ns, const KvsChange& change) {
     if (change.resync) {
       // Changes may have been missed: every wait of the namespace asks again.
       QueueNamespaceLocked(ns);
-      cv_.notify_one();
+      Kick();
       return;
     }
     auto slot = by_slot_.find(SlotKey(ns, change.key));
@@ -124,26 +135,49 @@ void EmbeddedWaits::OnChange(const std::string& ns, const KvsChange& change) {
   Run(&out);
 }
 
-void EmbeddedWaits::Loop() {
-  MutexLock lk(mu_);
-  while (!stopping_) {
+Task<void> EmbeddedWaits::Loop() {
+  const asio::any_io_executor ex = co_await asio::this_coro::executor;
+  for (;;) {
     Completions out;
-    Round(&out);
-    if (!out.empty()) {
-      lk.Unlock();
-      Run(&out);
-      lk.Lock();
-      continue;
+    {
+      MutexLock lk(mu_);
+      if (stopping_) break;
+      StartWatches(&out);
+      CheckEstablished(&out);
     }
-    if (stopping_) break;
-    lk.WaitUntil(cv_, NextWakeLocked());
+    Run(&out);
+    co_await RunChecks();
+    std::shared_ptr<Rendezvous<bool>> kick;
+    Stop* stop = nullptr;
+    int64_t sleep_ms = 0;
+    {
+      MutexLock lk(mu_);
+      if (stopping_) break;
+      ExpireAndDropIdle(&out);
+      if (out.empty() && waiters_.empty() && spaces_.empty() && retries_.empty()) {
+        // Nothing left to do: the task ends, and the loop with it when no
+        // feed is left either; the next Start spawns it again.
+        started_ = false;
+        stop_.reset();
+        store_->WaitsIdle();
+        co_return;
+      }
+      const auto wake = NextWakeLocked();
+      const auto now = SteadyClock::now();
+      if (out.empty() && wake > now) {
+        kick_ = std::make_shared<Rendezvous<bool>>(ex);
+        kick = kick_;
+        stop = stop_.get();
+        sleep_ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
+      }
+    }
+    Run(&out);
+    if (!kick) continue;
+    // Until the next deadline, retry or idle watch is due, or Kick.
+    co_await kick->Take(Deadline::AfterMs(sleep_ms), stop);
+    MutexLock lk(mu_);
+    kick_.reset();
   }
-}
-
-void EmbeddedWaits::Round(Completions* out) {
-  StartWatches(out);
-  if (!stopping_) RunChecks(out);
-  if (!stopping_) ExpireAndDropIdle(out);
 }
 
 void EmbeddedWaits::StartWatches(Completions* out) {
@@ -151,8 +185,8 @@ void EmbeddedWaits::StartWatches(Completions* out) {
   for (const auto& [ns, space] : spaces_)
     if (space.watch == 0 && space.waits > 0) unwatched.push_back(ns);
   for (const std::string& ns : unwatched) {
-    // Returns once the feed knows its position (or after its bound; the feed
-    // then reports a resync when it does, which re-checks every wait).
+    // On the feeds' loop Watch returns at once; CheckEstablished then
+    // follows the feed until it knows its position or was refused.
     Result<KvsWatchTicket> w = WithoutLock(mu_, [&] {
       return store_->Watch(ns, [this, ns](const KvsChange& change) { OnChange(ns, change); });
     });
@@ -164,49 +198,90 @@ void EmbeddedWaits::StartWatches(Completions* out) {
       return;
     }
     if (w.ok()) {
-      spaces_[ns].watch = *w;
+      Space& space = spaces_[ns];
+      space.watch = *w;
+      space.established = false;
       continue;
     }
     // Without a feed nothing would wake these waits: end them now.
-    for (auto it = by_slot_.lower_bound(SlotKey(ns, std::string()));
-         it != by_slot_.end() && it->first.first == ns;) {
-      const std::set<KvsWaitTicket> ended = (it++)->second;
-      for (KvsWaitTicket t : ended) EndLocked(t, w.status(), out);
-    }
+    EndNamespaceLocked(ns, w.status(), out);
   }
 }
 
-void EmbeddedWaits::RunChecks(Completions* out) {
-  const auto now = SteadyClock::now();
-  while (!retries_.empty() && retries_.begin()->first <= now) {
-    to_check_.push_back(retries_.begin()->second);
-    retries_.erase(retries_.begin());
+void EmbeddedWaits::CheckEstablished(Completions* out) {
+  std::vector<std::pair<std::string, KvsWatchTicket>> refused;
+  for (auto& [ns, space] : spaces_) {
+    if (space.watch == 0 || space.established) continue;
+    Status why = store_->FeedState(ns, &space.established);
+    if (!why.ok()) {
+      EndNamespaceLocked(ns, why, out);
+      refused.emplace_back(ns, space.watch);
+    }
   }
+  for (const auto& [ns, watch] : refused) {
+    spaces_[ns].watch = 0;
+    MutexUnlock unlocked(mu_);
+    store_->Unwatch(watch);
+  }
+}
+
+void EmbeddedWaits::EndNamespaceLocked(const std::string& ns, const Status& why, Completions* out) {
+  for (auto it = by_slot_.lower_bound(SlotKey(ns, std::string()));
+       it != by_slot_.end() && it->first.first == ns;) {
+    const std::set<KvsWaitTicket> ended = (it++)->second;
+    for (KvsWaitTicket t : ended) EndLocked(t, why, out);
+  }
+}
+
+Task<void> EmbeddedWaits::RunChecks() {
   std::deque<KvsWaitTicket> later;  // their namespace's watch is not started yet
-  while (!to_check_.empty() && !stopping_) {
-    const KvsWaitTicket t = to_check_.front();
-    to_check_.pop_front();
-    auto it = waiters_.find(t);
-    if (it == waiters_.end()) continue;
-    const SlotKey slot = it->second.slot;
-    auto space = spaces_.find(slot.first);
-    if (space == spaces_.end() || space->second.watch == 0) {
-      later.push_back(t);
-      continue;
+  for (;;) {
+    KvsWaitTicket t = 0;
+    SlotKey slot;
+    Stop* stop = nullptr;
+    {
+      MutexLock lk(mu_);
+      const auto now = SteadyClock::now();
+      while (!retries_.empty() && retries_.begin()->first <= now) {
+        to_check_.push_back(retries_.begin()->second);
+        retries_.erase(retries_.begin());
+      }
+      while (t == 0 && !to_check_.empty() && !stopping_) {
+        const KvsWaitTicket next = to_check_.front();
+        to_check_.pop_front();
+        auto it = waiters_.find(next);
+        if (it == waiters_.end()) continue;
+        auto space = spaces_.find(it->second.slot.first);
+        if (space == spaces_.end() || space->second.watch == 0) {
+          later.push_back(next);
+          continue;
+        }
+        t = next;
+        slot = it->second.slot;
+      }
+      if (t == 0) {
+        for (KvsWaitTicket l : later) to_check_.push_back(l);
+        co_return;
+      }
+      stop = stop_.get();
     }
-    Result<std::optional<std::string>> got =
-        WithoutLock(mu_, [&] { return store_->Get(slot.first, slot.second); });
-    if (!got.ok()) {
-      // The root is unreachable: the feed will report a resync once it is
-      // back if it restarted; meanwhile ask again, backing off.
-      retries_.emplace(SteadyClock::now() + std::chrono::milliseconds(retry_ms_), t);
-      retry_ms_ = std::min(retry_ms_ * 2, kRetryMaxMs);
-      continue;
+    Result<std::optional<std::string>> got = co_await store_->GetOn(stop, slot.first, slot.second);
+    Completions out;
+    {
+      MutexLock lk(mu_);
+      if (stopping_) co_return;
+      if (!got.ok()) {
+        // The root is unreachable: the feed will report a resync once it
+        // is back if it restarted; meanwhile ask again, backing off.
+        retries_.emplace(SteadyClock::now() + std::chrono::milliseconds(retry_ms_), t);
+        retry_ms_ = std::min(retry_ms_ * 2, kRetryMaxMs);
+      } else {
+        retry_ms_ = kRetryFirstMs;
+        if (got->has_value()) EndLocked(t, std::move(**got), &out);
+      }
     }
-    retry_ms_ = kRetryFirstMs;
-    if (got->has_value()) EndLocked(t, std::move(**got), out);
+    Run(&out);
   }
-  for (KvsWaitTicket t : later) to_check_.push_back(t);
 }
 
 void EmbeddedWaits::ExpireAndDropIdle(Completions* out) {
@@ -246,9 +321,12 @@ void EmbeddedWaits::ExpireAndDropIdle(Completions* out) {
 SteadyClock::time_point EmbeddedWaits::NextWakeLocked() const {
   const auto now = SteadyClock::now();
   if (!to_check_.empty()) return now;
-  for (const auto& [ns, space] : spaces_)
-    if (space.waits > 0 && space.watch == 0) return now;
   auto next = now + std::chrono::milliseconds(kIdleWatchMs);
+  for (const auto& [ns, space] : spaces_) {
+    if (space.waits > 0 && space.watch == 0) return now;
+    if (space.watch != 0 && !space.established)
+      next = std::min(next, now + std::chrono::milliseconds(kEstablishPollMs));
+  }
   if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);
   if (!retries_.empty()) next = std::min(next, retries_.begin()->first);
   for (const auto& [ns, space] : spaces_)

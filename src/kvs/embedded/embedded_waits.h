@@ -3,38 +3,43 @@
 //
 // Every wait is an entry in a table keyed by (namespace, key). The waits of
 // one namespace share the store's watch of it (EmbeddedKvs::Watch: one
-// change feed per namespace, one connection whatever the number of waits,
-// and one thread for the feeds of all namespaces): a Put reported by the feed ends every wait on
-// its key, on the feed's thread. A new wait is first checked with a Get, made after the feed is
-// established, so a key published before the wait started is found and one published after it is
-// reported by the feed; nothing falls in between. When the feed may have missed changes (it
-// reconnected to a restarted root, or fell behind the root's ring) every wait of the namespace is
-// checked again. One helper thread runs those checks, the deadlines, and the retries of checks that
-// could not reach the root; it drops a namespace's watch once no wait has used it for kIdleWatchMs.
+// change feed per namespace, one connection whatever the number of waits):
+// a Put reported by the feed ends every wait on its key. A new wait is
+// first checked with a Get, made after the feed is established, so a key
+// published before the wait started is found and one published after it is
+// reported by the feed; nothing falls in between. When the feed may have
+// missed changes (it reconnected to a restarted root, or fell behind the
+// root's ring) every wait of the namespace is checked again. One task, on
+// the store client's runtime beside its feeds, runs those checks, the
+// deadlines, and the retries of checks that could not reach the root; it
+// drops a namespace's watch once no wait has used it for kIdleWatchMs.
 //
 // So 10,000 consumers waiting on distinct keys cost the root one feed per
 // namespace per service, not 10,000 connections, and they cost the service
-// two threads (the feeds' and the helper) however many namespaces it waits in.
+// one thread (the loop of the feeds and of this task) however many
+// namespaces it waits in.
 //
-// Threading: thread-safe. `done` runs once: on the feed's thread, the
-// helper thread, or the thread of Cancel/Shutdown; never inside Start.
+// Threading: thread-safe. `done` runs once: on that loop, or on the thread
+// of Cancel/Shutdown; never inside Start.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/runtime.h"
 #include "common/thread_annotations.h"
 #include "common/time.h"
 #include "kvs/kvs.h"
 
 namespace dyad {
+
+class EmbeddedKvs;
 
 class EmbeddedWaits {
  public:
@@ -44,9 +49,12 @@ class EmbeddedWaits {
   // doubling up to kRetryMaxMs.
   static constexpr int64_t kRetryFirstMs = 100;
   static constexpr int64_t kRetryMaxMs = 2000;
+  // While a new watch is not established, its refusal is looked for this often.
+  static constexpr int64_t kEstablishPollMs = 50;
 
-  // `store` answers the Gets and provides the watches; it outlives this.
-  explicit EmbeddedWaits(Kvs* store) : store_(store) {}
+  // `store` answers the Gets, provides the watches and the runtime; it
+  // outlives this.
+  explicit EmbeddedWaits(EmbeddedKvs* store) : store_(store) {}
   ~EmbeddedWaits() { Shutdown(); }
   EmbeddedWaits(const EmbeddedWaits&) = delete;
   EmbeddedWaits& operator=(const EmbeddedWaits&) = delete;
@@ -56,8 +64,9 @@ class EmbeddedWaits {
                               KvsWaitCallback done);
   // As Kvs::CancelWait.
   void Cancel(KvsWaitTicket ticket);
-  // Ends every wait with DYAD_RC_CANCELLED, refuses later ones, drops the
-  // watches and joins the helper thread. Idempotent.
+  // Ends every wait with DYAD_RC_CANCELLED, refuses later ones, ends the
+  // task's waits and drops the watches. Idempotent. The task itself ends
+  // with the store's runtime.
   void Shutdown();
 
   size_t pending() const;
@@ -72,30 +81,36 @@ class EmbeddedWaits {
     bool has_deadline = false;
   };
   struct Space {               // one watched namespace
-    KvsWatchTicket watch = 0;  // 0 until the helper has started the watch
+    KvsWatchTicket watch = 0;  // 0 until the task has started the watch
+    bool established = false;  // the watch's feed knows its position
     size_t waits = 0;
     SteadyClock::time_point idle_since;
   };
   using Completions = std::vector<std::pair<KvsWaitCallback, Result<std::string>>>;
 
   void OnChange(const std::string& ns, const KvsChange& change);
-  void Loop();
-  // One round of the helper: watches to start, checks to make, deadlines,
-  // idle watches. Releases mu_ around calls to the store.
-  void Round(Completions* out) REQUIRES(mu_);
+  // The task: rounds of watches to start, checks to make, deadlines and
+  // idle watches, then a sleep until the next is due or Kick.
+  Task<void> Loop();
+  void Kick() REQUIRES(mu_);
   void StartWatches(Completions* out) REQUIRES(mu_);
-  void RunChecks(Completions* out) REQUIRES(mu_);
+  // Ends the waits of watches the root refused; notes those established.
+  void CheckEstablished(Completions* out) REQUIRES(mu_);
+  Task<void> RunChecks();
   void ExpireAndDropIdle(Completions* out) REQUIRES(mu_);
   SteadyClock::time_point NextWakeLocked() const REQUIRES(mu_);
   void EndLocked(KvsWaitTicket t, Result<std::string> r, Completions* out) REQUIRES(mu_);
   void QueueNamespaceLocked(const std::string& ns) REQUIRES(mu_);
+  void EndNamespaceLocked(const std::string& ns, const Status& why, Completions* out) REQUIRES(mu_);
   static void Run(Completions* c);
 
-  Kvs* const store_;
+  EmbeddedKvs* const store_;
   mutable Mutex mu_;
-  std::condition_variable cv_;
-  std::thread helper_ GUARDED_BY(mu_);  // started by the first Start
+  bool started_ GUARDED_BY(mu_) = false;  // the task was spawned (by the first Start)
   bool stopping_ GUARDED_BY(mu_) = false;
+  std::unique_ptr<Stop> stop_ GUARDED_BY(mu_);  // ends the task's waits
+  // Set while the task sleeps: Kick wakes it.
+  std::shared_ptr<Rendezvous<bool>> kick_ GUARDED_BY(mu_);
   KvsWaitTicket next_ticket_ GUARDED_BY(mu_) = 1;
   std::map<KvsWaitTicket, Waiter> waiters_ GUARDED_BY(mu_);
   std::map<SlotKey, std::set<KvsWaitTicket>> by_slot_ GUARDED_BY(mu_);

@@ -5,11 +5,13 @@
 // the root and long-polls the root's change feed (kKvsWatch) from its
 // position there, one poll at a time, with the store's one request path
 // (DialTask, EmbeddedExchange). The feeds of every namespace run on one
-// runtime, so a service following many namespaces runs one feed thread,
-// not one per namespace; that thread starts with the first feed and ends
-// when none is left.
+// runtime, so a service following many namespaces runs one loop thread,
+// not one per namespace (the waits' task of embedded_waits.h runs there
+// too); that thread starts with the first feed or wait and ends when
+// neither is left.
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "common/log.h"
 #include "common/thread_annotations.h"
@@ -40,21 +42,17 @@ Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallbac
   // Added under feed_mu_ so that Unwatch's "anyone left?" sees it.
   MutexLock lk(feed_mu_);
   if (feeds_closed_) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
-  if (!feed_rt_) {
-    auto rt = std::make_unique<Runtime>(1, 1000);
-    DYAD_RETURN_IF_ERROR(rt->Start());
-    rt->Post([this] { tl_feed_loop_of = this; });
-    feed_rt_ = std::move(rt);
-  }
+  Result<Runtime*> rt = LoopRuntimeLocked();
+  if (!rt.ok()) return rt.status();
   const KvsWatchTicket ticket = watchers_.Add(ns, std::move(on_change));
   std::shared_ptr<Feed>& slot = feeds_[ns];
   if (!slot) {
     slot = std::make_shared<Feed>();
     slot->ns = ns;
-    slot->stop = std::make_unique<Stop>(feed_rt_->executor(), &feed_rt_->stopping());
+    slot->stop = std::make_unique<Stop>((*rt)->executor(), &(*rt)->stopping());
     slot->cursor.ns = ns;
     slot->cursor.timeout_ms = kWaitSliceMs;
-    feed_rt_->Spawn(RunFeed(slot));
+    (*rt)->Spawn(RunFeed(slot));
   }
   const std::shared_ptr<Feed> feed = slot;
   // A callback that watches another namespace runs on the feeds' loop,
@@ -80,27 +78,65 @@ void EmbeddedKvs::Unwatch(KvsWatchTicket ticket) {
   // Once Remove returns the callback neither runs nor will run.
   const std::optional<std::string> removed = watchers_.Remove(ticket);
   if (!removed) return;
-  std::unique_ptr<Runtime> idle;  // the last feed's runtime, ended outside the lock
-  std::shared_ptr<Feed> ended;    // dropped before it
+  std::unique_ptr<Runtime> idle;  // the last user's runtime, ended outside the lock
   {
     MutexLock lk(feed_mu_);
     if (watchers_.Watched(*removed)) return;
     auto it = feeds_.find(*removed);
-    if (it == feeds_.end()) return;
-    ended = std::move(it->second);
+    if (it == feeds_.end() || !feed_rt_) return;
+    // Fired on the loop, which the task's waits belong to (the task then
+    // closes its link and ends); the feed lives until then.
+    feed_rt_->Post([ended = std::move(it->second)] {
+      ended->stop->Fire(Status(DYAD_RC_CANCELLED, "nobody watches the namespace"));
+    });
     feeds_.erase(it);
     feed_cv_.notify_all();
-    if (feeds_.empty() && !OnFeedLoop()) {
-      idle = std::move(feed_rt_);  // its Shutdown ends the task
-    } else {
-      // Fired on the loop, which the task's waits belong to; the feed
-      // lives until then.
-      feed_rt_->Post([ended] {
-        ended->stop->Fire(Status(DYAD_RC_CANCELLED, "nobody watches the namespace"));
-      });
-    }
+    if (feeds_.empty() && !waits_active_) idle = std::move(feed_rt_);
   }
-  if (idle) idle->Shutdown();
+  if (idle) EndRuntime(std::move(idle));
+}
+
+Result<Runtime*> EmbeddedKvs::LoopRuntimeLocked() {
+  if (feeds_closed_) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
+  if (!feed_rt_) {
+    auto rt = std::make_unique<Runtime>(1, 1000);
+    DYAD_RETURN_IF_ERROR(rt->Start());
+    rt->Post([this] { tl_feed_loop_of = this; });
+    feed_rt_ = std::move(rt);
+  }
+  return feed_rt_.get();
+}
+
+Result<Runtime*> EmbeddedKvs::LoopRuntimeForWaits() {
+  MutexLock lk(feed_mu_);
+  Result<Runtime*> rt = LoopRuntimeLocked();
+  if (rt.ok()) waits_active_ = true;
+  return rt;
+}
+
+void EmbeddedKvs::WaitsIdle() {
+  std::unique_ptr<Runtime> idle;
+  {
+    MutexLock lk(feed_mu_);
+    waits_active_ = false;
+    if (feeds_.empty()) idle = std::move(feed_rt_);
+  }
+  if (idle) EndRuntime(std::move(idle));
+}
+
+void EmbeddedKvs::EndRuntime(std::unique_ptr<Runtime> rt) {
+  if (!OnFeedLoop()) return rt->Shutdown();
+  // Its loop cannot join itself: another thread ends it, once this
+  // handler has returned.
+  std::thread([rt = std::move(rt)] { rt->Shutdown(); }).detach();
+}
+
+Status EmbeddedKvs::FeedState(const std::string& ns, bool* established) {
+  MutexLock lk(feed_mu_);
+  auto it = feeds_.find(ns);
+  *established = it == feeds_.end() || it->second->established;
+  if (*established || it->second->refused.ok()) return Status::OK();
+  return it->second->refused;
 }
 
 void EmbeddedKvs::StopFeeds() {
@@ -115,15 +151,15 @@ void EmbeddedKvs::StopFeeds() {
   }
   if (!rt) return;
   if (OnFeedLoop()) {
-    // A callback of a feed shuts the store down: its loop cannot join
-    // itself, so another thread ends it.
+    // A callback on the loop shuts the store down: another thread ends
+    // the loop, the feeds with it.
     std::thread([rt = std::move(rt), left = std::move(left)]() mutable {
       rt->Shutdown();
       left.clear();
     }).detach();
     return;
   }
-  rt->Shutdown();  // every feed's waits end on its stop
+  rt->Shutdown();  // every task's waits end on its stop
 }
 
 Task<void> EmbeddedKvs::RunFeed(std::shared_ptr<Feed> f) {
