@@ -84,9 +84,11 @@ TEST_F(ConsumeTest, PlacedCopyInTheOneManagedDirectoryIsLevelOne) {
   const std::string name = "shared/level1.dat";
   Produce({{name, 4096}});
   ConsumeOk({{name, 4096}});
-  // The first consume in a namespace starts following it; a copy placed
-  // before that gets its revocable stamp at its next consume through the
-  // service, at the latest.
+  // The first consume in a namespace starts following it (asynchronously:
+  // the store's watch and a listing, on the pool); a copy placed before
+  // that gets its revocable stamp at its next consume through the service
+  // once it is followed, at the latest.
+  ASSERT_TRUE(Eventually([&] { return Counter(kB, "records.followed") == 1; }, 10000));
   ConsumeOk({{name, 4096}}, {"--no-metadata"});
   const uint64_t requests = Counter(kB, "requests.consume");
   ConsumeOk({{name, 4096}}, {"--no-metadata"});
