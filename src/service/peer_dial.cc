@@ -113,7 +113,16 @@ struct Leading {
 
 Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t rank,
                                                 Deadline deadline, PeerWaits& waits) {
-  bool alone = false;  // another's dial succeeded: dial without a flight
+  // Another's dial succeeded: this one may dial without a flight, as one
+  // of at most PeerDirectory::kMaxDialsAlone.
+  struct Alone {
+    PeerDirectory& peers;
+    const uint32_t rank;
+    bool held = false;
+    ~Alone() {
+      if (held) peers.EndDialAlone(rank);
+    }
+  } alone{peers, rank};
   for (;;) {
     if (std::unique_ptr<Channel> idle = peers.TakeIdle(rank)) co_return std::move(idle);
     Result<ServiceRecord> rec = co_await peers.Resolve(rank, false);
@@ -121,12 +130,14 @@ Task<Result<std::unique_ptr<Channel>>> DialPeer(PeerDirectory& peers, uint32_t r
     const Deadline dial_by = deadline.Min(peers.rpc_timeout_ms());
     std::shared_ptr<PeerDirectory::DialFlight> flight;
     bool lead = false;
-    if (!alone) {
+    if (!alone.held) {
       flight = peers.JoinDial(rank, dial_by, &lead);
       if (flight && !lead) {
         const Status st = co_await AwaitFlight(peers, rank, rec->address, *flight, deadline, waits);
         if (waits.stopped()) co_return waits.Stopped();  // (no new dial for a caller gone)
-        if (st.ok()) alone = true;  // the owner answers: take the pooled session or dial one
+        // The owner answers: take a pooled session, or dial one (alone, or
+        // in the next flight when enough dial alone already).
+        if (st.ok()) alone.held = peers.BeginDialAlone(rank);
         if (st.ok() || st.code() == DYAD_RC_CANCELLED) continue;
         co_return st;
       }

@@ -92,6 +92,19 @@ std::shared_ptr<PeerDirectory::DialFlight> PeerDirectory::JoinDial(uint32_t rank
   return flight;
 }
 
+bool PeerDirectory::BeginDialAlone(uint32_t rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Peer& p = peers_[rank];
+  if (p.dials_alone >= kMaxDialsAlone) return false;
+  ++p.dials_alone;
+  return true;
+}
+
+void PeerDirectory::EndDialAlone(uint32_t rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  --peers_[rank].dials_alone;
+}
+
 Status CredentialFailure(const Status& st, const std::string& what) {
   const std::string& m = st.message();
   const bool munge = m.find("MUNGE") != std::string::npos || m.find("munge") != std::string::npos;

@@ -83,6 +83,15 @@ class PeerDirectory {
     Status status;
   };
   std::unique_ptr<Channel> TakeIdle(uint32_t rank);
+  // Dials outside a flight (once one succeeded: the owner answers), at
+  // most kMaxDialsAlone per rank at once, so that a burst of requests
+  // woken together (files published at once) does not open a handshake
+  // each: an owner admits 16 at a time from one peer
+  // (DYAD_MAX_UNAUTHENTICATED_PER_PEER) and drops the oldest beyond. The
+  // others wait for a pooled session or the next flight.
+  static constexpr int kMaxDialsAlone = 3;
+  bool BeginDialAlone(uint32_t rank);
+  void EndDialAlone(uint32_t rank);
   std::shared_ptr<DialFlight> JoinDial(uint32_t rank, Deadline deadline, bool* lead);
   // The outcome of `flight` (`*done` false while it is in flight).
   Status DialOutcome(const DialFlight& flight, bool* done);
@@ -118,6 +127,7 @@ class PeerDirectory {
     uint64_t last_contact_ns = 0;
     uint64_t reported_incarnation = 0;    // record already reported as answered by another
     std::shared_ptr<DialFlight> dialing;  // the dial in flight, if any
+    int dials_alone = 0;                  // BeginDialAlone not yet ended
   };
   Task<Status> Mismatch(uint32_t rank, const ServiceRecord& rec, const PeerIdentity& peer);
   void Touch(uint32_t rank);

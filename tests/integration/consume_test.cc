@@ -106,6 +106,44 @@ TEST_F(ConsumeTest, PlacedCopyInTheOneManagedDirectoryIsLevelOne) {
   EXPECT_EQ(Counter(kB, "requests.consume"), requests + 2);
 }
 
+// Consumers that start first and are woken together (their files
+// published at once) all get their files: the requesting service does
+// not open one connection to the owner per consume (the owner admits 16
+// handshakes at a time from one peer and drops the oldest beyond), it
+// dials a few at a time and shares the sessions.
+TEST_F(ConsumeTest, ConsumersWokenTogetherAllGetTheirFiles) {
+  constexpr int kConsumers = 64;
+  std::vector<ManifestEntry> files;
+  for (int i = 0; i < kConsumers; ++i)
+    files.push_back({"burst/f" + std::to_string(i) + ".dat", 4096 + i});
+  std::vector<emu::Process> consumers;
+  for (const ManifestEntry& e : files) {
+    auto p = cluster().SpawnOnNode(kB, {dyad_, "consume", "--timeout", "60", PathOn(kB, e.name)});
+    ASSERT_TRUE(p.ok()) << Str(p.status());
+    consumers.push_back(std::move(*p));
+  }
+  // Every consume waits for its file (listed by `dyad status`).
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto st = cluster().ServiceStatus(kB);
+        return st.ok() && st->waits.size() >= static_cast<size_t>(kConsumers);
+      },
+      20000));
+  Produce(files);
+  int failed = 0;
+  for (auto& p : consumers) {
+    auto st = p.Wait(Deadline::AfterMs(60000));
+    ASSERT_TRUE(st.ok()) << "a consume did not end";
+    failed += st->success() ? 0 : 1;
+  }
+  EXPECT_EQ(failed, 0) << "of " << kConsumers << " consumes woken together";
+  for (const ManifestEntry& e : files) {
+    struct stat st;
+    ASSERT_EQ(::stat(PathOn(kB, e.name).c_str(), &st), 0) << e.name;
+    EXPECT_EQ(st.st_size, e.size) << e.name;
+  }
+}
+
 TEST_F(ConsumeTest, EmptyFileIsTransferredLikeAnyOther) {
   const std::vector<ManifestEntry> files = {{"empty.dat", 0}};
   Produce(files);
