@@ -13,10 +13,11 @@
 //
 // A new session is dialled by DialPeer (peer_dial.h), a task on the
 // service's runtime, so a fetch holds no thread while an owner is slow to
-// accept or to answer its handshake. One dial per rank at a time: callers
-// that need a new session to a rank already being dialled wait for that
-// dial's outcome (a hung owner costs one connection attempt per
-// --rpc-timeout, not one per consume).
+// accept or to answer its handshake. One dial per rank leads at a time:
+// callers that need a new session to a rank already being dialled wait for
+// that dial's outcome (a hung owner costs one connection attempt per
+// --rpc-timeout, not one per consume); once it succeeded, up to
+// kMaxDialsAlone of them dial beside the next one.
 #pragma once
 
 #include <atomic>

@@ -142,14 +142,13 @@ class Service {
   void NoteRefusal(const std::string& why);
   // service_parking.cc: the value of `key` once it is published (at once
   // when it is), waited for by a task (no thread held) until `deadline`
-  // or the request's Stop; nullopt when the metadata cache has its record
-  // (the cache answers). DYAD_RC_TIMEOUT at the deadline (its cause set
+  // or the request's Stop. DYAD_RC_TIMEOUT at the deadline (its cause set
   // when the store was unreachable meanwhile), DYAD_RC_CANCELLED when the
   // requester went away. The wait is listed (waits.h) for `dyad status`.
-  Task<Result<std::optional<std::string>>> WaitPublished(RequestContext& ctx, const std::string& ns,
-                                                         const std::string& key, Deadline deadline,
-                                                         const std::string& upath = {},
-                                                         const std::string& cons_path = {});
+  Task<Result<std::string>> WaitPublished(RequestContext& ctx, const std::string& ns,
+                                          const std::string& key, Deadline deadline,
+                                          const std::string& upath = {},
+                                          const std::string& cons_path = {});
   // One pass of housekeeping (every kHousekeepingMs on the upkeep thread):
   // trims the node cache to its budget and logs (info) each wait for a
   // publication that passes --wait-log.
@@ -220,8 +219,7 @@ class Service {
   // One consume: the record (the request's, or located, waited for until
   // `deadline`), then its placement; the request's Stop ends its waits.
   Task<Result<ConsumeReply>> Consume(RequestContext& ctx, const ConsumeRequest& req,
-                                     Deadline deadline,
-                                     std::optional<std::string> published = std::nullopt);
+                                     Deadline deadline);
   // Consume()'s parts: the record to place (the request's own, else located:
   // waited for until `*wait_until` when set; a cached record the local copy
   // already matches is confirmed with the store), what to ask the

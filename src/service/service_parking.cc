@@ -16,13 +16,12 @@
 
 namespace dyad {
 
-Task<Result<std::optional<std::string>>> Service::WaitPublished(
-    RequestContext& ctx, const std::string& ns, const std::string& key, Deadline deadline,
-    const std::string& upath, const std::string& cons_path) {
-  using Published = std::optional<std::string>;
-  if (cache_.Contains(ns, key)) co_return Published();
-  Result<Published> now = co_await kvs_->GetTask(*runtime_, ns, key);
-  if (now.ok() && now->has_value()) co_return std::move(*now);
+Task<Result<std::string>> Service::WaitPublished(RequestContext& ctx, const std::string& ns,
+                                                 const std::string& key, Deadline deadline,
+                                                 const std::string& upath,
+                                                 const std::string& cons_path) {
+  Result<std::optional<std::string>> now = co_await kvs_->GetTask(*runtime_, ns, key);
+  if (now.ok() && now->has_value()) co_return std::move(**now);
   // The store unreachable now is waited out like an unpublished key (its
   // waits retry); a timeout then says why it may have come.
   const Status failure = now.ok() ? Status::OK() : now.status();
@@ -63,7 +62,7 @@ Task<Result<std::optional<std::string>>> Service::WaitPublished(
   if (got->ok()) {
     FileRecord rec;
     if (FileRecord::Decode(**got, &rec)) cache_.Put(ns, key, rec);
-    co_return Published(std::move(**got));
+    co_return std::move(**got);
   }
   // The requester hung up, or the service is stopping.
   if (got->status().code() == DYAD_RC_CANCELLED) co_return got->status();

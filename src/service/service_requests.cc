@@ -150,12 +150,10 @@ Task<Result<FileRecord>> Service::Locate(RequestContext& ctx, const LocateArgs& 
   std::optional<std::string> value = a.published;
   if (!value && a.wait) {
     // Until its publication (a task: no thread held), listed meanwhile.
-    Result<std::optional<std::string>> w =
+    Result<std::string> w =
         co_await WaitPublished(ctx, a.ns, a.key, a.deadline, a.upath, a.cons_path);
     if (!w.ok()) co_return w.status();
     value = std::move(*w);
-    // (Cached meanwhile, by a publication here or a notice: that record.)
-    if (!value) co_return co_await Locate(ctx, LocateArgs{a.ns, a.key}, from_cache);
   }
   if (!value) {
     Result<std::optional<std::string>> v = co_await kvs_->GetTask(*runtime_, a.ns, a.key);
@@ -191,9 +189,8 @@ Task<void> Service::HandleLocate(RequestContext& ctx, LocateRequest req) {
 }
 
 Task<Result<ConsumeReply>> Service::Consume(RequestContext& ctx, const ConsumeRequest& req,
-                                            Deadline deadline,
-                                            std::optional<std::string> published) {
-  Result<FileRecord> rec = co_await ConsumeRecord(ctx, req, deadline, std::move(published));
+                                            Deadline deadline) {
+  Result<FileRecord> rec = co_await ConsumeRecord(ctx, req, deadline);
   if (!rec.ok()) co_return rec.status();
   Result<ConsumeReply> r = co_await placement_->Place(PlacementFor(req, *rec), deadline, ctx.stop);
   ForgetFailedRecord(req, r);

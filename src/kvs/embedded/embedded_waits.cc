@@ -323,15 +323,14 @@ SteadyClock::time_point EmbeddedWaits::NextWakeLocked() const {
   if (!to_check_.empty()) return now;
   auto next = now + std::chrono::milliseconds(kIdleWatchMs);
   for (const auto& [ns, space] : spaces_) {
-    if (space.waits > 0 && space.watch == 0) return now;
+    if (space.waits > 0 && space.watch == 0) return now;  // a watch to start
     if (space.watch != 0 && !space.established)
       next = std::min(next, now + std::chrono::milliseconds(kEstablishPollMs));
+    if (space.waits == 0 && space.watch != 0)  // an idle watch to drop
+      next = std::min(next, space.idle_since + std::chrono::milliseconds(kIdleWatchMs));
   }
   if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);
   if (!retries_.empty()) next = std::min(next, retries_.begin()->first);
-  for (const auto& [ns, space] : spaces_)
-    if (space.waits == 0 && space.watch != 0)
-      next = std::min(next, space.idle_since + std::chrono::milliseconds(kIdleWatchMs));
   return next;
 }
 

@@ -5,9 +5,11 @@
 // one namespace share the store's watch of it (EmbeddedKvs::Watch: one
 // change feed per namespace, one connection whatever the number of waits):
 // a Put reported by the feed ends every wait on its key. A new wait is
-// first checked with a Get, made after the feed is established, so a key
-// published before the wait started is found and one published after it is
-// reported by the feed; nothing falls in between. When the feed may have
+// checked with a Get once its namespace's watch is started, so a key
+// published before the wait started is found; one published after it is
+// reported by the feed, or, when the feed was not established yet, found
+// by the checks its establishment's resync makes (a watch started on the
+// loop does not wait for its feed); nothing falls in between. When the feed may have
 // missed changes (it reconnected to a restarted root, or fell behind the
 // root's ring) every wait of the namespace is checked again. One task, on
 // the store client's runtime beside its feeds, runs those checks, the
