@@ -19,8 +19,8 @@ struct GiveBack {
 
 }  // namespace
 
-Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
-                                 PeerWaits& waits) {
+Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport,
+                                 const SinkFn& open_sink, PeerWaits& waits) {
   const std::string what = "fetch '" + rec.upath + "' from rank " + std::to_string(rec.owner_rank);
   FetchResult out;
   TraceSpan span("fetch", "service");
@@ -54,9 +54,21 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport, in
   const std::string late =
       " from the owner within " + std::to_string(rpc_timeout_ms_) + " ms (--rpc-timeout)";
   std::string body;
-  if (st.ok())
-    st = co_await AwaitReply(ch, deadline, waits, "no reply" + late, &body, nullptr,
-                             /*just_sent=*/true);
+  if (!st.ok()) {
+    if (ch.broken()) out.outcome.retryable = st.code() == DYAD_RC_CONNLOST;
+    co_return end(st.code(), st.message());
+  }
+  // The owner is at work: the sink is opened meanwhile, off the chain.
+  Result<int> sink = open_sink();
+  if (!sink.ok()) {
+    ch.MarkBroken();  // its reply will come, unread
+    out.status = sink.status();
+    span.Rc(out.status);
+    co_return std::move(out);
+  }
+  const int sink_fd = *sink;
+  st = co_await AwaitReply(ch, deadline, waits, "no reply" + late, &body, nullptr,
+                           /*just_sent=*/true);
   if (!st.ok()) {
     // A broken session received nothing: it was dead before we used it.
     if (ch.broken()) out.outcome.retryable = st.code() == DYAD_RC_CONNLOST;

@@ -6,7 +6,8 @@
 // Fetch() is one fetch of one file, a coroutine on the service's runtime
 // (transport.h has the conversation): take a pooled (or new) authenticated
 // session to the owner (DialPeer), send the FetchRequest with the
-// transport's arguments, receive the FetchReply, let the transport's
+// transport's arguments, open the sink while the owner works on it,
+// receive the FetchReply, let the transport's
 // Pull land the bytes in the sink, receive the owner's
 // verdict (the file did not change while it was sent). None of its waits
 // holds a thread. It decides nothing about where the file goes or whether
@@ -54,9 +55,14 @@ class Fetcher {
   Fetcher(PeerDirectory* peers, int64_t rpc_timeout_ms, TransferRegistry* transfers = nullptr)
       : peers_(peers), rpc_timeout_ms_(rpc_timeout_ms), transfers_(transfers) {}
 
-  // A fetch of `rec` from its owner with `transport` into `sink_fd` (see
-  // above), its waits through `waits`.
-  Task<FetchResult> Fetch(const FileRecord& rec, Transport& transport, int sink_fd,
+  // Opens the file the bytes go to; called once per fetch, after the
+  // request is sent (so that creating it overlaps the owner's work). An
+  // error ends the fetch with it.
+  using SinkFn = std::function<Result<int>()>;
+
+  // A fetch of `rec` from its owner with `transport` into the file
+  // `open_sink` opens (see above), its waits through `waits`.
+  Task<FetchResult> Fetch(const FileRecord& rec, Transport& transport, const SinkFn& open_sink,
                           PeerWaits& waits);
 
   // Asks `owner` for every file of `recs` (files of at most `max_inline`

@@ -200,8 +200,13 @@ Task<Result<ConsumeReply>> Placement::Transfer(PlacementRequest req, Route route
   Begin(m);
   if (m.error.ok() && m.fetch) {
     PeerWaits waits(*rt_, stop, stats_);
+    const Fetcher::SinkFn open_sink = [this, &m]() -> Result<int> {
+      m.error = Create(m);
+      if (!m.error.ok()) return m.error;
+      return m.out.fd();
+    };
     do {
-      m.fetched = co_await fetcher_.Fetch(m.req.record, *m.plan.transport, m.out.fd(), waits);
+      m.fetched = co_await fetcher_.Fetch(m.req.record, *m.plan.transport, open_sink, waits);
     } while (Retry(m));
     co_return Complete(m);
   }
@@ -297,12 +302,15 @@ void Placement::Begin(Moving& m) {
     m.error = Room(m.req, &m.room);
     if (!m.error.ok()) return;
   }
-  m.error = m.out.Create(m.req.cons_root, rec.upath);
-  if (!m.error.ok()) {
-    m.error = m.error.Annotate("prepare '" + rec.upath + "' in consumer directory");
-    return;
-  }
   m.fetch = m.plan.route != Route::kOwnFile;
+  // A fetch opens the temporary once its request is on its way.
+  if (!m.fetch) m.error = Create(m);
+}
+
+Status Placement::Create(Moving& m) {
+  Status st = m.out.Create(m.req.cons_root, m.req.record.upath);
+  if (st.ok()) return st;
+  return st.Annotate("prepare '" + m.req.record.upath + "' in consumer directory");
 }
 
 bool Placement::Retry(Moving& m) {
@@ -315,9 +323,8 @@ bool Placement::Retry(Moving& m) {
   DYAD_LOG_DEBUG("fetch '%s' from rank %u failed (%s); retrying with a fresh session",
                  rec.upath.c_str(), rec.owner_rank, st.ToString().c_str());
   peers_->Invalidate(rec.owner_rank);
-  m.out.Abort();
-  m.error = m.out.Create(m.req.cons_root, rec.upath);
-  return m.error.ok();
+  m.out.Abort();  // the next attempt opens a fresh one
+  return true;
 }
 
 Result<ConsumeReply> Placement::Complete(Moving& m) {

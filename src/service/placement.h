@@ -164,6 +164,8 @@ class Placement {
   // true when it starts again on a fresh session (once, for a pooled
   // session that outlived its peer); the end (Finish, or abort).
   void Begin(Moving& m);
+  // The temporary the copy is written to (AtomicFile::Create).
+  Status Create(Moving& m);
   bool Retry(Moving& m);
   Result<ConsumeReply> Complete(Moving& m);
   // The end of every transfer: stamp, rename into place, index, count.

@@ -144,6 +144,27 @@ TEST_F(ConsumeTest, ConsumersWokenTogetherAllGetTheirFiles) {
   }
 }
 
+// The copy's temporary is created once the request to the owner is on its
+// way: when it cannot be (a file stands where its directory should be),
+// the consume fails saying so, the session whose reply went unread is not
+// reused, and the same owner serves the next consumes at once.
+TEST_F(ConsumeTest, CopyThatCannotBeCreatedFailsClearlyAndSpoilsNoSession) {
+  const std::vector<ManifestEntry> files = {{"blocked/f.dat", 4096}, {"free/g.dat", 5000}};
+  Produce(files);
+  WriteFileOn(kB, "blocked", 16);  // a file, not a directory
+  auto r = cluster().RunOnNode(
+      kB, {dyad_, "consume", "--timeout", "10", PathOn(kB, "blocked/f.dat")}, 30000);
+  ASSERT_TRUE(r.ok()) << Str(r.status());
+  EXPECT_FALSE(r->status.success()) << r->output;
+  EXPECT_NE(r->output.find("prepare 'blocked/f.dat' in consumer directory"), std::string::npos)
+      << r->output;
+  EXPECT_TRUE(PartFiles(dmd(kB)).empty());
+  // The next consume from the same owner, right away, succeeds.
+  ConsumeOk({files[1]});
+  ASSERT_EQ(::unlink(PathOn(kB, "blocked").c_str()), 0);
+  ConsumeOk({files[0]});
+}
+
 TEST_F(ConsumeTest, EmptyFileIsTransferredLikeAnyOther) {
   const std::vector<ManifestEntry> files = {{"empty.dat", 0}};
   Produce(files);
