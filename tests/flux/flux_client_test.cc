@@ -33,6 +33,7 @@
 #include "dyad/core/dyad_ctx.h"
 #include "kvs/flux/flux_keys.h"
 #include "proto/protocol.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -149,9 +150,8 @@ class FluxClientTest : public ::testing::Test {
     uri_ = uri;
     owner_uri_ = RunCommand("flux exec -r 1 flux getattr local-uri");
     ASSERT_EQ(owner_uri_.rfind("local://", 0), 0u) << "need a second broker: " << owner_uri_;
-    char tmpl[] = "/tmp/dyad-flux-client.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    root_ = testutil::MakeTempDir("dyad-flux-client.");
+    ASSERT_FALSE(root_.empty()) << std::strerror(errno);
     prod_ = root_ + "/prod";
     cons_ = root_ + "/cons";
     ASSERT_EQ(::mkdir(prod_.c_str(), 0755), 0);

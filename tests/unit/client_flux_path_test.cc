@@ -30,9 +30,8 @@ bool LibfluxLoaded() {
 class ClientFluxPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-flux-path.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    root_ = testutil::MakeTempDir("dyad-flux-path.");
+    ASSERT_FALSE(root_.empty()) << std::strerror(errno);
   }
   void TearDown() override { (void)std::system(("rm -rf '" + root_ + "'").c_str()); }
   ClientConfig Config() const {

@@ -16,6 +16,7 @@
 
 #include "flux/fetch_file.h"
 #include "flux/module_options.h"
+#include "util.h"
 
 namespace dyad {
 namespace {
@@ -94,9 +95,8 @@ TEST(FluxModuleOptions, BadInputIsRefusedWithItsName) {
 class FluxFetchFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/dyad-fetchfile.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::MakeTempDir("dyad-fetchfile.");
+    ASSERT_FALSE(dir_.empty()) << std::strerror(errno);
     prod_ = dir_ + "/prod";
     fs::create_directories(prod_ + "/sub");
     std::ofstream(dir_ + "/outside") << "secret";

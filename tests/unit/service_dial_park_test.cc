@@ -53,9 +53,8 @@ class DialPark : public ::testing::Test {
   }
 
   void Start(StuckOwner::Mode mode, int64_t rpc_timeout_ms) {
-    char tmpl[] = "/tmp/dyad-dial-test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-dial-test.");
+    ASSERT_FALSE(base_.empty()) << std::strerror(errno);
     ServiceOptions oa = FirstServiceOptions(base_);
     oa.rpc_timeout_ms = rpc_timeout_ms;
     a_ = std::make_unique<Service>(oa);

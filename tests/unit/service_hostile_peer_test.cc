@@ -589,9 +589,8 @@ class HostileOwnerServices {
  protected:
   void StartAll(LinkProtection protection) {
     protection_ = protection;
-    char tmpl[] = "/tmp/dyad-hostile-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-hostile-test.");
+    ASSERT_FALSE(base_.empty()) << std::strerror(errno);
     ServiceOptions oa = FirstServiceOptions(base_);
     oa.protection = protection_;
     oa.rpc_timeout_ms = kRpcTimeoutMs;

@@ -57,9 +57,8 @@ class ParkedFetch : public ::testing::Test {
   // A's worker count.
   void Start(LinkProtection protection, int64_t rpc_timeout_ms, const std::string& dtl_mode = "",
              uint32_t a_workers = 0) {
-    char tmpl[] = "/tmp/dyad-parked-test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-parked-test.");
+    ASSERT_FALSE(base_.empty()) << std::strerror(errno);
     ServiceOptions oa = FirstServiceOptions(base_);
     oa.protection = protection;
     oa.rpc_timeout_ms = rpc_timeout_ms;

@@ -46,9 +46,8 @@ class ReactorTest : public ::testing::Test {
     if (rl.rlim_max < 2000) GTEST_SKIP() << "descriptor limit " << rl.rlim_max << " too low";
     rl.rlim_cur = rl.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &rl);
-    char tmpl[] = "/tmp/dyad-reactor-test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    base_ = tmpl;
+    base_ = testutil::MakeTempDir("dyad-reactor-test.");
+    ASSERT_FALSE(base_.empty()) << std::strerror(errno);
     ServiceOptions oa = FirstServiceOptions(base_);
     oa.workers = 2;
     a_ = std::make_unique<Service>(oa);
