@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <thread>
 #include <utility>
 
 #include "common/log.h"
@@ -16,14 +15,6 @@
 namespace dyad {
 namespace {
 
-// How long past its slice the reply to a wait may take before the root is
-// considered gone (it answers when the slice ends, so this is network slack).
-constexpr int64_t kReplyGraceMs = 2000;
-// Bound of one connection attempt inside a wait: connecting cannot poll the
-// cancel callback, so keep it short and let the back-off loop retry.
-constexpr int64_t kWaitDialMs = 1000;
-// Longest pause between two polls of a wait's cancel callback.
-constexpr int64_t kCancelPollMs = 250;
 // A pooled link idle for less than this is reused without checking it.
 constexpr int64_t kTrustIdleMs = 1000;
 
@@ -125,15 +116,6 @@ Task<Result<std::unique_ptr<Channel>>> EmbeddedKvs::DialTask(Deadline deadline, 
   co_return std::move(ch);
 }
 
-Result<std::unique_ptr<Channel>> EmbeddedKvs::Dial(Deadline deadline) {
-  return RunOnThisThread([this, deadline]() -> Task<Result<std::unique_ptr<Channel>>> {
-    Result<std::unique_ptr<Channel>> ch = co_await DialTask(deadline, nullptr);
-    // The link leaves the call's loop while that still exists.
-    if (ch.ok()) (*ch)->attachment().reset();
-    co_return ch;
-  }());
-}
-
 std::unique_ptr<Channel> EmbeddedKvs::TakeIdle() {
   std::unique_ptr<Channel> ch;
   std::vector<std::unique_ptr<Channel>> stale;  // closed outside the lock
@@ -149,15 +131,6 @@ std::unique_ptr<Channel> EmbeddedKvs::TakeIdle() {
   }
   lk.Unlock();
   return ch;
-}
-
-Result<std::unique_ptr<Channel>> EmbeddedKvs::Borrow(Deadline deadline, bool* reused) {
-  *reused = false;
-  if (std::unique_ptr<Channel> ch = TakeIdle()) {
-    *reused = true;
-    return Result<std::unique_ptr<Channel>>(std::move(ch));
-  }
-  return Dial(deadline);
 }
 
 void EmbeddedKvs::Release(std::unique_ptr<Channel> ch) {
@@ -208,20 +181,6 @@ void EmbeddedKvs::NoteRecovered() {
   if (outage_.load(std::memory_order_relaxed) && outage_.exchange(false)) {
     DYAD_LOG_INFO("embedded store at %s reachable again", address_text_.c_str());
   }
-}
-
-bool EmbeddedKvs::Cancelled(const CancelFn& cancel) const {
-  return stopping_.load() || (cancel && cancel());
-}
-
-bool EmbeddedKvs::SleepUnlessCancelled(int64_t ms, const Deadline& deadline,
-                                       const CancelFn& cancel) {
-  const Deadline until = deadline.Min(ms);
-  while (!until.expired()) {
-    if (Cancelled(cancel)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(until.RemainingMs(kCancelPollMs)));
-  }
-  return !Cancelled(cancel);
 }
 
 // --- requests ----------------------------------------------------------------
@@ -419,135 +378,6 @@ Result<std::vector<KvsEntry>> EmbeddedKvs::DecodeList(const std::string& body) c
     return Status(DYAD_RC_BADUNPACK, "malformed kvs.list reply from " + address_text_);
   }
   return out;
-}
-
-Result<std::string> EmbeddedKvs::WaitSlice(Channel& ch, const std::string& request,
-                                           int64_t slice_ms, const CancelFn& cancel,
-                                           bool* cancelled) {
-  *cancelled = false;
-  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(MsgType::kKvsWait), request,
-                                    Deadline::AfterMs(rpc_timeout_ms_)));
-  // Wait for the reply to start arriving without consuming it, so the cancel
-  // callback can be polled; a timed-out RecvFrame would break the framing.
-  const Deadline reply_by = Deadline::AfterMs(slice_ms + kReplyGraceMs);
-  for (;;) {
-    if (Cancelled(cancel)) {
-      // The reply may still come; the link cannot be reused. Closing it also
-      // tells the root to stop waiting for us.
-      ch.MarkBroken();
-      *cancelled = true;
-      return Status(DYAD_RC_CANCELLED, "wait cancelled");
-    }
-    pollfd p{ch.fd(), POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(reply_by.RemainingMs(kCancelPollMs)));
-    if (n > 0) break;
-    if (n < 0 && errno != EINTR) {
-      ch.MarkBroken();
-      return StatusFromErrno(errno, "poll", DYAD_RC_CONNLOST);
-    }
-    if (n == 0 && reply_by.expired()) {
-      ch.MarkBroken();
-      return Status(DYAD_RC_CONNLOST, "no answer to a " + std::to_string(slice_ms) +
-                                          " ms wait within " +
-                                          std::to_string(slice_ms + kReplyGraceMs) + " ms");
-    }
-  }
-  uint16_t type = 0;
-  std::string payload;
-  DYAD_RETURN_IF_ERROR(ch.RecvFrame(&type, &payload, Deadline::AfterMs(rpc_timeout_ms_)));
-  if (type != static_cast<uint16_t>(MsgType::kReply)) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_BADRPC, std::string("expected a reply, got '") + MsgTypeName(type) + "'");
-  }
-  Status st;
-  std::string body;
-  if (!DecodeReply(payload, &st, &body)) {
-    ch.MarkBroken();
-    return Status(DYAD_RC_BADUNPACK, "malformed kvs.wait reply");
-  }
-  if (!st.ok()) return st;
-  Decoder d(body);
-  const bool found = d.Bool();
-  std::string value = d.Str(kMaxFramePayload);
-  if (!d.done() || !found) return Status(DYAD_RC_BADUNPACK, "malformed kvs.wait reply");
-  return value;
-}
-
-Result<std::string> EmbeddedKvs::Wait(const std::string& ns, const std::string& key,
-                                      Deadline deadline, const CancelFn& cancel) {
-  DYAD_RETURN_IF_ERROR(CheckFields(ns, key, {}));
-  const int64_t budget_ms = deadline.RemainingMs();
-  const std::string context = "wait on the embedded store at " + address_text_;
-  const Status cancelled_status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
-  int64_t backoff_ms = kBackoffFirstMs;
-  Status last_failure;  // why the latest attempt could not reach the root
-
-  // On a connection failure: note it, pause, and report whether to go on.
-  auto back_off = [&](const Status& failure) {
-    last_failure = failure;
-    NoteOutage(failure);
-    const bool go_on = SleepUnlessCancelled(backoff_ms, deadline, cancel);
-    backoff_ms = std::min(backoff_ms * 2, kBackoffMaxMs);
-    return go_on;
-  };
-
-  for (bool first = true;; first = false) {
-    if (Cancelled(cancel)) return cancelled_status;
-    // The first round always asks once, so an existing key is returned even
-    // when the deadline has already passed.
-    if (!first && deadline.expired()) {
-      std::string msg =
-          Describe(ns, key) + " not published within " + std::to_string(budget_ms) + " ms";
-      if (last_failure.ok()) return Status(DYAD_RC_TIMEOUT, msg);
-      msg +=
-          " (embedded store at " + address_text_ + " unreachable: " + last_failure.message() + ")";
-      return Status(DYAD_RC_TIMEOUT, msg).WithCause(DYAD_RC_CONNLOST);
-    }
-    // +1: RemainingMs rounds down, and a slice ending just before the
-    // deadline would cost one more round trip.
-    const int64_t slice_ms =
-        deadline.expired() ? 0 : std::min(deadline.RemainingMs() + 1, kWaitSliceMs);
-    KvsRequest req;
-    req.ns = ns;
-    req.key = key;
-    req.timeout_ms = slice_ms;
-
-    bool reused = false;
-    const int64_t dial_ms = std::min(rpc_timeout_ms_, kWaitDialMs);
-    Result<std::unique_ptr<Channel>> ch = Borrow(Deadline::AfterMs(dial_ms), &reused);
-    if (!ch.ok()) {
-      if (!IsConnectionFailure(ch.status())) return ch.status().Annotate(context);
-      if (!back_off(ch.status())) return cancelled_status;
-      continue;
-    }
-
-    bool cancelled = false;
-    Result<std::string> r = WaitSlice(**ch, EncodeRequest(req), slice_ms, cancel, &cancelled);
-    if (cancelled) return cancelled_status;  // the broken channel closes here
-    if (!(*ch)->broken()) {
-      Release(std::move(*ch));
-      if (r.status().code() == DYAD_RC_CANCELLED) {
-        // The root is shutting down; another may take its place.
-        if (!back_off(r.status())) return cancelled_status;
-        continue;
-      }
-      NoteRecovered();
-      last_failure = Status::OK();
-      backoff_ms = kBackoffFirstMs;
-      if (r.ok()) return r;
-      if (r.status().code() == DYAD_RC_TIMEOUT) continue;  // slice over; deadline checked above
-      return r.status().Annotate(context);
-    }
-    DropIdle();
-    if (!IsConnectionFailure(r.status())) return r.status().Annotate(context);
-    if (reused) {
-      // A stale pooled link (the root restarted since it was used): the
-      // next round dials afresh, no need to pause.
-      last_failure = r.status();
-      continue;
-    }
-    if (!back_off(r.status())) return cancelled_status;
-  }
 }
 
 }  // namespace dyad

@@ -8,11 +8,8 @@
 // (reading ahead is safe here: the root sends one reply per request, and a
 // link with bytes after its reply leaves the pool). All operations are
 // idempotent: a call that loses its connection is retried once on a fresh
-// one. A Wait is a loop of bounded
-// server-side waits (slices); across connection failures it keeps retrying
-// with back-off until the caller's deadline, so consumers that are waiting
-// survive a restart of the root. The root keeps its data in memory: after a
-// restart the store is empty until services publish again.
+// one. The root keeps its data in memory: after a restart the store is
+// empty until services publish again.
 //
 // Watch: each watched namespace long-polls the root's change feed
 // (kKvsWatch, change_feed.h) on a channel of its own, from a position that
@@ -24,6 +21,10 @@
 // StartWait: a table of waits served by the namespace's feed (one feed per
 // namespace however many waits; see embedded_waits.h), so a service parks
 // thousands of consumes on a remote root without a thread or link each.
+// They keep asking, with back-off, across connection failures until their
+// deadline (so waiting consumers survive a restart of the root), and a
+// deadline reached meanwhile says the root was unreachable; a refused
+// credential ends them at once. The blocking Wait is Kvs::Wait over them.
 //
 // Threading: all methods are thread-safe; each concurrent call uses its own
 // pooled channel.
@@ -57,7 +58,7 @@ class EmbeddedKvs final : public Kvs {
   // root is not flooded with connections (it admits 16 handshakes per
   // peer at a time).
   static constexpr size_t kMaxCallsInFlight = 12;
-  // Longest server-side wait one request asks for.
+  // Longest server-side wait one long-poll of a feed asks for.
   static constexpr int64_t kWaitSliceMs = 2000;
   // Reconnect back-off during a wait: doubles from the first to the last.
   static constexpr int64_t kBackoffFirstMs = 100;
@@ -97,8 +98,6 @@ class EmbeddedKvs final : public Kvs {
   Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override;
   Task<Result<KvsValues>> MultiGetTask(Runtime& rt, const std::string& ns,
                                        const std::vector<std::string>& keys) override;
-  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                           const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
@@ -123,18 +122,14 @@ class EmbeddedKvs final : public Kvs {
   friend class EmbeddedWaits;  // its checks, the loop it runs on, its feeds' state
   EmbeddedKvs(SocketAddress address, const KvsOptions& options);
 
-  // A pooled channel when one is idle and still connected, else a new one.
-  // `*reused` tells which, because a reused channel may be stale.
-  Result<std::unique_ptr<Channel>> Borrow(Deadline deadline, bool* reused);
   // A pooled link still usable, or null.
   std::unique_ptr<Channel> TakeIdle();
   // The body of a kvs.get reply, of a kvs.list reply.
   Result<std::optional<std::string>> DecodeGet(const std::string& body) const;
   Result<std::vector<KvsEntry>> DecodeList(const std::string& body) const;
   // A new authenticated link to the root, connected and handshaken on the
-  // loop that awaits it; Dial runs it on the calling thread.
+  // loop that awaits it.
   Task<Result<std::unique_ptr<Channel>>> DialTask(Deadline deadline, Stop* stop);
-  Result<std::unique_ptr<Channel>> Dial(Deadline deadline);
   void Release(std::unique_ptr<Channel> ch);
   void DropIdle();
 
@@ -167,15 +162,6 @@ class EmbeddedKvs final : public Kvs {
   // Whether the root is taken to lack kKvsMultiGet now (it refused one in
   // the last kMultiGetRetryMs).
   bool MultiGetRefused() const;
-  // One server-side wait of at most `slice_ms` on `ch`, polling `cancel`
-  // while the reply is pending. Sets `*cancelled` (and breaks `ch`) when
-  // the caller cancelled.
-  Result<std::string> WaitSlice(Channel& ch, const std::string& request, int64_t slice_ms,
-                                const CancelFn& cancel, bool* cancelled);
-  // Sleeps up to `ms` (not past `deadline`) in short steps; false if
-  // cancelled meanwhile.
-  bool SleepUnlessCancelled(int64_t ms, const Deadline& deadline, const CancelFn& cancel);
-  bool Cancelled(const CancelFn& cancel) const;
 
   // One namespace's feed (embedded_watch.cc): its link to the root and its
   // position there, a task on the feeds' runtime (RunFeed). The fields

@@ -8,6 +8,13 @@
 namespace dyad {
 namespace {
 
+// Failures that asking again may cure: the root closed, refused or did not
+// answer the link, or is shutting down (another may take its place).
+bool Transient(const Status& st) {
+  return st.code() == DYAD_RC_CONNLOST || st.code() == DYAD_RC_TIMEOUT ||
+         st.code() == DYAD_RC_CANCELLED || st.code() == DYAD_RC_NOSERVICE;
+}
+
 std::string Describe(const std::string& ns, const std::string& key) {
   return "key '" + key + "' in namespace '" + ns + "'";
 }
@@ -270,12 +277,18 @@ Task<void> EmbeddedWaits::RunChecks() {
     {
       MutexLock lk(mu_);
       if (stopping_) co_return;
-      if (!got.ok()) {
+      if (!got.ok() && !Transient(got.status())) {
+        // Final (a refused credential, a malformed answer): said at once.
+        EndLocked(t, got.status(), &out);
+      } else if (!got.ok()) {
         // The root is unreachable: the feed will report a resync once it
-        // is back if it restarted; meanwhile ask again, backing off.
+        // is back if it restarted; meanwhile ask again, backing off. A
+        // deadline that passes meanwhile says why it may have.
+        unreachable_ = got.status();
         retries_.emplace(SteadyClock::now() + std::chrono::milliseconds(retry_ms_), t);
         retry_ms_ = std::min(retry_ms_ * 2, kRetryMaxMs);
       } else {
+        unreachable_ = Status::OK();
         retry_ms_ = kRetryFirstMs;
         if (got->has_value()) EndLocked(t, std::move(**got), &out);
       }
@@ -289,10 +302,13 @@ void EmbeddedWaits::ExpireAndDropIdle(Completions* out) {
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const KvsWaitTicket t = deadlines_.begin()->second;
     const SlotKey slot = waiters_.at(t).slot;
-    EndLocked(t,
-              Status(DYAD_RC_TIMEOUT,
-                     Describe(slot.first, slot.second) + " not published before the deadline"),
-              out);
+    Status late(DYAD_RC_TIMEOUT,
+                Describe(slot.first, slot.second) + " not published before the deadline");
+    if (!unreachable_.ok())
+      late = Status(DYAD_RC_TIMEOUT, late.message() + " (embedded store at " + store_->address() +
+                                         " unreachable: " + unreachable_.message() + ")")
+                 .WithCause(DYAD_RC_CONNLOST);
+    EndLocked(t, std::move(late), out);
   }
   std::vector<std::pair<std::string, KvsWatchTicket>> idle;
   for (auto it = spaces_.begin(); it != spaces_.end();) {

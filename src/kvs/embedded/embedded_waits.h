@@ -118,6 +118,8 @@ class EmbeddedWaits {
   std::map<SlotKey, std::set<KvsWaitTicket>> by_slot_ GUARDED_BY(mu_);
   std::multimap<SteadyClock::time_point, KvsWaitTicket> deadlines_ GUARDED_BY(mu_);
   std::map<std::string, Space> spaces_ GUARDED_BY(mu_);
+  // Why the latest check could not reach the root (OK once one did).
+  Status unreachable_ GUARDED_BY(mu_);
   // Need a Get (new, or after a resync).
   std::deque<KvsWaitTicket> to_check_ GUARDED_BY(mu_);
   std::multimap<SteadyClock::time_point, KvsWaitTicket> retries_
