@@ -97,12 +97,14 @@ bool PeerDirectory::BeginDialAlone(uint32_t rank) {
   Peer& p = peers_[rank];
   if (p.dials_alone >= kMaxDialsAlone) return false;
   ++p.dials_alone;
+  ++dialing_;
   return true;
 }
 
 void PeerDirectory::EndDialAlone(uint32_t rank) {
   std::lock_guard<std::mutex> lk(mu_);
   --peers_[rank].dials_alone;
+  --dialing_;
 }
 
 Status CredentialFailure(const Status& st, const std::string& what) {

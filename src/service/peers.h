@@ -103,7 +103,8 @@ class PeerDirectory {
   const Authenticator& auth() const { return *auth_; }
   const PeerIdentity& self() const { return self_; }
   int64_t rpc_timeout_ms() const { return rpc_timeout_ms_; }
-  // Gauges for `dyad status`: dials in flight, callers waiting on one.
+  // Gauges for `dyad status`: dials in flight (those that lead a flight
+  // and those alongside), callers waiting on one.
   uint64_t dials_in_flight() const { return dialing_.load(); }
   uint64_t waiting_on_dial() const { return waiting_on_dial_.load(); }
   // A caller that joined a flight (JoinDial, `*lead` false) stops waiting
