@@ -10,6 +10,9 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <mutex>
+#include <optional>
+#include <set>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -43,17 +46,66 @@ struct OwnedWait {
   }
 };
 
-// A channel's registration with the loop, kept with the channel.
+// A channel's registration with the loop, kept with the channel. A channel
+// may outlive the loop (a pooled link of a store client whose tasks ran on
+// a runtime destroyed first): the loop's end releases the registrations it
+// still has (LoopRegistrations), so the channel's end touches nothing of
+// the loop's.
+struct ChannelWait;
+
+struct Registrations {
+  std::mutex mu;
+  bool ended = false;           // the loop's context is being destroyed
+  std::set<ChannelWait*> live;  // guarded by mu
+};
+
 struct ChannelWait {
   asio::any_io_executor ex;
-  asio::posix::stream_descriptor sd;
-  ChannelWait(asio::any_io_executor e, int fd) : ex(e), sd(e) {
+  std::optional<asio::posix::stream_descriptor> sd;  // empty once released
+  std::shared_ptr<Registrations> regs;
+  // Its loop ended (and a new loop may have the old one's address).
+  std::atomic<bool> released{false};
+  ChannelWait(asio::any_io_executor e, int fd, std::shared_ptr<Registrations> r)
+      : ex(e), regs(std::move(r)) {
+    std::lock_guard<std::mutex> lk(regs->mu);
+    if (regs->ended) {
+      released.store(true);
+      return;
+    }
+    sd.emplace(e);
     std::error_code ec;
-    sd.assign(fd, ec);
+    sd->assign(fd, ec);
+    regs->live.insert(this);
   }
   ~ChannelWait() {
-    if (sd.is_open()) (void)sd.release();  // the channel closes its descriptor
+    std::lock_guard<std::mutex> lk(regs->mu);
+    regs->live.erase(this);
+    Release();
   }
+  // The channel closes its descriptor: the registration only is undone.
+  void Release() {
+    released.store(true);
+    if (!sd) return;
+    if (sd->is_open()) (void)sd->release();
+    sd.reset();
+  }
+};
+
+// An asio service of each loop's context: its shutdown (the first step of
+// the context's destruction, while every service still exists) releases
+// the registrations of channels still alive.
+class LoopRegistrations : public asio::execution_context::service {
+ public:
+  static inline asio::execution_context::id id;
+  explicit LoopRegistrations(asio::execution_context& ctx)
+      : asio::execution_context::service(ctx), regs(std::make_shared<Registrations>()) {}
+  void shutdown() override {
+    std::lock_guard<std::mutex> lk(regs->mu);
+    regs->ended = true;
+    for (ChannelWait* w : regs->live) w->Release();
+    regs->live.clear();
+  }
+  const std::shared_ptr<Registrations> regs;
 };
 
 // `ch`'s registration with the loop of `ex`, made on first use. A channel
@@ -62,9 +114,11 @@ struct ChannelWait {
 // again with the new one.
 ChannelWait* Registered(Channel& ch, const asio::any_io_executor& ex) {
   std::shared_ptr<void>& slot = ch.attachment();
-  if (!slot || static_cast<ChannelWait*>(slot.get())->ex != ex) {
+  auto* mine = static_cast<ChannelWait*>(slot.get());
+  if (mine == nullptr || mine->released.load() || mine->ex != ex) {
     slot.reset();  // (releases the descriptor from the other loop first)
-    slot = std::make_shared<ChannelWait>(ex, ch.fd());
+    auto& loop = asio::use_service<LoopRegistrations>(asio::query(ex, asio::execution::context));
+    slot = std::make_shared<ChannelWait>(ex, ch.fd(), loop.regs);
   }
   return static_cast<ChannelWait*>(slot.get());
 }
@@ -322,7 +376,7 @@ Task<Ready> WaitReady(Channel& ch, short events, Deadline deadline, Stop* stop, 
   auto* mine = Registered(ch, ex);
   std::optional<OwnedWait> b;
   if (fd2 >= 0) b.emplace(ex, fd2);
-  co_return co_await WaitOn(&mine->sd, events, b ? &b->sd : nullptr, events2, deadline, stop);
+  co_return co_await WaitOn(&*mine->sd, events, b ? &b->sd : nullptr, events2, deadline, stop);
 }
 
 void StartReadInto(asio::any_io_executor ex, Channel& ch, size_t max, Deadline deadline, Stop* stop,
@@ -343,7 +397,7 @@ void StartReadInto(asio::any_io_executor ex, Channel& ch, size_t max, Deadline d
         }
         done(o.ready, std::move(error));
       },
-      &mine->sd, max, deadline, stop);
+      &*mine->sd, max, deadline, stop);
 }
 
 Task<Ready> ReadInto(Channel& ch, size_t max, Deadline deadline, Stop* stop, Status* error) {

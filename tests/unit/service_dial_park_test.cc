@@ -231,7 +231,9 @@ TEST_F(DialPark, DialsFromTwoThreadsShareOne) {
   ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
   Authenticator auth("test-secret-0123456789abcdef0123");
   PeerDirectory peers(kvs->get(), &auth, PeerIdentity{7, 1}, 1000);
-  Runtime rt(2, 1000);  // the blocking caller's dial runs on a runtime
+  // The blocking caller's dial runs on a runtime, which ends before the
+  // store whose pooled link waited on its loop.
+  Runtime rt(2, 1000);
   ASSERT_TRUE(rt.Start().ok());
   peers.SetRuntime(&rt);
   const uint64_t t0 = MonoNs();
@@ -250,6 +252,22 @@ TEST_F(DialPark, DialsFromTwoThreadsShareOne) {
   EXPECT_EQ(stuck_->accepted(), 1);
   EXPECT_EQ(peers.dials_in_flight(), 0u);
   EXPECT_EQ(peers.waiting_on_dial(), 0u);
+}
+
+// Dials alongside a flight are bounded per owner and counted in the
+// peers.dialing gauge while they last.
+TEST(DialAlone, AtMostThreePerOwnerAndCountedWhileTheyLast) {
+  Authenticator auth("test-secret-0123456789abcdef0123");
+  PeerDirectory peers(nullptr, &auth, PeerIdentity{7, 1}, 1000);
+  for (int i = 0; i < PeerDirectory::kMaxDialsAlone; ++i) EXPECT_TRUE(peers.BeginDialAlone(2));
+  EXPECT_FALSE(peers.BeginDialAlone(2)) << "a fourth dial alongside";
+  EXPECT_TRUE(peers.BeginDialAlone(3)) << "another owner has its own bound";
+  EXPECT_EQ(peers.dials_in_flight(), static_cast<uint64_t>(PeerDirectory::kMaxDialsAlone) + 1);
+  peers.EndDialAlone(3);
+  for (int i = 0; i < PeerDirectory::kMaxDialsAlone; ++i) peers.EndDialAlone(2);
+  EXPECT_EQ(peers.dials_in_flight(), 0u);
+  EXPECT_TRUE(peers.BeginDialAlone(2));
+  peers.EndDialAlone(2);
 }
 
 // A peer with another cluster secret: DYAD_RC_AUTH, naming the setting.

@@ -98,6 +98,29 @@ TEST_F(RuntimeTest, ChannelWaitsKeepOneRegistration) {
   EXPECT_EQ(rt_.RunSync(WaitReady(ch, POLLIN, Deadline::AfterMs(50), nullptr)), Ready::kTimeout);
 }
 
+// A channel that outlives the runtime whose loop it waited on (a pooled
+// link of a store client, a test's channel) is left by the loop's end: it
+// still works as a channel, waits on another loop, and ends cleanly (run
+// under valgrind, the old code read the destroyed loop's memory here).
+TEST(RuntimeEnd, ChannelOutlivesTheLoopItWaitedOn) {
+  SocketPair s;
+  Channel ch(std::move(s.a), Trust::kUnauthenticated);
+  for (int round = 0; round < 2; ++round) {
+    Runtime rt(1, 1000);
+    ASSERT_TRUE(rt.Start().ok());
+    ASSERT_EQ(::write(s.b.get(), "z", 1), 1);
+    EXPECT_EQ(rt.RunSync(WaitReady(ch, POLLIN, Deadline::AfterMs(5000), nullptr)), Ready::kReady);
+    char c;
+    ASSERT_EQ(::read(ch.fd(), &c, 1), 1);
+    ASSERT_TRUE(ch.attachment() != nullptr);
+    rt.Shutdown();
+  }  // each runtime ends with the channel still registered with its loop
+  ASSERT_EQ(::write(s.b.get(), "y", 1), 1);
+  char c;
+  EXPECT_EQ(::read(ch.fd(), &c, 1), 1);
+  ch.attachment().reset();
+}
+
 // A thousand waits on silent peers hold no thread; the service's stop
 // ends them all.
 TEST_F(RuntimeTest, ThousandWaitsHoldNoThreadAndEndAtTheStop) {
