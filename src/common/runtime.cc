@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "common/thread_annotations.h"
 #include "common/worker_pool.h"
 
 namespace dyad {
@@ -54,20 +55,20 @@ struct OwnedWait {
 struct ChannelWait;
 
 struct Registrations {
-  std::mutex mu;
-  bool ended = false;           // the loop's context is being destroyed
-  std::set<ChannelWait*> live;  // guarded by mu
+  Mutex mu;
+  bool ended GUARDED_BY(mu) = false;           // the loop's context is being destroyed
+  std::set<ChannelWait*> live GUARDED_BY(mu);  // registered and not released
 };
 
 struct ChannelWait {
   asio::any_io_executor ex;
   std::optional<asio::posix::stream_descriptor> sd;  // empty once released
-  std::shared_ptr<Registrations> regs;
+  const std::shared_ptr<Registrations> regs;
   // Its loop ended (and a new loop may have the old one's address).
   std::atomic<bool> released{false};
   ChannelWait(asio::any_io_executor e, int fd, std::shared_ptr<Registrations> r)
       : ex(e), regs(std::move(r)) {
-    std::lock_guard<std::mutex> lk(regs->mu);
+    MutexLock lk(regs->mu);
     if (regs->ended) {
       released.store(true);
       return;
@@ -78,12 +79,12 @@ struct ChannelWait {
     regs->live.insert(this);
   }
   ~ChannelWait() {
-    std::lock_guard<std::mutex> lk(regs->mu);
+    MutexLock lk(regs->mu);
     regs->live.erase(this);
     Release();
   }
   // The channel closes its descriptor: the registration only is undone.
-  void Release() {
+  void Release() REQUIRES(regs->mu) {
     released.store(true);
     if (!sd) return;
     if (sd->is_open()) (void)sd->release();
@@ -100,9 +101,12 @@ class LoopRegistrations : public asio::execution_context::service {
   explicit LoopRegistrations(asio::execution_context& ctx)
       : asio::execution_context::service(ctx), regs(std::make_shared<Registrations>()) {}
   void shutdown() override {
-    std::lock_guard<std::mutex> lk(regs->mu);
+    MutexLock lk(regs->mu);
     regs->ended = true;
-    for (ChannelWait* w : regs->live) w->Release();
+    for (ChannelWait* w : regs->live) {
+      w->regs->mu.AssertHeld();  // the same Registrations
+      w->Release();
+    }
     regs->live.clear();
   }
   const std::shared_ptr<Registrations> regs;
