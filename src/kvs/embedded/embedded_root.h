@@ -36,10 +36,6 @@ class EmbeddedRoot final : public Kvs {
   Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override {
     return store_->MultiGet(ns, keys);
   }
-  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                           const CancelFn& cancel = nullptr) override {
-    return store_->Wait(ns, key, deadline, cancel);
-  }
   Status Remove(const std::string& ns, const std::string& key) override {
     return store_->Remove(ns, key);
   }

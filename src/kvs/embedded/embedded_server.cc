@@ -58,8 +58,8 @@ Status EmbeddedKvsServer::Execute(uint16_t type, const std::string& payload, con
       break;
     }
     case MsgType::kKvsWait: {
-      // The client slices long waits; bounding each slice here caps the time
-      // a connection thread is held by a client that may have vanished.
+      // Such a client slices long waits; bounding each slice here caps the
+      // time a connection thread is held by a client that may have vanished.
       const int64_t ms =
           req.timeout_ms < 0 ? kMaxWaitSliceMs : std::min(req.timeout_ms, kMaxWaitSliceMs);
       Result<std::string> r = store_->Wait(req.ns, req.key, Deadline::AfterMs(ms), cancel);

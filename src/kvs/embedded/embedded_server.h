@@ -8,9 +8,11 @@
 // one kReply frame. A malformed request gets an error reply, never a crash
 // or a silent drop, so one bad peer cannot desynchronise its own link.
 //
-// Server-side waits are bounded (at most kMaxWaitSliceMs per request; the
-// client loops over slices) and poll `cancel`, which the service wires to
-// "the requesting peer hung up or the service is stopping".
+// Server-side waits (kvs.wait, which clients of earlier releases send; the
+// current client waits through kvs.watch) are bounded (at most
+// kMaxWaitSliceMs per request; such a client loops over slices) and poll
+// `cancel`, which the service wires to "the requesting peer hung up or the
+// service is stopping".
 //
 // Threading: Handle() is thread-safe and is called concurrently from many
 // connection threads, each with its own Channel.

@@ -25,13 +25,11 @@ Status MemoryKvs::Put(const std::string& ns, const std::string& key, const std::
   {
     MutexLock lk(mu_);
     if (data_[ns].Put(key, value)) ++entries_;
-    // Notifying under the mutex is deliberate: a waiter cannot miss the
-    // notification because it re-checks the key under the same mutex before
-    // every sleep.
+    // A wait registers under this mutex after checking the key: none is
+    // missed. Their callbacks run after it is released.
     if (!slots_.empty()) {  // spares building a SlotKey when nobody waits
       const auto slot = slots_.find(SlotKey(ns, key));
       if (slot != slots_.end()) {
-        slot->second.cv.notify_all();
         const std::set<KvsWaitTicket> parked = slot->second.async;
         for (KvsWaitTicket t : parked) EndAsyncLocked(t, value, &woken);
       }
@@ -59,7 +57,7 @@ void MemoryKvs::EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completio
   auto slot = slots_.find(it->second.slot);
   if (slot != slots_.end()) {
     slot->second.async.erase(t);
-    if (slot->second.waiters == 0 && slot->second.async.empty()) slots_.erase(slot);
+    if (slot->second.async.empty()) slots_.erase(slot);
   }
   out->emplace_back(std::move(it->second.done), std::move(r));
   async_.erase(it);
@@ -68,13 +66,16 @@ void MemoryKvs::EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completio
 Result<KvsWaitTicket> MemoryKvs::StartWait(const std::string& ns, const std::string& key,
                                            Deadline deadline, KvsWaitCallback done) {
   MutexLock lk(mu_);
-  if (shutdown_) {
+  // A key already there is returned even while the store shuts down (a
+  // stopping service may still read); only waiting is refused then.
+  const std::string* v = FindLocked(ns, key);
+  if (v == nullptr && shutdown_) {
     return Status(DYAD_RC_CANCELLED,
                   "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
   }
   if (!timer_.joinable()) timer_ = std::thread(&MemoryKvs::TimerLoop, this);
   const KvsWaitTicket t = next_ticket_++;
-  if (const std::string* v = FindLocked(ns, key)) {
+  if (v != nullptr) {
     ready_.emplace_back(std::move(done), *v);  // never from inside StartWait
     timer_cv_.notify_one();
     return t;
@@ -164,56 +165,6 @@ Result<KvsValues> MemoryKvs::MultiGet(const std::string& ns, const std::vector<s
   return out;
 }
 
-Result<std::string> MemoryKvs::Wait(const std::string& ns, const std::string& key,
-                                    Deadline deadline, const CancelFn& cancel) {
-  const int64_t budget_ms = deadline.RemainingMs();
-  MutexLock lk(mu_);
-  if (const std::string* v = FindLocked(ns, key)) return *v;
-
-  auto slot = slots_.try_emplace(SlotKey(ns, key)).first;
-  ++slot->second.waiters;
-  // Unregisters on every return below; each return happens with `lk` held.
-  struct SlotGuard {
-    std::map<SlotKey, WaitSlot>& slots;
-    std::map<SlotKey, WaitSlot>::iterator it;
-    ~SlotGuard() {
-      if (--it->second.waiters == 0 && it->second.async.empty()) slots.erase(it);
-    }
-  } guard{slots_, slot};
-
-  bool poll_cancel = static_cast<bool>(cancel);
-  for (;;) {
-    if (const std::string* v = FindLocked(ns, key)) return *v;
-    if (shutdown_) {
-      return Status(DYAD_RC_CANCELLED,
-                    "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
-    }
-    if (deadline.expired()) {
-      return Status(DYAD_RC_TIMEOUT, Describe(ns, key) + " not published within " +
-                                         std::to_string(budget_ms) + " ms");
-    }
-    if (poll_cancel) {
-      poll_cancel = false;
-      lk.Unlock();
-      const bool stop = cancel();
-      lk.Lock();
-      if (stop) return Status(DYAD_RC_CANCELLED, "wait for " + Describe(ns, key) + " cancelled");
-      continue;  // the key may have appeared while unlocked: check before sleeping
-    }
-    if (!cancel && deadline.never()) {
-      // Only Put and Shutdown can end this wait, and both notify.
-      lk.Wait(slot->second.cv);
-      continue;
-    }
-    // Without `cancel` to poll, sleep until the deadline (Put and Shutdown
-    // notify): thousands of parked waits must not wake 4 times a second.
-    const auto slice_end = cancel ? SteadyClock::now() + std::chrono::milliseconds(kCancelPollMs)
-                                  : deadline.time_point();
-    lk.WaitUntil(slot->second.cv, std::min(slice_end, deadline.time_point()));
-    poll_cancel = static_cast<bool>(cancel);
-  }
-}
-
 Status MemoryKvs::Remove(const std::string& ns, const std::string& key) {
   MutexLock lk(mu_);
   const auto nit = data_.find(ns);
@@ -289,7 +240,6 @@ void MemoryKvs::Shutdown() {
   {
     MutexLock lk(mu_);
     shutdown_ = true;
-    for (auto& [k, slot] : slots_) slot.cv.notify_all();
     std::vector<KvsWaitTicket> parked;
     for (const auto& [t, w] : async_) parked.push_back(t);
     for (KvsWaitTicket t : parked) {

@@ -6,17 +6,14 @@
 // embedded root store (EmbeddedKvsServer), which the root dyad-service
 // exposes to the other services of the cluster.
 //
-// Threading: all methods are thread-safe. One mutex guards the data; a
-// waiter sleeps on a condition variable private to the (namespace, key) it
-// waits for, so a Put wakes exactly the waiters of its key. The key is
-// checked and the waiter registered under that same mutex, so a Put cannot
-// slip between the check and the sleep. `cancel` callbacks are always called
-// without the mutex held (they may block briefly or call back into us).
-// StartWait parks a callback in the same slot; Put runs the callbacks of
-// its key on its own thread after releasing the mutex, and one timer thread
-// (started by the first StartWait) runs those of keys that already existed
-// and of deadlines that passed. This is what lets a host serve thousands of
-// waits (e.g. the embedded root's) without a thread each.
+// Threading: all methods are thread-safe. One mutex guards the data and
+// the waits: a wait (StartWait; the blocking Wait is Kvs::Wait over it)
+// checks its key and parks its callback in the key's slot under that same
+// mutex, so a Put cannot slip between the check and the parking. Put runs
+// the callbacks of its key on its own thread after releasing the mutex, and
+// one timer thread (started by the first wait) runs those of keys that
+// already existed and of deadlines that passed. This is what lets a host
+// serve thousands of waits (e.g. the embedded root's) without a thread each.
 #pragma once
 
 #include <condition_variable>
@@ -38,9 +35,6 @@ namespace dyad {
 
 class MemoryKvs final : public Kvs {
  public:
-  // Longest sleep between two polls of a wait's CancelFn.
-  static constexpr int64_t kCancelPollMs = 250;
-
   MemoryKvs() = default;
   // Ends pending StartWaits with DYAD_RC_CANCELLED and joins the timer.
   ~MemoryKvs() override;
@@ -54,8 +48,6 @@ class MemoryKvs final : public Kvs {
   Result<std::optional<std::string>> Get(const std::string& ns, const std::string& key) override;
   // Under one hold of the lock: a snapshot of those keys.
   Result<KvsValues> MultiGet(const std::string& ns, const std::vector<std::string>& keys) override;
-  Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
-                           const CancelFn& cancel = nullptr) override;
   Status Remove(const std::string& ns, const std::string& key) override;
   Result<std::vector<KvsEntry>> List(const std::string& ns, const std::string& prefix,
                                      uint32_t limit = 0) override;
@@ -99,8 +91,6 @@ class MemoryKvs final : public Kvs {
  private:
   using SlotKey = std::pair<std::string, std::string>;  // namespace, key
   struct WaitSlot {
-    std::condition_variable cv;
-    int waiters = 0;                // blocked in Wait
     std::set<KvsWaitTicket> async;  // parked by StartWait
   };
   struct AsyncWaiter {
