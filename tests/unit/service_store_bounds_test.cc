@@ -341,6 +341,14 @@ TEST_F(StoreBounds, WatchBeyondTheFeedLimitIsRefusedClearly) {
   Result<KvsWatchTicket> ok = kvs->Watch("space-0", [](const KvsChange&) {});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   kvs->Unwatch(*ok);
+  // A wait in one more namespace is told at once too, not left until its
+  // deadline (its feed's refusal ends it).
+  const auto wait_start = std::chrono::steady_clock::now();
+  Result<std::string> waited = kvs->Wait("wait-space", "k", Deadline::AfterMs(20000));
+  EXPECT_EQ(waited.status().code(), DYAD_RC_BADREQUEST) << waited.status().ToString();
+  EXPECT_NE(waited.status().message().find("limit"), std::string::npos)
+      << waited.status().ToString();
+  EXPECT_LT(MsSince(wait_start), 5000);
 }
 
 }  // namespace

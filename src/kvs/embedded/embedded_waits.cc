@@ -192,8 +192,8 @@ void EmbeddedWaits::StartWatches(Completions* out) {
   for (const auto& [ns, space] : spaces_)
     if (space.watch == 0 && space.waits > 0) unwatched.push_back(ns);
   for (const std::string& ns : unwatched) {
-    // On the feeds' loop Watch returns at once; CheckEstablished then
-    // follows the feed until it knows its position or was refused.
+    // On the feeds' loop Watch returns at once. A feed the root refuses
+    // says so (FeedRefused), and CheckEstablished ends its waits then.
     Result<KvsWatchTicket> w = WithoutLock(mu_, [&] {
       return store_->Watch(ns, [this, ns](const KvsChange& change) { OnChange(ns, change); });
     });
@@ -215,7 +215,14 @@ void EmbeddedWaits::StartWatches(Completions* out) {
   }
 }
 
+void EmbeddedWaits::FeedRefused() {
+  MutexLock lk(mu_);
+  feeds_changed_ = true;
+  Kick();
+}
+
 void EmbeddedWaits::CheckEstablished(Completions* out) {
+  feeds_changed_ = false;
   std::vector<std::pair<std::string, KvsWatchTicket>> refused;
   for (auto& [ns, space] : spaces_) {
     if (space.watch == 0 || space.established) continue;
@@ -336,13 +343,11 @@ void EmbeddedWaits::ExpireAndDropIdle(Completions* out) {
 
 SteadyClock::time_point EmbeddedWaits::NextWakeLocked() const {
   const auto now = SteadyClock::now();
-  if (!to_check_.empty()) return now;
+  if (!to_check_.empty() || feeds_changed_) return now;
   auto next = now + std::chrono::milliseconds(kIdleWatchMs);
   for (const auto& [ns, space] : spaces_) {
     if (space.waits > 0 && space.watch == 0) return now;  // a watch to start
-    if (space.watch != 0 && !space.established)
-      next = std::min(next, now + std::chrono::milliseconds(kEstablishPollMs));
-    if (space.waits == 0 && space.watch != 0)  // an idle watch to drop
+    if (space.waits == 0 && space.watch != 0)             // an idle watch to drop
       next = std::min(next, space.idle_since + std::chrono::milliseconds(kIdleWatchMs));
   }
   if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);

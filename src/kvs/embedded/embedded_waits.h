@@ -51,8 +51,6 @@ class EmbeddedWaits {
   // doubling up to kRetryMaxMs.
   static constexpr int64_t kRetryFirstMs = 100;
   static constexpr int64_t kRetryMaxMs = 2000;
-  // While a new watch is not established, its refusal is looked for this often.
-  static constexpr int64_t kEstablishPollMs = 50;
 
   // `store` answers the Gets, provides the watches and the runtime; it
   // outlives this.
@@ -72,6 +70,10 @@ class EmbeddedWaits {
   void Shutdown();
 
   size_t pending() const;
+
+  // The root refused a namespace's feed (on the feeds' loop): the task
+  // looks at the feeds again and ends the waits of refused ones.
+  void FeedRefused();
 
  private:
   using SlotKey = std::pair<std::string, std::string>;  // namespace, key
@@ -120,6 +122,8 @@ class EmbeddedWaits {
   std::map<std::string, Space> spaces_ GUARDED_BY(mu_);
   // Why the latest check could not reach the root (OK once one did).
   Status unreachable_ GUARDED_BY(mu_);
+  // A feed was refused since CheckEstablished last looked.
+  bool feeds_changed_ GUARDED_BY(mu_) = false;
   // Need a Get (new, or after a resync).
   std::deque<KvsWaitTicket> to_check_ GUARDED_BY(mu_);
   std::multimap<SteadyClock::time_point, KvsWaitTicket> retries_

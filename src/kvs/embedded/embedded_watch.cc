@@ -208,6 +208,7 @@ Task<void> EmbeddedKvs::RunFeed(std::shared_ptr<Feed> f) {
       f->refused = st;
       feed_cv_.notify_all();
     }
+    waits_->FeedRefused();  // its waits end with the refusal
     // The link is fine: ask again on it after a back-off, rather than
     // dialling the root again at once.
     refused_backoff_ms =
