@@ -54,21 +54,20 @@ Task<FetchResult> Fetcher::Fetch(const FileRecord& rec, Transport& transport,
   const std::string late =
       " from the owner within " + std::to_string(rpc_timeout_ms_) + " ms (--rpc-timeout)";
   std::string body;
-  if (!st.ok()) {
-    if (ch.broken()) out.outcome.retryable = st.code() == DYAD_RC_CONNLOST;
-    co_return end(st.code(), st.message());
+  int sink_fd = -1;
+  if (st.ok()) {
+    // The owner is at work: the sink is opened meanwhile, off the chain.
+    Result<int> sink = open_sink();
+    if (!sink.ok()) {
+      ch.MarkBroken();  // its reply will come, unread
+      out.status = sink.status();
+      span.Rc(out.status);
+      co_return std::move(out);
+    }
+    sink_fd = *sink;
+    st = co_await AwaitReply(ch, deadline, waits, "no reply" + late, &body, nullptr,
+                             /*just_sent=*/true);
   }
-  // The owner is at work: the sink is opened meanwhile, off the chain.
-  Result<int> sink = open_sink();
-  if (!sink.ok()) {
-    ch.MarkBroken();  // its reply will come, unread
-    out.status = sink.status();
-    span.Rc(out.status);
-    co_return std::move(out);
-  }
-  const int sink_fd = *sink;
-  st = co_await AwaitReply(ch, deadline, waits, "no reply" + late, &body, nullptr,
-                           /*just_sent=*/true);
   if (!st.ok()) {
     // A broken session received nothing: it was dead before we used it.
     if (ch.broken()) out.outcome.retryable = st.code() == DYAD_RC_CONNLOST;

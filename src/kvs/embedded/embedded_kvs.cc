@@ -18,12 +18,6 @@ namespace {
 // A pooled link idle for less than this is reused without checking it.
 constexpr int64_t kTrustIdleMs = 1000;
 
-// Failures that a fresh connection may cure: the root closed or reset the
-// link, refused the connection (restarting), or did not answer in time.
-bool IsConnectionFailure(const Status& st) {
-  return st.code() == DYAD_RC_CONNLOST || st.code() == DYAD_RC_TIMEOUT;
-}
-
 std::string EncodeRequest(const KvsRequest& req) {
   Encoder e;
   req.EncodeTo(e);
@@ -184,6 +178,10 @@ void EmbeddedKvs::NoteRecovered() {
 }
 
 // --- requests ----------------------------------------------------------------
+
+bool EmbeddedKvs::IsConnectionFailure(const Status& st) {
+  return st.code() == DYAD_RC_CONNLOST || st.code() == DYAD_RC_TIMEOUT;
+}
 
 Task<Status> EmbeddedKvs::TakeCallSlot(Deadline deadline, Stop* stop) {
   std::shared_ptr<Rendezvous<bool>> turn;

@@ -111,12 +111,15 @@ class EmbeddedKvs final : public Kvs {
   Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change) override;
   void Unwatch(KvsWatchTicket ticket) override;
 
-  // Makes waits in progress (within 250 ms) and later ones return
+  // Makes waits in progress and later ones return
   // DYAD_RC_CANCELLED, and closes idle connections. For service shutdown.
   void Shutdown() override;
 
   // "HOST:PORT" of the root.
   const std::string& address() const { return address_text_; }
+  // Failures that a fresh connection may cure: the root closed or reset the
+  // link, refused the connection (restarting), or did not answer in time.
+  static bool IsConnectionFailure(const Status& st);
 
  private:
   friend class EmbeddedWaits;  // its checks, the loop it runs on, its feeds' state

@@ -8,11 +8,11 @@
 namespace dyad {
 namespace {
 
-// Failures that asking again may cure: the root closed, refused or did not
-// answer the link, or is shutting down (another may take its place).
+// Failures that asking again may cure: those of the connection, or a root
+// shutting down (another may take its place).
 bool Transient(const Status& st) {
-  return st.code() == DYAD_RC_CONNLOST || st.code() == DYAD_RC_TIMEOUT ||
-         st.code() == DYAD_RC_CANCELLED || st.code() == DYAD_RC_NOSERVICE;
+  return EmbeddedKvs::IsConnectionFailure(st) || st.code() == DYAD_RC_CANCELLED ||
+         st.code() == DYAD_RC_NOSERVICE;
 }
 
 std::string Describe(const std::string& ns, const std::string& key) {
