@@ -1,11 +1,7 @@
 // kvs.cc: what every store shares (the Kvs base class).
 #include "kvs/kvs.h"
 
-#include <chrono>
-#include <condition_variable>
-
 #include "common/backend.h"
-#include "common/thread_annotations.h"
 
 namespace dyad {
 
@@ -51,41 +47,12 @@ Task<Result<KvsValues>> Kvs::MultiGetTask(Runtime& rt, const std::string& ns,
 
 Result<std::string> Kvs::Wait(const std::string& ns, const std::string& key, Deadline deadline,
                               const CancelFn& cancel) {
-  return AwaitStarted(
-      [&](KvsWaitCallback done) { return StartWait(ns, key, deadline, std::move(done)); }, cancel,
-      100, [this](KvsWaitTicket t) { CancelWait(t); });
-}
-
-Result<std::string> Kvs::AwaitStarted(
-    const std::function<Result<KvsWaitTicket>(KvsWaitCallback)>& start, const CancelFn& cancel,
-    int64_t poll_ms, const std::function<void(KvsWaitTicket)>& end) {
-  struct Outcome {
-    Mutex mu;
-    std::condition_variable cv;
-    std::optional<Result<std::string>> result GUARDED_BY(mu);
-  };
-  auto out = std::make_shared<Outcome>();
-  Result<KvsWaitTicket> ticket = start([out](Result<std::string> r) {
-    MutexLock lk(out->mu);
-    out->result = std::move(r);
-    out->cv.notify_one();
-  });
-  if (!ticket.ok()) return ticket.status();
-  MutexLock lk(out->mu);
-  while (!out->result) {
-    // The deadline and a shutdown arrive through the callback; only
-    // `cancel` needs polling, so a wait without one sleeps until it runs.
-    if (!cancel) {
-      lk.Wait(out->cv, [&]() REQUIRES(out->mu) { return out->result.has_value(); });
-      break;
-    }
-    lk.WaitFor(out->cv, std::chrono::milliseconds(poll_ms));
-    if (out->result) break;
-    lk.Unlock();
-    if (cancel()) end(*ticket);  // calls back (CANCELLED) unless the wait just ended
-    lk.Lock();
-  }
-  return std::move(*out->result);
+  KvsWaitTicket ticket = 0;
+  return AwaitCallback<Result<std::string>>(
+      [&](KvsWaitCallback done) {
+        return Parked(StartWait(ns, key, deadline, std::move(done)), &ticket);
+      },
+      cancel, kCancelAskMs, [&] { CancelWait(ticket); });
 }
 
 Result<KvsWatchTicket> Kvs::Watch(const std::string& ns, KvsWatchCallback on_change) {

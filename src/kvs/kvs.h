@@ -103,8 +103,8 @@ class Kvs {
   virtual Task<Result<std::vector<KvsEntry>>> ListTask(Runtime& rt, const std::string& ns,
                                                        const std::string& prefix,
                                                        uint32_t limit = 0);
-  // The default is StartWait plus a sleep of this thread (AwaitStarted,
-  // `cancel` asked every 100 ms).
+  // The default is StartWait plus a sleep of this thread (AwaitCallback,
+  // `cancel` asked every kCancelAskMs).
   virtual Result<std::string> Wait(const std::string& ns, const std::string& key, Deadline deadline,
                                    const CancelFn& cancel = nullptr);
   virtual Status Remove(const std::string& ns, const std::string& key) = 0;
@@ -155,16 +155,17 @@ class Kvs {
   virtual Result<KvsWatchTicket> Watch(const std::string& ns, KvsWatchCallback on_change);
   // After Unwatch returns, the callback is not running and never runs again.
   virtual void Unwatch(KvsWatchTicket ticket) { (void)ticket; }
-
- protected:
-  // The blocking side of an asynchronous wait: calls `start` with a
-  // callback and sleeps until that callback has run, returning what it got.
-  // With `cancel`, asks it every `poll_ms` and, when it says so, calls
-  // `end` with the ticket, which must make the callback run (soon).
-  static Result<std::string> AwaitStarted(
-      const std::function<Result<KvsWaitTicket>(KvsWaitCallback)>& start, const CancelFn& cancel,
-      int64_t poll_ms, const std::function<void(KvsWaitTicket)>& end);
 };
+
+// A StartWait's outcome in the form AwaitCallback and parked requests take:
+// its error when it could not start, else nothing (the wait is parked) with
+// *ticket set.
+inline std::optional<Result<std::string>> Parked(Result<KvsWaitTicket> started,
+                                                 KvsWaitTicket* ticket) {
+  if (!started.ok()) return Result<std::string>(started.status());
+  *ticket = *started;
+  return std::nullopt;
+}
 
 struct KvsOptions {
   std::string secret;  // cluster secret for authenticated backends

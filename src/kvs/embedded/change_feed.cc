@@ -46,7 +46,6 @@ void ChangeFeeds::Shutdown() {
     parked_.clear();
     deadlines_.clear();
     for (auto& [ns, f] : feeds_) f->parked.clear();
-    cv_.notify_all();
     timer_cv_.notify_all();
   }
   Run(&cancelled);
@@ -97,7 +96,7 @@ void ChangeFeeds::SweepLocked(SteadyClock::time_point now) {
   const auto idle = std::chrono::milliseconds(limits_.idle_ms);
   for (auto it = feeds_.begin(); it != feeds_.end();) {
     Feed& f = *it->second;
-    if (f.parked.empty() && f.polling == 0 && now - f.used >= idle) {
+    if (f.parked.empty() && now - f.used >= idle) {
       // Unwatched by the timer, off the lock: Unwatch waits for a callback
       // in progress, which may be waiting for mu_ (Append).
       if (f.ticket != 0) retired_.push_back(f.ticket);
@@ -125,7 +124,6 @@ void ChangeFeeds::Append(const std::string& ns, uint64_t epoch, const KvsChange&
       f.ring_bytes -= f.ring.front().size();
       f.ring.pop_front();
     }
-    cv_.notify_all();
     // Only this namespace's parked polls (one per watching service).
     for (auto t = f.parked.begin(); t != f.parked.end();) {
       auto p = parked_.find(*t);
@@ -249,32 +247,10 @@ void ChangeFeeds::TimerLoop() {
 
 Result<KvsWatchReply> ChangeFeeds::Poll(const KvsWatchRequest& req, Deadline deadline,
                                         const CancelFn& cancel) {
-  MutexLock lk(mu_);
-  if (shutdown_) return Status(DYAD_RC_CANCELLED, "metadata store is stopping");
-  Status refused;
-  Feed* f = FeedOf(req.ns, &refused);
-  if (f == nullptr) return refused;
-  // A feed with a poll in progress is never freed: `f` outlives the unlocks.
-  ++f->polling;
-  struct Done {
-    Feed* f;
-    ~Done() {
-      --f->polling;
-      f->used = SteadyClock::now();
-    }
-  } done{f};  // runs with `lk` held (declared after it)
-  for (;;) {
-    std::optional<KvsWatchReply> r = AnswerLocked(req, *f, deadline.expired());
-    if (r) return std::move(*r);
-    if (shutdown_) return Status(DYAD_RC_CANCELLED, "metadata store is stopping");
-    lk.WaitUntil(cv_, deadline.Min(kCancelPollMs).time_point());
-    if (cancel) {
-      lk.Unlock();
-      const bool stop = cancel();
-      lk.Lock();
-      if (stop) return Status(DYAD_RC_CANCELLED, "watch cancelled");
-    }
-  }
+  PollTicket ticket = 0;
+  return AwaitCallback<Result<KvsWatchReply>>(
+      [&](PollCallback done) { return StartPoll(req, deadline, std::move(done), &ticket); }, cancel,
+      kCancelAskMs, [&] { CancelPoll(ticket); });
 }
 
 }  // namespace dyad

@@ -18,7 +18,7 @@
 //    key is skipped. A ring holds at most ring_entries keys and
 //    ring_key_bytes of them; older ones fall off (a watcher behind them
 //    resyncs);
-//  * a feed nobody polls (none parked or waiting, no poll for idle_ms) is
+//  * a feed nobody polls (none parked, no poll for idle_ms) is
 //    freed with its ring and its watch on the store; a later poll starts a
 //    new one with a new epoch, so its watcher resyncs;
 //  * at most max_feeds feeds exist: a poll that would start one more is
@@ -26,14 +26,14 @@
 //    freed and still none is free.
 // So the feeds hold at most max_feeds x (ring_key_bytes + a few KiB).
 //
-// A poll can also be parked (StartPoll): it then holds no thread, and is
-// answered from the thread of the Put that brings a change, from the
-// feeds' timer at its deadline, or from CancelPoll/Shutdown. The root
-// service parks every peer's poll this way, so watchers (one per namespace
-// per service) never occupy its workers. A Put looks at the parked polls
-// of its own namespace only.
+// A poll (StartPoll) is answered at once when there is something to say;
+// otherwise it is parked, holding no thread, and answered from the thread
+// of the Put that brings a change, from the feeds' timer at its deadline,
+// or from CancelPoll/Shutdown. The root service parks every peer's poll
+// this way, so watchers (one per namespace per service) never occupy its
+// workers. A Put looks at the parked polls of its own namespace only.
 //
-// Threading: thread-safe; Poll is called from many connection threads.
+// Threading: thread-safe.
 // Lock order: the feeds' mutex, then the store's (never the reverse).
 #pragma once
 
@@ -68,7 +68,6 @@ struct ChangeFeedLimits {
 class ChangeFeeds {
  public:
   static constexpr uint32_t kMaxBatch = 1024;
-  static constexpr int64_t kCancelPollMs = 250;
   // Value bytes one reply carries (at least one change).
   static constexpr size_t kMaxReplyBytes = 4u << 20;
 
@@ -77,16 +76,17 @@ class ChangeFeeds {
   ChangeFeeds(const ChangeFeeds&) = delete;
   ChangeFeeds& operator=(const ChangeFeeds&) = delete;
 
-  // Answers one kKvsWatch (see KvsWatchRequest).
-  Result<KvsWatchReply> Poll(const KvsWatchRequest& req, Deadline deadline, const CancelFn& cancel);
   using PollCallback = std::function<void(Result<KvsWatchReply>)>;
   using PollTicket = uint64_t;
-  // Poll without a thread: returns the answer when there is one now (a
+  // Answers one kKvsWatch (see KvsWatchRequest): returns the answer when there is one now (a
   // refusal included); otherwise parks the poll, sets *ticket and returns
   // nothing, and `done` runs once later (quick, must not block). Shutting
   // down: CANCELLED.
   std::optional<Result<KvsWatchReply>> StartPoll(const KvsWatchRequest& req, Deadline deadline,
                                                  PollCallback done, PollTicket* ticket);
+  // StartPoll for a blocking caller (AwaitCallback): `cancel` asked every
+  // kCancelAskMs.
+  Result<KvsWatchReply> Poll(const KvsWatchRequest& req, Deadline deadline, const CancelFn& cancel);
   // Ends a parked poll with DYAD_RC_CANCELLED (`done` runs on this thread),
   // unless it was answered already.
   void CancelPoll(PollTicket ticket);
@@ -105,7 +105,6 @@ class ChangeFeeds {
     std::deque<std::string> ring;  // keys at positions head-size+1 .. head
     size_t ring_bytes = 0;         // of the keys in `ring`
     std::set<uint64_t> parked;     // tickets of its parked polls
-    int polling = 0;               // blocking Polls in progress
     SteadyClock::time_point used;  // last poll
   };
   struct Parked {
@@ -131,7 +130,6 @@ class ChangeFeeds {
   const ChangeFeedLimits limits_;
   const uint64_t epoch_;
   mutable Mutex mu_;
-  std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<Feed>> feeds_ GUARDED_BY(mu_);
   uint64_t started_ GUARDED_BY(mu_) = 0;                 // feeds ever started
   std::vector<KvsWatchTicket> retired_ GUARDED_BY(mu_);  // store watches to end off the lock

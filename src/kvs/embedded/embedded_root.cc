@@ -27,64 +27,66 @@ int64_t SliceMs(int64_t timeout_ms) {
                         : std::min(timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
 }
 
-// A peer's wait without a thread: a task until the store answers (at most
-// one slice, as in EmbeddedKvsServer), or the peer goes away.
+// A peer's wait or watch poll without a thread: `start(done)` answers at
+// once or parks the request, whose answer then comes through `done` (a
+// Put, its slice's deadline, a shutdown); the task waits for it, or until
+// the peer goes away (`cancel` then ends the parked request), and replies.
+template <typename R>
+Task<void> ServeParked(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
+                       uint16_t type, std::function<std::optional<R>(std::function<void(R)>)> start,
+                       std::function<void()> cancel, std::function<void(R&, Encoder&)> encode) {
+  auto answer = std::make_shared<Rendezvous<R>>(ctx.runtime->executor());
+  std::optional<R> r = start([answer](R got) { answer->Deliver(std::move(got)); });
+  if (!r) {
+    r = co_await answer->Take(Deadline::Never(), ctx.stop);
+    if (!r) {
+      cancel();  // its callback runs before this returns
+      r = co_await answer->Take(Deadline::AfterMs(0), nullptr);
+    }
+  }
+  if (!r) r.emplace(Status(DYAD_RC_CANCELLED, "cancelled"));
+  std::string body;
+  if (r->ok()) {
+    Encoder e;
+    encode(*r, e);
+    body = e.Take();
+  }
+  if (!server->SendResult(type, r->status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
+}
+
 Task<void> HandleWait(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
                       const std::string& payload) {
   constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWait);
   KvsRequest req;
   if (!DecodeOrExplain(server, kType, ctx, payload, &req)) co_return;
-  const int64_t ms = SliceMs(req.timeout_ms);
-  auto answer = std::make_shared<Rendezvous<Result<std::string>>>(ctx.runtime->executor());
-  Result<KvsWaitTicket> ticket = server->store()->StartWait(
-      req.ns, req.key, Deadline::AfterMs(ms),
-      [answer](Result<std::string> r) { answer->Deliver(std::move(r)); });
-  Result<std::string> r = ticket.status();
-  if (ticket.ok()) {
-    std::optional<Result<std::string>> got = co_await answer->Take(Deadline::Never(), ctx.stop);
-    if (!got) {
-      server->store()->CancelWait(*ticket);  // its callback runs before this returns
-      got = co_await answer->Take(Deadline::AfterMs(0), nullptr);
-    }
-    r = got ? std::move(*got) : Result<std::string>(Status(DYAD_RC_CANCELLED, "cancelled"));
-  }
-  std::string body;
-  if (r.ok()) {
-    Encoder e;
-    e.Bool(true).Str(*r);
-    body = e.Take();
-  }
-  if (!server->SendResult(kType, r.status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
+  const Deadline deadline = Deadline::AfterMs(SliceMs(req.timeout_ms));
+  auto ticket = std::make_shared<KvsWaitTicket>(0);
+  std::function<std::optional<Result<std::string>>(KvsWaitCallback)> start =
+      [server, req, deadline, ticket](KvsWaitCallback done) {
+        return Parked(server->store()->StartWait(req.ns, req.key, deadline, std::move(done)),
+                      ticket.get());
+      };
+  std::function<void()> cancel = [server, ticket] { server->store()->CancelWait(*ticket); };
+  std::function<void(Result<std::string>&, Encoder&)> encode =
+      [](Result<std::string>& r, Encoder& e) { e.Bool(true).Str(*r); };
+  co_await ServeParked(server, ctx, kType, std::move(start), std::move(cancel), std::move(encode));
 }
 
-// A peer's watch poll without a thread: answered now when there are
-// changes, else a task until a Put brings one or its slice ends.
 Task<void> HandleWatch(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
                        const std::string& payload) {
   constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWatch);
   KvsWatchRequest req;
   if (!DecodeOrExplain(server, kType, ctx, payload, &req)) co_return;
-  const int64_t ms = SliceMs(req.timeout_ms);
-  auto answer = std::make_shared<Rendezvous<Result<KvsWatchReply>>>(ctx.runtime->executor());
-  ChangeFeeds::PollTicket ticket = 0;
-  std::optional<Result<KvsWatchReply>> r = server->feeds().StartPoll(
-      req, Deadline::AfterMs(ms),
-      [answer](Result<KvsWatchReply> got) { answer->Deliver(std::move(got)); }, &ticket);
-  if (!r) {
-    r = co_await answer->Take(Deadline::Never(), ctx.stop);
-    if (!r) {
-      server->feeds().CancelPoll(ticket);
-      r = co_await answer->Take(Deadline::AfterMs(0), nullptr);
-    }
-  }
-  if (!r) r = Result<KvsWatchReply>(Status(DYAD_RC_CANCELLED, "cancelled"));
-  std::string body;
-  if (r->ok()) {
-    Encoder e;
-    (*r)->EncodeTo(e);
-    body = e.Take();
-  }
-  if (!server->SendResult(kType, r->status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
+  const Deadline deadline = Deadline::AfterMs(SliceMs(req.timeout_ms));
+  auto ticket = std::make_shared<ChangeFeeds::PollTicket>(0);
+  std::function<std::optional<Result<KvsWatchReply>>(ChangeFeeds::PollCallback)> start =
+      [server, req, deadline, ticket](ChangeFeeds::PollCallback done) {
+        return server->feeds().StartPoll(req, deadline, std::move(done), ticket.get());
+      };
+  std::function<void()> cancel = [server, ticket] { server->feeds().CancelPoll(*ticket); };
+  std::function<void(Result<KvsWatchReply>&, Encoder&)> encode = [](Result<KvsWatchReply>& r,
+                                                                    Encoder& e) { r->EncodeTo(e); };
+  co_await ServeParked(server, ctx, kType, std::move(start), std::move(cancel), std::move(encode));
 }
 
 }  // namespace

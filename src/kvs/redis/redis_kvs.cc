@@ -334,32 +334,20 @@ void RedisKvs::CancelWait(KvsWaitTicket ticket) {
 
 Result<std::string> RedisKvs::Wait(const std::string& ns, const std::string& key, Deadline deadline,
                                    const CancelFn& cancel) {
-  const std::string rkey = RedisKey(ns, key);
   const std::string what = "wait for '" + key + "' in namespace '" + ns + "'";
   // Most waits find the key: one GET, no subscription.
-  Result<std::optional<std::string>> first = GetRaw(rkey);
+  Result<std::optional<std::string>> first = GetRaw(RedisKey(ns, key));
   if (first.ok() && first->has_value()) return std::move(**first);
   if (!first.ok() && !RedisRetryable(first.status())) return first.status().Annotate(what);
-  auto stopping = [&]() -> std::optional<Status> {
-    if (shutdown_.load())
-      return Status(DYAD_RC_CANCELLED, what + ": the metadata store is shutting down");
-    if (cancel && cancel()) return Status(DYAD_RC_CANCELLED, what + ": cancelled");
-    return std::nullopt;
-  };
-  if (std::optional<Status> why = stopping()) return *why;
+  if (shutdown_.load())
+    return Status(DYAD_RC_CANCELLED, what + ": the metadata store is shutting down");
   if (deadline.expired()) {
     const Status& reason = first.status();
     return Status(DYAD_RC_TIMEOUT, what + ": not put before the deadline" +
                                        (reason.ok() ? "" : " (" + reason.message() + ")"))
         .WithCause(reason.ok() ? DYAD_RC_OK : DYAD_RC_CONNLOST);
   }
-  std::optional<Status> why;
-  return AwaitStarted(
-      [&](KvsWaitCallback done) {
-        return subscriber_.Add(rkey, SlotOf(rkey), deadline, what, std::move(done));
-      },
-      cancel ? CancelFn([&] { return (why = stopping()).has_value(); }) : nullptr, kCancelPollMs,
-      [&](KvsWaitTicket t) { subscriber_.Cancel(t, *why); });
+  return Kvs::Wait(ns, key, deadline, cancel);
 }
 
 Result<std::unique_ptr<Kvs>> OpenKvs_redis(const std::string& url, const KvsOptions& options) {

@@ -29,9 +29,9 @@
 // serves `dyad list` and tools, never the publish/consume path), then the
 // values (MGET on one node, pipelined GETs per cluster node), sorted.
 //
-// Waits: Wait reads the key once and, when absent, parks on the shared
-// subscriber (redis_subscriber.h), polling `cancel` every kCancelPollMs.
-// StartWait parks without a thread. Commands run through RedisExecutor
+// Waits: StartWait parks on the shared subscriber (redis_subscriber.h)
+// without a thread; Wait reads the key once and, when absent, is Kvs::Wait
+// over StartWait. Commands run through RedisExecutor
 // (redis_exec.h): per-node pools, MOVED/ASK, retries across restarts and
 // failovers.
 //
@@ -59,7 +59,6 @@ namespace dyad {
 
 class RedisKvs final : public Kvs {
  public:
-  static constexpr int64_t kCancelPollMs = 250;
   // Keys asked for per SCAN step in List, and values per MGET or pipeline
   // (List, MultiGet).
   static constexpr int kScanCount = 1000;
