@@ -10,6 +10,7 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -423,6 +424,85 @@ Task<Ready> ReadInto(Channel& ch, size_t max, Deadline deadline, Stop* stop, Sta
 Task<bool> Sleep(Deadline deadline, Stop* stop) {
   std::function<void()> never;
   co_return co_await WaitOn(nullptr, 0, nullptr, 0, deadline, stop, &never) != Ready::kStopped;
+}
+
+// --- LoopTimer -------------------------------------------------------------------
+
+struct LoopTimer::State {
+  State(asio::any_io_executor e, std::function<void()> f) : ex(std::move(e)), fire(std::move(f)) {}
+  const asio::any_io_executor ex;
+  const std::function<void()> fire;
+  Mutex mu;
+  std::condition_variable idle;
+  bool closed GUARDED_BY(mu) = false;
+  bool firing GUARDED_BY(mu) = false;
+  std::optional<SteadyClock::time_point> want GUARDED_BY(mu);  // earliest not yet served
+  // The loop's pending timer, owned by its wait (loop only).
+  std::weak_ptr<asio::steady_timer> timer;
+};
+
+LoopTimer::LoopTimer(std::optional<asio::any_io_executor> loop, std::function<void()> fire) {
+  if (!loop) {
+    own_ = std::make_unique<Runtime>(1, 1000);
+    (void)own_->Start();
+    loop = own_->executor();
+  }
+  s_ = std::make_shared<State>(std::move(*loop), std::move(fire));
+}
+
+LoopTimer::~LoopTimer() {
+  Close();
+  own_.reset();  // its loop ends; a pending timer goes with it
+}
+
+void LoopTimer::Arm(SteadyClock::time_point at) {
+  {
+    MutexLock lk(s_->mu);
+    if (s_->closed || (s_->want && *s_->want <= at)) return;
+    s_->want = at;
+  }
+  asio::post(s_->ex, [s = s_] { Rearm(s); });
+}
+
+void LoopTimer::Rearm(const std::shared_ptr<State>& s) {
+  SteadyClock::time_point at;
+  {
+    MutexLock lk(s->mu);
+    if (s->closed || !s->want) return;
+    at = *s->want;
+  }
+  if (std::shared_ptr<asio::steady_timer> pending = s->timer.lock()) {
+    if (pending->expiry() <= at) return;  // it comes first; Due arms the rest
+    pending->cancel();
+  }
+  auto t = std::make_shared<asio::steady_timer>(s->ex, at);
+  s->timer = t;
+  t->async_wait([s, t](std::error_code ec) {
+    if (ec != asio::error::operation_aborted) Due(s);
+  });
+}
+
+void LoopTimer::Due(const std::shared_ptr<State>& s) {
+  {
+    MutexLock lk(s->mu);
+    if (s->closed || !s->want) return;
+    if (*s->want > SteadyClock::now()) {
+      lk.Unlock();
+      return Rearm(s);
+    }
+    s->want.reset();
+    s->firing = true;
+  }
+  s->fire();
+  MutexLock lk(s->mu);
+  s->firing = false;
+  s->idle.notify_all();
+}
+
+void LoopTimer::Close() {
+  MutexLock lk(s_->mu);
+  s_->closed = true;
+  lk.Wait(s_->idle, [this]() REQUIRES(s_->mu) { return !s_->firing; });
 }
 
 // --- Runtime -------------------------------------------------------------------

@@ -204,6 +204,35 @@ Task<bool> Sleep(Deadline deadline, Stop* stop);
 // (its waits name a Stop). `fn` is kept until then. On the loop.
 Task<void> ForEachTask(Runtime& rt, size_t n, size_t width, std::function<Task<void>(size_t)> fn);
 
+// A timer for state that lives outside any task (a store's wait deadlines,
+// its feeds' polls): `fire` runs on a loop once the earliest time armed has
+// come: `loop`'s (a service's runtime), or, without one, a loop of the
+// timer's own (one thread, started here). Arm may be called from any
+// thread, also from `fire` (which re-arms for what is still pending). After
+// Close (any thread, never from `fire`), `fire` is not running and never
+// runs again. The loop's timers are owned by their pending waits alone, so
+// a LoopTimer may outlive its loop's runtime, and the runtime may be
+// destroyed with a wait pending.
+class LoopTimer {
+ public:
+  LoopTimer(std::optional<asio::any_io_executor> loop, std::function<void()> fire);
+  ~LoopTimer();
+  LoopTimer(const LoopTimer&) = delete;
+  LoopTimer& operator=(const LoopTimer&) = delete;
+
+  // `fire` runs at `at` (at once when it has passed) unless an earlier
+  // time is armed already.
+  void Arm(SteadyClock::time_point at);
+  void Close();
+
+ private:
+  struct State;
+  static void Rearm(const std::shared_ptr<State>& s);  // on the loop
+  static void Due(const std::shared_ptr<State>& s);    // on the loop
+  std::unique_ptr<Runtime> own_;                       // without `loop`
+  std::shared_ptr<State> s_;
+};
+
 // Runs `task` to its end on the calling thread, on a loop of its own made
 // for the call: a blocking caller of an operation written as a task (a
 // store client's call from a tool or a thread outside any runtime). The

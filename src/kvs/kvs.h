@@ -178,6 +178,9 @@ struct KvsOptions {
   // Set by a dyad-service opening its store: a store the service hosts
   // (KvsCaps::hosted_by_service) registers its request handlers here.
   RequestRouter* router = nullptr;
+  // The same service's runtime (it outlives the store): a store it hosts
+  // runs its timers on its loop.
+  Runtime* runtime = nullptr;
   bool host_root = false;  // --root: host the store on a rank other than 0
 };
 

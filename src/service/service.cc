@@ -233,6 +233,7 @@ Status Service::OpenStore() {
   kopt.self_incarnation = incarnation_;
   kopt.rpc_timeout_ms = opt_.rpc_timeout_ms;
   kopt.router = dispatch_.get();
+  kopt.runtime = runtime_.get();
   kopt.host_root = opt_.host_root;
   Result<std::unique_ptr<Kvs>> kvs = OpenKvs(opt_.kvs_url, kopt);
   if (!kvs.ok())

@@ -19,12 +19,18 @@ uint64_t NewEpoch() {
 
 }  // namespace
 
-ChangeFeeds::ChangeFeeds(std::shared_ptr<MemoryKvs> store, ChangeFeedLimits limits)
-    : store_(std::move(store)), limits_(limits), epoch_(NewEpoch()) {}
+ChangeFeeds::ChangeFeeds(std::shared_ptr<MemoryKvs> store, ChangeFeedLimits limits,
+                         std::optional<asio::any_io_executor> loop)
+    : store_(std::move(store)), limits_(limits), epoch_(NewEpoch()), loop_(std::move(loop)) {}
 
 ChangeFeeds::~ChangeFeeds() {
   Shutdown();
-  if (timer_.joinable()) timer_.join();
+  std::unique_ptr<LoopTimer> timer;
+  {
+    MutexLock lk(mu_);
+    timer = std::move(timer_);
+  }
+  timer.reset();  // OnTimer is not running, and never runs again
   std::vector<KvsWatchTicket> tickets;
   {
     MutexLock lk(mu_);
@@ -46,7 +52,6 @@ void ChangeFeeds::Shutdown() {
     parked_.clear();
     deadlines_.clear();
     for (auto& [ns, f] : feeds_) f->parked.clear();
-    timer_cv_.notify_all();
   }
   Run(&cancelled);
 }
@@ -88,7 +93,11 @@ ChangeFeeds::Feed* ChangeFeeds::FeedOf(const std::string& ns, Status* refused) {
   Result<KvsWatchTicket> t =
       store_->Watch(ns, [this, ns, epoch = f->epoch](const KvsChange& c) { Append(ns, epoch, c); });
   if (t.ok()) f->ticket = *t;
-  if (!timer_.joinable()) timer_ = std::thread(&ChangeFeeds::TimerLoop, this);
+  if (timer_ == nullptr) {
+    timer_ = std::make_unique<LoopTimer>(loop_, [this] { OnTimer(); });
+    next_sweep_ = SteadyClock::now() + SweepEvery();
+  }
+  timer_->Arm(next_sweep_);  // a feed is freed once idle
   return f;
 }
 
@@ -105,7 +114,8 @@ void ChangeFeeds::SweepLocked(SteadyClock::time_point now) {
       ++it;
     }
   }
-  if (!retired_.empty()) timer_cv_.notify_all();
+  // Unwatched by the timer, off the lock.
+  if (!retired_.empty() && timer_ != nullptr) timer_->Arm(SteadyClock::now());
 }
 
 void ChangeFeeds::Append(const std::string& ns, uint64_t epoch, const KvsChange& c) {
@@ -192,7 +202,7 @@ std::optional<Result<KvsWatchReply>> ChangeFeeds::StartPoll(const KvsWatchReques
   p.done = std::move(done);
   p.deadline = deadlines_.emplace(deadline.time_point(), *ticket);
   f->parked.insert(*ticket);
-  timer_cv_.notify_all();
+  if (timer_ != nullptr) timer_->Arm(deadline.time_point());
   return std::nullopt;
 }
 
@@ -209,16 +219,18 @@ void ChangeFeeds::CancelPoll(PollTicket ticket) {
   done(Status(DYAD_RC_CANCELLED, "watch cancelled"));
 }
 
+std::chrono::milliseconds ChangeFeeds::SweepEvery() const {
+  return std::chrono::milliseconds(std::clamp<int64_t>(limits_.idle_ms / 4, 10, 1000));
+}
+
 // Answers the parked polls whose deadline passed (with no change: the
 // watcher polls again), frees idle feeds and ends their store watches.
-void ChangeFeeds::TimerLoop() {
-  const auto sweep_every =
-      std::chrono::milliseconds(std::clamp<int64_t>(limits_.idle_ms / 4, 10, 1000));
-  auto next_sweep = SteadyClock::now() + sweep_every;
-  MutexLock lk(mu_);
-  while (!shutdown_) {
+void ChangeFeeds::OnTimer() {
+  Answers due;
+  std::vector<KvsWatchTicket> unwatch;
+  {
+    MutexLock lk(mu_);
     const auto now = SteadyClock::now();
-    Answers due;
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       auto p = parked_.find(deadlines_.begin()->second);
       auto f = feeds_.find(p->second.req.ns);  // a feed with parked polls stays
@@ -226,23 +238,19 @@ void ChangeFeeds::TimerLoop() {
       due.emplace_back(std::move(p->second.done), std::move(*r));
       EndParkedLocked(p, f->second.get());
     }
-    if (now >= next_sweep) {
+    if (now >= next_sweep_) {
       SweepLocked(now);
-      next_sweep = now + sweep_every;
+      next_sweep_ = now + SweepEvery();
     }
-    std::vector<KvsWatchTicket> unwatch;
     unwatch.swap(retired_);
-    if (!due.empty() || !unwatch.empty()) {
-      lk.Unlock();
-      Run(&due);
-      for (KvsWatchTicket t : unwatch) store_->Unwatch(t);
-      lk.Lock();
-      continue;
+    // Next: the earliest deadline, and the next sweep while a feed exists.
+    if (timer_ != nullptr && !shutdown_) {
+      if (!feeds_.empty()) timer_->Arm(next_sweep_);
+      if (!deadlines_.empty()) timer_->Arm(deadlines_.begin()->first);
     }
-    auto wake = next_sweep;
-    if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
-    lk.WaitUntil(timer_cv_, wake);
   }
+  Run(&due);
+  for (KvsWatchTicket t : unwatch) store_->Unwatch(t);
 }
 
 Result<KvsWatchReply> ChangeFeeds::Poll(const KvsWatchRequest& req, Deadline deadline,

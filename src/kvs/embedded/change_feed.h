@@ -37,7 +37,6 @@
 // Lock order: the feeds' mutex, then the store's (never the reverse).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -47,10 +46,10 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/cancel.h"
+#include "common/runtime.h"
 #include "common/thread_annotations.h"
 #include "common/time.h"
 #include "kvs/memory/memory_kvs.h"
@@ -71,7 +70,11 @@ class ChangeFeeds {
   // Value bytes one reply carries (at least one change).
   static constexpr size_t kMaxReplyBytes = 4u << 20;
 
-  explicit ChangeFeeds(std::shared_ptr<MemoryKvs> store, ChangeFeedLimits limits = {});
+  // `loop`: where deadlines and sweeps run (the root service's runtime,
+  // which must outlive the feeds); none: a loop of the feeds' own, started
+  // with the first feed.
+  explicit ChangeFeeds(std::shared_ptr<MemoryKvs> store, ChangeFeedLimits limits = {},
+                       std::optional<asio::any_io_executor> loop = std::nullopt);
   ~ChangeFeeds();
   ChangeFeeds(const ChangeFeeds&) = delete;
   ChangeFeeds& operator=(const ChangeFeeds&) = delete;
@@ -123,7 +126,10 @@ class ChangeFeeds {
   // Frees the feeds idle for `idle_ms`; their store watches go to retired_.
   void SweepLocked(SteadyClock::time_point now) REQUIRES(mu_);
   void EndParkedLocked(std::map<PollTicket, Parked>::iterator p, Feed* f) REQUIRES(mu_);
-  void TimerLoop();
+  // On the timer's loop: parked polls at their deadline, idle feeds freed,
+  // their store watches ended.
+  void OnTimer();
+  std::chrono::milliseconds SweepEvery() const;
   static void Run(Answers* a);
 
   const std::shared_ptr<MemoryKvs> store_;
@@ -137,8 +143,9 @@ class ChangeFeeds {
   PollTicket next_poll_ GUARDED_BY(mu_) = 1;
   std::map<PollTicket, Parked> parked_ GUARDED_BY(mu_);
   std::multimap<SteadyClock::time_point, PollTicket> deadlines_ GUARDED_BY(mu_);
-  std::condition_variable timer_cv_;
-  std::thread timer_ GUARDED_BY(mu_);  // started with the first feed, under mu_
+  const std::optional<asio::any_io_executor> loop_;
+  std::unique_ptr<LoopTimer> timer_ GUARDED_BY(mu_);  // made with the first feed
+  SteadyClock::time_point next_sweep_ GUARDED_BY(mu_);
 };
 
 }  // namespace dyad

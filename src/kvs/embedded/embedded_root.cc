@@ -91,8 +91,10 @@ Task<void> HandleWatch(std::shared_ptr<EmbeddedKvsServer> server, RequestContext
 
 }  // namespace
 
-EmbeddedRoot::EmbeddedRoot(RequestRouter& router)
-    : store_(std::make_shared<MemoryKvs>()), server_(std::make_shared<EmbeddedKvsServer>(store_)) {
+EmbeddedRoot::EmbeddedRoot(RequestRouter& router, std::optional<asio::any_io_executor> loop)
+    : store_(std::make_shared<MemoryKvs>(loop)),
+      server_(std::make_shared<EmbeddedKvsServer>(store_, EmbeddedKvsServer::kDefaultReplyTimeoutMs,
+                                                  std::move(loop))) {
   for (MsgType type : {MsgType::kKvsPut, MsgType::kKvsGet, MsgType::kKvsWait, MsgType::kKvsRemove,
                        MsgType::kKvsList, MsgType::kKvsWatch, MsgType::kKvsMultiGet}) {
     // The handler keeps the server alive as long as the service routes to it.
@@ -148,7 +150,9 @@ Result<std::unique_ptr<Kvs>> OpenKvs_embedded(const std::string& url, const KvsO
                   "rank " + std::to_string(options.self_rank) +
                       " needs the root's address: --kvs embedded://ROOT_HOST:PORT "
                       "(or --root to host the store here)");
-  return std::unique_ptr<Kvs>(std::make_unique<EmbeddedRoot>(*options.router));
+  std::optional<asio::any_io_executor> loop;
+  if (options.runtime != nullptr) loop = options.runtime->executor();
+  return std::unique_ptr<Kvs>(std::make_unique<EmbeddedRoot>(*options.router, std::move(loop)));
 }
 
 }  // namespace dyad

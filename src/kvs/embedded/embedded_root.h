@@ -22,8 +22,11 @@ namespace dyad {
 
 class EmbeddedRoot final : public Kvs {
  public:
-  // Registers the store's request handlers with `router` (peer link).
-  explicit EmbeddedRoot(RequestRouter& router);
+  // Registers the store's request handlers with `router` (peer link). The
+  // store's and its feeds' timers run on `loop` (the service's runtime,
+  // which outlives this store), else on loops of their own.
+  explicit EmbeddedRoot(RequestRouter& router,
+                        std::optional<asio::any_io_executor> loop = std::nullopt);
 
   std::string name() const override { return "embedded"; }
   bool in_process() const override { return true; }

@@ -9,10 +9,11 @@
 
 namespace dyad {
 
-EmbeddedKvsServer::EmbeddedKvsServer(std::shared_ptr<MemoryKvs> store, int64_t reply_timeout_ms)
-    : store_(store ? std::move(store) : std::make_shared<MemoryKvs>()),
+EmbeddedKvsServer::EmbeddedKvsServer(std::shared_ptr<MemoryKvs> store, int64_t reply_timeout_ms,
+                                     std::optional<asio::any_io_executor> loop)
+    : store_(store ? std::move(store) : std::make_shared<MemoryKvs>(loop)),
       reply_timeout_ms_(reply_timeout_ms > 0 ? reply_timeout_ms : kDefaultReplyTimeoutMs),
-      feeds_(std::make_unique<ChangeFeeds>(store_)) {}
+      feeds_(std::make_unique<ChangeFeeds>(store_, ChangeFeedLimits{}, std::move(loop))) {}
 
 bool EmbeddedKvsServer::Handles(uint16_t type) {
   switch (static_cast<MsgType>(type)) {

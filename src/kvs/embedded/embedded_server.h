@@ -48,8 +48,11 @@ class EmbeddedKvsServer {
 
   // Serves `store`, or a store of its own when null. Sharing the store lets
   // the root service use it directly as its own Kvs.
+  // `loop`: where the feeds' timer runs (and the store's, when this server
+  // makes it): the root service's runtime; none: loops of their own.
   explicit EmbeddedKvsServer(std::shared_ptr<MemoryKvs> store = nullptr,
-                             int64_t reply_timeout_ms = kDefaultReplyTimeoutMs);
+                             int64_t reply_timeout_ms = kDefaultReplyTimeoutMs,
+                             std::optional<asio::any_io_executor> loop = std::nullopt);
 
   EmbeddedKvsServer(const EmbeddedKvsServer&) = delete;
   EmbeddedKvsServer& operator=(const EmbeddedKvsServer&) = delete;

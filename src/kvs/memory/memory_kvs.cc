@@ -73,11 +73,11 @@ Result<KvsWaitTicket> MemoryKvs::StartWait(const std::string& ns, const std::str
     return Status(DYAD_RC_CANCELLED,
                   "wait for " + Describe(ns, key) + " cancelled: the store is shutting down");
   }
-  if (!timer_.joinable()) timer_ = std::thread(&MemoryKvs::TimerLoop, this);
+  LoopTimer& timer = TimerLocked();
   const KvsWaitTicket t = next_ticket_++;
   if (v != nullptr) {
     ready_.emplace_back(std::move(done), *v);  // never from inside StartWait
-    timer_cv_.notify_one();
+    timer.Arm(SteadyClock::now());
     return t;
   }
   AsyncWaiter& w = async_[t];
@@ -86,7 +86,7 @@ Result<KvsWaitTicket> MemoryKvs::StartWait(const std::string& ns, const std::str
   if (!deadline.never()) {
     w.deadline = async_deadlines_.emplace(deadline.time_point(), t);
     w.has_deadline = true;
-    timer_cv_.notify_one();  // maybe the earliest deadline now
+    timer.Arm(deadline.time_point());  // maybe the earliest deadline now
   }
   slots_[w.slot].async.insert(t);
   return t;
@@ -101,10 +101,15 @@ void MemoryKvs::CancelWait(KvsWaitTicket ticket) {
   Run(&done);
 }
 
-void MemoryKvs::TimerLoop() {
-  MutexLock lk(mu_);
-  while (!stop_timer_) {
-    Completions due;
+LoopTimer& MemoryKvs::TimerLocked() {
+  if (timer_ == nullptr) timer_ = std::make_unique<LoopTimer>(loop_, [this] { OnTimer(); });
+  return *timer_;
+}
+
+void MemoryKvs::OnTimer() {
+  Completions due;
+  {
+    MutexLock lk(mu_);
     due.swap(ready_);
     const auto now = SteadyClock::now();
     while (!async_deadlines_.empty() && async_deadlines_.begin()->first <= now) {
@@ -115,31 +120,21 @@ void MemoryKvs::TimerLoop() {
                                                  " not published before the deadline"),
                      &due);
     }
-    if (!due.empty()) {
-      lk.Unlock();
-      Run(&due);
-      lk.Lock();
-      continue;
-    }
-    if (async_deadlines_.empty()) {
-      lk.Wait(timer_cv_);
-    } else {
-      // A copy: the entry may go while this waits (a Put ends the wait).
-      const SteadyClock::time_point until = async_deadlines_.begin()->first;
-      lk.WaitUntil(timer_cv_, until);
-    }
+    if (timer_ != nullptr && !async_deadlines_.empty())
+      timer_->Arm(async_deadlines_.begin()->first);
   }
+  Run(&due);
 }
 
 MemoryKvs::~MemoryKvs() {
   Shutdown();
+  std::unique_ptr<LoopTimer> timer;
   {
     MutexLock lk(mu_);
-    stop_timer_ = true;
+    timer = std::move(timer_);
   }
-  timer_cv_.notify_all();
-  if (timer_.joinable()) timer_.join();
-  Completions left;  // ready but not yet run when the timer stopped
+  timer.reset();     // OnTimer is not running, and never runs again
+  Completions left;  // ready but not yet run when the timer ended
   {
     MutexLock lk(mu_);
     left.swap(ready_);

@@ -11,18 +11,20 @@
 // checks its key and parks its callback in the key's slot under that same
 // mutex, so a Put cannot slip between the check and the parking. Put runs
 // the callbacks of its key on its own thread after releasing the mutex, and
-// one timer thread (started by the first wait) runs those of keys that
-// already existed and of deadlines that passed. This is what lets a host
-// serve thousands of waits (e.g. the embedded root's) without a thread each.
+// a LoopTimer on a loop runs those of keys that already existed and of
+// deadlines that passed: the root service's loop for the store it hosts,
+// else a loop of this store's own, started by the first wait. This is what
+// lets a host serve thousands of waits (e.g. the embedded root's) without a
+// thread each.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -35,8 +37,11 @@ namespace dyad {
 
 class MemoryKvs final : public Kvs {
  public:
-  MemoryKvs() = default;
-  // Ends pending StartWaits with DYAD_RC_CANCELLED and joins the timer.
+  // `loop`: where the waits' deadlines and answers run (a service's
+  // runtime, which must outlive this store); none: a loop of its own.
+  explicit MemoryKvs(std::optional<asio::any_io_executor> loop = std::nullopt)
+      : loop_(std::move(loop)) {}
+  // Ends pending StartWaits with DYAD_RC_CANCELLED and ends the timer.
   ~MemoryKvs() override;
   MemoryKvs(const MemoryKvs&) = delete;
   MemoryKvs& operator=(const MemoryKvs&) = delete;
@@ -69,7 +74,7 @@ class MemoryKvs final : public Kvs {
   // the rest.
   Result<KvsValues> MultiGetUpTo(const std::string& ns, const std::vector<std::string>& keys,
                                  size_t max_bytes);
-  // `done` runs on the timer thread, or on the thread of the Put, CancelWait
+  // `done` runs on the timer's loop, or on the thread of the Put, CancelWait
   // or Shutdown that ends the wait.
   Result<KvsWaitTicket> StartWait(const std::string& ns, const std::string& key, Deadline deadline,
                                   KvsWaitCallback done) override;
@@ -104,7 +109,10 @@ class MemoryKvs final : public Kvs {
   const std::string* FindLocked(const std::string& ns, const std::string& key) const REQUIRES(mu_);
   // Removes a parked StartWait; its callback and `r` go to `out`.
   void EndAsyncLocked(KvsWaitTicket t, Result<std::string> r, Completions* out) REQUIRES(mu_);
-  void TimerLoop();
+  // The waits' timer, made at the first wait.
+  LoopTimer& TimerLocked() REQUIRES(mu_);
+  // Runs the ready answers and the deadlines that passed (on the timer's loop).
+  void OnTimer();
   static void Run(Completions* c);
 
   mutable Mutex mu_;
@@ -118,10 +126,9 @@ class MemoryKvs final : public Kvs {
   KvsWaitTicket next_ticket_ GUARDED_BY(mu_) = 1;
   std::map<KvsWaitTicket, AsyncWaiter> async_ GUARDED_BY(mu_);
   std::multimap<SteadyClock::time_point, KvsWaitTicket> async_deadlines_ GUARDED_BY(mu_);
-  Completions ready_ GUARDED_BY(mu_);  // for the timer thread to run
-  bool stop_timer_ GUARDED_BY(mu_) = false;
-  std::condition_variable timer_cv_;
-  std::thread timer_ GUARDED_BY(mu_);  // started under mu_
+  Completions ready_ GUARDED_BY(mu_);  // for the timer to run
+  const std::optional<asio::any_io_executor> loop_;
+  std::unique_ptr<LoopTimer> timer_ GUARDED_BY(mu_);
   WatchList watchers_;
 };
 
