@@ -196,6 +196,16 @@ Task<void> FileServer::Respond(RequestContext& ctx, const std::string& payload, 
   }
 }
 
+Result<struct stat> FileServer::StatPublished(const std::string& upath) {
+  Result<UniqueFd> fd = root_.Open(upath, O_PATH);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0) return StatusFromErrno(errno, "stat '" + upath + "'");
+  if (!S_ISREG(st.st_mode))
+    return Status(DYAD_RC_BADFIO, "'" + upath + "' in '" + prod_real_ + "' is not a regular file");
+  return st;
+}
+
 Task<void> FileServer::HandleFetch(RequestContext& ctx, const std::string& payload) {
   co_await Respond(ctx, payload, &FileServer::PrepareFetch);
 }

@@ -7,6 +7,8 @@
 // requester named. Registered on the peer link by the service. Thread-safe.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -44,6 +46,11 @@ class FileServer {
   void SetOnServe(std::function<void(const std::string&, uint32_t)> fn) {
     on_serve_ = std::move(fn);
   }
+  // The file a publication of `upath` names, looked at as a fetch of it
+  // would open it: beneath the producer directory (DYAD_RC_PERM when a
+  // symlink or ".." leads out of it) and a regular file (DYAD_RC_BADFIO
+  // otherwise). Opened O_PATH: a FIFO or device there is not opened.
+  Result<struct stat> StatPublished(const std::string& upath);
   // kFetch: a task on the runtime, which waits for the requester (room,
   // its offer or credits) and for a producer's lock without a thread.
   Task<void> HandleFetch(RequestContext& ctx, const std::string& payload);

@@ -100,6 +100,15 @@ bool Service::PreparePublication(RequestContext& ctx, const PublishRequest& req,
   rec.owner_incarnation = incarnation_;
   rec.size = req.size;
   rec.version = req.version;
+  if (req.adopted_copy.empty()) {
+    // What is published is what a fetch would serve: never a file that a
+    // symlink leads to outside the producer directory, whose size and time
+    // would be advertised to the cluster, nor anything but a regular file.
+    Result<struct stat> st = file_server_->StatPublished(*upath);
+    if (!st.ok()) return Replied(ch, st.status().Annotate("publish '" + *upath + "'"));
+    rec.size = static_cast<uint64_t>(st->st_size);
+    rec.version = MtimeNs(*st);
+  }
   rec.published_ns = WallNs();
   rec.upath = *upath;
   rec.seq = publish_seq_.fetch_add(1, std::memory_order_relaxed) + 1;

@@ -381,6 +381,45 @@ TEST_F(ConsumeTest, DyadProduceCommandReportsRefusalsWithAsyncPublishSet) {
   EXPECT_NE(r->output.find("DYAD_RC_PERM"), std::string::npos) << r->output;
 }
 
+// A publication names what a fetch would serve: a symlink leading out of
+// the producer directory is refused when published (it used to be
+// published with the size and time of its target, advertising them to the
+// cluster, and only its fetch was refused), and so is a FIFO; a symlink
+// that stays inside is published as its target is.
+TEST_F(ConsumeTest, PublishingWhatLeadsOutOfTheProducerDirectoryIsRefused) {
+  ::mkdir(PathOn(kA, "pub").c_str(), 0755);
+  ASSERT_EQ(::symlink("/etc/passwd", PathOn(kA, "pub/out-abs").c_str()), 0);
+  ASSERT_EQ(::symlink("../../outside", PathOn(kA, "pub/out-rel").c_str()), 0);
+  testutil::WriteFile(PathOn(kA, "../outside"), "secret");
+  ASSERT_EQ(::mkfifo(PathOn(kA, "pub/fifo").c_str(), 0644), 0);
+  WriteFileOn(kA, "pub/target.dat", 777);
+  ASSERT_EQ(::symlink("target.dat", PathOn(kA, "pub/in.dat").c_str()), 0);
+  for (const char* name : {"pub/out-abs", "pub/out-rel"}) {
+    auto r = cluster().RunOnNode(kA, {dyad_, "produce", PathOn(kA, name)}, 60000);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->status.success()) << name << ": " << r->output;
+    EXPECT_NE(r->output.find("DYAD_RC_PERM"), std::string::npos) << name << ": " << r->output;
+    EXPECT_NE(r->output.find("escapes the managed directory"), std::string::npos) << r->output;
+  }
+  auto fifo = cluster().RunOnNode(kA, {dyad_, "produce", PathOn(kA, "pub/fifo")}, 60000);
+  ASSERT_TRUE(fifo.ok()) << fifo.status().ToString();
+  EXPECT_FALSE(fifo->status.success()) << fifo->output;
+  // Nothing of them is listed anywhere; the symlink inside is served.
+  auto in = cluster().RunOnNode(kA, {dyad_, "produce", PathOn(kA, "pub/in.dat")}, 60000);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_TRUE(in->status.success()) << in->output;
+  auto ls = cluster().RunOnNode(kB, {dyad_, "ls", "pub"}, 60000);
+  ASSERT_TRUE(ls.ok()) << ls.status().ToString();
+  EXPECT_EQ(ls->output.find("out-"), std::string::npos) << ls->output;
+  EXPECT_EQ(ls->output.find("fifo"), std::string::npos) << ls->output;
+  EXPECT_NE(ls->output.find("in.dat"), std::string::npos) << ls->output;
+  auto got = cluster().RunOnNode(kB, {dyad_, "consume", PathOn(kB, "pub/in.dat")}, 60000);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(got->status.success()) << got->output;
+  EXPECT_EQ(testutil::ReadAll(PathOn(kB, "pub/in.dat")),
+            testutil::ReadAll(PathOn(kA, "pub/target.dat")));
+}
+
 TEST_F(ConsumeTest, KilledWaitingConsumerLeavesTheServiceUsable) {
   const std::vector<ManifestEntry> files = {{"abandoned.dat", 5000}};
   std::vector<WorkerFiles> wf;
