@@ -527,6 +527,16 @@ Status TrustLocalService(Channel& ch) {
                                     std::to_string(cred->uid) + ", neither this user (uid " +
                                     std::to_string(me) + ") nor root; refusing to trust it");
   }
+  if (cred->uid != me) {
+    // A service run by root admits root's clients only (AdmitLocalClient):
+    // said here, rather than as a connection it closes on us.
+    ch.MarkBroken();
+    return Status(DYAD_RC_PERM, "the dyad-service listening on this socket (pid " +
+                                    std::to_string(cred->pid) +
+                                    ") runs as root and serves root's clients only; run a "
+                                    "dyad-service as this user (uid " +
+                                    std::to_string(me) + ") for them");
+  }
   ch.SetTrust(Trust::kLocalPeer);
   return Status::OK();
 }

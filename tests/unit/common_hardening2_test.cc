@@ -629,5 +629,40 @@ TEST(Hardening2, PublishedTestVectors) {
             "b6dcb5602e4cc608de4a8747bbce08aef0dbb87fee0bcc9c2b753888398a1fc6");
 }
 
+// A client of another user meets a service run by root: the service would
+// refuse it (AdmitLocalClient) and close, and the client often learned of
+// it as a broken pipe ("did the service stop?"). The client now says so
+// itself, before it sends anything. Run as root (the tests are); the
+// client side runs in a child that becomes `nobody`.
+TEST(LocalTrust, AClientOfAnotherUserIsToldARootServiceServesRootOnly) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  TempDir dir("dyad-trust.");
+  ASSERT_TRUE(dir.ok());
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  const std::string sock = dir.path() + "/service.sock";
+  Result<SocketAddress> addr = ParseAddress("unix:" + sock);
+  ASSERT_TRUE(addr.ok());
+  Result<UniqueFd> listener = Listen(*addr);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  ASSERT_EQ(::chmod(sock.c_str(), 0666), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    Result<UniqueFd> fd = Connect(*addr, Deadline::AfterMs(5000));
+    if (!fd.ok()) ::_exit(4);
+    Channel ch(std::move(*fd), Trust::kUnauthenticated);
+    const Status st = TrustLocalService(ch);
+    const bool told = st.code() == DYAD_RC_PERM &&
+                      st.message().find("serves root's clients only") != std::string::npos;
+    ::_exit(told ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: could not become nobody, 4: no connection, "
+                                       "5: not told why";
+}
+
 }  // namespace
 }  // namespace dyad
