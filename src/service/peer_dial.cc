@@ -56,9 +56,13 @@ Task<Status> AwaitFlight(PeerDirectory& peers, uint32_t rank, const std::string&
 
 }  // namespace
 
-Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const SocketAddress& addr,
+namespace {
+
+// One connection and handshake. `*cut`: the owner accepted the connection
+// and then closed it during the handshake.
+Task<Result<std::unique_ptr<Channel>>> ConnectOnce(PeerDirectory& peers, const SocketAddress& addr,
                                                    Deadline deadline, PeerWaits& waits,
-                                                   PeerIdentity* peer, bool* stopped) {
+                                                   PeerIdentity* peer, bool* stopped, bool* cut) {
   bool connected = false;
   Result<UniqueFd> fd = ConnectStart(addr, &connected);
   if (!fd.ok()) co_return fd.status();
@@ -85,12 +89,42 @@ Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const S
       break;
     }
   }
-  if (!hs.status().ok()) co_return hs.status();
+  if (!hs.status().ok()) {
+    *cut = hs.status().code() == DYAD_RC_CONNLOST;
+    co_return hs.status();
+  }
   *peer = hs.peer();
   // A small file's reply, data and verdict then come in one or two
   // receives instead of a header and a payload receive per frame.
   ch->SetReadAhead(kPeerReadAhead);
   co_return std::move(ch);
+}
+
+}  // namespace
+
+Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const SocketAddress& addr,
+                                                   Deadline deadline, PeerWaits& waits,
+                                                   PeerIdentity* peer, bool* stopped) {
+  // An owner flooded with connections that never authenticate closes the
+  // oldest handshakes in progress to make room (docs/security.md): ours
+  // may be one. A handshake the owner cut is made again, a few times, after
+  // pauses that double (10 ms to 160 ms, about 0.3 s in all), so that such
+  // a flood slows new sessions more often than it fails them; an owner that
+  // keeps hanging up still fails the dial within a second or so.
+  constexpr int kRedials = 5;
+  int64_t pause_ms = 10;
+  for (int redial = 0;; ++redial) {
+    bool cut = false;
+    Result<std::unique_ptr<Channel>> ch =
+        co_await ConnectOnce(peers, addr, deadline, waits, peer, stopped, &cut);
+    if (ch.ok() || !cut || *stopped || redial == kRedials || deadline.RemainingMs() <= pause_ms)
+      co_return ch;
+    if (co_await waits.OnFd(-1, 0, Deadline::AfterMs(pause_ms)) == Ready::kStopped) {
+      *stopped = true;
+      co_return waits.Stopped();
+    }
+    pause_ms *= 2;
+  }
 }
 
 namespace {

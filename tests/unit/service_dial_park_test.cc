@@ -16,12 +16,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fsutil.h"
+#include "common/net.h"
 #include "kvs/kvs.h"
 #include "proto/auth.h"
 #include "proto/protocol.h"
@@ -252,6 +255,47 @@ TEST_F(DialPark, DialsFromTwoThreadsShareOne) {
   EXPECT_EQ(stuck_->accepted(), 1);
   EXPECT_EQ(peers.dials_in_flight(), 0u);
   EXPECT_EQ(peers.waiting_on_dial(), 0u);
+}
+
+// An owner under a flood of connections that never authenticate closes
+// the oldest handshakes to make room (docs/security.md): a handshake it
+// cut is made again a few times, so that the flood slows a new session
+// rather than failing it; an owner that always hangs up still fails the
+// dial, in well under a second.
+TEST(Redial, AHandshakeTheOwnerCutsIsMadeAgainAFewTimes) {
+  SocketAddress at;
+  at.host = "127.0.0.1";
+  at.port = 0;
+  Result<UniqueFd> listener = Listen(at);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  Result<SocketAddress> bound = BoundAddress(listener->get());
+  ASSERT_TRUE(bound.ok());
+  std::atomic<int> accepted{0};
+  std::atomic<bool> done{false};
+  std::thread cutter([&] {
+    while (!done.load()) {
+      Result<UniqueFd> fd = Accept(listener->get(), Deadline::AfterMs(50));
+      if (fd.ok()) ++accepted;  // closed at once: the handshake is cut
+    }
+  });
+  Authenticator auth("test-secret-0123456789abcdef0123");
+  PeerDirectory peers(nullptr, &auth, PeerIdentity{7, 1}, 1000);
+  Runtime rt(1, 1000);
+  ASSERT_TRUE(rt.Start().ok());
+  peers.SetRuntime(&rt);
+  PeerWaits waits(rt, &rt.stopping(), nullptr);
+  PeerIdentity peer;
+  bool stopped = false;
+  const uint64_t t0 = MonoNs();
+  Result<std::unique_ptr<Channel>> ch =
+      rt.RunSync(ConnectPeer(peers, *bound, Deadline::AfterMs(10000), waits, &peer, &stopped));
+  const uint64_t took_ms = (MonoNs() - t0) / 1000000;
+  done.store(true);
+  cutter.join();
+  EXPECT_EQ(ch.status().code(), DYAD_RC_CONNLOST) << ch.status().ToString();
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(accepted.load(), 6) << "one handshake and five more";
+  EXPECT_LT(took_ms, 1500u);
 }
 
 // Dials alongside a flight are bounded per owner and counted in the
