@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -145,21 +146,29 @@ std::string Server::Admit(bool local, const std::string& peer_host) {
 }
 
 // A real peer finishes its handshake within a round trip or two; connections
-// that stay silent can only fill the places. So at the cap the oldest
-// handshake that has waited kDisplaceAfterMs makes room for the newcomer
-// (handshaking_ is in arrival order): a flood of silent connections then
-// mostly displaces itself, and shuts a real peer out only by opening the
-// whole cap's worth of connections within the peer's own handshake time.
+// that stay silent can only fill the places. So at the cap a handshake that
+// has waited kDisplaceAfterMs makes room for the newcomer: the oldest one
+// that has sent nothing, else the oldest (handshaking_ is in arrival
+// order). A flood of silent connections then mostly displaces itself, and a
+// real peer whose answer to the challenge is already here (the loop busy
+// with the flood has not read it yet) keeps its place.
 bool Server::DisplaceOldestHandshake(const std::string& host) {
-  for (Conn* c : handshaking_) {
-    if (!host.empty() && c->peer_host != host) continue;
-    const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
-    if (waited < kDisplaceAfterMs) return false;  // the rest arrived later still
-    hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
-                   " ms (from " + c->peer_host + ")");
-    EndHandshake(*c);
-    Close(*c);
-    return true;
+  auto silent = [](const Conn& c) {
+    int pending = 0;
+    return !c.ch.has_unread() && ::ioctl(c.ch.fd(), FIONREAD, &pending) == 0 && pending == 0;
+  };
+  for (const bool silent_only : {true, false}) {
+    for (Conn* c : handshaking_) {
+      if (!host.empty() && c->peer_host != host) continue;
+      const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
+      if (waited < kDisplaceAfterMs) break;  // the rest arrived later still
+      if (silent_only && !silent(*c)) continue;
+      hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
+                     " ms (from " + c->peer_host + ")");
+      EndHandshake(*c);
+      Close(*c);
+      return true;
+    }
   }
   return false;
 }
