@@ -27,20 +27,30 @@ int64_t SliceMs(int64_t timeout_ms) {
                         : std::min(timeout_ms, EmbeddedKvsServer::kMaxWaitSliceMs);
 }
 
-// A peer's wait or watch poll without a thread: `start(done)` answers at
-// once or parks the request, whose answer then comes through `done` (a
-// Put, its slice's deadline, a shutdown); the task waits for it, or until
-// the peer goes away (`cancel` then ends the parked request), and replies.
-template <typename R>
-Task<void> ServeParked(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
-                       uint16_t type, std::function<std::optional<R>(std::function<void(R)>)> start,
-                       std::function<void()> cancel, std::function<void(R&, Encoder&)> encode) {
+// A peer's wait or watch poll without a thread: the request of `type`
+// decoded from `payload`, `start(req, deadline, done, &ticket)` answers at
+// once or parks it, and its answer then comes through `done` (a Put, the
+// end of its slice, a shutdown); the task waits for it, or until the peer
+// goes away (`cancel(ticket)` then ends the parked request), and replies.
+template <typename Request, typename R, typename Ticket>
+Task<void> ServeParked(
+    std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx, const std::string& payload,
+    MsgType type,
+    std::function<std::optional<R>(const Request&, Deadline, std::function<void(R)>, Ticket*)>
+        start,
+    std::function<void(Ticket)> cancel, std::function<void(R&, Encoder&)> encode) {
+  const uint16_t t = static_cast<uint16_t>(type);
+  Request req;
+  if (!DecodeOrExplain(server, t, ctx, payload, &req)) co_return;
   auto answer = std::make_shared<Rendezvous<R>>(ctx.runtime->executor());
-  std::optional<R> r = start([answer](R got) { answer->Deliver(std::move(got)); });
+  Ticket ticket{};
+  std::optional<R> r = start(
+      req, Deadline::AfterMs(SliceMs(req.timeout_ms)),
+      [answer](R got) { answer->Deliver(std::move(got)); }, &ticket);
   if (!r) {
     r = co_await answer->Take(Deadline::Never(), ctx.stop);
     if (!r) {
-      cancel();  // its callback runs before this returns
+      cancel(ticket);  // its callback runs before this returns
       r = co_await answer->Take(Deadline::AfterMs(0), nullptr);
     }
   }
@@ -51,42 +61,41 @@ Task<void> ServeParked(std::shared_ptr<EmbeddedKvsServer> server, RequestContext
     encode(*r, e);
     body = e.Take();
   }
-  if (!server->SendResult(type, r->status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
+  if (!server->SendResult(t, r->status(), body, ctx.ch).ok()) ctx.ch.MarkBroken();
 }
 
 Task<void> HandleWait(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
                       const std::string& payload) {
-  constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWait);
-  KvsRequest req;
-  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) co_return;
-  const Deadline deadline = Deadline::AfterMs(SliceMs(req.timeout_ms));
-  auto ticket = std::make_shared<KvsWaitTicket>(0);
-  std::function<std::optional<Result<std::string>>(KvsWaitCallback)> start =
-      [server, req, deadline, ticket](KvsWaitCallback done) {
+  std::function<std::optional<Result<std::string>>(const KvsRequest&, Deadline, KvsWaitCallback,
+                                                   KvsWaitTicket*)>
+      start = [server](const KvsRequest& req, Deadline deadline, KvsWaitCallback done,
+                       KvsWaitTicket* ticket) {
         return Parked(server->store()->StartWait(req.ns, req.key, deadline, std::move(done)),
-                      ticket.get());
+                      ticket);
       };
-  std::function<void()> cancel = [server, ticket] { server->store()->CancelWait(*ticket); };
+  std::function<void(KvsWaitTicket)> cancel = [server](KvsWaitTicket t) {
+    server->store()->CancelWait(t);
+  };
   std::function<void(Result<std::string>&, Encoder&)> encode =
       [](Result<std::string>& r, Encoder& e) { e.Bool(true).Str(*r); };
-  co_await ServeParked(server, ctx, kType, std::move(start), std::move(cancel), std::move(encode));
+  co_await ServeParked(server, ctx, payload, MsgType::kKvsWait, std::move(start), std::move(cancel),
+                       std::move(encode));
 }
 
 Task<void> HandleWatch(std::shared_ptr<EmbeddedKvsServer> server, RequestContext& ctx,
                        const std::string& payload) {
-  constexpr uint16_t kType = static_cast<uint16_t>(MsgType::kKvsWatch);
-  KvsWatchRequest req;
-  if (!DecodeOrExplain(server, kType, ctx, payload, &req)) co_return;
-  const Deadline deadline = Deadline::AfterMs(SliceMs(req.timeout_ms));
-  auto ticket = std::make_shared<ChangeFeeds::PollTicket>(0);
-  std::function<std::optional<Result<KvsWatchReply>>(ChangeFeeds::PollCallback)> start =
-      [server, req, deadline, ticket](ChangeFeeds::PollCallback done) {
-        return server->feeds().StartPoll(req, deadline, std::move(done), ticket.get());
+  using Ticket = ChangeFeeds::PollTicket;
+  std::function<std::optional<Result<KvsWatchReply>>(const KvsWatchRequest&, Deadline,
+                                                     ChangeFeeds::PollCallback, Ticket*)>
+      start = [server](const KvsWatchRequest& req, Deadline deadline,
+                       ChangeFeeds::PollCallback done, Ticket* ticket) {
+        return server->feeds().StartPoll(req, deadline, std::move(done), ticket);
       };
-  std::function<void()> cancel = [server, ticket] { server->feeds().CancelPoll(*ticket); };
+  std::function<void(Ticket)> cancel = [server](Ticket t) { server->feeds().CancelPoll(t); };
   std::function<void(Result<KvsWatchReply>&, Encoder&)> encode = [](Result<KvsWatchReply>& r,
                                                                     Encoder& e) { r->EncodeTo(e); };
-  co_await ServeParked(server, ctx, kType, std::move(start), std::move(cancel), std::move(encode));
+  co_await ServeParked(server, ctx, payload, MsgType::kKvsWatch, std::move(start),
+                       std::move(cancel), std::move(encode));
 }
 
 }  // namespace
