@@ -84,6 +84,7 @@ struct Server::Conn {
   PeerIdentity peer;      // once authenticated
   bool handshaking = false;
   Deadline handshake_deadline = Deadline::Never();
+  SteadyClock::time_point challenged{};  // when its challenge was sent
   std::list<Conn*>::iterator in_handshakes;
   Channel::PartialFrame partial;
   std::string payload;  // of the frame being received
@@ -146,29 +147,35 @@ std::string Server::Admit(bool local, const std::string& peer_host) {
 }
 
 // A real peer finishes its handshake within a round trip or two; connections
-// that stay silent can only fill the places. So at the cap a handshake that
-// has waited kDisplaceAfterMs makes room for the newcomer: the oldest one
-// that has sent nothing, else the oldest (handshaking_ is in arrival
-// order). A flood of silent connections then mostly displaces itself, and a
-// real peer whose answer to the challenge is already here (the loop busy
-// with the flood has not read it yet) keeps its place.
+// that stay silent can only fill the places. So at the cap a handshake makes
+// room for the newcomer: first the oldest that was sent its challenge
+// kDisplaceAfterMs ago or more and has sent nothing back; else the oldest
+// accepted that long ago (handshaking_ is in arrival order). A flood of
+// silent connections then mostly displaces itself, and a real peer keeps
+// its place while the loop, busy with the flood, has not yet sent its
+// challenge or read its answer.
 bool Server::DisplaceOldestHandshake(const std::string& host) {
-  auto silent = [](const Conn& c) {
-    int pending = 0;
-    return !c.ch.has_unread() && ::ioctl(c.ch.fd(), FIONREAD, &pending) == 0 && pending == 0;
+  const auto now = SteadyClock::now();
+  const auto answer_time = std::chrono::milliseconds(kDisplaceAfterMs);
+  auto displace = [this](Conn& c, int64_t waited) {
+    hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
+                   " ms (from " + c.peer_host + ")");
+    EndHandshake(c);
+    Close(c);
+    return true;
   };
-  for (const bool silent_only : {true, false}) {
-    for (Conn* c : handshaking_) {
-      if (!host.empty() && c->peer_host != host) continue;
-      const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
-      if (waited < kDisplaceAfterMs) break;  // the rest arrived later still
-      if (silent_only && !silent(*c)) continue;
-      hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
-                     " ms (from " + c->peer_host + ")");
-      EndHandshake(*c);
-      Close(*c);
-      return true;
-    }
+  for (Conn* c : handshaking_) {
+    if (!host.empty() && c->peer_host != host) continue;
+    if (c->challenged == SteadyClock::time_point{} || now - c->challenged < answer_time) continue;
+    int pending = 0;
+    if (c->ch.has_unread() || ::ioctl(c->ch.fd(), FIONREAD, &pending) != 0 || pending > 0) continue;
+    return displace(*c, cfg_.handshake_ms - c->handshake_deadline.RemainingMs());
+  }
+  for (Conn* c : handshaking_) {
+    if (!host.empty() && c->peer_host != host) continue;
+    const int64_t waited = cfg_.handshake_ms - c->handshake_deadline.RemainingMs();
+    if (waited < kDisplaceAfterMs) return false;  // the rest arrived later still
+    return displace(*c, waited);
   }
   return false;
 }
@@ -293,6 +300,7 @@ Task<bool> Server::Handshake(Conn& c) {
     hooks_.refused("handshake: " + hs.status().ToString());
     co_return false;
   }
+  c.challenged = SteadyClock::now();
   // The peer's answer (at most the small frame limit of an unauthenticated
   // link), read as every frame is, then checked on the pool (MUNGE may
   // block) from the channel, where it is handed back.
