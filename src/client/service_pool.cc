@@ -299,28 +299,14 @@ Status ServicePool::WaitReadable(Channel& ch, Deadline deadline) {
 Status ServicePool::CallOn(Channel& ch, MsgType type, const std::string& request, std::string* body,
                            Deadline deadline, Progress* progress) {
   *progress = Progress::kNothingSent;
-  uint16_t rtype = 0;
-  std::string payload;
-  Channel::PartialFrame frame;
-  Status sent = ch.SendFrame(static_cast<uint16_t>(type), request, deadline);
-  if (!sent.ok()) {
-    // A service that refuses this client (one of another user) says why,
-    // then closes: the send then fails, but its reason is here to read.
-    Result<bool> why = ch.RecvFrameNow(&frame, &rtype, &payload);
-    if (why.ok() && *why) {
-      Status refused = ReplyOfFrame(ch, rtype, payload, body);
-      if (!refused.ok() && refused.code() != DYAD_RC_BADRPC &&
-          refused.code() != DYAD_RC_BADUNPACK) {
-        ch.MarkBroken();
-        return refused;
-      }
-    }
-    return sent;
-  }
+  DYAD_RETURN_IF_ERROR(ch.SendFrame(static_cast<uint16_t>(type), request, deadline));
   *progress = Progress::kSent;
   // The reply, read as the socket holds it, each wait sliced and
   // interruptible; `progress` tells the caller whether a lost connection
   // lost part of a reply (never repeated) or nothing of it.
+  uint16_t rtype = 0;
+  std::string payload;
+  Channel::PartialFrame frame;
   for (;;) {
     DYAD_RETURN_IF_ERROR(WaitReadable(ch, deadline));
     Result<bool> done = ch.RecvFrameNow(&frame, &rtype, &payload);

@@ -54,10 +54,6 @@ Task<Status> AwaitFlight(PeerDirectory& peers, uint32_t rank, const std::string&
   co_return st;
 }
 
-}  // namespace
-
-namespace {
-
 // One connection and handshake. `*cut`: the owner accepted the connection
 // and then closed it during the handshake.
 Task<Result<std::unique_ptr<Channel>>> ConnectOnce(PeerDirectory& peers, const SocketAddress& addr,
