@@ -131,6 +131,8 @@ class Runtime {
   // Fires when the service stops: every request's Stop descends from it.
   Stop& stopping() { return *root_stop_; }
   bool running() const { return running_.load(); }
+  // Whether the calling thread runs this runtime's loop now.
+  bool OnLoop() { return io_.get_executor().running_in_this_thread(); }
 
   // Starts `task` on the loop, detached, after the caller's turn (never
   // inline, whoever calls); it must end by itself (its waits name a Stop

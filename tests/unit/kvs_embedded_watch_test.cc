@@ -87,8 +87,9 @@ class ChildRoot {
   uint16_t port_ = 0;
 };
 
-std::unique_ptr<Kvs> OpenClient(uint16_t port) {
+std::unique_ptr<Kvs> OpenClient(uint16_t port, Runtime* runtime = nullptr) {
   KvsOptions o;
+  o.runtime = runtime;
   o.secret = kSecret;
   o.self_rank = 3;
   o.self_incarnation = 1;
@@ -119,13 +120,15 @@ bool AwaitChanges(WatchLog& log, size_t n) {
       5000);
 }
 
-// Item 1 of the feed brief: the feeds of N namespaces run on one thread
-// (started by the first Watch, ended by the last Unwatch), and each
-// namespace's changes still reach its own watchers, in order.
-TEST(EmbeddedWatch, OneFeedThreadServesEveryWatchedNamespace) {
+// The feeds of N namespaces run on one loop, and each namespace's changes
+// still reach its own watchers, in order. The loop is the service's
+// runtime when the store is opened with one (`runtime`): the feeds add no
+// thread then. Without one it is one thread of the store's own, started by
+// the first Watch and ended with the store.
+void CheckFeedsShareOneLoop(Runtime* runtime) {
   ChildRoot root;
   ASSERT_EQ(root.Start(0), "");
-  std::unique_ptr<Kvs> kvs = OpenClient(root.port());
+  std::unique_ptr<Kvs> kvs = OpenClient(root.port(), runtime);
   ASSERT_NE(kvs, nullptr);
   ASSERT_TRUE(kvs->Put("warm", "k", "v").ok());
   const size_t before = ThreadsOf();
@@ -140,7 +143,7 @@ TEST(EmbeddedWatch, OneFeedThreadServesEveryWatchedNamespace) {
     tickets.push_back(*t);
     if (i == 0) with_one = ThreadsOf();
   }
-  EXPECT_LE(with_one, before + 1);
+  EXPECT_EQ(with_one, runtime != nullptr ? before : before + 1);
   EXPECT_EQ(ThreadsOf(), with_one) << kNamespaces << " watched namespaces";
 
   for (int i = 0; i < kNamespaces; ++i) {
@@ -171,17 +174,28 @@ TEST(EmbeddedWatch, OneFeedThreadServesEveryWatchedNamespace) {
   EXPECT_EQ(logs[3]->size(), seen);
 
   for (int i = 0; i < kNamespaces; ++i) kvs->Unwatch(tickets[i]);
-  EXPECT_TRUE(Eventually([&] { return ThreadsOf() == before; }, 5000))
-      << ThreadsOf() << " threads after the last Unwatch, " << before << " before the first Watch";
 
-  // A later Watch starts the thread again.
+  // A later Watch of a namespace nobody watches any more starts a new feed.
   WatchLog again;
   Result<KvsWatchTicket> t = kvs->Watch(Ns(0), again.Callback());
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_TRUE(kvs->Put(Ns(0), "d", "4").ok());
   EXPECT_TRUE(AwaitChanges(again, 1));
   kvs->Unwatch(*t);
+  EXPECT_EQ(ThreadsOf(), with_one);
+  kvs.reset();
+  EXPECT_TRUE(Eventually([&] { return ThreadsOf() == before; }, 5000))
+      << ThreadsOf() << " threads after the store's end, " << before << " before the first Watch";
 }
+
+TEST(EmbeddedWatch, FeedsOnTheServiceRuntimeAddNoThread) {
+  Runtime rt(2, 1000);
+  ASSERT_TRUE(rt.Start().ok());
+  CheckFeedsShareOneLoop(&rt);
+  rt.Shutdown();
+}
+
+TEST(EmbeddedWatch, OneFeedThreadServesEveryWatchedNamespace) { CheckFeedsShareOneLoop(nullptr); }
 
 // Every namespace's feed reconnects to a root that restarted (with an empty
 // store) and reports a resync, then the new root's changes.

@@ -73,6 +73,7 @@ EmbeddedKvs::EmbeddedKvs(SocketAddress address, const KvsOptions& options)
       auth_(options.auth ? *options.auth : Authenticator(options.secret)),
       self_{options.self_rank, options.self_incarnation},
       rpc_timeout_ms_(options.rpc_timeout_ms > 0 ? options.rpc_timeout_ms : 60000),
+      service_rt_(options.runtime),
       waits_(std::make_unique<EmbeddedWaits>(this)) {}
 
 // --- connections -------------------------------------------------------------
@@ -150,6 +151,7 @@ void EmbeddedKvs::Shutdown() {
 EmbeddedKvs::~EmbeddedKvs() {
   waits_->Shutdown();
   StopFeeds();
+  AwaitTasksEnded();
 }
 
 Result<KvsWaitTicket> EmbeddedKvs::StartWait(const std::string& ns, const std::string& key,

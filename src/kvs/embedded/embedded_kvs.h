@@ -14,9 +14,11 @@
 // Watch: each watched namespace long-polls the root's change feed
 // (kKvsWatch, change_feed.h) on a channel of its own, from a position that
 // survives reconnections; a restarted root (or a watcher that fell behind)
-// makes it deliver a resync. Each feed is a task on one runtime, whose one
-// loop thread serves the feeds of every namespace and the waits below; it
-// starts with the first Watch or wait and ends at Shutdown.
+// makes it deliver a resync. Each feed is a task on one runtime, which
+// runs the feeds of every namespace and the waits below: the service's
+// (KvsOptions::runtime), or, for a store opened without one (tools,
+// tests), a runtime of the store's own, started with the first Watch or
+// wait and ended at Shutdown.
 //
 // StartWait: a table of waits served by the namespace's feed (one feed per
 // namespace however many waits; see embedded_waits.h), so a service parks
@@ -189,21 +191,19 @@ class EmbeddedKvs final : public Kvs {
   bool FeedReply(Feed& f, const std::string& body);
   // `f`'s link failed: dial again.
   void FeedLost(Feed& f);
-  // Whether this thread is the loop of this store's feeds.
-  bool OnFeedLoop() const;
-  // The runtime of the feeds and of the waits' task, started at their
-  // first use and ended once neither is left (or by StopFeeds).
-  // LoopRuntimeForWaits marks the waits' task as running on it, WaitsIdle
-  // as ended.
+  // The runtime of the feeds and of the waits' task: the service's, or
+  // the store's own, started at its first use (ended by StopFeeds).
   Result<Runtime*> LoopRuntimeLocked() REQUIRES(feed_mu_);
-  Result<Runtime*> LoopRuntimeForWaits();
-  void WaitsIdle();
-  // Shuts `rt` down; from its own loop, on a thread of its own.
-  void EndRuntime(std::unique_ptr<Runtime> rt);
+  Result<Runtime*> LoopRuntime();
+  // Starts `task` (a feed, the waits' task) on `rt`, counted in live_ until
+  // it ends or its frame is destroyed.
+  void SpawnCounted(Runtime* rt, Task<void> task);
   // `ns`'s feed: `*established` once it knows its position; the root's
   // refusal while it does not.
   Status FeedState(const std::string& ns, bool* established);
   void StopFeeds();
+  // The destructor's wait for the tasks on the service's runtime.
+  void AwaitTasksEnded();
 
   void NoteOutage(const Status& st);
   void NoteRecovered();
@@ -230,11 +230,20 @@ class EmbeddedKvs final : public Kvs {
   Mutex feed_mu_;
   std::condition_variable feed_cv_;
   std::map<std::string, std::shared_ptr<Feed>> feeds_ GUARDED_BY(feed_mu_);
-  // The feeds' runtime (and the waits' task's): its loop thread starts
-  // with the first watch or wait and ends with StopFeeds.
-  std::unique_ptr<Runtime> feed_rt_ GUARDED_BY(feed_mu_);
+  // The service's runtime, which outlives this store (null: none given).
+  Runtime* const service_rt_;
+  // Without one, the store's own: started with the first watch or wait,
+  // ended by StopFeeds.
+  std::unique_ptr<Runtime> own_rt_ GUARDED_BY(feed_mu_);
   bool feeds_closed_ GUARDED_BY(feed_mu_) = false;  // StopFeeds ran: no more watches
-  bool waits_active_ GUARDED_BY(feed_mu_) = false;  // the waits' task runs on feed_rt_
+  // This store's tasks not ended yet (a feed, the waits' task); on the
+  // service's runtime, the destructor waits for them, as they use `this`.
+  struct LiveTasks {
+    Mutex mu;
+    std::condition_variable cv;
+    size_t count GUARDED_BY(mu) = 0;
+  };
+  const std::shared_ptr<LiveTasks> live_ = std::make_shared<LiveTasks>();
 
   size_t calls_in_flight_ GUARDED_BY(pool_mu_) = 0;
   std::deque<std::shared_ptr<Rendezvous<bool>>> call_waiters_ GUARDED_BY(pool_mu_);

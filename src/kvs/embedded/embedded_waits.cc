@@ -31,11 +31,11 @@ Result<KvsWaitTicket> EmbeddedWaits::Start(const std::string& ns, const std::str
   }
   if (!started_) {
     // (The store's feed lock is taken under mu_, never around it.)
-    Result<Runtime*> rt = store_->LoopRuntimeForWaits();
+    Result<Runtime*> rt = store_->LoopRuntime();
     if (!rt.ok()) return rt.status();
     started_ = true;
     stop_ = std::make_unique<Stop>((*rt)->executor(), &(*rt)->stopping());
-    (*rt)->Spawn(Loop());
+    store_->SpawnCounted(*rt, Loop());
   }
   const KvsWaitTicket t = next_ticket_++;
   Waiter& w = waiters_[t];
@@ -162,11 +162,9 @@ Task<void> EmbeddedWaits::Loop() {
       if (stopping_) break;
       ExpireAndDropIdle(&out);
       if (out.empty() && waiters_.empty() && spaces_.empty() && retries_.empty()) {
-        // Nothing left to do: the task ends, and the loop with it when no
-        // feed is left either; the next Start spawns it again.
+        // Nothing left to do: the task ends; the next Start spawns it again.
         started_ = false;
         stop_.reset();
-        store_->WaitsIdle();
         co_return;
       }
       const auto wake = NextWakeLocked();

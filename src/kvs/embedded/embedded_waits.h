@@ -12,14 +12,14 @@
 // loop does not wait for its feed); nothing falls in between. When the feed may have
 // missed changes (it reconnected to a restarted root, or fell behind the
 // root's ring) every wait of the namespace is checked again. One task, on
-// the store client's runtime beside its feeds, runs those checks, the
+// the store's runtime beside its feeds, runs those checks, the
 // deadlines, and the retries of checks that could not reach the root; it
 // drops a namespace's watch once no wait has used it for kIdleWatchMs.
 //
 // So 10,000 consumers waiting on distinct keys cost the root one feed per
-// namespace per service, not 10,000 connections, and they cost the service
-// one thread (the loop of the feeds and of this task) however many
-// namespaces it waits in.
+// namespace per service, not 10,000 connections, and no thread: the
+// feeds and this task run on the service's runtime (a store opened without
+// one runs them on one loop thread of its own).
 //
 // Threading: thread-safe. `done` runs once: on that loop, or on the thread
 // of Cancel/Shutdown; never inside Start.

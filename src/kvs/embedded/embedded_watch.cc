@@ -5,10 +5,10 @@
 // the root and long-polls the root's change feed (kKvsWatch) from its
 // position there, one poll at a time, with the store's one request path
 // (DialTask, EmbeddedExchange). The feeds of every namespace run on one
-// runtime, so a service following many namespaces runs one loop thread,
-// not one per namespace (the waits' task of embedded_waits.h runs there
-// too); that thread starts with the first feed or wait and ends when
-// neither is left.
+// runtime, the waits' task of embedded_waits.h too: in a service, the
+// service's own (so following namespaces and waiting in them add no
+// thread); without one, a runtime of the store's, whose loop thread starts
+// with the first feed or wait and ends with the store.
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -27,12 +27,33 @@ namespace {
 constexpr int64_t kEstablishMs = 2000;
 constexpr int64_t kReplyGraceMs = 2000;
 
-// The store whose feeds this thread's loop runs, if any.
-thread_local const EmbeddedKvs* tl_feed_loop_of = nullptr;
+// How long the destructor waits for its tasks on the service's runtime to
+// end once their stops fired (their waits end at once then).
+constexpr int64_t kTasksEndMs = 10000;
 
 }  // namespace
 
-bool EmbeddedKvs::OnFeedLoop() const { return tl_feed_loop_of == this; }
+void EmbeddedKvs::SpawnCounted(Runtime* rt, Task<void> task) {
+  {
+    MutexLock lk(live_->mu);
+    ++live_->count;
+  }
+  // The guard ends the count when the task ends, and also when its frame is
+  // destroyed unfinished (a runtime shut down with it pending); it holds
+  // the count, not the store.
+  struct Ended {
+    std::shared_ptr<LiveTasks> live;
+    ~Ended() {
+      MutexLock lk(live->mu);
+      --live->count;
+      live->cv.notify_all();
+    }
+  };
+  rt->Spawn([](std::shared_ptr<LiveTasks> live, Task<void> t) -> Task<void> {
+    const Ended ended{std::move(live)};
+    co_await std::move(t);
+  }(live_, std::move(task)));
+}
 
 Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallback on_change) {
   if (!on_change) return Status(DYAD_RC_BADREQUEST, "watch without a callback");
@@ -52,13 +73,13 @@ Result<KvsWatchTicket> EmbeddedKvs::Watch(const std::string& ns, KvsWatchCallbac
     slot->stop = std::make_unique<Stop>((*rt)->executor(), &(*rt)->stopping());
     slot->cursor.ns = ns;
     slot->cursor.timeout_ms = kWaitSliceMs;
-    (*rt)->Spawn(RunFeed(slot));
+    SpawnCounted(*rt, RunFeed(slot));
   }
   const std::shared_ptr<Feed> feed = slot;
-  // A callback that watches another namespace runs on the feeds' loop,
-  // which would establish the feed: it does not wait for it (the feed
-  // then reports a resync, as after kEstablishMs).
-  if (!OnFeedLoop()) {
+  // On the feeds' loop (a callback that watches another namespace, a
+  // service's task), which would establish the feed, Watch does not wait
+  // for it (the feed then reports a resync, as after kEstablishMs).
+  if (!(*rt)->OnLoop()) {
     lk.WaitFor(feed_cv_, std::chrono::milliseconds(kEstablishMs),
                [&feed] { return feed->established || feed->stop->fired() || !feed->refused.ok(); });
   }
@@ -78,57 +99,36 @@ void EmbeddedKvs::Unwatch(KvsWatchTicket ticket) {
   // Once Remove returns the callback neither runs nor will run.
   const std::optional<std::string> removed = watchers_.Remove(ticket);
   if (!removed) return;
-  std::unique_ptr<Runtime> idle;  // the last user's runtime, ended outside the lock
-  {
-    MutexLock lk(feed_mu_);
-    if (watchers_.Watched(*removed)) return;
-    auto it = feeds_.find(*removed);
-    if (it == feeds_.end() || !feed_rt_) return;
+  MutexLock lk(feed_mu_);
+  if (watchers_.Watched(*removed)) return;
+  auto it = feeds_.find(*removed);
+  if (it == feeds_.end()) return;
+  Result<Runtime*> rt = LoopRuntimeLocked();
+  if (rt.ok()) {
     // Fired on the loop, which the task's waits belong to (the task then
     // closes its link and ends); the feed lives until then.
-    feed_rt_->Post([ended = std::move(it->second)] {
+    (*rt)->Post([ended = std::move(it->second)] {
       ended->stop->Fire(Status(DYAD_RC_CANCELLED, "nobody watches the namespace"));
     });
-    feeds_.erase(it);
-    feed_cv_.notify_all();
-    if (feeds_.empty() && !waits_active_) idle = std::move(feed_rt_);
   }
-  if (idle) EndRuntime(std::move(idle));
+  feeds_.erase(it);
+  feed_cv_.notify_all();
 }
 
 Result<Runtime*> EmbeddedKvs::LoopRuntimeLocked() {
   if (feeds_closed_) return Status(DYAD_RC_CANCELLED, "metadata store is shutting down");
-  if (!feed_rt_) {
+  if (service_rt_ != nullptr) return service_rt_;
+  if (!own_rt_) {
     auto rt = std::make_unique<Runtime>(1, 1000);
     DYAD_RETURN_IF_ERROR(rt->Start());
-    rt->Post([this] { tl_feed_loop_of = this; });
-    feed_rt_ = std::move(rt);
+    own_rt_ = std::move(rt);
   }
-  return feed_rt_.get();
+  return own_rt_.get();
 }
 
-Result<Runtime*> EmbeddedKvs::LoopRuntimeForWaits() {
+Result<Runtime*> EmbeddedKvs::LoopRuntime() {
   MutexLock lk(feed_mu_);
-  Result<Runtime*> rt = LoopRuntimeLocked();
-  if (rt.ok()) waits_active_ = true;
-  return rt;
-}
-
-void EmbeddedKvs::WaitsIdle() {
-  std::unique_ptr<Runtime> idle;
-  {
-    MutexLock lk(feed_mu_);
-    waits_active_ = false;
-    if (feeds_.empty()) idle = std::move(feed_rt_);
-  }
-  if (idle) EndRuntime(std::move(idle));
-}
-
-void EmbeddedKvs::EndRuntime(std::unique_ptr<Runtime> rt) {
-  if (!OnFeedLoop()) return rt->Shutdown();
-  // Its loop cannot join itself: another thread ends it, once this
-  // handler has returned.
-  std::thread([rt = std::move(rt)] { rt->Shutdown(); }).detach();
+  return LoopRuntimeLocked();
 }
 
 Status EmbeddedKvs::FeedState(const std::string& ns, bool* established) {
@@ -140,26 +140,50 @@ Status EmbeddedKvs::FeedState(const std::string& ns, bool* established) {
 }
 
 void EmbeddedKvs::StopFeeds() {
-  std::unique_ptr<Runtime> rt;
+  std::unique_ptr<Runtime> own;
   std::map<std::string, std::shared_ptr<Feed>> left;  // dropped once their tasks ended
   {
     MutexLock lk(feed_mu_);
     feeds_closed_ = true;
-    rt = std::move(feed_rt_);
+    own = std::move(own_rt_);
     left.swap(feeds_);
     feed_cv_.notify_all();
   }
-  if (!rt) return;
-  if (OnFeedLoop()) {
+  if (service_rt_ != nullptr) {
+    // The service's loop goes on: each feed's task ends on its stop, fired
+    // there like Unwatch's.
+    for (auto& [ns, feed] : left) {
+      service_rt_->Post([ended = std::move(feed)] {
+        ended->stop->Fire(Status(DYAD_RC_CANCELLED, "the store is shutting down"));
+      });
+    }
+    return;
+  }
+  if (!own) return;
+  if (own->OnLoop()) {
     // A callback on the loop shuts the store down: another thread ends
     // the loop, the feeds with it.
-    std::thread([rt = std::move(rt), left = std::move(left)]() mutable {
+    std::thread([rt = std::move(own), left = std::move(left)]() mutable {
       rt->Shutdown();
       left.clear();
     }).detach();
     return;
   }
-  rt->Shutdown();  // every task's waits end on its stop
+  own->Shutdown();  // every task's waits end on its stop
+}
+
+void EmbeddedKvs::AwaitTasksEnded() {
+  // On the service's runtime, this store's tasks use `this` until they
+  // end, which they do soon once their stops fired (StopFeeds, the waits'
+  // Shutdown), as long as its loop runs. A runtime already shut down
+  // holds them as frames that are destroyed, never resumed.
+  if (service_rt_ == nullptr || service_rt_->OnLoop()) return;
+  const Deadline deadline = Deadline::AfterMs(kTasksEndMs);
+  MutexLock lk(live_->mu);
+  while (live_->count > 0 && service_rt_->running() && !deadline.expired())
+    lk.WaitFor(live_->cv, std::chrono::milliseconds(20));
+  if (live_->count > 0 && service_rt_->running())
+    DYAD_LOG_ERROR("embedded store client: %zu task(s) still running at its end", live_->count);
 }
 
 Task<void> EmbeddedKvs::RunFeed(std::shared_ptr<Feed> f) {
