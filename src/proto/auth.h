@@ -54,6 +54,18 @@ struct PeerIdentity {
 // connection is unauthenticated and holds one of the few handshake slots.
 constexpr int64_t kHandshakeTimeoutMs = 5000;
 
+// What an accepting side at its cap of handshakes in progress sends, in
+// place of its challenge or verdict, to a connection it closes to make room
+// or refuses for want of one (docs/security.md): a reply with
+// DYAD_RC_CONNLOST and this message. The connecting side may dial again
+// soon; DYAD's own does, with pauses, until its deadline.
+inline constexpr char kHandshakeBusyMessage[] =
+    "busy: too many connections in their handshake; dial again";
+inline Status HandshakeBusy() { return Status(DYAD_RC_CONNLOST, kHandshakeBusyMessage); }
+inline bool IsHandshakeBusy(const Status& st) {
+  return st.code() == DYAD_RC_CONNLOST && st.message() == kHandshakeBusyMessage;
+}
+
 // A node-local credential service (MUNGE) that vouches for the uid of the
 // process that made a credential. Implementations are thread-safe.
 class CredentialService {

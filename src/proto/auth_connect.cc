@@ -47,6 +47,13 @@ bool ClientHandshake::ReadChallenge(Channel& ch, Deadline deadline) {
   if (!got.ok()) return End(ch, got.status());
   if (!*got) return false;
   frame_.Reset();
+  if (type == static_cast<uint16_t>(MsgType::kReply)) {
+    // Refused before the challenge: an owner at its cap of handshakes says
+    // so (HandshakeBusy), which the caller may dial again after.
+    Status verdict;
+    std::string body;
+    if (DecodeReply(payload_, &verdict, &body) && IsHandshakeBusy(verdict)) return End(ch, verdict);
+  }
   if (type != static_cast<uint16_t>(MsgType::kChallenge))
     return End(ch,
                Status(DYAD_RC_AUTH, std::string("handshake: expected '") +

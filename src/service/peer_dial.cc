@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -101,25 +102,28 @@ Task<Result<std::unique_ptr<Channel>>> ConnectOnce(PeerDirectory& peers, const S
 Task<Result<std::unique_ptr<Channel>>> ConnectPeer(PeerDirectory& peers, const SocketAddress& addr,
                                                    Deadline deadline, PeerWaits& waits,
                                                    PeerIdentity* peer, bool* stopped) {
-  // An owner flooded with connections that never authenticate closes the
-  // oldest handshakes in progress to make room (docs/security.md): ours
-  // may be one. A handshake the owner cut is made again, a few times, after
-  // pauses that double (10 ms to 160 ms, about 0.3 s in all), so that such
-  // a flood slows new sessions more often than it fails them; an owner that
-  // keeps hanging up still fails the dial within a second or so.
+  // An owner flooded with connections that never authenticate closes
+  // handshakes in progress to make room, and refuses newcomers when none
+  // can go (docs/security.md): ours may be one. It says so when it can
+  // (HandshakeBusy): such a handshake is made again after pauses that
+  // double from 10 ms to 160 ms, until the deadline, so that a flood slows
+  // new sessions rather than fails them. A handshake cut without a word is
+  // made again five times (about 0.3 s in all): an owner that keeps hanging
+  // up still fails the dial within a second or so.
   constexpr int kRedials = 5;
+  constexpr int64_t kLongestPauseMs = 160;
   int64_t pause_ms = 10;
-  for (int redial = 0;; ++redial) {
+  for (int cuts = 0;;) {
     bool cut = false;
     Result<std::unique_ptr<Channel>> ch =
         co_await ConnectOnce(peers, addr, deadline, waits, peer, stopped, &cut);
-    if (ch.ok() || !cut || *stopped || redial == kRedials || deadline.RemainingMs() <= pause_ms)
-      co_return ch;
+    if (ch.ok() || *stopped || deadline.RemainingMs() <= pause_ms) co_return ch;
+    if (!IsHandshakeBusy(ch.status()) && (!cut || cuts++ == kRedials)) co_return ch;
     if (co_await waits.OnFd(-1, 0, Deadline::AfterMs(pause_ms)) == Ready::kStopped) {
       *stopped = true;
       co_return waits.Stopped();
     }
-    pause_ms *= 2;
+    pause_ms = std::min(pause_ms * 2, kLongestPauseMs);
   }
 }
 

@@ -161,6 +161,7 @@ bool Server::DisplaceOldestHandshake(const std::string& host) {
     hooks_.refused("handshake: displaced by a newer connection after " + std::to_string(waited) +
                    " ms (from " + c.peer_host + ")");
     EndHandshake(c);
+    TellBusy(c.ch);  // a real peer dials again
     Close(c);
     return true;
   };
@@ -202,7 +203,8 @@ Task<void> Server::Accept(int listen_fd, bool local) {
           stopped_ ? std::string("the service is stopping") : Admit(local, c->peer_host);
       if (!why.empty()) {
         hooks_.refused(why);
-        continue;  // closes it: refused before any byte is read
+        if (!local && !stopped_) TellBusy(c->ch);  // a real peer dials again
+        continue;                                  // closes it: refused before any byte is read
       }
       if (local) {
         PeerCred cred;
@@ -224,6 +226,12 @@ Task<void> Server::Accept(int listen_fd, bool local) {
       rt_.Spawn(Serve(std::move(c)));
     }
   }
+}
+
+void Server::TellBusy(Channel& ch) {
+  // Best effort and never waited for: the loop is busy with a flood.
+  (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(HandshakeBusy()),
+                     Deadline::AfterMs(0));
 }
 
 void Server::EndHandshake(Conn& c) {

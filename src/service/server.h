@@ -127,6 +127,9 @@ class Server {
   // Sends the replies collected in c.out without blocking the loop.
   Task<bool> Flush(Conn& c);
   void EndHandshake(Conn& c);
+  // Sends a connection closed at the handshake caps HandshakeBusy
+  // (proto/auth.h), if its socket takes it at once.
+  void TellBusy(Channel& ch);
   void Close(Conn& c);
   std::string Who(const Conn& c) const;
 

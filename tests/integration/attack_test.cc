@@ -8,11 +8,13 @@
 // * a FIFO swapped in for a published file (defect 3): consumes on another
 //   node and on the owner's own node fail within seconds, and the owner's
 //   service still stops on SIGTERM.
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 
 #include "integration/integration_util.h"
+#include "proto/auth.h"
 
 namespace dyad::it {
 namespace {
@@ -115,6 +117,18 @@ TEST_F(FullHandshakePlacesTest, NewPeerSessionGetsInWhileSilentPeersHoldEveryPla
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ConsumeOk(files, {}, {{"DYAD_CONSUME_TIMEOUT", "15"}});
   EXPECT_GE(Counter(kA, "connections.refused"), 1u) << "no silent handshake was displaced";
+  // The handshake that made room was told so (after its challenge), as a
+  // real peer in its place would need to know to dial again.
+  size_t told = 0;
+  for (const UniqueFd& fd : flood) {
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd.get(), buf, sizeof buf, MSG_DONTWAIT)) > 0)
+      got.append(buf, static_cast<size_t>(n));
+    if (got.find(kHandshakeBusyMessage) != std::string::npos) ++told;
+  }
+  EXPECT_GE(told, 1u) << "no displaced handshake was told the owner is busy";
 }
 
 }  // namespace

@@ -298,6 +298,52 @@ TEST(Redial, AHandshakeTheOwnerCutsIsMadeAgainAFewTimes) {
   EXPECT_LT(took_ms, 1500u);
 }
 
+// An owner that says it is busy (at its cap of handshakes, closing ours to
+// make room) is dialled again, with pauses of at most 160 ms, until the
+// dial's deadline: a flood delays a new session rather than fails it, and
+// the error at the end says why.
+TEST(Redial, AnOwnerThatSaysItIsBusyIsDialledAgainUntilTheDeadline) {
+  SocketAddress at;
+  at.host = "127.0.0.1";
+  at.port = 0;
+  Result<UniqueFd> listener = Listen(at);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  Result<SocketAddress> bound = BoundAddress(listener->get());
+  ASSERT_TRUE(bound.ok());
+  std::atomic<int> accepted{0};
+  std::atomic<bool> done{false};
+  std::thread busy([&] {
+    while (!done.load()) {
+      Result<UniqueFd> fd = Accept(listener->get(), Deadline::AfterMs(50));
+      if (!fd.ok()) continue;
+      ++accepted;
+      Channel ch(std::move(*fd), Trust::kUnauthenticated);
+      (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(HandshakeBusy()),
+                         Deadline::AfterMs(1000));
+    }
+  });
+  Authenticator auth("test-secret-0123456789abcdef0123");
+  PeerDirectory peers(nullptr, &auth, PeerIdentity{7, 1}, 1000);
+  Runtime rt(1, 1000);
+  ASSERT_TRUE(rt.Start().ok());
+  peers.SetRuntime(&rt);
+  PeerWaits waits(rt, &rt.stopping(), nullptr);
+  PeerIdentity peer;
+  bool stopped = false;
+  const uint64_t t0 = MonoNs();
+  Result<std::unique_ptr<Channel>> ch =
+      rt.RunSync(ConnectPeer(peers, *bound, Deadline::AfterMs(2000), waits, &peer, &stopped));
+  const uint64_t took_ms = (MonoNs() - t0) / 1000000;
+  done.store(true);
+  busy.join();
+  EXPECT_TRUE(IsHandshakeBusy(ch.status())) << ch.status().ToString();
+  EXPECT_FALSE(stopped);
+  // 10+20+40+80 ms, then 160 ms each: about 13 attempts in 2 s.
+  EXPECT_GE(accepted.load(), 9) << "dialled again past the five redials of a silent cut";
+  EXPECT_GE(took_ms, 1700u);
+  EXPECT_LT(took_ms, 2600u);
+}
+
 // Dials alongside a flight are bounded per owner and counted in the
 // peers.dialing gauge while they last.
 TEST(DialAlone, AtMostThreePerOwnerAndCountedWhileTheyLast) {
