@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -257,45 +258,63 @@ TEST_F(DialPark, DialsFromTwoThreadsShareOne) {
   EXPECT_EQ(peers.waiting_on_dial(), 0u);
 }
 
+// A hand-made owner on loopback that answers each connection with
+// `answer` (on its fd; returning closes it), and ConnectPeer's dial of it.
+struct RedialOwner {
+  std::atomic<int> accepted{0};
+  uint64_t took_ms = 0;
+  bool stopped = false;
+
+  Result<std::unique_ptr<Channel>> Dial(const std::function<void(UniqueFd)>& answer,
+                                        int64_t deadline_ms) {
+    SocketAddress at;
+    at.host = "127.0.0.1";
+    at.port = 0;
+    Result<UniqueFd> listener = Listen(at);
+    if (!listener.ok()) return listener.status();
+    Result<SocketAddress> bound = BoundAddress(listener->get());
+    if (!bound.ok()) return bound.status();
+    std::atomic<bool> done{false};
+    std::thread owner([&] {
+      while (!done.load()) {
+        Result<UniqueFd> fd = Accept(listener->get(), Deadline::AfterMs(50));
+        if (!fd.ok()) continue;
+        ++accepted;
+        answer(std::move(*fd));
+      }
+    });
+    Authenticator auth("test-secret-0123456789abcdef0123");
+    PeerDirectory peers(nullptr, &auth, PeerIdentity{7, 1}, 1000);
+    Runtime rt(1, 1000);
+    Status started = rt.Start();
+    peers.SetRuntime(&rt);
+    PeerWaits waits(rt, &rt.stopping(), nullptr);
+    PeerIdentity peer;
+    const uint64_t t0 = MonoNs();
+    Result<std::unique_ptr<Channel>> ch =
+        started.ok() ? rt.RunSync(ConnectPeer(peers, *bound, Deadline::AfterMs(deadline_ms), waits,
+                                              &peer, &stopped))
+                     : Result<std::unique_ptr<Channel>>(started);
+    took_ms = (MonoNs() - t0) / 1000000;
+    done.store(true);
+    owner.join();
+    return ch;
+  }
+};
+
 // An owner under a flood of connections that never authenticate closes
 // the oldest handshakes to make room (docs/security.md): a handshake it
 // cut is made again a few times, so that the flood slows a new session
 // rather than failing it; an owner that always hangs up still fails the
 // dial, in well under a second.
 TEST(Redial, AHandshakeTheOwnerCutsIsMadeAgainAFewTimes) {
-  SocketAddress at;
-  at.host = "127.0.0.1";
-  at.port = 0;
-  Result<UniqueFd> listener = Listen(at);
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
-  Result<SocketAddress> bound = BoundAddress(listener->get());
-  ASSERT_TRUE(bound.ok());
-  std::atomic<int> accepted{0};
-  std::atomic<bool> done{false};
-  std::thread cutter([&] {
-    while (!done.load()) {
-      Result<UniqueFd> fd = Accept(listener->get(), Deadline::AfterMs(50));
-      if (fd.ok()) ++accepted;  // closed at once: the handshake is cut
-    }
-  });
-  Authenticator auth("test-secret-0123456789abcdef0123");
-  PeerDirectory peers(nullptr, &auth, PeerIdentity{7, 1}, 1000);
-  Runtime rt(1, 1000);
-  ASSERT_TRUE(rt.Start().ok());
-  peers.SetRuntime(&rt);
-  PeerWaits waits(rt, &rt.stopping(), nullptr);
-  PeerIdentity peer;
-  bool stopped = false;
-  const uint64_t t0 = MonoNs();
-  Result<std::unique_ptr<Channel>> ch =
-      rt.RunSync(ConnectPeer(peers, *bound, Deadline::AfterMs(10000), waits, &peer, &stopped));
-  const uint64_t took_ms = (MonoNs() - t0) / 1000000;
-  done.store(true);
-  cutter.join();
+  RedialOwner o;
+  // Closed at once: the handshake is cut.
+  Result<std::unique_ptr<Channel>> ch = o.Dial([](UniqueFd) {}, 10000);
   EXPECT_EQ(ch.status().code(), DYAD_RC_CONNLOST) << ch.status().ToString();
-  EXPECT_FALSE(stopped);
-  EXPECT_EQ(accepted.load(), 6) << "one handshake and five more";
-  EXPECT_LT(took_ms, 1500u);
+  EXPECT_FALSE(o.stopped);
+  EXPECT_EQ(o.accepted.load(), 6) << "one handshake and five more";
+  EXPECT_LT(o.took_ms, 1500u);
 }
 
 // An owner that says it is busy (at its cap of handshakes, closing ours to
@@ -303,45 +322,20 @@ TEST(Redial, AHandshakeTheOwnerCutsIsMadeAgainAFewTimes) {
 // dial's deadline: a flood delays a new session rather than fails it, and
 // the error at the end says why.
 TEST(Redial, AnOwnerThatSaysItIsBusyIsDialledAgainUntilTheDeadline) {
-  SocketAddress at;
-  at.host = "127.0.0.1";
-  at.port = 0;
-  Result<UniqueFd> listener = Listen(at);
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
-  Result<SocketAddress> bound = BoundAddress(listener->get());
-  ASSERT_TRUE(bound.ok());
-  std::atomic<int> accepted{0};
-  std::atomic<bool> done{false};
-  std::thread busy([&] {
-    while (!done.load()) {
-      Result<UniqueFd> fd = Accept(listener->get(), Deadline::AfterMs(50));
-      if (!fd.ok()) continue;
-      ++accepted;
-      Channel ch(std::move(*fd), Trust::kUnauthenticated);
-      (void)ch.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(HandshakeBusy()),
-                         Deadline::AfterMs(1000));
-    }
-  });
-  Authenticator auth("test-secret-0123456789abcdef0123");
-  PeerDirectory peers(nullptr, &auth, PeerIdentity{7, 1}, 1000);
-  Runtime rt(1, 1000);
-  ASSERT_TRUE(rt.Start().ok());
-  peers.SetRuntime(&rt);
-  PeerWaits waits(rt, &rt.stopping(), nullptr);
-  PeerIdentity peer;
-  bool stopped = false;
-  const uint64_t t0 = MonoNs();
-  Result<std::unique_ptr<Channel>> ch =
-      rt.RunSync(ConnectPeer(peers, *bound, Deadline::AfterMs(2000), waits, &peer, &stopped));
-  const uint64_t took_ms = (MonoNs() - t0) / 1000000;
-  done.store(true);
-  busy.join();
+  RedialOwner o;
+  Result<std::unique_ptr<Channel>> ch = o.Dial(
+      [](UniqueFd fd) {
+        Channel busy(std::move(fd), Trust::kUnauthenticated);
+        (void)busy.SendFrame(static_cast<uint16_t>(MsgType::kReply), EncodeReply(HandshakeBusy()),
+                             Deadline::AfterMs(1000));
+      },
+      2000);
   EXPECT_TRUE(IsHandshakeBusy(ch.status())) << ch.status().ToString();
-  EXPECT_FALSE(stopped);
+  EXPECT_FALSE(o.stopped);
   // 10+20+40+80 ms, then 160 ms each: about 13 attempts in 2 s.
-  EXPECT_GE(accepted.load(), 9) << "dialled again past the five redials of a silent cut";
-  EXPECT_GE(took_ms, 1700u);
-  EXPECT_LT(took_ms, 2600u);
+  EXPECT_GE(o.accepted.load(), 9) << "dialled again past the five redials of a silent cut";
+  EXPECT_GE(o.took_ms, 1700u);
+  EXPECT_LT(o.took_ms, 2600u);
 }
 
 // Dials alongside a flight are bounded per owner and counted in the
