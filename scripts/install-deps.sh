@@ -62,6 +62,7 @@ test  opt procps            -
 test  opt coreutils         -
 test  opt tar               preload_tests_with_tar
 test  opt strace            syscall-count_tests
+test  opt valgrind          store-lifetime_check_under_valgrind
 test  opt clang-format      source-format_test
 test  req prometheus        -
 test  opt libfabric-bin     OFI_provider_checks_(fi_info)

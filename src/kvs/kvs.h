@@ -178,8 +178,10 @@ struct KvsOptions {
   // Set by a dyad-service opening its store: a store the service hosts
   // (KvsCaps::hosted_by_service) registers its request handlers here.
   RequestRouter* router = nullptr;
-  // The same service's runtime (it outlives the store): a store it hosts
-  // runs its timers on its loop.
+  // The same service's runtime: a store it hosts runs its timers on its
+  // loop, and the embedded store's client its feeds and waits. It must
+  // outlive the store, or the store's Shutdown() must be called while it
+  // runs (the store may then be released later, on any thread).
   Runtime* runtime = nullptr;
   bool host_root = false;  // --root: host the store on a rank other than 0
 };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -196,6 +197,38 @@ TEST(EmbeddedWatch, FeedsOnTheServiceRuntimeAddNoThread) {
 }
 
 TEST(EmbeddedWatch, OneFeedThreadServesEveryWatchedNamespace) { CheckFeedsShareOneLoop(nullptr); }
+
+// A service shuts its store down while its runtime runs, and the store's
+// last owner may release it after the runtime has gone (a start-up store
+// call left to finish alone on a thread of its own holds it): the store
+// does not touch the runtime then. A feed and a wait were running on it.
+TEST(EmbeddedWatch, AStoreShutDownOnTheServiceRuntimeMayOutliveIt) {
+  ChildRoot root;
+  ASSERT_EQ(root.Start(0), "");
+  auto rt = std::make_unique<Runtime>(2, 1000);
+  ASSERT_TRUE(rt->Start().ok());
+  std::unique_ptr<Kvs> kvs = OpenClient(root.port(), rt.get());
+  ASSERT_NE(kvs, nullptr);
+  WatchLog log;
+  Result<KvsWatchTicket> t = kvs->Watch(Ns(0), log.Callback());
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::promise<Status> waited;
+  Result<KvsWaitTicket> w =
+      kvs->StartWait(Ns(1), "never", Deadline::AfterMs(60000),
+                     [&waited](Result<std::string> r) { waited.set_value(r.status()); });
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(kvs->Put(Ns(0), "a", "1").ok());
+  EXPECT_TRUE(AwaitChanges(log, 1));
+
+  kvs->Shutdown();
+  std::future<Status> ended = waited.get_future();
+  ASSERT_EQ(ended.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(ended.get().code(), DYAD_RC_CANCELLED);
+  rt->Shutdown();
+  rt.reset();
+  kvs->Unwatch(*t);  // what a service's record feed does at its stop
+  kvs.reset();
+}
 
 // Every namespace's feed reconnects to a root that restarted (with an empty
 // store) and reports a resync, then the new root's changes.

@@ -146,6 +146,7 @@ void EmbeddedKvs::Shutdown() {
   waits_->Shutdown();
   StopFeeds();
   DropIdle();
+  AwaitTasksEnded();
 }
 
 EmbeddedKvs::~EmbeddedKvs() {

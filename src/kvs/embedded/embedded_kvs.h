@@ -202,7 +202,8 @@ class EmbeddedKvs final : public Kvs {
   // refusal while it does not.
   Status FeedState(const std::string& ns, bool* established);
   void StopFeeds();
-  // The destructor's wait for the tasks on the service's runtime.
+  // Shutdown's (or else the destructor's) wait for the tasks on the
+  // service's runtime.
   void AwaitTasksEnded();
 
   void NoteOutage(const Status& st);
@@ -244,6 +245,8 @@ class EmbeddedKvs final : public Kvs {
     size_t count GUARDED_BY(mu) = 0;
   };
   const std::shared_ptr<LiveTasks> live_ = std::make_shared<LiveTasks>();
+  // AwaitTasksEnded has waited: service_rt_ is not touched again.
+  std::atomic<bool> rt_released_{false};
 
   size_t calls_in_flight_ GUARDED_BY(pool_mu_) = 0;
   std::deque<std::shared_ptr<Rendezvous<bool>>> call_waiters_ GUARDED_BY(pool_mu_);

@@ -176,14 +176,17 @@ void EmbeddedKvs::AwaitTasksEnded() {
   // On the service's runtime, this store's tasks use `this` until they
   // end, which they do soon once their stops fired (StopFeeds, the waits'
   // Shutdown), as long as its loop runs. A runtime already shut down
-  // holds them as frames that are destroyed, never resumed.
-  if (service_rt_ == nullptr || service_rt_->OnLoop()) return;
+  // holds them as frames that are destroyed, never resumed. Once this has
+  // waited (Shutdown, off the loop), the store no longer touches the
+  // runtime: its last owner may release it after the service has gone.
+  if (service_rt_ == nullptr || rt_released_.load() || service_rt_->OnLoop()) return;
   const Deadline deadline = Deadline::AfterMs(kTasksEndMs);
   MutexLock lk(live_->mu);
   while (live_->count > 0 && service_rt_->running() && !deadline.expired())
     lk.WaitFor(live_->cv, std::chrono::milliseconds(20));
   if (live_->count > 0 && service_rt_->running())
     DYAD_LOG_ERROR("embedded store client: %zu task(s) still running at its end", live_->count);
+  rt_released_.store(true);
 }
 
 Task<void> EmbeddedKvs::RunFeed(std::shared_ptr<Feed> f) {
