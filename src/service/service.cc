@@ -119,8 +119,9 @@ Status Service::StartSteps() {
   DYAD_RETURN_IF_ERROR(transports_->Init(opt_.dtl_mode));
   DYAD_RETURN_IF_ERROR(OpenListeners());
   dispatch_ = std::make_unique<Dispatcher>(opt_.rank, opt_.rpc_timeout_ms, &stats_);
-  DYAD_RETURN_IF_ERROR(OpenStore());
   // Twice the workers of the old two pools: the bound of blocking calls.
+  // Started before the store is opened, which runs its timers, feeds and
+  // waits on it (KvsOptions::runtime).
   runtime_ = std::make_unique<Runtime>(2 * std::max<size_t>(opt_.workers, 1), opt_.worker_idle_ms);
   DYAD_RETURN_IF_ERROR(runtime_->Start());
   {
@@ -128,6 +129,7 @@ Status Service::StartSteps() {
     startup_stop_ = std::make_unique<dyad::Stop>(runtime_->executor(), &runtime_->stopping());
     if (stopping_) startup_stop_->Fire(Status(DYAD_RC_CANCELLED, "stopped during start-up"));
   }
+  DYAD_RETURN_IF_ERROR(OpenStore());
   BuildParts();
   RouteRequests();
   TraceSetProcessName("dyad-service rank " + std::to_string(opt_.rank) + " (" + hostname_ + ")");

@@ -2,6 +2,8 @@
 // runs at most six; serving requests starts workers up to --workers per
 // pool; idle connections add none.
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -13,8 +15,9 @@ namespace {
 
 // The most threads seen in a 1.5 s window, once two windows in a row agree
 // (threads started by earlier work have ended), within 15 s. A window is
-// longer than the service's 1 s housekeeping tick, whose pool thread comes
-// and goes with the 300 ms idle bound set below, so it is always counted.
+// longer than the service's 1 s housekeeping tick, which may start a pool
+// thread that comes and goes with the 300 ms idle bound set below, so it
+// is always counted.
 size_t SettledThreadsOf(pid_t pid) {
   auto window = [pid] {
     size_t most = 0;
@@ -35,6 +38,22 @@ size_t SettledThreadsOf(pid_t pid) {
 }
 
 constexpr size_t kIdleServiceThreads = 6;  // docs/architecture.md
+
+// How many of `pid`'s threads are called `name` (/proc/PID/task/*/comm).
+size_t ThreadsNamed(pid_t pid, const std::string& name) {
+  size_t n = 0;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string comm = testutil::ReadAll(dir + "/" + e->d_name + "/comm");
+    while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    n += comm == name ? 1 : 0;
+  }
+  ::closedir(d);
+  return n;
+}
 
 class ThreadsTest : public TwoNodeTest {
  protected:
@@ -86,6 +105,22 @@ TEST_F(ThreadsTest, IdleServiceRunsAtMostSixThreadsAndIdleConnectionsAddNone) {
   const std::vector<ManifestEntry> after = {{"t3.dat", 1000}};
   Produce(after);
   ConsumeOk(after);
+}
+
+// One runtime: once a consume has been served, the root (its store's
+// change feeds and deadlines) and the consuming service (its store client's
+// feed of the namespace it now follows, and its waits) each run one event
+// loop, the service's: the store keeps none of its own.
+TEST_F(ThreadsTest, TheRootAndAFollowingServiceRunOneLoopEach) {
+  const std::vector<ManifestEntry> files = {{"loops/a.dat", 4096}};
+  Produce(files);
+  ConsumeOk(files);
+  for (int node = 0; node < 2; ++node) {
+    const pid_t pid = cluster().ServicePid(node);
+    (void)SettledThreadsOf(pid);
+    EXPECT_EQ(ThreadsNamed(pid, "dyad-loop"), 1u)
+        << "node " << node << " (root: " << (node == 0) << ")";
+  }
 }
 
 }  // namespace
