@@ -27,7 +27,7 @@ namespace {
 constexpr int64_t kEstablishMs = 2000;
 constexpr int64_t kReplyGraceMs = 2000;
 
-// How long the destructor waits for its tasks on the service's runtime to
+// How long AwaitTasksEnded waits for the tasks on the service's runtime to
 // end once their stops fired (their waits end at once then).
 constexpr int64_t kTasksEndMs = 10000;
 
