@@ -149,11 +149,7 @@ void EmbeddedKvs::Shutdown() {
   AwaitTasksEnded();
 }
 
-EmbeddedKvs::~EmbeddedKvs() {
-  waits_->Shutdown();
-  StopFeeds();
-  AwaitTasksEnded();
-}
+EmbeddedKvs::~EmbeddedKvs() { Shutdown(); }
 
 Result<KvsWaitTicket> EmbeddedKvs::StartWait(const std::string& ns, const std::string& key,
                                              Deadline deadline, KvsWaitCallback done) {

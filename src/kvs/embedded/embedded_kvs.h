@@ -195,6 +195,8 @@ class EmbeddedKvs final : public Kvs {
   // the store's own, started at its first use (ended by StopFeeds).
   Result<Runtime*> LoopRuntimeLocked() REQUIRES(feed_mu_);
   Result<Runtime*> LoopRuntime();
+  // Ends feed `f`'s task: fires its stop on `rt`'s loop, saying `why`.
+  static void EndFeed(Runtime& rt, std::shared_ptr<Feed> f, const char* why);
   // Starts `task` (a feed, the waits' task) on `rt`, counted in live_ until
   // it ends or its frame is destroyed.
   void SpawnCounted(Runtime* rt, Task<void> task);
@@ -202,8 +204,7 @@ class EmbeddedKvs final : public Kvs {
   // refusal while it does not.
   Status FeedState(const std::string& ns, bool* established);
   void StopFeeds();
-  // Shutdown's (or else the destructor's) wait for the tasks on the
-  // service's runtime.
+  // Shutdown's wait for the tasks on the service's runtime.
   void AwaitTasksEnded();
 
   void NoteOutage(const Status& st);

@@ -104,15 +104,15 @@ void EmbeddedKvs::Unwatch(KvsWatchTicket ticket) {
   auto it = feeds_.find(*removed);
   if (it == feeds_.end()) return;
   Result<Runtime*> rt = LoopRuntimeLocked();
-  if (rt.ok()) {
-    // Fired on the loop, which the task's waits belong to (the task then
-    // closes its link and ends); the feed lives until then.
-    (*rt)->Post([ended = std::move(it->second)] {
-      ended->stop->Fire(Status(DYAD_RC_CANCELLED, "nobody watches the namespace"));
-    });
-  }
+  if (rt.ok()) EndFeed(**rt, std::move(it->second), "nobody watches the namespace");
   feeds_.erase(it);
   feed_cv_.notify_all();
+}
+
+void EmbeddedKvs::EndFeed(Runtime& rt, std::shared_ptr<Feed> f, const char* why) {
+  // Fired on the loop, which the task's waits belong to (the task then
+  // closes its link and ends); the feed lives until then.
+  rt.Post([f = std::move(f), why] { f->stop->Fire(Status(DYAD_RC_CANCELLED, why)); });
 }
 
 Result<Runtime*> EmbeddedKvs::LoopRuntimeLocked() {
@@ -150,13 +150,9 @@ void EmbeddedKvs::StopFeeds() {
     feed_cv_.notify_all();
   }
   if (service_rt_ != nullptr) {
-    // The service's loop goes on: each feed's task ends on its stop, fired
-    // there like Unwatch's.
-    for (auto& [ns, feed] : left) {
-      service_rt_->Post([ended = std::move(feed)] {
-        ended->stop->Fire(Status(DYAD_RC_CANCELLED, "the store is shutting down"));
-      });
-    }
+    // The service's loop goes on: each feed's task ends on its stop.
+    for (auto& [ns, feed] : left)
+      EndFeed(*service_rt_, std::move(feed), "the store is shutting down");
     return;
   }
   if (!own) return;
