@@ -20,12 +20,10 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "service/advertise.h"
-#include "service/node_cache.h"
 #include "service/peer_waits.h"
 #include "service/peers.h"
 #include "service/service.h"
 #include "service/transports.h"
-#include "service/waits.h"
 
 namespace dyad {
 
@@ -390,17 +388,12 @@ Task<void> Service::Upkeep() {
   uint64_t reported = 0;  // incarnation of a usurper already reported
   dyad::Stop& stop = runtime_->stopping();
   while (co_await Sleep(Deadline::AfterMs(kHousekeepingMs), &stop)) {
-    // Both touch the disk or the store: on the pool.
     const bool check = (since_check += kHousekeepingMs) >= kCheckEveryMs;
     if (check) since_check = 0;
     // Housekeeping touches the disk: on the pool, and only when it has
-    // work (copies over the budget, consumes waiting), so an idle service
-    // wakes no pool thread. The membership check waits on the store: on
-    // the loop, holding no thread.
-    const bool over_budget =
-        node_cache_->budget() != 0 && node_cache_->bytes() > node_cache_->budget();
-    if (over_budget || (opt_.wait_log_ms > 0 && waits_->size() > 0))
-      co_await runtime_->Offload([this] { Housekeep(); });
+    // work. The membership check waits on the store: on the loop, holding
+    // no thread.
+    if (HousekeepingDue()) co_await runtime_->Offload([this] { Housekeep(); });
     if (check) co_await CheckMembership(&reported);
   }
 }

@@ -222,6 +222,13 @@ void NodeCache::Trim() {
   EvictLocked(std::string());
 }
 
+bool NodeCache::OverBudget() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return OverBudgetLocked();
+}
+
+bool NodeCache::OverBudgetLocked() const { return budget_ != 0 && bytes_ > budget_; }
+
 uint64_t NodeCache::bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   return bytes_;
@@ -255,7 +262,7 @@ void NodeCache::DropLocked(std::unordered_map<std::string, Entry>::iterator it) 
 // copy lives does not matter (a consumer directory that is the producer
 // directory included): what is indexed is a copy of another rank's file.
 void NodeCache::EvictLocked(const std::string& keep) {
-  if (budget_ == 0 || bytes_ <= budget_) return;
+  if (!OverBudgetLocked()) return;
   RefreshWaitingLocked();
   const uint64_t now = MonoNs();
   const uint64_t grace_ns = static_cast<uint64_t>(grace_ms_) * 1000000ull;

@@ -161,6 +161,9 @@ class NodeCache {
   // Evicts down to the budget now (copies consumed within the grace period
   // and copies held open stay). For the service's timer.
   void Trim();
+  // Whether the copies counted exceed the budget (never without one): what
+  // Trim would act on.
+  bool OverBudget() const;
 
   // Bytes of the copies counted against the budget (pinned ones apart).
   uint64_t bytes() const;
@@ -183,6 +186,7 @@ class NodeCache {
     bool pinned = false;  // cannot be removed (counted in pinned_bytes_, not bytes_)
     std::list<std::string>::iterator lru;  // position in lru_
   };
+  bool OverBudgetLocked() const;  // under mu_
   void DropLocked(std::unordered_map<std::string, Entry>::iterator it);
   void MarkConsumedLocked(Entry& e);
   void RefreshWaitingLocked();

@@ -153,6 +153,9 @@ class Service {
   // trims the node cache to its budget and logs (info) each wait for a
   // publication that passes --wait-log.
   void Housekeep();
+  // Whether Housekeep has work now (the cache over its budget, waits to
+  // log), so that an idle service wakes no pool thread for it. Cheap.
+  bool HousekeepingDue() const;
   static constexpr int64_t kHousekeepingMs = 1000;
 
   // Local client requests (service_requests.cc); each sends one reply.

@@ -69,6 +69,10 @@ Task<Result<std::string>> Service::WaitPublished(RequestContext& ctx, const std:
   co_return got->status().code() == DYAD_RC_TIMEOUT ? timed_out(got->status()) : got->status();
 }
 
+bool Service::HousekeepingDue() const {
+  return node_cache_->OverBudget() || (opt_.wait_log_ms > 0 && waits_->size() > 0);
+}
+
 void Service::Housekeep() {
   // The budget holds without waiting for the next consume: copies kept
   // by the grace period or by a reader go once that is over.
