@@ -4,10 +4,12 @@
 //     (--json, --loopback, --mode, --tmp), parsed by ParseClusterOption;
 //   * starting the two-or-more-node emulated cluster they run on;
 //   * small file helpers (atomic text write, whole-file read);
-//   * per-process resource samples from /proc (CPU seconds, peak RSS), used
-//     for the resource figures of `make bench`.
+//   * per-process resource samples from /proc (CPU seconds, peak RSS,
+//     context switches), used for the resource figures of `make bench` and
+//     the per-call breakdowns.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -284,6 +286,39 @@ struct ProcSample {
   uint64_t rss_kib = 0;  // VmRSS
 };
 
+// The number after `key` in a /proc status text; 0 when absent.
+inline uint64_t StatusField(const std::string& status, const char* key) {
+  const size_t at = status.find(key);
+  return at == std::string::npos ? 0
+                                 : std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
+}
+
+struct SwitchSample {
+  bool ok = false;
+  uint64_t voluntary = 0;    // the thread blocked (waited for something)
+  uint64_t involuntary = 0;  // the thread was preempted
+};
+
+// Context switches of a live process: the sum over the threads it has now
+// (/proc/<pid>/task/*/status). Threads that ended are not counted, so take
+// both samples of a difference while the same threads run.
+inline SwitchSample SampleSwitches(pid_t pid) {
+  SwitchSample s;
+  if (pid <= 0) return s;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(tasks.c_str());
+  if (d == nullptr) return s;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string status = ReadText(tasks + "/" + e->d_name + "/status");
+    s.voluntary += StatusField(status, "\nvoluntary_ctxt_switches:");
+    s.involuntary += StatusField(status, "\nnonvoluntary_ctxt_switches:");
+  }
+  ::closedir(d);
+  s.ok = true;
+  return s;
+}
+
 // CPU time and memory of a live process from /proc/<pid>/{stat,status}.
 inline ProcSample SampleProc(pid_t pid) {
   ProcSample s;
@@ -305,14 +340,8 @@ inline ProcSample SampleProc(pid_t pid) {
   const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
   s.cpu_s = (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) / tick;
   const std::string status = ReadText(base + "/status");
-  auto field = [&](const char* key) -> uint64_t {
-    const size_t at = status.find(key);
-    return at == std::string::npos
-               ? 0
-               : std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
-  };
-  s.hwm_kib = field("VmHWM:");
-  s.rss_kib = field("VmRSS:");
+  s.hwm_kib = StatusField(status, "VmHWM:");
+  s.rss_kib = StatusField(status, "VmRSS:");
   s.ok = true;
   return s;
 }

@@ -130,6 +130,7 @@ inline int Owner(const std::string& dir, const std::string& ip, const std::strin
   if (c < 0) return 1;
   int one = 1;
   ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const emu::LoopUsage start = emu::UsageNow();
   std::string path, data;
   for (;;) {
     if (!ReadRequest(c, &path)) break;
@@ -147,6 +148,7 @@ inline int Owner(const std::string& dir, const std::string& ip, const std::strin
     iovec iov[2] = {{&a, sizeof a}, {data.data(), a.size > 0 ? static_cast<size_t>(a.size) : 0}};
     if (!WriteFull(c, iov, a.size > 0 ? 2 : 1)) break;
   }
+  std::fputs(emu::FormatLoopUsage(start, emu::UsageNow()).c_str(), stdout);
   return 0;
 }
 
@@ -202,6 +204,7 @@ inline int Relay(const std::string& dir, const std::string& owner_ip, uint16_t o
   const int c = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
   if (c < 0) return 1;
   Dirs dirs(root);
+  const emu::LoopUsage start = emu::UsageNow();
   std::string path, data;
   for (;;) {
     if (!ReadRequest(c, &path)) break;
@@ -235,6 +238,7 @@ inline int Relay(const std::string& dir, const std::string& owner_ip, uint16_t o
     iovec iov[1] = {{&status, sizeof status}};
     if (!WriteFull(c, iov, 1)) break;
   }
+  std::fputs(emu::FormatLoopUsage(start, emu::UsageNow()).c_str(), stdout);
   return 0;
 }
 
@@ -255,6 +259,7 @@ inline int Consumer(const std::string& socket_path, const std::string& manifest,
   std::vector<double> lat;
   lat.reserve(files->size());
   int failures = 0;
+  const emu::LoopUsage start = emu::UsageNow();
   const uint64_t first = MonoNs();
   uint64_t last = first;
   for (const auto& f : *files) {
@@ -265,6 +270,7 @@ inline int Consumer(const std::string& socket_path, const std::string& manifest,
     lat.push_back(static_cast<double>(last - t0) / 1e6);
     if (status != 0) ++failures;
   }
+  const emu::LoopUsage end = emu::UsageNow();
   // The copies are checked after the timed loop, as the DYAD consumer's are.
   for (const auto& f : *files) {
     struct stat st;
@@ -273,6 +279,7 @@ inline int Consumer(const std::string& socket_path, const std::string& manifest,
   }
   std::printf("chain %.1f %.4f %.4f %d\n", Rate(files->size(), first, last),
               emu::Percentile(lat, 50), emu::Percentile(lat, 99), failures);
+  std::fputs(emu::FormatLoopUsage(start, end).c_str(), stdout);
   return failures == 0 ? 0 : 1;
 }
 

@@ -87,11 +87,68 @@ std::vector<emu::ManifestEntry> Files(const std::string& dir, uint64_t count, ui
   return v;
 }
 
+// What one call cost one process, averaged over the calls of a phase.
+struct ProcCost {
+  bool ok = false;
+  double cpu_us = 0;
+  double switches = 0;     // context switches: voluntary + involuntary
+  double involuntary = 0;  // ... of which preempted
+};
+
+// A consume's cost in each process of its chain: the consumer, the service
+// that asks (node B), the service that owns the file (node A). For the
+// chain baseline: its consumer, relay and owner.
+struct Breakdown {
+  ProcCost consumer, requester, owner;
+  bool ok() const { return consumer.ok && requester.ok && owner.ok; }
+  double cpu_us() const { return consumer.cpu_us + requester.cpu_us + owner.cpu_us; }
+  double switches() const { return consumer.switches + requester.switches + owner.switches; }
+};
+
+ProcCost CostOf(const emu::LoopUsage& u, uint64_t calls) {
+  ProcCost c;
+  if (calls == 0) return c;
+  const double n = static_cast<double>(calls);
+  c.ok = true;
+  c.cpu_us = static_cast<double>(u.cpu_us) / n;
+  c.switches = static_cast<double>(u.voluntary + u.involuntary) / n;
+  c.involuntary = static_cast<double>(u.involuntary) / n;
+  return c;
+}
+
+ProcCost CostOfOutput(const std::string& output_file, uint64_t calls) {
+  emu::LoopUsage u;
+  return FindLoopUsage(ReadText(output_file), &u) ? CostOf(u, calls) : ProcCost{};
+}
+
+// A running service's CPU time and context switches, sampled from /proc
+// before and after a phase.
+class ServiceMeter {
+ public:
+  explicit ServiceMeter(pid_t pid) : pid_(pid), cpu_(SampleProc(pid)), sw_(SampleSwitches(pid)) {}
+  ProcCost Cost(uint64_t calls) const {
+    const ProcSample cpu = SampleProc(pid_);
+    const SwitchSample sw = SampleSwitches(pid_);
+    if (!cpu_.ok || !sw_.ok || !cpu.ok || !sw.ok) return {};
+    emu::LoopUsage u;
+    u.cpu_us = static_cast<int64_t>((cpu.cpu_s - cpu_.cpu_s) * 1e6);
+    u.voluntary = static_cast<int64_t>(sw.voluntary - sw_.voluntary);
+    u.involuntary = static_cast<int64_t>(sw.involuntary - sw_.involuntary);
+    return CostOf(u, calls);
+  }
+
+ private:
+  pid_t pid_;
+  ProcSample cpu_;
+  SwitchSample sw_;
+};
+
 struct Phase {
   double files_per_s = 0;
   double p50_ms = 0, p99_ms = 0;
   double aux_files_per_s = 0;  // publish phase: write+publish rate
   int failures = 0;
+  Breakdown cost;  // after and chain: per consume
 };
 
 // The async phase: loop rates of the three rows (medians of the runs).
@@ -188,11 +245,14 @@ bool RunChain(emu::EmuCluster& c, const std::string& manifest, Phase* out) {
   const std::string sock = c.node(1).run + "/chain.sock";
   const std::string chain_dir = c.node(1).dmd + "/chain";
   ::mkdir(chain_dir.c_str(), 0755);
-  auto owner = c.SpawnOnNode(0, {self, "--chain-owner", c.node(0).dmd, c.node(0).ip, owner_ready});
+  const std::string owner_out = manifest + ".chain-owner.out";
+  const std::string relay_out = manifest + ".chain-relay.out";
+  auto owner = c.SpawnOnNode(0, {self, "--chain-owner", c.node(0).dmd, c.node(0).ip, owner_ready},
+                             {}, owner_out);
   if (!owner.ok() || !WaitForFile(owner_ready, *owner)) return false;
   const std::string port = ReadText(owner_ready);
-  auto relay =
-      c.SpawnOnNode(1, {self, "--chain-relay", chain_dir, c.node(0).ip, port, sock, relay_ready});
+  auto relay = c.SpawnOnNode(
+      1, {self, "--chain-relay", chain_dir, c.node(0).ip, port, sock, relay_ready}, {}, relay_out);
   if (!relay.ok() || !WaitForFile(relay_ready, *relay)) return false;
   const std::string result = manifest + ".chain.out";
   auto cons = c.SpawnOnNode(1, {self, "--chain-consume", sock, manifest, chain_dir}, {}, result);
@@ -206,7 +266,42 @@ bool RunChain(emu::EmuCluster& c, const std::string& manifest, Phase* out) {
     std::fprintf(stderr, "chain baseline: %s\n", text.c_str());
     return false;
   }
+  const auto files = emu::ReadManifest(manifest);
+  const uint64_t calls = files.ok() ? files->size() : 0;
+  out->cost.consumer = CostOfOutput(result, calls);
+  out->cost.requester = CostOfOutput(relay_out, calls);
+  out->cost.owner = CostOfOutput(owner_out, calls);
   return st.ok() && st->success();
+}
+
+std::string CostJson(const ProcCost& c) {
+  char b[160];
+  std::snprintf(b, sizeof b, "{\"cpu_us\": %.1f, \"switches\": %.3f, \"involuntary\": %.3f}",
+                c.ok ? c.cpu_us : 0.0, c.ok ? c.switches : 0.0, c.ok ? c.involuntary : 0.0);
+  return b;
+}
+
+std::string BreakdownJson(const Breakdown& b) {
+  return std::string("{\"ok\": ") + (b.ok() ? "true" : "false") +
+         ", \"consumer\": " + CostJson(b.consumer) + ", \"requester\": " + CostJson(b.requester) +
+         ", \"owner\": " + CostJson(b.owner) + ", \"cpu_us\": " + std::to_string(b.cpu_us()) +
+         ", \"switches\": " + std::to_string(b.switches()) + "}";
+}
+
+void PrintBreakdownRow(const char* label, const Breakdown& b, const char* note) {
+  auto cell = [](const ProcCost& c) {
+    char t[32];
+    if (c.ok) {
+      std::snprintf(t, sizeof t, "%.0f / %.2f", c.cpu_us, c.switches);
+    } else {
+      std::snprintf(t, sizeof t, "-");
+    }
+    return std::string(t);
+  };
+  char total[32];
+  std::snprintf(total, sizeof total, "%.0f / %.2f", b.cpu_us(), b.switches());
+  std::printf("%-24s %14s %14s %14s %14s%s\n", label, cell(b.consumer).c_str(),
+              cell(b.requester).c_str(), cell(b.owner).c_str(), b.ok() ? total : "-", note);
 }
 
 int Drive(const Args& a) {
@@ -250,10 +345,14 @@ int Drive(const Args& a) {
     publish.p99_ms = emu::Percentile(lat, 99);
   }
   if (do_after) {
+    const ServiceMeter owner(c.ServicePid(0)), requester(c.ServicePid(1));
     auto p = run.Start(1, "consume", m1, {"--no-metadata"});
     if (!p.ok()) return 1;
     auto r = run.Finish(*p, m1, "consume");
     if (!r.ok() || r->empty()) return 1;
+    after.cost.owner = owner.Cost(r->size());
+    after.cost.requester = requester.Cost(r->size());
+    after.cost.consumer = CostOfOutput(m1 + ".consume.out", r->size());
     std::vector<double> lat;
     uint64_t first = UINT64_MAX, last = 0;
     for (const auto& x : *r) {
@@ -407,8 +506,9 @@ int Drive(const Args& a) {
         "\"p99_ms\": %.4f, \"failures\": %d},\n"
         " \"consume_after\": {\"files_per_s\": %.1f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
         "\"failures\": %d},\n"
+        " \"consume_after_cost\": %s,\n"
         " \"chain\": {\"ran\": %s, \"files_per_s\": %.1f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
-        "\"failures\": %d, \"ratio_after_chain\": %.4f},\n"
+        "\"failures\": %d, \"ratio_after_chain\": %.4f, \"cost\": %s},\n"
         " \"consume_parallel\": {\"consumers\": %llu, \"files_per_s\": %.1f, \"p50_ms\": %.4f, "
         "\"p99_ms\": %.4f, \"failures\": %d},\n"
         " \"streaming\": {\"files_per_s\": %.1f, \"latency_p50_ms\": %.4f, \"latency_p99_ms\": "
@@ -422,9 +522,10 @@ int Drive(const Args& a) {
         static_cast<unsigned long long>(a.count), static_cast<unsigned long long>(a.size),
         c.uses_netns() ? "veth" : "loopback", publish.files_per_s, publish.aux_files_per_s,
         publish.p50_ms, publish.p99_ms, publish.failures, after.files_per_s, after.p50_ms,
-        after.p99_ms, after.failures, a.Has("chain") ? "true" : "false", chain.files_per_s,
-        chain.p50_ms, chain.p99_ms, chain.failures,
-        chain.files_per_s > 0 ? after.files_per_s / chain.files_per_s : 0.0,
+        after.p99_ms, after.failures, BreakdownJson(after.cost).c_str(),
+        a.Has("chain") ? "true" : "false", chain.files_per_s, chain.p50_ms, chain.p99_ms,
+        chain.failures, chain.files_per_s > 0 ? after.files_per_s / chain.files_per_s : 0.0,
+        BreakdownJson(chain.cost).c_str(),
         static_cast<unsigned long long>(a.consumers), parallel.files_per_s, parallel.p50_ms,
         parallel.p99_ms, parallel.failures, streaming.files_per_s, streaming.p50_ms,
         streaming.p99_ms, streaming.failures, async.ran ? "true" : "false",
@@ -463,6 +564,12 @@ int Drive(const Args& a) {
                   "write + close + publish, synchronous", async.sync_fps, async.sync_call_us);
       std::printf("%-44s %12.2f   (target >= 0.5)   errors %d\n", "ratio async / plain",
                   async.plain_fps > 0 ? async.async_fps / async.plain_fps : 0.0, async.failures);
+    }
+    if (do_after) {
+      std::printf("\nper consume after publication: CPU us / context switches (all threads)\n");
+      std::printf("%-24s %14s %14s %14s %14s\n", "", "consumer", "node B", "node A", "total");
+      PrintBreakdownRow("DYAD", after.cost, "   (target <= 4 switches)");
+      if (a.Has("chain")) PrintBreakdownRow("minimal chain", chain.cost, "");
     }
     std::printf("node B service: transfers.in %llu (expected %llu)\n", transfers,
                 static_cast<unsigned long long>(

@@ -131,6 +131,9 @@ int RunRole(const RoleOptions& o) {
     if (!st.ok()) std::fprintf(stderr, "dyad demo worker: %s\n", st.ToString().c_str());
     return st.ok();
   };
+  // What the loop of produce or consume calls costs this process, for the
+  // benchmarks' per-call breakdown (emu::LoopUsage).
+  const emu::LoopUsage loop_start = emu::UsageNow();
   for (const ManifestEntry& e : *manifest) {
     FileResult r;
     r.name = e.name;
@@ -205,6 +208,7 @@ int RunRole(const RoleOptions& o) {
       return 2;
     }
   }
+  std::fputs(emu::FormatLoopUsage(loop_start, emu::UsageNow()).c_str(), stdout);
   // Asynchronous publications (DYAD_ASYNC_PUBLISH) are confirmed here:
   // a failure among them fails the worker.
   const uint64_t f0 = MonoNs();

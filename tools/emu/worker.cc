@@ -1,12 +1,14 @@
 #include "emu/worker.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -167,5 +169,41 @@ double Percentile(std::vector<double> values, double p) {
 }
 
 double Median(std::vector<double> values) { return Percentile(std::move(values), 50); }
+
+LoopUsage UsageNow() {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto us = [](const struct timeval& t) {
+    return static_cast<int64_t>(t.tv_sec) * 1000000 + static_cast<int64_t>(t.tv_usec);
+  };
+  LoopUsage u;
+  u.cpu_us = us(ru.ru_utime) + us(ru.ru_stime);
+  u.voluntary = ru.ru_nvcsw;
+  u.involuntary = ru.ru_nivcsw;
+  return u;
+}
+
+std::string FormatLoopUsage(const LoopUsage& start, const LoopUsage& now) {
+  char line[96];
+  std::snprintf(line, sizeof line, "loop_usage %lld %lld %lld\n",
+                static_cast<long long>(now.cpu_us - start.cpu_us),
+                static_cast<long long>(now.voluntary - start.voluntary),
+                static_cast<long long>(now.involuntary - start.involuntary));
+  return line;
+}
+
+bool FindLoopUsage(const std::string& text, LoopUsage* out) {
+  static const char kKey[] = "loop_usage ";
+  bool found = false;
+  for (size_t at = text.find(kKey); at != std::string::npos; at = text.find(kKey, at + 1)) {
+    if (at != 0 && text[at - 1] != '\n') continue;
+    long long c = 0, v = 0, i = 0;
+    if (std::sscanf(text.c_str() + at + std::strlen(kKey), "%lld %lld %lld", &c, &v, &i) != 3)
+      continue;
+    *out = LoopUsage{c, v, i};
+    found = true;
+  }
+  return found;
+}
 
 }  // namespace dyad::emu

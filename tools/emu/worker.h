@@ -45,6 +45,21 @@ Result<std::vector<FileResult>> ReadResults(const std::string& path);
 std::string EscapeField(const std::string& s);
 std::string UnescapeField(const std::string& s);
 
+// What a worker's loop cost its own process (every thread, getrusage). A
+// worker prints it as one "loop_usage <cpu us> <voluntary> <involuntary>"
+// line on its output; the benchmarks read it back for their per-call
+// breakdowns.
+struct LoopUsage {
+  int64_t cpu_us = 0;       // user + system
+  int64_t voluntary = 0;    // context switches where a thread blocked
+  int64_t involuntary = 0;  // ... where it was preempted
+};
+LoopUsage UsageNow();
+// `now` minus `start`, as a "loop_usage" line with '\n'.
+std::string FormatLoopUsage(const LoopUsage& start, const LoopUsage& now);
+// The last "loop_usage" line of `text`; false when there is none.
+bool FindLoopUsage(const std::string& text, LoopUsage* out);
+
 // p in [0, 100]; nearest-rank on a copy. 0 for an empty input.
 double Percentile(std::vector<double> values, double p);
 double Median(std::vector<double> values);
