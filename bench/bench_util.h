@@ -289,8 +289,9 @@ struct ProcSample {
 // The number after `key` in a /proc status text; 0 when absent.
 inline uint64_t StatusField(const std::string& status, const char* key) {
   const size_t at = status.find(key);
-  return at == std::string::npos ? 0
-                                 : std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
+  return at == std::string::npos
+             ? 0
+             : std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
 }
 
 struct SwitchSample {

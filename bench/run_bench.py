@@ -387,10 +387,17 @@ def section_small(r, prof):
                 "failures": sum(d[k]["failures"] for k in ("publish", "consume_after",
                                                            "streaming")),
             })
+            cost = d.get("consume_after_cost") or {}
+            if cost.get("ok"):
+                row.update({"after_switches": cost["switches"], "after_cpu_us": cost["cpu_us"],
+                            "after_cost": cost})
             ch = d.get("chain") or {}
             if ch.get("ran"):
                 row.update({"chain_fps": ch["files_per_s"],
                             "ratio_after_chain": ch["ratio_after_chain"]})
+                if (ch.get("cost") or {}).get("ok"):
+                    row.update({"chain_switches": ch["cost"]["switches"],
+                                "chain_cpu_us": ch["cost"]["cpu_us"]})
                 row["failures"] += ch["failures"]
             a = d.get("async_publish") or {}
             if a.get("ran"):
@@ -780,6 +787,16 @@ def headline(res):
                          "%s vs %s files/s (same two round trips and file creation)" % (
                              fmt(s4.get("dyad_after_fps"), 0), fmt(s4.get("chain_fps"), 0)),
                          ">= 0.5"])
+        if s4.get("after_switches") is not None:
+            c = s4["after_cost"]
+            rows.append(["4 KiB consume: context switches per consume, all processes",
+                         fmt(s4["after_switches"], 2),
+                         "consumer %s, node B %s, node A %s; CPU %s us per consume "
+                         "(minimal chain: %s switches, %s us)" % (
+                             fmt(c["consumer"]["switches"], 2), fmt(c["requester"]["switches"], 2),
+                             fmt(c["owner"]["switches"], 2), fmt(s4["after_cpu_us"], 0),
+                             fmt(s4.get("chain_switches"), 2), fmt(s4.get("chain_cpu_us"), 0)),
+                         "<= 4"])
         rows.append(["4 KiB files consumed after publish: DYAD files/s / 5,000 target",
                      fmt(ratio(s4.get("dyad_after_fps"), 5000.0), 2),
                      "%s files/s (upstream 250-520)" % fmt(s4.get("dyad_after_fps"), 0),
