@@ -115,14 +115,21 @@ void NodeCache::Following(const std::string& ns) {
   following_.insert(ns);
 }
 
-void NodeCache::GapBegins(const std::string& ns) {
+NodeCache::Withdrawal NodeCache::GapBegins(const std::string& ns) {
+  Withdrawal w;
+  w.cache_ = this;
   std::lock_guard<std::mutex> lk(mu_);
-  if (!gapped_.insert(ns).second || protected_root_.empty()) return;
+  if (!gapped_.insert(ns).second || protected_root_.empty()) return w;
   const std::string prefix = FileKey(ns, "");
   for (auto it = by_file_.lower_bound(prefix);
        it != by_file_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
     for (const std::string& path : it->second)
-      if (Protected(path)) Unstamp(path, by_path_.at(path));
+      if (Protected(path)) w.copies_.emplace_back(path, by_path_.at(path));
+  return w;
+}
+
+void NodeCache::Withdrawal::Run() const {
+  for (const auto& [path, e] : copies_) cache_->Unstamp(path, e);
 }
 
 size_t NodeCache::followed_namespaces() const {

@@ -64,6 +64,8 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "common/net.h"
 #include "proto/protocol.h"
@@ -112,12 +114,16 @@ class NodeCache {
   //    Supersede (the feed follows it and has listed it once);
   //  * GapBegins(ns): publications may be missed from now on (the feed's
   //    link was lost, the store restarted): every copy of `ns` in the
-  //    producer tree loses its stamp at once, and so does one indexed
-  //    until GapEnds(ns) (the namespace has been listed again);
+  //    producer tree loses its stamp (the Withdrawal it returns, run at
+  //    once), and so does one indexed until GapEnds(ns) (the namespace has
+  //    been listed again);
   //  * StampRevocable(ns, path): whether a copy placed at `path` now gets a
   //    revocable stamp.
+  class Withdrawal;
   void Following(const std::string& ns);
-  void GapBegins(const std::string& ns);
+  // Marks the gap at once (no file system call, the lock held briefly);
+  // the returned Withdrawal removes the stamps without the lock.
+  [[nodiscard]] Withdrawal GapBegins(const std::string& ns);
   void GapEnds(const std::string& ns);
   bool StampRevocable(const std::string& ns, const std::string& path) const;
 
@@ -215,6 +221,24 @@ class NodeCache {
   uint64_t bytes_ = 0;
   uint64_t pinned_bytes_ = 0;
   uint64_t waiting_bytes_ = 0;  // of copies not consumed yet (prefetched)
+};
+
+// The copies a gap takes the stamps from (NodeCache::GapBegins), each with
+// what identifies the file placed there: Run() opens each and removes its
+// stamp (a few system calls per copy, without the cache's lock), so a
+// caller on the service's loop runs it on the pool. A copy replaced since
+// is left alone; one that lost its stamp anyway is fine.
+class NodeCache::Withdrawal {
+ public:
+  Withdrawal() = default;
+  bool empty() const { return copies_.empty(); }
+  size_t size() const { return copies_.size(); }
+  void Run() const;
+
+ private:
+  friend class NodeCache;
+  const NodeCache* cache_ = nullptr;
+  std::vector<std::pair<std::string, Entry>> copies_;
 };
 
 }  // namespace dyad

@@ -76,18 +76,30 @@ void RecordFeed::Reseed(const std::string& ns) {
   copies_->Following(ns);
 }
 
+void RecordFeed::GapBegins(const std::string& ns) {
+  if (copies_ == nullptr) return;
+  // The gap counts from now; taking the stamps off the copies costs
+  // system calls per copy (tens of thousands of copies: a fraction of a
+  // second), which the loop does not wait for.
+  NodeCache::Withdrawal w = copies_->GapBegins(ns);
+  if (w.empty()) return;
+  rt_->Spawn([](Runtime* rt, NodeCache::Withdrawal w) -> Task<void> {
+    co_await rt->Offload([&w] { w.Run(); });
+  }(rt_, std::move(w)));
+}
+
 void RecordFeed::OnChange(const std::string& ns, const KvsChange& c) {
   if (c.lost) {
     // Until the resync: no copy of the namespace is taken as current from
     // its stamp alone.
-    if (copies_ != nullptr) copies_->GapBegins(ns);
+    GapBegins(ns);
     return;
   }
   if (c.resync) {
     // Changes may have been missed: what this service knows of the
     // namespace is no longer trusted (its records, the stamps of its
     // copies); the store is listed again.
-    if (copies_ != nullptr) copies_->GapBegins(ns);
+    GapBegins(ns);
     cache_->EraseNamespace(ns);
     {
       MutexLock lk(mu_);

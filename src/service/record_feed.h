@@ -59,6 +59,8 @@ class RecordFeed {
   // After a resync: lists again, then ends the copies' gap.
   void Reseed(const std::string& ns);
   void OnChange(const std::string& ns, const KvsChange& c);
+  // The copies' gap (NodeCache::GapBegins), their stamps taken off on the pool.
+  void GapBegins(const std::string& ns);
 
   Kvs* kvs_;
   MetadataCache* cache_;

@@ -13,6 +13,7 @@
 //  * a consume that cannot fit fails before any byte moves, with
 //    DYAD_RC_NOSPACE (ENOSPC under the preload library);
 //  * prefetching stops at a free-space floor.
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 
@@ -195,6 +196,38 @@ TEST_F(FieldReady, ConsumeVerboseSaysPrefetched) {
   EXPECT_NE(again.output.find("already complete locally (no request)"), std::string::npos)
       << again.output;
   EXPECT_EQ(Counter(kB, "requests.consume"), requests + 1);
+}
+
+// Issues 28 and 24: when the root restarts, B's record feed has a gap: the
+// stamps of B's copies in its one managed directory come off (on its pool,
+// not its loop), so none is taken as current without asking the service
+// until B has listed the namespace again, and B keeps serving meanwhile.
+TEST_F(FieldReady, ARootRestartTakesTheStampsOffTheCopies) {
+  auto decl = Dyad(kB, {"prefetch", "gap/"});
+  ASSERT_TRUE(decl.status.success()) << decl.output;
+  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
+      << StatusJson(kB);
+  const std::vector<std::string> names = {"gap/a.bin", "gap/b.bin", "gap/c.bin"};
+  for (const std::string& n : names) Publish(kA, n, 5000);
+  auto stamps = [&] {
+    size_t n = 0;
+    for (const std::string& f : names)
+      n += ::getxattr(PathOn(kB, f).c_str(), "user.dyad.version", nullptr, 0) > 0 ? 1 : 0;
+    return n;
+  };
+  ASSERT_TRUE(Eventually(20000, [&] { return CopiesOn(kB, names) == names.size(); }))
+      << StatusJson(kB);
+  ASSERT_EQ(stamps(), names.size());
+  ASSERT_TRUE(cluster().RestartService(kA).ok());
+  EXPECT_TRUE(Eventually(20000, [&] { return stamps() == 0; })) << StatusJson(kB);
+  EXPECT_TRUE(CopiesOn(kB, names) == names.size());  // the copies stay, unstamped
+  // The restarted root's store is empty: a new publication reaches B.
+  Publish(kA, "gap/a.bin", 6000);
+  auto r = Dyad(kB, {"consume", PathOn(kB, "gap/a.bin")});
+  ASSERT_TRUE(r.status.success()) << r.output;
+  struct stat st {};
+  ASSERT_EQ(::stat(PathOn(kB, "gap/a.bin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 6000);
 }
 
 // Issue 28: an unmodified reader under the preload library opens a copy
