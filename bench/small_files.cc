@@ -6,7 +6,9 @@
 //              publish calls alone, and of write+publish;
 //   after      a consumer on node B, started once the producer has finished,
 //              consumes every file: files/s from its first call to its last
-//              return, and p50/p99 of one dyad_consume call;
+//              return, p50/p99 of one dyad_consume call, and what one
+//              consume cost each process (CPU us, context switches: the
+//              consumer's getrusage, the services' /proc before and after);
 //   streaming  the consumer starts first and waits; the producer then writes
 //              and publishes: end-to-end files/s (producer's first write to
 //              the consumer's last return) and p50/p99 latency from a
@@ -70,7 +72,8 @@ void Usage() {
       "                        [--latencies FILE] [--call-latencies FILE] [--kvs URL]\n"
       "                        [--async-reps N]\n"
       "Publish rate, consume rate and latency for many small files between two emulated\n"
-      "nodes (default 5000 files of 4096 bytes). --kvs: the services' metadata store\n"
+      "nodes (default 5000 files of 4096 bytes), and CPU time and context switches per\n"
+      "consume of each process. --kvs: the services' metadata store\n"
       "(default: the embedded store hosted by the first node; flux:// inside `flux start`).\n");
 }
 
