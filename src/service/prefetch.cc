@@ -33,7 +33,7 @@ void Prefetcher::PumpLocked() {
   const uint32_t cap = std::max<uint32_t>(1, cfg_.max_inflight);
   while (!stopping_ && running_ < cap) {
     std::vector<Item> items;
-    std::string resync_ns;
+    std::optional<std::string> resync_ns;
     if (!NextLocked(&items, &resync_ns)) return;
     ++running_;
     rt_->Spawn(Work(std::move(items), std::move(resync_ns)));
@@ -208,7 +208,7 @@ void Prefetcher::EnqueueLocked(Item item) {
   n_queued_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool Prefetcher::NextLocked(std::vector<Item>* out, std::string* resync_ns) {
+bool Prefetcher::NextLocked(std::vector<Item>* out, std::optional<std::string>* resync_ns) {
   if (!resync_.empty()) {
     *resync_ns = *resync_.begin();
     resync_.erase(resync_.begin());
@@ -260,19 +260,19 @@ void Prefetcher::GatherLocked(std::vector<Item>* out) {
   }
 }
 
-Task<void> Prefetcher::Work(std::vector<Item> items, std::string resync_ns) {
+Task<void> Prefetcher::Work(std::vector<Item> items, std::optional<std::string> resync_ns) {
   std::vector<Item> retries;
   bool relisted = true;
-  if (!resync_ns.empty()) {
+  if (resync_ns) {
     relisted =
-        co_await rt_->Offload([this, &resync_ns] { return QueueListed(resync_ns, nullptr).ok(); });
+        co_await rt_->Offload([this, &resync_ns] { return QueueListed(*resync_ns, nullptr).ok(); });
     // Still owed: this request pauses (bounded), then puts it back.
     if (!relisted) co_await Sleep(Deadline::AfterMs(kRelistPauseMs), &rt_->stopping());
   } else {
     retries = co_await PlaceAll(items);
   }
   std::lock_guard<std::mutex> lk(mu_);
-  if (!relisted && watches_.count(resync_ns) != 0) resync_.insert(resync_ns);  // still declared
+  if (!relisted && watches_.count(*resync_ns) != 0) resync_.insert(*resync_ns);  // still declared
   for (Item& item : items) {
     const std::string dest = item.cons_root + "/" + item.record.upath;
     Item* retry = nullptr;

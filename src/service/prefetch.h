@@ -38,6 +38,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -113,8 +114,10 @@ class Prefetcher {
   void OnChange(const std::string& ns, const KvsChange& change);
   void MatchLocked(const std::string& ns, const std::string& key, const FileRecord& rec);
   void EnqueueLocked(Item item);
-  // The next request: a resync, or entries of one owner (a batch).
-  bool NextLocked(std::vector<Item>* out, std::string* resync_ns);
+  // The next request: a resync of a namespace (`*resync_ns` set; the
+  // default namespace is "", so no string marks its absence), or entries
+  // of one owner (a batch).
+  bool NextLocked(std::vector<Item>* out, std::optional<std::string>* resync_ns);
   // Adds to `out` the pending entries that can share a request with
   // out->front() (same owner, namespace, directory and transport; small).
   void GatherLocked(std::vector<Item>* out);
@@ -122,7 +125,7 @@ class Prefetcher {
   // than max_inflight run.
   void PumpLocked();
   // One request: a resync's listing, or one owner's entries placed.
-  Task<void> Work(std::vector<Item> items, std::string resync_ns);
+  Task<void> Work(std::vector<Item> items, std::optional<std::string> resync_ns);
   // Admits and places `items`; returns the entries to fetch again.
   Task<std::vector<Item>> PlaceAll(std::vector<Item>& items);
   void FinishLocked(const std::string& dest, Item* retry);

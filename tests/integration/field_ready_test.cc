@@ -13,6 +13,7 @@
 //  * a consume that cannot fit fails before any byte moves, with
 //    DYAD_RC_NOSPACE (ENOSPC under the preload library);
 //  * prefetching stops at a free-space floor.
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
@@ -22,6 +23,7 @@
 #include <thread>
 
 #include "integration/ops_util.h"
+#include "kvs/embedded/change_feed.h"
 
 namespace dyad::it {
 namespace {
@@ -228,6 +230,45 @@ TEST_F(FieldReady, ARootRestartTakesTheStampsOffTheCopies) {
   struct stat st {};
   ASSERT_EQ(::stat(PathOn(kB, "gap/a.bin").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 6000);
+}
+
+// Nodes set up as docs/deployment.md does, with DYAD_KVS_NAMESPACE unset:
+// every file in the primary namespace ("").
+class PrimaryNamespace : public FieldReadyBase {
+ protected:
+  emu::ClusterOptions Options() override {
+    emu::ClusterOptions o;
+    o.kvs_namespace = "";
+    return o;
+  }
+};
+
+// Issue 28: a prefetch whose watch fell behind the root's ring of changes
+// (ChangeFeedLimits::ring_entries) is told to resync and lists the
+// namespace again, so every file still arrives. The primary namespace is
+// named "", which the prefetcher once also used for "no resync": the
+// files its watch skipped were never prefetched.
+TEST_F(PrimaryNamespace, PrefetchListsAgainAfterItsWatchFellBehind) {
+  auto decl = Dyad(kB, {"prefetch", "behind/"});
+  ASSERT_TRUE(decl.status.success()) << decl.output;
+  const size_t n = ChangeFeedLimits{}.ring_entries + 500;
+  std::vector<ManifestEntry> files;
+  for (size_t i = 0; i < n; ++i)
+    files.push_back({"behind/d" + std::to_string(i / 1000) + "/f" + std::to_string(i), 1});
+  // B's watch is held still (its service stopped) while A publishes more
+  // than the ring holds; running again, it is behind the ring.
+  const pid_t b = cluster().ServicePid(kB);
+  ASSERT_EQ(::kill(b, SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{b};
+  Produce(files);
+  ASSERT_EQ(::kill(b, SIGCONT), 0);
+  EXPECT_TRUE(Eventually(120000, [&] { return Counter(kB, "prefetch.fetched") >= n; }))
+      << Counter(kB, "prefetch.fetched") << " of " << n << " prefetched\n"
+      << StatusJson(kB);
+  EXPECT_EQ(CopiesOn(kB, {files.front().name, files.back().name}), 2u);
 }
 
 // Issue 28: an unmodified reader under the preload library opens a copy
