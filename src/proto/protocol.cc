@@ -109,15 +109,28 @@ bool StampNames(std::string_view stamp, const FileRecord& rec) {
          stamp.compare(0, want.size(), want) == 0;
 }
 
-bool StampDescribes(std::string_view stamp, uint64_t size, uint64_t version) {
+namespace {
+// A revocable stamp's size and version; false for any other bytes.
+bool DecodeRevocable(std::string_view stamp, uint64_t* size, uint64_t* version) {
   Decoder d(stamp);
   if (d.U8() != 1) return false;
   (void)d.U32();  // owner rank
   (void)d.U64();  // owner incarnation
   (void)d.U64();  // publication counter
-  const uint64_t s = d.U64();
-  const uint64_t v = d.U64();
-  return d.U8() == 1 && d.done() && s == size && v == version;
+  *size = d.U64();
+  *version = d.U64();
+  return d.U8() == 1 && d.done();
+}
+}  // namespace
+
+bool StampDescribes(std::string_view stamp, uint64_t size, uint64_t version) {
+  uint64_t s = 0, v = 0;
+  return DecodeRevocable(stamp, &s, &v) && s == size && v == version;
+}
+
+bool IsRevocableStamp(std::string_view stamp) {
+  uint64_t s = 0, v = 0;
+  return DecodeRevocable(stamp, &s, &v);
 }
 
 std::string ServiceRecord::Encode() const {

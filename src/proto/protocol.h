@@ -130,6 +130,8 @@ bool StampNames(std::string_view stamp, const FileRecord& rec);
 // local write since then changed its size or mtime) and that service has
 // not withdrawn it.
 bool StampDescribes(std::string_view stamp, uint64_t size, uint64_t version);
+// True when `stamp` is a revocable stamp (of any copy).
+bool IsRevocableStamp(std::string_view stamp);
 
 // Where a service can be reached; stored in the metadata store under
 // namespace kMembersNamespace, key "rank.<N>".

@@ -1,5 +1,7 @@
 #include "service/node_cache.h"
 
+#include <dirent.h>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -113,6 +115,45 @@ void NodeCache::NoteFetched(const std::string& ns, const std::string& path, cons
 void NodeCache::Following(const std::string& ns) {
   std::lock_guard<std::mutex> lk(mu_);
   following_.insert(ns);
+}
+
+size_t NodeCache::DemoteStamps(const std::string& root) {
+  size_t demoted = 0;
+  DIR* d = ::opendir(root.c_str());
+  if (d == nullptr) return 0;
+  std::vector<std::string> subdirs;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string full = root + "/" + name;
+    unsigned char type = e->d_type;
+    if (type == DT_UNKNOWN) {
+      struct stat st;
+      if (::lstat(full.c_str(), &st) != 0) continue;
+      type = S_ISDIR(st.st_mode) ? DT_DIR : S_ISREG(st.st_mode) ? DT_REG : DT_UNKNOWN;
+    }
+    if (type == DT_DIR) {
+      subdirs.push_back(full);
+      continue;
+    }
+    if (type != DT_REG) continue;
+    UniqueFd fd(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    struct stat st;
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    char stamp[64];
+    const ssize_t n = ::fgetxattr(fd.get(), kVersionXattr, stamp, sizeof stamp);
+    if (n <= 1 || !IsRevocableStamp(std::string_view(stamp, static_cast<size_t>(n)))) continue;
+    // The plain stamp is the revocable one without its last byte.
+    if (::fsetxattr(fd.get(), kVersionXattr, stamp, static_cast<size_t>(n) - 1, 0) == 0 ||
+        ::fremovexattr(fd.get(), kVersionXattr) == 0)
+      ++demoted;
+    else
+      DYAD_LOG_WARN("cannot withdraw the stamp of '%s' from an earlier run: %s", full.c_str(),
+                    std::strerror(errno));
+  }
+  ::closedir(d);
+  for (const std::string& s : subdirs) demoted += DemoteStamps(s);
+  return demoted;
 }
 
 NodeCache::Withdrawal NodeCache::GapBegins(const std::string& ns) {

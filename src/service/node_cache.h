@@ -105,6 +105,15 @@ class NodeCache {
   // takes it as current without asking the service. Set before use.
   void ProtectTree(const std::string& root) { protected_root_ = root; }
 
+  // At a service's start, before it serves: the copies an earlier run of
+  // it placed under `root` (its producer directory) may carry revocable
+  // stamps, which nobody withdraws now (this index starts empty, so a new
+  // version would not reach them). Each becomes the plain stamp of its
+  // version (which still names it for a client that holds the record,
+  // but is not taken as current on its own). Walks the tree without
+  // following symlinks; returns how many it changed.
+  static size_t DemoteStamps(const std::string& root);
+
   // Revocable stamps (proto/protocol.h): a copy in the producer tree may be
   // taken as current from its stamp alone only while this service learns
   // every publication of its namespace (the record feed follows it, with

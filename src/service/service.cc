@@ -181,6 +181,12 @@ Status Service::PrepareDirectories() {
     prod_real_ = CanonicalPath(opt_.prod_path);
     const size_t n = RemoveStaleTemporaries(prod_real_);
     if (n > 0) DYAD_LOG_INFO("removed %zu incomplete temporaries under %s", n, prod_real_.c_str());
+    // Before any client is served: copies placed by an earlier run keep
+    // no stamp a client would take as current without asking.
+    const size_t demoted = NodeCache::DemoteStamps(prod_real_);
+    if (demoted > 0)
+      DYAD_LOG_INFO("withdrew the revocable stamps of %zu copies placed by an earlier run under %s",
+                    demoted, prod_real_.c_str());
   }
   if (!opt_.cons_path.empty()) {
     const std::string cons = CanonicalPath(opt_.cons_path);

@@ -24,6 +24,7 @@
 
 #include "integration/ops_util.h"
 #include "kvs/embedded/change_feed.h"
+#include "proto/protocol.h"
 
 namespace dyad::it {
 namespace {
@@ -230,6 +231,35 @@ TEST_F(FieldReady, ARootRestartTakesTheStampsOffTheCopies) {
   struct stat st {};
   ASSERT_EQ(::stat(PathOn(kB, "gap/a.bin").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 6000);
+}
+
+// Consistency: only a running service withdraws the revocable stamps it
+// gave, so a service that starts again (its index of copies empty) first
+// makes the stamps an earlier run left on copies in its producer directory
+// plain ones; a later version of such a file is then fetched, the old copy
+// never taken as current without asking.
+TEST_F(FieldReady, ARestartedServiceLeavesNoStampItCannotWithdraw) {
+  auto decl = Dyad(kB, {"prefetch", "again/"});
+  ASSERT_TRUE(decl.status.success()) << decl.output;
+  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
+      << StatusJson(kB);
+  Publish(kA, "again/f.bin", 3000);
+  const std::string copy = PathOn(kB, "again/f.bin");
+  auto revocable = [&] {
+    char s[64];
+    const ssize_t n = ::getxattr(copy.c_str(), "user.dyad.version", s, sizeof s);
+    return n > 0 && IsRevocableStamp(std::string_view(s, static_cast<size_t>(n)));
+  };
+  ASSERT_TRUE(Eventually(20000, [&] { return Exists(copy) && revocable(); })) << StatusJson(kB);
+  ASSERT_TRUE(cluster().RestartService(kB).ok());
+  EXPECT_FALSE(revocable());
+  EXPECT_GT(::getxattr(copy.c_str(), "user.dyad.version", nullptr, 0), 0);  // names its version
+  Publish(kA, "again/f.bin", 5000);
+  auto r = Dyad(kB, {"consume", copy});
+  ASSERT_TRUE(r.status.success()) << r.output;
+  struct stat st {};
+  ASSERT_EQ(::stat(copy.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 5000);
 }
 
 // Nodes set up as docs/deployment.md does, with DYAD_KVS_NAMESPACE unset:

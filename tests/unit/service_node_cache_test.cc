@@ -267,6 +267,49 @@ TEST_F(NodeCacheTest, GapWithdrawsTheStampsOfTheNamespace) {
   EXPECT_EQ(cache.files(), 5u);
 }
 
+// A service starting again cannot withdraw the revocable stamps an earlier
+// run left (its index is empty): DemoteStamps makes each the plain stamp of
+// its version, in subdirectories too, without following a symlink out of
+// the tree or waiting on a FIFO, and leaves other files alone.
+TEST_F(NodeCacheTest, DemoteStampsLeavesOnlyPlainStamps) {
+  ASSERT_EQ(::mkdir(Path("sub").c_str(), 0755), 0);
+  const std::string outside = testutil::MakeTempDir("dyad-node-cache-outside.");
+  ASSERT_FALSE(outside.empty());
+  auto stamp = [](const std::string& path, const std::string& v) {
+    return ::setxattr(path.c_str(), kVersionXattr, v.data(), v.size(), 0) == 0;
+  };
+  auto read = [](const std::string& path) {
+    char b[64];
+    const ssize_t n = ::getxattr(path.c_str(), kVersionXattr, b, sizeof b);
+    return n < 0 ? std::string() : std::string(b, static_cast<size_t>(n));
+  };
+  const FileRecord a = Place("a", 10);
+  if (!stamp(Path("a"), VersionStamp(a, true))) {
+    testutil::RemoveTree(outside);
+    GTEST_SKIP() << "no user xattrs here";
+  }
+  const FileRecord b = Place("sub/b", 20);
+  ASSERT_TRUE(stamp(Path("sub/b"), VersionStamp(b, true)));
+  const FileRecord c = Place("c", 30);
+  ASSERT_TRUE(stamp(Path("c"), VersionStamp(c, false)));  // plain already
+  Place("d", 5);                                          // no stamp
+  const std::string target = outside + "/t";
+  std::ofstream(target) << "t";
+  FileRecord t = a;
+  ASSERT_TRUE(stamp(target, VersionStamp(t, true)));
+  ASSERT_EQ(::symlink(target.c_str(), Path("link").c_str()), 0);
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0644), 0);
+
+  EXPECT_EQ(NodeCache::DemoteStamps(dir_), 2u);
+  EXPECT_EQ(read(Path("a")), VersionStamp(a, false));
+  EXPECT_EQ(read(Path("sub/b")), VersionStamp(b, false));
+  EXPECT_EQ(read(Path("c")), VersionStamp(c, false));
+  EXPECT_EQ(read(Path("d")), "");
+  EXPECT_TRUE(IsRevocableStamp(read(target)));  // outside the tree: untouched
+  EXPECT_EQ(NodeCache::DemoteStamps(dir_), 0u);
+  testutil::RemoveTree(outside);
+}
+
 // Issue 26 item 1: the cache returns under budget without another consume
 // once the grace period is over (Trim, the service's timer).
 TEST_F(NodeCacheTest, FieldReadyTrimEvictsAfterTheGrace) {
