@@ -55,6 +55,15 @@ class FieldReadyBase : public TwoNodeTest {
     ASSERT_TRUE(r.status.success()) << r.output;
   }
   std::string StatusJson(int node) { return Dyad(node, {"status", "--json"}).output; }
+  // Declares a prefetch of `pattern` on B and waits until B follows its
+  // namespace, so that what B places from then on carries revocable stamps
+  // (issue 28). Call through ASSERT_NO_FATAL_FAILURE.
+  void PrefetchAndFollow(const std::string& pattern) {
+    auto decl = Dyad(kB, {"prefetch", pattern});
+    ASSERT_TRUE(decl.status.success()) << decl.output;
+    ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
+        << StatusJson(kB);
+  }
   // Polls `pred` every 100 ms for up to `ms`.
   template <typename Pred>
   bool Eventually(int64_t ms, Pred pred) {
@@ -172,12 +181,7 @@ TEST_F(FieldReady, PreloadPrintsWaitNotice) {
 }
 
 TEST_F(FieldReady, ConsumeVerboseSaysPrefetched) {
-  auto decl = Dyad(kB, {"prefetch", "pf/"});
-  ASSERT_TRUE(decl.status.success()) << decl.output;
-  // The declaration makes B follow the namespace, so what it fetches ahead
-  // carries revocable stamps (issue 28).
-  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
-      << StatusJson(kB);
+  ASSERT_NO_FATAL_FAILURE(PrefetchAndFollow("pf/"));
   Publish(kA, "pf/a.bin", 200000);
   const std::string copy = PathOn(kB, "pf/a.bin");
   ASSERT_TRUE(Eventually(20000, [&] { return Exists(copy); })) << StatusJson(kB);
@@ -206,10 +210,7 @@ TEST_F(FieldReady, ConsumeVerboseSaysPrefetched) {
 // not its loop), so none is taken as current without asking the service
 // until B has listed the namespace again, and B keeps serving meanwhile.
 TEST_F(FieldReady, ARootRestartTakesTheStampsOffTheCopies) {
-  auto decl = Dyad(kB, {"prefetch", "gap/"});
-  ASSERT_TRUE(decl.status.success()) << decl.output;
-  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
-      << StatusJson(kB);
+  ASSERT_NO_FATAL_FAILURE(PrefetchAndFollow("gap/"));
   const std::vector<std::string> names = {"gap/a.bin", "gap/b.bin", "gap/c.bin"};
   for (const std::string& n : names) Publish(kA, n, 5000);
   auto stamps = [&] {
@@ -239,10 +240,7 @@ TEST_F(FieldReady, ARootRestartTakesTheStampsOffTheCopies) {
 // plain ones; a later version of such a file is then fetched, the old copy
 // never taken as current without asking.
 TEST_F(FieldReady, ARestartedServiceLeavesNoStampItCannotWithdraw) {
-  auto decl = Dyad(kB, {"prefetch", "again/"});
-  ASSERT_TRUE(decl.status.success()) << decl.output;
-  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
-      << StatusJson(kB);
+  ASSERT_NO_FATAL_FAILURE(PrefetchAndFollow("again/"));
   Publish(kA, "again/f.bin", 3000);
   const std::string copy = PathOn(kB, "again/f.bin");
   auto revocable = [&] {
@@ -306,9 +304,7 @@ TEST_F(PrimaryNamespace, PrefetchListsAgainAfterItsWatchFellBehind) {
 // and reads the producer's bytes; a copy a local program rewrote since is
 // asked about again.
 TEST_F(FieldReady, PreloadReadsAPrefetchedCopyWithoutARequest) {
-  ASSERT_TRUE(Dyad(kB, {"prefetch", "pl/"}).status.success());
-  ASSERT_TRUE(Eventually(20000, [&] { return Counter(kB, "records.followed") >= 1; }))
-      << StatusJson(kB);
+  ASSERT_NO_FATAL_FAILURE(PrefetchAndFollow("pl/"));
   Publish(kA, "pl/a.bin", 70000);
   const std::string copy = PathOn(kB, "pl/a.bin");
   ASSERT_TRUE(Eventually(20000, [&] { return Exists(copy); })) << StatusJson(kB);
