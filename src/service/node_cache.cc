@@ -137,11 +137,15 @@ size_t NodeCache::DemoteStamps(const std::string& root) {
       continue;
     }
     if (type != DT_REG) continue;
+    // One look by name (most files carry no revocable stamp); the file is
+    // opened, and looked at again, only to change its stamp.
+    char stamp[64];
+    ssize_t n = ::lgetxattr(full.c_str(), kVersionXattr, stamp, sizeof stamp);
+    if (n <= 1 || !IsRevocableStamp(std::string_view(stamp, static_cast<size_t>(n)))) continue;
     UniqueFd fd(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     struct stat st;
     if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    char stamp[64];
-    const ssize_t n = ::fgetxattr(fd.get(), kVersionXattr, stamp, sizeof stamp);
+    n = ::fgetxattr(fd.get(), kVersionXattr, stamp, sizeof stamp);
     if (n <= 1 || !IsRevocableStamp(std::string_view(stamp, static_cast<size_t>(n)))) continue;
     // The plain stamp is the revocable one without its last byte.
     if (::fsetxattr(fd.get(), kVersionXattr, stamp, static_cast<size_t>(n) - 1, 0) == 0 ||
