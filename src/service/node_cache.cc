@@ -117,32 +117,32 @@ void NodeCache::Following(const std::string& ns) {
   following_.insert(ns);
 }
 
-size_t NodeCache::DemoteStamps(const std::string& root) {
+namespace {
+
+// DemoteStamps below the directory open at `dir` (taken over and closed),
+// `shown` its path for messages. Every step is relative to a descriptor
+// opened without following a symlink, so a name swapped for a link
+// meanwhile never leads the walk out of the tree.
+size_t DemoteStampsIn(int dir, const std::string& shown) {
+  DIR* d = ::fdopendir(dir);
+  if (d == nullptr) {
+    ::close(dir);
+    return 0;
+  }
   size_t demoted = 0;
-  DIR* d = ::opendir(root.c_str());
-  if (d == nullptr) return 0;
   std::vector<std::string> subdirs;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
-    const std::string full = root + "/" + name;
-    unsigned char type = e->d_type;
-    if (type == DT_UNKNOWN) {
-      struct stat st;
-      if (::lstat(full.c_str(), &st) != 0) continue;
-      type = S_ISDIR(st.st_mode) ? DT_DIR : S_ISREG(st.st_mode) ? DT_REG : DT_UNKNOWN;
-    }
-    if (type == DT_DIR) {
-      subdirs.push_back(full);
-      continue;
-    }
-    if (type != DT_REG) continue;
+    if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) subdirs.push_back(name);
+    if (e->d_type != DT_REG && e->d_type != DT_UNKNOWN) continue;
     // One look by name (most files carry no revocable stamp); the file is
     // opened, and looked at again, only to change its stamp.
+    const std::string full = shown + "/" + name;
     char stamp[64];
     ssize_t n = ::lgetxattr(full.c_str(), kVersionXattr, stamp, sizeof stamp);
     if (n <= 1 || !IsRevocableStamp(std::string_view(stamp, static_cast<size_t>(n)))) continue;
-    UniqueFd fd(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    UniqueFd fd(::openat(::dirfd(d), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     struct stat st;
     if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     n = ::fgetxattr(fd.get(), kVersionXattr, stamp, sizeof stamp);
@@ -155,9 +155,20 @@ size_t NodeCache::DemoteStamps(const std::string& root) {
       DYAD_LOG_WARN("cannot withdraw the stamp of '%s' from an earlier run: %s", full.c_str(),
                     std::strerror(errno));
   }
+  for (const std::string& name : subdirs) {
+    const int sub =
+        ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub >= 0) demoted += DemoteStampsIn(sub, shown + "/" + name);
+  }
   ::closedir(d);
-  for (const std::string& s : subdirs) demoted += DemoteStamps(s);
   return demoted;
+}
+
+}  // namespace
+
+size_t NodeCache::DemoteStamps(const std::string& root) {
+  const int dir = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return dir < 0 ? 0 : DemoteStampsIn(dir, root);
 }
 
 NodeCache::Withdrawal NodeCache::GapBegins(const std::string& ns) {

@@ -298,6 +298,7 @@ TEST_F(NodeCacheTest, DemoteStampsLeavesOnlyPlainStamps) {
   FileRecord t = a;
   ASSERT_TRUE(stamp(target, VersionStamp(t, true)));
   ASSERT_EQ(::symlink(target.c_str(), Path("link").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), Path("linkdir").c_str()), 0);  // a directory outside
   ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0644), 0);
 
   EXPECT_EQ(NodeCache::DemoteStamps(dir_), 2u);
